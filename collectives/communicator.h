@@ -1,0 +1,56 @@
+// The few collective operations shardckpt needs, behind one small interface, so the engine runs
+// the same under MPI, in a single process (tools, unit tests) and, for device memory, over NCCL.
+//
+// Every call is collective: all ranks of the communicator call it in the same order. Errors come
+// back as Status (MPI error codes are converted in the MPI implementation, once).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/status.h"
+
+namespace shardckpt {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const char* name() const = 0;
+
+  virtual Status Barrier() = 0;
+  // In place: `data` on root is sent, on the others overwritten. Any size (split internally).
+  virtual Status Broadcast(void* data, size_t bytes, int root) = 0;
+  // Variable-sized byte strings from every rank, gathered at root (others get an empty vector).
+  virtual Status Gather(const std::string& mine, std::vector<std::string>* all, int root) = 0;
+  virtual Status AllGather(const std::string& mine, std::vector<std::string>* all) = 0;
+  virtual Status AllReduceMaxInt64(int64_t* values, size_t count) = 0;
+  virtual Status AllReduceSumDouble(double* values, size_t count) = 0;
+  // Data plane for the demo trainer: equal counts per rank; recv holds size()*count floats.
+  virtual Status AllGatherFloat(const float* send, size_t count, float* recv) = 0;
+  // Sums `send` (size()*count floats) across ranks and leaves block rank() in recv (count).
+  virtual Status ReduceScatterSumFloat(const float* send, float* recv, size_t count) = 0;
+  // A communicator over the same ranks whose traffic never mixes with this one's; the
+  // background persist of an async save runs on one.
+  virtual Result<std::unique_ptr<Communicator>> Duplicate() = 0;
+};
+
+// A communicator of one rank, for tools and single-process programs.
+std::unique_ptr<Communicator> CreateSingleProcessCommunicator();
+
+// Every rank learns whether every rank succeeded. On failure all ranks get the same Status: the
+// code of the first failing rank and a message naming each failing rank and its cause.
+Status AgreeOnStatus(Communicator& comm, const Status& local);
+
+// Broadcasts a string of any length from root; other ranks' strings are replaced.
+Status BroadcastString(Communicator& comm, std::string* text, int root);
+
+// Runs `local` on root and shares its Status with all ranks, so an error seen only on rank 0
+// (a bad manifest, a lock) ends the collective on every rank with the same message.
+Status BroadcastStatus(Communicator& comm, const Status& local, int root);
+
+}  // namespace shardckpt

@@ -1,0 +1,31 @@
+// Executes a ReadPlan: reads extents into staging buffers with up to pool.count() reads in
+// flight, verifies every 4096-byte block against the checksum table (whose pages are verified
+// against the manifest first), and scatters the bytes into the targets.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "engine/manifest.h"
+#include "engine/read_plan.h"
+#include "io/aligned_buffer.h"
+#include "io/io_engine.h"
+
+namespace shardckpt {
+
+struct ReadStats {
+  uint64_t data_bytes_read = 0;
+  uint64_t table_bytes_read = 0;
+  uint64_t extents = 0;
+};
+
+struct ReadTargets {
+  std::vector<unsigned char*> base;  // by target index
+  std::vector<std::string> names;    // for error messages: the entry or blob each target holds
+};
+
+Status ExecuteReadPlan(IoEngine* io, BufferPool* pool, const std::string& dir,
+                       const Manifest& manifest, const ReadPlan& plan, const ReadTargets& targets,
+                       bool verify, ReadStats* stats);
+
+}  // namespace shardckpt

@@ -1,0 +1,252 @@
+#include "engine/layout.h"
+
+#include <algorithm>
+#include <sstream>
+
+namespace shardckpt {
+namespace {
+
+std::vector<int64_t> RowMajorStrides(const std::vector<int64_t>& sizes) {
+  std::vector<int64_t> strides(sizes.size(), 1);
+  for (size_t d = sizes.size(); d-- > 1;) strides[d - 1] = strides[d] * sizes[d];
+  return strides;
+}
+
+}  // namespace
+
+Layout Layout::Box(std::vector<int64_t> offsets, std::vector<int64_t> sizes) {
+  Layout layout;
+  layout.kind = LayoutKind::kBox;
+  layout.offsets = std::move(offsets);
+  layout.sizes = std::move(sizes);
+  return layout;
+}
+
+Layout Layout::FlatRange(int64_t begin, int64_t end) {
+  Layout layout;
+  layout.kind = LayoutKind::kFlatRange;
+  layout.begin = begin;
+  layout.end = end;
+  return layout;
+}
+
+bool Layout::operator==(const Layout& other) const {
+  if (kind != other.kind) return false;
+  switch (kind) {
+    case LayoutKind::kReplicated: return true;
+    case LayoutKind::kBox: return offsets == other.offsets && sizes == other.sizes;
+    case LayoutKind::kFlatRange: return begin == other.begin && end == other.end;
+  }
+  return false;
+}
+
+std::string ShapeString(const Shape& shape) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
+  out << "]";
+  return out.str();
+}
+
+std::string Layout::ToString() const {
+  switch (kind) {
+    case LayoutKind::kReplicated: return "replicated";
+    case LayoutKind::kBox: return "box(offsets=" + ShapeString(offsets) + ", sizes=" + ShapeString(sizes) + ")";
+    case LayoutKind::kFlatRange:
+      return "flat[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
+  }
+  return "?";
+}
+
+Result<int64_t> NumElements(const Shape& shape) {
+  if (shape.size() > static_cast<size_t>(kMaxDims)) {
+    return InvalidArgument("shape " + ShapeString(shape) + " has more than " +
+                           std::to_string(kMaxDims) + " dims");
+  }
+  int64_t count = 1;
+  for (int64_t dim : shape) {
+    if (dim < 0) return InvalidArgument("shape " + ShapeString(shape) + " has a negative dim");
+    if (__builtin_mul_overflow(count, dim, &count) || count > kMaxBytes) {
+      return InvalidArgument("shape " + ShapeString(shape) + " is too large");
+    }
+  }
+  return count;
+}
+
+Result<int64_t> NumBytes(const Shape& shape, size_t element_size) {
+  SC_ASSIGN_OR_RETURN(int64_t count, NumElements(shape));
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(count, static_cast<int64_t>(element_size), &bytes) || bytes > kMaxBytes) {
+    return InvalidArgument("shape " + ShapeString(shape) + " is too large in bytes");
+  }
+  return bytes;
+}
+
+Result<int64_t> ValidateLayout(const Layout& layout, const Shape& global) {
+  SC_ASSIGN_OR_RETURN(int64_t numel, NumElements(global));
+  switch (layout.kind) {
+    case LayoutKind::kReplicated: return numel;
+    case LayoutKind::kFlatRange:
+      if (layout.begin < 0 || layout.end < layout.begin || layout.end > numel) {
+        return InvalidArgument(layout.ToString() + " is outside a tensor of " +
+                               std::to_string(numel) + " elements");
+      }
+      return layout.end - layout.begin;
+    case LayoutKind::kBox: {
+      if (layout.offsets.size() != global.size() || layout.sizes.size() != global.size()) {
+        return InvalidArgument(layout.ToString() + " has a different rank from shape " +
+                               ShapeString(global));
+      }
+      for (size_t d = 0; d < global.size(); ++d) {
+        if (layout.offsets[d] < 0 || layout.sizes[d] < 0 ||
+            layout.offsets[d] > global[d] - layout.sizes[d]) {
+          return InvalidArgument(layout.ToString() + " is outside shape " + ShapeString(global));
+        }
+      }
+      return NumElements(layout.sizes);
+    }
+  }
+  return InvalidArgument("unknown layout kind");
+}
+
+Shape LocalShape(const Layout& layout, const Shape& global) {
+  switch (layout.kind) {
+    case LayoutKind::kReplicated: return global;
+    case LayoutKind::kBox: return layout.sizes;
+    case LayoutKind::kFlatRange: return {layout.end - layout.begin};
+  }
+  return global;
+}
+
+Layout Normalize(const Layout& layout, const Shape& global) {
+  if (layout.kind == LayoutKind::kBox && layout.sizes == global) return Layout::Replicated();
+  if (layout.kind == LayoutKind::kFlatRange && layout.begin == 0) {
+    Result<int64_t> numel = NumElements(global);
+    if (numel.ok() && layout.end == *numel && numel.value() > 0) return Layout::Replicated();
+  }
+  return layout;
+}
+
+Layout ChunkLayout(const Shape& global, int dim, int parts, int index) {
+  std::vector<int64_t> offsets(global.size(), 0);
+  std::vector<int64_t> sizes = global;
+  int64_t extent = global[dim];
+  int64_t step = (extent + parts - 1) / parts;
+  int64_t begin = std::min<int64_t>(extent, step * index);
+  int64_t end = std::min<int64_t>(extent, begin + step);
+  offsets[dim] = begin;
+  sizes[dim] = end - begin;
+  return Layout::Box(offsets, sizes);
+}
+
+Layout FlatShardLayout(const Shape& global, int parts, int index) {
+  int64_t numel = NumElements(global).value();
+  int64_t step = (numel + parts - 1) / parts;
+  int64_t begin = std::min<int64_t>(numel, step * index);
+  return Layout::FlatRange(begin, std::min<int64_t>(numel, begin + step));
+}
+
+std::vector<Region> LayoutRegions(const Layout& layout, const Shape& global) {
+  const size_t n = global.size();
+  std::vector<Region> regions;
+  if (layout.kind != LayoutKind::kFlatRange) {
+    Region region;
+    region.lo = layout.kind == LayoutKind::kBox ? layout.offsets : std::vector<int64_t>(n, 0);
+    region.size = layout.kind == LayoutKind::kBox ? layout.sizes : global;
+    for (int64_t s : region.size) {
+      if (s == 0) return regions;
+    }
+    region.stride = RowMajorStrides(region.size);
+    for (size_t d = 0; d < n; ++d) region.base -= region.lo[d] * region.stride[d];
+    regions.push_back(std::move(region));
+    return regions;
+  }
+  // blocks[j] = elements in one step of dim j-1, i.e. product of global[j..n); blocks[n] = 1.
+  std::vector<int64_t> blocks(n + 1, 1);
+  for (size_t j = n; j-- > 0;) blocks[j] = blocks[j + 1] * global[j];
+  const std::vector<int64_t> strides = RowMajorStrides(global);
+  int64_t b = layout.begin;
+  const int64_t e = layout.end;
+  auto emit = [&](std::vector<int64_t> lo, std::vector<int64_t> size) {
+    Region region{std::move(lo), std::move(size), -layout.begin, strides};
+    regions.push_back(std::move(region));
+  };
+  if (n == 0) {
+    if (e > b) emit({}, {});
+    return regions;
+  }
+  while (b < e) {
+    // The largest aligned block that starts at b and fits before e: a run of `count` steps of
+    // dim j-1, each spanning dims j.. fully.
+    size_t j = 1;
+    while (j < n && !(b % blocks[j] == 0 && b + blocks[j] <= e)) ++j;
+    int64_t room_in_parent = (blocks[j - 1] - b % blocks[j - 1]) / blocks[j];
+    int64_t count = std::min((e - b) / blocks[j], room_in_parent);
+    std::vector<int64_t> lo(n), size(n);
+    int64_t rest = b;
+    for (size_t d = 0; d < n; ++d) {
+      lo[d] = rest / strides[d];
+      rest %= strides[d];
+    }
+    for (size_t d = 0; d < n; ++d) {
+      if (d + 1 < j) size[d] = 1;
+      else if (d + 1 == j) size[d] = count;
+      else size[d] = global[d];
+    }
+    emit(std::move(lo), std::move(size));
+    b += count * blocks[j];
+  }
+  return regions;
+}
+
+bool RegionsIntersect(const Region& a, const Region& b) {
+  for (size_t d = 0; d < a.lo.size(); ++d) {
+    if (std::max(a.lo[d], b.lo[d]) >= std::min(a.lo[d] + a.size[d], b.lo[d] + b.size[d])) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void ForEachCopy(const Region& src, const Region& dst,
+                 const std::function<void(int64_t, int64_t, int64_t)>& copy) {
+  const size_t n = src.lo.size();
+  std::vector<int64_t> lo(n), size(n);
+  for (size_t d = 0; d < n; ++d) {
+    lo[d] = std::max(src.lo[d], dst.lo[d]);
+    int64_t hi = std::min(src.lo[d] + src.size[d], dst.lo[d] + dst.size[d]);
+    if (hi <= lo[d]) return;
+    size[d] = hi - lo[d];
+  }
+  if (n == 0) {
+    copy(src.base, dst.base, 1);
+    return;
+  }
+  // Merge inner dims into one run while both sides stay contiguous.
+  int64_t run = size[n - 1];
+  size_t outer = n - 1;  // dims [0, outer) are iterated
+  while (outer > 0 && src.stride[outer - 1] == run && dst.stride[outer - 1] == run) {
+    run *= size[outer - 1];
+    --outer;
+  }
+  std::vector<int64_t> index(lo.begin(), lo.begin() + outer);
+  while (true) {
+    int64_t s = src.base, t = dst.base;
+    for (size_t d = 0; d < n; ++d) {
+      int64_t i = d < outer ? index[d] : lo[d];
+      s += i * src.stride[d];
+      t += i * dst.stride[d];
+    }
+    copy(s, t, run);
+    size_t d = outer;
+    while (d > 0) {
+      --d;
+      if (++index[d] < lo[d] + size[d]) break;
+      index[d] = lo[d];
+      if (d == 0) return;
+    }
+    if (outer == 0) return;
+  }
+}
+
+}  // namespace shardckpt

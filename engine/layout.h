@@ -1,0 +1,81 @@
+// Which part of a global tensor a piece holds (DESIGN.md section 1), and the geometry the save
+// validation and the load planner share.
+//
+// Every layout is reduced to a short list of Regions: an N-d box of global indices plus an affine
+// map from a global index to an element offset inside the piece's own buffer. A Box is one region;
+// a FlatRange [b, e) over the row-major flattened tensor is at most 2N-1 boxes (the partial rows
+// at each end and the full blocks between), all sharing the map `linear(index) - b`. With that,
+// every pairing (Box x Box, Box x FlatRange, FlatRange x FlatRange) is one box intersection.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "io/status.h"
+
+namespace shardckpt {
+
+using Shape = std::vector<int64_t>;
+
+enum class LayoutKind : uint8_t { kReplicated, kBox, kFlatRange };
+
+struct Layout {
+  LayoutKind kind = LayoutKind::kReplicated;
+  std::vector<int64_t> offsets;  // kBox
+  std::vector<int64_t> sizes;    // kBox
+  int64_t begin = 0;             // kFlatRange, in elements
+  int64_t end = 0;
+
+  static Layout Replicated() { return Layout{}; }
+  static Layout Box(std::vector<int64_t> offsets, std::vector<int64_t> sizes);
+  static Layout FlatRange(int64_t begin, int64_t end);
+
+  bool operator==(const Layout& other) const;
+  std::string ToString() const;
+};
+
+// Limits that keep every size computation far from int64 overflow.
+inline constexpr int kMaxDims = 32;
+inline constexpr int64_t kMaxBytes = int64_t{1} << 50;  // 1 PiB per tensor
+
+// Element count of `shape`, refusing negative dims and products that overflow.
+Result<int64_t> NumElements(const Shape& shape);
+// Bytes of `shape` at `element_size`, refused past kMaxBytes.
+Result<int64_t> NumBytes(const Shape& shape, size_t element_size);
+std::string ShapeString(const Shape& shape);
+
+// Checks that `layout` lies inside `global`; returns its element count.
+Result<int64_t> ValidateLayout(const Layout& layout, const Shape& global);
+// The local shape a piece's buffer has: the box sizes, [end-begin] for a flat range.
+Shape LocalShape(const Layout& layout, const Shape& global);
+// Turns a full-tensor Box into Replicated so that equal pieces compare equal.
+Layout Normalize(const Layout& layout, const Shape& global);
+
+// torch.chunk(global, parts, dim)[index] as a Box: chunks of ceil(n/parts); trailing ones may be
+// smaller or empty.
+Layout ChunkLayout(const Shape& global, int dim, int parts, int index);
+// ZeRO/FSDP flat shard `index` of `parts`: ceil(numel/parts) elements each, the tail shorter or
+// empty (padding is never stored).
+Layout FlatShardLayout(const Shape& global, int parts, int index);
+
+struct Region {
+  std::vector<int64_t> lo;      // global index of the first element
+  std::vector<int64_t> size;    // extent per dim
+  int64_t base = 0;             // local offset = base + sum(index[d] * stride[d])
+  std::vector<int64_t> stride;  // row-major strides of the piece's buffer (or the global tensor)
+};
+
+// The regions of a (validated) layout. Empty pieces give none; a 0-d tensor has one region of
+// zero dims.
+std::vector<Region> LayoutRegions(const Layout& layout, const Shape& global);
+
+// Calls copy(src_element, dst_element, count) for each maximal contiguous run in the
+// intersection of two regions of the same tensor. Runs are merged across dims wherever both
+// sides are contiguous, so a dim-0 split costs one call, not one per row.
+void ForEachCopy(const Region& src, const Region& dst,
+                 const std::function<void(int64_t, int64_t, int64_t)>& copy);
+bool RegionsIntersect(const Region& a, const Region& b);
+
+}  // namespace shardckpt

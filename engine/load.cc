@@ -1,0 +1,217 @@
+#include "engine/load.h"
+
+#include <algorithm>
+#include <cstring>
+#include <unordered_map>
+
+#include "engine/checkpoint_dir.h"
+#include "io/fs.h"
+#include "io/log.h"
+
+namespace shardckpt {
+namespace {
+
+constexpr uint64_t kMaxManifestBytes = uint64_t{4} << 30;
+constexpr unsigned char kWanted = 1, kWantedWhole = 2, kWantedPart = 4;
+
+std::string NameList(const std::vector<std::string>& names) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < 20; ++i) out += (i ? ", " : "") + ("'" + names[i] + "'");
+  if (names.size() > 20) out += ", and " + std::to_string(names.size() - 20) + " more";
+  return out;
+}
+
+}  // namespace
+
+std::function<std::string(const std::string&)> StripPrefix(const std::string& prefix) {
+  return [prefix](const std::string& name) {
+    return name.compare(0, prefix.size(), prefix) == 0 ? name.substr(prefix.size()) : name;
+  };
+}
+
+std::function<std::string(const std::string&)> AddPrefix(const std::string& prefix) {
+  return [prefix](const std::string& name) { return prefix + name; };
+}
+
+Result<Manifest> ReadManifest(const std::string& dir) {
+  const std::string path = JoinPath(dir, kManifestName);
+  SC_ASSIGN_OR_RETURN(std::string text, ReadFileLimited(path, kMaxManifestBytes));
+  SC_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(text, path));
+  Status files = CheckDataFiles(m, [&](const std::string& name) { return FileSize(JoinPath(dir, name)); });
+  if (!files.ok()) return files.WithContext(dir);
+  return m;
+}
+
+Result<LoadReport> Load(Communicator& comm, const std::string& path, const ShardedState& targets,
+                        const LoadOptions& options) {
+  const int rank = comm.rank();
+  const int world = comm.size();
+  LoadReport report;
+
+  // 1. One metadata read, on rank 0.
+  std::string dir, text;
+  Status read;
+  if (rank == 0) {
+    Result<std::string> resolved = ResolveCheckpoint(path);
+    read = resolved.status();
+    if (read.ok()) {
+      dir = *resolved;
+      Result<Manifest> m = ReadManifest(dir);
+      read = m.status();
+      if (read.ok()) {
+        Result<std::string> bytes = ReadFileLimited(JoinPath(dir, kManifestName), kMaxManifestBytes);
+        read = bytes.status();
+        if (read.ok()) text = std::move(bytes).value();
+      }
+    }
+  }
+  SC_RETURN_IF_ERROR(BroadcastStatus(comm, read, 0));
+  SC_RETURN_IF_ERROR(BroadcastString(comm, &dir, 0));
+  SC_RETURN_IF_ERROR(BroadcastString(comm, &text, 0));
+  SC_ASSIGN_OR_RETURN(Manifest manifest, DecodeManifest(text, JoinPath(dir, kManifestName)));
+  report.path = dir;
+  report.step = manifest.step;
+  report.saved_world_size = manifest.world_size;
+
+  // 2. Match names, check dtypes and shapes.
+  std::unordered_map<std::string, size_t> by_name;
+  for (size_t i = 0; i < manifest.entries.size(); ++i) {
+    std::string name = options.rename ? options.rename(manifest.entries[i].name) : manifest.entries[i].name;
+    by_name.emplace(std::move(name), i);
+  }
+  std::string wants(manifest.entries.size(), '\0');
+  std::vector<long> entry_of_piece(targets.pieces().size(), -1);
+  Status matched;
+  for (size_t p = 0; p < targets.pieces().size(); ++p) {
+    const TensorPiece& piece = targets.pieces()[p];
+    auto it = by_name.find(piece.name);
+    if (it == by_name.end()) {
+      if (std::find(report.missing.begin(), report.missing.end(), piece.name) == report.missing.end()) {
+        report.missing.push_back(piece.name);
+      }
+      continue;
+    }
+    const EntryRecord& e = manifest.entries[it->second];
+    if (e.dtype != piece.dtype && matched.ok()) {
+      matched = InvalidArgument("entry '" + e.name + "' is " + DTypeName(e.dtype) + " in the checkpoint but " +
+                                DTypeName(piece.dtype) + " in the target (no silent casts)");
+    }
+    if (e.shape != piece.global_shape && matched.ok()) {
+      matched = InvalidArgument("entry '" + e.name + "' has shape " + ShapeString(e.shape) +
+                                " in the checkpoint but " + ShapeString(piece.global_shape) + " in the target");
+    }
+    entry_of_piece[p] = static_cast<long>(it->second);
+    bool whole = Normalize(piece.layout, piece.global_shape).kind == LayoutKind::kReplicated;
+    wants[it->second] |= whole ? (kWanted | kWantedWhole) : (kWanted | kWantedPart);
+  }
+  std::vector<std::string> all_wants;
+  SC_RETURN_IF_ERROR(comm.AllGather(wants, &all_wants));
+  std::vector<bool> wanted_any(manifest.entries.size(), false), wanted_whole_by_all(manifest.entries.size(), true);
+  for (const std::string& w : all_wants) {
+    for (size_t i = 0; i < manifest.entries.size(); ++i) {
+      if (w[i] & kWanted) wanted_any[i] = true;
+      if (!(w[i] & kWantedWhole) || (w[i] & kWantedPart)) wanted_whole_by_all[i] = false;
+    }
+  }
+  for (size_t i = 0; i < manifest.entries.size(); ++i) {
+    if (!wanted_any[i]) report.unexpected.push_back(manifest.entries[i].name);
+  }
+  if (matched.ok() && options.strict && !report.missing.empty()) {
+    matched = NotFound("not in checkpoint " + dir + ": " + NameList(report.missing));
+  }
+  if (matched.ok() && options.strict && !report.unexpected.empty()) {
+    matched = InvalidArgument("checkpoint " + dir + " has entries no rank loads: " + NameList(report.unexpected) +
+                              " (load with strict=false to skip them)");
+  }
+  SC_RETURN_IF_ERROR(AgreeOnStatus(comm, matched));
+
+  // Entries everyone wants whole: one reader each, then a broadcast.
+  std::vector<int> reader_of(manifest.entries.size(), -1);
+  if (options.broadcast_replicated && world > 1) {
+    int next = 0;
+    for (size_t i = 0; i < manifest.entries.size(); ++i) {
+      if (wanted_any[i] && wanted_whole_by_all[i]) reader_of[i] = next++ % world;
+    }
+  }
+
+  // 3. Plan and read.
+  ReadTargets read_targets;
+  std::vector<WantedPiece> wanted;
+  for (size_t p = 0; p < targets.pieces().size(); ++p) {
+    if (entry_of_piece[p] < 0) continue;
+    size_t entry = static_cast<size_t>(entry_of_piece[p]);
+    if (reader_of[entry] >= 0 && reader_of[entry] != rank) continue;
+    const TensorPiece& piece = targets.pieces()[p];
+    wanted.push_back(WantedPiece{entry, piece.layout, static_cast<uint32_t>(read_targets.base.size())});
+    read_targets.base.push_back(static_cast<unsigned char*>(piece.data));
+    read_targets.names.push_back(manifest.entries[entry].name);
+  }
+  ChunkIndex index(&manifest);
+  std::vector<CopyRequest> copies;
+  PlanPieceCopies(manifest, index, wanted, &copies);
+  // Blobs: every global one; this rank's own per-rank ones when the world size is unchanged.
+  std::vector<std::pair<std::string, const BlobRecord*>> blob_reads;
+  for (const BlobRecord& b : manifest.blobs) {
+    if (b.scope == BlobScope::kGlobal) {
+      blob_reads.emplace_back(b.name, &b);
+    } else if (manifest.world_size == world) {
+      if (b.rank == rank) blob_reads.emplace_back(b.name, &b);
+    } else {
+      BlobResult& result = report.blobs[b.name];
+      result.available = false;
+      result.reason = "per-rank blob saved by " + std::to_string(manifest.world_size) +
+                      " ranks; this job has " + std::to_string(world) + ", so it is not restored";
+    }
+  }
+  for (auto& [name, record] : blob_reads) {
+    BlobResult& result = report.blobs[name];
+    result.available = true;
+    result.reason.clear();
+    result.bytes.assign(record->bytes, '\0');
+    copies.push_back(CopyRequest{record->file, record->offset, record->bytes,
+                                 static_cast<uint32_t>(read_targets.base.size()), 0});
+    read_targets.base.push_back(reinterpret_cast<unsigned char*>(result.bytes.data()));
+    read_targets.names.push_back("blob " + name);
+  }
+  ReadPlan plan = CoalesceReads(std::move(copies), options.plan);
+  report.bytes_wanted = plan.bytes_wanted;
+  Status loaded;
+  {
+    Result<std::unique_ptr<BufferPool>> pool = BufferPool::Create(options.staging_buffers, options.plan.max_extent);
+    loaded = pool.status();
+    if (loaded.ok()) {
+      IoOptions io_options = options.io;
+      io_options.queue_depth = std::max<size_t>(io_options.queue_depth, options.staging_buffers + 1);
+      std::unique_ptr<IoEngine> io = CreateIoEngine(io_options);
+      loaded = ExecuteReadPlan(io.get(), pool->get(), dir, manifest, plan, read_targets,
+                               options.verify_checksums, &report.stats);
+    }
+  }
+  SC_RETURN_IF_ERROR(AgreeOnStatus(comm, loaded));
+
+  // 4. Replicated entries: reader broadcasts; extra whole copies on one rank are local copies.
+  for (size_t entry = 0; entry < manifest.entries.size(); ++entry) {
+    if (reader_of[entry] < 0) continue;
+    void* first = nullptr;
+    int64_t bytes = 0;
+    for (size_t p = 0; p < targets.pieces().size(); ++p) {
+      if (entry_of_piece[p] != static_cast<long>(entry)) continue;
+      const TensorPiece& piece = targets.pieces()[p];
+      if (first == nullptr && Normalize(piece.layout, piece.global_shape).kind == LayoutKind::kReplicated) {
+        first = piece.data;
+        bytes = piece.bytes;
+      }
+    }
+    if (bytes > 0) SC_RETURN_IF_ERROR(comm.Broadcast(first, static_cast<size_t>(bytes), reader_of[entry]));
+    if (rank != reader_of[entry]) report.bytes_received += static_cast<uint64_t>(bytes);
+    for (size_t p = 0; p < targets.pieces().size(); ++p) {
+      const TensorPiece& piece = targets.pieces()[p];
+      if (entry_of_piece[p] == static_cast<long>(entry) && piece.data != first && bytes > 0) {
+        std::memcpy(piece.data, first, static_cast<size_t>(bytes));
+      }
+    }
+  }
+  return report;
+}
+
+}  // namespace shardckpt

@@ -1,0 +1,38 @@
+// Finds which regions of one tensor can intersect a query box without looking at all of them.
+//
+// The regions are keyed on one dim: the dim whose start offsets are most varied (dim 0 for row
+// splits and flat shards, dim 1 for column splits, the finer axis of a 2-D grid). A static
+// interval tree over [lo, lo + size) on that dim (intervals sorted by start, a segment tree of
+// maximal ends) reports every candidate in O((k + 1) log n) for k candidates. Candidates still need
+// the full box test; for real partitions (grids, flat shards) nearly all of them pass it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "engine/layout.h"
+
+namespace shardckpt {
+
+class RegionIndex {
+ public:
+  // `regions` must outlive the index; ids are positions in it.
+  explicit RegionIndex(const std::vector<Region>* regions);
+  // Calls visit(id) for each region that intersects `query` (exact box test included).
+  void ForEachIntersecting(const Region& query, const std::function<void(size_t)>& visit) const;
+
+ private:
+  void Build(size_t node, size_t lo, size_t hi);
+  void Visit(size_t node, size_t lo, size_t hi, size_t limit, int64_t query_start,
+             const Region& query, const std::function<void(size_t)>& visit) const;
+
+  const std::vector<Region>* regions_;
+  int key_dim_ = -1;
+  std::vector<int64_t> starts_;  // sorted
+  std::vector<int64_t> ends_;
+  std::vector<size_t> ids_;
+  std::vector<int64_t> max_end_;  // segment tree over positions
+};
+
+}  // namespace shardckpt

@@ -1,0 +1,304 @@
+#include "engine/save.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <ctime>
+#include <random>
+#include <set>
+#include <unordered_map>
+
+#include "engine/checkpoint_dir.h"
+#include "engine/save_plan.h"
+#include "engine/shard_writer.h"
+#include "engine/version.h"
+#include "engine/wire.h"
+#include "io/failpoint.h"
+#include "io/fs.h"
+#include "io/log.h"
+
+namespace shardckpt {
+namespace {
+
+std::string RankFileName(int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "rank-%05d.bin", rank);
+  return buf;
+}
+
+std::string RandomId() {
+  std::random_device device;
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%08x%08x", device(), device());
+  return buf;
+}
+
+std::string NowIso8601() {
+  std::time_t now = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return buf;
+}
+
+std::string HostName() {
+  char buf[256] = {};
+  ::gethostname(buf, sizeof(buf) - 1);
+  return buf;
+}
+
+// What a rank reports after writing: its status, its file and where each assigned item landed.
+struct WriteReport {
+  Status status;
+  bool wrote_file = false;
+  FileRecord file;
+  std::vector<std::pair<uint64_t, uint64_t>> piece_offsets;  // (piece index, offset)
+  std::vector<std::pair<uint64_t, uint64_t>> blob_offsets;
+};
+
+std::string EncodeWriteReport(const WriteReport& r) {
+  WireWriter w;
+  w.U64(static_cast<uint64_t>(r.status.code()));
+  w.Str(r.status.message());
+  w.U64(r.wrote_file);
+  w.Str(r.file.name);
+  w.U64(r.file.size);
+  w.U64(r.file.table_offset);
+  w.U64(r.file.table_page_sums.size());
+  for (uint64_t s : r.file.table_page_sums) w.U64(s);
+  for (const auto* list : {&r.piece_offsets, &r.blob_offsets}) {
+    w.U64(list->size());
+    for (auto [index, offset] : *list) {
+      w.U64(index);
+      w.U64(offset);
+    }
+  }
+  return std::move(w.bytes());
+}
+
+Result<WriteReport> DecodeWriteReport(const std::string& bytes) {
+  WireReader r(bytes);
+  WriteReport out;
+  Code code = static_cast<Code>(r.U64());
+  std::string message = r.Str();
+  out.status = code == Code::kOk ? Status::Ok() : Status(code, message);
+  out.wrote_file = r.U64() != 0;
+  out.file.name = r.Str();
+  out.file.size = r.U64();
+  out.file.table_offset = r.U64();
+  uint64_t pages = r.U64();
+  for (uint64_t i = 0; i < pages && r.ok(); ++i) out.file.table_page_sums.push_back(r.U64());
+  for (auto* list : {&out.piece_offsets, &out.blob_offsets}) {
+    uint64_t n = r.U64();
+    for (uint64_t i = 0; i < n && r.ok(); ++i) {
+      uint64_t index = r.U64();
+      list->emplace_back(index, r.U64());
+    }
+  }
+  if (!r.ok() || !r.done()) return Internal("truncated write report");
+  return out;
+}
+
+// Step 1, on rank 0: lock, clean up, plan, create the temp folder.
+Status Prepare(const std::string& root, int64_t step, const std::vector<std::string>& gathered,
+               std::vector<RankDescription>* ranks, std::set<std::string>* hosts, SavePlan* plan,
+               std::string* temp_name) {
+  SC_RETURN_IF_ERROR(MakeDirs(root));
+  std::string final_dir = JoinPath(root, StepDirName(step));
+  if (PathExists(final_dir)) {
+    return Status(Code::kAlreadyExists, "step " + std::to_string(step) + " is already committed in " + final_dir);
+  }
+  SC_RETURN_IF_ERROR(RemoveStaleTempDirs(root));
+  for (size_t r = 0; r < gathered.size(); ++r) {
+    WireReader reader(gathered[r]);
+    hosts->insert(reader.Str());
+    std::string description = reader.Str();
+    if (!reader.ok()) return Internal("truncated description from rank " + std::to_string(r));
+    Result<RankDescription> d = DecodeRankDescription(description);
+    if (!d.ok()) return d.status().WithContext("rank " + std::to_string(r));
+    ranks->push_back(std::move(d).value());
+  }
+  SC_ASSIGN_OR_RETURN(*plan, PlanSave(*ranks));
+  *temp_name = TempDirName(step, RandomId());
+  return MakeDir(JoinPath(root, *temp_name));
+}
+
+// Step 2, on every rank.
+WriteReport WriteShard(int rank, const std::string& temp_dir, const ShardedState& state,
+                       const SavePlan& plan, const SaveOptions& options) {
+  WriteReport report;
+  const std::vector<bool>& pieces = plan.writes_piece[rank];
+  const std::vector<bool>& blobs = plan.writes_blob[rank];
+  bool any = std::find(pieces.begin(), pieces.end(), true) != pieces.end() ||
+             std::find(blobs.begin(), blobs.end(), true) != blobs.end();
+  auto run = [&]() -> Status {
+    SC_RETURN_IF_ERROR(Failpoint("save.write_data", "write " + JoinPath(temp_dir, RankFileName(rank))));
+    if (!any) return Status::Ok();
+    std::unique_ptr<BufferPool> own_pool;
+    BufferPool* pool = options.staging;
+    if (pool == nullptr) {
+      SC_ASSIGN_OR_RETURN(own_pool, BufferPool::Create(options.staging_buffers, options.staging_buffer_bytes));
+      pool = own_pool.get();
+    }
+    IoOptions io_options = options.io;
+    io_options.queue_depth = std::max<size_t>(io_options.queue_depth, pool->count() + 1);
+    std::unique_ptr<IoEngine> io = CreateIoEngine(io_options);
+    ShardFileWriter writer(io.get(), pool, options.always_stage);
+    SC_RETURN_IF_ERROR(writer.Open(temp_dir, RankFileName(rank)));
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      if (!pieces[i]) continue;
+      const TensorPiece& p = state.pieces()[i];
+      Result<uint64_t> offset = writer.Append(p.data, static_cast<size_t>(p.bytes));
+      if (!offset.ok()) return offset.status().WithContext("tensor '" + p.name + "'");
+      report.piece_offsets.emplace_back(i, *offset);
+    }
+    for (size_t j = 0; j < blobs.size(); ++j) {
+      if (!blobs[j]) continue;
+      const BlobItem& b = state.blobs()[j];
+      SC_ASSIGN_OR_RETURN(uint64_t offset, writer.Append(b.bytes.data(), b.bytes.size()));
+      report.blob_offsets.emplace_back(j, offset);
+    }
+    SC_ASSIGN_OR_RETURN(report.file, writer.Finish());
+    report.wrote_file = true;
+    return Status::Ok();
+  };
+  report.status = run();
+  return report;
+}
+
+// Steps 3-8, on rank 0.
+Status Commit(const std::string& root, int64_t step, const std::string& temp_name, int world,
+              const std::vector<RankDescription>& ranks, const std::vector<WriteReport>& reports,
+              const std::set<std::string>& hosts, const SaveOptions& options, int64_t* total_bytes) {
+  Manifest m;
+  m.step = step;
+  m.world_size = world;
+  m.created = CreationInfo{NowIso8601(), kVersion, options.torch_version, static_cast<int>(hosts.size()),
+                           options.git_commit, options.user_metadata};
+  std::unordered_map<std::string, size_t> entry_index;
+  for (int r = 0; r < world; ++r) {
+    const WriteReport& report = reports[r];
+    if (!report.wrote_file) continue;
+    uint32_t file = static_cast<uint32_t>(m.files.size());
+    m.files.push_back(report.file);
+    *total_bytes += static_cast<int64_t>(report.file.size);
+    for (auto [index, offset] : report.piece_offsets) {
+      const PieceDescription& p = ranks[r].pieces[index];
+      auto [it, fresh] = entry_index.try_emplace(p.name, m.entries.size());
+      if (fresh) m.entries.push_back(EntryRecord{p.name, p.dtype, p.shape, {}});
+      m.entries[it->second].chunks.push_back(
+          ChunkRecord{file, offset, static_cast<uint64_t>(p.bytes), Normalize(p.layout, p.shape)});
+    }
+    for (auto [index, offset] : report.blob_offsets) {
+      const BlobDescription& b = ranks[r].blobs[index];
+      m.blobs.push_back(BlobRecord{b.name, b.scope, r, file, offset, static_cast<uint64_t>(b.bytes)});
+    }
+  }
+  // Entries whose pieces are all empty were written as zero-byte chunks; keep entries ordered
+  // by name so manifests of equal states compare equal.
+  std::sort(m.entries.begin(), m.entries.end(),
+            [](const EntryRecord& a, const EntryRecord& b) { return a.name < b.name; });
+  Status valid = ValidateManifest(m);
+  if (!valid.ok()) return Internal("the manifest built by this save is invalid (a bug): " + valid.message());
+  SC_ASSIGN_OR_RETURN(std::string json, EncodeManifest(m));
+
+  const std::string temp_dir = JoinPath(root, temp_name);
+  const std::string final_name = StepDirName(step);
+  const std::string final_dir = JoinPath(root, final_name);
+  SC_RETURN_IF_ERROR(SyncDir(temp_dir, "commit.sync_tmp"));
+  SC_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(temp_dir, kManifestName), json, "commit.manifest"));
+  SC_RETURN_IF_ERROR(Rename(temp_dir, final_dir, "commit.rename_dir"));
+  Status status = SyncDir(root, "commit.sync_root");
+  if (status.ok()) status = WriteFileAtomic(JoinPath(root, kLatestName), final_name + "\n", "commit.latest");
+  if (!status.ok()) {
+    Result<std::string> latest = ReadFileLimited(JoinPath(root, kLatestName), 4096);
+    bool published = latest.ok() && latest->rfind(final_name, 0) == 0;
+    if (!published) RemoveTree(final_dir).IgnoreError();  // best effort: it was never published
+    return status;
+  }
+  Status retention = ApplyRetention(root, options.keep_last, final_name);
+  if (!retention.ok()) SC_LOG(kWarn) << "retention after " << final_name << " failed: " << retention.ToString();
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<SaveResult> Save(Communicator& comm, const std::string& root, int64_t step,
+                        const ShardedState& state, const SaveOptions& options) {
+  const int rank = comm.rank();
+  const int world = comm.size();
+  WireWriter mine;
+  mine.Str(HostName());
+  mine.Str(EncodeRankDescription(DescribeState(state)));
+  std::vector<std::string> gathered;
+  SC_RETURN_IF_ERROR(comm.Gather(mine.bytes(), &gathered, 0));
+
+  std::unique_ptr<RootLock> lock;
+  std::vector<RankDescription> ranks;
+  std::set<std::string> hosts;
+  SavePlan plan;
+  std::string temp_name;
+  std::string plan_bytes;
+  Status prepared;
+  if (rank == 0) {
+    prepared = MakeDirs(root);
+    if (prepared.ok()) {
+      Result<RootLock> acquired = RootLock::Acquire(root);
+      if (acquired.ok()) {
+        lock = std::make_unique<RootLock>(std::move(acquired).value());
+        prepared = Prepare(root, step, gathered, &ranks, &hosts, &plan, &temp_name);
+      } else {
+        prepared = acquired.status();
+      }
+    }
+    if (prepared.ok()) {
+      WireWriter w;
+      w.Str(temp_name);
+      w.Str(EncodeSavePlan(plan));
+      plan_bytes = std::move(w.bytes());
+    }
+  }
+  SC_RETURN_IF_ERROR(BroadcastStatus(comm, prepared, 0));
+  SC_RETURN_IF_ERROR(BroadcastString(comm, &plan_bytes, 0));
+  if (rank != 0) {
+    WireReader reader(plan_bytes);
+    temp_name = reader.Str();
+    std::string encoded = reader.Str();
+    if (!reader.ok()) return Internal("truncated save plan from rank 0");
+    SC_ASSIGN_OR_RETURN(plan, DecodeSavePlan(encoded, world));
+  }
+
+  const std::string temp_dir = JoinPath(root, temp_name);
+  WriteReport report = WriteShard(rank, temp_dir, state, plan, options);
+  SaveResult result;
+  result.bytes_written = static_cast<int64_t>(report.file.size);
+  if (!report.status.ok()) report.status = report.status.WithContext("writing " + JoinPath(temp_dir, RankFileName(rank)));
+  std::vector<std::string> reports_bytes;
+  SC_RETURN_IF_ERROR(comm.Gather(EncodeWriteReport(report), &reports_bytes, 0));
+
+  Status committed;
+  int64_t total = 0;
+  if (rank == 0) {
+    std::vector<WriteReport> reports;
+    std::string failures;
+    Code first_code = Code::kOk;
+    for (int r = 0; r < world && committed.ok(); ++r) {
+      Result<WriteReport> decoded = DecodeWriteReport(reports_bytes[r]);
+      if (!decoded.ok()) committed = decoded.status().WithContext("rank " + std::to_string(r));
+      else reports.push_back(std::move(decoded).value());
+      if (committed.ok() && !reports.back().status.ok()) {
+        if (first_code == Code::kOk) first_code = reports.back().status.code();
+        failures += (failures.empty() ? "" : "; ") + ("rank " + std::to_string(r) + ": " + reports.back().status.ToString());
+      }
+    }
+    if (committed.ok() && !failures.empty()) committed = Status(first_code, "save of step " + std::to_string(step) + " failed: " + failures);
+    if (committed.ok()) committed = Commit(root, step, temp_name, world, ranks, reports, hosts, options, &total);
+    if (!committed.ok() && PathExists(temp_dir)) RemoveTree(temp_dir).IgnoreError();
+  }
+  SC_RETURN_IF_ERROR(BroadcastStatus(comm, committed, 0));
+  SC_RETURN_IF_ERROR(comm.Broadcast(&total, sizeof(total), 0));
+  result.path = JoinPath(root, StepDirName(step));
+  result.total_bytes = total;
+  return result;
+}
+
+}  // namespace shardckpt

@@ -1,0 +1,130 @@
+#include "engine/shard_writer.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "io/checksum.h"
+#include "io/fs.h"
+
+namespace shardckpt {
+
+ShardFileWriter::~ShardFileWriter() { io_->Drain().IgnoreError(); }
+
+Status ShardFileWriter::Open(const std::string& dir, const std::string& name) {
+  name_ = name;
+  SC_ASSIGN_OR_RETURN(file_, io_->Open(JoinPath(dir, name), OpenMode::kCreate));
+  return Status::Ok();
+}
+
+Status ShardFileWriter::HandleCompletion(uint64_t tag) {
+  if (tag != kDirectTag) busy_[tag] = false;
+  return Status::Ok();
+}
+
+Status ShardFileWriter::WaitForBuffer(size_t index) {
+  while (busy_[index]) {
+    SC_ASSIGN_OR_RETURN(uint64_t tag, io_->Reap());
+    SC_RETURN_IF_ERROR(HandleCompletion(tag));
+  }
+  return Status::Ok();
+}
+
+Status ShardFileWriter::FlushCurrent() {
+  if (fill_ == 0) return Status::Ok();
+  AlignedBuffer& buffer = pool_->at(current_);
+  size_t length = AlignUp(fill_, kBlockSize);
+  std::memset(buffer.data() + fill_, 0, length - fill_);
+  if (checksumming_) {
+    size_t first = sums_.size();
+    sums_.resize(first + length / kBlockSize);
+    ChecksumBlocks(buffer.data(), length, sums_.data() + first);
+  }
+  while (io_->in_flight() >= io_->queue_depth()) {
+    SC_ASSIGN_OR_RETURN(uint64_t tag, io_->Reap());
+    SC_RETURN_IF_ERROR(HandleCompletion(tag));
+  }
+  uint64_t offset = position_ - fill_;
+  SC_RETURN_IF_ERROR(io_->Submit(file_.get(), IoOp{IoKind::kWrite, offset, buffer.data(), length}, current_));
+  busy_[current_] = true;
+  position_ = offset + length;  // a partial buffer is only flushed at a block boundary
+  current_ = (current_ + 1) % pool_->count();
+  fill_ = 0;
+  return WaitForBuffer(current_);
+}
+
+Status ShardFileWriter::CopyIn(const unsigned char* data, size_t bytes) {
+  while (bytes > 0) {
+    AlignedBuffer& buffer = pool_->at(current_);
+    size_t n = std::min(bytes, buffer.size() - fill_);
+    std::memcpy(buffer.data() + fill_, data, n);
+    fill_ += n;
+    position_ += n;
+    data += n;
+    bytes -= n;
+    if (fill_ == buffer.size()) SC_RETURN_IF_ERROR(FlushCurrent());
+  }
+  return Status::Ok();
+}
+
+Status ShardFileWriter::PadToBlock() {
+  uint64_t pad = AlignUp(position_, kBlockSize) - position_;
+  if (pad == 0) return Status::Ok();
+  static const unsigned char kZeros[kBlockSize] = {};
+  return CopyIn(kZeros, pad);
+}
+
+Result<uint64_t> ShardFileWriter::Append(const void* data, size_t bytes) {
+  SC_RETURN_IF_ERROR(PadToBlock());
+  const uint64_t offset = position_;
+  const auto* p = static_cast<const unsigned char*>(data);
+  const size_t chunk = pool_->buffer_bytes();
+  bool aligned = reinterpret_cast<uintptr_t>(p) % kDirectIoAlignment == 0;
+  if (!always_stage_ && aligned && bytes >= chunk) {
+    SC_RETURN_IF_ERROR(FlushCurrent());  // at a block boundary: position_ is aligned now
+    size_t direct = AlignDown(bytes, kBlockSize);
+    for (size_t done = 0; done < direct; done += chunk) {
+      size_t length = std::min(chunk, direct - done);
+      size_t first = sums_.size();
+      sums_.resize(first + length / kBlockSize);
+      ChecksumBlocks(p + done, length, sums_.data() + first);
+      while (io_->in_flight() >= io_->queue_depth()) {
+        SC_ASSIGN_OR_RETURN(uint64_t tag, io_->Reap());
+        SC_RETURN_IF_ERROR(HandleCompletion(tag));
+      }
+      SC_RETURN_IF_ERROR(io_->Submit(file_.get(),
+                                     IoOp{IoKind::kWrite, position_, const_cast<unsigned char*>(p + done), length},
+                                     kDirectTag));
+      position_ += length;
+    }
+    p += direct;
+    bytes -= direct;
+  }
+  SC_RETURN_IF_ERROR(CopyIn(p, bytes));
+  return offset;
+}
+
+Result<FileRecord> ShardFileWriter::Finish() {
+  SC_RETURN_IF_ERROR(PadToBlock());
+  SC_RETURN_IF_ERROR(FlushCurrent());
+  FileRecord record;
+  record.name = name_;
+  record.table_offset = position_;
+  // The table: one u64 per data block, padded to whole pages, each page checksummed for the
+  // manifest.
+  const uint64_t pages = TablePages(record.table_offset);
+  std::vector<uint64_t> table(pages * kSumsPerTablePage, 0);
+  std::copy(sums_.begin(), sums_.end(), table.begin());
+  for (uint64_t page = 0; page < pages; ++page) {
+    record.table_page_sums.push_back(Checksum64(table.data() + page * kSumsPerTablePage, kBlockSize));
+  }
+  checksumming_ = false;
+  SC_RETURN_IF_ERROR(CopyIn(reinterpret_cast<const unsigned char*>(table.data()), table.size() * 8));
+  SC_RETURN_IF_ERROR(FlushCurrent());
+  SC_RETURN_IF_ERROR(io_->Drain());
+  record.size = position_;
+  SC_RETURN_IF_ERROR(io_->Sync(file_.get()));
+  file_.reset();
+  return record;
+}
+
+}  // namespace shardckpt

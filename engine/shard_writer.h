@@ -1,0 +1,56 @@
+// Streams one rank's data file: chunks at 4096-aligned offsets, then the checksum table
+// (see manifest.h for the layout), then fdatasync.
+//
+// Bytes are copied into the staging ring (the BufferPool), checksummed block by block while hot
+// in cache, and written from there with up to pool.count() writes in flight, so copying the next
+// buffer overlaps the writes of the previous ones. A chunk whose memory is already 4096-aligned is
+// written straight from the caller's memory in buffer-sized pieces with no copy, unless
+// `always_stage` (async saves stage everything, since the caller may change the tensors).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/manifest.h"
+#include "io/aligned_buffer.h"
+#include "io/io_engine.h"
+
+namespace shardckpt {
+
+class ShardFileWriter {
+ public:
+  ShardFileWriter(IoEngine* io, BufferPool* pool, bool always_stage)
+      : io_(io), pool_(pool), always_stage_(always_stage), busy_(pool->count(), false) {}
+  ~ShardFileWriter();
+
+  Status Open(const std::string& dir, const std::string& name);
+  // Appends a chunk at the next aligned offset and returns that offset. `data` must stay valid
+  // and unchanged until Finish returns.
+  Result<uint64_t> Append(const void* data, size_t bytes);
+  // Writes the checksum table, waits for every write and syncs. Returns the file's record.
+  Result<FileRecord> Finish();
+
+ private:
+  Status PadToBlock();
+  Status CopyIn(const unsigned char* data, size_t bytes);
+  Status FlushCurrent();
+  Status WaitForBuffer(size_t index);
+  Status HandleCompletion(uint64_t tag);
+
+  static constexpr uint64_t kDirectTag = ~uint64_t{0};
+
+  IoEngine* io_;
+  BufferPool* pool_;
+  bool always_stage_;
+  std::vector<bool> busy_;
+  std::unique_ptr<File> file_;
+  std::string name_;
+  size_t current_ = 0;       // buffer being filled
+  size_t fill_ = 0;          // bytes in it
+  uint64_t position_ = 0;    // file offset of the next byte appended
+  bool checksumming_ = true; // off while the table itself is written
+  std::vector<uint64_t> sums_;
+};
+
+}  // namespace shardckpt

@@ -1,0 +1,61 @@
+#include "io/aligned_buffer.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "io/checksum.h"
+
+namespace shardckpt {
+namespace {
+void* PosixAllocate(size_t bytes) {
+  void* ptr = nullptr;
+  if (posix_memalign(&ptr, kDirectIoAlignment, bytes) != 0) return nullptr;
+  return ptr;
+}
+void PosixRelease(void* ptr) { std::free(ptr); }
+}  // namespace
+
+HostAllocator DefaultHostAllocator() { return HostAllocator{&PosixAllocate, &PosixRelease, "aligned"}; }
+
+Result<AlignedBuffer> AlignedBuffer::Allocate(size_t bytes, HostAllocator allocator) {
+  AlignedBuffer buffer;
+  size_t rounded = AlignUp(bytes == 0 ? kDirectIoAlignment : bytes, kDirectIoAlignment);
+  void* ptr = allocator.allocate(rounded);
+  if (ptr == nullptr) {
+    return Status(Code::kInternal, "cannot allocate " + std::to_string(rounded) +
+                                       " bytes of " + allocator.name + " staging memory");
+  }
+  buffer.data_ = static_cast<unsigned char*>(ptr);
+  buffer.size_ = rounded;
+  buffer.allocator_ = allocator;
+  return buffer;
+}
+
+AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& other) noexcept {
+  if (this != &other) {
+    if (data_ != nullptr) allocator_.release(data_);
+    data_ = other.data_;
+    size_ = other.size_;
+    allocator_ = other.allocator_;
+    other.data_ = nullptr;
+    other.size_ = 0;
+  }
+  return *this;
+}
+
+AlignedBuffer::~AlignedBuffer() {
+  if (data_ != nullptr) allocator_.release(data_);
+}
+
+Result<std::unique_ptr<BufferPool>> BufferPool::Create(size_t count, size_t buffer_bytes,
+                                                       HostAllocator allocator) {
+  auto pool = std::make_unique<BufferPool>();
+  pool->buffer_bytes_ = AlignUp(buffer_bytes, kDirectIoAlignment);
+  for (size_t i = 0; i < count; ++i) {
+    SC_ASSIGN_OR_RETURN(AlignedBuffer buffer, AlignedBuffer::Allocate(pool->buffer_bytes_, allocator));
+    pool->buffers_.push_back(std::move(buffer));
+  }
+  return pool;
+}
+
+}  // namespace shardckpt

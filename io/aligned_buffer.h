@@ -1,0 +1,60 @@
+// Page-aligned host memory for O_DIRECT, and a pool that keeps it across saves so a training loop
+// that checkpoints every few minutes does not re-fault gigabytes of staging memory each time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "io/status.h"
+
+namespace shardckpt {
+
+inline constexpr size_t kDirectIoAlignment = 4096;
+
+// Where staging memory comes from. The default is posix_memalign; the CUDA build registers a
+// pinned allocator (cudaHostAlloc) so device-to-host copies run at full PCIe speed.
+struct HostAllocator {
+  void* (*allocate)(size_t bytes) = nullptr;
+  void (*release)(void* ptr) = nullptr;
+  const char* name = "aligned";
+};
+HostAllocator DefaultHostAllocator();
+
+class AlignedBuffer {
+ public:
+  AlignedBuffer() = default;
+  static Result<AlignedBuffer> Allocate(size_t bytes, HostAllocator allocator = DefaultHostAllocator());
+  AlignedBuffer(AlignedBuffer&& other) noexcept { *this = std::move(other); }
+  AlignedBuffer& operator=(AlignedBuffer&& other) noexcept;
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  ~AlignedBuffer();
+
+  unsigned char* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  unsigned char* data_ = nullptr;
+  size_t size_ = 0;
+  HostAllocator allocator_;
+};
+
+// A fixed set of equal-sized buffers, handed out by index. Not thread-safe by design: one
+// pipeline (a writer or a reader) owns it at a time.
+class BufferPool {
+ public:
+  static Result<std::unique_ptr<BufferPool>> Create(size_t count, size_t buffer_bytes,
+                                                    HostAllocator allocator = DefaultHostAllocator());
+  size_t count() const { return buffers_.size(); }
+  size_t buffer_bytes() const { return buffer_bytes_; }
+  AlignedBuffer& at(size_t i) { return buffers_[i]; }
+
+ private:
+  std::vector<AlignedBuffer> buffers_;
+  size_t buffer_bytes_ = 0;
+};
+
+}  // namespace shardckpt

@@ -1,0 +1,161 @@
+#include "io/fs.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+
+#include "io/failpoint.h"
+
+namespace shardckpt {
+namespace {
+
+std::string ParentDir(const std::string& path) {
+  size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+Status WriteAll(int fd, const std::string& bytes, const std::string& path) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, "write " + path);
+    }
+    done += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string JoinPath(const std::string& dir, const std::string& name) {
+  if (dir.empty()) return name;
+  if (dir.back() == '/') return dir + name;
+  return dir + "/" + name;
+}
+
+bool PathExists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+Status MakeDir(const std::string& path) {
+  SC_RETURN_IF_ERROR(Failpoint("fs.mkdir", "mkdir " + path));
+  if (::mkdir(path.c_str(), 0755) != 0) return ErrnoStatus(errno, "mkdir " + path);
+  return Status::Ok();
+}
+
+Status MakeDirs(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::create_directories(path, ec);
+  if (ec) return ErrnoStatus(ec.value(), "mkdir -p " + path);
+  return Status::Ok();
+}
+
+Status SyncDir(const std::string& path, const char* failpoint) {
+  SC_RETURN_IF_ERROR(Failpoint(failpoint, "fsync directory " + path));
+  int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(errno, "open directory " + path);
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0) return ErrnoStatus(err, "fsync directory " + path);
+  return Status::Ok();
+}
+
+Status Rename(const std::string& from, const std::string& to, const char* failpoint) {
+  SC_RETURN_IF_ERROR(Failpoint(failpoint, "rename " + from + " -> " + to));
+  if (::rename(from.c_str(), to.c_str()) != 0) {
+    return ErrnoStatus(errno, "rename " + from + " -> " + to);
+  }
+  return Status::Ok();
+}
+
+Status RemoveTree(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+  if (ec) return ErrnoStatus(ec.value(), "remove " + path);
+  return Status::Ok();
+}
+
+Result<std::vector<std::string>> ListDir(const std::string& path) {
+  DIR* dir = ::opendir(path.c_str());
+  if (dir == nullptr) return ErrnoStatus(errno, "opendir " + path);
+  std::vector<std::string> names;
+  while (struct dirent* entry = ::readdir(dir)) {
+    std::string name = entry->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  ::closedir(dir);
+  return names;
+}
+
+Result<uint64_t> FileSize(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return ErrnoStatus(errno, "stat " + path);
+  return static_cast<uint64_t>(st.st_size);
+}
+
+Result<std::string> ReadFileLimited(const std::string& path, uint64_t max_bytes) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(errno, "open " + path);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    return ErrnoStatus(err, "fstat " + path);
+  }
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    ::close(fd);
+    return Status(Code::kInvalidArgument, path + " is " + std::to_string(st.st_size) +
+                                              " bytes, over the limit of " +
+                                              std::to_string(max_bytes));
+  }
+  std::string bytes(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::read(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int err = n < 0 ? errno : EIO;
+      ::close(fd);
+      return ErrnoStatus(err, "read " + path);
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  return bytes;
+}
+
+Status WriteFileAtomic(const std::string& path, const std::string& bytes,
+                       const char* failpoint_prefix) {
+  const std::string prefix = failpoint_prefix;
+  const std::string temp = path + ".tmp";
+  SC_RETURN_IF_ERROR(Failpoint((prefix + ".write").c_str(), "write " + temp));
+  int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoStatus(errno, "open " + temp);
+  Status status = WriteAll(fd, bytes, temp);
+  if (status.ok()) status = Failpoint((prefix + ".fsync").c_str(), "fsync " + temp);
+  if (status.ok() && ::fsync(fd) != 0) status = ErrnoStatus(errno, "fsync " + temp);
+  ::close(fd);
+  if (status.ok()) status = Rename(temp, path, (prefix + ".rename").c_str());
+  if (!status.ok()) {
+    ::unlink(temp.c_str());
+    return status;
+  }
+  return SyncDir(ParentDir(path), (prefix + ".sync_dir").c_str());
+}
+
+}  // namespace shardckpt

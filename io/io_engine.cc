@@ -1,0 +1,76 @@
+#include "io/io_engine.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "io/failpoint.h"
+#include "io/log.h"
+
+namespace shardckpt {
+
+File::~File() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Result<uint64_t> File::Size() const {
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) return ErrnoStatus(errno, "fstat " + path_);
+  return static_cast<uint64_t>(st.st_size);
+}
+
+Result<std::unique_ptr<File>> IoEngine::Open(const std::string& path, OpenMode mode) {
+  int flags = O_CLOEXEC | (mode == OpenMode::kRead ? O_RDONLY : (O_WRONLY | O_CREAT | O_TRUNC));
+  if (options_.use_direct) {
+    int fd = ::open(path.c_str(), flags | O_DIRECT, 0644);
+    if (fd >= 0) return std::make_unique<File>(fd, path, true);
+    if (errno != EINVAL) return ErrnoStatus(errno, "open " + path);
+    LogOnce(LogLevel::kWarn, "odirect-refused",
+            "O_DIRECT refused by the file system of " + path +
+                "; using buffered I/O for such files");
+  }
+  int fd = ::open(path.c_str(), flags, 0644);
+  if (fd < 0) return ErrnoStatus(errno, "open " + path);
+  return std::make_unique<File>(fd, path, false);
+}
+
+Status IoEngine::Drain() {
+  Status first;
+  while (in_flight() > 0) {
+    Result<uint64_t> tag = Reap();
+    if (!tag.ok() && first.ok()) first = tag.status();
+  }
+  return first;
+}
+
+Status IoEngine::Sync(File* file) {
+  SC_RETURN_IF_ERROR(Failpoint("io.fsync", "fdatasync " + file->path()));
+  if (::fdatasync(file->fd()) != 0) return ErrnoStatus(errno, "fdatasync " + file->path());
+  return Status::Ok();
+}
+
+Status IoEngine::OpError(const File& file, const IoOp& op, int err) {
+  return ErrnoStatus(err, std::string(op.kind == IoKind::kRead ? "read " : "write ") +
+                              file.path() + " at offset " + std::to_string(op.offset) +
+                              " length " + std::to_string(op.length));
+}
+
+Status IoEngine::CheckSubmit(const File& file, const IoOp& op) {
+  const char* point = op.kind == IoKind::kRead ? "io.read" : "io.write";
+  return Failpoint(point, std::string(op.kind == IoKind::kRead ? "read " : "write ") +
+                              file.path() + " at offset " + std::to_string(op.offset));
+}
+
+std::unique_ptr<IoEngine> CreateIoEngine(IoOptions options) {
+  if (options.use_io_uring) {
+    Result<std::unique_ptr<IoEngine>> engine = CreateUringEngine(options);
+    if (engine.ok()) return std::move(engine).value();
+    LogOnce(LogLevel::kWarn, "uring-refused",
+            "io_uring unavailable (" + engine.status().message() + "); using pread/pwrite");
+  }
+  return CreatePosixEngine(options);
+}
+
+}  // namespace shardckpt

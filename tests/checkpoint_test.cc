@@ -1,0 +1,318 @@
+// Single-process save and load: the commit protocol under a failure at each step, retention,
+// the writer lock, corrupt and missing files, and load options.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+
+#include "collectives/communicator.h"
+#include "engine/checkpoint_dir.h"
+#include "engine/load.h"
+#include "engine/save.h"
+#include "io/failpoint.h"
+#include "io/fs.h"
+#include "tests/test_util.h"
+
+namespace shardckpt {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A state of every dtype and shape kind, its bytes derived from `seed` so steps differ.
+struct Tensors {
+  struct T {
+    std::string name;
+    DType dtype;
+    Shape shape;
+    std::vector<uint8_t> bytes;
+  };
+  std::vector<T> all;
+  explicit Tensors(const std::string& seed) {
+    const std::vector<std::pair<DType, Shape>> kinds = {
+        {DType::kFloat64, {3, 5}},   {DType::kFloat32, {64, 33}}, {DType::kFloat16, {7}},
+        {DType::kBFloat16, {2, 2, 3}}, {DType::kInt64, {}},        {DType::kInt32, {0, 4}},
+        {DType::kInt16, {5}},        {DType::kInt8, {9}},         {DType::kUInt8, {4096}},
+        {DType::kBool, {6}},         {DType::kFloat8E4M3, {8}},   {DType::kFloat8E5M2, {2, 4}}};
+    for (size_t i = 0; i < kinds.size(); ++i) {
+      std::string name = std::string("model.") + DTypeName(kinds[i].first);
+      all.push_back(T{name, kinds[i].first, kinds[i].second,
+                      testing::PieceBytes(seed + name, kinds[i].first, kinds[i].second, Layout::Replicated())});
+    }
+  }
+  ShardedState State() {
+    ShardedState state;
+    for (T& t : all) EXPECT_TRUE(state.AddTensor(t.name, t.dtype, t.shape, Layout::Replicated(), t.bytes.data()).ok());
+    EXPECT_TRUE(state.AddBlob("step", "1234").ok());
+    EXPECT_TRUE(state.AddBlob("rng", "rank0-rng", BlobScope::kPerRank).ok());
+    return state;
+  }
+};
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  void TearDown() override { SetFailpoints("").IgnoreError(); }
+  Result<SaveResult> SaveStep(int64_t step, const SaveOptions& options = {}) {
+    Tensors tensors("step" + std::to_string(step));
+    return Save(*comm_, root(), step, tensors.State(), options);
+  }
+  // Loads `path` and checks every byte against the state saved at `step`.
+  void ExpectLoads(const std::string& path, int64_t step) {
+    Tensors expected("step" + std::to_string(step));
+    Tensors got("none");
+    for (auto& t : got.all) std::fill(t.bytes.begin(), t.bytes.end(), 0xAB);
+    ShardedState targets;
+    for (auto& t : got.all) ASSERT_TRUE(targets.AddTensor(t.name, t.dtype, t.shape, Layout::Replicated(), t.bytes.data()).ok());
+    Result<LoadReport> report = Load(*comm_, path, targets);
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    EXPECT_EQ(report->step, step);
+    for (size_t i = 0; i < got.all.size(); ++i) EXPECT_EQ(got.all[i].bytes, expected.all[i].bytes) << got.all[i].name;
+    EXPECT_EQ(report->blobs.at("step").bytes, "1234");
+    EXPECT_TRUE(report->blobs.at("rng").available);
+    EXPECT_EQ(report->blobs.at("rng").bytes, "rank0-rng");
+  }
+  std::string root() const { return JoinPath(dir_.path(), "ckpt"); }
+  std::string Latest() const { return ReadFileLimited(JoinPath(root(), kLatestName), 100).value(); }
+
+  testing::TempDir dir_;
+  std::unique_ptr<Communicator> comm_ = CreateSingleProcessCommunicator();
+};
+
+TEST_F(CheckpointTest, RoundTripsEveryDtypeScalarsAndEmptyTensors) {
+  Result<SaveResult> saved = SaveStep(7);
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  EXPECT_EQ(saved->path, JoinPath(root(), "step-000000007"));
+  EXPECT_EQ(Latest(), "step-000000007\n");
+  ExpectLoads(root(), 7);
+  ExpectLoads(saved->path, 7);
+  Manifest m = ReadManifest(saved->path).value();
+  EXPECT_EQ(m.world_size, 1);
+  EXPECT_EQ(m.entries.size(), 12u);
+  for (const EntryRecord& e : m.entries) {
+    for (const ChunkRecord& c : e.chunks) EXPECT_EQ(c.offset % 4096, 0u) << e.name;
+  }
+}
+
+TEST_F(CheckpointTest, StagedAndDirectWritesProduceTheSameBytes) {
+  SaveOptions staged;
+  staged.always_stage = true;
+  staged.staging_buffer_bytes = 4096;  // many small buffers: exercises ring wrap-around
+  staged.staging_buffers = 3;
+  ASSERT_TRUE(SaveStep(1, staged).ok());
+  ExpectLoads(root(), 1);
+}
+
+TEST_F(CheckpointTest, AFailureAtEachCommitStepKeepsThePreviousCheckpoint) {
+  const char* steps[] = {"save.write_data",        "io.write",               "io.fsync",
+                         "commit.sync_tmp",        "commit.manifest.write",  "commit.manifest.fsync",
+                         "commit.manifest.rename", "commit.manifest.sync_dir", "commit.rename_dir",
+                         "commit.sync_root",       "commit.latest.write",    "commit.latest.fsync",
+                         "commit.latest.rename"};
+  ASSERT_TRUE(SaveStep(1).ok());
+  int64_t step = 2;
+  for (const char* failpoint : steps) {
+    ASSERT_TRUE(SetFailpoints(std::string(failpoint) + "=EIO").ok());
+    Result<SaveResult> failed = SaveStep(step);
+    ASSERT_FALSE(failed.ok()) << failpoint;
+    EXPECT_THAT(failed.status().message(), HasSubstr(std::string("failpoint ") + failpoint));
+    EXPECT_EQ(Latest(), "step-000000001\n") << failpoint;
+    EXPECT_FALSE(PathExists(JoinPath(root(), StepDirName(step)))) << failpoint;
+    for (const std::string& name : ListDir(root()).value()) EXPECT_FALSE(IsTempDirName(name)) << failpoint << " left " << name;
+    ExpectLoads(root(), 1);
+    // The root works again once the failure is gone.
+    ASSERT_TRUE(SetFailpoints("").ok());
+    ASSERT_TRUE(SaveStep(step).ok()) << failpoint;
+    ExpectLoads(root(), step);
+    ASSERT_TRUE(RemoveTree(JoinPath(root(), StepDirName(step))).ok());
+    ASSERT_TRUE(WriteFileAtomic(JoinPath(root(), kLatestName), "step-000000001\n", "test").ok());
+    ++step;
+  }
+}
+
+TEST_F(CheckpointTest, FailureAfterLatestIsPublishedKeepsTheNewCheckpoint) {
+  ASSERT_TRUE(SaveStep(1).ok());
+  ASSERT_TRUE(SetFailpoints("commit.latest.sync_dir=EIO").ok());
+  Result<SaveResult> saved = SaveStep(2);
+  EXPECT_FALSE(saved.ok());
+  // `latest` was renamed before the directory fsync failed: the new checkpoint stays whole.
+  EXPECT_EQ(Latest(), "step-000000002\n");
+  ExpectLoads(root(), 2);
+}
+
+TEST_F(CheckpointTest, RetentionKeepsTheLastK) {
+  SaveOptions options;
+  options.keep_last = 2;
+  for (int64_t step = 1; step <= 4; ++step) ASSERT_TRUE(SaveStep(step * 10, options).ok());
+  auto committed = ListCommitted(root()).value();
+  ASSERT_EQ(committed.size(), 2u);
+  EXPECT_EQ(committed[0].first, 30);
+  EXPECT_EQ(committed[1].first, 40);
+  ExpectLoads(JoinPath(root(), StepDirName(30)), 30);
+}
+
+TEST_F(CheckpointTest, RefusesToOverwriteACommittedStep) {
+  ASSERT_TRUE(SaveStep(5).ok());
+  Result<SaveResult> again = SaveStep(5);
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), Code::kAlreadyExists);
+  EXPECT_THAT(again.status().message(), HasSubstr("step 5 is already committed"));
+}
+
+TEST_F(CheckpointTest, SecondWriterGetsALockError) {
+  ASSERT_TRUE(MakeDirs(root()).ok());
+  Result<RootLock> held = RootLock::Acquire(root());
+  ASSERT_TRUE(held.ok());
+  Result<SaveResult> saved = SaveStep(1);
+  ASSERT_FALSE(saved.ok());
+  EXPECT_EQ(saved.status().code(), Code::kFailedPrecondition);
+  EXPECT_THAT(saved.status().message(), HasSubstr("another save is writing into " + root()));
+}
+
+TEST_F(CheckpointTest, LeftoverTempFoldersAreRemovedByTheNextSave) {
+  ASSERT_TRUE(MakeDirs(JoinPath(root(), "step-000000003.tmp-dead")).ok());
+  ASSERT_TRUE(SaveStep(4).ok());
+  EXPECT_FALSE(PathExists(JoinPath(root(), "step-000000003.tmp-dead")));
+}
+
+// ---- Damage on disk. ----
+
+class DamagedCheckpointTest : public CheckpointTest {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(SaveStep(1).ok());
+    dir1_ = JoinPath(root(), StepDirName(1));
+  }
+  Status LoadStatus() {
+    Tensors got("x");
+    ShardedState targets;
+    for (auto& t : got.all) EXPECT_TRUE(targets.AddTensor(t.name, t.dtype, t.shape, Layout::Replicated(), t.bytes.data()).ok());
+    return Load(*comm_, root(), targets).status();
+  }
+  void Patch(const std::string& file, uint64_t offset, uint8_t xor_mask) {
+    std::fstream f(JoinPath(dir1_, file), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(offset));
+    char c;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ xor_mask);
+    f.seekp(static_cast<std::streamoff>(offset));
+    f.write(&c, 1);
+  }
+  std::string dir1_;
+};
+
+TEST_F(DamagedCheckpointTest, FlippedBitInDataNamesFileOffsetAndEntry) {
+  Manifest m = ReadManifest(dir1_).value();
+  const EntryRecord* f32 = nullptr;
+  for (const EntryRecord& e : m.entries) {
+    if (e.name == "model.float32") f32 = &e;
+  }
+  ASSERT_NE(f32, nullptr);
+  Patch("rank-00000.bin", f32->chunks[0].offset + 5000, 0x10);
+  Status status = LoadStatus();
+  EXPECT_EQ(status.code(), Code::kDataLoss);
+  EXPECT_THAT(status.message(), HasSubstr("rank-00000.bin: checksum mismatch in the block at offset " +
+                                          std::to_string(f32->chunks[0].offset + 4096)));
+  EXPECT_THAT(status.message(), HasSubstr("'model.float32'"));
+}
+
+TEST_F(DamagedCheckpointTest, CorruptChecksumTableIsDetected) {
+  Manifest m = ReadManifest(dir1_).value();
+  Patch("rank-00000.bin", m.files[0].table_offset + 3, 0x01);
+  Status status = LoadStatus();
+  EXPECT_EQ(status.code(), Code::kDataLoss);
+  EXPECT_THAT(status.message(), HasSubstr("checksum table page 0"));
+}
+
+TEST_F(DamagedCheckpointTest, TruncatedFileIsNamed) {
+  ASSERT_EQ(::truncate(JoinPath(dir1_, "rank-00000.bin").c_str(), 5000), 0);
+  Status status = LoadStatus();
+  EXPECT_EQ(status.code(), Code::kDataLoss);
+  EXPECT_THAT(status.message(), HasSubstr("'rank-00000.bin' is 5000 bytes"));
+  EXPECT_THAT(status.message(), HasSubstr("truncated"));
+}
+
+TEST_F(DamagedCheckpointTest, MissingRankFileIsNamed) {
+  ASSERT_EQ(::unlink(JoinPath(dir1_, "rank-00000.bin").c_str()), 0);
+  Status status = LoadStatus();
+  EXPECT_EQ(status.code(), Code::kNotFound);
+  EXPECT_THAT(status.message(), HasSubstr("data file 'rank-00000.bin' is missing"));
+}
+
+TEST_F(DamagedCheckpointTest, HostileFileNameInManifestIsRefused) {
+  std::string text = ReadFileLimited(JoinPath(dir1_, kManifestName), 1 << 20).value();
+  size_t at = text.find("rank-00000.bin");
+  text.replace(at, 14, "../../etc/pass");
+  ASSERT_TRUE(WriteFileAtomic(JoinPath(dir1_, kManifestName), text, "test").ok());
+  Status status = LoadStatus();
+  EXPECT_EQ(status.code(), Code::kDataLoss);
+  EXPECT_THAT(status.message(), HasSubstr("'../../etc/pass' is not a plain file name"));
+}
+
+TEST_F(DamagedCheckpointTest, NoLatestAndNoManifestIsNotFound) {
+  ASSERT_EQ(::unlink(JoinPath(root(), kLatestName).c_str()), 0);
+  Status status = LoadStatus();
+  EXPECT_EQ(status.code(), Code::kNotFound);
+  EXPECT_THAT(status.message(), HasSubstr("neither a checkpoint"));
+}
+
+// ---- Load options. ----
+
+TEST_F(CheckpointTest, StrictLoadNamesMissingAndUnexpectedEntries) {
+  ASSERT_TRUE(SaveStep(1).ok());
+  std::vector<float> buffer(64 * 33);
+  ShardedState targets;
+  ASSERT_TRUE(targets.AddTensor("model.float32", DType::kFloat32, {64, 33}, Layout::Replicated(), buffer.data()).ok());
+  ASSERT_TRUE(targets.AddTensor("model.extra", DType::kFloat32, {2}, Layout::Replicated(), buffer.data()).ok());
+  Result<LoadReport> strict = Load(*comm_, root(), targets);
+  ASSERT_FALSE(strict.ok());
+  EXPECT_THAT(strict.status().message(), HasSubstr("not in checkpoint"));
+  EXPECT_THAT(strict.status().message(), HasSubstr("'model.extra'"));
+  LoadOptions partial;
+  partial.strict = false;
+  Result<LoadReport> report = Load(*comm_, root(), targets, partial);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(report->missing, std::vector<std::string>{"model.extra"});
+  EXPECT_EQ(report->unexpected.size(), 11u);
+  Tensors expected("step1");
+  for (auto& t : expected.all) {
+    if (t.name == "model.float32") {
+      EXPECT_EQ(std::memcmp(buffer.data(), t.bytes.data(), t.bytes.size()), 0);
+    }
+  }
+}
+
+TEST_F(CheckpointTest, RenameDtypeAndShapeChecks) {
+  ASSERT_TRUE(SaveStep(1).ok());
+  std::vector<double> buffer(15);
+  LoadOptions options;
+  options.strict = false;
+  {
+    ShardedState targets;
+    ASSERT_TRUE(targets.AddTensor("float64", DType::kFloat64, {3, 5}, Layout::Replicated(), buffer.data()).ok());
+    options.rename = StripPrefix("model.");
+    Result<LoadReport> report = Load(*comm_, root(), targets, options);
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    EXPECT_TRUE(report->missing.empty());
+  }
+  options.rename = nullptr;
+  {
+    ShardedState targets;
+    ASSERT_TRUE(targets.AddTensor("model.float64", DType::kFloat32, {3, 5}, Layout::Replicated(), buffer.data()).ok());
+    Result<LoadReport> report = Load(*comm_, root(), targets, options);
+    ASSERT_FALSE(report.ok());
+    EXPECT_THAT(report.status().message(), HasSubstr("'model.float64' is float64 in the checkpoint but float32"));
+  }
+  {
+    ShardedState targets;
+    ASSERT_TRUE(targets.AddTensor("model.float64", DType::kFloat64, {5, 3}, Layout::Replicated(), buffer.data()).ok());
+    Result<LoadReport> report = Load(*comm_, root(), targets, options);
+    ASSERT_FALSE(report.ok());
+    EXPECT_THAT(report.status().message(), HasSubstr("shape [3, 5] in the checkpoint but [5, 3]"));
+  }
+}
+
+}  // namespace
+}  // namespace shardckpt

@@ -1,0 +1,117 @@
+#include "engine/layout.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <tuple>
+
+namespace shardckpt {
+namespace {
+
+using ::testing::ElementsAre;
+
+struct Box {
+  std::vector<int64_t> lo, size;
+  bool operator==(const Box& o) const { return lo == o.lo && size == o.size; }
+};
+std::ostream& operator<<(std::ostream& out, const Box& b) {
+  return out << "lo" << ShapeString(b.lo) << " size" << ShapeString(b.size);
+}
+
+std::vector<Box> Boxes(const Layout& layout, const Shape& shape) {
+  std::vector<Box> out;
+  for (const Region& r : LayoutRegions(layout, shape)) out.push_back(Box{r.lo, r.size});
+  return out;
+}
+
+TEST(LayoutRegions, FlatRangeSplitsIntoPartialRowsAndFullBlocks) {
+  // Shape [4, 5]: elements 3..17 are the tail of row 0 (cols 3-4), rows 1-2 whole, and the head
+  // of row 3 (cols 0-1: elements 15, 16).
+  EXPECT_THAT(Boxes(Layout::FlatRange(3, 17), {4, 5}),
+              ElementsAre(Box{{0, 3}, {1, 2}}, Box{{1, 0}, {2, 5}}, Box{{3, 0}, {1, 2}}));
+  // Aligned to rows: one box.
+  EXPECT_THAT(Boxes(Layout::FlatRange(5, 15), {4, 5}), ElementsAre(Box{{1, 0}, {2, 5}}));
+  // Inside one row.
+  EXPECT_THAT(Boxes(Layout::FlatRange(6, 8), {4, 5}), ElementsAre(Box{{1, 1}, {1, 2}}));
+  // Whole tensor.
+  EXPECT_THAT(Boxes(Layout::FlatRange(0, 20), {4, 5}), ElementsAre(Box{{0, 0}, {4, 5}}));
+  // Empty range: no regions.
+  EXPECT_TRUE(Boxes(Layout::FlatRange(7, 7), {4, 5}).empty());
+}
+
+TEST(LayoutRegions, FlatRangeIn3DUsesAtMostTwoNMinusOneBoxes) {
+  // [2, 3, 4] = 24 elements; 5..22: row (0,1) cols 1-3, row (0,2) whole, plane 1 rows 0-1
+  // whole, row (1,2) cols 0-1 (elements 20, 21).
+  EXPECT_THAT(Boxes(Layout::FlatRange(5, 22), {2, 3, 4}),
+              ElementsAre(Box{{0, 1, 1}, {1, 1, 3}}, Box{{0, 2, 0}, {1, 1, 4}}, Box{{1, 0, 0}, {1, 2, 4}},
+                          Box{{1, 2, 0}, {1, 1, 2}}));
+}
+
+TEST(LayoutRegions, ScalarAndEmpty) {
+  EXPECT_EQ(LayoutRegions(Layout::Replicated(), {}).size(), 1u);
+  EXPECT_EQ(LayoutRegions(Layout::FlatRange(0, 1), {}).size(), 1u);
+  EXPECT_TRUE(LayoutRegions(Layout::Replicated(), {0, 4}).empty());
+  EXPECT_TRUE(LayoutRegions(Layout::Box({2, 0}, {0, 3}), {4, 3}).empty());
+}
+
+using Copy = std::tuple<int64_t, int64_t, int64_t>;
+std::vector<Copy> Copies(const Layout& src, const Layout& dst, const Shape& shape) {
+  std::vector<Copy> out;
+  for (const Region& s : LayoutRegions(src, shape)) {
+    for (const Region& d : LayoutRegions(dst, shape)) {
+      ForEachCopy(s, d, [&](int64_t a, int64_t b, int64_t n) { out.emplace_back(a, b, n); });
+    }
+  }
+  return out;
+}
+
+TEST(ForEachCopy, RowSplitsMergeIntoOneRun) {
+  // Saved rows 0-3 of [8, 6]; wanted rows 2-5: rows 2-3 are one contiguous run of 12 elements,
+  // at offset 12 in the source and 0 in the destination.
+  EXPECT_THAT(Copies(Layout::Box({0, 0}, {4, 6}), Layout::Box({2, 0}, {4, 6}), {8, 6}),
+              ElementsAre(Copy{12, 0, 12}));
+}
+
+TEST(ForEachCopy, ColumnSplitCopiesOneRunPerRow) {
+  // Saved as rows 0-1 whole ([2, 4]); wanted columns 2-3 of all rows: two runs of 2.
+  EXPECT_THAT(Copies(Layout::Box({0, 0}, {2, 4}), Layout::Box({0, 2}, {4, 2}), {4, 4}),
+              ElementsAre(Copy{2, 0, 2}, Copy{6, 2, 2}));
+}
+
+TEST(ForEachCopy, FlatRangeIntoBox) {
+  // Saved flat [3, 9) of [3, 4]; wanted box rows 1-2 cols 1-2. Flat offset = linear - 3.
+  // Row 1 cols 1-2 = linear 5, 6 -> src 2; row 2 cols 1-2 = linear 9, 10 -> not saved here.
+  EXPECT_THAT(Copies(Layout::FlatRange(3, 9), Layout::Box({1, 1}, {2, 2}), {3, 4}),
+              ElementsAre(Copy{2, 0, 2}));
+}
+
+TEST(ForEachCopy, FlatIntoFlat) {
+  EXPECT_THAT(Copies(Layout::FlatRange(0, 10), Layout::FlatRange(7, 13), {20}), ElementsAre(Copy{7, 0, 3}));
+}
+
+TEST(Chunking, FollowsTorchChunk) {
+  // torch.chunk(10 rows, 4) -> 3, 3, 3, 1
+  EXPECT_EQ(ChunkLayout({10, 2}, 0, 4, 0).sizes, (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(ChunkLayout({10, 2}, 0, 4, 3).sizes, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(ChunkLayout({10, 2}, 0, 4, 3).offsets, (std::vector<int64_t>{9, 0}));
+  // torch.chunk(2 rows, 4) -> 1, 1 and then empty pieces
+  EXPECT_EQ(ChunkLayout({2, 2}, 0, 4, 3).sizes, (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(FlatShardLayout({10}, 4, 3), Layout::FlatRange(9, 10));
+  EXPECT_EQ(FlatShardLayout({2}, 4, 3), Layout::FlatRange(2, 2));
+}
+
+TEST(Validation, RejectsOutOfBoundsAndOverflow) {
+  EXPECT_FALSE(ValidateLayout(Layout::Box({3}, {2}), {4}).ok());
+  EXPECT_FALSE(ValidateLayout(Layout::Box({-1}, {2}), {4}).ok());
+  EXPECT_FALSE(ValidateLayout(Layout::Box({0, 0}, {1}), {4, 4}).ok());
+  EXPECT_FALSE(ValidateLayout(Layout::FlatRange(2, 1), {4}).ok());
+  EXPECT_FALSE(ValidateLayout(Layout::FlatRange(0, 5), {4}).ok());
+  Result<int64_t> huge = NumBytes({int64_t{1} << 40, int64_t{1} << 40}, 4);
+  ASSERT_FALSE(huge.ok());
+  EXPECT_THAT(huge.status().message(), ::testing::HasSubstr("too large"));
+  EXPECT_FALSE(NumElements({-3}).ok());
+  EXPECT_EQ(*ValidateLayout(Layout::Box({1, 0}, {2, 3}), {4, 3}), 6);
+}
+
+}  // namespace
+}  // namespace shardckpt

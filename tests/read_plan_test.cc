@@ -1,0 +1,178 @@
+#include "engine/read_plan.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "io/checksum.h"
+#include "tests/test_util.h"
+
+namespace shardckpt {
+namespace {
+
+using ::testing::ElementsAre;
+
+struct Extent {
+  uint32_t file;
+  uint64_t offset, length;
+  size_t copies;
+  bool operator==(const Extent& o) const {
+    return file == o.file && offset == o.offset && length == o.length && copies == o.copies;
+  }
+};
+std::ostream& operator<<(std::ostream& out, const Extent& e) {
+  return out << "{file " << e.file << " @" << e.offset << " +" << e.length << " copies " << e.copies << "}";
+}
+std::vector<Extent> Extents(const ReadPlan& plan) {
+  std::vector<Extent> out;
+  for (const ReadExtent& e : plan.extents) out.push_back(Extent{e.file, e.offset, e.length, e.copies.size()});
+  return out;
+}
+
+// One entry [rows, cols] float32 saved as row blocks of `rows_per_file`, one file each.
+Manifest RowSaved(int64_t rows, int64_t cols, int64_t rows_per_file) {
+  Manifest m;
+  EntryRecord e{"w", DType::kFloat32, {rows, cols}, {}};
+  for (int64_t r = 0, f = 0; r < rows; r += rows_per_file, ++f) {
+    int64_t n = std::min(rows_per_file, rows - r);
+    uint64_t bytes = static_cast<uint64_t>(n * cols * 4);
+    e.chunks.push_back(ChunkRecord{static_cast<uint32_t>(f), 0, bytes, Layout::Box({r, 0}, {n, cols})});
+    uint64_t table = AlignUp(bytes, kBlockSize);
+    m.files.push_back(FileRecord{"f" + std::to_string(f), DataFileSize(table), table,
+                                 std::vector<uint64_t>(TablePages(table), 0)});
+  }
+  m.entries.push_back(e);
+  return m;
+}
+
+ReadPlan Plan(const Manifest& m, const std::vector<WantedPiece>& wanted, ReadPlanOptions options = {}) {
+  ChunkIndex index(&m);
+  std::vector<CopyRequest> copies;
+  PlanPieceCopies(m, index, wanted, &copies);
+  return CoalesceReads(std::move(copies), options);
+}
+
+TEST(ReadPlan, SameLayoutReadsEachChunkOnceWhole) {
+  // [1024, 1024] float32 in 4 files of 256 rows (1 MiB each); wanting row block 1 reads file 1
+  // whole, as one extent and one copy.
+  Manifest m = RowSaved(1024, 1024, 256);
+  ReadPlan plan = Plan(m, {WantedPiece{0, Layout::Box({256, 0}, {256, 1024}), 0}});
+  EXPECT_THAT(Extents(plan), ElementsAre(Extent{1, 0, 1 << 20, 1}));
+  EXPECT_EQ(plan.bytes_read, plan.bytes_wanted);
+}
+
+TEST(ReadPlan, RowsAcrossTwoFilesReadOnlyTheNeededRows) {
+  // Rows 200..312: the last 56 rows of file 0 (offset 200*4096) and the first 56 of file 1.
+  Manifest m = RowSaved(1024, 1024, 256);
+  ReadPlan plan = Plan(m, {WantedPiece{0, Layout::Box({200, 0}, {112, 1024}), 0}});
+  EXPECT_THAT(Extents(plan), ElementsAre(Extent{0, 200 * 4096, 56 * 4096, 1}, Extent{1, 0, 56 * 4096, 1}));
+  EXPECT_EQ(plan.bytes_read, plan.bytes_wanted);
+}
+
+TEST(ReadPlan, ColumnHalfOfWideRowsReadsHalfTheBytes) {
+  // Rows of 2048 floats = 8 KiB; the right half of every row is the second 4 KiB block of it, so
+  // each row is its own 4 KiB extent (no merging across the unwanted left halves).
+  Manifest m = RowSaved(16, 2048, 16);
+  ReadPlan plan = Plan(m, {WantedPiece{0, Layout::Box({0, 1024}, {16, 1024}), 0}});
+  ASSERT_EQ(plan.extents.size(), 16u);
+  EXPECT_EQ(plan.extents[0].offset, 4096u);
+  EXPECT_EQ(plan.extents[15].offset, 15u * 8192 + 4096);
+  EXPECT_EQ(plan.bytes_read, plan.bytes_wanted);
+  // With a gap allowance of one block the reads merge into one extent covering 31 blocks.
+  ReadPlan merged = Plan(m, {WantedPiece{0, Layout::Box({0, 1024}, {16, 1024}), 0}}, {4096, 8 << 20});
+  EXPECT_THAT(Extents(merged), ElementsAre(Extent{0, 4096, 31 * 4096, 16}));
+}
+
+TEST(ReadPlan, LargeExtentsAreCutAndCopiesSplitAtTheCuts) {
+  // One 1 MiB chunk read whole with 256 KiB staging buffers: 4 extents, each with a quarter.
+  Manifest m = RowSaved(256, 1024, 256);
+  ReadPlan plan = Plan(m, {WantedPiece{0, Layout::Replicated(), 7}}, {0, 256 << 10});
+  ASSERT_EQ(plan.extents.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    ASSERT_EQ(plan.extents[i].copies.size(), 1u);
+    EXPECT_EQ(plan.extents[i].copies[0].target, 7u);
+    EXPECT_EQ(plan.extents[i].copies[0].target_offset, i * (256u << 10));
+    EXPECT_EQ(plan.extents[i].copies[0].length, 256u << 10);
+  }
+}
+
+// ---- Property test: random shapes, random saved layouts at N, random wanted layouts at M. ----
+
+Layout RandomLayout(std::mt19937& rng, const Shape& shape, int parts, int index, int family) {
+  switch (family) {
+    case 0: return FlatShardLayout(shape, parts, index);
+    case 1:
+      if (!shape.empty()) return ChunkLayout(shape, static_cast<int>(rng() % shape.size()), parts, index);
+      return index == 0 ? Layout::Replicated() : Layout::FlatRange(1, 1);
+    default: {
+      if (shape.size() < 2) return FlatShardLayout(shape, parts, index);
+      // A p x q grid over dims 0 and 1 (q = parts / p), torch.chunk style on each.
+      int p = (parts % 2 == 0) ? 2 : 1, q = parts / p;
+      Layout rows = ChunkLayout(shape, 0, p, index / q);
+      Layout cols = ChunkLayout(shape, 1, q, index % q);
+      rows.offsets[1] = cols.offsets[1];
+      rows.sizes[1] = cols.sizes[1];
+      return rows;
+    }
+  }
+}
+
+TEST(ReadPlanProperty, AnyLayoutAtNLoadsIntoAnyLayoutAtM) {
+  std::mt19937 rng(20261129);
+  const DType dtypes[] = {DType::kFloat32, DType::kBFloat16, DType::kInt8, DType::kFloat64};
+  for (int trial = 0; trial < 300; ++trial) {
+    Shape shape;
+    int dims = static_cast<int>(rng() % 4);
+    for (int d = 0; d < dims; ++d) shape.push_back(static_cast<int64_t>(rng() % 40));
+    if (rng() % 8 == 0 && dims > 0) shape.back() = 2048 + rng() % 100;  // rows wider than a block
+    DType dtype = dtypes[rng() % 4];
+    int n = 1 + rng() % 8, m = 1 + rng() % 8;
+    int saved_family = rng() % 3, wanted_family = rng() % 4;
+    std::string name = "t" + std::to_string(trial);
+    // Saved: one file per rank; chunks at 4096-aligned offsets (one chunk per file here).
+    Manifest manifest;
+    EntryRecord entry{name, dtype, shape, {}};
+    std::vector<std::vector<uint8_t>> files;
+    for (int r = 0; r < n; ++r) {
+      Layout layout = RandomLayout(rng, shape, n, r, saved_family);
+      if (saved_family == 1 && !shape.empty()) layout = ChunkLayout(shape, 0, n, r);
+      std::vector<uint8_t> bytes = testing::PieceBytes(name, dtype, shape, layout);
+      uint64_t table = AlignUp(bytes.size() + 4096, kBlockSize);  // chunk at offset 4096
+      std::vector<uint8_t> file(table, 0xEE);
+      std::memcpy(file.data() + 4096, bytes.data(), bytes.size());
+      files.push_back(file);
+      entry.chunks.push_back(ChunkRecord{static_cast<uint32_t>(r), 4096, bytes.size(), layout});
+      manifest.files.push_back(FileRecord{"r" + std::to_string(r), DataFileSize(table), table,
+                                          std::vector<uint64_t>(TablePages(table), 0)});
+    }
+    manifest.entries.push_back(entry);
+    ASSERT_TRUE(ValidateManifest(manifest).ok()) << ValidateManifest(manifest).ToString();
+    ChunkIndex index(&manifest);
+    for (int r = 0; r < m; ++r) {
+      Layout want = wanted_family == 3 ? Layout::Replicated() : RandomLayout(rng, shape, m, r, wanted_family);
+      std::vector<CopyRequest> copies;
+      PlanPieceCopies(manifest, index, {WantedPiece{0, want, 0}}, &copies);
+      ReadPlanOptions options{(rng() % 2) * 4096, kBlockSize * (1 + rng() % 4)};
+      ReadPlan plan = CoalesceReads(copies, options);
+      std::vector<uint8_t> expected = testing::PieceBytes(name, dtype, shape, want);
+      std::vector<uint8_t> got(expected.size(), 0);
+      for (const ReadExtent& e : plan.extents) {
+        ASSERT_EQ(e.offset % kBlockSize, 0u);
+        ASSERT_LE(e.length, options.max_extent);
+        for (const ScatterCopy& c : e.copies) {
+          ASSERT_LE(c.extent_offset + c.length, e.length);
+          std::memcpy(got.data() + c.target_offset, files[e.file].data() + e.offset + c.extent_offset, c.length);
+        }
+      }
+      ASSERT_EQ(got, expected) << "trial " << trial << " shape " << ShapeString(shape) << " N=" << n
+                               << " M=" << m << " want " << want.ToString();
+      EXPECT_EQ(plan.bytes_wanted, expected.size());
+      EXPECT_GE(plan.bytes_read, plan.bytes_wanted);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace shardckpt

@@ -1,0 +1,127 @@
+#include "engine/save_plan.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace shardckpt {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+PieceDescription Piece(const std::string& name, const Shape& shape, const Layout& layout,
+                       DType dtype = DType::kFloat32) {
+  int64_t count = *ValidateLayout(layout, shape);
+  return PieceDescription{name, dtype, shape, layout, count * static_cast<int64_t>(DTypeSize(dtype))};
+}
+
+TEST(PlanSave, ShardedPiecesAreWrittenByTheirOwners) {
+  std::vector<RankDescription> ranks(2);
+  ranks[0].pieces = {Piece("w", {4, 4}, Layout::FlatRange(0, 8))};
+  ranks[1].pieces = {Piece("w", {4, 4}, Layout::FlatRange(8, 16))};
+  Result<SavePlan> plan = PlanSave(ranks);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_THAT(plan->writes_piece[0], ElementsAre(true));
+  EXPECT_THAT(plan->writes_piece[1], ElementsAre(true));
+  EXPECT_THAT(plan->bytes_per_rank, ElementsAre(32, 32));
+}
+
+TEST(PlanSave, ReplicasAreWrittenOnceAndSpreadAcrossRanks) {
+  // Four ranks hold the same four replicated tensors of 400, 300, 200 and 100 bytes. Largest
+  // first, each goes to the rank with the fewest bytes so far: one tensor per rank.
+  std::vector<RankDescription> ranks(4);
+  for (auto& r : ranks) {
+    r.pieces = {Piece("a", {100}, Layout::Replicated()), Piece("b", {75}, Layout::Replicated()),
+                Piece("c", {50}, Layout::Replicated()), Piece("d", {25}, Layout::Box({0}, {25}))};
+  }
+  Result<SavePlan> plan = PlanSave(ranks);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  int writers_per_piece[4] = {};
+  for (int r = 0; r < 4; ++r) {
+    int written = 0;
+    for (int i = 0; i < 4; ++i) {
+      writers_per_piece[i] += plan->writes_piece[r][i];
+      written += plan->writes_piece[r][i];
+    }
+    EXPECT_EQ(written, 1) << "rank " << r;
+  }
+  EXPECT_THAT(writers_per_piece, ElementsAre(1, 1, 1, 1));  // the full Box counts as a replica
+}
+
+TEST(PlanSave, DataParallelReplicasOfShardsAreDeduplicated) {
+  // 2 data-parallel groups x 2 shards: ranks 0 and 2 hold shard 0, ranks 1 and 3 shard 1.
+  std::vector<RankDescription> ranks(4);
+  for (int r = 0; r < 4; ++r) ranks[r].pieces = {Piece("w", {8}, FlatShardLayout({8}, 2, r % 2))};
+  SavePlan plan = PlanSave(ranks).value();
+  EXPECT_EQ(plan.writes_piece[0][0] + plan.writes_piece[2][0], 1);
+  EXPECT_EQ(plan.writes_piece[1][0] + plan.writes_piece[3][0], 1);
+}
+
+TEST(PlanSave, GlobalBlobsOnceAndPerRankBlobsEverywhere) {
+  std::vector<RankDescription> ranks(3);
+  for (auto& r : ranks) {
+    r.blobs = {BlobDescription{"step", BlobScope::kGlobal, 8}, BlobDescription{"rng", BlobScope::kPerRank, 16}};
+  }
+  SavePlan plan = PlanSave(ranks).value();
+  EXPECT_THAT(plan.writes_blob[0], ElementsAre(true, true));
+  EXPECT_THAT(plan.writes_blob[1], ElementsAre(false, true));
+  EXPECT_THAT(plan.writes_blob[2], ElementsAre(false, true));
+}
+
+TEST(PlanSave, RejectsInconsistentOrIncompleteStates) {
+  struct Case {
+    const char* what;
+    std::vector<RankDescription> ranks;
+    const char* message;
+  };
+  std::vector<Case> cases;
+  {
+    std::vector<RankDescription> r(2);
+    r[0].pieces = {Piece("w", {4}, Layout::FlatRange(0, 2))};
+    r[1].pieces = {Piece("w", {4}, Layout::FlatRange(2, 4), DType::kFloat16)};
+    cases.push_back({"dtype differs", r, "float16 [4] on rank 1 but float32 [4] on rank 0"});
+  }
+  {
+    std::vector<RankDescription> r(2);
+    r[0].pieces = {Piece("w", {4}, Layout::FlatRange(0, 2))};
+    r[1].pieces = {Piece("w", {5}, Layout::FlatRange(2, 4))};
+    cases.push_back({"shape differs", r, "[5] on rank 1"});
+  }
+  {
+    std::vector<RankDescription> r(2);
+    r[0].pieces = {Piece("w", {4}, Layout::FlatRange(0, 2))};
+    r[1].pieces = {Piece("w", {4}, Layout::FlatRange(3, 4))};
+    cases.push_back({"gap", r, "cover 3 of 4 elements"});
+  }
+  {
+    std::vector<RankDescription> r(2);
+    r[0].pieces = {Piece("w", {4, 4}, Layout::Box({0, 0}, {3, 4}))};
+    r[1].pieces = {Piece("w", {4, 4}, Layout::FlatRange(8, 16))};
+    cases.push_back({"overlap", r, "overlaps"});
+  }
+  for (Case& c : cases) {
+    Result<SavePlan> plan = PlanSave(c.ranks);
+    ASSERT_FALSE(plan.ok()) << c.what;
+    EXPECT_THAT(plan.status().message(), HasSubstr(c.message)) << c.what;
+    EXPECT_THAT(plan.status().message(), HasSubstr("'w'")) << c.what;
+  }
+}
+
+TEST(PlanSave, EncodesAndDecodes) {
+  std::vector<RankDescription> ranks(2);
+  ranks[0].pieces = {Piece("w", {4}, Layout::Replicated())};
+  ranks[1].pieces = {Piece("w", {4}, Layout::Replicated())};
+  ranks[1].blobs = {BlobDescription{"x", BlobScope::kGlobal, 1}};
+  SavePlan plan = PlanSave(ranks).value();
+  SavePlan back = DecodeSavePlan(EncodeSavePlan(plan), 2).value();
+  EXPECT_EQ(back.writes_piece, plan.writes_piece);
+  EXPECT_EQ(back.writes_blob, plan.writes_blob);
+  EXPECT_EQ(back.bytes_per_rank, plan.bytes_per_rank);
+  RankDescription d = DecodeRankDescription(EncodeRankDescription(ranks[1])).value();
+  EXPECT_EQ(d.pieces[0].name, "w");
+  EXPECT_EQ(d.blobs[0].name, "x");
+  EXPECT_FALSE(DecodeRankDescription(EncodeRankDescription(ranks[1]).substr(0, 10)).ok());
+}
+
+}  // namespace
+}  // namespace shardckpt

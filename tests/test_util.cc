@@ -1,0 +1,49 @@
+#include "tests/test_util.h"
+
+#include <cstdlib>
+#include <stdexcept>
+
+#include "io/fs.h"
+
+namespace shardckpt::testing {
+
+uint8_t ExpectedByte(const std::string& name, DType dtype, int64_t index, size_t k) {
+  uint64_t h = 1469598103934665603ull;
+  for (char c : name) h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;
+  h ^= static_cast<uint64_t>(index) * 0x9E3779B97F4A7C15ull + k * 0xC2B2AE3D27D4EB4Full;
+  h ^= h >> 29;
+  h *= 0xBF58476D1CE4E5B9ull;
+  h ^= h >> 32;
+  if (dtype == DType::kBool) return static_cast<uint8_t>(h & 1);
+  return static_cast<uint8_t>(h);
+}
+
+std::vector<uint8_t> PieceBytes(const std::string& name, DType dtype, const Shape& shape, const Layout& layout) {
+  const size_t element = DTypeSize(dtype);
+  Shape local = LocalShape(layout, shape);
+  std::vector<uint8_t> bytes(static_cast<size_t>(NumElements(local).value()) * element);
+  // The whole tensor as a region whose local offset is the global linear index.
+  std::vector<Region> whole = LayoutRegions(Layout::Replicated(), shape);
+  if (whole.empty()) return bytes;
+  for (const Region& piece : LayoutRegions(layout, shape)) {
+    ForEachCopy(whole[0], piece, [&](int64_t global, int64_t at, int64_t count) {
+      for (int64_t i = 0; i < count; ++i) {
+        for (size_t k = 0; k < element; ++k) {
+          bytes[static_cast<size_t>(at + i) * element + k] = ExpectedByte(name, dtype, global + i, k);
+        }
+      }
+    });
+  }
+  return bytes;
+}
+
+TempDir::TempDir() {
+  const char* base = std::getenv("TMPDIR");
+  std::string pattern = std::string(base ? base : "/tmp") + "/shardckpt-test-XXXXXX";
+  if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+  path_ = pattern;
+}
+
+TempDir::~TempDir() { RemoveTree(path_).IgnoreError(); }
+
+}  // namespace shardckpt::testing
