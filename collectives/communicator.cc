@@ -81,9 +81,7 @@ Status BroadcastString(Communicator& comm, std::string* text, int root) {
 Status BroadcastStatus(Communicator& comm, const Status& local, int root) {
   std::string bytes = comm.rank() == root ? EncodeStatus(local) : std::string();
   SC_RETURN_IF_ERROR(BroadcastString(comm, &bytes, root));
-  Status status = DecodeStatus(bytes);
-  if (status.ok() || comm.rank() == root) return status;
-  return status.WithContext("rank " + std::to_string(root));
+  return DecodeStatus(bytes);
 }
 
 }  // namespace shardckpt

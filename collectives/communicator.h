@@ -49,8 +49,8 @@ Status AgreeOnStatus(Communicator& comm, const Status& local);
 // Broadcasts a string of any length from root; other ranks' strings are replaced.
 Status BroadcastString(Communicator& comm, std::string* text, int root);
 
-// Runs `local` on root and shares its Status with all ranks, so an error seen only on rank 0
-// (a bad manifest, a lock) ends the collective on every rank with the same message.
+// Shares root's Status with all ranks, so an error seen only on rank 0 (a bad manifest, a lock)
+// ends the collective on every rank with the same code and message.
 Status BroadcastStatus(Communicator& comm, const Status& local, int root);
 
 }  // namespace shardckpt

@@ -257,6 +257,7 @@ Result<SaveResult> Save(Communicator& comm, const std::string& root, int64_t ste
       plan_bytes = std::move(w.bytes());
     }
   }
+  if (!prepared.ok()) prepared = prepared.WithContext("save of step " + std::to_string(step) + " failed on rank 0");
   SC_RETURN_IF_ERROR(BroadcastStatus(comm, prepared, 0));
   SC_RETURN_IF_ERROR(BroadcastString(comm, &plan_bytes, 0));
   if (rank != 0) {
@@ -291,7 +292,12 @@ Result<SaveResult> Save(Communicator& comm, const std::string& root, int64_t ste
       }
     }
     if (committed.ok() && !failures.empty()) committed = Status(first_code, "save of step " + std::to_string(step) + " failed: " + failures);
-    if (committed.ok()) committed = Commit(root, step, temp_name, world, ranks, reports, hosts, options, &total);
+    if (committed.ok()) {
+      committed = Commit(root, step, temp_name, world, ranks, reports, hosts, options, &total);
+      if (!committed.ok()) {
+        committed = committed.WithContext("save of step " + std::to_string(step) + " failed on rank 0 while committing");
+      }
+    }
     if (!committed.ok() && PathExists(temp_dir)) RemoveTree(temp_dir).IgnoreError();
   }
   SC_RETURN_IF_ERROR(BroadcastStatus(comm, committed, 0));

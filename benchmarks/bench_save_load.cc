@@ -1,0 +1,167 @@
+// bench_save_load: sharded save and same-layout load against the raw O_DIRECT write and read of
+// the same bytes per rank, and against per-rank torch.save-style serialization (libtorch pickle
+// + zip, written and fsynced), all in one run on the same folder.
+//
+//   mpirun -np 2 build/bin/bench_save_load --bytes-per-rank 1GiB --tensors 16 --layout flat --dir /tmp/b
+//
+// Throughputs are total bytes over all ranks / wall time between barriers; each figure is the
+// median of --iters runs. The last line is JSON.
+#include <torch/torch.h>
+
+#include <boost/program_options.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <vector>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "benchmarks/bench_util.h"
+#include "collectives/mpi_communicator.h"
+#include "engine/load.h"
+#include "engine/save.h"
+#include "engine/torch_adapter.h"
+#include "io/fs.h"
+
+using namespace shardckpt;
+using namespace shardckpt::bench;
+namespace po = boost::program_options;
+
+namespace {
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Per-rank tensors of `layout` whose local sizes add up to about bytes_per_rank.
+struct Workload {
+  std::vector<at::Tensor> local;
+  std::vector<Shape> global;
+  std::vector<Layout> layouts;
+  uint64_t bytes = 0;
+};
+
+Workload MakeWorkload(uint64_t bytes_per_rank, int tensors, const std::string& layout, int world, int rank) {
+  Workload w;
+  const int64_t cols = 1024;
+  int64_t local_rows = std::max<int64_t>(1, static_cast<int64_t>(bytes_per_rank / tensors / (cols * 4)));
+  for (int t = 0; t < tensors; ++t) {
+    Shape global = layout == "replicated" ? Shape{local_rows, cols} : Shape{local_rows * world, cols};
+    Layout l = layout == "flat" ? FlatShardLayout(global, world, rank)
+               : layout == "dim0" ? ChunkLayout(global, 0, world, rank)
+                                  : Layout::Replicated();
+    Shape local_shape = LocalShape(l, global);
+    at::Tensor tensor = at::rand(std::vector<int64_t>(local_shape.begin(), local_shape.end()));
+    w.bytes += tensor.numel() * 4;
+    w.local.push_back(tensor);
+    w.global.push_back(global);
+    w.layouts.push_back(l);
+  }
+  return w;
+}
+
+ShardedState StateOf(Workload& w) {
+  ShardedState state;
+  for (size_t t = 0; t < w.local.size(); ++t) {
+    AddTensor(state, "layer." + std::to_string(t) + ".weight", w.local[t], w.layouts[t], w.global[t]).IgnoreError();
+  }
+  return state;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto session = MpiSession::Init(&argc, &argv).value();
+  auto comm = CreateMpiCommunicator().value();
+  po::options_description flags("bench_save_load");
+  flags.add_options()("help", "this text")
+      ("bytes-per-rank", po::value<std::string>()->default_value("256MiB"), "state size per rank")
+      ("tensors", po::value<int>()->default_value(16), "tensors per rank")
+      ("layout", po::value<std::string>()->default_value("flat"), "flat | dim0 | replicated")
+      ("dir", po::value<std::string>()->default_value("/tmp/shardckpt-bench"), "folder to write in")
+      ("iters", po::value<int>()->default_value(3), "repetitions (median reported)")
+      ("async", "also measure async save (see issue 6)");
+  po::variables_map vm;
+  po::store(po::parse_command_line(argc, argv, flags), vm);
+  po::notify(vm);
+  if (vm.count("help")) {
+    if (comm->rank() == 0) std::cout << flags << "\n";
+    return 0;
+  }
+  const uint64_t bytes_per_rank = ParseSize(vm["bytes-per-rank"].as<std::string>());
+  const std::string layout = vm["layout"].as<std::string>();
+  const std::string dir = vm["dir"].as<std::string>();
+  const int iters = vm["iters"].as<int>();
+  const int rank = comm->rank(), world = comm->size();
+  if (rank == 0) {
+    RemoveTree(dir).IgnoreError();
+    MakeDirs(dir).IgnoreError();
+  }
+  comm->Barrier().IgnoreError();
+
+  Workload work = MakeWorkload(bytes_per_rank, vm["tensors"].as<int>(), layout, world, rank);
+  double total_bytes = static_cast<double>(work.bytes);
+  comm->AllReduceSumDouble(&total_bytes, 1).IgnoreError();
+  ShardedState state = StateOf(work);
+  const std::string raw_path = JoinPath(dir, "raw-" + std::to_string(rank) + ".bin");
+  // Replicated state is written once in total, so its raw baseline is the bytes each rank writes.
+  uint64_t raw_bytes = layout == "replicated" ? work.bytes / world : work.bytes;
+  double raw_total = static_cast<double>(raw_bytes) * world;
+
+  std::vector<double> raw_w, raw_r, save_t, load_t, torch_t;
+  for (int it = 0; it < iters; ++it) {
+    raw_w.push_back(TimeCollective(*comm, [&] { RawDirectWrite(raw_path, raw_bytes); }));
+    raw_r.push_back(TimeCollective(*comm, [&] { RawDirectRead(raw_path, raw_bytes); }));
+    const std::string root = JoinPath(dir, "ckpt");
+    SaveOptions save_options;
+    save_options.keep_last = 1;
+    Status saved;
+    save_t.push_back(TimeCollective(*comm, [&] { saved = Save(*comm, root, it + 1, state, save_options).status(); }));
+    if (!saved.ok()) {
+      std::fprintf(stderr, "save failed: %s\n", saved.ToString().c_str());
+      return 1;
+    }
+    Workload into = MakeWorkload(bytes_per_rank, vm["tensors"].as<int>(), layout, world, rank);
+    ShardedState targets = StateOf(into);
+    Status loaded;
+    load_t.push_back(TimeCollective(*comm, [&] { loaded = Load(*comm, root, targets).status(); }));
+    if (!loaded.ok() || !into.local[0].equal(work.local[0])) {
+      std::fprintf(stderr, "load failed: %s\n", loaded.ToString().c_str());
+      return 1;
+    }
+    torch_t.push_back(TimeCollective(*comm, [&] {
+      c10::List<at::Tensor> list;
+      for (auto& t : work.local) list.push_back(t);
+      std::vector<char> bytes = torch::pickle_save(c10::IValue(list));
+      std::string path = JoinPath(dir, "torch-" + std::to_string(rank) + ".pt");
+      int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      size_t done = 0;
+      while (done < bytes.size()) {
+        ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+        if (n <= 0) break;
+        done += static_cast<size_t>(n);
+      }
+      ::fsync(fd);
+      ::close(fd);
+    }));
+  }
+  double save = GiBPerSecond(total_bytes, Median(save_t)), load = GiBPerSecond(total_bytes, Median(load_t));
+  double rw = GiBPerSecond(raw_total, Median(raw_w)), rr = GiBPerSecond(raw_total, Median(raw_r));
+  double ts = GiBPerSecond(total_bytes, Median(torch_t));
+  if (rank == 0) {
+    std::printf("bench_save_load: %d ranks, %.1f MiB per rank, %s layout, %d iters, dir %s\n", world,
+                work.bytes / 1048576.0, layout.c_str(), iters, dir.c_str());
+    std::printf("  raw O_DIRECT write %.3f GiB/s, read %.3f GiB/s\n", rw, rr);
+    std::printf("  shardckpt save %.3f GiB/s (%.2fx raw), load %.3f GiB/s (%.2fx raw)\n", save, save / rw, load, load / rr);
+    std::printf("  torch pickle_save+fsync %.3f GiB/s (shardckpt save %.2fx)\n", ts, save / ts);
+    PrintJson({{"ranks", Num(world)}, {"bytes_per_rank", Num(double(work.bytes))}, {"layout", "\"" + layout + "\""},
+               {"save_gib_s", Num(save)}, {"load_gib_s", Num(load)}, {"raw_write_gib_s", Num(rw)},
+               {"raw_read_gib_s", Num(rr)}, {"torch_save_gib_s", Num(ts)}, {"save_vs_raw", Num(save / rw)},
+               {"load_vs_raw", Num(load / rr)}, {"save_vs_torch", Num(save / ts)}});
+  }
+  if (rank == 0) RemoveTree(dir).IgnoreError();
+  return 0;
+}

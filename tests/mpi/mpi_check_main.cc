@@ -1,0 +1,180 @@
+// shardckpt_mpi_check: the multi-rank test driver, run under mpirun by the CTest cases in
+// tests/mpi/*.sh. Every mode checks bytes or error messages and exits non-zero when they are
+// not what they must be.
+//
+//   save    ROOT --step S --family F         save the scenario
+//   load    ROOT --family F --expect-step S  load (resharded when the world or family differs)
+//   roundtrip ROOT --family F                save then load at the same world size
+//   save-fails ROOT --step S --expect TEXT.. a save that must fail on every rank with TEXT
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "collectives/mpi_communicator.h"
+#include "engine/load.h"
+#include "engine/save.h"
+#include "io/fs.h"
+#include "tests/mpi/scenario.h"
+#include "tests/test_util.h"
+
+using namespace shardckpt;
+using namespace shardckpt::testing;
+
+namespace {
+
+struct Args {
+  std::string mode, root, family = "mixed";
+  int64_t step = 1;
+  int64_t expect_step = -1;
+  size_t staging_bytes = 8u << 20;
+  std::vector<std::string> expect;
+};
+
+struct Held {
+  std::vector<std::vector<uint8_t>> buffers;
+  ShardedState state;
+};
+
+// Builds this rank's pieces; `fill` writes the expected bytes (for saving) or a poison pattern.
+Held Build(const std::string& family, int world, int rank, int64_t step, bool fill) {
+  Held held;
+  for (const ScenarioEntry& e : ScenarioEntries()) {
+    for (const Layout& layout : ScenarioLayouts(e, family, world, rank)) {
+      std::vector<uint8_t> bytes = PieceBytes(e.name, e.dtype, e.shape, layout);
+      if (!fill) std::fill(bytes.begin(), bytes.end(), 0xCD);
+      held.buffers.push_back(std::move(bytes));
+    }
+  }
+  size_t k = 0;
+  for (const ScenarioEntry& e : ScenarioEntries()) {
+    for (const Layout& layout : ScenarioLayouts(e, family, world, rank)) {
+      Status s = held.state.AddTensor(e.name, e.dtype, e.shape, layout, held.buffers[k++].data());
+      if (!s.ok()) std::fprintf(stderr, "AddTensor: %s\n", s.ToString().c_str());
+    }
+  }
+  held.state.AddBlob("step", std::to_string(step)).IgnoreError();
+  held.state.AddBlob("config", "{\"scenario\": 1}").IgnoreError();
+  held.state.AddBlob("rng", "rng-" + std::to_string(rank) + "-of-" + std::to_string(world), BlobScope::kPerRank).IgnoreError();
+  return held;
+}
+
+int Fail(int rank, const std::string& what) {
+  std::printf("rank %d: FAIL %s\n", rank, what.c_str());
+  std::fflush(stdout);
+  return 1;
+}
+
+int DoSave(Communicator& comm, const Args& a) {
+  Held held = Build(a.family, comm.size(), comm.rank(), a.step, true);
+  SaveOptions options;
+  options.staging_buffer_bytes = a.staging_bytes;
+  options.user_metadata["test"] = "mpi_check";
+  Result<SaveResult> saved = Save(comm, a.root, a.step, held.state, options);
+  if (!saved.ok()) return Fail(comm.rank(), "save: " + saved.status().ToString());
+  std::printf("rank %d/%d: saved step %lld (%lld bytes by this rank, %lld in all)\n", comm.rank(), comm.size(),
+              static_cast<long long>(a.step), static_cast<long long>(saved->bytes_written),
+              static_cast<long long>(saved->total_bytes));
+  return 0;
+}
+
+int DoLoad(Communicator& comm, const Args& a) {
+  const int rank = comm.rank(), world = comm.size();
+  Held held = Build(a.family, world, rank, 0, false);
+  Result<LoadReport> report = Load(comm, a.root, held.state);
+  if (!report.ok()) return Fail(rank, "load: " + report.status().ToString());
+  size_t k = 0;
+  uint64_t verified = 0;
+  for (const ScenarioEntry& e : ScenarioEntries()) {
+    for (const Layout& layout : ScenarioLayouts(e, a.family, world, rank)) {
+      if (held.buffers[k] != PieceBytes(e.name, e.dtype, e.shape, layout)) {
+        return Fail(rank, "bytes differ in '" + e.name + "' " + layout.ToString());
+      }
+      verified += held.buffers[k++].size();
+    }
+  }
+  if (a.expect_step >= 0 && report->step != a.expect_step) {
+    return Fail(rank, "loaded step " + std::to_string(report->step) + ", expected " + std::to_string(a.expect_step));
+  }
+  const auto& blobs = report->blobs;
+  if (!blobs.count("step") || blobs.at("step").bytes != std::to_string(report->step)) return Fail(rank, "blob 'step' wrong");
+  if (!blobs.count("config") || blobs.at("config").bytes != "{\"scenario\": 1}") return Fail(rank, "blob 'config' wrong");
+  const BlobResult& rng = blobs.at("rng");
+  if (report->saved_world_size == world) {
+    std::string expected = "rng-" + std::to_string(rank) + "-of-" + std::to_string(world);
+    if (!rng.available || rng.bytes != expected) return Fail(rank, "per-rank blob 'rng' is '" + rng.bytes + "'");
+  } else if (rng.available || rng.reason.find("saved by " + std::to_string(report->saved_world_size) + " ranks") == std::string::npos) {
+    return Fail(rank, "per-rank blob 'rng' should be unavailable with a reason, got '" + rng.reason + "'");
+  }
+  double amplification = report->bytes_wanted ? double(report->stats.data_bytes_read) / report->bytes_wanted : 1.0;
+  std::printf("rank %d/%d: OK loaded step %lld saved by %d ranks (%s layout): verified %llu bytes, read %llu data "
+              "+ %llu table bytes for %llu wanted (amplification %.3f), received %llu by broadcast\n",
+              rank, world, static_cast<long long>(report->step), report->saved_world_size, a.family.c_str(),
+              static_cast<unsigned long long>(verified), static_cast<unsigned long long>(report->stats.data_bytes_read),
+              static_cast<unsigned long long>(report->stats.table_bytes_read),
+              static_cast<unsigned long long>(report->bytes_wanted), amplification,
+              static_cast<unsigned long long>(report->bytes_received));
+  return 0;
+}
+
+int DoSaveFails(Communicator& comm, const Args& a) {
+  Held held = Build(a.family, comm.size(), comm.rank(), a.step, true);
+  Result<SaveResult> saved = Save(comm, a.root, a.step, held.state);
+  if (saved.ok()) return Fail(comm.rank(), "save succeeded but was expected to fail");
+  const std::string message = saved.status().ToString();
+  for (const std::string& text : a.expect) {
+    if (message.find(text) == std::string::npos) return Fail(comm.rank(), "error lacks '" + text + "': " + message);
+  }
+  std::printf("rank %d: OK failed as expected: %s\n", comm.rank(), message.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto session = MpiSession::Init(&argc, &argv);
+  if (!session.ok()) {
+    std::fprintf(stderr, "%s\n", session.status().ToString().c_str());
+    return 2;
+  }
+  int code = 2;
+  {
+    auto comm = CreateMpiCommunicator().value();
+    Args a;
+    if (argc < 3) {
+      std::fprintf(stderr, "usage: %s save|load|roundtrip|save-fails ROOT [--step S] [--family F] ...\n", argv[0]);
+      return 2;
+    }
+    a.mode = argv[1];
+    a.root = argv[2];
+    for (int i = 3; i + 1 < argc; i += 2) {
+      std::string flag = argv[i];
+      if (flag == "--step") a.step = std::atoll(argv[i + 1]);
+      else if (flag == "--family") a.family = argv[i + 1];
+      else if (flag == "--expect-step") a.expect_step = std::atoll(argv[i + 1]);
+      else if (flag == "--staging-bytes") a.staging_bytes = std::strtoull(argv[i + 1], nullptr, 10);
+      else if (flag == "--expect") a.expect.push_back(argv[i + 1]);
+      else if (flag == "--pid-dir") {
+        std::ofstream(JoinPath(argv[i + 1], "rank-" + std::to_string(comm->rank()) + ".pid")) << ::getpid() << "\n";
+      }
+    }
+    if (!IsKnownFamily(a.family)) {
+      std::fprintf(stderr, "unknown family %s\n", a.family.c_str());
+      return 2;
+    }
+    if (a.mode == "save") code = DoSave(*comm, a);
+    else if (a.mode == "load") code = DoLoad(*comm, a);
+    else if (a.mode == "roundtrip") code = DoSave(*comm, a) || DoLoad(*comm, a);
+    else if (a.mode == "save-fails") code = DoSaveFails(*comm, a);
+    // Every rank's verdict decides the exit status of all, so mpirun reports any failure.
+    int64_t worst = code;
+    comm->AllReduceMaxInt64(&worst, 1).IgnoreError();
+    code = static_cast<int>(worst);
+  }
+  return code;
+}
