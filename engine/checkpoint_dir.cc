@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <random>
 
 #include "engine/manifest.h"
 #include "io/fs.h"
@@ -37,6 +38,19 @@ std::string Trim(std::string text) {
 std::string StepDirName(int64_t step) {
   char buf[40];
   std::snprintf(buf, sizeof(buf), "step-%09lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::string RankFileName(int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "rank-%05d.bin", rank);
+  return buf;
+}
+
+std::string RandomId() {
+  std::random_device device;
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%08x%08x", device(), device());
   return buf;
 }
 

@@ -17,6 +17,8 @@ inline constexpr const char* kLockName = ".shardckpt.lock";
 std::string StepDirName(int64_t step);                        // step-000001000
 std::string TempDirName(int64_t step, const std::string& id);  // step-000001000.tmp-<id>
 bool IsTempDirName(const std::string& name);
+std::string RankFileName(int rank);  // rank-00003.bin
+std::string RandomId();              // for temp folder names
 
 // A committed checkpoint folder (holds manifest.json) is returned as is; a root is resolved
 // through its `latest` pointer. Anything else is NotFound with a message saying what was there.

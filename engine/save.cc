@@ -9,9 +9,9 @@
 #include <unordered_map>
 
 #include "engine/checkpoint_dir.h"
+#include "engine/commit.h"
 #include "engine/save_plan.h"
 #include "engine/shard_writer.h"
-#include "engine/version.h"
 #include "engine/wire.h"
 #include "io/failpoint.h"
 #include "io/fs.h"
@@ -20,25 +20,6 @@
 namespace shardckpt {
 namespace {
 
-std::string RankFileName(int rank) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "rank-%05d.bin", rank);
-  return buf;
-}
-
-std::string RandomId() {
-  std::random_device device;
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%08x%08x", device(), device());
-  return buf;
-}
-
-std::string NowIso8601() {
-  std::time_t now = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  return buf;
-}
 
 std::string HostName() {
   char buf[256] = {};
@@ -172,8 +153,8 @@ Status Commit(const std::string& root, int64_t step, const std::string& temp_nam
   Manifest m;
   m.step = step;
   m.world_size = world;
-  m.created = CreationInfo{NowIso8601(), kVersion, options.torch_version, static_cast<int>(hosts.size()),
-                           options.git_commit, options.user_metadata};
+  m.created = MakeCreationInfo(static_cast<int>(hosts.size()), options.torch_version, options.git_commit,
+                               options.user_metadata);
   std::unordered_map<std::string, size_t> entry_index;
   for (int r = 0; r < world; ++r) {
     const WriteReport& report = reports[r];
@@ -185,6 +166,7 @@ Status Commit(const std::string& root, int64_t step, const std::string& temp_nam
       const PieceDescription& p = ranks[r].pieces[index];
       auto [it, fresh] = entry_index.try_emplace(p.name, m.entries.size());
       if (fresh) m.entries.push_back(EntryRecord{p.name, p.dtype, p.shape, {}});
+      if (p.bytes == 0) continue;  // empty pieces (uneven splits) need no chunk
       m.entries[it->second].chunks.push_back(
           ChunkRecord{file, offset, static_cast<uint64_t>(p.bytes), Normalize(p.layout, p.shape)});
     }
@@ -193,31 +175,10 @@ Status Commit(const std::string& root, int64_t step, const std::string& temp_nam
       m.blobs.push_back(BlobRecord{b.name, b.scope, r, file, offset, static_cast<uint64_t>(b.bytes)});
     }
   }
-  // Entries whose pieces are all empty were written as zero-byte chunks; keep entries ordered
-  // by name so manifests of equal states compare equal.
+  // Entries ordered by name, so manifests of equal states compare equal.
   std::sort(m.entries.begin(), m.entries.end(),
             [](const EntryRecord& a, const EntryRecord& b) { return a.name < b.name; });
-  Status valid = ValidateManifest(m);
-  if (!valid.ok()) return Internal("the manifest built by this save is invalid (a bug): " + valid.message());
-  SC_ASSIGN_OR_RETURN(std::string json, EncodeManifest(m));
-
-  const std::string temp_dir = JoinPath(root, temp_name);
-  const std::string final_name = StepDirName(step);
-  const std::string final_dir = JoinPath(root, final_name);
-  SC_RETURN_IF_ERROR(SyncDir(temp_dir, "commit.sync_tmp"));
-  SC_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(temp_dir, kManifestName), json, "commit.manifest"));
-  SC_RETURN_IF_ERROR(Rename(temp_dir, final_dir, "commit.rename_dir"));
-  Status status = SyncDir(root, "commit.sync_root");
-  if (status.ok()) status = WriteFileAtomic(JoinPath(root, kLatestName), final_name + "\n", "commit.latest");
-  if (!status.ok()) {
-    Result<std::string> latest = ReadFileLimited(JoinPath(root, kLatestName), 4096);
-    bool published = latest.ok() && latest->rfind(final_name, 0) == 0;
-    if (!published) RemoveTree(final_dir).IgnoreError();  // best effort: it was never published
-    return status;
-  }
-  Status retention = ApplyRetention(root, options.keep_last, final_name);
-  if (!retention.ok()) SC_LOG(kWarn) << "retention after " << final_name << " failed: " << retention.ToString();
-  return Status::Ok();
+  return CommitCheckpoint(root, temp_name, m, options.keep_last);
 }
 
 }  // namespace

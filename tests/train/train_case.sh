@@ -50,6 +50,28 @@ case "$case" in
     grep -q "at step 10" "$work/resumed.log"
     diff <(losses "$work/full.log" 11 30) <(losses "$work/resumed.log" 11 30)
     test "$(cat "$work/k/latest")" = step-000000030 ;;
+  consolidated)  # the final checkpoint, consolidated, equals the parameters gathered in the job
+    cli=$1
+    run 3 "$train" "${small[@]}" --ckpt "$work/c" --steps 12 --save-every 6 --dump-params "$work/params.bin" > /dev/null
+    "$cli" consolidate "$work/c" --out "$work/model.pt" --include 'model.*'
+    /usr/bin/python3 - "$work/model.pt" "$work/params.bin" <<'PY'
+import sys, torch
+sd = torch.load(sys.argv[1], weights_only=True)
+raw = open(sys.argv[2], "rb").read()
+pos, seen = 0, 0
+while pos < len(raw):
+    end = raw.index(b"\n", pos)
+    name, numel = raw[pos:end].decode().split()
+    numel = int(numel)
+    data = bytearray(raw[end + 1:end + 1 + 4 * numel])
+    pos = end + 1 + 4 * numel
+    want = torch.frombuffer(data, dtype=torch.float32)
+    assert torch.equal(sd[name].reshape(-1), want), name
+    seen += 1
+assert seen == len(sd) == 8, (seen, len(sd))
+print("consolidated model equals the %d gathered parameters" % seen)
+PY
+    ;;
   *) echo "unknown case $case"; exit 2 ;;
 esac
 echo "train case $case $*: passed"

@@ -1,0 +1,196 @@
+#include "engine/consolidate.h"
+
+#include <fnmatch.h>
+
+#include <algorithm>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "engine/checkpoint_reader.h"
+#include "engine/float_convert.h"
+#include "engine/output_file.h"
+#include "engine/safetensors.h"
+#include "engine/torch_pickle.h"
+#include "engine/zip_writer.h"
+#include "io/fs.h"
+
+namespace shardckpt {
+namespace {
+
+bool Matches(const std::vector<std::string>& globs, const std::string& name) {
+  for (const std::string& g : globs) {
+    if (fnmatch(g.c_str(), name.c_str(), 0) == 0) return true;
+  }
+  return false;
+}
+
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+struct Selected {
+  size_t entry;
+  std::string name;  // in the output
+  DType dtype;       // in the output
+  Shape shape;
+  uint64_t bytes;    // in the output
+};
+
+// Streams one entry's bytes (converted to `out.dtype`) to `sink`, one window at a time.
+Status StreamEntry(CheckpointReader& reader, const Selected& out, uint64_t window_bytes,
+                   const std::function<Status(const void*, size_t)>& sink, std::vector<unsigned char>& window,
+                   std::vector<unsigned char>& converted) {
+  const EntryRecord& e = reader.manifest().entries[out.entry];
+  const uint64_t in_size = DTypeSize(e.dtype), out_size = DTypeSize(out.dtype);
+  const int64_t numel = NumElements(e.shape).value();
+  const int64_t step = std::max<int64_t>(1, static_cast<int64_t>(window_bytes / std::max(in_size, out_size)));
+  for (int64_t a = 0; a < numel; a += step) {
+    int64_t b = std::min(numel, a + step);
+    size_t count = static_cast<size_t>(b - a);
+    window.resize(count * in_size);
+    Status read = reader.ReadPiece(out.entry, Layout::FlatRange(a, b), window.data());
+    if (!read.ok()) return read.WithContext("entry '" + e.name + "'");
+    if (out.dtype == e.dtype) {
+      SC_RETURN_IF_ERROR(sink(window.data(), window.size()));
+    } else {
+      converted.resize(count * out_size);
+      ConvertFloats(e.dtype, out.dtype, window.data(), converted.data(), count);
+      SC_RETURN_IF_ERROR(sink(converted.data(), converted.size()));
+    }
+  }
+  return Status::Ok();
+}
+
+std::string Stem(const std::string& path) {
+  std::string base = path.substr(path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1);
+  return EndsWith(base, ".safetensors") ? base.substr(0, base.size() - 12) : base;
+}
+
+std::string DirOf(const std::string& path) {
+  size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+}  // namespace
+
+Result<ExportFormat> FormatFromPath(const std::string& path) {
+  if (EndsWith(path, ".pt") || EndsWith(path, ".pth")) return ExportFormat::kTorch;
+  if (EndsWith(path, ".safetensors")) return ExportFormat::kSafetensors;
+  return InvalidArgument("cannot tell the format of '" + path + "' (use .pt, .pth or .safetensors, or --format)");
+}
+
+Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::string& out,
+                                      const ConsolidateOptions& options) {
+  SC_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(checkpoint));
+  SC_RETURN_IF_ERROR(MakeDirs(DirOf(out)));
+  const Manifest& m = reader->manifest();
+  ConsolidateReport report;
+  report.checkpoint = reader->dir();
+  std::vector<Selected> selected;
+  std::set<std::string> names;
+  for (size_t i = 0; i < m.entries.size(); ++i) {
+    const EntryRecord& e = m.entries[i];
+    if (!options.include.empty() && !Matches(options.include, e.name)) continue;
+    if (Matches(options.exclude, e.name)) continue;
+    std::string name = e.name;
+    if (!options.strip_prefix.empty() && name.compare(0, options.strip_prefix.size(), options.strip_prefix) == 0) {
+      name = name.substr(options.strip_prefix.size());
+    }
+    if (name.empty() || !names.insert(name).second) {
+      return InvalidArgument("entry '" + e.name + "' becomes '" + name + "', which is empty or taken, after --strip-prefix");
+    }
+    DType dtype = options.cast && IsFloatingDType(e.dtype) ? *options.cast : e.dtype;
+    uint64_t bytes = static_cast<uint64_t>(NumBytes(e.shape, DTypeSize(dtype)).value());
+    selected.push_back(Selected{i, name, dtype, e.shape, bytes});
+    report.tensor_bytes += bytes;
+  }
+  if (selected.empty()) return InvalidArgument("no entry of " + reader->dir() + " is selected");
+  report.entries = selected.size();
+  uint64_t done = 0;
+  std::vector<unsigned char> window, converted;
+  auto progress = [&](uint64_t n) {
+    done += n;
+    if (options.progress) options.progress(done, report.tensor_bytes);
+  };
+
+  if (options.format == ExportFormat::kTorch) {
+    SC_ASSIGN_OR_RETURN(std::unique_ptr<OutputFile> file, OutputFile::Create(out));
+    ZipWriter zip(file.get());
+    std::vector<PickleTensor> tensors;
+    for (size_t k = 0; k < selected.size(); ++k) {
+      const Selected& s = selected[k];
+      std::vector<int64_t> strides(s.shape.size(), 1);
+      for (size_t d = s.shape.size(); d-- > 1;) strides[d - 1] = strides[d] * s.shape[d];
+      tensors.push_back(PickleTensor{s.name, s.dtype, s.shape, strides, 0, std::to_string(k), NumElements(s.shape).value()});
+    }
+    SC_ASSIGN_OR_RETURN(std::string pickle, PickleStateDict(tensors));
+    const std::string root = "archive/";
+    SC_RETURN_IF_ERROR(zip.AddRecord(root + "data.pkl", pickle));
+    SC_RETURN_IF_ERROR(zip.AddRecord(root + "byteorder", "little"));
+    for (size_t k = 0; k < selected.size(); ++k) {
+      SC_RETURN_IF_ERROR(zip.BeginRecord(root + "data/" + std::to_string(k), selected[k].bytes));
+      SC_RETURN_IF_ERROR(StreamEntry(*reader, selected[k], options.window_bytes,
+                                     [&](const void* p, size_t n) {
+                                       progress(n);
+                                       return zip.Append(p, n);
+                                     },
+                                     window, converted));
+      SC_RETURN_IF_ERROR(zip.EndRecord());
+    }
+    SC_RETURN_IF_ERROR(zip.AddRecord(root + "version", "3\n"));
+    SC_RETURN_IF_ERROR(zip.Finish());
+    SC_RETURN_IF_ERROR(file->Close());
+    report.files.push_back(out);
+    report.sha256.push_back(file->sha256());
+  } else {
+    // Greedy shards in entry order; a tensor larger than the limit gets a shard of its own.
+    std::vector<std::vector<size_t>> shards(1);
+    uint64_t in_shard = 0;
+    for (size_t k = 0; k < selected.size(); ++k) {
+      if (options.max_shard_bytes > 0 && in_shard > 0 && in_shard + selected[k].bytes > options.max_shard_bytes) {
+        shards.emplace_back();
+        in_shard = 0;
+      }
+      shards.back().push_back(k);
+      in_shard += selected[k].bytes;
+    }
+    const bool sharded = options.max_shard_bytes > 0;
+    nlohmann::ordered_json weight_map;
+    for (size_t s = 0; s < shards.size(); ++s) {
+      std::string path = out;
+      if (sharded) {
+        char name[64];
+        std::snprintf(name, sizeof(name), "-%05zu-of-%05zu.safetensors", s + 1, shards.size());
+        path = JoinPath(DirOf(out), Stem(out) + name);
+      }
+      std::vector<SafetensorsEntry> entries;
+      for (size_t k : shards[s]) entries.push_back(SafetensorsEntry{selected[k].name, selected[k].dtype, selected[k].shape, 0, 0});
+      SC_ASSIGN_OR_RETURN(std::string header, EncodeSafetensorsHeader(entries, {{"source", "shardckpt"}}));
+      SC_ASSIGN_OR_RETURN(std::unique_ptr<OutputFile> file, OutputFile::Create(path));
+      SC_RETURN_IF_ERROR(file->Write(header.data(), header.size()));
+      for (size_t k : shards[s]) {
+        SC_RETURN_IF_ERROR(StreamEntry(*reader, selected[k], options.window_bytes,
+                                       [&](const void* p, size_t n) {
+                                         progress(n);
+                                         return file->Write(p, n);
+                                       },
+                                       window, converted));
+        weight_map[selected[k].name] = path.substr(path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1);
+      }
+      SC_RETURN_IF_ERROR(file->Close());
+      report.files.push_back(path);
+      report.sha256.push_back(file->sha256());
+    }
+    if (sharded) {
+      nlohmann::ordered_json index = {{"metadata", {{"total_size", report.tensor_bytes}}}, {"weight_map", weight_map}};
+      std::string path = JoinPath(DirOf(out), Stem(out) + ".safetensors.index.json");
+      SC_RETURN_IF_ERROR(WriteFileAtomic(path, index.dump(2) + "\n", "export.index"));
+      report.files.push_back(path);
+    }
+  }
+  report.bytes_read = reader->stats().data_bytes_read;
+  return report;
+}
+
+}  // namespace shardckpt

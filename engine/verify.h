@@ -1,0 +1,35 @@
+// `shardckpt verify`: reads every byte of every data file of a checkpoint and checks each block
+// against its checksum, each checksum-table page against the manifest, and each file's size.
+// Unlike a load it does not stop at the first problem: it lists all of them, each naming the
+// file, the offset and the entries whose bytes are there.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "io/status.h"
+
+namespace shardckpt {
+
+struct VerifyProblem {
+  std::string file;
+  uint64_t offset = 0;
+  std::string entries;  // names of the entries/blobs stored there, comma-separated
+  std::string what;
+};
+
+struct VerifyReport {
+  std::string checkpoint;
+  uint64_t files = 0;
+  uint64_t bytes_checked = 0;
+  uint64_t blocks_checked = 0;
+  std::vector<VerifyProblem> problems;
+};
+
+// An error Status only when the checkpoint cannot be examined at all (no manifest, bad manifest);
+// damaged data files come back as problems.
+Result<VerifyReport> VerifyCheckpoint(const std::string& path,
+                                      const std::function<void(uint64_t, uint64_t)>& progress = nullptr);
+
+}  // namespace shardckpt

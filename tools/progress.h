@@ -1,0 +1,24 @@
+// A progress bar for long tool work: bytes done, rate and time left, redrawn in place on stderr
+// when it is a terminal (and at most 10 times a second); silent otherwise, so scripts and
+// --json output stay clean.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace shardckpt::tools {
+
+class ProgressBar {
+ public:
+  explicit ProgressBar(std::string label, bool enabled);
+  void Update(uint64_t done, uint64_t total);
+  void Finish();
+
+ private:
+  std::string label_;
+  bool enabled_;
+  double start_ = 0, last_draw_ = 0;
+  bool drawn_ = false;
+};
+
+}  // namespace shardckpt::tools

@@ -1,0 +1,299 @@
+// shardckpt: the command line over a checkpoint.
+//
+//   shardckpt inspect CHECKPOINT [--json]
+//   shardckpt verify CHECKPOINT [--json]
+//   shardckpt consolidate CHECKPOINT --out FILE [--format torch|safetensors] [--include GLOB]...
+//             [--exclude GLOB]... [--strip-prefix P] [--dtype bf16|fp16|fp32] [--max-shard-size SIZE]
+//   shardckpt import FILE --out ROOT --world-size N [--layout flat|dim0|replicated]
+//   shardckpt reshard CHECKPOINT --out ROOT --world-size M [--layout flat|dim0|replicated]
+//
+// CHECKPOINT is a committed checkpoint folder or a root (then `latest`). Exit status 0 on success,
+// 1 on a failed check or error (with a message on stderr), 2 on bad usage.
+#include <boost/program_options.hpp>
+
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "engine/consolidate.h"
+#include "engine/convert.h"
+#include "engine/load.h"
+#include "engine/verify.h"
+#include "engine/checkpoint_dir.h"
+#include "tools/progress.h"
+
+namespace po = boost::program_options;
+using namespace shardckpt;
+using shardckpt::tools::ProgressBar;
+using json = nlohmann::ordered_json;
+
+namespace {
+
+struct Usage {
+  std::string message;
+};
+
+uint64_t ParseSize(const std::string& text) {
+  char* end = nullptr;
+  double value = std::strtod(text.c_str(), &end);
+  std::string unit(end);
+  const std::map<std::string, uint64_t> units = {{"", 1},          {"B", 1},          {"KB", 1000},       {"MB", 1000000},
+                                                 {"GB", 1000000000}, {"KiB", 1ull << 10}, {"MiB", 1ull << 20}, {"GiB", 1ull << 30},
+                                                 {"K", 1ull << 10}, {"M", 1ull << 20},  {"G", 1ull << 30}};
+  auto it = units.find(unit);
+  if (end == text.c_str() || it == units.end() || value <= 0) throw Usage{"bad size '" + text + "' (e.g. 5GB, 500MiB)"};
+  return static_cast<uint64_t>(value * static_cast<double>(it->second));
+}
+
+po::variables_map Parse(const std::string& command, po::options_description& flags, const std::string& positional,
+                        int argc, char** argv) {
+  flags.add_options()("help,h", "this text");
+  po::options_description all = flags;
+  po::positional_options_description pos;
+  if (!positional.empty()) {
+    all.add_options()(positional.c_str(), po::value<std::string>(), "");
+    pos.add(positional.c_str(), 1);
+  }
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(all).positional(pos).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw Usage{e.what()};
+  }
+  if (vm.count("help")) {
+    std::cout << "usage: shardckpt " << command << (positional.empty() ? "" : " " + positional) << " [options]\n" << flags;
+    std::exit(0);
+  }
+  if (!positional.empty() && !vm.count(positional)) throw Usage{command + " needs " + positional};
+  return vm;
+}
+
+int Fail(const Status& status) {
+  std::fprintf(stderr, "shardckpt: %s\n", status.ToString().c_str());
+  return 1;
+}
+
+std::string LayoutsOf(const EntryRecord& e) {
+  std::set<std::string> kinds;
+  for (const ChunkRecord& c : e.chunks) {
+    kinds.insert(c.layout.kind == LayoutKind::kFlatRange ? "flat" : c.layout.sizes == e.shape ? "replicated" : "box");
+  }
+  std::string out;
+  for (const std::string& k : kinds) out += (out.empty() ? "" : "+") + k;
+  return out.empty() ? "-" : out;
+}
+
+int Inspect(int argc, char** argv) {
+  po::options_description flags("inspect: what a checkpoint holds");
+  flags.add_options()("json", "machine-readable output");
+  po::variables_map vm = Parse("inspect", flags, "CHECKPOINT", argc, argv);
+  Result<std::string> dir = ResolveCheckpoint(vm["CHECKPOINT"].as<std::string>());
+  if (!dir.ok()) return Fail(dir.status());
+  Result<Manifest> m = ReadManifest(*dir);
+  if (!m.ok()) return Fail(m.status());
+  uint64_t total = 0;
+  json entries = json::array();
+  for (const EntryRecord& e : m->entries) {
+    uint64_t bytes = static_cast<uint64_t>(NumBytes(e.shape, DTypeSize(e.dtype)).value());
+    total += bytes;
+    entries.push_back({{"name", e.name}, {"dtype", DTypeName(e.dtype)}, {"shape", e.shape}, {"bytes", bytes},
+                       {"chunks", e.chunks.size()}, {"layouts", LayoutsOf(e)}});
+  }
+  json blobs = json::array();
+  for (const BlobRecord& b : m->blobs) {
+    blobs.push_back({{"name", b.name}, {"scope", b.scope == BlobScope::kGlobal ? "global" : "per_rank"}, {"rank", b.rank},
+                     {"bytes", b.bytes}});
+  }
+  uint64_t file_bytes = 0;
+  for (const FileRecord& f : m->files) file_bytes += f.size;
+  if (vm.count("json")) {
+    json out = {{"checkpoint", *dir},
+                {"format_version", std::to_string(m->format_major) + "." + std::to_string(m->format_minor)},
+                {"step", m->step},
+                {"world_size", m->world_size},
+                {"created", {{"time", m->created.time}, {"shardckpt_version", m->created.shardckpt_version},
+                             {"torch_version", m->created.torch_version}, {"hosts", m->created.hosts},
+                             {"git_commit", m->created.git_commit}, {"user", m->created.user}}},
+                {"entries", entries},
+                {"blobs", blobs},
+                {"tensor_bytes", total},
+                {"files", m->files.size()},
+                {"file_bytes", file_bytes}};
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("checkpoint  %s\nformat      shardckpt %d.%d\nstep        %lld\nsaved by    %d ranks on %d host(s)\n",
+              dir->c_str(), m->format_major, m->format_minor, static_cast<long long>(m->step), m->world_size, m->created.hosts);
+  std::printf("created     %s by shardckpt %s%s%s\n", m->created.time.c_str(), m->created.shardckpt_version.c_str(),
+              m->created.torch_version.empty() ? "" : ", torch ", m->created.torch_version.c_str());
+  for (const auto& [k, v] : m->created.user) std::printf("meta        %s = %s\n", k.c_str(), v.c_str());
+  std::printf("\n%-48s %-14s %-20s %12s %7s  %s\n", "entry", "dtype", "shape", "bytes", "chunks", "layouts");
+  for (const json& e : entries) {
+    std::printf("%-48s %-14s %-20s %12llu %7zu  %s\n", e["name"].get<std::string>().c_str(),
+                e["dtype"].get<std::string>().c_str(), ShapeString(e["shape"].get<Shape>()).c_str(),
+                static_cast<unsigned long long>(e["bytes"].get<uint64_t>()), e["chunks"].get<size_t>(),
+                e["layouts"].get<std::string>().c_str());
+  }
+  for (const json& b : blobs) {
+    std::printf("blob %-43s %-14s rank %-15d %12llu\n", b["name"].get<std::string>().c_str(), b["scope"].get<std::string>().c_str(),
+                b["rank"].get<int>(), static_cast<unsigned long long>(b["bytes"].get<uint64_t>()));
+  }
+  std::printf("\n%zu entries, %zu blobs, %llu tensor bytes in %zu files (%llu bytes on disk)\n", m->entries.size(),
+              m->blobs.size(), static_cast<unsigned long long>(total), m->files.size(),
+              static_cast<unsigned long long>(file_bytes));
+  return 0;
+}
+
+int Verify(int argc, char** argv) {
+  po::options_description flags("verify: read every byte and check every checksum");
+  flags.add_options()("json", "machine-readable output");
+  po::variables_map vm = Parse("verify", flags, "CHECKPOINT", argc, argv);
+  bool as_json = vm.count("json");
+  ProgressBar bar("verify", !as_json);
+  Result<VerifyReport> r = VerifyCheckpoint(vm["CHECKPOINT"].as<std::string>(),
+                                            [&](uint64_t d, uint64_t t) { bar.Update(d, t); });
+  bar.Finish();
+  if (!r.ok()) return Fail(r.status());
+  if (as_json) {
+    json problems = json::array();
+    for (const VerifyProblem& p : r->problems) {
+      problems.push_back({{"file", p.file}, {"offset", p.offset}, {"entries", p.entries}, {"problem", p.what}});
+    }
+    std::cout << json{{"checkpoint", r->checkpoint}, {"ok", r->problems.empty()}, {"files", r->files},
+                      {"bytes_checked", r->bytes_checked}, {"blocks_checked", r->blocks_checked}, {"problems", problems}}
+                     .dump(2)
+              << "\n";
+  } else {
+    for (const VerifyProblem& p : r->problems) {
+      std::fprintf(stderr, "%s/%s at offset %llu (%s): %s\n", r->checkpoint.c_str(), p.file.c_str(),
+                   static_cast<unsigned long long>(p.offset), p.entries.c_str(), p.what.c_str());
+    }
+    std::printf("%s: %s: %llu files, %llu bytes, %llu blocks checked, %zu problem(s)\n", r->checkpoint.c_str(),
+                r->problems.empty() ? "OK" : "DAMAGED", static_cast<unsigned long long>(r->files),
+                static_cast<unsigned long long>(r->bytes_checked), static_cast<unsigned long long>(r->blocks_checked),
+                r->problems.size());
+  }
+  return r->problems.empty() ? 0 : 1;
+}
+
+int ConsolidateCommand(int argc, char** argv) {
+  po::options_description flags("consolidate: one state-dict file from a sharded checkpoint");
+  flags.add_options()("out", po::value<std::string>()->required(), "output file (.pt, .pth or .safetensors)")
+      ("format", po::value<std::string>(), "torch | safetensors (default: from the extension)")
+      ("include", po::value<std::vector<std::string>>()->composing(), "keep entries matching this glob (repeatable)")
+      ("exclude", po::value<std::vector<std::string>>()->composing(), "drop entries matching this glob (repeatable)")
+      ("strip-prefix", po::value<std::string>(), "remove this prefix from names")
+      ("dtype", po::value<std::string>(), "cast floating tensors: bf16 | fp16 | fp32")
+      ("max-shard-size", po::value<std::string>(), "safetensors: split into shards of at most SIZE (e.g. 5GB)")
+      ("json", "machine-readable summary");
+  po::variables_map vm = Parse("consolidate", flags, "CHECKPOINT", argc, argv);
+  const std::string out = vm["out"].as<std::string>();
+  ConsolidateOptions options;
+  if (vm.count("format")) {
+    std::string f = vm["format"].as<std::string>();
+    if (f != "torch" && f != "safetensors") throw Usage{"--format must be torch or safetensors"};
+    options.format = f == "torch" ? ExportFormat::kTorch : ExportFormat::kSafetensors;
+  } else {
+    Result<ExportFormat> f = FormatFromPath(out);
+    if (!f.ok()) throw Usage{f.status().message()};
+    options.format = *f;
+  }
+  if (vm.count("include")) options.include = vm["include"].as<std::vector<std::string>>();
+  if (vm.count("exclude")) options.exclude = vm["exclude"].as<std::vector<std::string>>();
+  if (vm.count("strip-prefix")) options.strip_prefix = vm["strip-prefix"].as<std::string>();
+  if (vm.count("dtype")) {
+    const std::map<std::string, DType> casts = {{"bf16", DType::kBFloat16}, {"fp16", DType::kFloat16}, {"fp32", DType::kFloat32}};
+    auto it = casts.find(vm["dtype"].as<std::string>());
+    if (it == casts.end()) throw Usage{"--dtype must be bf16, fp16 or fp32"};
+    options.cast = it->second;
+  }
+  if (vm.count("max-shard-size")) {
+    if (options.format != ExportFormat::kSafetensors) throw Usage{"--max-shard-size applies to safetensors output"};
+    options.max_shard_bytes = ParseSize(vm["max-shard-size"].as<std::string>());
+  }
+  ProgressBar bar("consolidate", !vm.count("json"));
+  options.progress = [&](uint64_t d, uint64_t t) { bar.Update(d, t); };
+  Result<ConsolidateReport> r = Consolidate(vm["CHECKPOINT"].as<std::string>(), out, options);
+  bar.Finish();
+  if (!r.ok()) return Fail(r.status());
+  if (vm.count("json")) {
+    std::cout << json{{"checkpoint", r->checkpoint}, {"files", r->files}, {"sha256", r->sha256}, {"entries", r->entries},
+                      {"tensor_bytes", r->tensor_bytes}, {"bytes_read", r->bytes_read}}
+                     .dump(2)
+              << "\n";
+  } else {
+    for (size_t i = 0; i < r->files.size(); ++i) {
+      std::printf("wrote %s%s%s\n", r->files[i].c_str(), i < r->sha256.size() ? "  sha256 " : "",
+                  i < r->sha256.size() ? r->sha256[i].c_str() : "");
+    }
+    std::printf("%llu entries, %llu tensor bytes from %s\n", static_cast<unsigned long long>(r->entries),
+                static_cast<unsigned long long>(r->tensor_bytes), r->checkpoint.c_str());
+  }
+  return 0;
+}
+
+int Convert(bool import, int argc, char** argv) {
+  po::options_description flags(import ? "import: a .pt or .safetensors file into a sharded checkpoint"
+                                       : "reshard: a checkpoint for another world size, without a job");
+  flags.add_options()("out", po::value<std::string>()->required(), "checkpoint root to write into")
+      ("world-size", po::value<int>()->required(), "ranks of the new checkpoint")
+      ("layout", po::value<std::string>()->default_value("flat"), "flat | dim0 | replicated")
+      ("json", "machine-readable summary");
+  po::variables_map vm = Parse(import ? "import" : "reshard", flags, import ? "FILE" : "CHECKPOINT", argc, argv);
+  ConvertOptions options;
+  options.world_size = vm["world-size"].as<int>();
+  options.layout = vm["layout"].as<std::string>();
+  if (options.world_size < 1) throw Usage{"--world-size must be at least 1"};
+  ProgressBar bar(import ? "import" : "reshard", !vm.count("json"));
+  options.progress = [&](uint64_t d, uint64_t t) { bar.Update(d, t); };
+  const std::string input = vm[import ? "FILE" : "CHECKPOINT"].as<std::string>();
+  Result<ConvertReport> r = import ? ImportFile(input, vm["out"].as<std::string>(), options)
+                                   : Reshard(input, vm["out"].as<std::string>(), options);
+  bar.Finish();
+  if (!r.ok()) return Fail(r.status());
+  if (vm.count("json")) {
+    std::cout << json{{"checkpoint", r->path}, {"tensors", r->tensors}, {"bytes", r->bytes}, {"world_size", options.world_size},
+                      {"layout", options.layout}, {"skipped", r->skipped}}
+                     .dump(2)
+              << "\n";
+  } else {
+    std::printf("wrote %s: %llu tensors, %llu bytes, %d ranks, %s layout\n", r->path.c_str(),
+                static_cast<unsigned long long>(r->tensors), static_cast<unsigned long long>(r->bytes), options.world_size,
+                options.layout.c_str());
+    for (const std::string& s : r->skipped) std::printf("skipped (not a tensor, or a per-rank blob): %s\n", s.c_str());
+  }
+  return 0;
+}
+
+const char* kUsage =
+    "usage: shardckpt COMMAND [options]   (COMMAND --help for each)\n"
+    "  inspect CHECKPOINT       what a checkpoint holds\n"
+    "  verify CHECKPOINT        read everything, check every checksum\n"
+    "  consolidate CHECKPOINT   one .pt or .safetensors file (streaming)\n"
+    "  import FILE              a .pt or .safetensors file into a sharded checkpoint\n"
+    "  reshard CHECKPOINT       a checkpoint for another world size\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string command = argv[1];
+  try {
+    if (command == "inspect") return Inspect(argc - 1, argv + 1);
+    if (command == "verify") return Verify(argc - 1, argv + 1);
+    if (command == "consolidate") return ConsolidateCommand(argc - 1, argv + 1);
+    if (command == "import") return Convert(true, argc - 1, argv + 1);
+    if (command == "reshard") return Convert(false, argc - 1, argv + 1);
+    std::fprintf(stderr, "shardckpt: unknown command '%s'\n%s", command.c_str(), kUsage);
+    return 2;
+  } catch (const Usage& u) {
+    std::fprintf(stderr, "shardckpt %s: %s\n", command.c_str(), u.message.c_str());
+    return 2;
+  }
+}
