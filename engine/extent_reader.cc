@@ -22,9 +22,11 @@ Status RunAll(IoEngine* io, const std::vector<std::pair<File*, IoOp>>& ops) {
   return io->Drain();
 }
 
-std::string TargetsInBlock(const ReadExtent& extent, uint64_t block_begin, const ReadTargets& targets) {
+std::string TargetsInBlock(const ReadPlan& plan, const ReadExtent& extent, uint64_t block_begin,
+                           const ReadTargets& targets) {
   std::set<std::string> names;
-  for (const ScatterCopy& c : extent.copies) {
+  for (size_t k = extent.first_copy; k < extent.first_copy + extent.copy_count; ++k) {
+    const ScatterCopy& c = plan.copies[k];
     if (c.extent_offset < block_begin + kBlockSize && c.extent_offset + c.length > block_begin) {
       names.insert(targets.names[c.target]);
     }
@@ -85,11 +87,12 @@ Status ExecuteReadPlan(IoEngine* io, BufferPool* pool, const std::string& dir,
         uint64_t expected = sums[{e.file, block / kSumsPerTablePage}][block % kSumsPerTablePage];
         if (Checksum64(data + at, kBlockSize) != expected) {
           return DataLoss(JoinPath(dir, manifest.files[e.file].name) + ": checksum mismatch in the block at offset " +
-                          std::to_string(e.offset + at) + " holding " + TargetsInBlock(e, at, targets));
+                          std::to_string(e.offset + at) + " holding " + TargetsInBlock(plan, e, at, targets));
         }
       }
     }
-    for (const ScatterCopy& c : e.copies) {
+    for (size_t k = e.first_copy; k < e.first_copy + e.copy_count; ++k) {
+      const ScatterCopy& c = plan.copies[k];
       std::memcpy(targets.base[c.target] + c.target_offset, data + c.extent_offset, c.length);
     }
     extent_in[buffer] = SIZE_MAX;

@@ -208,45 +208,4 @@ bool RegionsIntersect(const Region& a, const Region& b) {
   return true;
 }
 
-void ForEachCopy(const Region& src, const Region& dst,
-                 const std::function<void(int64_t, int64_t, int64_t)>& copy) {
-  const size_t n = src.lo.size();
-  std::vector<int64_t> lo(n), size(n);
-  for (size_t d = 0; d < n; ++d) {
-    lo[d] = std::max(src.lo[d], dst.lo[d]);
-    int64_t hi = std::min(src.lo[d] + src.size[d], dst.lo[d] + dst.size[d]);
-    if (hi <= lo[d]) return;
-    size[d] = hi - lo[d];
-  }
-  if (n == 0) {
-    copy(src.base, dst.base, 1);
-    return;
-  }
-  // Merge inner dims into one run while both sides stay contiguous.
-  int64_t run = size[n - 1];
-  size_t outer = n - 1;  // dims [0, outer) are iterated
-  while (outer > 0 && src.stride[outer - 1] == run && dst.stride[outer - 1] == run) {
-    run *= size[outer - 1];
-    --outer;
-  }
-  std::vector<int64_t> index(lo.begin(), lo.begin() + outer);
-  while (true) {
-    int64_t s = src.base, t = dst.base;
-    for (size_t d = 0; d < n; ++d) {
-      int64_t i = d < outer ? index[d] : lo[d];
-      s += i * src.stride[d];
-      t += i * dst.stride[d];
-    }
-    copy(s, t, run);
-    size_t d = outer;
-    while (d > 0) {
-      --d;
-      if (++index[d] < lo[d] + size[d]) break;
-      index[d] = lo[d];
-      if (d == 0) return;
-    }
-    if (outer == 0) return;
-  }
-}
-
 }  // namespace shardckpt

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <vector>
@@ -74,8 +75,56 @@ std::vector<Region> LayoutRegions(const Layout& layout, const Shape& global);
 // Calls copy(src_element, dst_element, count) for each maximal contiguous run in the
 // intersection of two regions of the same tensor. Runs are merged across dims wherever both
 // sides are contiguous, so a dim-0 split costs one call, not one per row.
-void ForEachCopy(const Region& src, const Region& dst,
-                 const std::function<void(int64_t, int64_t, int64_t)>& copy);
+// A template: it runs once per (chunk, wanted piece) pair, millions of times at scale.
+template <typename F>
+void ForEachCopy(const Region& src, const Region& dst, F&& copy);
 bool RegionsIntersect(const Region& a, const Region& b);
+
+template <typename F>
+void ForEachCopy(const Region& src, const Region& dst, F&& copy) {
+  // Stack arrays, no allocation.
+  const size_t n = src.lo.size();
+  int64_t lo[kMaxDims], size[kMaxDims], index[kMaxDims];
+  for (size_t d = 0; d < n; ++d) {
+    lo[d] = std::max(src.lo[d], dst.lo[d]);
+    int64_t hi = std::min(src.lo[d] + src.size[d], dst.lo[d] + dst.size[d]);
+    if (hi <= lo[d]) return;
+    size[d] = hi - lo[d];
+  }
+  if (n == 0) {
+    copy(src.base, dst.base, 1);
+    return;
+  }
+  // Merge inner dims into one run while both sides stay contiguous.
+  int64_t run = size[n - 1];
+  size_t outer = n - 1;  // dims [0, outer) are iterated
+  while (outer > 0 && src.stride[outer - 1] == run && dst.stride[outer - 1] == run) {
+    run *= size[outer - 1];
+    --outer;
+  }
+  // Offsets of the first run; each odometer step adds the strides of the dim that moved.
+  int64_t s = src.base, t = dst.base;
+  for (size_t d = 0; d < n; ++d) {
+    s += lo[d] * src.stride[d];
+    t += lo[d] * dst.stride[d];
+    index[d] = lo[d];
+  }
+  while (true) {
+    copy(s, t, run);
+    size_t d = outer;
+    while (true) {
+      if (d == 0) return;
+      --d;
+      if (++index[d] < lo[d] + size[d]) {
+        s += src.stride[d];
+        t += dst.stride[d];
+        break;
+      }
+      s -= (index[d] - 1 - lo[d]) * src.stride[d];
+      t -= (index[d] - 1 - lo[d]) * dst.stride[d];
+      index[d] = lo[d];
+    }
+  }
+}
 
 }  // namespace shardckpt

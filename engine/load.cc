@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "engine/checkpoint_dir.h"
+#include "io/checksum.h"
 #include "io/fs.h"
 #include "io/log.h"
 
@@ -177,11 +178,17 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
   report.bytes_wanted = plan.bytes_wanted;
   Status loaded;
   {
-    Result<std::unique_ptr<BufferPool>> pool = BufferPool::Create(options.staging_buffers, options.plan.max_extent);
+    // Size the staging ring to the plan: a few large buffers for large extents, many small ones
+    // (so many reads in flight) when resharding cuts the reads into row segments.
+    uint64_t largest = kBlockSize;
+    for (const ReadExtent& e : plan.extents) largest = std::max(largest, e.length);
+    const uint64_t budget = options.staging_buffers * options.plan.max_extent;
+    size_t buffers = static_cast<size_t>(std::clamp<uint64_t>(budget / largest, options.staging_buffers, 128));
+    Result<std::unique_ptr<BufferPool>> pool = BufferPool::Create(buffers, largest);
     loaded = pool.status();
     if (loaded.ok()) {
       IoOptions io_options = options.io;
-      io_options.queue_depth = std::max<size_t>(io_options.queue_depth, options.staging_buffers + 1);
+      io_options.queue_depth = std::max<size_t>(io_options.queue_depth, buffers + 1);
       std::unique_ptr<IoEngine> io = CreateIoEngine(io_options);
       loaded = ExecuteReadPlan(io.get(), pool->get(), dir, manifest, plan, read_targets,
                                options.verify_checksums, &report.stats);

@@ -46,8 +46,10 @@ ReadPlan CoalesceReads(std::vector<CopyRequest> copies, const ReadPlanOptions& o
   std::sort(copies.begin(), copies.end(), [](const CopyRequest& a, const CopyRequest& b) {
     return a.file != b.file ? a.file < b.file : a.file_offset < b.file_offset;
   });
-  // Pass 1: merge into block-aligned ranges.
+  // Pass 1: merge into block-aligned ranges; a range's copies are consecutive in `merged_copies`.
   std::vector<ReadExtent> merged;
+  std::vector<ScatterCopy> merged_copies;
+  merged_copies.reserve(copies.size());
   for (const CopyRequest& c : copies) {
     if (c.length == 0) continue;
     plan.bytes_wanted += c.length;
@@ -55,35 +57,43 @@ ReadPlan CoalesceReads(std::vector<CopyRequest> copies, const ReadPlanOptions& o
     uint64_t hi = AlignUp(c.file_offset + c.length, kBlockSize);
     if (merged.empty() || merged.back().file != c.file ||
         lo > merged.back().offset + merged.back().length + options.merge_gap) {
-      merged.push_back(ReadExtent{c.file, lo, hi - lo, {}});
+      merged.push_back(ReadExtent{c.file, lo, hi - lo, merged_copies.size(), 0});
     } else {
       ReadExtent& last = merged.back();
       last.length = std::max(last.length, hi - last.offset);
     }
     ReadExtent& last = merged.back();
-    last.copies.push_back(ScatterCopy{c.file_offset - last.offset, c.length, c.target, c.target_offset});
+    merged_copies.push_back(ScatterCopy{c.file_offset - last.offset, c.length, c.target, c.target_offset});
+    last.copy_count++;
   }
   // Pass 2: cut each range into staging-buffer-sized extents, splitting copies at the cuts.
   const uint64_t max = std::max<uint64_t>(kBlockSize, AlignDown(options.max_extent, kBlockSize));
-  for (ReadExtent& range : merged) {
+  plan.extents.reserve(merged.size());
+  plan.copies.reserve(merged_copies.size());
+  std::vector<std::vector<ScatterCopy>> pieces;
+  for (const ReadExtent& range : merged) {
     plan.bytes_read += range.length;
+    const ScatterCopy* first = merged_copies.data() + range.first_copy;
     if (range.length <= max) {
-      plan.extents.push_back(std::move(range));
+      plan.extents.push_back(ReadExtent{range.file, range.offset, range.length, plan.copies.size(), range.copy_count});
+      plan.copies.insert(plan.copies.end(), first, first + range.copy_count);
       continue;
     }
-    size_t first = plan.extents.size();
-    for (uint64_t at = 0; at < range.length; at += max) {
-      plan.extents.push_back(ReadExtent{range.file, range.offset + at, std::min(max, range.length - at), {}});
-    }
-    for (const ScatterCopy& c : range.copies) {
-      uint64_t begin = c.extent_offset, end = c.extent_offset + c.length;
+    pieces.assign((range.length + max - 1) / max, {});
+    for (const ScatterCopy* c = first; c != first + range.copy_count; ++c) {
+      uint64_t begin = c->extent_offset, end = c->extent_offset + c->length;
       while (begin < end) {
         uint64_t piece = begin / max;
         uint64_t stop = std::min(end, (piece + 1) * max);
-        plan.extents[first + piece].copies.push_back(
-            ScatterCopy{begin - piece * max, stop - begin, c.target, c.target_offset + (begin - c.extent_offset)});
+        pieces[piece].push_back(
+            ScatterCopy{begin - piece * max, stop - begin, c->target, c->target_offset + (begin - c->extent_offset)});
         begin = stop;
       }
+    }
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      plan.extents.push_back(ReadExtent{range.file, range.offset + k * max, std::min(max, range.length - k * max),
+                                        plan.copies.size(), pieces[k].size()});
+      plan.copies.insert(plan.copies.end(), pieces[k].begin(), pieces[k].end());
     }
   }
   return plan;

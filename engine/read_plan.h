@@ -65,7 +65,8 @@ struct ReadExtent {
   uint32_t file = 0;
   uint64_t offset = 0;  // 4096-aligned
   uint64_t length = 0;  // 4096-multiple
-  std::vector<ScatterCopy> copies;
+  size_t first_copy = 0;  // this extent's copies are plan.copies[first_copy, first_copy + copy_count)
+  size_t copy_count = 0;
 };
 
 struct ReadPlanOptions {
@@ -75,6 +76,7 @@ struct ReadPlanOptions {
 
 struct ReadPlan {
   std::vector<ReadExtent> extents;
+  std::vector<ScatterCopy> copies;  // one flat array: no allocation per extent
   uint64_t bytes_wanted = 0;
   uint64_t bytes_read = 0;
 };

@@ -46,32 +46,8 @@ void RegionIndex::Build(size_t node, size_t lo, size_t hi) {
   max_end_[node] = std::max(max_end_[2 * node], max_end_[2 * node + 1]);
 }
 
-void RegionIndex::Visit(size_t node, size_t lo, size_t hi, size_t limit, int64_t query_start,
-                        const Region& query, const std::function<void(size_t)>& visit) const {
-  if (lo >= limit || max_end_[node] <= query_start) return;
-  if (hi - lo == 1) {
-    if (RegionsIntersect((*regions_)[ids_[lo]], query)) visit(ids_[lo]);
-    return;
-  }
-  size_t mid = (lo + hi) / 2;
-  Visit(2 * node, lo, mid, limit, query_start, query, visit);
-  Visit(2 * node + 1, mid, hi, limit, query_start, query, visit);
-}
-
-void RegionIndex::ForEachIntersecting(const Region& query,
-                                      const std::function<void(size_t)>& visit) const {
-  if (ids_.empty()) return;
-  if (key_dim_ < 0) {
-    for (size_t id : ids_) visit(id);
-    return;
-  }
-  int64_t query_start = query.lo[key_dim_];
-  int64_t query_end = query_start + query.size[key_dim_];
-  // Intervals starting at or after query_end cannot overlap; among the rest, the tree prunes
-  // every subtree whose intervals all end at or before query_start.
-  size_t limit = static_cast<size_t>(
-      std::lower_bound(starts_.begin(), starts_.end(), query_end) - starts_.begin());
-  Visit(1, 0, ids_.size(), limit, query_start, query, visit);
+size_t RegionIndex::Limit(int64_t query_end) const {
+  return static_cast<size_t>(std::lower_bound(starts_.begin(), starts_.end(), query_end) - starts_.begin());
 }
 
 }  // namespace shardckpt

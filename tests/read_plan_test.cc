@@ -27,7 +27,7 @@ std::ostream& operator<<(std::ostream& out, const Extent& e) {
 }
 std::vector<Extent> Extents(const ReadPlan& plan) {
   std::vector<Extent> out;
-  for (const ReadExtent& e : plan.extents) out.push_back(Extent{e.file, e.offset, e.length, e.copies.size()});
+  for (const ReadExtent& e : plan.extents) out.push_back(Extent{e.file, e.offset, e.length, e.copy_count});
   return out;
 }
 
@@ -91,10 +91,11 @@ TEST(ReadPlan, LargeExtentsAreCutAndCopiesSplitAtTheCuts) {
   ReadPlan plan = Plan(m, {WantedPiece{0, Layout::Replicated(), 7}}, {0, 256 << 10});
   ASSERT_EQ(plan.extents.size(), 4u);
   for (size_t i = 0; i < 4; ++i) {
-    ASSERT_EQ(plan.extents[i].copies.size(), 1u);
-    EXPECT_EQ(plan.extents[i].copies[0].target, 7u);
-    EXPECT_EQ(plan.extents[i].copies[0].target_offset, i * (256u << 10));
-    EXPECT_EQ(plan.extents[i].copies[0].length, 256u << 10);
+    ASSERT_EQ(plan.extents[i].copy_count, 1u);
+    const ScatterCopy& c = plan.copies[plan.extents[i].first_copy];
+    EXPECT_EQ(c.target, 7u);
+    EXPECT_EQ(c.target_offset, i * (256u << 10));
+    EXPECT_EQ(c.length, 256u << 10);
   }
 }
 
@@ -161,7 +162,8 @@ TEST(ReadPlanProperty, AnyLayoutAtNLoadsIntoAnyLayoutAtM) {
       for (const ReadExtent& e : plan.extents) {
         ASSERT_EQ(e.offset % kBlockSize, 0u);
         ASSERT_LE(e.length, options.max_extent);
-        for (const ScatterCopy& c : e.copies) {
+        for (size_t k = e.first_copy; k < e.first_copy + e.copy_count; ++k) {
+          const ScatterCopy& c = plan.copies[k];
           ASSERT_LE(c.extent_offset + c.length, e.length);
           std::memcpy(got.data() + c.target_offset, files[e.file].data() + e.offset + c.extent_offset, c.length);
         }

@@ -1,0 +1,96 @@
+// bench_plan_scale: the planner and manifest at scale, no I/O. Builds a manifest of
+// --entries x --save-ranks chunks (FSDP flat shards: every entry cut into one flat range per
+// saving rank), then times encode, decode (parse + full validation, coverage included) and
+// planning a load onto --load-ranks ranks that want dim-0 blocks (every rank's plan, as the job
+// would compute it). Last line JSON.
+//
+//   build/bin/bench_plan_scale --entries 1000 --save-ranks 1000 --load-ranks 768
+#include <boost/program_options.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+
+#include "benchmarks/bench_util.h"
+#include "engine/manifest.h"
+#include "engine/read_plan.h"
+#include "io/checksum.h"
+
+using namespace shardckpt;
+using namespace shardckpt::bench;
+namespace po = boost::program_options;
+
+int main(int argc, char** argv) {
+  po::options_description flags("bench_plan_scale");
+  flags.add_options()("help", "this text")
+      ("entries", po::value<int>()->default_value(1000), "tensors")
+      ("save-ranks", po::value<int>()->default_value(1000), "ranks (files) the checkpoint was saved by")
+      ("load-ranks", po::value<int>()->default_value(768), "ranks of the loading job");
+  po::variables_map vm;
+  po::store(po::parse_command_line(argc, argv, flags), vm);
+  if (vm.count("help")) {
+    std::cout << flags << "\n";
+    return 0;
+  }
+  const int entries = vm["entries"].as<int>(), n = vm["save-ranks"].as<int>(), m = vm["load-ranks"].as<int>();
+  // Tensors of 4096 x 1024 float32 (16 MiB), so a flat shard cuts through rows.
+  const Shape shape = {4096, 1024};
+  Manifest manifest;
+  manifest.world_size = n;
+  std::vector<uint64_t> file_end(n, 0);
+  for (int e = 0; e < entries; ++e) {
+    EntryRecord entry{"model.layers." + std::to_string(e) + ".weight", DType::kFloat32, shape, {}};
+    for (int r = 0; r < n; ++r) {
+      Layout l = FlatShardLayout(shape, n, r);
+      uint64_t bytes = static_cast<uint64_t>(l.end - l.begin) * 4;
+      if (bytes == 0) continue;
+      entry.chunks.push_back(ChunkRecord{static_cast<uint32_t>(r), file_end[r], bytes, l});
+      file_end[r] = AlignUp(file_end[r] + bytes, kBlockSize);
+    }
+    manifest.entries.push_back(std::move(entry));
+  }
+  size_t chunks = 0;
+  for (const auto& e : manifest.entries) chunks += e.chunks.size();
+  for (int r = 0; r < n; ++r) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "rank-%05d.bin", r);
+    manifest.files.push_back(FileRecord{name, DataFileSize(file_end[r]), file_end[r],
+                                        std::vector<uint64_t>(TablePages(file_end[r]), 0x1234)});
+  }
+  double t0 = NowSeconds();
+  std::string json = EncodeManifest(manifest).value();
+  if (std::getenv("DUMP")) { FILE* f = std::fopen(std::getenv("DUMP"), "w"); std::fwrite(json.data(), 1, json.size(), f); std::fclose(f); }
+  double encode = NowSeconds() - t0;
+  t0 = NowSeconds();
+  Result<Manifest> decoded = DecodeManifest(json, "bench");
+  double decode = NowSeconds() - t0;
+  if (!decoded.ok()) {
+    std::fprintf(stderr, "%s\n", decoded.status().ToString().c_str());
+    return 1;
+  }
+  t0 = NowSeconds();
+  ChunkIndex index(&*decoded);
+  uint64_t extents = 0, copies_total = 0, wanted = 0, read = 0;
+  for (int r = 0; r < m; ++r) {
+    std::vector<WantedPiece> want;
+    for (int e = 0; e < entries; ++e) want.push_back(WantedPiece{static_cast<size_t>(e), ChunkLayout(shape, 0, m, r), static_cast<uint32_t>(e)});
+    std::vector<CopyRequest> copies;
+    PlanPieceCopies(*decoded, index, want, &copies);
+    copies_total += copies.size();
+    ReadPlan plan = CoalesceReads(std::move(copies), ReadPlanOptions{});
+    extents += plan.extents.size();
+    wanted += plan.bytes_wanted;
+    read += plan.bytes_read;
+  }
+  double plan_all = NowSeconds() - t0;
+  std::printf("bench_plan_scale: %d entries x %d saving ranks = %zu chunks, manifest %.1f MiB; plan for %d ranks\n", entries,
+              n, chunks, json.size() / 1048576.0, m);
+  std::printf("  encode %.3fs, decode+validate %.3fs, plan all %d ranks %.3fs (%.2f ms per rank): %llu copies, %llu extents, "
+              "read amplification %.4f\n",
+              encode, decode, m, plan_all, plan_all * 1000 / m, static_cast<unsigned long long>(copies_total),
+              static_cast<unsigned long long>(extents), double(read) / double(wanted));
+  PrintJson({{"chunks", Num(double(chunks))}, {"manifest_mib", Num(json.size() / 1048576.0)}, {"encode_s", Num(encode)},
+             {"decode_s", Num(decode)}, {"plan_s", Num(plan_all)}, {"load_ranks", Num(m)},
+             {"read_amplification", Num(double(read) / double(wanted))}});
+  return 0;
+}
