@@ -2,6 +2,7 @@
 
 #include <fnmatch.h>
 
+#include <future>
 #include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -37,26 +38,58 @@ struct Selected {
   uint64_t bytes;    // in the output
 };
 
-// Streams one entry's bytes (converted to `out.dtype`) to `sink`, one window at a time.
-Status StreamEntry(CheckpointReader& reader, const Selected& out, uint64_t window_bytes,
-                   const std::function<Status(const void*, size_t)>& sink, std::vector<unsigned char>& window,
-                   std::vector<unsigned char>& converted) {
-  const EntryRecord& e = reader.manifest().entries[out.entry];
-  const uint64_t in_size = DTypeSize(e.dtype), out_size = DTypeSize(out.dtype);
-  const int64_t numel = NumElements(e.shape).value();
-  const int64_t step = std::max<int64_t>(1, static_cast<int64_t>(window_bytes / std::max(in_size, out_size)));
-  for (int64_t a = 0; a < numel; a += step) {
-    int64_t b = std::min(numel, a + step);
-    size_t count = static_cast<size_t>(b - a);
-    window.resize(count * in_size);
-    Status read = reader.ReadPiece(out.entry, Layout::FlatRange(a, b), window.data());
-    if (!read.ok()) return read.WithContext("entry '" + e.name + "'");
-    if (out.dtype == e.dtype) {
-      SC_RETURN_IF_ERROR(sink(window.data(), window.size()));
-    } else {
-      converted.resize(count * out_size);
-      ConvertFloats(e.dtype, out.dtype, window.data(), converted.data(), count);
-      SC_RETURN_IF_ERROR(sink(converted.data(), converted.size()));
+struct Window {
+  size_t selected;  // index into the selected list
+  int64_t begin, end;  // elements
+};
+
+// Streams the bytes of `which` selected entries (converted to their output dtype), window by
+// window, reading window i+1 on a helper thread while window i is hashed and written.
+Status StreamEntries(CheckpointReader& reader, const std::vector<Selected>& selected, const std::vector<size_t>& which,
+                     uint64_t window_bytes, const std::function<Status(size_t)>& begin_entry,
+                     const std::function<Status(const void*, size_t)>& sink, const std::function<Status(size_t)>& end_entry) {
+  std::vector<Window> windows;
+  for (size_t k : which) {
+    const EntryRecord& e = reader.manifest().entries[selected[k].entry];
+    const uint64_t widest = std::max(DTypeSize(e.dtype), DTypeSize(selected[k].dtype));
+    const int64_t step = std::max<int64_t>(1, static_cast<int64_t>(window_bytes / widest));
+    const int64_t numel = NumElements(e.shape).value();
+    if (numel == 0) windows.push_back(Window{k, 0, 0});
+    for (int64_t a = 0; a < numel; a += step) windows.push_back(Window{k, a, std::min(numel, a + step)});
+  }
+  std::vector<unsigned char> buffers[2], converted;
+  auto read = [&](size_t i) -> Status {
+    const Window& w = windows[i];
+    const EntryRecord& e = reader.manifest().entries[selected[w.selected].entry];
+    buffers[i % 2].resize(static_cast<size_t>(w.end - w.begin) * DTypeSize(e.dtype));
+    if (w.end == w.begin) return Status::Ok();
+    Status status = reader.ReadPiece(selected[w.selected].entry, Layout::FlatRange(w.begin, w.end), buffers[i % 2].data());
+    return status.WithContext("entry '" + e.name + "'");
+  };
+  std::future<Status> next;
+  if (!windows.empty()) next = std::async(std::launch::async, read, 0);
+  for (size_t i = 0; i < windows.size(); ++i) {
+    SC_RETURN_IF_ERROR(next.get());
+    if (i + 1 < windows.size()) next = std::async(std::launch::async, read, i + 1);
+    const Window& w = windows[i];
+    const Selected& out = selected[w.selected];
+    const DType from = reader.manifest().entries[out.entry].dtype;
+    Status status;
+    if (w.begin == 0) status = begin_entry(w.selected);
+    const std::vector<unsigned char>& data = buffers[i % 2];
+    if (status.ok() && from == out.dtype) {
+      status = sink(data.data(), data.size());
+    } else if (status.ok()) {
+      size_t count = data.size() / DTypeSize(from);
+      converted.resize(count * DTypeSize(out.dtype));
+      ConvertFloats(from, out.dtype, data.data(), converted.data(), count);
+      status = sink(converted.data(), converted.size());
+    }
+    bool last_of_entry = i + 1 == windows.size() || windows[i + 1].selected != w.selected;
+    if (status.ok() && last_of_entry) status = end_entry(w.selected);
+    if (!status.ok()) {
+      if (next.valid()) next.wait();  // the helper must not outlive the buffers
+      return status;
     }
   }
   return Status::Ok();
@@ -108,7 +141,6 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
   if (selected.empty()) return InvalidArgument("no entry of " + reader->dir() + " is selected");
   report.entries = selected.size();
   uint64_t done = 0;
-  std::vector<unsigned char> window, converted;
   auto progress = [&](uint64_t n) {
     done += n;
     if (options.progress) options.progress(done, report.tensor_bytes);
@@ -128,16 +160,16 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
     const std::string root = "archive/";
     SC_RETURN_IF_ERROR(zip.AddRecord(root + "data.pkl", pickle));
     SC_RETURN_IF_ERROR(zip.AddRecord(root + "byteorder", "little"));
-    for (size_t k = 0; k < selected.size(); ++k) {
-      SC_RETURN_IF_ERROR(zip.BeginRecord(root + "data/" + std::to_string(k), selected[k].bytes));
-      SC_RETURN_IF_ERROR(StreamEntry(*reader, selected[k], options.window_bytes,
-                                     [&](const void* p, size_t n) {
-                                       progress(n);
-                                       return zip.Append(p, n);
-                                     },
-                                     window, converted));
-      SC_RETURN_IF_ERROR(zip.EndRecord());
-    }
+    std::vector<size_t> all(selected.size());
+    for (size_t k = 0; k < all.size(); ++k) all[k] = k;
+    SC_RETURN_IF_ERROR(StreamEntries(
+        *reader, selected, all, options.window_bytes,
+        [&](size_t k) { return zip.BeginRecord(root + "data/" + std::to_string(k), selected[k].bytes); },
+        [&](const void* p, size_t n) {
+          progress(n);
+          return zip.Append(p, n);
+        },
+        [&](size_t) { return zip.EndRecord(); }));
     SC_RETURN_IF_ERROR(zip.AddRecord(root + "version", "3\n"));
     SC_RETURN_IF_ERROR(zip.Finish());
     SC_RETURN_IF_ERROR(file->Close());
@@ -169,15 +201,18 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
       SC_ASSIGN_OR_RETURN(std::string header, EncodeSafetensorsHeader(entries, {{"source", "shardckpt"}}));
       SC_ASSIGN_OR_RETURN(std::unique_ptr<OutputFile> file, OutputFile::Create(path));
       SC_RETURN_IF_ERROR(file->Write(header.data(), header.size()));
-      for (size_t k : shards[s]) {
-        SC_RETURN_IF_ERROR(StreamEntry(*reader, selected[k], options.window_bytes,
-                                       [&](const void* p, size_t n) {
-                                         progress(n);
-                                         return file->Write(p, n);
-                                       },
-                                       window, converted));
-        weight_map[selected[k].name] = path.substr(path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1);
-      }
+      const std::string base = path.substr(path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1);
+      SC_RETURN_IF_ERROR(StreamEntries(
+          *reader, selected, shards[s], options.window_bytes,
+          [&](size_t k) {
+            weight_map[selected[k].name] = base;
+            return Status::Ok();
+          },
+          [&](const void* p, size_t n) {
+            progress(n);
+            return file->Write(p, n);
+          },
+          [&](size_t) { return Status::Ok(); }));
       SC_RETURN_IF_ERROR(file->Close());
       report.files.push_back(path);
       report.sha256.push_back(file->sha256());
