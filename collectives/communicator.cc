@@ -23,6 +23,7 @@ class SingleProcessCommunicator final : public Communicator {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   const char* name() const override { return "single-process"; }
+  bool thread_safe() const override { return true; }
   Status Barrier() override { return Status::Ok(); }
   Status Broadcast(void*, size_t, int) override { return Status::Ok(); }
   Status Gather(const std::string& mine, std::vector<std::string>* all, int) override {

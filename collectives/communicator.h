@@ -21,6 +21,8 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual const char* name() const = 0;
+  // Whether two threads may run collectives on two communicators of these ranks at once.
+  virtual bool thread_safe() const = 0;
 
   virtual Status Barrier() = 0;
   // In place: `data` on root is sent, on the others overwritten. Any size (split internally).

@@ -52,6 +52,10 @@ case "$case" in
     run 2 -- save "$work/root" --step 2
     ls "$work/root" | grep -q tmp && { echo "temp folder left behind"; exit 1; }
     run 2 -- load "$work/root" --expect-step 2 ;;
+  async)      # async save: snapshot semantics, staging reuse, background failures
+    run 2 -- async "$work/root" --step 5 --staging-bytes 65536
+    run 2 -x SHARDCKPT_FAILPOINTS="io.write@1=EIO" -- async "$work/failing" --step 5 \
+      --expect "rank 1: IoError" --expect "injected at failpoint io.write" ;;
   *) echo "unknown case $case"; exit 2 ;;
 esac
 echo "case $case $*: passed"

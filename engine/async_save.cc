@@ -1,0 +1,72 @@
+#include "engine/async_save.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "io/checksum.h"
+
+namespace shardckpt {
+
+Status SaveHandle::Wait() { return result_.get().status(); }
+
+bool SaveHandle::Done() const {
+  return result_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+}
+
+Result<std::unique_ptr<AsyncSaver>> AsyncSaver::Create(Communicator& comm, SaveOptions options) {
+  if (!comm.thread_safe()) {
+    return FailedPrecondition(std::string("async save needs a thread-safe communicator: the ") + comm.name() +
+                              " library did not grant MPI_THREAD_MULTIPLE (ask for it in MPI_Init_thread; "
+                              "MpiSession does), so the persist thread cannot run collectives beside the training thread");
+  }
+  std::unique_ptr<AsyncSaver> saver(new AsyncSaver());
+  SC_ASSIGN_OR_RETURN(saver->comm_, comm.Duplicate());
+  saver->options_ = options;
+  saver->options_.always_stage = false;  // the staging area is aligned: write straight from it
+  return saver;
+}
+
+AsyncSaver::~AsyncSaver() { Wait().IgnoreError(); }
+
+Status AsyncSaver::Wait() {
+  if (!in_flight_) return Status::Ok();
+  Status status = in_flight_->Wait();
+  in_flight_.reset();
+  return status;
+}
+
+Result<std::shared_ptr<SaveHandle>> AsyncSaver::Save(const std::string& root, int64_t step, const ShardedState& state) {
+  // The previous persist still reads the staging area: finish it first. Its error belongs to
+  // its own handle; this save goes ahead.
+  Wait().IgnoreError();
+  auto start = std::chrono::steady_clock::now();
+  uint64_t needed = 0;
+  for (const TensorPiece& p : state.pieces()) needed = AlignUp(needed, kBlockSize) + static_cast<uint64_t>(p.bytes);
+  if (needed > staging_.size()) {
+    SC_ASSIGN_OR_RETURN(staging_, AlignedBuffer::Allocate(needed + needed / 8, DefaultHostAllocator()));
+    allocations_++;
+  }
+  snapshot_.Clear();
+  uint64_t at = 0;
+  for (const TensorPiece& p : state.pieces()) {
+    at = AlignUp(at, kBlockSize);
+    if (p.bytes > 0) std::memcpy(staging_.data() + at, p.data, static_cast<size_t>(p.bytes));
+    SC_RETURN_IF_ERROR(snapshot_.AddTensor(p.name, p.dtype, p.global_shape, p.layout, staging_.data() + at));
+    at += static_cast<uint64_t>(p.bytes);
+  }
+  for (const BlobItem& b : state.blobs()) SC_RETURN_IF_ERROR(snapshot_.AddBlob(b.name, b.bytes, b.scope));
+  last_snapshot_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  auto handle = std::make_shared<SaveHandle>();
+  handle->step_ = step;
+  Communicator* comm = comm_.get();
+  const ShardedState* snapshot = &snapshot_;
+  SaveOptions options = options_;
+  handle->result_ = std::async(std::launch::async, [comm, root, step, snapshot, options]() {
+                      return shardckpt::Save(*comm, root, step, *snapshot, options);
+                    }).share();
+  in_flight_ = handle;
+  return handle;
+}
+
+}  // namespace shardckpt
