@@ -99,7 +99,35 @@ std::vector<uint64_t> HexToSums(const std::string& hex) {
   return sums;
 }
 
+// The manifest checks itself: its last field is the XXH3 of the text without that field, so a
+// flipped bit anywhere in it (metadata included) is detected like one in a data block.
+constexpr const char* kSealKey = ",\n \"checksum\": \"xxh3:";
+
 }  // namespace
+
+std::string SealManifestText(const std::string& text) {
+  // `text` is nlohmann's dump(1) of an object: it ends with "\n}".
+  std::string body = text.substr(0, text.size() - 2);
+  return body + kSealKey + Hex64(Checksum64(text.data(), text.size())) + "\"\n}";
+}
+
+Result<std::string> CheckSeal(const std::string& text, const std::string& origin) {
+  const std::string key = kSealKey;
+  const size_t tail = key.size() + 16 + 3;  // key, hex, "\"\n}"
+  if (text.size() < tail || text.compare(text.size() - tail, key.size(), key) != 0 ||
+      text.compare(text.size() - 3, 3, "\"\n}") != 0) {
+    return DataLoss(origin + ": the manifest's checksum field is missing or damaged");
+  }
+  uint64_t recorded = 0;
+  if (!ParseHex64(text.substr(text.size() - 19, 16), &recorded)) {
+    return DataLoss(origin + ": the manifest's checksum field is damaged");
+  }
+  std::string original = text.substr(0, text.size() - tail) + "\n}";
+  if (Checksum64(original.data(), original.size()) != recorded) {
+    return DataLoss(origin + ": manifest checksum mismatch: the file is corrupt or was edited");
+  }
+  return original;
+}
 
 uint64_t TablePages(uint64_t table_offset) {
   uint64_t blocks = table_offset / kBlockSize;
@@ -158,7 +186,7 @@ Result<std::string> EncodeManifest(const Manifest& m) {
                        {"bytes", b.bytes}});
     }
     root["blobs"] = std::move(blobs);
-    return root.dump(1);
+    return SealManifestText(root.dump(1));
   } catch (const json::exception& e) {
     return InvalidArgument(std::string("cannot encode manifest (names must be UTF-8): ") + e.what());
   }
@@ -182,6 +210,7 @@ Result<Manifest> DecodeManifest(const std::string& text, const std::string& orig
     }
     m.format_major = static_cast<int>(version[0]);
     m.format_minor = static_cast<int>(version[1]);
+    SC_RETURN_IF_ERROR(CheckSeal(text, origin).status());
     if (!Field(root, "step").is_number_integer()) throw std::runtime_error("step is not an integer");
     m.step = Field(root, "step").get<int64_t>();
     uint64_t world = U64(Field(root, "world_size"), "world_size");

@@ -91,6 +91,12 @@ Status ValidateManifest(const Manifest& manifest);
 // Compares each data file's recorded size with `size_of(name)` (missing or truncated files).
 Status CheckDataFiles(const Manifest& manifest,
                       const std::function<Result<uint64_t>(const std::string&)>& size_of);
+// The manifest checks itself: its last field, "checksum": "xxh3:<hex>", is the XXH3 of the
+// text without it. Seal adds it to a dump(1) text; CheckSeal returns the text without it, or
+// DataLoss when it is missing or does not match (a flipped bit anywhere, metadata included).
+std::string SealManifestText(const std::string& text);
+Result<std::string> CheckSeal(const std::string& text, const std::string& origin);
+
 // A file name as a manifest may hold it: a plain base name.
 bool IsPlainFileName(const std::string& name);
 

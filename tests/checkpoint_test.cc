@@ -242,13 +242,23 @@ TEST_F(DamagedCheckpointTest, MissingRankFileIsNamed) {
 }
 
 TEST_F(DamagedCheckpointTest, HostileFileNameInManifestIsRefused) {
-  std::string text = ReadFileLimited(JoinPath(dir1_, kManifestName), 1 << 20).value();
-  size_t at = text.find("rank-00000.bin");
-  text.replace(at, 14, "../../etc/pass");
-  ASSERT_TRUE(WriteFileAtomic(JoinPath(dir1_, kManifestName), text, "test").ok());
+  // A hostile writer can recompute the manifest's own checksum: validation must still refuse.
+  Manifest m = ReadManifest(dir1_).value();
+  m.files[0].name = "../../etc/pass";
+  ASSERT_TRUE(WriteFileAtomic(JoinPath(dir1_, kManifestName), *EncodeManifest(m), "test").ok());
   Status status = LoadStatus();
   EXPECT_EQ(status.code(), Code::kDataLoss);
   EXPECT_THAT(status.message(), HasSubstr("'../../etc/pass' is not a plain file name"));
+}
+
+TEST_F(DamagedCheckpointTest, EditedManifestIsRefusedByItsChecksum) {
+  std::string text = ReadFileLimited(JoinPath(dir1_, kManifestName), 1 << 20).value();
+  size_t at = text.find("\"time\"");
+  text[at + 10] ^= 0x01;  // inside the creation time: metadata is covered too
+  ASSERT_TRUE(WriteFileAtomic(JoinPath(dir1_, kManifestName), text, "test").ok());
+  Status status = LoadStatus();
+  EXPECT_EQ(status.code(), Code::kDataLoss);
+  EXPECT_THAT(status.message(), HasSubstr("manifest checksum mismatch"));
 }
 
 TEST_F(DamagedCheckpointTest, NoLatestAndNoManifestIsNotFound) {

@@ -56,9 +56,26 @@ TEST(Manifest, RoundTrips) {
 TEST(Manifest, AcceptsUnknownFields) {
   Manifest m = Sample();
   m.blobs[0].offset = 0;
-  std::string json = *EncodeManifest(m);
+  std::string json = *CheckSeal(*EncodeManifest(m), "test");
   json.insert(json.find('{') + 1, "\"future_field\": {\"x\": 1},");
-  EXPECT_TRUE(DecodeManifest(json, "test").ok());
+  Result<Manifest> decoded = DecodeManifest(SealManifestText(json), "test");
+  EXPECT_TRUE(decoded.ok()) << decoded.status().ToString();
+}
+
+TEST(Manifest, AnyFlippedByteIsDetected) {
+  Manifest m = Sample();
+  m.blobs[0].offset = 0;
+  const std::string json = *EncodeManifest(m);
+  // Every byte position, metadata and whitespace included: a flip is never accepted.
+  for (size_t at = 0; at < json.size(); at += 7) {
+    std::string damaged = json;
+    damaged[at] ^= 0x04;
+    Result<Manifest> decoded = DecodeManifest(damaged, "m.json");
+    ASSERT_FALSE(decoded.ok()) << "flip at " << at << " accepted";
+    EXPECT_THAT(decoded.status().message(), HasSubstr("m.json")) << at;
+  }
+  Result<Manifest> sealed = DecodeManifest(json, "m.json");
+  EXPECT_TRUE(sealed.ok());
 }
 
 struct Rejected {
@@ -119,8 +136,10 @@ TEST(Manifest, RejectsMalformedJsonAndVersions) {
     const char* message;
   };
   std::string future = good;
+  future = *CheckSeal(future, "x");
   size_t version = future.find_first_of("1", future.find("\"format_version\""));
   future[version] = '2';  // major version 2
+  future = SealManifestText(future);
   std::vector<Text> cases = {
       {"", "malformed"},
       {"[]", "not a shardckpt manifest"},

@@ -29,6 +29,7 @@
 #include <nlohmann/json.hpp>
 
 #include "collectives/mpi_communicator.h"
+#include "engine/async_save.h"
 #include "engine/load.h"
 #include "engine/save.h"
 #include "engine/torch_adapter.h"
@@ -47,7 +48,7 @@ struct Config {
   uint64_t seed = 1234;
   double dropout = 0.1;
   int keep_last = 3;
-  bool resume = false, resume_weights_only = false;
+  bool resume = false, resume_weights_only = false, async_save = false;
   std::string dump_params;
   AdamWConfig adamw;
 
@@ -129,6 +130,31 @@ int Run(Communicator& comm, const Config& config) {
     }
   }
 
+  std::unique_ptr<AsyncSaver> saver;
+  std::shared_ptr<SaveHandle> pending;
+  auto finish_pending = [&]() -> bool {
+    if (!pending) return true;
+    Status status = pending->Wait();
+    if (!status.ok()) {
+      std::fprintf(stderr, "rank %d: checkpoint of step %lld failed: %s\n", rank, static_cast<long long>(pending->step()),
+                   status.ToString().c_str());
+      return false;
+    }
+    say("checkpoint committed: step " + std::to_string(pending->step()) + " (async)");
+    pending.reset();
+    return true;
+  };
+  if (config.async_save) {
+    SaveOptions options;
+    options.keep_last = config.keep_last;
+    options.torch_version = TorchVersion();
+    Result<std::unique_ptr<AsyncSaver>> created = AsyncSaver::Create(comm, options);
+    if (!created.ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", rank, created.status().ToString().c_str());
+      return 1;
+    }
+    saver = std::move(created).value();
+  }
   while (step < config.steps) {
     Batch batch = data.Get(step + 1, config.global_batch, world, rank);
     Result<float> loss = model.TrainStep(batch, config.global_batch, step + 1, config.adamw);
@@ -150,6 +176,20 @@ int Run(Communicator& comm, const Config& config) {
       if (added.ok()) added = state.AddBlob("rng.dropout", GeneratorState(model.dropout_generator()));
       at::Generator own = at::detail::getDefaultCPUGenerator();
       if (added.ok()) added = state.AddBlob("rng", GeneratorState(own), BlobScope::kPerRank);
+      if (saver) {
+        if (!added.ok() || !finish_pending()) return 1;
+        Result<std::shared_ptr<SaveHandle>> handle = saver->Save(config.ckpt, step, state);
+        if (!handle.ok()) {
+          std::fprintf(stderr, "rank %d: checkpoint snapshot failed: %s\n", rank, handle.status().ToString().c_str());
+          return 1;
+        }
+        pending = *handle;
+        char msg[256];
+        std::snprintf(msg, sizeof(msg), "checkpoint snapshot: step %lld (training blocked %.3fs; persisting in the background)",
+                      static_cast<long long>(step), saver->last_snapshot_seconds());
+        say(msg);
+        continue;
+      }
       SaveOptions options;
       options.keep_last = config.keep_last;
       options.torch_version = TorchVersion();
@@ -167,6 +207,7 @@ int Run(Communicator& comm, const Config& config) {
       say(msg);
     }
   }
+  if (!finish_pending()) return 1;
   if (!config.dump_params.empty()) {
     // The trained parameters as the job sees them, for checking a consolidated export.
     Result<std::vector<at::Tensor>> full = model.GatherParameters();
@@ -202,6 +243,7 @@ int main(int argc, char** argv) {
       ("resume", po::bool_switch(&config.resume), "continue from `latest` in --ckpt when there is one")
       ("resume-weights-only", po::bool_switch(&config.resume_weights_only),
        "load only the model weights; fresh optimizer, scheduler and RNG")
+      ("async-save", po::bool_switch(&config.async_save), "snapshot and persist checkpoints in the background")
       ("seed", po::value(&config.seed)->default_value(1234), "seed of data, init and dropout")
       ("global-batch", po::value(&config.global_batch)->default_value(48), "samples per step over all ranks")
       ("hidden", po::value(&config.hidden)->default_value(1024), "hidden width")

@@ -28,6 +28,14 @@ case "$case" in
     if diff -q <(losses "$work/full.log" 21 30) <(losses "$work/weights.log" 21 30) > /dev/null; then
       echo "weights-only resume matched the full run: optimizer state would not matter"; exit 1
     fi ;;
+  async)  # --async-save: the same losses, the same checkpoints, exact resume from one
+    run 2 "$train" "${small[@]}" --steps 30 > "$work/full.log"
+    run 2 "$train" "${small[@]}" --ckpt "$work/a" --steps 20 --save-every 10 --async-save > "$work/first.log"
+    grep -q "checkpoint snapshot: step 20" "$work/first.log"
+    grep -q "checkpoint committed: step 20 (async)" "$work/first.log"
+    diff <(losses "$work/full.log" 1 20) <(losses "$work/first.log" 1 20)
+    run 2 "$train" "${small[@]}" --ckpt "$work/a" --steps 30 --resume --async-save > "$work/resumed.log"
+    diff <(losses "$work/full.log" 21 30) <(losses "$work/resumed.log" 21 30) ;;
   reshard)
     n=$1; m=$2
     run "$n" "$train" "${small[@]}" --steps 30 > "$work/full.log"
