@@ -66,7 +66,9 @@ int main(int argc, char** argv) {
   double t0 = NowSeconds();
   pid_t child = fork();
   if (child == 0) {
-    Result<ConsolidateReport> r = Consolidate(JoinPath(dir, "ckpt"), output, ConsolidateOptions{torch ? ExportFormat::kTorch : ExportFormat::kSafetensors});
+    ConsolidateOptions options;
+    options.format = torch ? ExportFormat::kTorch : ExportFormat::kSafetensors;
+    Result<ConsolidateReport> r = Consolidate(JoinPath(dir, "ckpt"), output, options);
     if (!r.ok()) std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
     _exit(r.ok() ? 0 : 1);
   }

@@ -112,6 +112,11 @@ int DoLoad(Communicator& comm, const Args& a) {
   } else if (rng.available || rng.reason.find("saved by " + std::to_string(report->saved_world_size) + " ranks") == std::string::npos) {
     return Fail(rank, "per-rank blob 'rng' should be unavailable with a reason, got '" + rng.reason + "'");
   }
+  // Entries every rank wants whole are read once and broadcast, not read on every rank.
+  // With more entries than ranks, every rank receives some of them from their readers.
+  if (a.family == "replicated" && world > 1 && report->bytes_received == 0) {
+    return Fail(rank, "no replicated entry was received by broadcast");
+  }
   double amplification = report->bytes_wanted ? double(report->stats.data_bytes_read) / report->bytes_wanted : 1.0;
   std::printf("rank %d/%d: OK loaded step %lld saved by %d ranks (%s layout): verified %llu bytes, read %llu data "
               "+ %llu table bytes for %llu wanted (amplification %.3f), received %llu by broadcast\n",
