@@ -33,7 +33,8 @@ int main(int argc, char** argv) {
       ("total-bytes", po::value<std::string>()->default_value("1GiB"), "checkpoint size")
       ("save-ranks", po::value<int>()->default_value(4), "ranks (files) of the checkpoint")
       ("format", po::value<std::string>()->default_value("torch"), "torch | safetensors")
-      ("dir", po::value<std::string>()->default_value("/tmp/shardckpt-bench-consolidate"), "folder");
+      ("dir", po::value<std::string>()->default_value("/tmp/shardckpt-bench-consolidate"), "folder")
+      ("keep", "keep the consolidated file (e.g. to check it with torch.load and unzip -t)");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, flags), vm);
   if (vm.count("help")) {
@@ -95,6 +96,11 @@ int main(int argc, char** argv) {
               consolidate_s, raw, raw_s, gib / raw, rss_mib);
   PrintJson({{"bytes", Num(bytes)}, {"format", torch ? "\"torch\"" : "\"safetensors\""}, {"consolidate_gib_s", Num(gib)},
              {"raw_read_write_gib_s", Num(raw)}, {"consolidate_vs_raw", Num(gib / raw)}, {"peak_rss_mib", Num(rss_mib)}});
-  RemoveTree(dir).IgnoreError();
+  if (vm.count("keep")) {
+    RemoveTree(JoinPath(dir, "ckpt")).IgnoreError();
+    ::unlink(JoinPath(dir, "raw-out").c_str());
+  } else {
+    RemoveTree(dir).IgnoreError();
+  }
   return 0;
 }
