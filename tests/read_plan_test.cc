@@ -142,7 +142,7 @@ TEST(ReadPlanProperty, AnyLayoutAtNLoadsIntoAnyLayoutAtM) {
       std::vector<uint8_t> bytes = testing::PieceBytes(name, dtype, shape, layout);
       uint64_t table = AlignUp(bytes.size() + 4096, kBlockSize);  // chunk at offset 4096
       std::vector<uint8_t> file(table, 0xEE);
-      std::memcpy(file.data() + 4096, bytes.data(), bytes.size());
+      if (!bytes.empty()) std::memcpy(file.data() + 4096, bytes.data(), bytes.size());
       files.push_back(file);
       entry.chunks.push_back(ChunkRecord{static_cast<uint32_t>(r), 4096, bytes.size(), layout});
       manifest.files.push_back(FileRecord{"r" + std::to_string(r), DataFileSize(table), table,
