@@ -26,10 +26,6 @@ bool Matches(const std::vector<std::string>& globs, const std::string& name) {
   return false;
 }
 
-bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 struct Selected {
   size_t entry;
   std::string name;  // in the output
@@ -96,13 +92,8 @@ Status StreamEntries(CheckpointReader& reader, const std::vector<Selected>& sele
 }
 
 std::string Stem(const std::string& path) {
-  std::string base = path.substr(path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1);
+  std::string base = BaseName(path);
   return EndsWith(base, ".safetensors") ? base.substr(0, base.size() - 12) : base;
-}
-
-std::string DirOf(const std::string& path) {
-  size_t slash = path.rfind('/');
-  return slash == std::string::npos ? "." : path.substr(0, slash);
 }
 
 }  // namespace
@@ -116,7 +107,7 @@ Result<ExportFormat> FormatFromPath(const std::string& path) {
 Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::string& out,
                                       const ConsolidateOptions& options) {
   SC_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(checkpoint));
-  SC_RETURN_IF_ERROR(MakeDirs(DirOf(out)));
+  SC_RETURN_IF_ERROR(MakeDirs(DirName(out)));
   const Manifest& m = reader->manifest();
   ConsolidateReport report;
   report.checkpoint = reader->dir();
@@ -194,14 +185,14 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
       if (sharded) {
         char name[64];
         std::snprintf(name, sizeof(name), "-%05zu-of-%05zu.safetensors", s + 1, shards.size());
-        path = JoinPath(DirOf(out), Stem(out) + name);
+        path = JoinPath(DirName(out), Stem(out) + name);
       }
       std::vector<SafetensorsEntry> entries;
       for (size_t k : shards[s]) entries.push_back(SafetensorsEntry{selected[k].name, selected[k].dtype, selected[k].shape, 0, 0});
       SC_ASSIGN_OR_RETURN(std::string header, EncodeSafetensorsHeader(entries, {{"source", "shardckpt"}}));
       SC_ASSIGN_OR_RETURN(std::unique_ptr<OutputFile> file, OutputFile::Create(path));
       SC_RETURN_IF_ERROR(file->Write(header.data(), header.size()));
-      const std::string base = path.substr(path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1);
+      const std::string base = BaseName(path);
       SC_RETURN_IF_ERROR(StreamEntries(
           *reader, selected, shards[s], options.window_bytes,
           [&](size_t k) {
@@ -219,7 +210,7 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
     }
     if (sharded) {
       nlohmann::ordered_json index = {{"metadata", {{"total_size", report.tensor_bytes}}}, {"weight_map", weight_map}};
-      std::string path = JoinPath(DirOf(out), Stem(out) + ".safetensors.index.json");
+      std::string path = JoinPath(DirName(out), Stem(out) + ".safetensors.index.json");
       SC_RETURN_IF_ERROR(WriteFileAtomic(path, index.dump(2) + "\n", "export.index"));
       report.files.push_back(path);
     }

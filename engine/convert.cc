@@ -17,10 +17,6 @@
 namespace shardckpt {
 namespace {
 
-bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // Writes one full contiguous tensor as the pieces of `policy` for every rank.
 Status WriteTensor(OfflineCheckpointWriter& out, const std::string& policy, int world, size_t index,
                    const std::string& name, DType dtype, const Shape& shape, const std::vector<unsigned char>& full) {

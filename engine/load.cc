@@ -34,12 +34,13 @@ std::function<std::string(const std::string&)> AddPrefix(const std::string& pref
   return [prefix](const std::string& name) { return prefix + name; };
 }
 
-Result<Manifest> ReadManifest(const std::string& dir) {
+Result<Manifest> ReadManifest(const std::string& dir, std::string* text_out) {
   const std::string path = JoinPath(dir, kManifestName);
   SC_ASSIGN_OR_RETURN(std::string text, ReadFileLimited(path, kMaxManifestBytes));
   SC_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(text, path));
   Status files = CheckDataFiles(m, [&](const std::string& name) { return FileSize(JoinPath(dir, name)); });
   if (!files.ok()) return files.WithContext(dir);
+  if (text_out != nullptr) *text_out = std::move(text);
   return m;
 }
 
@@ -57,13 +58,7 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
     read = resolved.status();
     if (read.ok()) {
       dir = *resolved;
-      Result<Manifest> m = ReadManifest(dir);
-      read = m.status();
-      if (read.ok()) {
-        Result<std::string> bytes = ReadFileLimited(JoinPath(dir, kManifestName), kMaxManifestBytes);
-        read = bytes.status();
-        if (read.ok()) text = std::move(bytes).value();
-      }
+      read = ReadManifest(dir, &text).status();
     }
   }
   SC_RETURN_IF_ERROR(BroadcastStatus(comm, read, 0));

@@ -58,8 +58,9 @@ struct LoadReport {
 Result<LoadReport> Load(Communicator& comm, const std::string& path, const ShardedState& targets,
                         const LoadOptions& options = {});
 
-// Reads and validates a checkpoint's manifest (and its data files' sizes) without a job.
-Result<Manifest> ReadManifest(const std::string& checkpoint_dir);
+// Reads and validates a checkpoint's manifest (and its data files' sizes) without a job;
+// `text`, when given, receives the file's bytes as read.
+Result<Manifest> ReadManifest(const std::string& checkpoint_dir, std::string* text = nullptr);
 
 // Prefix helpers for LoadOptions::rename.
 std::function<std::string(const std::string&)> StripPrefix(const std::string& prefix);

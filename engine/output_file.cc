@@ -13,10 +13,6 @@
 namespace shardckpt {
 namespace {
 constexpr size_t kBufferBytes = 8u << 20;
-std::string BaseName(const std::string& path) {
-  size_t slash = path.rfind('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
-}
 }  // namespace
 
 Result<std::unique_ptr<OutputFile>> OutputFile::Create(const std::string& path) {

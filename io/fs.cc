@@ -13,13 +13,6 @@
 namespace shardckpt {
 namespace {
 
-std::string ParentDir(const std::string& path) {
-  size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
 Status WriteAll(int fd, const std::string& bytes, const std::string& path) {
   size_t done = 0;
   while (done < bytes.size()) {
@@ -34,6 +27,22 @@ Status WriteAll(int fd, const std::string& bytes, const std::string& path) {
 }
 
 }  // namespace
+
+std::string DirName(const std::string& path) {
+  size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+std::string BaseName(const std::string& path) {
+  size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+bool EndsWith(const std::string& text, const std::string& suffix) {
+  return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
 
 std::string JoinPath(const std::string& dir, const std::string& name) {
   if (dir.empty()) return name;
@@ -155,7 +164,7 @@ Status WriteFileAtomic(const std::string& path, const std::string& bytes,
     ::unlink(temp.c_str());
     return status;
   }
-  return SyncDir(ParentDir(path), (prefix + ".sync_dir").c_str());
+  return SyncDir(DirName(path), (prefix + ".sync_dir").c_str());
 }
 
 }  // namespace shardckpt

@@ -11,6 +11,9 @@
 namespace shardckpt {
 
 std::string JoinPath(const std::string& dir, const std::string& name);
+std::string DirName(const std::string& path);   // "." for a bare name
+std::string BaseName(const std::string& path);
+bool EndsWith(const std::string& text, const std::string& suffix);
 bool PathExists(const std::string& path);
 bool IsDirectory(const std::string& path);
 
