@@ -1,8 +1,11 @@
 #include "collectives/mpi_communicator.h"
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
+#include <thread>
 
+#include "collectives/mpi_deadline.h"
 #include "io/log.h"
 
 namespace shardckpt {
@@ -11,25 +14,24 @@ namespace {
 // MPI counts are int; bulk transfers move in pieces of at most this many bytes.
 constexpr size_t kMaxMessage = size_t{1} << 30;
 
-Status MpiStatus(int rc, const char* call) {
-  if (rc == MPI_SUCCESS) return Status::Ok();
-  char text[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  MPI_Error_string(rc, text, &length);
-  return Status(Code::kIoError, std::string(call) + " failed: " + std::string(text, length));
-}
 
 class MpiCommunicator final : public Communicator {
  public:
-  explicit MpiCommunicator(MPI_Comm comm) : comm_(comm) {
+  MpiCommunicator(MPI_Comm comm, MPI_Comm census)
+      : comm_(comm), census_(census), waiter_(census, CollectiveDeadline::FromEnvironment()) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(census_, MPI_ERRORS_RETURN);
   }
   ~MpiCommunicator() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) MPI_Comm_free(&comm_);
+    // A broken communicator still has a collective in flight; freeing it could block.
+    if (!finalized && !waiter_.broken()) {
+      MPI_Comm_free(&comm_);
+      MPI_Comm_free(&census_);
+    }
   }
 
   int rank() const override { return rank_; }
@@ -41,13 +43,19 @@ class MpiCommunicator final : public Communicator {
     return provided == MPI_THREAD_MULTIPLE;
   }
 
-  Status Barrier() override { return MpiStatus(MPI_Barrier(comm_), "MPI_Barrier"); }
+  Status Barrier() override {
+    MPI_Request request;
+    SC_RETURN_IF_ERROR(MpiCallStatus(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier"));
+    return waiter_.Wait(&request, "MPI_Barrier");
+  }
 
   Status Broadcast(void* data, size_t bytes, int root) override {
     auto* p = static_cast<char*>(data);
     for (size_t done = 0; done < bytes; done += kMaxMessage) {
       int n = static_cast<int>(std::min(kMaxMessage, bytes - done));
-      SC_RETURN_IF_ERROR(MpiStatus(MPI_Bcast(p + done, n, MPI_BYTE, root, comm_), "MPI_Bcast"));
+      MPI_Request request;
+      SC_RETURN_IF_ERROR(MpiCallStatus(MPI_Ibcast(p + done, n, MPI_BYTE, root, comm_, &request), "MPI_Ibcast"));
+      SC_RETURN_IF_ERROR(waiter_.Wait(&request, "MPI_Bcast"));
     }
     return Status::Ok();
   }
@@ -61,27 +69,35 @@ class MpiCommunicator final : public Communicator {
   }
 
   Status AllReduceMaxInt64(int64_t* values, size_t count) override {
-    return MpiStatus(MPI_Allreduce(MPI_IN_PLACE, values, static_cast<int>(count), MPI_INT64_T,
-                                   MPI_MAX, comm_),
-                     "MPI_Allreduce");
+    MPI_Request request;
+    SC_RETURN_IF_ERROR(MpiCallStatus(MPI_Iallreduce(MPI_IN_PLACE, values, static_cast<int>(count),
+                                                MPI_INT64_T, MPI_MAX, comm_, &request),
+                                 "MPI_Iallreduce"));
+    return waiter_.Wait(&request, "MPI_Allreduce");
   }
 
   Status AllReduceSumDouble(double* values, size_t count) override {
-    return MpiStatus(MPI_Allreduce(MPI_IN_PLACE, values, static_cast<int>(count), MPI_DOUBLE,
-                                   MPI_SUM, comm_),
-                     "MPI_Allreduce");
+    MPI_Request request;
+    SC_RETURN_IF_ERROR(MpiCallStatus(MPI_Iallreduce(MPI_IN_PLACE, values, static_cast<int>(count),
+                                                MPI_DOUBLE, MPI_SUM, comm_, &request),
+                                 "MPI_Iallreduce"));
+    return waiter_.Wait(&request, "MPI_Allreduce");
   }
 
   Status AllGatherFloat(const float* send, size_t count, float* recv) override {
-    return MpiStatus(MPI_Allgather(send, static_cast<int>(count), MPI_FLOAT, recv,
-                                   static_cast<int>(count), MPI_FLOAT, comm_),
-                     "MPI_Allgather");
+    MPI_Request request;
+    SC_RETURN_IF_ERROR(MpiCallStatus(MPI_Iallgather(send, static_cast<int>(count), MPI_FLOAT, recv,
+                                                static_cast<int>(count), MPI_FLOAT, comm_, &request),
+                                 "MPI_Iallgather"));
+    return waiter_.Wait(&request, "MPI_Allgather");
   }
 
   Status ReduceScatterSumFloat(const float* send, float* recv, size_t count) override {
-    return MpiStatus(MPI_Reduce_scatter_block(send, recv, static_cast<int>(count), MPI_FLOAT,
-                                              MPI_SUM, comm_),
-                     "MPI_Reduce_scatter_block");
+    MPI_Request request;
+    SC_RETURN_IF_ERROR(MpiCallStatus(MPI_Ireduce_scatter_block(send, recv, static_cast<int>(count),
+                                                           MPI_FLOAT, MPI_SUM, comm_, &request),
+                                 "MPI_Ireduce_scatter_block"));
+    return waiter_.Wait(&request, "MPI_Reduce_scatter");
   }
 
   Result<std::unique_ptr<Communicator>> Duplicate() override { return CreateMpiCommunicator(comm_); }
@@ -95,11 +111,15 @@ class MpiCommunicator final : public Communicator {
     int length = static_cast<int>(mine.size());
     std::vector<int> lengths(size_);
     if (everyone) {
-      SC_RETURN_IF_ERROR(MpiStatus(
-          MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, comm_), "MPI_Allgather"));
+      MPI_Request request;
+      SC_RETURN_IF_ERROR(MpiCallStatus(
+          MPI_Iallgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, comm_, &request), "MPI_Iallgather"));
+      SC_RETURN_IF_ERROR(waiter_.Wait(&request, "MPI_Allgather"));
     } else {
-      SC_RETURN_IF_ERROR(MpiStatus(
-          MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, root, comm_), "MPI_Gather"));
+      MPI_Request request;
+      SC_RETURN_IF_ERROR(MpiCallStatus(
+          MPI_Igather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, root, comm_, &request), "MPI_Igather"));
+      SC_RETURN_IF_ERROR(waiter_.Wait(&request, "MPI_Gather"));
     }
     std::vector<int> displs(size_, 0);
     int64_t total = 0;
@@ -112,13 +132,17 @@ class MpiCommunicator final : public Communicator {
     }
     std::string buffer(static_cast<size_t>(total), '\0');
     if (everyone) {
-      SC_RETURN_IF_ERROR(MpiStatus(MPI_Allgatherv(mine.data(), length, MPI_BYTE, buffer.data(),
-                                                  lengths.data(), displs.data(), MPI_BYTE, comm_),
-                                   "MPI_Allgatherv"));
+      MPI_Request request;
+      SC_RETURN_IF_ERROR(MpiCallStatus(MPI_Iallgatherv(mine.data(), length, MPI_BYTE, buffer.data(),
+                                                   lengths.data(), displs.data(), MPI_BYTE, comm_, &request),
+                                   "MPI_Iallgatherv"));
+      SC_RETURN_IF_ERROR(waiter_.Wait(&request, "MPI_Allgatherv"));
     } else {
-      SC_RETURN_IF_ERROR(MpiStatus(MPI_Gatherv(mine.data(), length, MPI_BYTE, buffer.data(),
-                                               lengths.data(), displs.data(), MPI_BYTE, root, comm_),
-                                   "MPI_Gatherv"));
+      MPI_Request request;
+      SC_RETURN_IF_ERROR(MpiCallStatus(MPI_Igatherv(mine.data(), length, MPI_BYTE, buffer.data(),
+                                                lengths.data(), displs.data(), MPI_BYTE, root, comm_, &request),
+                                   "MPI_Igatherv"));
+      SC_RETURN_IF_ERROR(waiter_.Wait(&request, "MPI_Gatherv"));
     }
     all->clear();
     if (everyone || rank_ == root) {
@@ -128,6 +152,8 @@ class MpiCommunicator final : public Communicator {
   }
 
   MPI_Comm comm_;
+  MPI_Comm census_;
+  MpiDeadlineWaiter waiter_;
   int rank_ = 0;
   int size_ = 1;
 };
@@ -143,7 +169,7 @@ Result<std::unique_ptr<MpiSession>> MpiSession::Init(int* argc, char*** argv) {
     return session;
   }
   int rc = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &session->provided_);
-  if (rc != MPI_SUCCESS) return MpiStatus(rc, "MPI_Init_thread");
+  if (rc != MPI_SUCCESS) return MpiCallStatus(rc, "MPI_Init_thread");
   session->owns_ = true;
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -152,13 +178,22 @@ Result<std::unique_ptr<MpiSession>> MpiSession::Init(int* argc, char*** argv) {
 }
 
 MpiSession::~MpiSession() {
-  if (owns_) MPI_Finalize();
+  if (!owns_) return;
+  if (AnyCollectiveTimedOut()) {
+    // MPI_Finalize would wait for the rank that never came. Give the other survivors a moment
+    // to log their own diagnosis (they fail within milliseconds of us), then end the job.
+    SC_LOG(kError) << "aborting the job: a collective timed out (see the message above)";
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    MPI_Abort(MPI_COMM_WORLD, 3);
+  }
+  MPI_Finalize();
 }
 
 Result<std::unique_ptr<Communicator>> CreateMpiCommunicator(MPI_Comm comm) {
-  MPI_Comm dup;
-  SC_RETURN_IF_ERROR(MpiStatus(MPI_Comm_dup(comm, &dup), "MPI_Comm_dup"));
-  auto result = std::make_unique<MpiCommunicator>(dup);
+  MPI_Comm dup, census;
+  SC_RETURN_IF_ERROR(MpiCallStatus(MPI_Comm_dup(comm, &dup), "MPI_Comm_dup"));
+  SC_RETURN_IF_ERROR(MpiCallStatus(MPI_Comm_dup(comm, &census), "MPI_Comm_dup"));
+  auto result = std::make_unique<MpiCommunicator>(dup, census);
   SetProcessRank(result->rank());
   return std::unique_ptr<Communicator>(std::move(result));
 }

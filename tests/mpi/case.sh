@@ -56,6 +56,45 @@ case "$case" in
     run 2 -- async "$work/root" --step 5 --staging-bytes 65536
     run 2 -x SHARDCKPT_FAILPOINTS="io.write@1=EIO" -- async "$work/failing" --step 5 \
       --expect "rank 1: IoError" --expect "injected at failpoint io.write" ;;
+  dead-rank)  # HOW (exit|hang): rank 2 of 4 never reaches the save's first collective
+    # Every survivor must fail within the timeout, naming rank 2, and the job must end (the
+    # survivors abort it) instead of waiting forever.
+    start=$(date +%s)
+    set +e
+    run 4 -x SHARDCKPT_COLLECTIVE_TIMEOUT_S=3 -- dead-rank "$work/root" --step 1 --victim 2 \
+      --victim-does "$1" --expect "DeadlineExceeded" --expect "rank 2 never reached it" > "$work/out.txt" 2>&1
+    status=$?
+    set -e
+    cat "$work/out.txt"
+    elapsed=$(( $(date +%s) - start ))
+    [ $status -ne 0 ] || { echo "the job reported success"; exit 1; }
+    [ $elapsed -lt 60 ] || { echo "the job took ${elapsed}s to end"; exit 1; }
+    for r in 0 1 3; do
+      grep -q "rank $r: OK failed as expected: .*rank 2 never reached it" "$work/out.txt" ||
+        { echo "rank $r did not report the missing rank"; exit 1; }
+    done
+    grep -q "FAIL" "$work/out.txt" && { echo "a rank failed its check"; exit 1; }
+    ls "$work/root" 2>/dev/null | grep -q '^step-000000001$' && { echo "a checkpoint was committed"; exit 1; } ;;
+  full-disk)  # a real filesystem that fills up mid-save (a size-limited tmpfs)
+    mnt="$work/mnt"; mkdir -p "$mnt"
+    if ! mount -t tmpfs -o size=64m shardckpt-full-disk "$mnt" 2>/dev/null; then
+      echo "SKIP: cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN)"; exit 77
+    fi
+    trap 'umount "$mnt" 2>/dev/null || true' EXIT
+    run 2 -- save "$mnt/root" --step 1
+    used=$(du -sk "$mnt" | cut -f1)
+    # Room for about half of a second checkpoint: some rank's write must fail with ENOSPC.
+    mount -o remount,size=$(( used + used / 2 ))k "$mnt"
+    df -k "$mnt"
+    run 2 -- save-fails "$mnt/root" --step 2 --expect "NoSpace" --expect "No space left on device" \
+      --expect "rank-0000"
+    test "$(cat "$mnt/root/latest")" = step-000000001
+    ls "$mnt/root" | grep -q tmp && { echo "partial folder left behind"; ls -la "$mnt/root"; exit 1; }
+    run 2 -- load "$mnt/root" --expect-step 1
+    # With the space back, the next save succeeds where the failed one did not.
+    mount -o remount,size=64m "$mnt"
+    run 2 -- save "$mnt/root" --step 2
+    run 2 -- load "$mnt/root" --expect-step 2 ;;
   *) echo "unknown case $case"; exit 2 ;;
 esac
 echo "case $case $*: passed"

@@ -35,6 +35,8 @@ struct Args {
   int64_t expect_step = -1;
   size_t staging_bytes = 8u << 20;
   std::vector<std::string> expect;
+  int victim = -1;            // dead-rank: the rank that never reaches the save
+  std::string victim_does;    // exit | hang
 };
 
 struct Held {
@@ -205,6 +207,8 @@ int main(int argc, char** argv) {
       else if (flag == "--expect-step") a.expect_step = std::atoll(argv[i + 1]);
       else if (flag == "--staging-bytes") a.staging_bytes = std::strtoull(argv[i + 1], nullptr, 10);
       else if (flag == "--expect") a.expect.push_back(argv[i + 1]);
+      else if (flag == "--victim") a.victim = std::atoi(argv[i + 1]);
+      else if (flag == "--victim-does") a.victim_does = argv[i + 1];
       else if (flag == "--pid-dir") {
         std::ofstream(JoinPath(argv[i + 1], "rank-" + std::to_string(comm->rank()) + ".pid")) << ::getpid() << "\n";
       }
@@ -218,6 +222,17 @@ int main(int argc, char** argv) {
     else if (a.mode == "roundtrip") code = DoSave(*comm, a) || DoLoad(*comm, a);
     else if (a.mode == "save-fails") code = DoSaveFails(*comm, a);
     else if (a.mode == "async") code = DoAsync(*comm, a);
+    else if (a.mode == "dead-rank") {
+      if (comm->rank() == a.victim) {
+        // Leaves before the first collective of the save: exits the way a finished or
+        // confused rank does (MPI_Finalize, then wait), or hangs as one stuck in I/O does.
+        std::printf("rank %d: leaving before the save (%s)\n", comm->rank(), a.victim_does.c_str());
+        std::fflush(stdout);
+        if (a.victim_does == "hang") ::sleep(600);
+        return 0;
+      }
+      code = DoSaveFails(*comm, a);
+    }
     // Every rank's verdict decides the exit status of all, so mpirun reports any failure.
     int64_t worst = code;
     comm->AllReduceMaxInt64(&worst, 1).IgnoreError();

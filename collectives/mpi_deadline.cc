@@ -1,0 +1,169 @@
+#include "collectives/mpi_deadline.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "io/log.h"
+
+namespace shardckpt {
+namespace {
+
+constexpr int kQueryTag = 7001;
+constexpr int kAnswerTag = 7002;
+// Short collectives finish while we spin; only then do we start sleeping between polls.
+constexpr int kSpinPolls = 2000;
+
+std::atomic<bool> g_timed_out{false};
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+// Sends whose buffers must outlive this call: the census never waits for them (a send to a
+// dead rank may never complete), and the job aborts soon after.
+void SendForever(long long value, int to, int tag, MPI_Comm comm) {
+  auto* buffer = new long long(value);  // deliberately leaked, see above
+  MPI_Request request;
+  if (MPI_Isend(buffer, 1, MPI_LONG_LONG, to, tag, comm, &request) == MPI_SUCCESS) {
+    MPI_Request_free(&request);
+  }
+}
+
+std::string RankList(const std::vector<int>& ranks) {
+  std::ostringstream out;
+  for (size_t i = 0; i < ranks.size(); ++i) out << (i ? ", " : "") << ranks[i];
+  return out.str();
+}
+
+}  // namespace
+
+Status MpiCallStatus(int rc, const char* call) {
+  if (rc == MPI_SUCCESS) return Status::Ok();
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(rc, text, &length);
+  return Status(Code::kIoError, std::string(call) + " failed: " + std::string(text, length));
+}
+
+CollectiveDeadline CollectiveDeadline::FromEnvironment() {
+  CollectiveDeadline deadline;
+  if (const char* text = std::getenv("SHARDCKPT_COLLECTIVE_TIMEOUT_S")) {
+    char* end = nullptr;
+    double value = std::strtod(text, &end);
+    if (end != text && *end == '\0' && value >= 0) {
+      deadline.timeout_s = value;
+    } else {
+      LogOnce(LogLevel::kWarn, "collective-timeout-env",
+              std::string("ignoring SHARDCKPT_COLLECTIVE_TIMEOUT_S='") + text +
+                  "' (want seconds >= 0); using 1800");
+    }
+  }
+  deadline.census_grace_s = std::clamp(deadline.timeout_s / 2, 0.5, 5.0);
+  return deadline;
+}
+
+bool AnyCollectiveTimedOut() { return g_timed_out.load(); }
+
+MpiDeadlineWaiter::MpiDeadlineWaiter(MPI_Comm census, CollectiveDeadline deadline)
+    : census_(census), deadline_(deadline) {
+  MPI_Comm_rank(census_, &rank_);
+  MPI_Comm_size(census_, &size_);
+}
+
+bool MpiDeadlineWaiter::AnswerQueries() {
+  bool asked = false;
+  while (true) {
+    int flag = 0;
+    MPI_Status status;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, kQueryTag, census_, &flag, &status) != MPI_SUCCESS || !flag) break;
+    long long their_sequence = 0;
+    MPI_Recv(&their_sequence, 1, MPI_LONG_LONG, status.MPI_SOURCE, kQueryTag, census_, MPI_STATUS_IGNORE);
+    SendForever(sequence_, status.MPI_SOURCE, kAnswerTag, census_);
+    asked = true;
+  }
+  return asked;
+}
+
+Status MpiDeadlineWaiter::Wait(MPI_Request* request, const char* call) {
+  if (broken()) return broken_status_;
+  ++sequence_;
+  if (deadline_.timeout_s <= 0) return MpiCallStatus(MPI_Wait(request, MPI_STATUS_IGNORE), call);
+  const auto start = Clock::now();
+  auto pause = std::chrono::microseconds(10);
+  for (int poll = 0;; ++poll) {
+    int done = 0;
+    SC_RETURN_IF_ERROR(MpiCallStatus(MPI_Test(request, &done, MPI_STATUS_IGNORE), call));
+    if (done) return Status::Ok();
+    if (poll < kSpinPolls) continue;
+    // A peer that timed out asks us whether we are here; we answer and fail with it, so the
+    // survivors stop together instead of one by one as their own deadlines pass.
+    if (AnswerQueries() || Seconds(start) >= deadline_.timeout_s) return RunCensus(call, Seconds(start));
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(500));
+  }
+}
+
+Status MpiDeadlineWaiter::RunCensus(const char* call, double waited_s) {
+  g_timed_out = true;
+  std::vector<long long> answers(size_, -1);
+  std::vector<MPI_Request> receives(size_, MPI_REQUEST_NULL);
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    SendForever(sequence_, r, kQueryTag, census_);
+    MPI_Irecv(&answers[r], 1, MPI_LONG_LONG, r, kAnswerTag, census_, &receives[r]);
+  }
+  const auto start = Clock::now();
+  std::vector<bool> answered(size_, false);
+  answered[rank_] = true;
+  answers[rank_] = sequence_;
+  while (Seconds(start) < deadline_.census_grace_s) {
+    AnswerQueries();
+    bool all = true;
+    for (int r = 0; r < size_; ++r) {
+      if (answered[r]) continue;
+      int done = 0;
+      MPI_Test(&receives[r], &done, MPI_STATUS_IGNORE);
+      answered[r] = done != 0;
+      all = all && answered[r];
+    }
+    if (all) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  AnswerQueries();
+  // Receives still posted for silent ranks stay pending; the job is about to abort.
+
+  std::vector<int> missing, elsewhere;
+  for (int r = 0; r < size_; ++r) {
+    if (!answered[r]) {
+      missing.push_back(r);
+    } else if (answers[r] != sequence_) {
+      elsewhere.push_back(r);
+    }
+  }
+  std::ostringstream message;
+  message << call << " on rank " << rank_ << " gave up after " << static_cast<int64_t>(waited_s * 10) / 10.0
+          << " s (collective #" << sequence_ << ", SHARDCKPT_COLLECTIVE_TIMEOUT_S=" << deadline_.timeout_s << "): ";
+  if (!missing.empty()) {
+    // Sequence numbers are not compared here: a rank may legitimately run ahead past rooted
+    // collectives (a gather's senders finish before its root), so only silence is evidence.
+    message << (missing.size() == 1 ? "rank " : "ranks ") << RankList(missing)
+            << " never reached it (exited, crashed, or stuck outside the collective)";
+  } else if (!elsewhere.empty()) {
+    message << "every rank is alive, but " << (elsewhere.size() == 1 ? "rank " : "ranks ") << RankList(elsewhere)
+            << " waits in a different collective (a rank skipped or added a call)";
+  } else {
+    message << "every rank is alive and in this collective, yet it did not complete (the MPI transport is stuck)";
+  }
+  broken_status_ = Status(Code::kDeadlineExceeded, message.str());
+  SC_LOG(kError) << broken_status_.message();
+  return broken_status_;
+}
+
+}  // namespace shardckpt
