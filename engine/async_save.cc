@@ -1,5 +1,6 @@
 #include "engine/async_save.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -42,18 +43,31 @@ Result<std::shared_ptr<SaveHandle>> AsyncSaver::Save(const std::string& root, in
   auto start = std::chrono::steady_clock::now();
   uint64_t needed = 0;
   for (const TensorPiece& p : state.pieces()) needed = AlignUp(needed, kBlockSize) + static_cast<uint64_t>(p.bytes);
-  if (needed > staging_.size()) {
-    SC_ASSIGN_OR_RETURN(staging_, AlignedBuffer::Allocate(needed + needed / 8, DefaultHostAllocator()));
+  const bool want_pinned = state.has_device_pieces();
+  if (needed > staging_.size() || (want_pinned && !staging_pinned_)) {
+    staging_ = AlignedBuffer();  // release before allocating: staging can be most of host memory
+    SC_ASSIGN_OR_RETURN(staging_, AlignedBuffer::Allocate(needed + needed / 8, StagingHostAllocator(want_pinned)));
+    staging_pinned_ = want_pinned;
     allocations_++;
   }
   snapshot_.Clear();
   uint64_t at = 0;
+  std::vector<DeviceCopier*> copiers;  // device pieces' copies, all waited for before returning
   for (const TensorPiece& p : state.pieces()) {
     at = AlignUp(at, kBlockSize);
-    if (p.bytes > 0) std::memcpy(staging_.data() + at, p.data, static_cast<size_t>(p.bytes));
+    if (p.bytes > 0 && p.space == MemorySpace::kCuda) {
+      Result<DeviceCopier*> copier = CudaCopier(p.device);
+      if (!copier.ok()) return copier.status().WithContext("tensor '" + p.name + "'");
+      SC_RETURN_IF_ERROR((*copier)->CopyToHostAsync(staging_.data() + at, p.data, static_cast<size_t>(p.bytes), 0));
+      if (std::find(copiers.begin(), copiers.end(), *copier) == copiers.end()) copiers.push_back(*copier);
+    } else if (p.bytes > 0) {
+      std::memcpy(staging_.data() + at, p.data, static_cast<size_t>(p.bytes));
+    }
     SC_RETURN_IF_ERROR(snapshot_.AddTensor(p.name, p.dtype, p.global_shape, p.layout, staging_.data() + at));
     at += static_cast<uint64_t>(p.bytes);
   }
+  // The snapshot is the point after which training may change its tensors, device ones too.
+  for (DeviceCopier* copier : copiers) SC_RETURN_IF_ERROR(copier->Synchronize());
   for (const BlobItem& b : state.blobs()) SC_RETURN_IF_ERROR(snapshot_.AddBlob(b.name, b.bytes, b.scope));
   last_snapshot_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 

@@ -57,6 +57,7 @@ class AsyncSaver {
   std::unique_ptr<Communicator> comm_;
   SaveOptions options_;
   AlignedBuffer staging_;
+  bool staging_pinned_ = false;  // pinned once a state with device pieces was snapshotted
   uint64_t allocations_ = 0;
   ShardedState snapshot_;
   std::shared_ptr<SaveHandle> in_flight_;

@@ -91,10 +91,21 @@ Status ExecuteReadPlan(IoEngine* io, BufferPool* pool, const std::string& dir,
         }
       }
     }
+    DeviceCopier* device_copies = nullptr;
     for (size_t k = e.first_copy; k < e.first_copy + e.copy_count; ++k) {
       const ScatterCopy& c = plan.copies[k];
-      std::memcpy(targets.base[c.target] + c.target_offset, data + c.extent_offset, c.length);
+      DeviceCopier* copier = targets.copier.empty() ? nullptr : targets.copier[c.target];
+      if (copier == nullptr) {
+        std::memcpy(targets.base[c.target] + c.target_offset, data + c.extent_offset, c.length);
+        continue;
+      }
+      if (device_copies != nullptr && device_copies != copier) SC_RETURN_IF_ERROR(device_copies->Synchronize());
+      SC_RETURN_IF_ERROR(copier->CopyToDeviceAsync(targets.base[c.target] + c.target_offset, data + c.extent_offset,
+                                                   c.length).WithContext(targets.names[c.target]));
+      device_copies = copier;
     }
+    // The buffer is read again by the next extent; its host-to-device copies must have landed.
+    if (device_copies != nullptr) SC_RETURN_IF_ERROR(device_copies->Synchronize());
     extent_in[buffer] = SIZE_MAX;
     return Status::Ok();
   };

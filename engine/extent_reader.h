@@ -9,6 +9,7 @@
 #include "engine/manifest.h"
 #include "engine/read_plan.h"
 #include "io/aligned_buffer.h"
+#include "io/device_memory.h"
 #include "io/io_engine.h"
 
 namespace shardckpt {
@@ -22,6 +23,7 @@ struct ReadStats {
 struct ReadTargets {
   std::vector<unsigned char*> base;  // by target index
   std::vector<std::string> names;    // for error messages: the entry or blob each target holds
+  std::vector<DeviceCopier*> copier; // by target; null (or empty vector) for host memory
 };
 
 Status ExecuteReadPlan(IoEngine* io, BufferPool* pool, const std::string& dir,

@@ -14,12 +14,58 @@ namespace {
 
 constexpr uint64_t kMaxManifestBytes = uint64_t{4} << 30;
 constexpr unsigned char kWanted = 1, kWantedWhole = 2, kWantedPart = 4;
+// This rank's first whole piece of the entry is in device memory (the one a broadcast fills).
+constexpr unsigned char kWholeOnDevice = 8;
 
 std::string NameList(const std::vector<std::string>& names) {
   std::string out;
   for (size_t i = 0; i < names.size() && i < 20; ++i) out += (i ? ", " : "") + ("'" + names[i] + "'");
   if (names.size() > 20) out += ", and " + std::to_string(names.size() - 20) + " more";
   return out;
+}
+
+// Copies one whole piece into another of the same entry, whichever memory each lives in.
+Status CopyPiece(const TensorPiece& to, const TensorPiece& from) {
+  const size_t bytes = static_cast<size_t>(from.bytes);
+  if (to.space == MemorySpace::kHost && from.space == MemorySpace::kHost) {
+    std::memcpy(to.data, from.data, bytes);
+    return Status::Ok();
+  }
+  std::vector<unsigned char> bounce;
+  const void* host = from.data;
+  if (from.space == MemorySpace::kCuda) {
+    SC_ASSIGN_OR_RETURN(DeviceCopier * copier, CudaCopier(from.device));
+    void* landing = to.data;
+    if (to.space == MemorySpace::kCuda) {
+      bounce.resize(bytes);
+      landing = bounce.data();
+    }
+    SC_RETURN_IF_ERROR(copier->CopyToHostAsync(landing, from.data, bytes, 0));
+    SC_RETURN_IF_ERROR(copier->WaitSlot(0));
+    if (to.space == MemorySpace::kHost) return Status::Ok();
+    host = landing;
+  }
+  SC_ASSIGN_OR_RETURN(DeviceCopier * copier, CudaCopier(to.device));
+  SC_RETURN_IF_ERROR(copier->CopyToDeviceAsync(to.data, host, bytes));
+  return copier->Synchronize();
+}
+
+// Broadcasts an entry's bytes from `root`'s piece into every rank's `piece`. Device pieces go
+// straight over `device_comm` (NCCL) when every rank's piece is on a device; otherwise through a
+// host buffer.
+Status BroadcastPiece(Communicator& comm, Communicator* device_comm, bool all_on_device, const TensorPiece& piece,
+                      int root) {
+  const size_t bytes = static_cast<size_t>(piece.bytes);
+  if (piece.space == MemorySpace::kHost) return comm.Broadcast(piece.data, bytes, root);
+  if (all_on_device && device_comm != nullptr) return device_comm->Broadcast(piece.data, bytes, root);
+  TensorPiece host = piece;
+  std::vector<unsigned char> buffer(bytes);
+  host.data = buffer.data();
+  host.space = MemorySpace::kHost;
+  if (comm.rank() == root) SC_RETURN_IF_ERROR(CopyPiece(host, piece));
+  SC_RETURN_IF_ERROR(comm.Broadcast(buffer.data(), bytes, root));
+  if (comm.rank() != root) SC_RETURN_IF_ERROR(CopyPiece(piece, host));
+  return Status::Ok();
 }
 
 }  // namespace
@@ -98,15 +144,20 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
     }
     entry_of_piece[p] = static_cast<long>(it->second);
     bool whole = Normalize(piece.layout, piece.global_shape).kind == LayoutKind::kReplicated;
+    if (whole && !(wants[it->second] & kWantedWhole) && piece.space == MemorySpace::kCuda) {
+      wants[it->second] |= kWholeOnDevice;
+    }
     wants[it->second] |= whole ? (kWanted | kWantedWhole) : (kWanted | kWantedPart);
   }
   std::vector<std::string> all_wants;
   SC_RETURN_IF_ERROR(comm.AllGather(wants, &all_wants));
   std::vector<bool> wanted_any(manifest.entries.size(), false), wanted_whole_by_all(manifest.entries.size(), true);
+  std::vector<bool> whole_on_device_everywhere(manifest.entries.size(), true);
   for (const std::string& w : all_wants) {
     for (size_t i = 0; i < manifest.entries.size(); ++i) {
       if (w[i] & kWanted) wanted_any[i] = true;
       if (!(w[i] & kWantedWhole) || (w[i] & kWantedPart)) wanted_whole_by_all[i] = false;
+      if (!(w[i] & kWholeOnDevice)) whole_on_device_everywhere[i] = false;
     }
   }
   for (size_t i = 0; i < manifest.entries.size(); ++i) {
@@ -130,17 +181,32 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
     }
   }
 
+  // Device pieces need a device this process can use; refuse on every rank before any reads.
+  Status devices;
+  for (const TensorPiece& piece : targets.pieces()) {
+    if (piece.space != MemorySpace::kCuda || !devices.ok()) continue;
+    devices = CudaCopier(piece.device).status().WithContext("tensor '" + piece.name + "'");
+  }
+  SC_RETURN_IF_ERROR(AgreeOnStatus(comm, devices));
+
   // 3. Plan and read.
   ReadTargets read_targets;
+  bool any_device_target = false;
   std::vector<WantedPiece> wanted;
   for (size_t p = 0; p < targets.pieces().size(); ++p) {
     if (entry_of_piece[p] < 0) continue;
     size_t entry = static_cast<size_t>(entry_of_piece[p]);
     if (reader_of[entry] >= 0 && reader_of[entry] != rank) continue;
     const TensorPiece& piece = targets.pieces()[p];
+    DeviceCopier* copier = nullptr;
+    if (piece.space == MemorySpace::kCuda) {
+      copier = CudaCopier(piece.device).value();  // checked above
+      any_device_target = true;
+    }
     wanted.push_back(WantedPiece{entry, piece.layout, static_cast<uint32_t>(read_targets.base.size())});
     read_targets.base.push_back(static_cast<unsigned char*>(piece.data));
     read_targets.names.push_back(manifest.entries[entry].name);
+    read_targets.copier.push_back(copier);
   }
   ChunkIndex index(&manifest);
   std::vector<CopyRequest> copies;
@@ -168,6 +234,7 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
                                  static_cast<uint32_t>(read_targets.base.size()), 0});
     read_targets.base.push_back(reinterpret_cast<unsigned char*>(result.bytes.data()));
     read_targets.names.push_back("blob " + name);
+    read_targets.copier.push_back(nullptr);
   }
   ReadPlan plan = CoalesceReads(std::move(copies), options.plan);
   report.bytes_wanted = plan.bytes_wanted;
@@ -179,7 +246,8 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
     for (const ReadExtent& e : plan.extents) largest = std::max(largest, e.length);
     const uint64_t budget = options.staging_buffers * options.plan.max_extent;
     size_t buffers = static_cast<size_t>(std::clamp<uint64_t>(budget / largest, options.staging_buffers, 128));
-    Result<std::unique_ptr<BufferPool>> pool = BufferPool::Create(buffers, largest);
+    Result<std::unique_ptr<BufferPool>> pool =
+        BufferPool::Create(buffers, largest, StagingHostAllocator(any_device_target));
     loaded = pool.status();
     if (loaded.ok()) {
       IoOptions io_options = options.io;
@@ -194,22 +262,22 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
   // 4. Replicated entries: reader broadcasts; extra whole copies on one rank are local copies.
   for (size_t entry = 0; entry < manifest.entries.size(); ++entry) {
     if (reader_of[entry] < 0) continue;
-    void* first = nullptr;
-    int64_t bytes = 0;
-    for (size_t p = 0; p < targets.pieces().size(); ++p) {
-      if (entry_of_piece[p] != static_cast<long>(entry)) continue;
+    const TensorPiece* first = nullptr;
+    for (size_t p = 0; p < targets.pieces().size() && first == nullptr; ++p) {
       const TensorPiece& piece = targets.pieces()[p];
-      if (first == nullptr && Normalize(piece.layout, piece.global_shape).kind == LayoutKind::kReplicated) {
-        first = piece.data;
-        bytes = piece.bytes;
+      if (entry_of_piece[p] == static_cast<long>(entry) &&
+          Normalize(piece.layout, piece.global_shape).kind == LayoutKind::kReplicated) {
+        first = &piece;
       }
     }
-    if (bytes > 0) SC_RETURN_IF_ERROR(comm.Broadcast(first, static_cast<size_t>(bytes), reader_of[entry]));
-    if (rank != reader_of[entry]) report.bytes_received += static_cast<uint64_t>(bytes);
+    if (first == nullptr || first->bytes == 0) continue;
+    SC_RETURN_IF_ERROR(BroadcastPiece(comm, options.device_comm, whole_on_device_everywhere[entry], *first,
+                                      reader_of[entry]));
+    if (rank != reader_of[entry]) report.bytes_received += static_cast<uint64_t>(first->bytes);
     for (size_t p = 0; p < targets.pieces().size(); ++p) {
       const TensorPiece& piece = targets.pieces()[p];
-      if (entry_of_piece[p] == static_cast<long>(entry) && piece.data != first && bytes > 0) {
-        std::memcpy(piece.data, first, static_cast<size_t>(bytes));
+      if (entry_of_piece[p] == static_cast<long>(entry) && &piece != first) {
+        SC_RETURN_IF_ERROR(CopyPiece(piece, *first));
       }
     }
   }

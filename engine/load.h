@@ -35,6 +35,9 @@ struct LoadOptions {
   IoOptions io;
   size_t staging_buffers = 8;
   ReadPlanOptions plan;
+  // Broadcasts replicated entries that every rank holds in device memory directly between
+  // devices (an NcclCommunicator over the same ranks); null: through host memory and `comm`.
+  Communicator* device_comm = nullptr;
 };
 
 struct BlobResult {

@@ -114,10 +114,13 @@ WriteReport WriteShard(int rank, const std::string& temp_dir, const ShardedState
   auto run = [&]() -> Status {
     SC_RETURN_IF_ERROR(Failpoint("save.write_data", "write " + JoinPath(temp_dir, RankFileName(rank))));
     if (!any) return Status::Ok();
+    bool from_device = false;
+    for (size_t i = 0; i < pieces.size(); ++i) from_device |= pieces[i] && state.pieces()[i].space == MemorySpace::kCuda;
     std::unique_ptr<BufferPool> own_pool;
     BufferPool* pool = options.staging;
     if (pool == nullptr) {
-      SC_ASSIGN_OR_RETURN(own_pool, BufferPool::Create(options.staging_buffers, options.staging_buffer_bytes));
+      SC_ASSIGN_OR_RETURN(own_pool, BufferPool::Create(options.staging_buffers, options.staging_buffer_bytes,
+                                                       StagingHostAllocator(from_device)));
       pool = own_pool.get();
     }
     IoOptions io_options = options.io;
@@ -128,7 +131,12 @@ WriteReport WriteShard(int rank, const std::string& temp_dir, const ShardedState
     for (size_t i = 0; i < pieces.size(); ++i) {
       if (!pieces[i]) continue;
       const TensorPiece& p = state.pieces()[i];
-      Result<uint64_t> offset = writer.Append(p.data, static_cast<size_t>(p.bytes));
+      auto append = [&]() -> Result<uint64_t> {
+        if (p.space == MemorySpace::kHost) return writer.Append(p.data, static_cast<size_t>(p.bytes));
+        SC_ASSIGN_OR_RETURN(DeviceCopier * copier, CudaCopier(p.device));
+        return writer.AppendFromDevice(p.data, static_cast<size_t>(p.bytes), copier);
+      };
+      Result<uint64_t> offset = append();
       if (!offset.ok()) return offset.status().WithContext("tensor '" + p.name + "'");
       report.piece_offsets.emplace_back(i, *offset);
     }

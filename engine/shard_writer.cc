@@ -32,6 +32,10 @@ Status ShardFileWriter::WaitForBuffer(size_t index) {
 Status ShardFileWriter::FlushCurrent() {
   if (fill_ == 0) return Status::Ok();
   AlignedBuffer& buffer = pool_->at(current_);
+  if (copying_[current_] != nullptr) {
+    SC_RETURN_IF_ERROR(copying_[current_]->WaitSlot(current_).WithContext("writing " + name_));
+    copying_[current_] = nullptr;
+  }
   size_t length = AlignUp(fill_, kBlockSize);
   std::memset(buffer.data() + fill_, 0, length - fill_);
   if (checksumming_) {
@@ -100,6 +104,24 @@ Result<uint64_t> ShardFileWriter::Append(const void* data, size_t bytes) {
     bytes -= direct;
   }
   SC_RETURN_IF_ERROR(CopyIn(p, bytes));
+  return offset;
+}
+
+Result<uint64_t> ShardFileWriter::AppendFromDevice(const void* device_data, size_t bytes, DeviceCopier* copier) {
+  SC_RETURN_IF_ERROR(PadToBlock());
+  const uint64_t offset = position_;
+  const auto* p = static_cast<const unsigned char*>(device_data);
+  while (bytes > 0) {
+    AlignedBuffer& buffer = pool_->at(current_);
+    size_t n = std::min(bytes, buffer.size() - fill_);
+    SC_RETURN_IF_ERROR(copier->CopyToHostAsync(buffer.data() + fill_, p, n, current_));
+    copying_[current_] = copier;
+    fill_ += n;
+    position_ += n;
+    p += n;
+    bytes -= n;
+    if (fill_ == buffer.size()) SC_RETURN_IF_ERROR(FlushCurrent());
+  }
   return offset;
 }
 

@@ -6,6 +6,10 @@
 // buffer overlaps the writes of the previous ones. A chunk whose memory is already 4096-aligned is
 // written straight from the caller's memory in buffer-sized pieces with no copy, unless
 // `always_stage` (async saves stage everything, since the caller may change the tensors).
+//
+// Device chunks (AppendFromDevice) go through the same ring: a device-to-host copy is enqueued
+// into the buffer being filled and only waited for (its buffer's event) when that buffer is
+// checksummed and written, so the copy of one buffer overlaps the writes of the ones before.
 #pragma once
 
 #include <memory>
@@ -14,6 +18,7 @@
 
 #include "engine/manifest.h"
 #include "io/aligned_buffer.h"
+#include "io/device_memory.h"
 #include "io/io_engine.h"
 
 namespace shardckpt {
@@ -21,13 +26,16 @@ namespace shardckpt {
 class ShardFileWriter {
  public:
   ShardFileWriter(IoEngine* io, BufferPool* pool, bool always_stage)
-      : io_(io), pool_(pool), always_stage_(always_stage), busy_(pool->count(), false) {}
+      : io_(io), pool_(pool), always_stage_(always_stage), busy_(pool->count(), false),
+        copying_(pool->count(), nullptr) {}
   ~ShardFileWriter();
 
   Status Open(const std::string& dir, const std::string& name);
   // Appends a chunk at the next aligned offset and returns that offset. `data` must stay valid
   // and unchanged until Finish returns.
   Result<uint64_t> Append(const void* data, size_t bytes);
+  // The same for `bytes` of device memory, copied out by `copier` (the pool should be pinned).
+  Result<uint64_t> AppendFromDevice(const void* device_data, size_t bytes, DeviceCopier* copier);
   // Writes the checksum table, waits for every write and syncs. Returns the file's record.
   Result<FileRecord> Finish();
 
@@ -44,6 +52,7 @@ class ShardFileWriter {
   BufferPool* pool_;
   bool always_stage_;
   std::vector<bool> busy_;
+  std::vector<DeviceCopier*> copying_;  // per buffer: device copies into it not yet waited for
   std::unique_ptr<File> file_;
   std::string name_;
   size_t current_ = 0;       // buffer being filled

@@ -14,6 +14,21 @@ Status ShardedState::AddTensor(const std::string& name, DType dtype, const Shape
   return Status::Ok();
 }
 
+Status ShardedState::AddDeviceTensor(const std::string& name, DType dtype, const Shape& global_shape,
+                                     const Layout& layout, void* device_data, int device) {
+  SC_RETURN_IF_ERROR(AddTensor(name, dtype, global_shape, layout, device_data));
+  pieces_.back().space = MemorySpace::kCuda;
+  pieces_.back().device = device;
+  return Status::Ok();
+}
+
+bool ShardedState::has_device_pieces() const {
+  for (const TensorPiece& p : pieces_) {
+    if (p.space == MemorySpace::kCuda) return true;
+  }
+  return false;
+}
+
 Status ShardedState::AddBlob(const std::string& name, std::string bytes, BlobScope scope) {
   if (name.empty()) return InvalidArgument("a blob needs a name");
   for (const BlobItem& blob : blobs_) {

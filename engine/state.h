@@ -1,5 +1,5 @@
-// What a rank hands to Save and Load: its pieces of named tensors (host memory it owns) and its
-// blobs. The engine never copies these descriptions' data before it needs to: Save reads from the
+// What a rank hands to Save and Load: its pieces of named tensors (host memory it owns, or CUDA
+// device memory) and its blobs. The engine never copies these descriptions' data before it needs to: Save reads from the
 // pointers, Load writes into them.
 #pragma once
 
@@ -9,6 +9,7 @@
 #include "engine/dtype.h"
 #include "engine/layout.h"
 #include "engine/manifest.h"
+#include "io/device_memory.h"
 
 namespace shardckpt {
 
@@ -19,6 +20,8 @@ struct TensorPiece {
   Layout layout;
   void* data = nullptr;  // row-major bytes of LocalShape(layout, global_shape)
   int64_t bytes = 0;
+  MemorySpace space = MemorySpace::kHost;
+  int device = 0;  // for kCuda
 };
 
 struct BlobItem {
@@ -33,10 +36,15 @@ class ShardedState {
   // pieces of one entry (layouts must not overlap).
   Status AddTensor(const std::string& name, DType dtype, const Shape& global_shape,
                    const Layout& layout, void* data);
+  // The same for a piece in CUDA device memory (a raw device pointer, or a CUDA tensor's
+  // data_ptr()). Saved through pinned staging, loaded by host-to-device copies.
+  Status AddDeviceTensor(const std::string& name, DType dtype, const Shape& global_shape,
+                         const Layout& layout, void* device_data, int device);
   Status AddBlob(const std::string& name, std::string bytes, BlobScope scope = BlobScope::kGlobal);
 
   const std::vector<TensorPiece>& pieces() const { return pieces_; }
   const std::vector<BlobItem>& blobs() const { return blobs_; }
+  bool has_device_pieces() const;
   void Clear() {
     pieces_.clear();
     blobs_.clear();

@@ -96,6 +96,30 @@ TEST_F(CheckpointTest, RoundTripsEveryDtypeScalarsAndEmptyTensors) {
   }
 }
 
+// Runs in every build: without CUDA (or without a device) a piece that claims device memory is
+// refused by name, on save and on load, and is never read as host memory.
+TEST_F(CheckpointTest, DevicePiecesWithoutADeviceAreRefusedByName) {
+  if (CudaDevicePresent()) GTEST_SKIP() << "a CUDA device is present; cuda_test covers this path";
+  std::vector<float> host(64, 1.0f);
+  ShardedState state;
+  ASSERT_TRUE(state.AddDeviceTensor("layer.weight", DType::kFloat32, {64}, Layout::Replicated(), host.data(), 0).ok());
+  Result<SaveResult> saved = Save(*comm_, root(), 1, state);
+  ASSERT_FALSE(saved.ok());
+  EXPECT_THAT(saved.status().ToString(), HasSubstr("tensor 'layer.weight'"));
+  EXPECT_THAT(saved.status().ToString(), HasSubstr("CUDA device 0"));
+  EXPECT_FALSE(FileSize(JoinPath(root(), kLatestName)).ok());
+  ASSERT_TRUE(SaveStep(2).ok());
+  ShardedState targets;
+  ASSERT_TRUE(targets.AddDeviceTensor("model.float32", DType::kFloat32, {64, 33}, Layout::Replicated(), host.data(), 0).ok());
+  LoadOptions options;
+  options.strict = false;
+  Result<LoadReport> loaded = Load(*comm_, root(), targets, options);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_THAT(loaded.status().ToString(), HasSubstr("tensor 'model.float32'"));
+  EXPECT_THAT(loaded.status().ToString(), HasSubstr("CUDA device 0"));
+  EXPECT_EQ(host[0], 1.0f);
+}
+
 TEST_F(CheckpointTest, StagedAndDirectWritesProduceTheSameBytes) {
   SaveOptions staged;
   staged.always_stage = true;

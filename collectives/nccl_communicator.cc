@@ -1,0 +1,117 @@
+#include "collectives/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <string>
+
+namespace shardckpt {
+namespace {
+
+Status NcclStatus(ncclResult_t rc, const char* call) {
+  if (rc == ncclSuccess) return Status::Ok();
+  return Status(Code::kIoError, std::string(call) + " failed: " + ncclGetErrorString(rc));
+}
+
+Status CudaStatus(cudaError_t rc, const char* call) {
+  if (rc == cudaSuccess) return Status::Ok();
+  return Status(Code::kIoError, std::string(call) + " failed: " + cudaGetErrorString(rc));
+}
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(Communicator& bootstrap, int device) : bootstrap_(bootstrap), device_(device) {}
+  ~NcclCommunicator() override {
+    if (scratch_ != nullptr) cudaFree(scratch_);
+    if (comm_ != nullptr) ncclCommDestroy(comm_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  Status Init() {
+    ncclUniqueId id{};
+    if (bootstrap_.rank() == 0) SC_RETURN_IF_ERROR(NcclStatus(ncclGetUniqueId(&id), "ncclGetUniqueId"));
+    SC_RETURN_IF_ERROR(bootstrap_.Broadcast(&id, sizeof(id), 0));
+    SC_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+    SC_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate"));
+    SC_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc"));
+    return NcclStatus(ncclCommInitRank(&comm_, bootstrap_.size(), id, bootstrap_.rank()), "ncclCommInitRank");
+  }
+
+  int rank() const override { return bootstrap_.rank(); }
+  int size() const override { return bootstrap_.size(); }
+  const char* name() const override { return "nccl"; }
+  bool thread_safe() const override { return false; }
+
+  Status Barrier() override {
+    SC_RETURN_IF_ERROR(NcclStatus(ncclAllReduce(scratch_, scratch_, 1, ncclFloat, ncclSum, comm_, stream_),
+                                  "ncclAllReduce"));
+    return Finish();
+  }
+
+  Status Broadcast(void* data, size_t bytes, int root) override {
+    SC_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+    SC_RETURN_IF_ERROR(
+        NcclStatus(ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_), "ncclBroadcast"));
+    return Finish();
+  }
+
+  Status Gather(const std::string& mine, std::vector<std::string>* all, int root) override {
+    return bootstrap_.Gather(mine, all, root);
+  }
+  Status AllGather(const std::string& mine, std::vector<std::string>* all) override {
+    return bootstrap_.AllGather(mine, all);
+  }
+  Status AllReduceMaxInt64(int64_t* values, size_t count) override { return bootstrap_.AllReduceMaxInt64(values, count); }
+  Status AllReduceSumDouble(double* values, size_t count) override {
+    return bootstrap_.AllReduceSumDouble(values, count);
+  }
+
+  Status AllGatherFloat(const float* send, size_t count, float* recv) override {
+    SC_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+    SC_RETURN_IF_ERROR(NcclStatus(ncclAllGather(send, recv, count, ncclFloat, comm_, stream_), "ncclAllGather"));
+    return Finish();
+  }
+
+  Status ReduceScatterSumFloat(const float* send, float* recv, size_t count) override {
+    SC_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+    SC_RETURN_IF_ERROR(
+        NcclStatus(ncclReduceScatter(send, recv, count, ncclFloat, ncclSum, comm_, stream_), "ncclReduceScatter"));
+    return Finish();
+  }
+
+  Result<std::unique_ptr<Communicator>> Duplicate() override { return CreateNcclCommunicator(bootstrap_, device_); }
+
+ private:
+  // Waits for the stream; an asynchronous NCCL error (a peer died) is reported, not waited on.
+  Status Finish() {
+    while (true) {
+      cudaError_t query = cudaStreamQuery(stream_);
+      if (query == cudaSuccess) return Status::Ok();
+      if (query != cudaErrorNotReady) return CudaStatus(query, "cudaStreamQuery");
+      ncclResult_t async = ncclSuccess;
+      SC_RETURN_IF_ERROR(NcclStatus(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError"));
+      if (async != ncclSuccess && async != ncclInProgress) {
+        ncclCommAbort(comm_);
+        comm_ = nullptr;
+        return NcclStatus(async, "NCCL collective");
+      }
+    }
+  }
+
+  Communicator& bootstrap_;
+  int device_;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  float* scratch_ = nullptr;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator& bootstrap, int device) {
+  auto comm = std::make_unique<NcclCommunicator>(bootstrap, device);
+  Status status = comm->Init();
+  SC_RETURN_IF_ERROR(AgreeOnStatus(bootstrap, status));
+  return std::unique_ptr<Communicator>(std::move(comm));
+}
+
+}  // namespace shardckpt

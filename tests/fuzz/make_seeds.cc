@@ -1,0 +1,94 @@
+// Writes the fuzz targets' seed corpora from the project's own encoders, so every run starts from
+// inputs the real readers accept: make_seeds DIR -> DIR/{manifest,unpickle,safetensors,planner}/.
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/layout.h"
+#include "engine/manifest.h"
+#include "engine/safetensors.h"
+#include "engine/torch_pickle.h"
+#include "io/checksum.h"
+#include "io/fs.h"
+
+using namespace shardckpt;
+
+namespace {
+
+void Write(const std::string& dir, const std::string& name, const std::string& bytes) {
+  std::ofstream(JoinPath(dir, name), std::ios::binary) << bytes;
+}
+
+Manifest SampleManifest(int world, bool with_blobs) {
+  Manifest m;
+  m.step = 1200;
+  m.world_size = world;
+  m.created.time = "2026-11-30T00:00:00Z";
+  m.created.shardckpt_version = "0.1.0";
+  m.created.user["run"] = "seed";
+  const Shape shape{64, 48};
+  EntryRecord w{"model.layers.0.weight", DType::kBFloat16, shape, {}};
+  EntryRecord b{"model.layers.0.bias", DType::kFloat32, {48}, {}};
+  for (int r = 0; r < world; ++r) {
+    Layout rows = ChunkLayout(shape, 0, world, r);
+    uint64_t bytes = static_cast<uint64_t>(rows.sizes[0] * rows.sizes[1] * 2);
+    w.chunks.push_back(ChunkRecord{static_cast<uint32_t>(r), 0, bytes, rows});
+    uint64_t end = AlignUp(bytes, kBlockSize);
+    if (r == 0) {
+      b.chunks.push_back(ChunkRecord{0, end, 48 * 4, Layout::Replicated()});
+      end = AlignUp(end + 48 * 4, kBlockSize);
+    }
+    if (with_blobs) {
+      m.blobs.push_back(BlobRecord{"rng", BlobScope::kPerRank, r, static_cast<uint32_t>(r), end, 16});
+      end = AlignUp(end + 16, kBlockSize);
+    }
+    m.files.push_back(FileRecord{"rank-0000" + std::to_string(r) + ".bin", DataFileSize(end), end,
+                                 std::vector<uint64_t>(TablePages(end), 0x1234)});
+  }
+  m.entries = {w, b};
+  return m;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s DIR\n", argv[0]);
+    return 2;
+  }
+  const std::string root = argv[1];
+  for (const char* target : {"manifest", "unpickle", "safetensors", "planner"}) {
+    if (!MakeDirs(JoinPath(root, target)).ok()) return 1;
+  }
+  // Manifests: the unsealed text (the fuzz target seals it), as EncodeManifest writes it.
+  for (int world : {1, 2, 3}) {
+    std::string sealed = EncodeManifest(SampleManifest(world, world != 2)).value();
+    Write(JoinPath(root, "manifest"), "world" + std::to_string(world), CheckSeal(sealed, "seed").value());
+  }
+  // Pickles: a torch state_dict as consolidate writes it.
+  std::vector<PickleTensor> tensors = {
+      PickleTensor{"w", DType::kFloat32, {4, 3}, {3, 1}, 0, "0", 12},
+      PickleTensor{"b", DType::kBFloat16, {3}, {1}, 0, "1", 3},
+      PickleTensor{"step", DType::kInt64, {}, {}, 0, "2", 1},
+  };
+  Write(JoinPath(root, "unpickle"), "state_dict", PickleStateDict(tensors).value());
+  Write(JoinPath(root, "unpickle"), "one", PickleStateDict({tensors[0]}).value());
+  // Safetensors: 8 bytes of data-area size, then the header JSON.
+  std::vector<SafetensorsEntry> entries = {{"w", DType::kFloat32, {4, 3}, 0, 0},
+                                           {"b", DType::kBFloat16, {3}, 0, 0}};
+  std::string header = EncodeSafetensorsHeader(entries, {{"format", "pt"}}).value();
+  uint64_t data_bytes = entries.back().end;
+  std::string input(reinterpret_cast<const char*>(&data_bytes), 8);
+  Write(JoinPath(root, "safetensors"), "two", input + header.substr(8));
+  // Planner: its input is a byte stream of choices; random streams reach every branch.
+  std::mt19937 rng(7);
+  for (int i = 0; i < 16; ++i) {
+    std::string bytes(64 + rng() % 192, '\0');
+    for (char& c : bytes) c = static_cast<char>(rng());
+    Write(JoinPath(root, "planner"), "random" + std::to_string(i), bytes);
+  }
+  std::printf("seeds written under %s\n", root.c_str());
+  return 0;
+}
