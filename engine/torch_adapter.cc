@@ -51,9 +51,9 @@ Status AddTensor(ShardedState& state, const std::string& name, const at::Tensor&
   if (!local.is_contiguous()) {
     return InvalidArgument("tensor '" + name + "' is not contiguous; pass .contiguous() (shardckpt does not copy)");
   }
-  if (!local.device().is_cpu()) {
+  if (!local.device().is_cpu() && !local.device().is_cuda()) {
     return InvalidArgument("tensor '" + name + "' is on " + local.device().str() +
-                           "; this build saves CPU tensors only");
+                           "; shardckpt saves CPU and CUDA tensors");
   }
   SC_ASSIGN_OR_RETURN(DType dtype, FromTorchDType(local.scalar_type()));
   Shape global = layout.kind == LayoutKind::kReplicated && global_shape.empty()
@@ -66,6 +66,11 @@ Status AddTensor(ShardedState& state, const std::string& name, const at::Tensor&
     return InvalidArgument("tensor '" + name + "' has shape " + ShapeString(actual) + " but " +
                            layout.ToString() + " of " + ShapeString(global) + " needs " +
                            ShapeString(expected));
+  }
+  if (local.device().is_cuda()) {
+    // Saved through pinned staging on shardckpt's own stream: the caller's stream must have
+    // finished writing the tensor (as for any cross-stream use), which a snapshot point implies.
+    return state.AddDeviceTensor(name, dtype, global, layout, local.data_ptr(), local.device().index());
   }
   return state.AddTensor(name, dtype, global, layout, local.data_ptr());
 }

@@ -66,6 +66,11 @@ class CudaDeviceCopier final : public DeviceCopier {
 
   Status Synchronize() override { return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
 
+  Status WaitForDeviceWork() override {
+    SC_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+    return CudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  }
+
  private:
   explicit CudaDeviceCopier(int device) : device_(device) {}
 

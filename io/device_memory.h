@@ -28,6 +28,10 @@ class DeviceCopier {
   // Enqueues host -> device; the host bytes must stay put until Synchronize returns.
   virtual Status CopyToDeviceAsync(void* device, const void* host, size_t bytes) = 0;
   virtual Status Synchronize() = 0;
+  // Waits for all work already queued on the device, on any stream: the snapshot point after
+  // which the training's kernels have finished writing the tensors about to be copied (our
+  // stream does not order itself after theirs).
+  virtual Status WaitForDeviceWork() = 0;
 };
 
 // Whether this build has CUDA and the process sees at least one device.

@@ -17,8 +17,9 @@ double LearningRate(const AdamWConfig& c, int64_t step) {
   return c.peak_lr * (c.min_lr_ratio + (1.0 - c.min_lr_ratio) * cosine);
 }
 
-FsdpMlp::FsdpMlp(Communicator* comm, int64_t features, int64_t hidden, int64_t classes, double dropout, uint64_t seed)
-    : comm_(comm), dropout_(dropout) {
+FsdpMlp::FsdpMlp(Communicator* comm, Communicator* data_comm, at::Device device, int64_t features, int64_t hidden,
+                 int64_t classes, double dropout, uint64_t seed)
+    : comm_(comm), data_comm_(data_comm), device_(device), dropout_(dropout) {
   const std::vector<std::pair<std::string, std::vector<int64_t>>> layers = {
       {"fc1.weight", {hidden, features}}, {"fc1.bias", {hidden}},  {"fc2.weight", {hidden, hidden}},
       {"fc2.bias", {hidden}},             {"fc3.weight", {hidden, hidden}}, {"fc3.bias", {hidden}},
@@ -40,7 +41,7 @@ FsdpMlp::FsdpMlp(Communicator* comm, int64_t features, int64_t hidden, int64_t c
     double scale = p.shape.size() == 2 ? 1.0 / std::sqrt(static_cast<double>(p.shape[1])) : 0.0;
     flat.slice(0, p.offset, p.offset + p.numel).copy_(at::randn({p.numel}, init) * scale);
   }
-  shard_ = flat.slice(0, chunk_ * rank, chunk_ * (rank + 1)).clone();
+  shard_ = flat.slice(0, chunk_ * rank, chunk_ * (rank + 1)).clone().to(device_);
   ResetOptimizer();
   dropout_gen_ = at::detail::createCPUGenerator(seed * 7919 + 1);
 }
@@ -48,19 +49,19 @@ FsdpMlp::FsdpMlp(Communicator* comm, int64_t features, int64_t hidden, int64_t c
 void FsdpMlp::AfterLoad() { optimizer_step_ = optimizer_step_tensor_.item<int64_t>(); }
 
 void FsdpMlp::ResetOptimizer() {
-  exp_avg_ = at::zeros({chunk_});
-  exp_avg_sq_ = at::zeros({chunk_});
+  exp_avg_ = at::zeros({chunk_}, at::TensorOptions().device(device_));
+  exp_avg_sq_ = at::zeros({chunk_}, at::TensorOptions().device(device_));
   optimizer_step_ = 0;
   optimizer_step_tensor_ = at::zeros({}, at::kLong);
 }
 
 at::Tensor FsdpMlp::Forward(const std::vector<at::Tensor>& p, const Batch& batch) {
-  at::Tensor h = batch.x;
+  at::Tensor h = batch.x.to(device_);
   for (int layer = 0; layer < 3; ++layer) {
     h = at::gelu(at::linear(h, p[2 * layer], p[2 * layer + 1]));
     if (dropout_ > 0) {
       at::Tensor all = at::bernoulli(at::full({batch.global_rows, h.size(1)}, 1.0 - dropout_), dropout_gen_);
-      at::Tensor keep = all.slice(0, batch.first_row, batch.first_row + h.size(0));
+      at::Tensor keep = all.slice(0, batch.first_row, batch.first_row + h.size(0)).to(device_);
       h = h * keep / (1.0 - dropout_);
     }
   }
@@ -69,8 +70,8 @@ at::Tensor FsdpMlp::Forward(const std::vector<at::Tensor>& p, const Batch& batch
 
 Result<std::vector<at::Tensor>> FsdpMlp::GatherParameters() {
   const int world = comm_->size();
-  at::Tensor flat = at::empty({chunk_ * world});
-  SC_RETURN_IF_ERROR(comm_->AllGatherFloat(shard_.data_ptr<float>(), static_cast<size_t>(chunk_), flat.data_ptr<float>()));
+  at::Tensor flat = at::empty({chunk_ * world}, at::TensorOptions().device(device_));
+  SC_RETURN_IF_ERROR(data_comm_->AllGatherFloat(shard_.data_ptr<float>(), static_cast<size_t>(chunk_), flat.data_ptr<float>()));
   std::vector<at::Tensor> out;
   for (const ParamSpec& p : params_) out.push_back(flat.slice(0, p.offset, p.offset + p.numel).view(p.shape));
   return out;
@@ -81,15 +82,15 @@ Result<float> FsdpMlp::TrainStep(const Batch& batch, int64_t global_batch, int64
   for (at::Tensor& p : full) p = p.detach().requires_grad_(true);
   at::Tensor logits = Forward(full, batch);
   // Sum over this rank's rows / global batch: the reduce-scatter sum is then the global mean.
-  at::Tensor loss = at::cross_entropy_loss(logits, batch.y, {}, at::Reduction::Sum) / static_cast<double>(global_batch);
+  at::Tensor loss = at::cross_entropy_loss(logits, batch.y.to(device_), {}, at::Reduction::Sum) / static_cast<double>(global_batch);
   loss.backward();
   const int world = comm_->size();
-  at::Tensor grads = at::zeros({chunk_ * world});
+  at::Tensor grads = at::zeros({chunk_ * world}, at::TensorOptions().device(device_));
   for (size_t i = 0; i < params_.size(); ++i) {
     grads.slice(0, params_[i].offset, params_[i].offset + params_[i].numel).copy_(full[i].grad().reshape({-1}));
   }
-  at::Tensor grad = at::empty({chunk_});
-  SC_RETURN_IF_ERROR(comm_->ReduceScatterSumFloat(grads.data_ptr<float>(), grad.data_ptr<float>(), static_cast<size_t>(chunk_)));
+  at::Tensor grad = at::empty({chunk_}, at::TensorOptions().device(device_));
+  SC_RETURN_IF_ERROR(data_comm_->ReduceScatterSumFloat(grads.data_ptr<float>(), grad.data_ptr<float>(), static_cast<size_t>(chunk_)));
   double loss_sum = loss.item<double>();
   SC_RETURN_IF_ERROR(comm_->AllReduceSumDouble(&loss_sum, 1));
 

@@ -6,6 +6,10 @@
 //
 // For checkpoints, each parameter's part of a rank's shard is a FlatRange piece of that
 // parameter (possibly empty), so any world size can load it in any layout.
+//
+// On a CUDA device (a CUDA build of libtorch), the shard, the moments and the compute live on
+// the device, the all-gather and reduce-scatter run over `data_comm` (NCCL) on device memory,
+// and checkpoints save those device tensors through shardckpt's pinned staging path.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -36,7 +40,10 @@ double LearningRate(const AdamWConfig& config, int64_t step);
 
 class FsdpMlp {
  public:
-  FsdpMlp(Communicator* comm, int64_t features, int64_t hidden, int64_t classes, double dropout, uint64_t seed);
+  // `comm` carries host data (the loss), `data_comm` the parameter and gradient collectives on
+  // `device`'s memory (the same MPI communicator on the CPU, NCCL on a GPU).
+  FsdpMlp(Communicator* comm, Communicator* data_comm, at::Device device, int64_t features, int64_t hidden,
+          int64_t classes, double dropout, uint64_t seed);
 
   // One optimizer step on this rank's part of `batch`; returns the global mean loss.
   Result<float> TrainStep(const Batch& batch, int64_t global_batch, int64_t step, const AdamWConfig& config);
@@ -61,6 +68,8 @@ class FsdpMlp {
   at::Tensor Forward(const std::vector<at::Tensor>& p, const Batch& batch);
 
   Communicator* comm_;
+  Communicator* data_comm_;
+  at::Device device_;
   double dropout_;
   std::vector<ParamSpec> params_;
   int64_t total_ = 0, chunk_ = 0, begin_ = 0, end_ = 0;

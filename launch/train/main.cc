@@ -17,6 +17,7 @@
 // of a 4-rank job has no owner in a 2-rank job), and every rank of the new job seeds its own from
 // (seed, rank, resumed step), deterministically, and says so.
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <torch/torch.h>
 
 #include <boost/program_options.hpp>
@@ -29,6 +30,9 @@
 #include <nlohmann/json.hpp>
 
 #include "collectives/mpi_communicator.h"
+#ifdef SHARDCKPT_HAVE_NCCL
+#include "collectives/nccl_communicator.h"
+#endif
 #include "engine/async_save.h"
 #include "engine/load.h"
 #include "engine/save.h"
@@ -49,6 +53,7 @@ struct Config {
   double dropout = 0.1;
   int keep_last = 3;
   bool resume = false, resume_weights_only = false, async_save = false;
+  std::string device = "cpu";
   std::string dump_params;
   AdamWConfig adamw;
 
@@ -70,9 +75,9 @@ void SetGeneratorState(at::Generator& gen, const std::string& bytes) {
   gen.set_state(state);
 }
 
-int Run(Communicator& comm, const Config& config) {
+int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Config& config) {
   const int rank = comm.rank(), world = comm.size();
-  FsdpMlp model(&comm, config.features, config.hidden, config.classes, config.dropout, config.seed);
+  FsdpMlp model(&comm, &data_comm, device, config.features, config.hidden, config.classes, config.dropout, config.seed);
   at::Generator own_rng = at::detail::getDefaultCPUGenerator();
   own_rng.set_current_seed(config.seed * 31 + static_cast<uint64_t>(rank));
   SyntheticData data(config.seed, config.features, config.classes);
@@ -215,7 +220,7 @@ int Run(Communicator& comm, const Config& config) {
     if (rank == 0) {
       std::ofstream out(config.dump_params, std::ios::binary);
       for (size_t i = 0; i < full->size(); ++i) {
-        const at::Tensor& t = (*full)[i];
+        const at::Tensor t = (*full)[i].cpu();
         std::string header = "model." + model.params()[i].name + " " + std::to_string(t.numel()) + "\n";
         out << header;
         out.write(static_cast<const char*>(t.contiguous().data_ptr()), t.numel() * 4);
@@ -223,6 +228,33 @@ int Run(Communicator& comm, const Config& config) {
     }
   }
   return 0;
+}
+
+// Where the parameters live and which communicator moves them: the MPI one on the CPU, NCCL
+// over the rank's local GPU with --device cuda.
+struct DataPlane {
+  at::Device device = at::kCPU;
+  std::unique_ptr<Communicator> comm;  // null: the control communicator serves
+};
+
+Result<DataPlane> MakeDataPlane(Communicator& comm, const std::string& device) {
+  DataPlane plane;
+  if (device == "cpu") return plane;
+  if (device != "cuda") return InvalidArgument("--device must be cpu or cuda, not '" + device + "'");
+  if (!at::hasCUDA()) {
+    return Status(Code::kFailedPrecondition,
+                  "--device cuda needs a CUDA build of libtorch; this one has no CUDA (Debian's libtorch-dev is CPU-only)");
+  }
+#ifdef SHARDCKPT_HAVE_NCCL
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  int gpus = static_cast<int>(at::detail::getCUDAHooks().getNumGPUs());
+  int index = (local ? std::atoi(local) : comm.rank()) % std::max(1, gpus);
+  plane.device = at::Device(at::kCUDA, static_cast<at::DeviceIndex>(index));
+  SC_ASSIGN_OR_RETURN(plane.comm, CreateNcclCommunicator(comm, index));
+  return plane;
+#else
+  return Status(Code::kFailedPrecondition, "--device cuda needs NCCL; this shardckpt was built without it");
+#endif
 }
 
 }  // namespace
@@ -248,7 +280,9 @@ int main(int argc, char** argv) {
       ("global-batch", po::value(&config.global_batch)->default_value(48), "samples per step over all ranks")
       ("hidden", po::value(&config.hidden)->default_value(1024), "hidden width")
       ("dropout", po::value(&config.dropout)->default_value(0.1), "dropout probability")
-      ("dump-params", po::value(&config.dump_params), "write the final gathered parameters here (rank 0)");
+      ("dump-params", po::value(&config.dump_params), "write the final gathered parameters here (rank 0)")
+      ("device", po::value(&config.device)->default_value("cpu"),
+       "cpu | cuda: where parameters, moments and compute live (cuda: a CUDA libtorch and NCCL)");
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, flags), vm);
@@ -265,7 +299,13 @@ int main(int argc, char** argv) {
       return 0;
     }
     at::set_num_threads(1);  // ranks share the cores; deterministic kernels
-    code = Run(*comm, config);
+    Result<DataPlane> plane = MakeDataPlane(*comm, config.device);
+    Status ready = AgreeOnStatus(*comm, plane.status());
+    if (!ready.ok()) {
+      if (comm->rank() == 0) std::fprintf(stderr, "shardckpt-train: %s\n", ready.ToString().c_str());
+      return 2;
+    }
+    code = Run(*comm, plane->comm ? *plane->comm : *comm, plane->device, config);
     int64_t worst = code;
     comm->AllReduceMaxInt64(&worst, 1).IgnoreError();
     code = static_cast<int>(worst);

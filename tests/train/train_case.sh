@@ -6,6 +6,8 @@
 #                  a relative 1e-5 (only the order of floating-point reductions differs)
 #   killed         a rank SIGKILLed while writing the step-20 checkpoint; --resume restarts from
 #                  step 10 and the run completes with the uninterrupted losses
+#   device         --device cuda: with a CUDA libtorch and GPUs, a device-resident run resumes
+#                  exactly from a device checkpoint; without, every rank refuses with the reason
 set -euo pipefail
 train=$1; work=$2; case=$3; shift 3
 rm -rf "$work"; mkdir -p "$work"
@@ -80,6 +82,20 @@ assert seen == len(sd) == 8, (seen, len(sd))
 print("consolidated model equals the %d gathered parameters" % seen)
 PY
     ;;
+  device)
+    if run 2 "$train" "${small[@]}" --device cuda --ckpt "$work/d" --steps 12 > "$work/full.log" 2>&1; then
+      run 2 "$train" "${small[@]}" --device cuda --ckpt "$work/d" --steps 6 --save-every 6 > /dev/null
+      run 2 "$train" "${small[@]}" --device cuda --ckpt "$work/d" --steps 12 --resume > "$work/resumed.log"
+      diff <(losses "$work/full.log" 7 12) <(losses "$work/resumed.log" 7 12)
+    else
+      cat "$work/full.log"
+      for r in 0 1; do
+        grep -q "rank $r: FailedPrecondition: --device cuda needs a CUDA build of libtorch" "$work/full.log" ||
+          grep -q "rank $r: FailedPrecondition: --device cuda needs NCCL" "$work/full.log" ||
+          { echo "rank $r did not say why --device cuda cannot run"; exit 1; }
+      done
+      test ! -e "$work/d/latest" || { echo "a refused run wrote a checkpoint"; exit 1; }
+    fi ;;
   *) echo "unknown case $case"; exit 2 ;;
 esac
 echo "train case $case $*: passed"
