@@ -18,3 +18,5 @@ $mpi -np 4 build/bin/bench_reshard --save-ranks 2 --total-bytes 1GiB --wanted di
 build/bin/bench_plan_scale --entries 1000 --save-ranks 1000 --load-ranks 768
 build/bin/bench_consolidate --total-bytes 4GiB --save-ranks 4 --format torch --dir "$disk"
 build/bin/bench_consolidate --total-bytes 4GiB --save-ranks 4 --format safetensors --dir "$disk"
+python3 benchmarks/bench_dcp.py --dirs "$disk" "$shm" --save-ranks 2 --load-ranks 3 --total-bytes 1GiB --iters 3
+if [ -x build/bin/bench_cuda ]; then build/bin/bench_cuda --bytes 4GiB --tensors 16 --dir "$disk"; fi
