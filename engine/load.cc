@@ -99,18 +99,26 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
   // 1. One metadata read, on rank 0.
   std::string dir, text;
   Status read;
+  Manifest manifest;
   if (rank == 0) {
     Result<std::string> resolved = ResolveCheckpoint(path);
     read = resolved.status();
     if (read.ok()) {
       dir = *resolved;
-      read = ReadManifest(dir, &text).status();
+      Result<Manifest> decoded = ReadManifest(dir, &text);
+      read = decoded.status();
+      if (read.ok()) manifest = std::move(decoded).value();
     }
   }
   SC_RETURN_IF_ERROR(BroadcastStatus(comm, read, 0));
   SC_RETURN_IF_ERROR(BroadcastString(comm, &dir, 0));
-  SC_RETURN_IF_ERROR(BroadcastString(comm, &text, 0));
-  SC_ASSIGN_OR_RETURN(Manifest manifest, DecodeManifest(text, JoinPath(dir, kManifestName)));
+  if (world > 1) {
+    SC_RETURN_IF_ERROR(BroadcastString(comm, &text, 0));
+    // Rank 0 validated these very bytes; the others only parse them.
+    if (rank != 0) {
+      SC_ASSIGN_OR_RETURN(manifest, DecodeValidatedManifest(text, JoinPath(dir, kManifestName)));
+    }
+  }
   report.path = dir;
   report.step = manifest.step;
   report.saved_world_size = manifest.world_size;

@@ -85,6 +85,9 @@ uint64_t DataFileSize(uint64_t table_offset);
 Result<std::string> EncodeManifest(const Manifest& manifest);
 // Parses and validates. `origin` (the file path) prefixes every message.
 Result<Manifest> DecodeManifest(const std::string& json, const std::string& origin);
+// Parses text another rank of this job already decoded with DecodeManifest (the broadcast on
+// load): the seal and the full validation, a second or more at a million chunks, are not redone.
+Result<Manifest> DecodeValidatedManifest(const std::string& json, const std::string& origin);
 // Everything that can be checked without touching the data files: names, bounds, overflow,
 // coverage of every entry, per-file checksum table sizes.
 Status ValidateManifest(const Manifest& manifest);

@@ -82,7 +82,8 @@ Result<uint64_t> ShardFileWriter::Append(const void* data, size_t bytes) {
   const uint64_t offset = position_;
   const auto* p = static_cast<const unsigned char*>(data);
   const size_t chunk = pool_->buffer_bytes();
-  bool aligned = reinterpret_cast<uintptr_t>(p) % kDirectIoAlignment == 0;
+  // Without O_DIRECT (memory-backed file systems) any address may be written from directly.
+  bool aligned = reinterpret_cast<uintptr_t>(p) % kDirectIoAlignment == 0 || !file_->direct();
   if (!always_stage_ && aligned && bytes >= chunk) {
     SC_RETURN_IF_ERROR(FlushCurrent());  // at a block boundary: position_ is aligned now
     size_t direct = AlignDown(bytes, kBlockSize);

@@ -3,9 +3,10 @@
 //
 // Bytes are copied into the staging ring (the BufferPool), checksummed block by block while hot
 // in cache, and written from there with up to pool.count() writes in flight, so copying the next
-// buffer overlaps the writes of the previous ones. A chunk whose memory is already 4096-aligned is
-// written straight from the caller's memory in buffer-sized pieces with no copy, unless
-// `always_stage` (async saves stage everything, since the caller may change the tensors).
+// buffer overlaps the writes of the previous ones. A chunk whose memory is already 4096-aligned
+// (or any chunk, on a memory-backed file system opened without O_DIRECT) is written straight
+// from the caller's memory in buffer-sized pieces with no copy, unless `always_stage` (async
+// saves stage everything, since the caller may change the tensors).
 //
 // Device chunks (AppendFromDevice) go through the same ring: a device-to-host copy is enqueued
 // into the buffer being filled and only waited for (its buffer's event) when that buffer is

@@ -1,12 +1,15 @@
 #include "io/io_engine.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <cerrno>
 
 #include "io/failpoint.h"
+#include "io/fs.h"
 #include "io/log.h"
 
 namespace shardckpt {
@@ -21,9 +24,25 @@ Result<uint64_t> File::Size() const {
   return static_cast<uint64_t>(st.st_size);
 }
 
+namespace {
+// tmpfs and ramfs are page cache: O_DIRECT there still copies into it, but demands aligned
+// memory, which would force a staging copy of every unaligned tensor first.
+bool MemoryBacked(const std::string& path) {
+  struct statfs fs;
+  if (::statfs(DirName(path).c_str(), &fs) != 0) return false;
+  return fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC;
+}
+}  // namespace
+
 Result<std::unique_ptr<File>> IoEngine::Open(const std::string& path, OpenMode mode) {
   int flags = O_CLOEXEC | (mode == OpenMode::kRead ? O_RDONLY : (O_WRONLY | O_CREAT | O_TRUNC));
-  if (options_.use_direct) {
+  bool direct = options_.use_direct;
+  if (direct && mode != OpenMode::kRead && MemoryBacked(path)) {
+    direct = false;
+    LogOnce(LogLevel::kInfo, "memory-backed",
+            DirName(path) + " is memory-backed (tmpfs/ramfs): writing without O_DIRECT, straight from tensor memory");
+  }
+  if (direct) {
     int fd = ::open(path.c_str(), flags | O_DIRECT, 0644);
     if (fd >= 0) return std::make_unique<File>(fd, path, true);
     if (errno != EINVAL) return ErrnoStatus(errno, "open " + path);

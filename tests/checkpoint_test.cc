@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <linux/magic.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -178,6 +180,27 @@ TEST_F(CheckpointTest, StagedAndDirectWritesProduceTheSameBytes) {
   staged.staging_buffers = 3;
   ASSERT_TRUE(SaveStep(1, staged).ok());
   ExpectLoads(root(), 1);
+}
+
+// On tmpfs the writer skips O_DIRECT and writes unaligned tensors straight from their memory;
+// the data file must be byte for byte the one the staged path writes on any other file system.
+TEST_F(CheckpointTest, MemoryBackedFileSystemWritesTheSameBytes) {
+  struct statfs fs;
+  if (::statfs("/dev/shm", &fs) != 0 || fs.f_type != TMPFS_MAGIC) GTEST_SKIP() << "no tmpfs at /dev/shm";
+  SaveOptions small;
+  small.staging_buffer_bytes = 4096;  // every tensor of a block or more takes the direct path
+  ASSERT_TRUE(SaveStep(1, small).ok());
+  const std::string shm = "/dev/shm/shardckpt-test-" + std::to_string(::getpid());
+  ASSERT_TRUE(RemoveTree(shm).ok());
+  Tensors tensors("step1");
+  Result<SaveResult> saved = Save(*comm_, shm, 1, tensors.State(), small);
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  const std::string name = std::string("step-000000001/") + RankFileName(0);
+  std::string on_disk = ReadFileLimited(JoinPath(root(), name), 1 << 24).value();
+  std::string in_memory = ReadFileLimited(JoinPath(shm, name), 1 << 24).value();
+  EXPECT_TRUE(on_disk == in_memory) << "data files differ (" << on_disk.size() << " vs " << in_memory.size() << " bytes)";
+  ExpectLoads(shm, 1);
+  ASSERT_TRUE(RemoveTree(shm).ok());
 }
 
 TEST_F(CheckpointTest, AFailureAtEachCommitStepKeepsThePreviousCheckpoint) {

@@ -51,6 +51,10 @@ TEST(Manifest, RoundTrips) {
   EXPECT_EQ(back->files[1].table_page_sums[0], 0xabcdu);
   EXPECT_EQ(back->blobs[0].scope, BlobScope::kPerRank);
   EXPECT_EQ(back->blobs[0].rank, 1);
+  // What other ranks parse from rank 0's broadcast is the same manifest.
+  Result<Manifest> parsed = DecodeValidatedManifest(*json, "broadcast");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(*EncodeManifest(*parsed), *json);
 }
 
 TEST(Manifest, AcceptsUnknownFields) {
