@@ -33,7 +33,9 @@ int main(int argc, char** argv) {
   flags.add_options()("mode", po::value<std::string>()->required(), "save | load")
       ("dir", po::value<std::string>()->required(), "checkpoint folder")
       ("rows", po::value<int64_t>()->required(), "rows of each [rows, 4096] tensor")
-      ("tensors", po::value<int>()->default_value(8), "tensors");
+      ("tensors", po::value<int>()->default_value(8), "tensors")
+      ("max-extent", po::value<std::string>()->default_value("8MiB"), "load: largest read")
+      ("staging-buffers", po::value<size_t>()->default_value(8), "load: staging buffers (reads in flight)");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, flags), vm);
   po::notify(vm);
@@ -60,7 +62,10 @@ int main(int argc, char** argv) {
     if (mode == "save") {
       status = Save(*comm, dir, 1, state).status();
     } else {
-      status = Load(*comm, dir, state).status();
+      LoadOptions options;
+      options.plan.max_extent = ParseSize(vm["max-extent"].as<std::string>());
+      options.staging_buffers = vm["staging-buffers"].as<size_t>();
+      status = Load(*comm, dir, state, options).status();
     }
   });
   if (status.ok() && mode == "load") {
