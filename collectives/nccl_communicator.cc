@@ -43,6 +43,7 @@ class NcclCommunicator final : public Communicator {
   bool thread_safe() const override { return false; }
 
   Status Barrier() override {
+    SC_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
     SC_RETURN_IF_ERROR(NcclStatus(ncclAllReduce(scratch_, scratch_, 1, ncclFloat, ncclSum, comm_, stream_),
                                   "ncclAllReduce"));
     return Finish();

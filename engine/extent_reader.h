@@ -1,6 +1,8 @@
 // Executes a ReadPlan: reads extents into staging buffers with up to pool.count() reads in
 // flight, verifies every 4096-byte block against the checksum table (whose pages are verified
-// against the manifest first), and scatters the bytes into the targets.
+// against the manifest first), and scatters the bytes into the targets. An extent that is one
+// whole copy into host memory is read straight into the target instead (aligned targets under
+// O_DIRECT; any target on memory-backed file systems, which are opened without O_DIRECT).
 #pragma once
 
 #include <string>
@@ -18,6 +20,7 @@ struct ReadStats {
   uint64_t data_bytes_read = 0;
   uint64_t table_bytes_read = 0;
   uint64_t extents = 0;
+  uint64_t bytes_read_in_place = 0;  // read straight into the targets, no staging copy
 };
 
 struct ReadTargets {

@@ -37,10 +37,11 @@ bool MemoryBacked(const std::string& path) {
 Result<std::unique_ptr<File>> IoEngine::Open(const std::string& path, OpenMode mode) {
   int flags = O_CLOEXEC | (mode == OpenMode::kRead ? O_RDONLY : (O_WRONLY | O_CREAT | O_TRUNC));
   bool direct = options_.use_direct;
-  if (direct && mode != OpenMode::kRead && MemoryBacked(path)) {
+  if (direct && MemoryBacked(path)) {
     direct = false;
     LogOnce(LogLevel::kInfo, "memory-backed",
-            DirName(path) + " is memory-backed (tmpfs/ramfs): writing without O_DIRECT, straight from tensor memory");
+            DirName(path) + " is memory-backed (tmpfs/ramfs): reading and writing without O_DIRECT, "
+                            "straight from and into tensor memory");
   }
   if (direct) {
     int fd = ::open(path.c_str(), flags | O_DIRECT, 0644);

@@ -200,6 +200,18 @@ TEST_F(CheckpointTest, MemoryBackedFileSystemWritesTheSameBytes) {
   std::string in_memory = ReadFileLimited(JoinPath(shm, name), 1 << 24).value();
   EXPECT_TRUE(on_disk == in_memory) << "data files differ (" << on_disk.size() << " vs " << in_memory.size() << " bytes)";
   ExpectLoads(shm, 1);
+  // Reads there go straight into any target, aligned or not.
+  const Tensors::T& big = tensors.all[1];
+  std::vector<uint8_t> unaligned(big.bytes.size() + 1);
+  ShardedState want;
+  ASSERT_TRUE(want.AddTensor(big.name, big.dtype, big.shape, Layout::Replicated(), unaligned.data() + 1).ok());
+  LoadOptions options;
+  options.strict = false;
+  options.plan.max_extent = 4096;
+  Result<LoadReport> report = Load(*comm_, shm, want, options);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(report->stats.bytes_read_in_place, 2u * 4096);
+  EXPECT_TRUE(std::equal(big.bytes.begin(), big.bytes.end(), unaligned.begin() + 1));
   ASSERT_TRUE(RemoveTree(shm).ok());
 }
 
@@ -313,6 +325,32 @@ TEST_F(DamagedCheckpointTest, FlippedBitInDataNamesFileOffsetAndEntry) {
   EXPECT_EQ(status.code(), Code::kDataLoss);
   EXPECT_THAT(status.message(), HasSubstr("rank-00000.bin: checksum mismatch in the block at offset " +
                                           std::to_string(f32->chunks[0].offset + 4096)));
+  EXPECT_THAT(status.message(), HasSubstr("'model.float32'"));
+}
+
+// A page-aligned target takes whole extents straight from the file (O_DIRECT, no staging
+// copy); its blocks are verified in place, and a flipped bit there is reported like any other.
+TEST_F(DamagedCheckpointTest, AlignedTargetsAreReadInPlaceAndVerifiedThere) {
+  Tensors expected("step1");
+  const Tensors::T& big = expected.all[1];  // model.float32 [64, 33]: two whole blocks and a tail
+  ASSERT_EQ(big.name, "model.float32");
+  AlignedBuffer target = AlignedBuffer::Allocate(big.bytes.size()).value();
+  LoadOptions options;
+  options.strict = false;
+  options.plan.max_extent = 4096;  // one extent per block: the whole ones go in place
+  ShardedState want;
+  ASSERT_TRUE(want.AddTensor(big.name, big.dtype, big.shape, Layout::Replicated(), target.data()).ok());
+  Result<LoadReport> report = Load(*comm_, root(), want, options);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(report->stats.bytes_read_in_place, 2u * 4096);
+  EXPECT_EQ(std::memcmp(target.data(), big.bytes.data(), big.bytes.size()), 0);
+
+  Manifest m = ReadManifest(dir1_).value();
+  for (const EntryRecord& e : m.entries) {
+    if (e.name == big.name) Patch("rank-00000.bin", e.chunks[0].offset + 100, 0x01);
+  }
+  Status status = Load(*comm_, root(), want, options).status();
+  EXPECT_EQ(status.code(), Code::kDataLoss);
   EXPECT_THAT(status.message(), HasSubstr("'model.float32'"));
 }
 
