@@ -3,7 +3,11 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <chrono>
 #include <string>
+
+#include "collectives/mpi_deadline.h"
+#include "io/cuda_device_scope.h"
 
 namespace shardckpt {
 namespace {
@@ -31,7 +35,8 @@ class NcclCommunicator final : public Communicator {
     ncclUniqueId id{};
     if (bootstrap_.rank() == 0) SC_RETURN_IF_ERROR(NcclStatus(ncclGetUniqueId(&id), "ncclGetUniqueId"));
     SC_RETURN_IF_ERROR(bootstrap_.Broadcast(&id, sizeof(id), 0));
-    SC_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+    CudaDeviceScope scope(device_);
+    SC_RETURN_IF_ERROR(CudaStatus(scope.status(), "cudaSetDevice"));
     SC_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate"));
     SC_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc"));
     return NcclStatus(ncclCommInitRank(&comm_, bootstrap_.size(), id, bootstrap_.rank()), "ncclCommInitRank");
@@ -43,14 +48,18 @@ class NcclCommunicator final : public Communicator {
   bool thread_safe() const override { return false; }
 
   Status Barrier() override {
-    SC_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+    CudaDeviceScope scope(device_);
+    SC_RETURN_IF_ERROR(CudaStatus(scope.status(), "cudaSetDevice"));
+    SC_RETURN_IF_ERROR(Usable());
     SC_RETURN_IF_ERROR(NcclStatus(ncclAllReduce(scratch_, scratch_, 1, ncclFloat, ncclSum, comm_, stream_),
                                   "ncclAllReduce"));
     return Finish();
   }
 
   Status Broadcast(void* data, size_t bytes, int root) override {
-    SC_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+    CudaDeviceScope scope(device_);
+    SC_RETURN_IF_ERROR(CudaStatus(scope.status(), "cudaSetDevice"));
+    SC_RETURN_IF_ERROR(Usable());
     SC_RETURN_IF_ERROR(
         NcclStatus(ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_), "ncclBroadcast"));
     return Finish();
@@ -68,13 +77,17 @@ class NcclCommunicator final : public Communicator {
   }
 
   Status AllGatherFloat(const float* send, size_t count, float* recv) override {
-    SC_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+    CudaDeviceScope scope(device_);
+    SC_RETURN_IF_ERROR(CudaStatus(scope.status(), "cudaSetDevice"));
+    SC_RETURN_IF_ERROR(Usable());
     SC_RETURN_IF_ERROR(NcclStatus(ncclAllGather(send, recv, count, ncclFloat, comm_, stream_), "ncclAllGather"));
     return Finish();
   }
 
   Status ReduceScatterSumFloat(const float* send, float* recv, size_t count) override {
-    SC_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+    CudaDeviceScope scope(device_);
+    SC_RETURN_IF_ERROR(CudaStatus(scope.status(), "cudaSetDevice"));
+    SC_RETURN_IF_ERROR(Usable());
     SC_RETURN_IF_ERROR(
         NcclStatus(ncclReduceScatter(send, recv, count, ncclFloat, ncclSum, comm_, stream_), "ncclReduceScatter"));
     return Finish();
@@ -83,8 +96,17 @@ class NcclCommunicator final : public Communicator {
   Result<std::unique_ptr<Communicator>> Duplicate() override { return CreateNcclCommunicator(bootstrap_, device_); }
 
  private:
-  // Waits for the stream; an asynchronous NCCL error (a peer died) is reported, not waited on.
+  Status Usable() const {
+    if (comm_ != nullptr) return Status::Ok();
+    return Status(Code::kFailedPrecondition, "the NCCL communicator was aborted after an earlier failure");
+  }
+
+  // Waits for the stream; an asynchronous NCCL error (a peer died) is reported, not waited on,
+  // and a collective some rank never joins is aborted at the deadline.
   Status Finish() {
+    const auto start = std::chrono::steady_clock::now();
+    // The MPI collectives' deadline: NCCL would wait forever for a rank that never joins.
+    const double timeout = CollectiveDeadline::FromEnvironment().timeout_s;
     while (true) {
       cudaError_t query = cudaStreamQuery(stream_);
       if (query == cudaSuccess) return Status::Ok();
@@ -95,6 +117,15 @@ class NcclCommunicator final : public Communicator {
         ncclCommAbort(comm_);
         comm_ = nullptr;
         return NcclStatus(async, "NCCL collective");
+      }
+      double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (timeout > 0 && waited > timeout) {
+        ncclCommAbort(comm_);
+        comm_ = nullptr;
+        return Status(Code::kDeadlineExceeded,
+                      "NCCL collective on rank " + std::to_string(rank()) + " gave up after " +
+                          std::to_string(static_cast<int>(waited)) +
+                          " s (SHARDCKPT_COLLECTIVE_TIMEOUT_S): a rank never joined it; the communicator is aborted");
       }
     }
   }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "io/cuda_device_scope.h"
 #include "io/device_memory.h"
 #include "io/log.h"
 
@@ -32,7 +33,8 @@ class CudaDeviceCopier final : public DeviceCopier {
  public:
   static Result<std::unique_ptr<CudaDeviceCopier>> Create(int device) {
     auto copier = std::unique_ptr<CudaDeviceCopier>(new CudaDeviceCopier(device));
-    SC_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), "cudaSetDevice"));
+    CudaDeviceScope scope(device);
+    SC_RETURN_IF_ERROR(CudaStatus(scope.status(), "cudaSetDevice"));
     // Non-blocking: the engine's copies never wait on, or hold up, the training's default stream.
     SC_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&copier->stream_, cudaStreamNonBlocking),
                                   "cudaStreamCreateWithFlags"));
@@ -46,7 +48,8 @@ class CudaDeviceCopier final : public DeviceCopier {
   int device() const override { return device_; }
 
   Status CopyToHostAsync(void* host, const void* device, size_t bytes, size_t slot) override {
-    SC_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+    CudaDeviceScope scope(device_);
+    SC_RETURN_IF_ERROR(CudaStatus(scope.status(), "cudaSetDevice"));
     SC_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream_),
                                   "cudaMemcpyAsync (device to host)"));
     SC_ASSIGN_OR_RETURN(cudaEvent_t event, EventFor(slot));
@@ -59,7 +62,8 @@ class CudaDeviceCopier final : public DeviceCopier {
   }
 
   Status CopyToDeviceAsync(void* device, const void* host, size_t bytes) override {
-    SC_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+    CudaDeviceScope scope(device_);
+    SC_RETURN_IF_ERROR(CudaStatus(scope.status(), "cudaSetDevice"));
     return CudaStatus(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream_),
                       "cudaMemcpyAsync (host to device)");
   }
@@ -67,7 +71,8 @@ class CudaDeviceCopier final : public DeviceCopier {
   Status Synchronize() override { return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
 
   Status WaitForDeviceWork() override {
-    SC_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+    CudaDeviceScope scope(device_);
+    SC_RETURN_IF_ERROR(CudaStatus(scope.status(), "cudaSetDevice"));
     return CudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
 
