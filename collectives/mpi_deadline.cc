@@ -112,7 +112,9 @@ Status MpiDeadlineWaiter::Wait(MPI_Request* request, const char* call) {
 
 Status MpiDeadlineWaiter::RunCensus(const char* call, double waited_s) {
   g_timed_out = true;
-  std::vector<long long> answers(size_, -1);
+  // Receives from silent ranks stay posted after we give up (MPI cannot be relied on to cancel
+  // them), so their buffer must never be freed: a late answer would land in freed memory.
+  std::vector<long long>& answers = *new std::vector<long long>(size_, -1);
   std::vector<MPI_Request> receives(size_, MPI_REQUEST_NULL);
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
@@ -137,7 +139,6 @@ Status MpiDeadlineWaiter::RunCensus(const char* call, double waited_s) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   AnswerQueries();
-  // Receives still posted for silent ranks stay pending; the job is about to abort.
 
   std::vector<int> missing, elsewhere;
   for (int r = 0; r < size_; ++r) {
