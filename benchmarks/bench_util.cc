@@ -10,19 +10,14 @@
 #include <stdexcept>
 
 #include "io/aligned_buffer.h"
+#include "io/size_text.h"
 
 namespace shardckpt::bench {
 
 uint64_t ParseSize(const std::string& text) {
-  char* end = nullptr;
-  double value = std::strtod(text.c_str(), &end);
-  std::string unit(end);
-  uint64_t scale = 1;
-  if (unit == "KiB" || unit == "K" || unit == "k") scale = 1ull << 10;
-  else if (unit == "MiB" || unit == "M") scale = 1ull << 20;
-  else if (unit == "GiB" || unit == "G") scale = 1ull << 30;
-  else if (!unit.empty() && unit != "B") throw std::invalid_argument("bad size " + text);
-  return static_cast<uint64_t>(value * scale);
+  Result<uint64_t> bytes = ParseByteSize(text);
+  if (!bytes.ok()) throw std::invalid_argument(bytes.status().message());
+  return *bytes;
 }
 
 double NowSeconds() {

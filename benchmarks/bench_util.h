@@ -10,7 +10,7 @@
 
 namespace shardckpt::bench {
 
-// "1GiB", "512MiB", "4096", "2G" -> bytes.
+// "1GiB", "512MiB", "4096", "2G" -> bytes (ParseByteSize); throws on a bad size.
 uint64_t ParseSize(const std::string& text);
 double NowSeconds();
 // Seconds from a barrier before `body` to a barrier after it; `body` runs on every rank.

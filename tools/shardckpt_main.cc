@@ -22,6 +22,7 @@
 #include "engine/load.h"
 #include "engine/verify.h"
 #include "engine/checkpoint_dir.h"
+#include "io/size_text.h"
 #include "tools/progress.h"
 
 namespace po = boost::program_options;
@@ -36,15 +37,9 @@ struct Usage {
 };
 
 uint64_t ParseSize(const std::string& text) {
-  char* end = nullptr;
-  double value = std::strtod(text.c_str(), &end);
-  std::string unit(end);
-  const std::map<std::string, uint64_t> units = {{"", 1},          {"B", 1},          {"KB", 1000},       {"MB", 1000000},
-                                                 {"GB", 1000000000}, {"KiB", 1ull << 10}, {"MiB", 1ull << 20}, {"GiB", 1ull << 30},
-                                                 {"K", 1ull << 10}, {"M", 1ull << 20},  {"G", 1ull << 30}};
-  auto it = units.find(unit);
-  if (end == text.c_str() || it == units.end() || value <= 0) throw Usage{"bad size '" + text + "' (e.g. 5GB, 500MiB)"};
-  return static_cast<uint64_t>(value * static_cast<double>(it->second));
+  Result<uint64_t> bytes = ParseByteSize(text);
+  if (!bytes.ok()) throw Usage{bytes.status().message()};
+  return *bytes;
 }
 
 po::variables_map Parse(const std::string& command, po::options_description& flags, const std::string& positional,
