@@ -49,8 +49,7 @@ class NcclCommunicator final : public Communicator {
 
   Status Barrier() override {
     CudaDeviceScope scope(device_);
-    SC_RETURN_IF_ERROR(CudaStatus(scope.status(), "cudaSetDevice"));
-    SC_RETURN_IF_ERROR(Usable());
+    SC_RETURN_IF_ERROR(Ready(scope));
     SC_RETURN_IF_ERROR(NcclStatus(ncclAllReduce(scratch_, scratch_, 1, ncclFloat, ncclSum, comm_, stream_),
                                   "ncclAllReduce"));
     return Finish();
@@ -58,8 +57,7 @@ class NcclCommunicator final : public Communicator {
 
   Status Broadcast(void* data, size_t bytes, int root) override {
     CudaDeviceScope scope(device_);
-    SC_RETURN_IF_ERROR(CudaStatus(scope.status(), "cudaSetDevice"));
-    SC_RETURN_IF_ERROR(Usable());
+    SC_RETURN_IF_ERROR(Ready(scope));
     SC_RETURN_IF_ERROR(
         NcclStatus(ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_), "ncclBroadcast"));
     return Finish();
@@ -78,16 +76,14 @@ class NcclCommunicator final : public Communicator {
 
   Status AllGatherFloat(const float* send, size_t count, float* recv) override {
     CudaDeviceScope scope(device_);
-    SC_RETURN_IF_ERROR(CudaStatus(scope.status(), "cudaSetDevice"));
-    SC_RETURN_IF_ERROR(Usable());
+    SC_RETURN_IF_ERROR(Ready(scope));
     SC_RETURN_IF_ERROR(NcclStatus(ncclAllGather(send, recv, count, ncclFloat, comm_, stream_), "ncclAllGather"));
     return Finish();
   }
 
   Status ReduceScatterSumFloat(const float* send, float* recv, size_t count) override {
     CudaDeviceScope scope(device_);
-    SC_RETURN_IF_ERROR(CudaStatus(scope.status(), "cudaSetDevice"));
-    SC_RETURN_IF_ERROR(Usable());
+    SC_RETURN_IF_ERROR(Ready(scope));
     SC_RETURN_IF_ERROR(
         NcclStatus(ncclReduceScatter(send, recv, count, ncclFloat, ncclSum, comm_, stream_), "ncclReduceScatter"));
     return Finish();
@@ -96,7 +92,9 @@ class NcclCommunicator final : public Communicator {
   Result<std::unique_ptr<Communicator>> Duplicate() override { return CreateNcclCommunicator(bootstrap_, device_); }
 
  private:
-  Status Usable() const {
+  // Every data-plane call: its device selected, and a communicator not aborted by a failure.
+  Status Ready(const CudaDeviceScope& scope) const {
+    SC_RETURN_IF_ERROR(CudaStatus(scope.status(), "cudaSetDevice"));
     if (comm_ != nullptr) return Status::Ok();
     return Status(Code::kFailedPrecondition, "the NCCL communicator was aborted after an earlier failure");
   }

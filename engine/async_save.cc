@@ -60,9 +60,9 @@ Result<std::shared_ptr<SaveHandle>> AsyncSaver::Save(const std::string& root, in
       if (!copier.ok()) return copier.status().WithContext("tensor '" + p.name + "'");
       if (std::find(copiers.begin(), copiers.end(), *copier) == copiers.end()) {
         SC_RETURN_IF_ERROR((*copier)->WaitForDeviceWork());
+        copiers.push_back(*copier);
       }
       SC_RETURN_IF_ERROR((*copier)->CopyToHostAsync(staging_.data() + at, p.data, static_cast<size_t>(p.bytes), 0));
-      if (std::find(copiers.begin(), copiers.end(), *copier) == copiers.end()) copiers.push_back(*copier);
     } else if (p.bytes > 0) {
       std::memcpy(staging_.data() + at, p.data, static_cast<size_t>(p.bytes));
     }

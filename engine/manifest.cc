@@ -193,18 +193,8 @@ Result<std::string> EncodeManifest(const Manifest& m) {
 }
 
 namespace {
-Result<Manifest> Decode(const std::string& text, const std::string& origin, bool check);
-}  // namespace
-
-Result<Manifest> DecodeManifest(const std::string& text, const std::string& origin) {
-  return Decode(text, origin, true);
-}
-
-Result<Manifest> DecodeValidatedManifest(const std::string& text, const std::string& origin) {
-  return Decode(text, origin, false);
-}
-
-namespace {
+// `check`: verify the seal and run ValidateManifest (skipped only for text a rank of this job
+// already decoded with check on).
 Result<Manifest> Decode(const std::string& text, const std::string& origin, bool check) {
   Manifest m;
   std::string where = "header";
@@ -296,6 +286,14 @@ Result<Manifest> Decode(const std::string& text, const std::string& origin, bool
   return m;
 }
 }  // namespace
+
+Result<Manifest> DecodeManifest(const std::string& text, const std::string& origin) {
+  return Decode(text, origin, true);
+}
+
+Result<Manifest> DecodeValidatedManifest(const std::string& text, const std::string& origin) {
+  return Decode(text, origin, false);
+}
 
 Status ValidateManifest(const Manifest& m) {
   auto bad = [](const std::string& what) { return DataLoss("invalid manifest: " + what); };
