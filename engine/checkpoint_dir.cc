@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,13 +12,13 @@
 #include <random>
 
 #include "engine/manifest.h"
+#include "io/failpoint.h"
 #include "io/fs.h"
 #include "io/log.h"
 
 namespace shardckpt {
-namespace {
 
-bool ParseStepDir(const std::string& name, int64_t* step) {
+bool ParseStepDirName(const std::string& name, int64_t* step) {
   if (name.size() < 6 || name.compare(0, 5, "step-") != 0) return false;
   int64_t value = 0;
   for (size_t i = 5; i < name.size(); ++i) {
@@ -27,6 +28,8 @@ bool ParseStepDir(const std::string& name, int64_t* step) {
   *step = value;
   return true;
 }
+
+namespace {
 
 std::string Trim(std::string text) {
   while (!text.empty() && (text.back() == '\n' || text.back() == ' ' || text.back() == '\r')) text.pop_back();
@@ -60,22 +63,9 @@ bool IsTempDirName(const std::string& name) {
   return name.compare(0, 5, "step-") == 0 && name.find(".tmp-") != std::string::npos;
 }
 
-Result<std::string> ResolveCheckpoint(const std::string& path) {
-  if (PathExists(JoinPath(path, kManifestName))) return path;
-  const std::string latest = JoinPath(path, kLatestName);
-  if (PathExists(latest)) {
-    SC_ASSIGN_OR_RETURN(std::string name, ReadFileLimited(latest, 4096));
-    name = Trim(name);
-    if (!IsPlainFileName(name)) return DataLoss(latest + " holds '" + name + "', not a checkpoint folder name");
-    std::string dir = JoinPath(path, name);
-    if (!PathExists(JoinPath(dir, kManifestName))) {
-      return NotFound(latest + " points to " + dir + ", which has no " + kManifestName);
-    }
-    return dir;
-  }
-  if (!PathExists(path)) return NotFound(path + " does not exist");
-  return NotFound(path + " is neither a checkpoint (no " + kManifestName + ") nor a root (no " +
-                  kLatestName + ")");
+std::string ReadLatestName(const std::string& root) {
+  Result<std::string> name = ReadFileLimited(JoinPath(root, kLatestName), 4096);
+  return name.ok() ? Trim(*name) : std::string();
 }
 
 Result<std::vector<std::pair<int64_t, std::string>>> ListCommitted(const std::string& root) {
@@ -83,7 +73,7 @@ Result<std::vector<std::pair<int64_t, std::string>>> ListCommitted(const std::st
   std::vector<std::pair<int64_t, std::string>> out;
   for (const std::string& name : names) {
     int64_t step;
-    if (ParseStepDir(name, &step) && PathExists(JoinPath(JoinPath(root, name), kManifestName))) {
+    if (ParseStepDirName(name, &step) && PathExists(JoinPath(JoinPath(root, name), kManifestName))) {
       out.emplace_back(step, name);
     }
   }
@@ -91,34 +81,141 @@ Result<std::vector<std::pair<int64_t, std::string>>> ListCommitted(const std::st
   return out;
 }
 
-Status ApplyRetention(const std::string& root, int keep_last, const std::string& just_committed) {
-  if (keep_last <= 0) return Status::Ok();
-  SC_ASSIGN_OR_RETURN(auto committed, ListCommitted(root));
-  Result<std::string> latest = ReadFileLimited(JoinPath(root, kLatestName), 4096);
-  std::string latest_name = latest.ok() ? Trim(*latest) : std::string();
-  int excess = static_cast<int>(committed.size()) - keep_last;
-  for (int i = 0; i < excess; ++i) {
-    const std::string& name = committed[i].second;
-    if (name == just_committed || name == latest_name) break;
-    SC_LOG(kInfo) << "retention: removing " << JoinPath(root, name);
-    // Drop the manifest first: a crash halfway through leaves an uncommitted folder, not a
-    // committed one with missing data files.
-    if (::unlink(JoinPath(JoinPath(root, name), kManifestName).c_str()) != 0) {
-      return ErrnoStatus(errno, "retention: unlink manifest of " + name);
+Result<std::string> ResolveCheckpoint(const std::string& path) {
+  if (PathExists(JoinPath(path, kManifestName))) return path;
+  if (!PathExists(path)) return NotFound(path + " does not exist");
+  const std::string latest = JoinPath(path, kLatestName);
+  Result<std::vector<std::pair<int64_t, std::string>>> committed =
+      IsDirectory(path) ? ListCommitted(path) : Result<std::vector<std::pair<int64_t, std::string>>>(
+                                                    std::vector<std::pair<int64_t, std::string>>{});
+  if (!committed.ok()) return committed.status();
+  const bool has_latest = PathExists(latest);
+  if (committed->empty()) {
+    if (has_latest) {
+      Result<std::string> name = ReadFileLimited(latest, 4096);
+      return NotFound(latest + " names " + (name.ok() ? "'" + Trim(*name) + "'" : name.status().message()) +
+                      ", but " + path + " holds no committed checkpoint (no step folder with " + kManifestName + ")");
     }
-    SC_RETURN_IF_ERROR(RemoveTree(JoinPath(root, name)));
+    return NotFound(path + " is neither a checkpoint (no " + kManifestName + ") nor a root (no " + kLatestName +
+                    " and no committed step folder)");
   }
-  return Status::Ok();
+  const std::string& newest = committed->back().second;
+  if (has_latest && ReadLatestName(path) != newest) {
+    SC_LOG(kInfo) << latest << " does not name the newest committed checkpoint " << newest
+                  << " (a save stopped between its rename and `latest`); using " << newest;
+  }
+  return JoinPath(path, newest);
+}
+
+CheckpointHold& CheckpointHold::operator=(CheckpointHold&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    dir_ = std::move(other.dir_);
+    fd_ = other.fd_;
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+CheckpointHold::~CheckpointHold() {
+  if (fd_ >= 0) ::close(fd_);  // closing releases the flock
+}
+
+Result<CheckpointHold> HoldCheckpoint(const std::string& path) {
+  // Each retry means retention removed the newest checkpoint between resolving and locking,
+  // which a save that just committed a newer one does: the next resolve finds that one.
+  constexpr int kAttempts = 50;
+  std::string gone;
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    Result<std::string> dir = ResolveCheckpoint(path);
+    if (!dir.ok()) {
+      if (gone.empty()) return dir.status();
+      return NotFound(gone + " was removed by retention while being opened, and then: " + dir.status().message());
+    }
+    CheckpointHold hold;
+    hold.dir_ = *dir;
+    hold.fd_ = ::open(dir->c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (hold.fd_ < 0 && errno != ENOENT) return ErrnoStatus(errno, "open checkpoint folder " + *dir);
+    if (hold.fd_ >= 0) {
+      while (::flock(hold.fd_, LOCK_SH) != 0) {
+        if (errno != EINTR) return ErrnoStatus(errno, "flock (shared) " + *dir);
+      }
+      // Deletion drops the manifest under the exclusive lock before anything else, so a
+      // manifest seen under the shared lock means every data file is there and stays.
+      if (::faccessat(hold.fd_, kManifestName, F_OK, 0) == 0) return hold;
+    }
+    gone = *dir;
+    if (*dir == path) {
+      return NotFound(path + " was removed by retention (or prune) while being opened; it was not damaged");
+    }
+  }
+  return NotFound("the newest checkpoint of " + path + " was removed by retention " +
+                  std::to_string(kAttempts) + " times in a row while being opened");
+}
+
+Result<bool> RemoveCheckpointDir(const std::string& root, const std::string& name) {
+  if (!IsPlainFileName(name)) return InvalidArgument("refusing to delete '" + name + "': not a name inside " + root);
+  const std::string path = JoinPath(root, name);
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return true;
+    return ErrnoStatus(errno, "lstat " + path);
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    // A symlink (to a folder elsewhere, an archived checkpoint) or a stray file: the entry
+    // under the root goes, whatever it points to stays.
+    SC_LOG(kInfo) << "removing " << path << (S_ISLNK(st.st_mode) ? " (a symlink; its target is left alone)" : "");
+    SC_RETURN_IF_ERROR(Failpoint("retention.remove", "unlink " + path));
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) return ErrnoStatus(errno, "unlink " + path);
+    return true;
+  }
+  int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(errno, "open " + path);
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    int err = errno;
+    ::close(fd);
+    if (err == EWOULDBLOCK) return false;
+    return ErrnoStatus(err, "flock " + path);
+  }
+  Status status = Failpoint("retention.remove", "remove " + path);
+  // unlinkat removes the entry itself: a manifest.json that is a symlink loses only the link.
+  if (status.ok() && ::unlinkat(fd, kManifestName, 0) != 0 && errno != ENOENT) {
+    status = ErrnoStatus(errno, "unlink " + JoinPath(path, kManifestName));
+  }
+  if (status.ok() && ::fsync(fd) != 0) status = ErrnoStatus(errno, "fsync directory " + path);
+  if (status.ok()) status = Failpoint("retention.remove_tree", "remove " + path);
+  // remove_all does not follow symlinks: a linked rank file or sub-folder loses only its link.
+  if (status.ok()) status = RemoveTree(path);
+  ::close(fd);
+  SC_RETURN_IF_ERROR(status);
+  return true;
 }
 
 Status RemoveStaleTempDirs(const std::string& root) {
   SC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(root));
   for (const std::string& name : names) {
-    if (!IsTempDirName(name)) continue;
-    SC_LOG(kWarn) << "removing " << JoinPath(root, name) << ", left by a save that did not finish";
-    SC_RETURN_IF_ERROR(RemoveTree(JoinPath(root, name)));
+    int64_t step;
+    const bool half_deleted = ParseStepDirName(name, &step) && !PathExists(JoinPath(JoinPath(root, name), kManifestName));
+    if (!IsTempDirName(name) && !half_deleted) continue;
+    SC_LOG(kWarn) << "removing " << JoinPath(root, name)
+                  << (half_deleted ? ", a step folder without a manifest (a deletion or commit cut short)"
+                                   : ", left by a save that did not finish");
+    SC_ASSIGN_OR_RETURN(bool removed, RemoveCheckpointDir(root, name));
+    if (!removed) SC_LOG(kWarn) << JoinPath(root, name) << " is held by a reader; left for a later save";
   }
   return Status::Ok();
+}
+
+Status RepairLatest(const std::string& root) {
+  SC_ASSIGN_OR_RETURN(auto committed, ListCommitted(root));
+  if (committed.empty()) return Status::Ok();
+  const std::string& newest = committed.back().second;
+  const std::string latest = JoinPath(root, kLatestName);
+  const std::string named = ReadLatestName(root);
+  if (named == newest) return Status::Ok();
+  SC_LOG(kWarn) << "repairing " << latest << ": it named " << (named.empty() ? "nothing" : "'" + named + "'")
+                << ", the newest committed checkpoint is " << newest;
+  return WriteFileAtomic(latest, newest + "\n", "commit.repair_latest");
 }
 
 Result<RootLock> RootLock::Acquire(const std::string& root) {

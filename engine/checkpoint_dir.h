@@ -1,5 +1,5 @@
 // The root folder's conventions (DESIGN.md section 2): step folder names, the `latest` pointer,
-// save-in-progress folders, the writer lock and retention.
+// save-in-progress folders, the writer lock, readers' holds and the one deletion routine.
 #pragma once
 
 #include <cstdint>
@@ -20,19 +20,60 @@ bool IsTempDirName(const std::string& name);
 std::string RankFileName(int rank);  // rank-00003.bin
 std::string RandomId();              // for temp folder names
 
-// A committed checkpoint folder (holds manifest.json) is returned as is; a root is resolved
-// through its `latest` pointer. Anything else is NotFound with a message saying what was there.
+// What "committed" means, for every path that reads or writes a root: a folder named step-N
+// (no temp suffix) directly under the root that holds manifest.json. The manifest is written and
+// synced before the folder gets that name, so such a folder is complete. `latest` is a hint:
+// the newest committed folder wins when `latest` is stale (a crash between the rename of step-N
+// and the replacement of `latest`), and the next save repairs it.
+//
+// A committed checkpoint folder is returned as is; a root resolves to its newest committed
+// checkpoint. Anything else is NotFound with a message saying what was there.
 Result<std::string> ResolveCheckpoint(const std::string& path);
 
 // Committed checkpoints under root as (step, folder name), oldest first.
 Result<std::vector<std::pair<int64_t, std::string>>> ListCommitted(const std::string& root);
 
-// Keeps the newest `keep_last` committed checkpoints (0 keeps all). Never touches
-// `just_committed`, `latest`'s target or anything newer than it, and never a temp folder.
-Status ApplyRetention(const std::string& root, int keep_last, const std::string& just_committed);
+// The folder name `latest` holds, trimmed; empty when there is no readable `latest`.
+std::string ReadLatestName(const std::string& root);
 
-// Removes save-in-progress folders left by crashed saves. Called with the root lock held.
+// Parses "step-000001000" (no suffix); false for anything else.
+bool ParseStepDirName(const std::string& name, int64_t* step);
+
+// A reader's claim on a checkpoint: a shared flock on its folder, held while the reader reads.
+// Deletion (RemoveCheckpointDir) tries an exclusive flock without waiting and leaves a held
+// folder for a later save, so a checkpoint a reader resolved stays whole until it lets go.
+class CheckpointHold {
+ public:
+  CheckpointHold() = default;
+  CheckpointHold(CheckpointHold&& other) noexcept : dir_(std::move(other.dir_)), fd_(other.fd_) { other.fd_ = -1; }
+  CheckpointHold& operator=(CheckpointHold&& other) noexcept;
+  CheckpointHold(const CheckpointHold&) = delete;
+  ~CheckpointHold();
+  const std::string& dir() const { return dir_; }
+
+ private:
+  friend Result<CheckpointHold> HoldCheckpoint(const std::string& path);
+  std::string dir_;
+  int fd_ = -1;
+};
+
+// ResolveCheckpoint, then the shared lock. A root whose newest checkpoint is removed between
+// the two is resolved again; a named checkpoint folder that is removed is NotFound saying so.
+Result<CheckpointHold> HoldCheckpoint(const std::string& path);
+
+// The one way anything under a root is deleted (retention, prune, cleanup of failed and dead
+// saves). Removes manifest.json first and syncs the folder, so a crash halfway leaves a folder
+// that is not committed (and that the next save removes); never follows a symlink (a linked
+// folder or file loses the link, its target is untouched); never deletes outside root/name.
+// Returns false, deleting nothing, when a reader holds the folder.
+Result<bool> RemoveCheckpointDir(const std::string& root, const std::string& name);
+
+// Removes what crashed or failed saves left: temp folders and step folders without a manifest
+// (a deletion cut short). Called with the root lock held.
 Status RemoveStaleTempDirs(const std::string& root);
+
+// Rewrites `latest` when it does not name the newest committed checkpoint. Root lock held.
+Status RepairLatest(const std::string& root);
 
 // An exclusive flock on <root>/.shardckpt.lock, held by rank 0 for the length of a save, so two
 // jobs saving into one root cannot interleave: the second fails at once with a clear error.

@@ -7,7 +7,8 @@ namespace shardckpt {
 
 Result<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(const std::string& path, IoOptions io) {
   std::unique_ptr<CheckpointReader> r(new CheckpointReader());
-  SC_ASSIGN_OR_RETURN(r->dir_, ResolveCheckpoint(path));
+  SC_ASSIGN_OR_RETURN(r->hold_, HoldCheckpoint(path));
+  r->dir_ = r->hold_.dir();
   SC_ASSIGN_OR_RETURN(r->manifest_, ReadManifest(r->dir_));
   r->index_ = std::make_unique<ChunkIndex>(&r->manifest_);
   ReadPlanOptions defaults;

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "engine/checkpoint_dir.h"
 #include "engine/extent_reader.h"
 #include "engine/manifest.h"
 #include "engine/read_plan.h"
@@ -27,6 +28,7 @@ class CheckpointReader {
   CheckpointReader() = default;
   Status Run(std::vector<CopyRequest> copies, const ReadTargets& targets);
 
+  CheckpointHold hold_;  // retention leaves the folder while this reader is open
   std::string dir_;
   Manifest manifest_;
   std::unique_ptr<ChunkIndex> index_;

@@ -17,8 +17,19 @@ CreationInfo MakeCreationInfo(int hosts, const std::string& torch_version, const
   return CreationInfo{buf, kVersion, torch_version, hosts, git_commit, user};
 }
 
+Status PrepareRoot(const std::string& root, int64_t step) {
+  SC_RETURN_IF_ERROR(RemoveStaleTempDirs(root));
+  SC_RETURN_IF_ERROR(RepairLatest(root));
+  const std::string final_dir = JoinPath(root, StepDirName(step));
+  if (PathExists(final_dir)) {
+    return Status(Code::kAlreadyExists, "step " + std::to_string(step) + " is already committed in " + final_dir);
+  }
+  return Status::Ok();
+}
+
 Status CommitCheckpoint(const std::string& root, const std::string& temp_name, const Manifest& manifest,
-                        int keep_last) {
+                        const RetentionPolicy& retention) {
+  SC_RETURN_IF_ERROR(ValidateMetrics(manifest.metrics));
   Status valid = ValidateManifest(manifest);
   if (!valid.ok()) return Internal("the manifest built for this checkpoint is invalid (a bug): " + valid.message());
   SC_ASSIGN_OR_RETURN(std::string json, EncodeManifest(manifest));
@@ -31,13 +42,23 @@ Status CommitCheckpoint(const std::string& root, const std::string& temp_name, c
   Status status = SyncDir(root, "commit.sync_root");
   if (status.ok()) status = WriteFileAtomic(JoinPath(root, kLatestName), final_name + "\n", "commit.latest");
   if (!status.ok()) {
-    Result<std::string> latest = ReadFileLimited(JoinPath(root, kLatestName), 4096);
-    bool published = latest.ok() && latest->rfind(final_name, 0) == 0;
-    if (!published) RemoveTree(final_dir).IgnoreError();  // best effort: it was never published
-    return status;
+    if (ReadLatestName(root) == final_name) {
+      // `latest` was renamed into place and only its fsync failed: the checkpoint is
+      // published and readers use it, so the save stands (a retry would find it committed).
+      SC_LOG(kWarn) << "save of " << final_dir << " stands, but a step after publishing it failed: " << status.ToString();
+    } else {
+      // Never published: remove it, manifest first, so nothing resolves to it.
+      Result<bool> removed = RemoveCheckpointDir(root, final_name);
+      if (!removed.ok() || !*removed) {
+        SC_LOG(kWarn) << "could not remove " << final_dir << " after the failed commit ("
+                      << (removed.ok() ? "a reader holds it" : removed.status().ToString())
+                      << "); it is complete, and the next save of this root treats it as committed";
+      }
+      return status;
+    }
   }
-  Status retention = ApplyRetention(root, keep_last, final_name);
-  if (!retention.ok()) SC_LOG(kWarn) << "retention after " << final_name << " failed: " << retention.ToString();
+  Result<RetentionReport> kept = ApplyRetention(root, retention, final_name);
+  if (!kept.ok()) SC_LOG(kWarn) << "retention after " << final_name << " failed (the save stands): " << kept.status().ToString();
   return Status::Ok();
 }
 

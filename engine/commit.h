@@ -6,14 +6,20 @@
 #include <string>
 
 #include "engine/manifest.h"
+#include "engine/retention.h"
 
 namespace shardckpt {
 
+// Before a save of `step` into root, with the root lock held: removes what dead saves left
+// (RemoveStaleTempDirs), repairs a stale `latest`, and refuses a step that is already committed.
+Status PrepareRoot(const std::string& root, int64_t step);
+
 // Validates `manifest`, writes it, renames the folder to step-N, fsyncs the root, replaces
-// `latest` and applies retention. On failure the new folder is removed unless `latest` already
-// names it.
+// `latest` and applies retention. On failure before `latest` names the new folder, the folder is
+// removed (manifest first). Once `latest` names it the save has succeeded: a later failure (the
+// fsync after `latest`, retention) is logged as a warning, not returned.
 Status CommitCheckpoint(const std::string& root, const std::string& temp_name, const Manifest& manifest,
-                        int keep_last);
+                        const RetentionPolicy& retention);
 
 // The creation facts every manifest carries; `torch_version` and `git_commit` may be empty.
 CreationInfo MakeCreationInfo(int hosts, const std::string& torch_version, const std::string& git_commit,

@@ -100,11 +100,14 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
   std::string dir, text;
   Status read;
   Manifest manifest;
+  // Held until every rank has read (the status agreement after the reads): retention leaves it.
+  CheckpointHold hold;
   if (rank == 0) {
-    Result<std::string> resolved = ResolveCheckpoint(path);
+    Result<CheckpointHold> resolved = HoldCheckpoint(path);
     read = resolved.status();
     if (read.ok()) {
-      dir = *resolved;
+      hold = std::move(resolved).value();
+      dir = hold.dir();
       Result<Manifest> decoded = ReadManifest(dir, &text);
       read = decoded.status();
       if (read.ok()) manifest = std::move(decoded).value();

@@ -1,5 +1,7 @@
 #include "engine/manifest.h"
 
+#include <cmath>
+
 #include <nlohmann/json.hpp>
 
 #include <unordered_set>
@@ -157,6 +159,7 @@ Result<std::string> EncodeManifest(const Manifest& m) {
                        {"hosts", m.created.hosts},
                        {"git_commit", m.created.git_commit},
                        {"user", m.created.user}};
+    if (!m.metrics.empty()) root["metrics"] = m.metrics;
     json files = json::array();
     for (const FileRecord& f : m.files) {
       files.push_back({{"name", f.name},
@@ -232,6 +235,15 @@ Result<Manifest> Decode(const std::string& text, const std::string& origin, bool
         }
       }
     }
+    if (root.contains("metrics")) {
+      where = "metrics";
+      const json& metrics = root["metrics"];
+      if (!metrics.is_object()) throw std::runtime_error("not an object of named numbers");
+      for (auto& [k, v] : metrics.items()) {
+        if (!v.is_number()) throw std::runtime_error("metric '" + k + "' is " + v.type_name() + ", not a number");
+        m.metrics[k] = v.get<double>();
+      }
+    }
     const json& files = Field(root, "files");
     if (!files.is_array()) throw std::runtime_error("files is not a list");
     for (size_t i = 0; i < files.size(); ++i) {
@@ -295,8 +307,20 @@ Result<Manifest> DecodeValidatedManifest(const std::string& text, const std::str
   return Decode(text, origin, false);
 }
 
+Status ValidateMetrics(const std::map<std::string, double>& metrics) {
+  for (const auto& [name, value] : metrics) {
+    if (name.empty() || name.size() > 255) return InvalidArgument("metric names must have 1 to 255 characters");
+    if (!std::isfinite(value)) {
+      return InvalidArgument("metric '" + name + "' is " + std::to_string(value) + ", not a finite number");
+    }
+  }
+  return Status::Ok();
+}
+
 Status ValidateManifest(const Manifest& m) {
   auto bad = [](const std::string& what) { return DataLoss("invalid manifest: " + what); };
+  Status metrics = ValidateMetrics(m.metrics);
+  if (!metrics.ok()) return bad(metrics.message());
   std::unordered_set<std::string> file_names;
   for (const FileRecord& f : m.files) {
     if (!IsPlainFileName(f.name)) return bad("file name '" + f.name + "' is not a plain file name");

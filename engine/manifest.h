@@ -74,6 +74,9 @@ struct Manifest {
   int64_t step = 0;
   int world_size = 1;
   CreationInfo created;
+  // Named numbers the caller recorded with the save (a validation loss, an accuracy): finite,
+  // typed as JSON numbers, so retention can rank checkpoints by one of them.
+  std::map<std::string, double> metrics;
   std::vector<FileRecord> files;
   std::vector<EntryRecord> entries;
   std::vector<BlobRecord> blobs;
@@ -91,6 +94,8 @@ Result<Manifest> DecodeValidatedManifest(const std::string& json, const std::str
 // Everything that can be checked without touching the data files: names, bounds, overflow,
 // coverage of every entry, per-file checksum table sizes.
 Status ValidateManifest(const Manifest& manifest);
+// Metric names of 1 to 255 characters, finite values.
+Status ValidateMetrics(const std::map<std::string, double>& metrics);
 // Compares each data file's recorded size with `size_of(name)` (missing or truncated files).
 Status CheckDataFiles(const Manifest& manifest,
                       const std::function<Result<uint64_t>(const std::string&)>& size_of);

@@ -12,10 +12,7 @@ Result<std::unique_ptr<OfflineCheckpointWriter>> OfflineCheckpointWriter::Begin(
   SC_RETURN_IF_ERROR(MakeDirs(root));
   SC_ASSIGN_OR_RETURN(RootLock lock, RootLock::Acquire(root));
   w->lock_ = std::make_unique<RootLock>(std::move(lock));
-  if (PathExists(JoinPath(root, StepDirName(step)))) {
-    return Status(Code::kAlreadyExists, "step " + std::to_string(step) + " is already committed in " + root);
-  }
-  SC_RETURN_IF_ERROR(RemoveStaleTempDirs(root));
+  SC_RETURN_IF_ERROR(PrepareRoot(root, step));
   w->root_ = root;
   w->step_ = step;
   w->world_ = world;
@@ -27,7 +24,7 @@ Result<std::unique_ptr<OfflineCheckpointWriter>> OfflineCheckpointWriter::Begin(
 OfflineCheckpointWriter::~OfflineCheckpointWriter() {
   if (!committed_ && !temp_name_.empty()) {
     ranks_.clear();
-    RemoveTree(JoinPath(root_, temp_name_)).IgnoreError();  // an abandoned write leaves nothing
+    RemoveCheckpointDir(root_, temp_name_).status().IgnoreError();  // an abandoned write leaves nothing
   }
 }
 
@@ -85,7 +82,9 @@ Result<std::string> OfflineCheckpointWriter::Commit(const CreationInfo& created,
     }
   }
   for (auto& [name, e] : entries_) m.entries.push_back(std::move(e));
-  SC_RETURN_IF_ERROR(CommitCheckpoint(root_, temp_name_, m, keep_last));
+  RetentionPolicy retention;
+  retention.keep_last = keep_last;
+  SC_RETURN_IF_ERROR(CommitCheckpoint(root_, temp_name_, m, retention));
   committed_ = true;
   return JoinPath(root_, StepDirName(step_));
 }

@@ -84,11 +84,7 @@ Status Prepare(const std::string& root, int64_t step, const std::vector<std::str
                std::vector<RankDescription>* ranks, std::set<std::string>* hosts, SavePlan* plan,
                std::string* temp_name) {
   SC_RETURN_IF_ERROR(MakeDirs(root));
-  std::string final_dir = JoinPath(root, StepDirName(step));
-  if (PathExists(final_dir)) {
-    return Status(Code::kAlreadyExists, "step " + std::to_string(step) + " is already committed in " + final_dir);
-  }
-  SC_RETURN_IF_ERROR(RemoveStaleTempDirs(root));
+  SC_RETURN_IF_ERROR(PrepareRoot(root, step));
   for (size_t r = 0; r < gathered.size(); ++r) {
     WireReader reader(gathered[r]);
     hosts->insert(reader.Str());
@@ -168,6 +164,7 @@ Status Commit(const std::string& root, int64_t step, const std::string& temp_nam
   m.world_size = world;
   m.created = MakeCreationInfo(static_cast<int>(hosts.size()), options.torch_version, options.git_commit,
                                options.user_metadata);
+  m.metrics = options.metrics;
   std::unordered_map<std::string, size_t> entry_index;
   for (int r = 0; r < world; ++r) {
     const WriteReport& report = reports[r];
@@ -191,7 +188,7 @@ Status Commit(const std::string& root, int64_t step, const std::string& temp_nam
   // Entries ordered by name, so manifests of equal states compare equal.
   std::sort(m.entries.begin(), m.entries.end(),
             [](const EntryRecord& a, const EntryRecord& b) { return a.name < b.name; });
-  return CommitCheckpoint(root, temp_name, m, options.keep_last);
+  return CommitCheckpoint(root, temp_name, m, options.retention());
 }
 
 }  // namespace
@@ -272,7 +269,7 @@ Result<SaveResult> Save(Communicator& comm, const std::string& root, int64_t ste
         committed = committed.WithContext("save of step " + std::to_string(step) + " failed on rank 0 while committing");
       }
     }
-    if (!committed.ok() && PathExists(temp_dir)) RemoveTree(temp_dir).IgnoreError();
+    if (!committed.ok() && PathExists(temp_dir)) RemoveCheckpointDir(root, temp_name).status().IgnoreError();
   }
   SC_RETURN_IF_ERROR(BroadcastStatus(comm, committed, 0));
   SC_RETURN_IF_ERROR(comm.Broadcast(&total, sizeof(total), 0));

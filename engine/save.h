@@ -14,8 +14,11 @@
 //   6. renames the folder to step-N                         [commit.rename_dir]
 //   7. fsyncs the root                                      [commit.sync_root]
 //   8. replaces `latest`: temp file, fsync, rename, fsync   [commit.latest.*]
-//   9. applies retention (keep_last); a failure here is logged, the save stands.
-// If a step from 6 on fails, the new folder is removed unless `latest` already names it.
+//   9. applies retention (keep_last, keep_best); a failure here is logged, the save stands.
+// If a step from 6 on fails, the new folder is removed (manifest first) unless `latest` already
+// names it; once `latest` names it the save has succeeded, whatever fails after.
+// A crash between 6 and 8 leaves step-N committed and `latest` stale: readers resolve a root to
+// its newest committed folder, and the next save repairs `latest` (checkpoint_dir.h).
 #pragma once
 
 #include <map>
@@ -23,6 +26,7 @@
 #include <string>
 
 #include "collectives/communicator.h"
+#include "engine/retention.h"
 #include "engine/state.h"
 #include "io/aligned_buffer.h"
 #include "io/io_engine.h"
@@ -30,7 +34,15 @@
 namespace shardckpt {
 
 struct SaveOptions {
-  int keep_last = 0;  // retention; 0 keeps every checkpoint
+  // Retention (retention.h): the newest keep_last united with the best keep_best by
+  // `best_metric`; both 0 keep every checkpoint. `latest` is never removed.
+  int keep_last = 0;
+  int keep_best = 0;
+  std::string best_metric;
+  bool best_higher_is_better = false;
+  RetentionPolicy retention() const { return RetentionPolicy{keep_last, keep_best, best_metric, best_higher_is_better}; }
+  // Recorded in the manifest's "metrics" (finite numbers), for keep_best and for people.
+  std::map<std::string, double> metrics;
   IoOptions io;
   size_t staging_buffers = 8;
   size_t staging_buffer_bytes = 8u << 20;

@@ -33,7 +33,8 @@ std::string Holders(const std::vector<Span>& spans, uint64_t begin, uint64_t end
 
 Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::function<void(uint64_t, uint64_t)>& progress) {
   VerifyReport report;
-  SC_ASSIGN_OR_RETURN(report.checkpoint, ResolveCheckpoint(path));
+  SC_ASSIGN_OR_RETURN(CheckpointHold hold, HoldCheckpoint(path));  // retention leaves it while held
+  report.checkpoint = hold.dir();
   const std::string manifest_path = JoinPath(report.checkpoint, kManifestName);
   SC_ASSIGN_OR_RETURN(std::string text, ReadFileLimited(manifest_path, uint64_t{4} << 30));
   SC_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(text, manifest_path));

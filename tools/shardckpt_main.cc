@@ -6,6 +6,8 @@
 //             [--exclude GLOB]... [--strip-prefix P] [--dtype bf16|fp16|fp32] [--max-shard-size SIZE]
 //   shardckpt import FILE --out ROOT --world-size N [--layout flat|dim0|replicated]
 //   shardckpt reshard CHECKPOINT --out ROOT --world-size M [--layout flat|dim0|replicated]
+//   shardckpt list ROOT [--json] [--keep-last K --keep-best K --metric NAME --mode min|max]
+//   shardckpt prune ROOT --keep-last K [--keep-best K --metric NAME --mode min|max] [--dry-run] [--json]
 //
 // CHECKPOINT is a committed checkpoint folder or a root (then `latest`). Exit status 0 on success,
 // 1 on a failed check or error (with a message on stderr), 2 on bad usage.
@@ -22,6 +24,8 @@
 #include "engine/load.h"
 #include "engine/verify.h"
 #include "engine/checkpoint_dir.h"
+#include "engine/retention.h"
+#include "io/fs.h"
 #include "io/size_text.h"
 #include "tools/progress.h"
 
@@ -85,8 +89,9 @@ int Inspect(int argc, char** argv) {
   po::options_description flags("inspect: what a checkpoint holds");
   flags.add_options()("json", "machine-readable output");
   po::variables_map vm = Parse("inspect", flags, "CHECKPOINT", argc, argv);
-  Result<std::string> dir = ResolveCheckpoint(vm["CHECKPOINT"].as<std::string>());
-  if (!dir.ok()) return Fail(dir.status());
+  Result<CheckpointHold> hold = HoldCheckpoint(vm["CHECKPOINT"].as<std::string>());
+  if (!hold.ok()) return Fail(hold.status());
+  const std::string* dir = &hold->dir();
   Result<Manifest> m = ReadManifest(*dir);
   if (!m.ok()) return Fail(m.status());
   uint64_t total = 0;
@@ -112,6 +117,7 @@ int Inspect(int argc, char** argv) {
                 {"created", {{"time", m->created.time}, {"shardckpt_version", m->created.shardckpt_version},
                              {"torch_version", m->created.torch_version}, {"hosts", m->created.hosts},
                              {"git_commit", m->created.git_commit}, {"user", m->created.user}}},
+                {"metrics", m->metrics},
                 {"entries", entries},
                 {"blobs", blobs},
                 {"tensor_bytes", total},
@@ -125,6 +131,7 @@ int Inspect(int argc, char** argv) {
   std::printf("created     %s by shardckpt %s%s%s\n", m->created.time.c_str(), m->created.shardckpt_version.c_str(),
               m->created.torch_version.empty() ? "" : ", torch ", m->created.torch_version.c_str());
   for (const auto& [k, v] : m->created.user) std::printf("meta        %s = %s\n", k.c_str(), v.c_str());
+  for (const auto& [k, v] : m->metrics) std::printf("metric      %s = %.17g\n", k.c_str(), v);
   std::printf("\n%-48s %-14s %-20s %12s %7s  %s\n", "entry", "dtype", "shape", "bytes", "chunks", "layouts");
   for (const json& e : entries) {
     std::printf("%-48s %-14s %-20s %12llu %7zu  %s\n", e["name"].get<std::string>().c_str(),
@@ -263,13 +270,126 @@ int Convert(bool import, int argc, char** argv) {
   return 0;
 }
 
+void AddPolicyFlags(po::options_description& flags) {
+  flags.add_options()("keep-last", po::value<int>()->default_value(0), "keep the newest K committed checkpoints")
+      ("keep-best", po::value<int>()->default_value(0), "and the best K by --metric")
+      ("metric", po::value<std::string>(), "the recorded metric --keep-best ranks by")
+      ("mode", po::value<std::string>()->default_value("min"), "min | max: which end of --metric is best");
+}
+
+RetentionPolicy PolicyFrom(const po::variables_map& vm) {
+  RetentionPolicy policy;
+  policy.keep_last = vm["keep-last"].as<int>();
+  policy.keep_best = vm["keep-best"].as<int>();
+  if (vm.count("metric")) policy.metric = vm["metric"].as<std::string>();
+  const std::string mode = vm["mode"].as<std::string>();
+  if (mode != "min" && mode != "max") throw Usage{"--mode must be min or max"};
+  policy.higher_is_better = mode == "max";
+  if (policy.keep_best > 0 && policy.metric.empty()) throw Usage{"--keep-best needs --metric NAME"};
+  Status valid = ValidatePolicy(policy);
+  if (!valid.ok()) throw Usage{valid.message()};
+  return policy;
+}
+
+json InfoJson(const CheckpointInfo& c) {
+  json out = {{"name", c.name}, {"step", c.step}, {"committed", c.committed}, {"temporary", c.temp},
+              {"symlink", c.symlink}, {"time", c.time}, {"world_size", c.world_size}, {"bytes", c.bytes},
+              {"metrics", c.metrics}, {"keep", c.keep}, {"why", c.why}};
+  if (!c.problem.empty()) out["problem"] = c.problem;
+  return out;
+}
+
+std::string MetricsText(const std::map<std::string, double>& metrics) {
+  std::string out;
+  for (const auto& [k, v] : metrics) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%.6g", v);
+    out += (out.empty() ? "" : " ") + k + "=" + buf;
+  }
+  return out.empty() ? "-" : out;
+}
+
+int List(int argc, char** argv) {
+  po::options_description flags("list: every checkpoint of a root, and which ones retention would keep");
+  flags.add_options()("json", "machine-readable output");
+  AddPolicyFlags(flags);
+  po::variables_map vm = Parse("list", flags, "ROOT", argc, argv);
+  const std::string root = vm["ROOT"].as<std::string>();
+  RetentionPolicy policy = PolicyFrom(vm);
+  Result<std::vector<CheckpointInfo>> all = ListCheckpoints(root);
+  if (!all.ok()) return Fail(all.status());
+  const std::string latest = ReadLatestName(root);
+  PlanRetention(policy, latest, &*all);
+  if (vm.count("json")) {
+    json rows = json::array();
+    for (const CheckpointInfo& c : *all) rows.push_back(InfoJson(c));
+    std::cout << json{{"root", root}, {"latest", latest}, {"checkpoints", rows}}.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("%-28s %12s %-10s %-20s %6s %14s  %-28s %s\n", "folder", "step", "state", "time", "ranks", "bytes",
+              "metrics", "retention");
+  for (const CheckpointInfo& c : *all) {
+    const char* state = c.committed ? (c.problem.empty() ? "committed" : "damaged") : c.temp ? "temporary" : "partial";
+    std::string name = c.name + (c.symlink ? "@" : "");
+    std::printf("%-28s %12lld %-10s %-20s %6d %14llu  %-28s %s\n", name.c_str(), static_cast<long long>(c.step), state,
+                c.time.empty() ? "-" : c.time.c_str(), c.world_size, static_cast<unsigned long long>(c.bytes),
+                MetricsText(c.metrics).c_str(),
+                c.committed ? (c.keep ? ("keep: " + c.why).c_str() : "would remove") : "next save removes");
+    if (!c.problem.empty() && c.committed) std::printf("    %s\n", c.problem.c_str());
+  }
+  return 0;
+}
+
+int Prune(int argc, char** argv) {
+  po::options_description flags("prune: apply a retention rule to a root now");
+  flags.add_options()("dry-run", "print what would be removed; remove nothing")("json", "machine-readable output");
+  AddPolicyFlags(flags);
+  po::variables_map vm = Parse("prune", flags, "ROOT", argc, argv);
+  const std::string root = vm["ROOT"].as<std::string>();
+  RetentionPolicy policy = PolicyFrom(vm);
+  if (policy.KeepsEverything()) throw Usage{"prune needs --keep-last K and/or --keep-best K (K >= 1)"};
+  const bool dry_run = vm.count("dry-run") > 0;
+  if (!IsDirectory(root)) return Fail(NotFound(root + " is not a folder"));
+  // The writer lock: a save into this root and a prune never interleave.
+  Result<RootLock> lock = RootLock::Acquire(root);
+  if (!lock.ok()) return Fail(lock.status());
+  std::vector<std::string> leftovers;
+  if (!dry_run) {
+    Status repaired = RepairLatest(root);
+    if (!repaired.ok()) return Fail(repaired);
+  }
+  Result<std::vector<CheckpointInfo>> all = ListCheckpoints(root, false);
+  if (!all.ok()) return Fail(all.status());
+  for (const CheckpointInfo& c : *all) {
+    if (!c.committed) leftovers.push_back(c.name);
+  }
+  if (!dry_run) {
+    Status cleaned = RemoveStaleTempDirs(root);
+    if (!cleaned.ok()) return Fail(cleaned);
+  }
+  Result<RetentionReport> r = ApplyRetention(root, policy, "", dry_run);
+  if (!r.ok()) return Fail(r.status());
+  r->removed.insert(r->removed.begin(), leftovers.begin(), leftovers.end());
+  if (vm.count("json")) {
+    std::cout << json{{"root", root}, {"dry_run", dry_run}, {"removed", r->removed}, {"deferred", r->deferred}}.dump(2)
+              << "\n";
+    return 0;
+  }
+  for (const std::string& name : r->removed) std::printf("%s %s\n", dry_run ? "would remove" : "removed", JoinPath(root, name).c_str());
+  for (const std::string& name : r->deferred) std::printf("kept for now (a reader holds it): %s\n", JoinPath(root, name).c_str());
+  std::printf("%zu folder(s) %s\n", r->removed.size(), dry_run ? "would be removed (dry run)" : "removed");
+  return 0;
+}
+
 const char* kUsage =
     "usage: shardckpt COMMAND [options]   (COMMAND --help for each)\n"
     "  inspect CHECKPOINT       what a checkpoint holds\n"
     "  verify CHECKPOINT        read everything, check every checksum\n"
     "  consolidate CHECKPOINT   one .pt or .safetensors file (streaming)\n"
     "  import FILE              a .pt or .safetensors file into a sharded checkpoint\n"
-    "  reshard CHECKPOINT       a checkpoint for another world size\n";
+    "  reshard CHECKPOINT       a checkpoint for another world size\n"
+    "  list ROOT                every checkpoint of a root, and what retention keeps\n"
+    "  prune ROOT               apply --keep-last / --keep-best to a root now\n";
 
 }  // namespace
 
@@ -285,6 +405,8 @@ int main(int argc, char** argv) {
     if (command == "consolidate") return ConsolidateCommand(argc - 1, argv + 1);
     if (command == "import") return Convert(true, argc - 1, argv + 1);
     if (command == "reshard") return Convert(false, argc - 1, argv + 1);
+    if (command == "list") return List(argc - 1, argv + 1);
+    if (command == "prune") return Prune(argc - 1, argv + 1);
     std::fprintf(stderr, "shardckpt: unknown command '%s'\n%s", command.c_str(), kUsage);
     return 2;
   } catch (const Usage& u) {

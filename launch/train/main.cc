@@ -34,6 +34,7 @@
 #include "collectives/nccl_communicator.h"
 #endif
 #include "engine/async_save.h"
+#include "engine/checkpoint_dir.h"
 #include "engine/load.h"
 #include "engine/save.h"
 #include "engine/torch_adapter.h"
@@ -51,11 +52,20 @@ struct Config {
   int64_t steps = 30, save_every = 0, global_batch = 48, features = 128, hidden = 1024, classes = 16;
   uint64_t seed = 1234;
   double dropout = 0.1;
-  int keep_last = 3;
+  int keep_last = 3, keep_best = 0;
   bool resume = false, resume_weights_only = false, async_save = false;
   std::string device = "cpu";
   std::string dump_params;
   AdamWConfig adamw;
+
+  SaveOptions SaveOptionsFor() const {
+    SaveOptions options;
+    options.keep_last = keep_last;
+    options.keep_best = keep_best;
+    options.best_metric = "loss";
+    options.torch_version = TorchVersion();
+    return options;
+  }
 
   nlohmann::json ToJson() const {
     return {{"global_batch", global_batch}, {"features", features}, {"hidden", hidden}, {"classes", classes},
@@ -92,8 +102,9 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
   for (const ParamSpec& p : model.params()) params += p.numel;
   say("shardckpt-train: " + std::to_string(world) + " ranks, " + std::to_string(params) + " parameters, flat-sharded");
 
+  // A root with a committed checkpoint, whether or not `latest` was written (checkpoint_dir.h).
   if ((config.resume || config.resume_weights_only) && !config.ckpt.empty() &&
-      PathExists(JoinPath(config.ckpt, "latest"))) {
+      (PathExists(JoinPath(config.ckpt, "latest")) || ResolveCheckpoint(config.ckpt).ok())) {
     ShardedState targets;
     Status added = model.AddToState(targets, config.resume_weights_only);
     if (!added.ok()) {
@@ -150,9 +161,7 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
     return true;
   };
   if (config.async_save) {
-    SaveOptions options;
-    options.keep_last = config.keep_last;
-    options.torch_version = TorchVersion();
+    SaveOptions options = config.SaveOptionsFor();
     Result<std::unique_ptr<AsyncSaver>> created = AsyncSaver::Create(comm, options);
     if (!created.ok()) {
       std::fprintf(stderr, "rank %d: %s\n", rank, created.status().ToString().c_str());
@@ -195,9 +204,8 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
         say(msg);
         continue;
       }
-      SaveOptions options;
-      options.keep_last = config.keep_last;
-      options.torch_version = TorchVersion();
+      SaveOptions options = config.SaveOptionsFor();
+      options.metrics["loss"] = *loss;  // keep-best ranks by it
       options.user_metadata["job"] = "shardckpt-train";
       auto t0 = std::chrono::steady_clock::now();
       Result<SaveResult> saved = added.ok() ? Save(comm, config.ckpt, step, state, options) : Result<SaveResult>(added);
@@ -271,7 +279,8 @@ int main(int argc, char** argv) {
       ("ckpt", po::value(&config.ckpt), "checkpoint root")
       ("steps", po::value(&config.steps)->default_value(30), "train until this global step")
       ("save-every", po::value(&config.save_every)->default_value(0), "save every K steps (0: never)")
-      ("keep-last", po::value(&config.keep_last)->default_value(3), "checkpoints to keep")
+      ("keep-last", po::value(&config.keep_last)->default_value(3), "newest checkpoints to keep")
+      ("keep-best", po::value(&config.keep_best)->default_value(0), "and the K with the lowest recorded loss")
       ("resume", po::bool_switch(&config.resume), "continue from `latest` in --ckpt when there is one")
       ("resume-weights-only", po::bool_switch(&config.resume_weights_only),
        "load only the model weights; fresh optimizer, scheduler and RNG")

@@ -1,0 +1,66 @@
+// Which checkpoints of a root to keep: the newest K, united with the best K by one recorded
+// metric, never the one `latest` names or the newest committed one. Used by every save (on rank
+// 0, root lock held) and by `shardckpt prune` and `shardckpt list`.
+//
+// Why a reader never loses a checkpoint it opened: readers hold a shared flock on the folder
+// (HoldCheckpoint), and deletion (RemoveCheckpointDir) takes the exclusive lock without waiting;
+// a held folder is left for a later save. Deletion drops manifest.json first, so a crash in the
+// middle leaves a folder that is not committed, which the next save removes.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "io/status.h"
+
+namespace shardckpt {
+
+struct RetentionPolicy {
+  int keep_last = 0;            // the newest K committed checkpoints
+  int keep_best = 0;            // the best K by `metric`; a checkpoint without it is never best
+  std::string metric;           // a name in the manifest's "metrics"
+  bool higher_is_better = false;  // mode max; default min (a loss)
+  // Neither keep_last nor keep_best set: every checkpoint is kept.
+  bool KeepsEverything() const { return keep_last <= 0 && keep_best <= 0; }
+};
+
+// Refuses negative counts and keep_best without a metric name.
+Status ValidatePolicy(const RetentionPolicy& policy);
+
+// One folder under a root, as `list` shows it and the policy judges it.
+struct CheckpointInfo {
+  std::string name;
+  int64_t step = -1;       // -1 for a folder whose name has no step
+  bool committed = false;  // step-N with manifest.json
+  bool temp = false;       // a save in progress, or left by one that died
+  bool symlink = false;
+  std::string time;        // from the manifest
+  int world_size = 0;
+  uint64_t bytes = 0;      // files directly in the folder
+  std::map<std::string, double> metrics;
+  std::string problem;     // why the manifest could not be read, or why a folder is not committed
+  bool keep = false;       // what the policy decides, for committed checkpoints
+  std::string why;         // "latest", "last 3", "best 2 by val_loss", ...
+};
+
+// Pure: marks keep/why on every committed entry of `all` (others are left unkept). `latest` is
+// the folder name `latest` holds; it and the newest committed checkpoint are always kept.
+void PlanRetention(const RetentionPolicy& policy, const std::string& latest, std::vector<CheckpointInfo>* all);
+
+// Every step folder under root (committed, temp, or left without a manifest), oldest first,
+// with what the manifests record. `with_manifests` false skips reading them (faster; no metrics).
+Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, bool with_manifests = true);
+
+struct RetentionReport {
+  std::vector<std::string> removed;   // or, on a dry run, would be removed
+  std::vector<std::string> deferred;  // held by a reader; a later save removes them
+};
+
+// Applies `policy` to root; the caller holds the root lock. `just_committed` is never removed.
+// dry_run: reports what would go and removes nothing.
+Result<RetentionReport> ApplyRetention(const std::string& root, const RetentionPolicy& policy,
+                                       const std::string& just_committed, bool dry_run = false);
+
+}  // namespace shardckpt

@@ -1,0 +1,404 @@
+// Retention, the commit window and readers: what a root resolves to after a crash at each commit
+// step, keep-last united with keep-best, deletion that never follows a link and never leaves a
+// folder that looks committed, and readers that retention never pulls a checkpoint from under.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "collectives/communicator.h"
+#include "engine/checkpoint_dir.h"
+#include "engine/load.h"
+#include "engine/retention.h"
+#include "engine/save.h"
+#include "engine/verify.h"
+#include "io/failpoint.h"
+#include "io/fs.h"
+#include "tests/test_util.h"
+
+namespace shardckpt {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+template <typename T>
+T Or(Result<T> result, T fallback) {
+  return result.ok() ? std::move(result).value() : fallback;
+}
+
+// ---- The plan, as a table. ----
+
+CheckpointInfo Committed(int64_t step, std::map<std::string, double> metrics = {}) {
+  CheckpointInfo c;
+  c.name = StepDirName(step);
+  c.step = step;
+  c.committed = true;
+  c.metrics = std::move(metrics);
+  return c;
+}
+
+std::vector<int64_t> Kept(const RetentionPolicy& policy, const std::string& latest, std::vector<CheckpointInfo> all) {
+  PlanRetention(policy, latest, &all);
+  std::vector<int64_t> out;
+  for (const CheckpointInfo& c : all) {
+    if (c.keep) out.push_back(c.step);
+  }
+  return out;
+}
+
+TEST(RetentionPlan, KeepsTheUnionOfLastAndBestAndNeverLatest) {
+  std::vector<CheckpointInfo> all = {Committed(10, {{"loss", 0.5}}), Committed(20, {{"loss", 0.2}}),
+                                     Committed(30, {{"loss", 0.9}}), Committed(40, {{"loss", 0.1}}),
+                                     Committed(50),  // no metric: never best
+                                     Committed(60, {{"loss", 3.0}})};
+  struct Case {
+    RetentionPolicy policy;
+    std::string latest;
+    std::vector<int64_t> kept;
+  } cases[] = {
+      {{0, 0, "", false}, "step-000000060", {10, 20, 30, 40, 50, 60}},  // no rule keeps all
+      {{1, 0, "", false}, "step-000000060", {60}},
+      {{2, 0, "", false}, "step-000000060", {50, 60}},
+      {{1, 2, "loss", false}, "step-000000060", {20, 40, 60}},  // latest has the worst loss, kept anyway
+      {{1, 2, "loss", true}, "step-000000060", {30, 60}},       // max: 60 is best and last, then 30
+      {{0, 1, "loss", false}, "step-000000060", {40, 60}},
+      {{1, 1, "loss", false}, "step-000000030", {30, 40, 60}},  // a stale latest and the newest both stay
+      {{1, 2, "accuracy", false}, "step-000000060", {60}},      // nobody recorded it: nothing is best
+      {{10, 0, "", false}, "step-000000060", {10, 20, 30, 40, 50, 60}},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(Kept(c.policy, c.latest, all), c.kept)
+        << "keep_last " << c.policy.keep_last << " keep_best " << c.policy.keep_best << " " << c.policy.metric;
+  }
+  // Uncommitted folders are never marked kept (the next save removes them).
+  CheckpointInfo temp;
+  temp.name = "step-000000070.tmp-x";
+  temp.step = 70;
+  temp.temp = true;
+  all.push_back(temp);
+  EXPECT_EQ(Kept({1, 0, "", false}, "step-000000060", all), std::vector<int64_t>({60}));
+}
+
+TEST(RetentionPlan, TiesGoToTheNewerCheckpoint) {
+  std::vector<CheckpointInfo> all = {Committed(1, {{"m", 1.0}}), Committed(2, {{"m", 1.0}}), Committed(3, {{"m", 5.0}})};
+  EXPECT_EQ(Kept({0, 1, "m", false}, "step-000000003", all), std::vector<int64_t>({2, 3}));
+}
+
+TEST(RetentionPlan, PolicyNeedsAMetricForKeepBest) {
+  EXPECT_THAT(ValidatePolicy({0, 2, "", false}).message(), HasSubstr("needs the name of a metric"));
+  EXPECT_FALSE(ValidatePolicy({-1, 0, "", false}).ok());
+  EXPECT_TRUE(ValidatePolicy({3, 2, "loss", false}).ok());
+}
+
+// ---- On disk. ----
+
+class RetentionTest : public ::testing::Test {
+ protected:
+  void TearDown() override { SetFailpoints("").IgnoreError(); }
+  std::string root() const { return JoinPath(dir_.path(), "ckpt"); }
+  std::string StepDir(int64_t step) const { return JoinPath(root(), StepDirName(step)); }
+  std::string Latest() const { return ReadLatestName(root()); }
+
+  // A small state whose bytes depend on the step, so a load proves which step it read.
+  struct State {
+    std::vector<uint8_t> bytes;
+    ShardedState state;
+    explicit State(int64_t step) : bytes(40000) {
+      for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 7 + step);
+      EXPECT_TRUE(state.AddTensor("w", DType::kUInt8, {40000}, Layout::Replicated(), bytes.data()).ok());
+      EXPECT_TRUE(state.AddBlob("step", std::to_string(step)).ok());
+    }
+  };
+
+  Result<SaveResult> SaveStep(int64_t step, SaveOptions options = {}, Communicator* comm = nullptr) {
+    State s(step);
+    return Save(comm ? *comm : *comm_, root(), step, s.state, options);
+  }
+
+  // Loads `path` and returns the step whose bytes it holds (after checking they match it).
+  Result<int64_t> LoadStep(const std::string& path, Communicator* comm = nullptr) {
+    std::vector<uint8_t> got(40000, 0xAB);
+    ShardedState targets;
+    SC_RETURN_IF_ERROR(targets.AddTensor("w", DType::kUInt8, {40000}, Layout::Replicated(), got.data()));
+    SC_ASSIGN_OR_RETURN(LoadReport report, Load(comm ? *comm : *comm_, path, targets));
+    State expected(report.step);
+    if (got != expected.bytes) return DataLoss("bytes of step " + std::to_string(report.step) + " differ");
+    if (report.blobs.at("step").bytes != std::to_string(report.step)) return DataLoss("blob 'step' differs");
+    return report.step;
+  }
+
+  // Runs `body` in a child process (which may die at a failpoint); returns its wait status.
+  int InChild(const std::function<void()>& body) {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      body();
+      ::_exit(0);
+    }
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    return status;
+  }
+
+  std::vector<std::string> Names() const {
+    std::vector<std::string> names = ListDir(root()).value();
+    std::vector<std::string> out;
+    for (const std::string& n : names) {
+      if (n.rfind("step-", 0) == 0) out.push_back(n);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+  testing::TempDir dir_;
+  std::unique_ptr<Communicator> comm_ = CreateSingleProcessCommunicator();
+};
+
+// Issue 11 item 4: a crash at any commit step, the rename of step-N and the replacement of
+// `latest` included, leaves a root that resolves to a complete checkpoint, that a resumed run
+// loads, and that the next save (of the next step) commits into without anyone's help.
+TEST_F(RetentionTest, ACrashAtEachCommitStepLeavesARootThatResumesAndSavesOn) {
+  const char* steps[] = {"commit.sync_tmp",        "commit.manifest.write", "commit.manifest.fsync",
+                         "commit.manifest.rename", "commit.manifest.sync_dir", "commit.rename_dir",
+                         "commit.sync_root",       "commit.latest.write",  "commit.latest.fsync",
+                         "commit.latest.rename",   "commit.latest.sync_dir"};
+  ASSERT_TRUE(SaveStep(1).ok());
+  int64_t step = 2;
+  int renamed = 0;
+  for (const char* failpoint : steps) {
+    int status = InChild([&] {
+      SetFailpoints(std::string(failpoint) + "=kill").IgnoreError();
+      SaveStep(step).status().IgnoreError();
+    });
+    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << failpoint << " did not kill the save";
+    // The save died before or after its rename: the root resolves to the newest complete one.
+    const bool committed = PathExists(JoinPath(StepDir(step), kManifestName));
+    renamed += committed;
+    Result<int64_t> resumed = LoadStep(root());
+    ASSERT_TRUE(resumed.ok()) << failpoint << ": " << resumed.status().ToString();
+    const int64_t previous = step - 1;
+    EXPECT_EQ(*resumed, committed ? step : previous) << failpoint;
+    // The resumed run saves its next step: no "already committed", `latest` repaired.
+    const int64_t next = committed ? step + 1 : step;
+    Result<SaveResult> saved = SaveStep(next);
+    ASSERT_TRUE(saved.ok()) << failpoint << ": " << saved.status().ToString();
+    EXPECT_EQ(Latest(), StepDirName(next)) << failpoint;
+    EXPECT_EQ(Or(LoadStep(root()), int64_t{-1}), next) << failpoint;
+    for (const std::string& name : Names()) EXPECT_FALSE(IsTempDirName(name)) << failpoint << " left " << name;
+    step = next + 1;
+  }
+  // The window this is about was hit: some kills came after the rename, before `latest`.
+  EXPECT_GE(renamed, 4);
+}
+
+TEST_F(RetentionTest, ARootWithoutLatestResolvesToItsNewestCommittedCheckpoint) {
+  ASSERT_TRUE(SaveStep(1).ok());
+  ASSERT_TRUE(SaveStep(2).ok());
+  ASSERT_EQ(::unlink(JoinPath(root(), kLatestName).c_str()), 0);
+  EXPECT_EQ(Or(ResolveCheckpoint(root()), std::string()), StepDir(2));
+  EXPECT_EQ(Or(LoadStep(root()), int64_t{-1}), 2);
+  // A `latest` naming an older one is stale: the newest committed wins, the next save repairs it.
+  ASSERT_TRUE(WriteFileAtomic(JoinPath(root(), kLatestName), "step-000000001\n", "test").ok());
+  EXPECT_EQ(Or(ResolveCheckpoint(root()), std::string()), StepDir(2));
+  ASSERT_TRUE(SaveStep(3).ok());
+  EXPECT_EQ(Latest(), "step-000000003");
+  // A folder with neither is NotFound, saying so.
+  ASSERT_TRUE(MakeDirs(JoinPath(dir_.path(), "empty")).ok());
+  Result<std::string> none = ResolveCheckpoint(JoinPath(dir_.path(), "empty"));
+  EXPECT_EQ(none.status().code(), Code::kNotFound);
+  EXPECT_THAT(none.status().message(), HasSubstr("neither a checkpoint"));
+}
+
+// ---- Metrics and keep-best. ----
+
+TEST_F(RetentionTest, MetricsAreRecordedTypedAndValidated) {
+  SaveOptions options;
+  options.metrics = {{"val_loss", 0.125}, {"accuracy", 97.5}};
+  ASSERT_TRUE(SaveStep(1, options).ok());
+  Manifest m = ReadManifest(StepDir(1)).value();
+  EXPECT_EQ(m.metrics, options.metrics);
+  std::string text = ReadFileLimited(JoinPath(StepDir(1), kManifestName), 1 << 20).value();
+  EXPECT_THAT(text, HasSubstr("\"val_loss\": 0.125"));  // a JSON number, not a string
+  // Not a finite number: refused with the metric's name, and nothing is committed.
+  options.metrics = {{"val_loss", std::nan("")}};
+  Result<SaveResult> bad = SaveStep(2, options);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("metric 'val_loss'"));
+  EXPECT_FALSE(PathExists(StepDir(2)));
+  // A manifest whose metric is not a number is refused on read, naming it (seal recomputed, so
+  // only the type check can catch it).
+  Manifest edited = m;
+  std::string encoded = EncodeManifest(edited).value();
+  std::string bodyless = CheckSeal(encoded, "x").value();
+  size_t at = bodyless.find("0.125");
+  ASSERT_NE(at, std::string::npos);
+  bodyless.replace(at, 5, "\"low\"");
+  Result<Manifest> decoded = DecodeManifest(SealManifestText(bodyless), "m.json");
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_THAT(decoded.status().message(), HasSubstr("metric 'val_loss' is string, not a number"));
+}
+
+TEST_F(RetentionTest, KeepLastOneAndBestTwoEndsWithTheNewestAndTheTwoLowest) {
+  const std::map<int64_t, double> loss = {{10, 0.9}, {20, 0.3}, {30, 0.5}, {40, 0.2}, {50, 0.4}, {60, 0.8}};
+  for (const auto& [step, value] : loss) {
+    SaveOptions options;
+    options.keep_last = 1;
+    options.keep_best = 2;
+    options.best_metric = "loss";
+    options.metrics["loss"] = value;
+    ASSERT_TRUE(SaveStep(step, options).ok()) << step;
+  }
+  EXPECT_THAT(Names(), ElementsAre(StepDirName(20), StepDirName(40), StepDirName(60)));
+  // `latest` is never removed, even with the worst metric of all.
+  SaveOptions options;
+  options.keep_last = 1;
+  options.keep_best = 2;
+  options.best_metric = "loss";
+  options.metrics["loss"] = 99.0;
+  ASSERT_TRUE(SaveStep(70, options).ok());
+  EXPECT_THAT(Names(), ElementsAre(StepDirName(20), StepDirName(40), StepDirName(70)));
+  EXPECT_EQ(Or(LoadStep(root()), int64_t{-1}), 70);
+  // Dry run lists without removing.
+  Result<RetentionReport> dry = ApplyRetention(root(), {1, 0, "", false}, "", true);
+  ASSERT_TRUE(dry.ok());
+  EXPECT_THAT(dry->removed, ElementsAre(StepDirName(20), StepDirName(40)));
+  EXPECT_THAT(Names(), ElementsAre(StepDirName(20), StepDirName(40), StepDirName(70)));
+}
+
+// ---- Deletion: links, crashes, readers. ----
+
+TEST_F(RetentionTest, RetentionNeverFollowsALinkOutOfTheRoot) {
+  // An archived checkpoint linked in as the oldest step, a rank file of another step linked to
+  // a file outside, and a dead save's temp folder that is a link.
+  const std::string archive = JoinPath(dir_.path(), "archive");
+  ASSERT_TRUE(Save(*comm_, archive, 1, State(1).state).ok());
+  ASSERT_TRUE(MakeDirs(root()).ok());
+  ASSERT_EQ(::symlink(JoinPath(archive, StepDirName(1)).c_str(), StepDir(1).c_str()), 0);
+  ASSERT_TRUE(SaveStep(2).ok());
+  const std::string outside_file = JoinPath(dir_.path(), "outside.bin");
+  ASSERT_TRUE(WriteFileAtomic(outside_file, "precious", "test").ok());
+  ASSERT_EQ(::symlink(outside_file.c_str(), JoinPath(StepDir(2), "extra.bin").c_str()), 0);
+  const std::string outside_dir = JoinPath(dir_.path(), "outside-dir");
+  ASSERT_TRUE(MakeDirs(outside_dir).ok());
+  ASSERT_TRUE(WriteFileAtomic(JoinPath(outside_dir, "keep.me"), "x", "test").ok());
+  ASSERT_EQ(::symlink(outside_dir.c_str(), JoinPath(root(), "step-000000005.tmp-dead").c_str()), 0);
+
+  SaveOptions options;
+  options.keep_last = 1;
+  ASSERT_TRUE(SaveStep(3, options).ok());
+  EXPECT_THAT(Names(), ElementsAre(StepDirName(3)));
+  // Everything outside the root is whole: the archived checkpoint still loads.
+  EXPECT_TRUE(PathExists(JoinPath(JoinPath(archive, StepDirName(1)), kManifestName)));
+  EXPECT_EQ(Or(LoadStep(JoinPath(archive, StepDirName(1))), int64_t{-1}), 1);
+  EXPECT_EQ(Or(ReadFileLimited(outside_file, 100), std::string()), "precious");
+  EXPECT_TRUE(PathExists(JoinPath(outside_dir, "keep.me")));
+}
+
+TEST_F(RetentionTest, AKilledPruneLeavesFoldersCompleteOrWithoutManifestAndTheNextSaveCleansThem) {
+  for (int64_t step = 1; step <= 5; ++step) ASSERT_TRUE(SaveStep(step).ok());
+  for (const char* failpoint : {"retention.remove_tree#2=kill", "retention.remove#2=kill"}) {
+    int status = InChild([&] {
+      SetFailpoints(failpoint).IgnoreError();
+      ApplyRetention(root(), {1, 0, "", false}, "").status().IgnoreError();
+    });
+    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << failpoint;
+  }
+  int without_manifest = 0;
+  for (const std::string& name : Names()) {
+    const std::string dir = JoinPath(root(), name);
+    if (!PathExists(JoinPath(dir, kManifestName))) {
+      ++without_manifest;
+      continue;
+    }
+    Result<VerifyReport> report = VerifyCheckpoint(dir);
+    ASSERT_TRUE(report.ok()) << name;
+    EXPECT_TRUE(report->problems.empty()) << name << " is committed but not complete";
+  }
+  EXPECT_GE(without_manifest, 1);
+  EXPECT_EQ(Or(LoadStep(root()), int64_t{-1}), 5);
+  ASSERT_TRUE(SaveStep(6).ok());
+  for (const std::string& name : Names()) EXPECT_TRUE(PathExists(JoinPath(JoinPath(root(), name), kManifestName))) << name;
+}
+
+TEST_F(RetentionTest, AHeldCheckpointIsLeftForALaterSave) {
+  SaveOptions options;
+  options.keep_last = 1;
+  ASSERT_TRUE(SaveStep(1, options).ok());
+  {
+    Result<CheckpointHold> hold = HoldCheckpoint(root());
+    ASSERT_TRUE(hold.ok());
+    ASSERT_TRUE(SaveStep(2, options).ok());
+    EXPECT_THAT(Names(), ElementsAre(StepDirName(1), StepDirName(2)));
+    EXPECT_EQ(Or(LoadStep(hold->dir()), int64_t{-1}), 1);
+  }
+  ASSERT_TRUE(SaveStep(3, options).ok());
+  EXPECT_THAT(Names(), ElementsAre(StepDirName(3)));
+}
+
+TEST_F(RetentionTest, AFolderRemovedWhileBeingOpenedIsReportedAsRemovedNotDamaged) {
+  ASSERT_TRUE(SaveStep(1).ok());
+  ASSERT_TRUE(SaveStep(2).ok());
+  ASSERT_TRUE(Or(RemoveCheckpointDir(root(), StepDirName(1)), false));
+  Result<VerifyReport> gone = VerifyCheckpoint(StepDir(1));
+  ASSERT_FALSE(gone.ok());
+  EXPECT_EQ(gone.status().code(), Code::kNotFound);
+  EXPECT_THAT(gone.status().message(), Not(HasSubstr("DAMAGED")));
+}
+
+// Issue 16 part 0: saves of every step with keep_last 1 while readers loop verify and load on
+// the root; every read succeeds and reads the step it resolved.
+TEST_F(RetentionTest, ReadersLoopingOnTheRootNeverFailWhileRetentionRuns) {
+  SaveOptions options;
+  options.keep_last = 1;
+  ASSERT_TRUE(SaveStep(1, options).ok());
+  std::atomic<bool> done{false};
+  std::atomic<int> reads{0};
+  std::vector<std::string> failures;
+  std::mutex mu;
+  auto fail = [&](const std::string& what) {
+    std::lock_guard<std::mutex> lock(mu);
+    failures.push_back(what);
+  };
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 2; ++t) {
+    readers.emplace_back([&] {
+      while (!done) {
+        Result<VerifyReport> v = VerifyCheckpoint(root());
+        if (!v.ok()) fail("verify: " + v.status().ToString());
+        else if (!v->problems.empty()) fail("verify: DAMAGED " + v->problems[0].file + ": " + v->problems[0].what);
+        ++reads;
+      }
+    });
+    readers.emplace_back([&] {
+      auto comm = CreateSingleProcessCommunicator();
+      while (!done) {
+        Result<int64_t> step = LoadStep(root(), comm.get());
+        if (!step.ok()) fail("load: " + step.status().ToString());
+        ++reads;
+      }
+    });
+  }
+  auto saver = CreateSingleProcessCommunicator();
+  for (int64_t step = 2; step <= 60; ++step) {
+    Result<SaveResult> saved = SaveStep(step, options, saver.get());
+    if (!saved.ok()) fail("save: " + saved.status().ToString());
+  }
+  done = true;
+  for (std::thread& t : readers) t.join();
+  EXPECT_THAT(failures, ::testing::IsEmpty());
+  EXPECT_GE(reads.load(), 20);
+  SaveStep(61, options).status().IgnoreError();  // deletions deferred by the readers happen now
+  EXPECT_THAT(Names(), ElementsAre(StepDirName(61)));
+}
+
+}  // namespace
+}  // namespace shardckpt
