@@ -36,7 +36,8 @@ Status AsyncSaver::Wait() {
   return status;
 }
 
-Result<std::shared_ptr<SaveHandle>> AsyncSaver::Save(const std::string& root, int64_t step, const ShardedState& state) {
+Result<std::shared_ptr<SaveHandle>> AsyncSaver::Save(const std::string& root, int64_t step, const ShardedState& state,
+                                                     const std::map<std::string, double>& metrics) {
   // The previous persist still reads the staging area: finish it first. Its error belongs to
   // its own handle; this save goes ahead.
   Wait().IgnoreError();
@@ -79,6 +80,7 @@ Result<std::shared_ptr<SaveHandle>> AsyncSaver::Save(const std::string& root, in
   Communicator* comm = comm_.get();
   const ShardedState* snapshot = &snapshot_;
   SaveOptions options = options_;
+  if (!metrics.empty()) options.metrics = metrics;
   handle->result_ = std::async(std::launch::async, [comm, root, step, snapshot, options]() {
                       return shardckpt::Save(*comm, root, step, *snapshot, options);
                     }).share();

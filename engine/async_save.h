@@ -44,7 +44,9 @@ class AsyncSaver {
   static Result<std::unique_ptr<AsyncSaver>> Create(Communicator& comm, SaveOptions options = {});
   ~AsyncSaver();
 
-  Result<std::shared_ptr<SaveHandle>> Save(const std::string& root, int64_t step, const ShardedState& state);
+  // `metrics` are recorded in this save's manifest (SaveOptions::metrics of Create otherwise).
+  Result<std::shared_ptr<SaveHandle>> Save(const std::string& root, int64_t step, const ShardedState& state,
+                                           const std::map<std::string, double>& metrics = {});
   // Waits for the persist in flight, if any.
   Status Wait();
 

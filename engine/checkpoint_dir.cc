@@ -96,6 +96,11 @@ Result<std::string> ResolveCheckpoint(const std::string& path) {
       return NotFound(latest + " names " + (name.ok() ? "'" + Trim(*name) + "'" : name.status().message()) +
                       ", but " + path + " holds no committed checkpoint (no step folder with " + kManifestName + ")");
     }
+    int64_t step;
+    if (ParseStepDirName(BaseName(path), &step)) {
+      return NotFound(path + " is not a committed checkpoint (no " + kManifestName +
+                      "): it is being removed by retention or prune, or its save did not finish");
+    }
     return NotFound(path + " is neither a checkpoint (no " + kManifestName + ") nor a root (no " + kLatestName +
                     " and no committed step folder)");
   }

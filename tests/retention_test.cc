@@ -347,6 +347,12 @@ TEST_F(RetentionTest, AHeldCheckpointIsLeftForALaterSave) {
 TEST_F(RetentionTest, AFolderRemovedWhileBeingOpenedIsReportedAsRemovedNotDamaged) {
   ASSERT_TRUE(SaveStep(1).ok());
   ASSERT_TRUE(SaveStep(2).ok());
+  // Halfway through a deletion (the manifest goes first), then gone.
+  ASSERT_EQ(::unlink(JoinPath(StepDir(1), kManifestName).c_str()), 0);
+  Result<VerifyReport> going = VerifyCheckpoint(StepDir(1));
+  ASSERT_FALSE(going.ok());
+  EXPECT_EQ(going.status().code(), Code::kNotFound);
+  EXPECT_THAT(going.status().message(), HasSubstr("being removed by retention or prune"));
   ASSERT_TRUE(Or(RemoveCheckpointDir(root(), StepDirName(1)), false));
   Result<VerifyReport> gone = VerifyCheckpoint(StepDir(1));
   ASSERT_FALSE(gone.ok());

@@ -192,7 +192,7 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
       if (added.ok()) added = state.AddBlob("rng", GeneratorState(own), BlobScope::kPerRank);
       if (saver) {
         if (!added.ok() || !finish_pending()) return 1;
-        Result<std::shared_ptr<SaveHandle>> handle = saver->Save(config.ckpt, step, state);
+        Result<std::shared_ptr<SaveHandle>> handle = saver->Save(config.ckpt, step, state, {{"loss", *loss}});
         if (!handle.ok()) {
           std::fprintf(stderr, "rank %d: checkpoint snapshot failed: %s\n", rank, handle.status().ToString().c_str());
           return 1;

@@ -52,6 +52,23 @@ case "$case" in
     run 2 -- save "$work/root" --step 2
     ls "$work/root" | grep -q tmp && { echo "temp folder left behind"; exit 1; }
     run 2 -- load "$work/root" --expect-step 2 ;;
+  readers)    # issue 16 part 0: a 2-rank job saves every step with keep-last 1 while a 2-rank
+              # job loops loads of the root and a loop runs `shardckpt verify` on it: every read works
+    cli=$(dirname "$check")/shardckpt
+    run 2 -- save "$work/root" --step 1
+    run 2 -- save-loop "$work/root" --step 2 --count 40 --keep-last 1 > "$work/saves.log" 2>&1 &
+    saver=$!
+    run 2 -- load-loop "$work/root" --count 15 > "$work/loads.log" 2>&1 &
+    loader=$!
+    verifies=0
+    while kill -0 $saver 2>/dev/null; do
+      "$cli" verify "$work/root" > "$work/verify.out" 2>&1 || { cat "$work/verify.out"; kill $saver $loader; exit 1; }
+      verifies=$((verifies + 1))
+    done
+    wait $saver || { cat "$work/saves.log"; exit 1; }
+    wait $loader || { grep FAIL "$work/loads.log"; exit 1; }
+    echo "$verifies verifies and $(grep -c 'OK loaded' "$work/loads.log") rank loads succeeded during 40 saves"
+    [ "$verifies" -ge 5 ] || { echo "too few verifies overlapped the saves"; exit 1; } ;;
   async)      # async save: snapshot semantics, staging reuse, background failures
     run 2 -- async "$work/root" --step 5 --staging-bytes 65536
     run 2 -x SHARDCKPT_FAILPOINTS="io.write@1=EIO" -- async "$work/failing" --step 5 \

@@ -6,6 +6,8 @@
 //   load    ROOT --family F --expect-step S  load (resharded when the world or family differs)
 //   roundtrip ROOT --family F                save then load at the same world size
 //   save-fails ROOT --step S --expect TEXT.. a save that must fail on every rank with TEXT
+//   save-loop ROOT --step S --count N --keep-last K   saves steps S..S+N-1 with retention
+//   load-loop ROOT --count N                  loads the root N times; every load must succeed
 #include <unistd.h>
 
 #include <cstdio>
@@ -35,6 +37,8 @@ struct Args {
   int64_t expect_step = -1;
   size_t staging_bytes = 8u << 20;
   std::vector<std::string> expect;
+  int64_t count = 1;          // save-loop, load-loop
+  int keep_last = 0;
   int victim = -1;            // dead-rank: the rank that never reaches the save
   std::string victim_does;    // exit | hang
 };
@@ -170,6 +174,27 @@ int DoAsync(Communicator& comm, const Args& a) {
   return DoLoad(comm, load);
 }
 
+// Readers against retention (issue 16 part 0): a loop of saves with keep_last while another job
+// loops loads of the root; each load must resolve a checkpoint and read it whole.
+int DoSaveLoop(Communicator& comm, const Args& a) {
+  SaveOptions options;
+  options.keep_last = a.keep_last;
+  for (int64_t step = a.step; step < a.step + a.count; ++step) {
+    Held held = Build(a.family, comm.size(), comm.rank(), step, true);
+    Result<SaveResult> saved = Save(comm, a.root, step, held.state, options);
+    if (!saved.ok()) return Fail(comm.rank(), "save of step " + std::to_string(step) + ": " + saved.status().ToString());
+  }
+  std::printf("rank %d: OK saved %lld steps with keep_last %d\n", comm.rank(), static_cast<long long>(a.count), a.keep_last);
+  return 0;
+}
+
+int DoLoadLoop(Communicator& comm, const Args& a) {
+  for (int64_t i = 0; i < a.count; ++i) {
+    if (int code = DoLoad(comm, a)) return code;
+  }
+  return 0;
+}
+
 int DoSaveFails(Communicator& comm, const Args& a) {
   Held held = Build(a.family, comm.size(), comm.rank(), a.step, true);
   Result<SaveResult> saved = Save(comm, a.root, a.step, held.state);
@@ -208,6 +233,8 @@ int main(int argc, char** argv) {
       else if (flag == "--staging-bytes") a.staging_bytes = std::strtoull(argv[i + 1], nullptr, 10);
       else if (flag == "--expect") a.expect.push_back(argv[i + 1]);
       else if (flag == "--victim") a.victim = std::atoi(argv[i + 1]);
+      else if (flag == "--count") a.count = std::atoll(argv[i + 1]);
+      else if (flag == "--keep-last") a.keep_last = std::atoi(argv[i + 1]);
       else if (flag == "--victim-does") a.victim_does = argv[i + 1];
       else if (flag == "--pid-dir") {
         std::ofstream(JoinPath(argv[i + 1], "rank-" + std::to_string(comm->rank()) + ".pid")) << ::getpid() << "\n";
@@ -222,6 +249,8 @@ int main(int argc, char** argv) {
     else if (a.mode == "roundtrip") code = DoSave(*comm, a) || DoLoad(*comm, a);
     else if (a.mode == "save-fails") code = DoSaveFails(*comm, a);
     else if (a.mode == "async") code = DoAsync(*comm, a);
+    else if (a.mode == "save-loop") code = DoSaveLoop(*comm, a);
+    else if (a.mode == "load-loop") code = DoLoadLoop(*comm, a);
     else if (a.mode == "dead-rank") {
       if (comm->rank() == a.victim) {
         // Leaves before the first collective of the save: exits the way a finished or

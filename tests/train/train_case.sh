@@ -6,6 +6,12 @@
 #                  a relative 1e-5 (only the order of floating-point reductions differs)
 #   killed         a rank SIGKILLed while writing the step-20 checkpoint; --resume restarts from
 #                  step 10 and the run completes with the uninterrupted losses
+#   keep-best CLI  saves at steps 10..60 with --keep-last 1 --keep-best 2 end with exactly the
+#                  newest checkpoint and the two with the lowest recorded loss; `list`, `inspect`
+#                  show the loss; `prune --dry-run` removes nothing; `prune` applies its rule
+#   commit-window  rank 0 killed after renaming step-000000020 but before replacing `latest`:
+#                  --resume continues from step 20 with no manual step, and the run completes with
+#                  the uninterrupted losses and `latest` repaired
 #   device         --device cuda: with a CUDA libtorch and GPUs, a device-resident run resumes
 #                  exactly from a device checkpoint; without, every rank refuses with the reason
 set -euo pipefail
@@ -96,6 +102,59 @@ PY
       done
       test ! -e "$work/d/latest" || { echo "a refused run wrote a checkpoint"; exit 1; }
     fi ;;
+  keep-best)  # CLI
+    cli=$1
+    # A small batch makes the loss noisy, so the best two are not the newest (checked below).
+    run 2 "$train" "${small[@]}" --global-batch 4 --ckpt "$work/r" --steps 60 --save-every 10 --keep-last 1 \
+      --keep-best 2 > "$work/run.log"
+    "$cli" list "$work/r" --json --keep-last 1 --keep-best 2 --metric loss > "$work/list.json"
+    "$cli" inspect "$work/r" --json > "$work/inspect.json"
+    /usr/bin/python3 - "$work/run.log" "$work/list.json" "$work/inspect.json" <<'PY'
+import json, sys
+losses = {}
+for line in open(sys.argv[1]):
+    w = line.split()
+    if len(w) == 4 and w[0] == "step" and w[2] == "loss" and int(w[1]) % 10 == 0:
+        losses[int(w[1])] = float(w[3])
+assert sorted(losses) == [10, 20, 30, 40, 50, 60], losses
+best = sorted(losses, key=lambda s: (losses[s], -s))[:2]
+want = sorted(set(best) | {60})
+assert len(want) == 3, f"the newest is among the best two {best}: the case proves nothing"
+listed = json.load(open(sys.argv[2]))
+rows = listed["checkpoints"]
+have = sorted(r["step"] for r in rows if r["committed"])
+assert have == want, f"kept {have}, expected newest 60 and the two lowest losses {best}: {want}"
+assert all(r["keep"] for r in rows), rows
+assert listed["latest"] == "step-000000060", listed["latest"]
+for r in rows:
+    assert abs(r["metrics"]["loss"] - losses[r["step"]]) <= 1e-6 * abs(losses[r["step"]]), (r, losses)
+inspected = json.load(open(sys.argv[3]))
+assert inspected["step"] == 60 and abs(inspected["metrics"]["loss"] - losses[60]) <= 1e-6 * abs(losses[60]), inspected
+print(f"kept {have}: newest and best 2 of {losses}")
+PY
+    before=$(ls "$work/r")
+    "$cli" prune "$work/r" --keep-last 1 --dry-run > "$work/dry.out"
+    cat "$work/dry.out"
+    [ "$(ls "$work/r")" = "$before" ] || { echo "prune --dry-run removed something"; exit 1; }
+    [ "$(grep -c '^would remove' "$work/dry.out")" -eq "$(( $(echo "$before" | grep -c '^step-') - 1 ))" ]
+    "$cli" prune "$work/r" --keep-last 1 > "$work/prune.out"
+    [ "$(ls "$work/r" | grep '^step-')" = step-000000060 ] || { ls "$work/r"; exit 1; }
+    "$cli" verify "$work/r" > /dev/null ;;
+  commit-window)
+    run 2 "$train" "${small[@]}" --steps 30 > "$work/full.log"
+    set +e
+    run 2 -x SHARDCKPT_FAILPOINTS="commit.latest.write@0#2=kill" "$train" "${small[@]}" --ckpt "$work/k" --steps 30 \
+      --save-every 10 > "$work/killed.log" 2>&1
+    status=$?
+    set -e
+    [ $status -ne 0 ] || { echo "the killed run exited 0"; exit 1; }
+    # The window: step 20 is committed, `latest` still names step 10.
+    test "$(cat "$work/k/latest")" = step-000000010
+    test -f "$work/k/step-000000020/manifest.json"
+    run 2 "$train" "${small[@]}" --ckpt "$work/k" --steps 30 --save-every 10 --resume > "$work/resumed.log"
+    grep -q "resumed from .*step-000000020 at step 20" "$work/resumed.log"
+    diff <(losses "$work/full.log" 21 30) <(losses "$work/resumed.log" 21 30)
+    test "$(cat "$work/k/latest")" = step-000000030 ;;
   *) echo "unknown case $case"; exit 2 ;;
 esac
 echo "train case $case $*: passed"
