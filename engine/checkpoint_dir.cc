@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 
 #include "engine/manifest.h"
@@ -142,9 +143,11 @@ Result<CheckpointHold> HoldCheckpoint(const std::string& path) {
     hold.fd_ = ::open(dir->c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (hold.fd_ < 0 && errno != ENOENT) return ErrnoStatus(errno, "open checkpoint folder " + *dir);
     if (hold.fd_ >= 0) {
-      while (::flock(hold.fd_, LOCK_SH) != 0) {
-        if (errno != EINTR) return ErrnoStatus(errno, "flock (shared) " + *dir);
+      int rc;
+      while ((rc = ::flock(hold.fd_, LOCK_SH)) != 0 && errno == EINTR) {
       }
+      // A filesystem without flock on folders (some network ones): read unprotected, as before.
+      if (rc != 0) SC_LOG(kInfo) << "no shared lock on " << *dir << " (" << std::strerror(errno) << "); retention cannot see this reader";
       // Deletion drops the manifest under the exclusive lock before anything else, so a
       // manifest seen under the shared lock means every data file is there and stays.
       if (::faccessat(hold.fd_, kManifestName, F_OK, 0) == 0) return hold;
@@ -177,10 +180,12 @@ Result<bool> RemoveCheckpointDir(const std::string& root, const std::string& nam
   int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return ErrnoStatus(errno, "open " + path);
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    int err = errno;
-    ::close(fd);
-    if (err == EWOULDBLOCK) return false;
-    return ErrnoStatus(err, "flock " + path);
+    if (errno == EWOULDBLOCK) {
+      ::close(fd);
+      return false;
+    }
+    // No flock here (readers could not lock either): delete as without readers.
+    SC_LOG(kInfo) << "no lock on " << path << " (" << std::strerror(errno) << "); removing it unguarded";
   }
   Status status = Failpoint("retention.remove", "remove " + path);
   // unlinkat removes the entry itself: a manifest.json that is a symlink loses only the link.
