@@ -8,7 +8,8 @@
 #                  step 10 and the run completes with the uninterrupted losses
 #   keep-best CLI  saves at steps 10..60 with --keep-last 1 --keep-best 2 end with exactly the
 #                  newest checkpoint and the two with the lowest recorded loss; `list`, `inspect`
-#                  show the loss; `prune --dry-run` removes nothing; `prune` applies its rule
+#                  show the loss; `prune --dry-run` removes nothing; a SIGKILLed `prune` leaves
+#                  folders complete or without a manifest; `prune` applies its rule
 #   commit-window  rank 0 killed after renaming step-000000020 but before replacing `latest`:
 #                  --resume continues from step 20 with no manual step, and the run completes with
 #                  the uninterrupted losses and `latest` repaired
@@ -137,6 +138,16 @@ PY
     cat "$work/dry.out"
     [ "$(ls "$work/r")" = "$before" ] || { echo "prune --dry-run removed something"; exit 1; }
     [ "$(grep -c '^would remove' "$work/dry.out")" -eq "$(( $(echo "$before" | grep -c '^step-') - 1 ))" ]
+    # A prune SIGKILLed after the first manifest is gone: each folder is complete or has no manifest.
+    set +e
+    SHARDCKPT_FAILPOINTS="retention.remove_tree#1=kill" "$cli" prune "$work/r" --keep-last 1 > /dev/null 2>&1
+    status=$?
+    set -e
+    [ $status -eq 137 ] || { echo "the prune was not killed (exit $status)"; exit 1; }
+    for d in "$work"/r/step-*; do
+      [ ! -e "$d/manifest.json" ] || "$cli" verify "$d" > /dev/null || { echo "$d looks committed but is not whole"; exit 1; }
+    done
+    [ "$(ls "$work"/r/step-*/manifest.json | wc -l)" -eq 2 ] || { ls -R "$work/r"; exit 1; }
     "$cli" prune "$work/r" --keep-last 1 > "$work/prune.out"
     [ "$(ls "$work/r" | grep '^step-')" = step-000000060 ] || { ls "$work/r"; exit 1; }
     "$cli" verify "$work/r" > /dev/null ;;
