@@ -8,10 +8,10 @@
 # (SHARDCKPT_FAILPOINTS_FIRED); the campaign fails when fewer than 90% fired.
 # After every trial:
 #   - `shardckpt verify` passes on the root;
-#   - a 3-rank load of the root (a resumed run) gets the newest committed checkpoint (the newest
-#     step folder with a manifest), every byte checked, and never one older than the last save
-#     that reported success: nothing lost;
-#   - the resumed run's next save (that step + 1) succeeds with no manual step.
+#   - a 3-rank load of the root (a resumed run) succeeds, every byte checked, with a step never
+#     older than the last save that reported success: nothing lost;
+#   - the resumed run's next save (the loaded step + 1) succeeds with no manual step, whether the
+#     root resolved to a checkpoint whose `latest` was never replaced or to the one before it.
 # Prints trials, injected, fired, and failures of each kind.
 #   bash crash_campaign.sh CHECK_BINARY CLI_BINARY WORKDIR [TRIALS] [SEED]
 set -uo pipefail
@@ -25,7 +25,7 @@ commit_points=(commit.sync_tmp commit.manifest.write commit.manifest.fsync commi
 data_points=(io.write io.fsync save.write_data)
 
 run "$check" save "$root" --step 1 --staging-bytes 65536 > /dev/null || { echo "first save failed"; exit 1; }
-succeeded=1; kills=0; errors=0; injected=0; fired=0; lost=0; stuck=0; trial=0
+succeeded=1; top=1; kills=0; errors=0; injected=0; fired=0; lost=0; stuck=0; trial=0
 
 # The newest step folder holding a manifest: what "committed" means on disk.
 newest_committed() {
@@ -43,39 +43,38 @@ newest_committed() {
 one_trial() {  # one_trial SPEC KIND
   local spec=$1 kind=$2 step
   trial=$((trial + 1)); injected=$((injected + 1))
-  step=$((succeeded + 1))
+  step=$((top + 1))  # above every step folder, committed or not
   [ "$kind" = kill ] && kills=$((kills + 1)) || errors=$((errors + 1))
   rm -f "$work/fired"
   if run -x SHARDCKPT_FAILPOINTS="$spec" -x SHARDCKPT_FAILPOINTS_FIRED="$work/fired" \
        "$check" save "$root" --step "$step" --staging-bytes 65536 > "$work/trial.log" 2>&1; then
     succeeded=$step
   fi
+  top=$step
   if [ -s "$work/fired" ]; then
     fired=$((fired + 1))
   else
     echo "trial $trial ($spec): the injection never fired"
   fi
-  local newest resumed
-  newest=$(newest_committed)
+  local resumed
   run "$check" load "$root" > "$work/load.log" 2>&1
   resumed=$(sed -nE 's/^rank 0\/3: OK loaded step ([0-9]+) .*/\1/p' "$work/load.log")
-  if ! "$cli" verify "$root" > "$work/verify.log" 2>&1 || [ -z "$resumed" ] || [ "$resumed" != "$newest" ] ||
-     [ "$newest" -lt "$succeeded" ]; then
+  if ! "$cli" verify "$root" > "$work/verify.log" 2>&1 || [ -z "$resumed" ] || [ "$resumed" -lt "$succeeded" ]; then
     lost=$((lost + 1))
-    echo "trial $trial ($spec): the root loads step '${resumed}', not its newest committed step $newest" \
-         "(last success $succeeded, latest=$(cat "$root/latest" 2>/dev/null))"
+    echo "trial $trial ($spec): the root loads step '${resumed}' (last success $succeeded," \
+         "newest committed folder $(newest_committed), latest=$(cat "$root/latest" 2>/dev/null))"
     cat "$work/verify.log" "$work/load.log" | grep -E "FAIL|rror" | head -3
   fi
-  # A resumed run continues from the step the root loads and saves the next one.
-  resumed=${resumed:-$newest}
+  # A resumed run continues from the step the root loads and saves the next one: the step that
+  # was being saved when the root resolves to the one before it.
+  resumed=${resumed:-$(newest_committed)}
   if run "$check" save "$root" --step $((resumed + 1)) --staging-bytes 65536 > "$work/resume.log" 2>&1; then
     succeeded=$((resumed + 1))
+    top=$(( succeeded > top ? succeeded : top ))
   else
     stuck=$((stuck + 1))
     echo "trial $trial ($spec): after resuming from step $resumed, the save of step $((resumed + 1)) failed:"
     grep FAIL "$work/resume.log" | head -1
-    # Later trials start after whatever is there now.
-    succeeded=$(( $(newest_committed) > succeeded ? $(newest_committed) : succeeded ))
   fi
 }
 
