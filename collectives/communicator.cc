@@ -71,6 +71,22 @@ Status AgreeOnStatus(Communicator& comm, const Status& local) {
   return Status(first.code(), message);
 }
 
+Status CheckGatherSizes(const std::vector<int64_t>& lengths, int64_t limit) {
+  int64_t total = 0;
+  for (size_t r = 0; r < lengths.size(); ++r) {
+    if (lengths[r] > limit) {
+      return InvalidArgument("gather: rank " + std::to_string(r) + " sends " + std::to_string(lengths[r]) +
+                             " bytes, over the limit of " + std::to_string(limit) + " bytes per message");
+    }
+    total += lengths[r];
+    if (total > limit) {
+      return InvalidArgument("gather: " + std::to_string(total) + " bytes from ranks 0.." + std::to_string(r) +
+                             " together, over the limit of " + std::to_string(limit) + " bytes per gather");
+    }
+  }
+  return Status::Ok();
+}
+
 Status BroadcastString(Communicator& comm, std::string* text, int root) {
   uint64_t length = text->size();
   SC_RETURN_IF_ERROR(comm.Broadcast(&length, sizeof(length), root));

@@ -48,6 +48,11 @@ std::unique_ptr<Communicator> CreateSingleProcessCommunicator();
 // code of the first failing rank and a message naming each failing rank and its cause.
 Status AgreeOnStatus(Communicator& comm, const Status& local);
 
+// Whether a gather of messages of these lengths (one per rank) fits in `limit` bytes per rank
+// and in all; the error names the rank. Every rank runs it on the same lengths, so every rank
+// refuses the same gather instead of the root alone.
+Status CheckGatherSizes(const std::vector<int64_t>& lengths, int64_t limit);
+
 // Broadcasts a string of any length from root; other ranks' strings are replaced.
 Status BroadcastString(Communicator& comm, std::string* text, int root);
 

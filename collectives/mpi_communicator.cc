@@ -104,23 +104,19 @@ class MpiCommunicator final : public Communicator {
 
  private:
   // Sizes first, then the bytes in one gatherv; descriptors are small (kilobytes to megabytes).
+  // Every rank learns every size (int64, so an oversized message is reported, not truncated)
+  // and refuses an oversized gather by the same check, before any rank posts the gatherv.
   Status GatherImpl(const std::string& mine, std::vector<std::string>* all, int root, bool everyone) {
-    if (mine.size() > static_cast<size_t>(std::numeric_limits<int>::max())) {
-      return InvalidArgument("gather of a message over 2 GiB");
-    }
-    int length = static_cast<int>(mine.size());
-    std::vector<int> lengths(size_);
-    if (everyone) {
-      MPI_Request request;
-      SC_RETURN_IF_ERROR(MpiCallStatus(
-          MPI_Iallgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, comm_, &request), "MPI_Iallgather"));
-      SC_RETURN_IF_ERROR(waiter_.Wait(&request, "MPI_Allgather"));
-    } else {
-      MPI_Request request;
-      SC_RETURN_IF_ERROR(MpiCallStatus(
-          MPI_Igather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, root, comm_, &request), "MPI_Igather"));
-      SC_RETURN_IF_ERROR(waiter_.Wait(&request, "MPI_Gather"));
-    }
+    int64_t mine_length = static_cast<int64_t>(mine.size());
+    std::vector<int64_t> lengths64(size_);
+    MPI_Request sizes;
+    SC_RETURN_IF_ERROR(MpiCallStatus(MPI_Iallgather(&mine_length, 1, MPI_INT64_T, lengths64.data(), 1, MPI_INT64_T,
+                                                    comm_, &sizes),
+                                     "MPI_Iallgather"));
+    SC_RETURN_IF_ERROR(waiter_.Wait(&sizes, "MPI_Allgather"));
+    SC_RETURN_IF_ERROR(CheckGatherSizes(lengths64, std::numeric_limits<int>::max()));
+    const int length = static_cast<int>(mine_length);
+    std::vector<int> lengths(lengths64.begin(), lengths64.end());
     std::vector<int> displs(size_, 0);
     int64_t total = 0;
     if (everyone || rank_ == root) {
@@ -128,7 +124,6 @@ class MpiCommunicator final : public Communicator {
         displs[r] = static_cast<int>(total);
         total += lengths[r];
       }
-      if (total > std::numeric_limits<int>::max()) return InvalidArgument("gather over 2 GiB");
     }
     std::string buffer(static_cast<size_t>(total), '\0');
     if (everyone) {

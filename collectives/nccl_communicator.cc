@@ -31,14 +31,19 @@ class NcclCommunicator final : public Communicator {
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
+  // Each step that one rank can fail alone is agreed on before the next collective: the id's
+  // broadcast, then ncclCommInitRank, which waits for every rank.
   Status Init() {
     ncclUniqueId id{};
-    if (bootstrap_.rank() == 0) SC_RETURN_IF_ERROR(NcclStatus(ncclGetUniqueId(&id), "ncclGetUniqueId"));
+    Status created;
+    if (bootstrap_.rank() == 0) created = NcclStatus(ncclGetUniqueId(&id), "ncclGetUniqueId on rank 0");
+    SC_RETURN_IF_ERROR(BroadcastStatus(bootstrap_, created, 0));
     SC_RETURN_IF_ERROR(bootstrap_.Broadcast(&id, sizeof(id), 0));
     CudaDeviceScope scope(device_);
-    SC_RETURN_IF_ERROR(CudaStatus(scope.status(), "cudaSetDevice"));
-    SC_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate"));
-    SC_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc"));
+    Status local = CudaStatus(scope.status(), "cudaSetDevice");
+    if (local.ok()) local = CudaStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    if (local.ok()) local = CudaStatus(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc");
+    SC_RETURN_IF_ERROR(AgreeOnStatus(bootstrap_, local));
     return NcclStatus(ncclCommInitRank(&comm_, bootstrap_.size(), id, bootstrap_.rank()), "ncclCommInitRank");
   }
 

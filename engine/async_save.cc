@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "io/checksum.h"
+#include "io/failpoint.h"
 
 namespace shardckpt {
 
@@ -36,12 +37,8 @@ Status AsyncSaver::Wait() {
   return status;
 }
 
-Result<std::shared_ptr<SaveHandle>> AsyncSaver::Save(const std::string& root, int64_t step, const ShardedState& state,
-                                                     const std::map<std::string, double>& metrics) {
-  // The previous persist still reads the staging area: finish it first. Its error belongs to
-  // its own handle; this save goes ahead.
-  Wait().IgnoreError();
-  auto start = std::chrono::steady_clock::now();
+Status AsyncSaver::Snapshot(const ShardedState& state) {
+  SC_RETURN_IF_ERROR(Failpoint("async.snapshot", "snapshot of this rank's state"));
   uint64_t needed = 0;
   for (const TensorPiece& p : state.pieces()) needed = AlignUp(needed, kBlockSize) + static_cast<uint64_t>(p.bytes);
   const bool want_pinned = state.has_device_pieces();
@@ -73,6 +70,20 @@ Result<std::shared_ptr<SaveHandle>> AsyncSaver::Save(const std::string& root, in
   // The snapshot is the point after which training may change its tensors, device ones too.
   for (DeviceCopier* copier : copiers) SC_RETURN_IF_ERROR(copier->Synchronize());
   for (const BlobItem& b : state.blobs()) SC_RETURN_IF_ERROR(snapshot_.AddBlob(b.name, b.bytes, b.scope));
+  return Status::Ok();
+}
+
+Result<std::shared_ptr<SaveHandle>> AsyncSaver::Save(const std::string& root, int64_t step, const ShardedState& state,
+                                                     const std::map<std::string, double>& metrics) {
+  // The previous persist still reads the staging area: finish it first. Its error belongs to
+  // its own handle; this save goes ahead.
+  Wait().IgnoreError();
+  auto start = std::chrono::steady_clock::now();
+  // Every rank learns whether every snapshot succeeded before any starts a persist: a rank that
+  // failed alone would leave the others' background threads in the save's collectives.
+  Status taken = Snapshot(state);
+  if (!taken.ok()) taken = taken.WithContext("snapshot of step " + std::to_string(step));
+  SC_RETURN_IF_ERROR(AgreeOnStatus(*comm_, taken));
   last_snapshot_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   auto handle = std::make_shared<SaveHandle>();

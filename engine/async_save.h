@@ -56,6 +56,8 @@ class AsyncSaver {
 
  private:
   AsyncSaver() = default;
+  // Copies `state` into the staging area; this rank's result only (Save agrees on it).
+  Status Snapshot(const ShardedState& state);
   std::unique_ptr<Communicator> comm_;
   SaveOptions options_;
   AlignedBuffer staging_;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <sstream>
 
+#include "io/log.h"
+
 namespace shardckpt {
 namespace {
 
@@ -127,7 +129,32 @@ Layout Normalize(const Layout& layout, const Shape& global) {
   return layout;
 }
 
-Layout ChunkLayout(const Shape& global, int dim, int parts, int index) {
+namespace {
+
+Status CheckParts(int parts, int index) {
+  if (parts < 1) return InvalidArgument("parts is " + std::to_string(parts) + "; it must be at least 1");
+  if (index < 0 || index >= parts) {
+    return InvalidArgument("index " + std::to_string(index) + " is outside [0, " + std::to_string(parts) + ")");
+  }
+  return Status::Ok();
+}
+
+// The unchecked wrappers cannot return an error: they log it and hand back a layout that
+// ValidateLayout (and so AddTensor) refuses, rather than dividing by zero or reading past a shape.
+Layout OrInvalid(Result<Layout> layout, const char* what) {
+  if (layout.ok()) return std::move(layout).value();
+  SC_LOG(kError) << what << ": " << layout.status().message();
+  return Layout::FlatRange(-1, -1);
+}
+
+}  // namespace
+
+Result<Layout> CheckedChunkLayout(const Shape& global, int dim, int parts, int index) {
+  SC_RETURN_IF_ERROR(NumElements(global).status());
+  if (dim < 0 || static_cast<size_t>(dim) >= global.size()) {
+    return InvalidArgument("chunk dim " + std::to_string(dim) + " is outside shape " + ShapeString(global));
+  }
+  SC_RETURN_IF_ERROR(CheckParts(parts, index).WithContext("chunk of shape " + ShapeString(global)));
   std::vector<int64_t> offsets(global.size(), 0);
   std::vector<int64_t> sizes = global;
   int64_t extent = global[dim];
@@ -139,11 +166,20 @@ Layout ChunkLayout(const Shape& global, int dim, int parts, int index) {
   return Layout::Box(offsets, sizes);
 }
 
-Layout FlatShardLayout(const Shape& global, int parts, int index) {
-  int64_t numel = NumElements(global).value();
+Result<Layout> CheckedFlatShardLayout(const Shape& global, int parts, int index) {
+  SC_ASSIGN_OR_RETURN(int64_t numel, NumElements(global));
+  SC_RETURN_IF_ERROR(CheckParts(parts, index).WithContext("flat shard of shape " + ShapeString(global)));
   int64_t step = (numel + parts - 1) / parts;
   int64_t begin = std::min<int64_t>(numel, step * index);
   return Layout::FlatRange(begin, std::min<int64_t>(numel, begin + step));
+}
+
+Layout ChunkLayout(const Shape& global, int dim, int parts, int index) {
+  return OrInvalid(CheckedChunkLayout(global, dim, parts, index), "ChunkLayout");
+}
+
+Layout FlatShardLayout(const Shape& global, int parts, int index) {
+  return OrInvalid(CheckedFlatShardLayout(global, parts, index), "FlatShardLayout");
 }
 
 std::vector<Region> LayoutRegions(const Layout& layout, const Shape& global) {

@@ -55,10 +55,14 @@ Shape LocalShape(const Layout& layout, const Shape& global);
 Layout Normalize(const Layout& layout, const Shape& global);
 
 // torch.chunk(global, parts, dim)[index] as a Box: chunks of ceil(n/parts); trailing ones may be
-// smaller or empty.
-Layout ChunkLayout(const Shape& global, int dim, int parts, int index);
+// smaller or empty. Refuses a dim outside the shape, parts < 1 and index outside [0, parts).
+Result<Layout> CheckedChunkLayout(const Shape& global, int dim, int parts, int index);
 // ZeRO/FSDP flat shard `index` of `parts`: ceil(numel/parts) elements each, the tail shorter or
-// empty (padding is never stored).
+// empty (padding is never stored). Refuses parts < 1 and index outside [0, parts).
+Result<Layout> CheckedFlatShardLayout(const Shape& global, int parts, int index);
+// The same for call sites that build a state inline: on bad arguments they log the reason and
+// return a layout that AddTensor refuses.
+Layout ChunkLayout(const Shape& global, int dim, int parts, int index);
 Layout FlatShardLayout(const Shape& global, int parts, int index);
 
 struct Region {

@@ -6,6 +6,7 @@
 
 #include "engine/checkpoint_dir.h"
 #include "io/checksum.h"
+#include "io/failpoint.h"
 #include "io/fs.h"
 #include "io/log.h"
 
@@ -52,9 +53,10 @@ Status CopyPiece(const TensorPiece& to, const TensorPiece& from) {
 
 // Broadcasts an entry's bytes from `root`'s piece into every rank's `piece`. Device pieces go
 // straight over `device_comm` (NCCL) when every rank's piece is on a device; otherwise through a
-// host buffer.
+// host buffer. The return is the collective's status; a local copy's error goes to `*local`
+// and never skips the broadcast, so every rank stays in step and the error is agreed on later.
 Status BroadcastPiece(Communicator& comm, Communicator* device_comm, bool all_on_device, const TensorPiece& piece,
-                      int root) {
+                      int root, Status* local) {
   const size_t bytes = static_cast<size_t>(piece.bytes);
   if (piece.space == MemorySpace::kHost) return comm.Broadcast(piece.data, bytes, root);
   if (all_on_device && device_comm != nullptr) return device_comm->Broadcast(piece.data, bytes, root);
@@ -62,9 +64,9 @@ Status BroadcastPiece(Communicator& comm, Communicator* device_comm, bool all_on
   std::vector<unsigned char> buffer(bytes);
   host.data = buffer.data();
   host.space = MemorySpace::kHost;
-  if (comm.rank() == root) SC_RETURN_IF_ERROR(CopyPiece(host, piece));
+  if (comm.rank() == root && local->ok()) *local = CopyPiece(host, piece);
   SC_RETURN_IF_ERROR(comm.Broadcast(buffer.data(), bytes, root));
-  if (comm.rank() != root) SC_RETURN_IF_ERROR(CopyPiece(piece, host));
+  if (comm.rank() != root && local->ok()) *local = CopyPiece(piece, host);
   return Status::Ok();
 }
 
@@ -108,6 +110,9 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
     if (read.ok()) {
       hold = std::move(resolved).value();
       dir = hold.dir();
+      read = Failpoint("load.read_manifest", "read " + JoinPath(dir, kManifestName));
+    }
+    if (read.ok()) {
       Result<Manifest> decoded = ReadManifest(dir, &text);
       read = decoded.status();
       if (read.ok()) manifest = std::move(decoded).value();
@@ -118,9 +123,18 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
   if (world > 1) {
     SC_RETURN_IF_ERROR(BroadcastString(comm, &text, 0));
     // Rank 0 validated these very bytes; the others only parse them.
+    Status parsed;
     if (rank != 0) {
-      SC_ASSIGN_OR_RETURN(manifest, DecodeValidatedManifest(text, JoinPath(dir, kManifestName)));
+      const std::string manifest_path = JoinPath(dir, kManifestName);
+      parsed = Failpoint("load.decode_manifest", "parse " + manifest_path);
+      if (parsed.ok()) {
+        Result<Manifest> decoded = DecodeValidatedManifest(text, manifest_path);
+        parsed = decoded.status();
+        if (parsed.ok()) manifest = std::move(decoded).value();
+      }
     }
+    // The next all-gather sizes its message by the manifest: every rank must hold one.
+    SC_RETURN_IF_ERROR(AgreeOnStatus(comm, parsed));
   }
   report.path = dir;
   report.step = manifest.step;
@@ -271,6 +285,8 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
   SC_RETURN_IF_ERROR(AgreeOnStatus(comm, loaded));
 
   // 4. Replicated entries: reader broadcasts; extra whole copies on one rank are local copies.
+  // A local copy's failure stops this rank's copies but not its broadcasts.
+  Status copied;
   for (size_t entry = 0; entry < manifest.entries.size(); ++entry) {
     if (reader_of[entry] < 0) continue;
     const TensorPiece* first = nullptr;
@@ -282,16 +298,18 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
       }
     }
     if (first == nullptr || first->bytes == 0) continue;
+    if (copied.ok()) copied = Failpoint("load.replicate", "copy of tensor '" + first->name + "'");
     SC_RETURN_IF_ERROR(BroadcastPiece(comm, options.device_comm, whole_on_device_everywhere[entry], *first,
-                                      reader_of[entry]));
+                                      reader_of[entry], &copied));
     if (rank != reader_of[entry]) report.bytes_received += static_cast<uint64_t>(first->bytes);
-    for (size_t p = 0; p < targets.pieces().size(); ++p) {
+    for (size_t p = 0; p < targets.pieces().size() && copied.ok(); ++p) {
       const TensorPiece& piece = targets.pieces()[p];
       if (entry_of_piece[p] == static_cast<long>(entry) && &piece != first) {
-        SC_RETURN_IF_ERROR(CopyPiece(piece, *first));
+        copied = CopyPiece(piece, *first).WithContext("tensor '" + piece.name + "'");
       }
     }
   }
+  SC_RETURN_IF_ERROR(AgreeOnStatus(comm, copied));
   return report;
 }
 

@@ -1,6 +1,7 @@
 #include "engine/offline_writer.h"
 
 #include "engine/commit.h"
+#include "engine/save.h"
 #include "io/fs.h"
 
 namespace shardckpt {
@@ -8,6 +9,7 @@ namespace shardckpt {
 Result<std::unique_ptr<OfflineCheckpointWriter>> OfflineCheckpointWriter::Begin(const std::string& root, int64_t step,
                                                                               int world) {
   if (world < 1) return InvalidArgument("world size must be at least 1");
+  SC_RETURN_IF_ERROR(ValidateStep(step));
   std::unique_ptr<OfflineCheckpointWriter> w(new OfflineCheckpointWriter());
   SC_RETURN_IF_ERROR(MakeDirs(root));
   SC_ASSIGN_OR_RETURN(RootLock lock, RootLock::Acquire(root));

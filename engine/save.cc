@@ -79,6 +79,22 @@ Result<WriteReport> DecodeWriteReport(const std::string& bytes) {
   return out;
 }
 
+// Before rank 0 touches the root: every rank saves the same step, and no step is negative (its
+// folder would never be listed, loaded or cleaned).
+Status CheckSteps(int64_t step, const std::vector<std::string>& gathered) {
+  SC_RETURN_IF_ERROR(ValidateStep(step));
+  for (size_t r = 0; r < gathered.size(); ++r) {
+    WireReader reader(gathered[r]);
+    int64_t theirs = static_cast<int64_t>(reader.U64());
+    if (!reader.ok()) return Internal("truncated description from rank " + std::to_string(r));
+    if (theirs != step) {
+      return InvalidArgument("rank " + std::to_string(r) + " saves step " + std::to_string(theirs) +
+                             " but rank 0 saves step " + std::to_string(step));
+    }
+  }
+  return Status::Ok();
+}
+
 // Step 1, on rank 0: lock, clean up, plan, create the temp folder.
 Status Prepare(const std::string& root, int64_t step, const std::vector<std::string>& gathered,
                std::vector<RankDescription>* ranks, std::set<std::string>* hosts, SavePlan* plan,
@@ -87,6 +103,7 @@ Status Prepare(const std::string& root, int64_t step, const std::vector<std::str
   SC_RETURN_IF_ERROR(PrepareRoot(root, step));
   for (size_t r = 0; r < gathered.size(); ++r) {
     WireReader reader(gathered[r]);
+    reader.U64();  // the step, checked by CheckSteps
     hosts->insert(reader.Str());
     std::string description = reader.Str();
     if (!reader.ok()) return Internal("truncated description from rank " + std::to_string(r));
@@ -193,11 +210,17 @@ Status Commit(const std::string& root, int64_t step, const std::string& temp_nam
 
 }  // namespace
 
+Status ValidateStep(int64_t step) {
+  if (step >= 0) return Status::Ok();
+  return InvalidArgument("step " + std::to_string(step) + " is negative; steps start at 0");
+}
+
 Result<SaveResult> Save(Communicator& comm, const std::string& root, int64_t step,
                         const ShardedState& state, const SaveOptions& options) {
   const int rank = comm.rank();
   const int world = comm.size();
   WireWriter mine;
+  mine.U64(static_cast<uint64_t>(step));
   mine.Str(HostName());
   mine.Str(EncodeRankDescription(DescribeState(state)));
   std::vector<std::string> gathered;
@@ -211,7 +234,8 @@ Result<SaveResult> Save(Communicator& comm, const std::string& root, int64_t ste
   std::string plan_bytes;
   Status prepared;
   if (rank == 0) {
-    prepared = MakeDirs(root);
+    prepared = CheckSteps(step, gathered);
+    if (prepared.ok()) prepared = MakeDirs(root);
     if (prepared.ok()) {
       Result<RootLock> acquired = RootLock::Acquire(root);
       if (acquired.ok()) {
@@ -231,19 +255,30 @@ Result<SaveResult> Save(Communicator& comm, const std::string& root, int64_t ste
   if (!prepared.ok()) prepared = prepared.WithContext("save of step " + std::to_string(step) + " failed on rank 0");
   SC_RETURN_IF_ERROR(BroadcastStatus(comm, prepared, 0));
   SC_RETURN_IF_ERROR(BroadcastString(comm, &plan_bytes, 0));
+  // A rank that cannot read the plan still joins the report gather, with its error as report.
+  Status decoded = Status::Ok();
   if (rank != 0) {
     WireReader reader(plan_bytes);
     temp_name = reader.Str();
     std::string encoded = reader.Str();
-    if (!reader.ok()) return Internal("truncated save plan from rank 0");
-    SC_ASSIGN_OR_RETURN(plan, DecodeSavePlan(encoded, world));
+    decoded = Failpoint("save.decode_plan", "save plan from rank 0");
+    if (decoded.ok() && !reader.ok()) decoded = Internal("truncated save plan from rank 0");
+    if (decoded.ok()) {
+      Result<SavePlan> decoded_plan = DecodeSavePlan(encoded, world);
+      decoded = decoded_plan.status();
+      if (decoded.ok()) plan = std::move(decoded_plan).value();
+    }
   }
 
   const std::string temp_dir = JoinPath(root, temp_name);
-  WriteReport report = WriteShard(rank, temp_dir, state, plan, options);
+  WriteReport report;
+  if (decoded.ok()) report = WriteShard(rank, temp_dir, state, plan, options);
+  else report.status = decoded;
   SaveResult result;
   result.bytes_written = static_cast<int64_t>(report.file.size);
-  if (!report.status.ok()) report.status = report.status.WithContext("writing " + JoinPath(temp_dir, RankFileName(rank)));
+  if (!report.status.ok() && decoded.ok()) {
+    report.status = report.status.WithContext("writing " + JoinPath(temp_dir, RankFileName(rank)));
+  }
   std::vector<std::string> reports_bytes;
   SC_RETURN_IF_ERROR(comm.Gather(EncodeWriteReport(report), &reports_bytes, 0));
 

@@ -4,7 +4,8 @@
 // checkpoint, which stays loadable:
 //   1. rank 0 takes the root lock, removes folders of saves that died, gathers every rank's
 //      description, plans who writes what, creates <root>/step-N.tmp-<id>/, and broadcasts the
-//      plan (or its error).
+//      plan (or its error). A rank that cannot decode the plan reports that in step 3
+//      [save.decode_plan].
 //   2. every rank writes rank-RRRRR.bin into the temp folder (O_DIRECT, io_uring) and fdatasyncs it
 //      [failpoints save.write_data, io.write, io.fsync].
 //   3. rank 0 gathers the chunk records and each rank's status; if any failed, it removes the
@@ -61,6 +62,9 @@ struct SaveResult {
   int64_t bytes_written = 0;   // by this rank, data and padding and table
   int64_t total_bytes = 0;     // by all ranks
 };
+
+// Steps are non-negative: a negative one would make a folder no listing, load or cleanup sees.
+Status ValidateStep(int64_t step);
 
 Result<SaveResult> Save(Communicator& comm, const std::string& root, int64_t step,
                         const ShardedState& state, const SaveOptions& options = {});

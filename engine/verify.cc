@@ -84,15 +84,21 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::functi
     for (uint64_t page = 0; page < page_ok.size(); ++page) {
       Status read = io->Submit(file->get(), IoOp{IoKind::kRead, f.table_offset + page * kBlockSize, buffer.data(), kBlockSize}, 0);
       if (read.ok()) read = io->Reap().status();
-      if (!read.ok()) return read;
-      std::memcpy(table.data() + page * kSumsPerTablePage, buffer.data(), kBlockSize);
-      if (Checksum64(buffer.data(), kBlockSize) != f.table_page_sums[page]) {
+      std::string wrong;
+      if (!read.ok()) {
+        wrong = "checksum table page " + std::to_string(page) + " cannot be read: " + read.message();
+      } else if (Checksum64(buffer.data(), kBlockSize) != f.table_page_sums[page]) {
+        wrong = "checksum table page " + std::to_string(page) + " does not match the manifest";
+      }
+      if (!wrong.empty()) {
+        // The blocks this page covers are unverifiable: one problem here, none per block below.
         page_ok[page] = false;
         uint64_t first = page * kSumsPerTablePage * kBlockSize;
         problem(f.table_offset + page * kBlockSize,
-                Holders(spans[fi], first, std::min(f.table_offset, first + kSumsPerTablePage * kBlockSize)),
-                "checksum table page " + std::to_string(page) + " does not match the manifest");
+                Holders(spans[fi], first, std::min(f.table_offset, first + kSumsPerTablePage * kBlockSize)), wrong);
+        continue;
       }
+      std::memcpy(table.data() + page * kSumsPerTablePage, buffer.data(), kBlockSize);
     }
     for (uint64_t at = 0; at < f.table_offset; at += kExtent) {
       uint64_t length = std::min(kExtent, f.table_offset - at);

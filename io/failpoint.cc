@@ -1,5 +1,6 @@
 #include "io/failpoint.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -73,6 +74,21 @@ void LoadFromEnvLocked() {
   if (!status.ok()) SC_LOG(kError) << "SHARDCKPT_FAILPOINTS ignored: " << status.ToString();
 }
 
+// Campaigns count the injections that fired, not the ones armed: with
+// SHARDCKPT_FAILPOINTS_FIRED=FILE each firing appends "NAME RANK ACTION" to FILE, written
+// (O_APPEND, one write) before the action, so a kill is counted too.
+void RecordFiring(const char* name, const std::string& action) {
+  SC_LOG(kWarn) << "failpoint " << name << " fired (" << action << ")";
+  const char* path = std::getenv("SHARDCKPT_FAILPOINTS_FIRED");
+  if (path == nullptr || *path == '\0') return;
+  int fd = ::open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return;
+  std::string line = std::string(name) + " " + std::to_string(ProcessRank()) + " " + action + "\n";
+  ssize_t written = ::write(fd, line.data(), line.size());
+  (void)written;  // best effort: a campaign that misses the line reports the injection as not fired
+  ::close(fd);
+}
+
 }  // namespace
 
 Status SetFailpoints(const std::string& spec) {
@@ -101,8 +117,8 @@ Status Failpoint(const char* name, const std::string& context) {
     }
   }
   if (action.empty()) return Status::Ok();
+  RecordFiring(name, action);
   if (action == "kill") {
-    SC_LOG(kWarn) << "failpoint " << name << ": killing this process";
     ::kill(::getpid(), SIGKILL);
   }
   if (action.rfind("sleep:", 0) == 0) {

@@ -6,6 +6,8 @@
 // `name[@rank][#nth]=action`: on `rank` only (default every rank), on the nth hit only (default
 // every hit). Actions: an errno name (EIO, ENOSPC, EDQUOT, EACCES), `kill` (SIGKILL to itself,
 // the honest model of a node dying) or `sleep:MS` (to give a test time to kill from outside).
+// Each firing is logged; SHARDCKPT_FAILPOINTS_FIRED=FILE also appends "NAME RANK ACTION" to FILE,
+// so campaigns count what fired.
 #pragma once
 
 #include <string>

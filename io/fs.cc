@@ -66,11 +66,20 @@ Status MakeDir(const std::string& path) {
   return Status::Ok();
 }
 
+// Each directory it creates is made durable in its parent (fsync of the parent), so a crash
+// after a first save commits cannot lose the new root, and with it the checkpoint.
 Status MakeDirs(const std::string& path) {
-  std::error_code ec;
-  std::filesystem::create_directories(path, ec);
-  if (ec) return ErrnoStatus(ec.value(), "mkdir -p " + path);
-  return Status::Ok();
+  std::string trimmed = path;
+  while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
+  if (trimmed.empty() || IsDirectory(trimmed)) return Status::Ok();
+  const std::string parent = DirName(trimmed);
+  if (parent != trimmed) SC_RETURN_IF_ERROR(MakeDirs(parent));
+  if (::mkdir(trimmed.c_str(), 0755) != 0) {
+    if (errno == EEXIST && IsDirectory(trimmed)) return Status::Ok();  // another process made it
+    if (errno == EEXIST) return ErrnoStatus(ENOTDIR, "mkdir " + trimmed + ": exists and is not a directory");
+    return ErrnoStatus(errno, "mkdir " + trimmed);
+  }
+  return SyncDir(parent, "fs.mkdirs.sync_parent");
 }
 
 Status SyncDir(const std::string& path, const char* failpoint) {

@@ -100,6 +100,68 @@ TEST(Chunking, FollowsTorchChunk) {
   EXPECT_EQ(FlatShardLayout({2}, 4, 3), Layout::FlatRange(2, 2));
 }
 
+// A valid request (error "") gives the same layout both ways; a bad one is refused naming the
+// cause, and the unchecked form returns a layout that validation refuses.
+void ExpectChecked(const Result<Layout>& checked, const Layout& unchecked, const Shape& shape, const char* error) {
+  if (*error == '\0') {
+    ASSERT_TRUE(checked.ok()) << checked.status().ToString();
+    EXPECT_EQ(*checked, unchecked);
+    return;
+  }
+  ASSERT_FALSE(checked.ok());
+  EXPECT_EQ(checked.status().code(), Code::kInvalidArgument);
+  EXPECT_THAT(checked.status().message(), ::testing::HasSubstr(error));
+  EXPECT_FALSE(ValidateLayout(unchecked, shape).ok()) << unchecked.ToString();
+}
+
+TEST(Chunking, RefusesBadDimPartsAndIndex) {
+  struct Case {
+    Shape shape;
+    int dim, parts, index;
+    const char* error;  // "" when valid
+  };
+  const Case kCases[] = {
+      {{10, 2}, 0, 4, 3, ""},
+      {{10, 2}, 2, 4, 0, "chunk dim 2 is outside shape [10, 2]"},
+      {{10, 2}, -1, 4, 0, "chunk dim -1 is outside shape [10, 2]"},
+      {{}, 0, 1, 0, "chunk dim 0 is outside shape []"},
+      {{10, 2}, 0, 0, 0, "parts is 0; it must be at least 1"},
+      {{10, 2}, 0, -3, 0, "parts is -3"},
+      {{10, 2}, 0, 4, 4, "index 4 is outside [0, 4)"},
+      {{10, 2}, 0, 4, -1, "index -1 is outside [0, 4)"},
+      {{-5, 2}, 0, 4, 0, "negative dim"},
+  };
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(ShapeString(c.shape) + " dim " + std::to_string(c.dim) + " parts " + std::to_string(c.parts) +
+                 " index " + std::to_string(c.index));
+    ExpectChecked(CheckedChunkLayout(c.shape, c.dim, c.parts, c.index), ChunkLayout(c.shape, c.dim, c.parts, c.index),
+                  c.shape, c.error);
+  }
+}
+
+TEST(Chunking, FlatShardRefusesBadPartsAndIndex) {
+  struct Case {
+    Shape shape;
+    int parts, index;
+    const char* error;
+  };
+  const Case kCases[] = {
+      {{10}, 4, 0, ""},
+      {{}, 1, 0, ""},
+      {{10}, 0, 0, "parts is 0; it must be at least 1"},
+      {{10}, -2, 0, "parts is -2"},
+      {{10}, 4, 4, "index 4 is outside [0, 4)"},
+      {{10}, 4, -1, "index -1 is outside [0, 4)"},
+      {{3, -1}, 2, 0, "negative dim"},
+      {{int64_t{1} << 40, int64_t{1} << 40}, 2, 0, "too large"},
+  };
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(ShapeString(c.shape) + " parts " + std::to_string(c.parts) + " index " + std::to_string(c.index));
+    ExpectChecked(CheckedFlatShardLayout(c.shape, c.parts, c.index), FlatShardLayout(c.shape, c.parts, c.index),
+                  c.shape, c.error);
+  }
+}
+
 TEST(Validation, RejectsOutOfBoundsAndOverflow) {
   EXPECT_FALSE(ValidateLayout(Layout::Box({3}, {2}), {4}).ok());
   EXPECT_FALSE(ValidateLayout(Layout::Box({-1}, {2}), {4}).ok());

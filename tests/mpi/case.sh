@@ -24,6 +24,7 @@ case "$case" in
       --expect "rank 2: NoSpace" --expect "rank-00002.bin" --expect "injected at failpoint io.write"
     run 4 -x SHARDCKPT_FAILPOINTS="commit.rename_dir=EIO" -- save-fails "$work/root" --step 2 \
       --expect "rank 0" --expect "rename"
+    run 4 -- save-fails "$work/root" --step -1 --expect "InvalidArgument" --expect "step -1 is negative"
     test "$(cat "$work/root/latest")" = step-000000001
     ls "$work/root" | grep -q tmp && { echo "temp folder left behind"; exit 1; }
     run 4 -- load "$work/root" --expect-step 1 ;;

@@ -8,8 +8,12 @@
 //   save-fails ROOT --step S --expect TEXT.. a save that must fail on every rank with TEXT
 //   save-loop ROOT --step S --count N --keep-last K   saves steps S..S+N-1 with retention
 //   load-loop ROOT --count N                  loads the root N times; every load must succeed
+//   outcome ROOT --op save|load|async --step S  run one operation (failpoints from the
+//                                            environment), print each rank's Status, then clear
+//                                            the failpoints and load ROOT, printing its step
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -22,6 +26,7 @@
 #include "engine/async_save.h"
 #include "engine/load.h"
 #include "engine/save.h"
+#include "io/failpoint.h"
 #include "io/fs.h"
 #include "tests/mpi/scenario.h"
 #include "tests/test_util.h"
@@ -41,6 +46,8 @@ struct Args {
   int keep_last = 0;
   int victim = -1;            // dead-rank: the rank that never reaches the save
   std::string victim_does;    // exit | hang
+  std::string op;             // outcome: save | load | async
+  bool tiny = false;          // only the small entries: campaigns run hundreds of jobs
 };
 
 struct Held {
@@ -49,9 +56,13 @@ struct Held {
 };
 
 // Builds this rank's pieces; `fill` writes the expected bytes (for saving) or a poison pattern.
-Held Build(const std::string& family, int world, int rank, int64_t step, bool fill) {
+Held Build(const std::string& family, int world, int rank, int64_t step, bool fill, bool tiny = false) {
   Held held;
+  std::vector<ScenarioEntry> entries;
   for (const ScenarioEntry& e : ScenarioEntries()) {
+    if (!tiny || NumElements(e.shape).value() <= 4096) entries.push_back(e);
+  }
+  for (const ScenarioEntry& e : entries) {
     for (const Layout& layout : ScenarioLayouts(e, family, world, rank)) {
       std::vector<uint8_t> bytes = PieceBytes(e.name, e.dtype, e.shape, layout);
       if (!fill) std::fill(bytes.begin(), bytes.end(), 0xCD);
@@ -59,7 +70,7 @@ Held Build(const std::string& family, int world, int rank, int64_t step, bool fi
     }
   }
   size_t k = 0;
-  for (const ScenarioEntry& e : ScenarioEntries()) {
+  for (const ScenarioEntry& e : entries) {
     for (const Layout& layout : ScenarioLayouts(e, family, world, rank)) {
       Status s = held.state.AddTensor(e.name, e.dtype, e.shape, layout, held.buffers[k++].data());
       if (!s.ok()) std::fprintf(stderr, "AddTensor: %s\n", s.ToString().c_str());
@@ -207,6 +218,52 @@ int DoSaveFails(Communicator& comm, const Args& a) {
   return 0;
 }
 
+// Loads `root` into the scenario's layout and checks every byte and the step blob.
+Result<int64_t> LoadAndCheck(Communicator& comm, const Args& a, const std::string& root) {
+  Held held = Build(a.family, comm.size(), comm.rank(), 0, false, a.tiny);
+  SC_ASSIGN_OR_RETURN(LoadReport report, Load(comm, root, held.state));
+  size_t k = 0;
+  for (const ScenarioEntry& e : ScenarioEntries()) {
+    if (a.tiny && NumElements(e.shape).value() > 4096) continue;
+    for (const Layout& layout : ScenarioLayouts(e, a.family, comm.size(), comm.rank())) {
+      if (held.buffers[k++] != PieceBytes(e.name, e.dtype, e.shape, layout)) {
+        return Internal("bytes differ in '" + e.name + "' " + layout.ToString());
+      }
+    }
+  }
+  if (!report.blobs.count("step") || report.blobs.at("step").bytes != std::to_string(report.step)) {
+    return Internal("blob 'step' does not match step " + std::to_string(report.step));
+  }
+  return report.step;
+}
+
+Status RunOperation(Communicator& comm, const Args& a) {
+  if (a.op == "load") return LoadAndCheck(comm, a, a.root).status();
+  Held held = Build(a.family, comm.size(), comm.rank(), a.step, true, a.tiny);
+  SaveOptions options;
+  options.staging_buffer_bytes = a.staging_bytes;
+  if (a.op == "save") return Save(comm, a.root, a.step, held.state, options).status();
+  if (a.op != "async") return InvalidArgument("unknown --op " + a.op);
+  SC_ASSIGN_OR_RETURN(std::unique_ptr<AsyncSaver> saver, AsyncSaver::Create(comm, options));
+  SC_ASSIGN_OR_RETURN(std::shared_ptr<SaveHandle> handle, saver->Save(a.root, a.step, held.state));
+  return handle->Wait();
+}
+
+// One line per rank for the agreement campaign, which compares them across ranks.
+int DoOutcome(Communicator& comm, const Args& a) {
+  const auto start = std::chrono::steady_clock::now();
+  Status status = RunOperation(comm, a);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("rank %d outcome: %s\n", comm.rank(), status.ok() ? "OK" : status.ToString().c_str());
+  std::printf("rank %d took %.3f s\n", comm.rank(), seconds);
+  std::fflush(stdout);
+  SetFailpoints("").IgnoreError();
+  Result<int64_t> after = LoadAndCheck(comm, a, a.root);
+  if (!after.ok()) return Fail(comm.rank(), "load after the operation: " + after.status().ToString());
+  std::printf("rank %d after: step %lld\n", comm.rank(), static_cast<long long>(*after));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -236,6 +293,8 @@ int main(int argc, char** argv) {
       else if (flag == "--count") a.count = std::atoll(argv[i + 1]);
       else if (flag == "--keep-last") a.keep_last = std::atoi(argv[i + 1]);
       else if (flag == "--victim-does") a.victim_does = argv[i + 1];
+      else if (flag == "--op") a.op = argv[i + 1];
+      else if (flag == "--tiny") a.tiny = std::atoi(argv[i + 1]) != 0;
       else if (flag == "--pid-dir") {
         std::ofstream(JoinPath(argv[i + 1], "rank-" + std::to_string(comm->rank()) + ".pid")) << ::getpid() << "\n";
       }
@@ -251,6 +310,7 @@ int main(int argc, char** argv) {
     else if (a.mode == "async") code = DoAsync(*comm, a);
     else if (a.mode == "save-loop") code = DoSaveLoop(*comm, a);
     else if (a.mode == "load-loop") code = DoLoadLoop(*comm, a);
+    else if (a.mode == "outcome") code = DoOutcome(*comm, a);
     else if (a.mode == "dead-rank") {
       if (comm->rank() == a.victim) {
         // Leaves before the first collective of the save: exits the way a finished or

@@ -1,0 +1,141 @@
+// Error paths of the smaller promises: new directories are durable, negative steps are refused,
+// an oversized gather is refused by the same rule on every rank, and verify lists every problem.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "collectives/communicator.h"
+#include "engine/commit.h"
+#include "engine/offline_writer.h"
+#include "engine/save.h"
+#include "engine/verify.h"
+#include "io/failpoint.h"
+#include "io/fs.h"
+#include "tests/test_util.h"
+
+namespace shardckpt {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::TempDir;
+
+class ErrorPaths : public ::testing::Test {
+ protected:
+  void TearDown() override { SetFailpoints("").IgnoreError(); }
+  TempDir dir_;
+};
+
+TEST_F(ErrorPaths, MakeDirsSyncsTheParentOfEachNewDirectory) {
+  const std::string root = JoinPath(JoinPath(dir_.path(), "new"), "root");
+  ASSERT_TRUE(SetFailpoints("fs.mkdirs.sync_parent=EIO").ok());
+  Status made = MakeDirs(root);
+  ASSERT_FALSE(made.ok());
+  EXPECT_EQ(made.code(), Code::kIoError);
+  // The first directory made is dir/new; its entry lives in dir.
+  EXPECT_THAT(made.message(), HasSubstr("fsync directory " + dir_.path()));
+  EXPECT_THAT(made.message(), HasSubstr("fs.mkdirs.sync_parent"));
+
+  // Nothing new to make: nothing to sync, so the armed failpoint does not fire.
+  ASSERT_TRUE(SetFailpoints("").ok());
+  ASSERT_TRUE(MakeDirs(root).ok());
+  ASSERT_TRUE(IsDirectory(root));
+  ASSERT_TRUE(SetFailpoints("fs.mkdirs.sync_parent=EIO").ok());
+  EXPECT_TRUE(MakeDirs(root).ok());
+  EXPECT_TRUE(MakeDirs(root + "/").ok());
+  // A path through a file is an error naming it.
+  std::ofstream(JoinPath(dir_.path(), "file")) << "x";
+  Status through_file = MakeDirs(JoinPath(JoinPath(dir_.path(), "file"), "sub"));
+  ASSERT_FALSE(through_file.ok());
+  EXPECT_THAT(through_file.message(), HasSubstr(JoinPath(dir_.path(), "file") + ": exists and is not a directory"));
+}
+
+TEST_F(ErrorPaths, NegativeStepsAreRefusedBeforeTheRootIsTouched) {
+  const std::string root = JoinPath(dir_.path(), "root");
+  std::vector<float> values(6, 1.0f);
+  ShardedState state;
+  ASSERT_TRUE(state.AddTensor("w", DType::kFloat32, {2, 3}, Layout::Replicated(), values.data()).ok());
+  std::unique_ptr<Communicator> comm = CreateSingleProcessCommunicator();
+  Result<SaveResult> saved = Save(*comm, root, -1, state);
+  ASSERT_FALSE(saved.ok());
+  EXPECT_EQ(saved.status().code(), Code::kInvalidArgument);
+  EXPECT_THAT(saved.status().message(), HasSubstr("step -1 is negative"));
+  EXPECT_FALSE(PathExists(root));
+
+  Result<std::unique_ptr<OfflineCheckpointWriter>> offline = OfflineCheckpointWriter::Begin(root, -7, 2);
+  ASSERT_FALSE(offline.ok());
+  EXPECT_EQ(offline.status().code(), Code::kInvalidArgument);
+  EXPECT_THAT(offline.status().message(), HasSubstr("step -7 is negative"));
+
+  EXPECT_TRUE(Save(*comm, root, 0, state).ok());  // 0 is a step like any other
+}
+
+TEST(GatherSizes, RefusesOversizedMessagesAndTotalsNamingTheRank) {
+  struct Case {
+    std::vector<int64_t> lengths;
+    int64_t limit;
+    const char* error;  // "" when it fits
+  };
+  const Case kCases[] = {
+      {{}, 100, ""},
+      {{10, 20, 70}, 100, ""},
+      {{100}, 100, ""},
+      {{10, 101, 0}, 100, "rank 1 sends 101 bytes"},
+      {{60, 30, 11}, 100, "101 bytes from ranks 0..2 together"},
+      {{0, 0, int64_t{3} << 30}, (int64_t{1} << 31) - 1, "rank 2 sends 3221225472 bytes"},
+      {{int64_t{1} << 30, int64_t{1} << 30}, (int64_t{1} << 31) - 1, "2147483648 bytes from ranks 0..1"},
+  };
+  for (const Case& c : kCases) {
+    Status status = CheckGatherSizes(c.lengths, c.limit);
+    if (*c.error == '\0') {
+      EXPECT_TRUE(status.ok()) << status.ToString();
+      continue;
+    }
+    ASSERT_FALSE(status.ok()) << c.error;
+    EXPECT_EQ(status.code(), Code::kInvalidArgument);
+    EXPECT_THAT(status.message(), HasSubstr(c.error));
+  }
+}
+
+// Two damaged files: the first's checksum table cannot be read, the second has a flipped data
+// byte. Both are listed; verify does not stop at the first.
+TEST_F(ErrorPaths, VerifyListsEveryDamagedFile) {
+  const std::string root = JoinPath(dir_.path(), "root");
+  {
+    auto out = OfflineCheckpointWriter::Begin(root, 1, 2);
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    const Shape shape = {4096};
+    for (int r = 0; r < 2; ++r) {
+      Layout layout = FlatShardLayout(shape, 2, r);
+      std::vector<uint8_t> bytes = testing::PieceBytes("w", DType::kFloat32, shape, layout);
+      ASSERT_TRUE((*out)->AddPiece(r, "w", DType::kFloat32, shape, layout, bytes.data(), bytes.size()).ok());
+    }
+    ASSERT_TRUE((*out)->Commit(MakeCreationInfo(1, "", "", {})).ok());
+  }
+  const std::string ckpt = JoinPath(root, "step-000000001");
+  {
+    std::fstream f(JoinPath(ckpt, "rank-00001.bin"), std::ios::in | std::ios::out | std::ios::binary);
+    char byte = 0;
+    f.seekg(100);
+    f.get(byte);
+    f.seekp(100);
+    f.put(static_cast<char>(~byte));
+  }
+  // The first read verify makes is file 0's checksum table page.
+  ASSERT_TRUE(SetFailpoints("io.read#1=EIO").ok());
+  Result<VerifyReport> report = VerifyCheckpoint(root);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_EQ(report->files, 2u);
+  ASSERT_EQ(report->problems.size(), 2u);
+  EXPECT_EQ(report->problems[0].file, "rank-00000.bin");
+  EXPECT_THAT(report->problems[0].what, HasSubstr("checksum table page 0 cannot be read"));
+  EXPECT_THAT(report->problems[0].what, HasSubstr("injected at failpoint io.read"));
+  EXPECT_EQ(report->problems[0].entries, "'w'");
+  EXPECT_EQ(report->problems[1].file, "rank-00001.bin");
+  EXPECT_EQ(report->problems[1].offset, 0u);
+  EXPECT_THAT(report->problems[1].what, HasSubstr("checksum mismatch"));
+  EXPECT_EQ(report->problems[1].entries, "'w'");
+}
+
+}  // namespace
+}  // namespace shardckpt
