@@ -1,7 +1,8 @@
 // The pickle inside a torch.save zip (see ../shared/FORMATS.md): a writer for state dicts of
 // contiguous tensors, and a restricted reader that accepts only what torch.load(weights_only=True)
 // accepts. The reader executes nothing: GLOBAL is checked against a fixed allowlist and refused
-// by name otherwise, and REDUCE is interpreted only for the allowed callables.
+// by name otherwise, and REDUCE is interpreted only for the allowed callables, with the arity and
+// argument types torch's own calls take. Its memory is bounded by UnpickleMemoryBudget.
 #pragma once
 
 #include <string>
@@ -30,6 +31,12 @@ struct UnpickledStateDict {
   std::vector<std::string> skipped;   // non-tensor leaves (numbers, strings, lists), by name
 };
 
+// Tensor records are returned as the pickle states them: their sizes, strides and offsets are
+// checked against the storage records by the reader of the zip (torch_file.h), not here.
 Result<UnpickledStateDict> UnpickleStateDict(const std::string& pickle);
+
+// The most memory the reader may use (objects, stack, memo, flattened names) for a pickle of
+// `pickle_bytes`; past it the pickle is refused with an error saying so.
+uint64_t UnpickleMemoryBudget(size_t pickle_bytes);
 
 }  // namespace shardckpt
