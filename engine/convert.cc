@@ -64,9 +64,7 @@ Result<std::vector<SafetensorsEntry>> ReadSafetensorsIndex(const ByteSource& sou
   return ParseSafetensorsHeader(header, source.size() - 8 - n, file);
 }
 
-}  // namespace
-
-Result<ConvertReport> ImportFile(const std::string& file, const std::string& root, const ConvertOptions& options) {
+Result<ConvertReport> ImportInto(const std::string& file, const std::string& root, const ConvertOptions& options) {
   SC_RETURN_IF_ERROR(PolicyLayout(options.layout, {1}, 1, 0).status());
   ConvertReport report;
   const bool safetensors = EndsWith(file, ".safetensors");
@@ -82,6 +80,12 @@ Result<ConvertReport> ImportFile(const std::string& file, const std::string& roo
   UnpickledStateDict dict;
   if (safetensors) {
     SC_ASSIGN_OR_RETURN(entries, ReadSafetensorsIndex(source, &data_start));
+    for (const SafetensorsEntry& e : entries) {
+      if (e.name.empty()) {
+        return InvalidArgument(file + ": a tensor has an empty name (valid in safetensors, but a checkpoint entry "
+                                      "needs a name): rename it before importing");
+      }
+    }
   } else {
     SC_ASSIGN_OR_RETURN(zip, ZipReader::Open(source));
     SC_ASSIGN_OR_RETURN(dict, ReadTorchStateDict(*zip));
@@ -110,7 +114,7 @@ Result<ConvertReport> ImportFile(const std::string& file, const std::string& roo
   return report;
 }
 
-Result<ConvertReport> Reshard(const std::string& checkpoint, const std::string& root, const ConvertOptions& options) {
+Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::string& root, const ConvertOptions& options) {
   SC_RETURN_IF_ERROR(PolicyLayout(options.layout, {1}, 1, 0).status());
   SC_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(checkpoint));
   const Manifest& m = reader->manifest();
@@ -154,6 +158,32 @@ Result<ConvertReport> Reshard(const std::string& checkpoint, const std::string& 
   created.user["resharded_from"] = reader->dir();
   SC_ASSIGN_OR_RETURN(report.path, out->Commit(created));
   return report;
+}
+
+// A conversion that fails leaves no root behind that it created: the writer removes its
+// temporary folder, and this the folder and lock file it made for it.
+Result<ConvertReport> IntoRoot(const std::string& root,
+                               Result<ConvertReport> (*convert)(const std::string&, const std::string&, const ConvertOptions&),
+                               const std::string& input, const ConvertOptions& options) {
+  const bool fresh = !PathExists(root);
+  Result<ConvertReport> report = convert(input, root, options);
+  if (!report.ok() && fresh && PathExists(root)) {
+    Result<std::vector<std::string>> names = ListDir(root);
+    if (names.ok() && (names->empty() || (names->size() == 1 && names->front() == kLockName))) {
+      RemoveTree(root).IgnoreError();
+    }
+  }
+  return report;
+}
+
+}  // namespace
+
+Result<ConvertReport> ImportFile(const std::string& file, const std::string& root, const ConvertOptions& options) {
+  return IntoRoot(root, ImportInto, file, options);
+}
+
+Result<ConvertReport> Reshard(const std::string& checkpoint, const std::string& root, const ConvertOptions& options) {
+  return IntoRoot(root, ReshardInto, checkpoint, options);
 }
 
 }  // namespace shardckpt

@@ -113,6 +113,7 @@ struct Value {
   DType dtype = DType::kFloat32;  // storage
   int64_t i = 0;                  // int, bool, storage element count, tensor index
   std::string_view s;             // string and storage key (into the pickle), global (into the allowlist)
+  const char* unsupported = nullptr;  // storage, tensor: the torch dtype shardckpt has no type for
   std::vector<Value*> items;      // tuple, list; dict as key, value, key, value, ...
 };
 
@@ -127,9 +128,28 @@ const std::set<std::string>& AllowedGlobals() {
     std::set<std::string> s = {"collections.OrderedDict", "torch._utils._rebuild_tensor_v2",
                                "torch._utils._rebuild_parameter"};
     for (int d = 0; d < kNumDTypes; ++d) s.insert(std::string("torch.") + TorchStorageName(static_cast<DType>(d)));
+    for (const char* name : {"torch.ComplexHalfStorage", "torch.ComplexFloatStorage", "torch.ComplexDoubleStorage",
+                             "torch.QInt8Storage", "torch.QUInt8Storage", "torch.QInt32Storage", "torch.QUInt4x2Storage",
+                             "torch.QUInt2x4Storage"}) {
+      s.insert(name);
+    }
     return s;
   }();
   return kAllowed;
+}
+
+// Storage classes torch.load(weights_only=True) accepts for dtypes shardckpt has no type for:
+// allowed as globals, so the refusal can name the tensor and its dtype instead of the class.
+const char* UnsupportedStorageDType(std::string_view global) {
+  static const std::pair<const char*, const char*> kUnsupported[] = {
+      {"torch.ComplexHalfStorage", "complex32"}, {"torch.ComplexFloatStorage", "complex64"},
+      {"torch.ComplexDoubleStorage", "complex128"}, {"torch.QInt8Storage", "qint8"},
+      {"torch.QUInt8Storage", "quint8"}, {"torch.QInt32Storage", "qint32"},
+      {"torch.QUInt4x2Storage", "quint4x2"}, {"torch.QUInt2x4Storage", "quint2x4"}};
+  for (const auto& [name, dtype] : kUnsupported) {
+    if (global == name) return dtype;
+  }
+  return nullptr;
 }
 
 Status Refused(const std::string& what) {
@@ -288,7 +308,10 @@ class Unpickler {
     }
     SC_RETURN_IF_ERROR(Charge(sizeof(PickleTensor) + t.storage_key.size() + 16 * t.sizes.size()));
     tensors_.push_back(std::move(t));
-    return PushNew(Value::kTensor, static_cast<int64_t>(tensors_.size() - 1));
+    SC_ASSIGN_OR_RETURN(Value* tensor, New(Value::kTensor));
+    tensor->i = static_cast<int64_t>(tensors_.size() - 1);
+    tensor->unsupported = a[0]->unsupported;
+    return Push(tensor);
   }
 
   Status Reduce() {
@@ -401,10 +424,11 @@ class Unpickler {
             pid->items[2]->kind != Value::kString || pid->items[4]->kind != Value::kInt) {
           return DataLoss("unsupported persistent id");
         }
-        std::string type(pid->items[1]->s.substr(std::strlen("torch.")));
-        SC_ASSIGN_OR_RETURN(DType dtype, ParseTorchStorageName(type));
         SC_ASSIGN_OR_RETURN(Value* v, New(Value::kStorage));
-        v->dtype = dtype;
+        v->unsupported = UnsupportedStorageDType(pid->items[1]->s);
+        if (!v->unsupported) {
+          SC_ASSIGN_OR_RETURN(v->dtype, ParseTorchStorageName(std::string(pid->items[1]->s.substr(std::strlen("torch.")))));
+        }
         v->s = pid->items[2]->s;
         v->i = pid->items[4]->i;
         return Push(v);
@@ -496,6 +520,10 @@ class Flattener {
       }
       if (!names_.insert(name).second) {
         return InvalidArgument("the name '" + name + "' occurs twice (a dotted key and a nested dict, or 1 and \"1\")");
+      }
+      if (value->kind == Value::kTensor && value->unsupported) {
+        return Status(Code::kUnimplemented, "tensor '" + name + "': dtype " + value->unsupported +
+                                                " is not supported by shardckpt (convert the tensor before importing)");
       }
       if (value->kind == Value::kTensor) {
         const PickleTensor& t = unpickler_->tensors()[static_cast<size_t>(value->i)];

@@ -17,6 +17,7 @@
 #include "engine/safetensors.h"
 #include "engine/torch_file.h"
 #include "engine/torch_pickle.h"
+#include "io/failpoint.h"
 #include "io/fs.h"
 #include "io/log.h"
 #include "tests/test_util.h"
@@ -165,6 +166,48 @@ TEST_F(ImportTest, InterruptedReadsAreRetriedNotReportedAsDataLoss) {
   std::vector<uint8_t> b(5);
   ASSERT_TRUE(reader->ReadPiece(1, Layout::Replicated(), b.data()).ok());
   EXPECT_EQ(b, (std::vector<uint8_t>{36, 39, 42, 45, 48}));
+}
+
+TEST_F(ImportTest, SafetensorsWithTypesOrNamesWeLackAreRefusedPlainly) {
+  struct Case {
+    std::string header, refusal;
+    Code code;
+  } cases[] = {
+      {R"({"z":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}})", "tensor 'z': dtype C64 is not supported by shardckpt",
+       Code::kUnimplemented},
+      {R"({"u":{"dtype":"U16","shape":[4],"data_offsets":[0,8]}})", "tensor 'u': dtype U16 is not supported by shardckpt",
+       Code::kUnimplemented},
+      {R"({"":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", "a tensor has an empty name", Code::kInvalidArgument},
+      {R"({"x":{"dtype":"NOPE","shape":[2],"data_offsets":[0,8]}})", "invalid safetensors", Code::kDataLoss},
+  };
+  int i = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.header);
+    std::string header = c.header + std::string((8 - c.header.size() % 8) % 8, ' ');
+    uint64_t n = header.size();
+    const std::string file = Path("t" + std::to_string(i++) + ".safetensors");
+    std::ofstream(file, std::ios::binary) << std::string(reinterpret_cast<const char*>(&n), 8) << header << std::string(8, '\1');
+    Result<ConvertReport> r = ImportFile(file, Path("root"), Options());
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), c.code) << r.status().ToString();
+    EXPECT_THAT(r.status().message(), HasSubstr(c.refusal));
+    EXPECT_FALSE(PathExists(Path("root")));
+  }
+}
+
+TEST_F(ImportTest, AFailedImportLeavesNoRootItCreated) {
+  const testing::TorchFileCase c = testing::ValidTorchFiles()[0];
+  ASSERT_TRUE(testing::WriteTorchFile(Path("v.pt"), c).ok());
+  ASSERT_TRUE(SetFailpoints("io.fsync=EIO").ok());
+  Result<ConvertReport> fresh = ImportFile(Path("v.pt"), Path("new-root"), Options());
+  ASSERT_TRUE(MakeDirs(Path("old-root")).ok());
+  Result<ConvertReport> old = ImportFile(Path("v.pt"), Path("old-root"), Options());
+  ASSERT_TRUE(SetFailpoints("").ok());
+  ASSERT_FALSE(fresh.ok());
+  EXPECT_THAT(fresh.status().message(), HasSubstr("injected at failpoint io.fsync"));
+  EXPECT_FALSE(PathExists(Path("new-root"))) << "no empty root holding a lock file";
+  ASSERT_FALSE(old.ok());
+  EXPECT_TRUE(IsDirectory(Path("old-root"))) << "a root that was there before stays";
 }
 
 // ---------------------------------------------------------------- the unpickler alone

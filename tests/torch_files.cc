@@ -22,8 +22,11 @@ std::string Put(uint8_t key) { return std::string("q") + static_cast<char>(key);
 
 const std::string kProto = "\x80\x02";
 const std::string kOrderedDict = Global("collections", "OrderedDict") + ")R";
-// ('storage', torch.FloatStorage, "0", "cpu", 2) loaded by BINPERSID.
-const std::string kStorage = "(" + Str("storage") + Global("torch", "FloatStorage") + Str("0") + Str("cpu") + Int(2) + "tQ";
+// ('storage', torch.<type>, "0", "cpu", 2) loaded by BINPERSID.
+std::string Storage(const std::string& type) {
+  return "(" + Str("storage") + Global("torch", type) + Str("0") + Str("cpu") + Int(2) + "tQ";
+}
+const std::string kStorage = Storage("FloatStorage");
 // _rebuild_tensor_v2's arguments up to `count` of (storage, 0, (2,), (1,), False, OrderedDict(), None).
 std::string TensorArgs(int count) {
   const std::string args[] = {kStorage, Int(0), "(" + Int(2) + "t", "(" + Int(1) + "t", "\x89", kOrderedDict, "N"};
@@ -160,6 +163,10 @@ std::vector<PickleCase> WeightsOnlyCases() {
       {"self_containing_dict", SelfContainingDict(), "'a' contains itself"},
       {"duplicate_name", kProto + "}(" + Str("a.b") + Int(1) + Str("a") + "}" + Str("b") + Int(2) + "su.",
        "the name 'a.b' occurs twice"},
+      {"complex64_storage",
+       DictOf(Global("torch._utils", "_rebuild_tensor_v2") + "(" + Storage("ComplexFloatStorage") + Int(0) + "(" + Int(2) +
+              "t(" + Int(1) + "t\x89" + kOrderedDict + "tR"),
+       "tensor 'w': dtype complex64 is not supported by shardckpt"},
       {"empty_key", kProto + "}" + Str("") + Int(1) + "s.", "a key in the state dict is empty"},
   };
 }
