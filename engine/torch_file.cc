@@ -39,21 +39,25 @@ Status ValidateTorchTensor(const PickleTensor& t, uint64_t record_bytes) {
     if (t.strides[d] < 0) return InvalidArgument(where + ": strides " + ShapeString(t.strides) + " has a negative stride");
   }
   if (t.storage_offset < 0) return InvalidArgument(where + ": storage_offset " + std::to_string(t.storage_offset) + " is negative");
+  const uint64_t storage_element = t.storage_element_size ? t.storage_element_size : element;
+  const std::string storage_type = t.storage_element_size ? "untyped" : DTypeName(t.dtype);
   uint64_t storage_bytes = 0;
-  if (t.storage_numel < 0 || __builtin_mul_overflow(static_cast<uint64_t>(t.storage_numel), element, &storage_bytes)) {
+  if (t.storage_numel < 0 || __builtin_mul_overflow(static_cast<uint64_t>(t.storage_numel), storage_element, &storage_bytes)) {
     return InvalidArgument(where + ": storage " + RecordName(t) + " element count " + std::to_string(t.storage_numel) +
-                           " is negative or overflows at " + std::to_string(element) + " bytes per " + DTypeName(t.dtype));
+                           " is negative or overflows at " + std::to_string(storage_element) + " bytes per " + storage_type);
   }
   if (storage_bytes != record_bytes) {
     return DataLoss(where + ": storage " + RecordName(t) + " holds " + std::to_string(record_bytes) + " bytes, not " +
-                    std::to_string(t.storage_numel) + " " + DTypeName(t.dtype) + " elements (" +
-                    std::to_string(storage_bytes) + " bytes)");
+                    std::to_string(t.storage_numel) + " " + storage_type + " elements (" + std::to_string(storage_bytes) +
+                    " bytes)");
   }
+  // Elements of the tensor's dtype the storage holds (whole ones: a partial one cannot be addressed).
+  const int64_t capacity = static_cast<int64_t>(storage_bytes / element);
   SC_ASSIGN_OR_RETURN(int64_t end, ViewEnd(t, *numel, where));
-  if (end > t.storage_numel) {
+  if (end > capacity) {
     return InvalidArgument(where + ": the view (storage_offset " + std::to_string(t.storage_offset) + ", sizes " +
                            ShapeString(t.sizes) + ", strides " + ShapeString(t.strides) + ") reaches element " +
-                           std::to_string(end - 1) + " of a storage of " + std::to_string(t.storage_numel) + " elements");
+                           std::to_string(end - 1) + " of a storage of " + std::to_string(capacity) + " elements");
   }
   // numel <= 2^50 (NumElements) and element <= 8: the product cannot overflow.
   const uint64_t bytes = static_cast<uint64_t>(*numel) * element;
@@ -79,12 +83,16 @@ Result<UnpickledStateDict> ReadTorchStateDict(const ZipReader& zip) {
     }
     Status valid = ValidateTorchTensor(t, record->second.size);
     if (!valid.ok()) return valid.WithContext(zip.path());
+    // A typed storage is its dtype; an untyped one (torch 2.x) may be viewed as several.
     auto [it, fresh] = first.emplace(t.storage_key, &t);
-    if (!fresh && (it->second->dtype != t.dtype || it->second->storage_numel != t.storage_numel)) {
-      return InvalidArgument(zip.path() + ": tensor '" + t.name + "': storage " + RecordName(t) + " is " +
-                             std::to_string(t.storage_numel) + " " + DTypeName(t.dtype) + " elements here but " +
-                             std::to_string(it->second->storage_numel) + " " + DTypeName(it->second->dtype) +
-                             " elements for tensor '" + it->second->name + "'");
+    const PickleTensor& f = *it->second;
+    if (!fresh && (f.storage_numel != t.storage_numel || f.storage_element_size != t.storage_element_size ||
+                   (!t.storage_element_size && f.dtype != t.dtype))) {
+      auto claim = [](const PickleTensor& x) {
+        return std::to_string(x.storage_numel) + " " + (x.storage_element_size ? "untyped" : DTypeName(x.dtype)) + " elements";
+      };
+      return InvalidArgument(zip.path() + ": tensor '" + t.name + "': storage " + RecordName(t) + " is " + claim(t) +
+                             " here but " + claim(f) + " for tensor '" + f.name + "'");
     }
   }
   return dict;

@@ -68,15 +68,18 @@ Result<std::string> PickleStateDict(const std::vector<PickleTensor>& tensors) {
   if (!tensors.empty()) {
     s += '(';
     for (const PickleTensor& t : tensors) {
+      // torch 2.x has no storage class for float8: it writes an UntypedStorage (counted in
+      // bytes) rebuilt by _rebuild_tensor_v3 with the dtype named, and so does this writer.
+      const bool v3 = t.dtype == DType::kFloat8E4M3 || t.dtype == DType::kFloat8E5M2;
       PutString(s, t.name);
-      PutGlobal(s, "torch._utils", "_rebuild_tensor_v2");
+      PutGlobal(s, "torch._utils", v3 ? "_rebuild_tensor_v3" : "_rebuild_tensor_v2");
       s += '(';
       s += '(';
       PutString(s, "storage");
-      PutGlobal(s, "torch", TorchStorageName(t.dtype));
+      PutGlobal(s, "torch", v3 ? "UntypedStorage" : TorchStorageName(t.dtype));
       PutString(s, t.storage_key);
       PutString(s, "cpu");
-      PutInt(s, t.storage_numel);
+      PutInt(s, v3 ? t.storage_numel * static_cast<int64_t>(DTypeSize(t.dtype)) : t.storage_numel);
       s += "tQ";  // TUPLE, BINPERSID
       PutInt(s, t.storage_offset);
       PutTuple(s, t.sizes);
@@ -84,6 +87,7 @@ Result<std::string> PickleStateDict(const std::vector<PickleTensor>& tensors) {
       s += '\x89';  // NEWFALSE: requires_grad
       PutGlobal(s, "collections", "OrderedDict");
       s += ")R";  // backward hooks
+      if (v3) PutGlobal(s, "torch", DTypeName(t.dtype));
       s += "tR";
     }
     s += 'u';  // SETITEMS
@@ -123,11 +127,21 @@ const char* KindName(Value::Kind kind) {
   return kNames[kind];
 }
 
+// torch dtypes (as torch 2.x's _rebuild_tensor_v3 names them) that shardckpt has no type for.
+const char* const kUnsupportedDTypes[] = {"uint16",    "uint32",     "uint64",          "complex32",
+                                          "complex64", "complex128", "float8_e4m3fnuz", "float8_e5m2fnuz",
+                                          "float8_e8m0fnu"};
+
 const std::set<std::string>& AllowedGlobals() {
   static const std::set<std::string> kAllowed = [] {
     std::set<std::string> s = {"collections.OrderedDict", "torch._utils._rebuild_tensor_v2",
-                               "torch._utils._rebuild_parameter"};
-    for (int d = 0; d < kNumDTypes; ++d) s.insert(std::string("torch.") + TorchStorageName(static_cast<DType>(d)));
+                               "torch._utils._rebuild_tensor_v3", "torch._utils._rebuild_parameter",
+                               "torch.UntypedStorage"};
+    for (int d = 0; d < kNumDTypes; ++d) {
+      s.insert(std::string("torch.") + TorchStorageName(static_cast<DType>(d)));
+      s.insert(std::string("torch.") + DTypeName(static_cast<DType>(d)));  // torch.float8_e4m3fn: the same names
+    }
+    for (const char* name : kUnsupportedDTypes) s.insert(std::string("torch.") + name);
     for (const char* name : {"torch.ComplexHalfStorage", "torch.ComplexFloatStorage", "torch.ComplexDoubleStorage",
                              "torch.QInt8Storage", "torch.QUInt8Storage", "torch.QInt32Storage", "torch.QUInt4x2Storage",
                              "torch.QUInt2x4Storage"}) {
@@ -285,21 +299,39 @@ class Unpickler {
   }
 
   // torch._utils._rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad,
-  // backward_hooks[, metadata]): the arity and types torch's own call would accept.
-  Status RebuildTensor(const std::vector<Value*>& a) {
-    if (a.size() != 6 && a.size() != 7) {
-      return Refused("_rebuild_tensor_v2 with " + std::to_string(a.size()) + " arguments, not 6 or 7");
+  // backward_hooks[, metadata]) and _rebuild_tensor_v3(..., backward_hooks, dtype[, metadata]),
+  // which torch 2.x writes for dtypes without a storage class (float8, uint16, ...) over an
+  // UntypedStorage: the arity and types torch's own call would accept.
+  Status RebuildTensor(const std::vector<Value*>& a, bool v3) {
+    const char* fn = v3 ? "_rebuild_tensor_v3" : "_rebuild_tensor_v2";
+    const size_t fixed = v3 ? 7 : 6;
+    if (a.size() != fixed && a.size() != fixed + 1) {
+      return Refused(std::string(fn) + " with " + std::to_string(a.size()) + " arguments, not " + std::to_string(fixed) +
+                     " or " + std::to_string(fixed + 1));
     }
     if (a[0]->kind != Value::kStorage || a[1]->kind != Value::kInt || a[2]->kind != Value::kTuple ||
         a[3]->kind != Value::kTuple || a[4]->kind != Value::kBool || a[5]->kind != Value::kDict ||
-        (a.size() == 7 && a[6]->kind != Value::kDict && a[6]->kind != Value::kNone)) {
-      return DataLoss("_rebuild_tensor_v2 arguments are not (storage, int, tuple, tuple, bool, dict[, dict])");
+        (v3 && (a[6]->kind != Value::kGlobal || a[6]->s.substr(0, 6) != "torch.")) ||
+        (a.size() == fixed + 1 && a[fixed]->kind != Value::kDict && a[fixed]->kind != Value::kNone)) {
+      return DataLoss(std::string(fn) + " arguments are not (storage, int, tuple, tuple, bool, dict" +
+                      (v3 ? ", dtype" : "") + "[, dict])");
     }
     PickleTensor t;
     t.dtype = a[0]->dtype;
     t.storage_key = std::string(a[0]->s);
     t.storage_numel = a[0]->i;
     t.storage_offset = a[1]->i;
+    const char* unsupported = a[0]->unsupported;
+    if (v3) {  // the tensor's dtype is named; its storage's elements keep their own size
+      t.storage_element_size = DTypeSize(a[0]->dtype);
+      const std::string dtype(a[6]->s.substr(6));
+      for (const char* name : kUnsupportedDTypes) {
+        if (dtype == name) unsupported = name;
+      }
+      if (!unsupported) {
+        SC_ASSIGN_OR_RETURN(t.dtype, ParseDType(dtype));
+      }
+    }
     for (int k : {2, 3}) {
       for (const Value* d : a[k]->items) {
         if (d->kind != Value::kInt) return DataLoss(std::string("tensor ") + (k == 2 ? "size" : "stride") + " is not an integer");
@@ -310,7 +342,7 @@ class Unpickler {
     tensors_.push_back(std::move(t));
     SC_ASSIGN_OR_RETURN(Value* tensor, New(Value::kTensor));
     tensor->i = static_cast<int64_t>(tensors_.size() - 1);
-    tensor->unsupported = a[0]->unsupported;
+    tensor->unsupported = unsupported;
     return Push(tensor);
   }
 
@@ -333,9 +365,10 @@ class Unpickler {
       }
       return Push(a[0]);
     }
-    if (name == "torch._utils._rebuild_tensor_v2") return RebuildTensor(a);
+    if (name == "torch._utils._rebuild_tensor_v2") return RebuildTensor(a, false);
+    if (name == "torch._utils._rebuild_tensor_v3") return RebuildTensor(a, true);
     return InvalidArgument("REDUCE of " + std::string(name) +
-                           " is not supported (only OrderedDict, _rebuild_tensor_v2 and _rebuild_parameter are called)");
+                           " is not supported (only OrderedDict, the tensor rebuilds and _rebuild_parameter are called)");
   }
 
   Status Step(unsigned char op) {
@@ -426,7 +459,9 @@ class Unpickler {
         }
         SC_ASSIGN_OR_RETURN(Value* v, New(Value::kStorage));
         v->unsupported = UnsupportedStorageDType(pid->items[1]->s);
-        if (!v->unsupported) {
+        if (pid->items[1]->s == "torch.UntypedStorage") {
+          v->dtype = DType::kUInt8;  // as torch.load types it, until _rebuild_tensor_v3 names a dtype
+        } else if (!v->unsupported) {
           SC_ASSIGN_OR_RETURN(v->dtype, ParseTorchStorageName(std::string(pid->items[1]->s.substr(std::strlen("torch.")))));
         }
         v->s = pid->items[2]->s;

@@ -20,7 +20,10 @@ struct PickleTensor {
   std::vector<int64_t> strides;  // in elements
   int64_t storage_offset = 0;    // in elements
   std::string storage_key;       // record data/<key>
-  int64_t storage_numel = 0;
+  int64_t storage_numel = 0;     // in storage elements
+  // Bytes per storage element: 0 for the tensor's own dtype (a typed storage), 1 for torch 2.x's
+  // UntypedStorage, which _rebuild_tensor_v3 views as the tensor's dtype.
+  size_t storage_element_size = 0;
 };
 
 // An OrderedDict of name -> tensor; tensor i uses storage key std::to_string(i), contiguous.

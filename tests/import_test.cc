@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -132,6 +133,33 @@ TEST_F(ImportTest, ViewsIntoSharedStoragesImportElementByElement) {
       got.pop_back();
       EXPECT_EQ(got, expected);
     }
+  }
+}
+
+TEST_F(ImportTest, Float8IsWrittenAsTorch2WritesItAndReadBack) {
+  const std::vector<PickleTensor> tensors = {PickleTensor{"e4m3", DType::kFloat8E4M3, {2, 3}, {3, 1}, 0, "0", 6},
+                                             PickleTensor{"e5m2", DType::kFloat8E5M2, {4}, {1}, 0, "1", 4},
+                                             PickleTensor{"f32", DType::kFloat32, {1}, {1}, 0, "2", 1}};
+  const std::string pickle = PickleStateDict(tensors).value();
+  // No Float8_e4m3fnStorage (a class torch never had): an UntypedStorage and _rebuild_tensor_v3.
+  EXPECT_EQ(pickle.find("Float8"), std::string::npos);
+  EXPECT_NE(pickle.find("_rebuild_tensor_v3"), std::string::npos);
+  EXPECT_NE(pickle.find("UntypedStorage"), std::string::npos);
+  EXPECT_NE(pickle.find("float8_e5m2"), std::string::npos);
+  EXPECT_NE(pickle.find("FloatStorage"), std::string::npos) << "other dtypes keep what torch 1.13 reads";
+  const testing::TorchFileCase c{"f8", pickle, {{"0", 6}, {"1", 4}, {"2", 4}}, ""};
+  ASSERT_TRUE(testing::WriteTorchFile(Path("f8.pt"), c).ok());
+  ASSERT_TRUE(ImportFile(Path("f8.pt"), Path("root"), Options()).ok());
+  auto reader = CheckpointReader::Open(Path("root")).value();
+  ASSERT_EQ(reader->manifest().entries.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    const EntryRecord& e = reader->manifest().entries[i];
+    const PickleTensor& t = *std::find_if(tensors.begin(), tensors.end(), [&](const PickleTensor& x) { return x.name == e.name; });
+    EXPECT_EQ(e.dtype, t.dtype);
+    EXPECT_EQ(e.shape, t.sizes);
+    std::vector<uint8_t> got(static_cast<size_t>(t.storage_numel) * DTypeSize(t.dtype));
+    ASSERT_TRUE(reader->ReadPiece(i, Layout::Replicated(), got.data()).ok());
+    for (size_t k = 0; k < got.size(); ++k) EXPECT_EQ(got[k], testing::RecordByte(t.storage_key, k)) << e.name << " byte " << k;
   }
 }
 

@@ -27,6 +27,19 @@ std::string Storage(const std::string& type) {
   return "(" + Str("storage") + Global("torch", type) + Str("0") + Str("cpu") + Int(2) + "tQ";
 }
 const std::string kStorage = Storage("FloatStorage");
+
+// What torch 2.x writes for float8 and the unsigned types: _rebuild_tensor_v3 over an
+// UntypedStorage (its element count in bytes), the tensor's dtype named by a global.
+std::string TensorV3(const std::string& dtype, uint8_t storage_bytes, uint8_t offset, uint8_t size, uint8_t stride,
+                     int args = 7) {
+  const std::string storage =
+      "(" + Str("storage") + Global("torch", "UntypedStorage") + Str("0") + Str("cpu") + Int(storage_bytes) + "tQ";
+  const std::string all[] = {storage, Int(offset), "(" + Int(size) + "t", "(" + Int(stride) + "t", "\x89", kOrderedDict,
+                             Global("torch", dtype)};
+  std::string out = Global("torch._utils", "_rebuild_tensor_v3") + "(";
+  for (int k = 0; k < args; ++k) out += all[k];
+  return out + "tR";
+}
 // _rebuild_tensor_v2's arguments up to `count` of (storage, 0, (2,), (1,), False, OrderedDict(), None).
 std::string TensorArgs(int count) {
   const std::string args[] = {kStorage, Int(0), "(" + Int(2) + "t", "(" + Int(1) + "t", "\x89", kOrderedDict, "N"};
@@ -81,6 +94,11 @@ std::vector<TorchFileCase> ValidTorchFiles() {
             Record("bcast", D::kFloat32, {3, 4}, {0, 1}, 8, "0", 12), Record("i8", D::kInt8, {5}, {2}, 1, "1", 10),
             Record("f64", D::kFloat64, {2}, {1}, 0, "2", 2)},
            {{"0", 48}, {"1", 10}, {"2", 16}}, ""),
+      // One untyped storage of 6 bytes seen as float8 (bytes 1 and 3) and as bfloat16 (bytes 2-5).
+      TorchFileCase{"untyped_views",
+                    kProto + "}(" + Str("f8") + TensorV3("float8_e4m3fn", 6, 1, 2, 2) + Str("bf16") +
+                        TensorV3("bfloat16", 6, 1, 2, 1) + "u.",
+                    {{"0", 6}}, ""},
   };
 }
 
@@ -117,6 +135,8 @@ std::vector<TorchFileCase> HostileTensorRecords() {
            "tensor 'w': sizes [1099511627776] with strides [0] repeat a storage of 4 bytes"),
       Case("too_many_dims", {Record("w", D::kFloat32, Shape(33, 1), std::vector<int64_t>(33, 1), 0, "0", 1)}, {{"0", 4}},
            "tensor 'w': sizes: shape"),
+      TorchFileCase{"untyped_view_past_end", kProto + "}" + Str("w") + TensorV3("float32", 5, 0, 2, 1) + "s.", {{"0", 5}},
+                    "tensor 'w': the view (storage_offset 0, sizes [2], strides [1]) reaches element 1 of a storage of 1 elements"},
       Case("missing_record", {Record("w", D::kFloat32, {2}, {1}, 0, "9", 2)}, {{"0", 8}},
            "tensor 'w': storage record data/9 is missing"),
       Case("storage_claims_differ",
@@ -167,6 +187,8 @@ std::vector<PickleCase> WeightsOnlyCases() {
        DictOf(Global("torch._utils", "_rebuild_tensor_v2") + "(" + Storage("ComplexFloatStorage") + Int(0) + "(" + Int(2) +
               "t(" + Int(1) + "t\x89" + kOrderedDict + "tR"),
        "tensor 'w': dtype complex64 is not supported by shardckpt"},
+      {"rebuild_tensor_v3_6_args", DictOf(TensorV3("float8_e5m2", 2, 0, 2, 1, 6)), "_rebuild_tensor_v3 with 6 arguments"},
+      {"uint16_v3", DictOf(TensorV3("uint16", 4, 0, 2, 1)), "tensor 'w': dtype uint16 is not supported by shardckpt"},
       {"empty_key", kProto + "}" + Str("") + Int(1) + "s.", "a key in the state dict is empty"},
   };
 }

@@ -26,12 +26,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   for (const PickleTensor& t : dict->tensors) {
     if (t.name.empty() || !names.insert(t.name).second) std::abort();
-    uint64_t record = static_cast<uint64_t>(t.storage_numel) * DTypeSize(t.dtype);  // may wrap: it is a lie to catch
+    const uint64_t storage_element = t.storage_element_size ? t.storage_element_size : DTypeSize(t.dtype);
+    const uint64_t record = static_cast<uint64_t>(t.storage_numel) * storage_element;  // may wrap: a lie to catch
     if (!ValidateTorchTensor(t, record).ok()) continue;
     if (t.storage_offset < 0 || t.storage_numel < 0 || t.strides.size() != t.sizes.size()) std::abort();
     int64_t numel = NumElements(t.sizes).value(), last = t.storage_offset;
     for (size_t d = 0; d < t.sizes.size() && numel > 0; ++d) last += (t.sizes[d] - 1) * t.strides[d];
-    if (numel > 0 && last >= t.storage_numel) std::abort();
+    if (numel > 0 && static_cast<uint64_t>(last + 1) * DTypeSize(t.dtype) > record) std::abort();
   }
   return 0;
 }
