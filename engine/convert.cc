@@ -1,16 +1,13 @@
 #include "engine/convert.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstring>
+#include <optional>
 
 #include "engine/checkpoint_reader.h"
 #include "engine/commit.h"
 #include "engine/offline_writer.h"
 #include "engine/safetensors.h"
-#include "engine/torch_pickle.h"
+#include "engine/torch_file.h"
 #include "engine/zip_reader.h"
 #include "io/fs.h"
 
@@ -40,50 +37,6 @@ Status WriteTensor(OfflineCheckpointWriter& out, const std::string& policy, int 
   return Status::Ok();
 }
 
-// A torch.save view (sizes, strides, offset into its storage) materialized contiguous.
-Status ReadTorchTensor(const ZipReader& zip, const PickleTensor& t, std::vector<unsigned char>* out) {
-  const std::string where = "tensor '" + t.name + "'";
-  const size_t element = DTypeSize(t.dtype);
-  SC_ASSIGN_OR_RETURN(int64_t numel, NumElements(t.sizes));
-  if (t.strides.size() != t.sizes.size()) return DataLoss(where + ": sizes and strides differ in length");
-  auto record = zip.records().find(zip.prefix() + "data/" + t.storage_key);
-  if (record == zip.records().end()) return DataLoss(where + ": storage record data/" + t.storage_key + " is missing");
-  if (t.storage_numel < 0 || static_cast<uint64_t>(t.storage_numel) * element != record->second.size) {
-    return DataLoss(where + ": storage data/" + t.storage_key + " holds " + std::to_string(record->second.size) +
-                    " bytes, not " + std::to_string(t.storage_numel) + " elements");
-  }
-  // The view's reach in its storage, overflow-checked: offset + sum((size-1) * stride).
-  int64_t last = t.storage_offset;
-  for (size_t d = 0; d < t.sizes.size() && numel > 0; ++d) {
-    int64_t reach;
-    if (t.strides[d] < 0 || __builtin_mul_overflow(t.sizes[d] - 1, t.strides[d], &reach) ||
-        __builtin_add_overflow(last, reach, &last)) {
-      return DataLoss(where + ": strides out of range");
-    }
-  }
-  if (t.storage_offset < 0 || (numel > 0 && last >= t.storage_numel)) {
-    return DataLoss(where + ": the view reaches past its storage");
-  }
-  out->resize(static_cast<size_t>(numel) * element);
-  if (numel == 0) return Status::Ok();
-  std::vector<unsigned char> span(static_cast<size_t>(last - t.storage_offset + 1) * element);
-  SC_RETURN_IF_ERROR(zip.ReadAt(record->second.data_offset + static_cast<uint64_t>(t.storage_offset) * element,
-                                span.data(), span.size()));
-  // Odometer over the view's indices, gathering element by element runs of the last dim.
-  const size_t n = t.sizes.size();
-  std::vector<int64_t> index(n, 0);
-  for (int64_t i = 0; i < numel; ++i) {
-    int64_t at = 0;
-    for (size_t d = 0; d < n; ++d) at += index[d] * t.strides[d];
-    std::memcpy(out->data() + static_cast<size_t>(i) * element, span.data() + static_cast<size_t>(at) * element, element);
-    for (size_t d = n; d-- > 0;) {
-      if (++index[d] < t.sizes[d]) break;
-      index[d] = 0;
-    }
-  }
-  return Status::Ok();
-}
-
 }  // namespace
 
 Result<Layout> PolicyLayout(const std::string& policy, const Shape& shape, int world, int rank) {
@@ -94,76 +47,74 @@ Result<Layout> PolicyLayout(const std::string& policy, const Shape& shape, int w
   return InvalidArgument("unknown layout '" + policy + "' (flat, dim0 or replicated)");
 }
 
-Result<ConvertReport> ImportFile(const std::string& file, const std::string& root, const ConvertOptions& options) {
+namespace {
+
+// The safetensors entries of `source` (header parsed and checked against the file's size).
+Result<std::vector<SafetensorsEntry>> ReadSafetensorsIndex(const ByteSource& source, uint64_t* data_start) {
+  const std::string& file = source.name();
+  if (source.size() < 8) return DataLoss(file + ": too short for safetensors");
+  uint64_t n = 0;
+  SC_RETURN_IF_ERROR(source.ReadAt(0, &n, 8));
+  if (n > kMaxSafetensorsHeader || n > source.size() - 8) {
+    return DataLoss(file + ": invalid safetensors: header size " + std::to_string(n) + " is too large");
+  }
+  std::string header(n, '\0');
+  SC_RETURN_IF_ERROR(source.ReadAt(8, header.data(), n));
+  *data_start = 8 + n;
+  return ParseSafetensorsHeader(header, source.size() - 8 - n, file);
+}
+
+Result<ConvertReport> ImportInto(const std::string& file, const std::string& root, const ConvertOptions& options) {
   SC_RETURN_IF_ERROR(PolicyLayout(options.layout, {1}, 1, 0).status());
   ConvertReport report;
-  SC_ASSIGN_OR_RETURN(std::unique_ptr<OfflineCheckpointWriter> out, OfflineCheckpointWriter::Begin(root, 0, options.world_size));
-  std::vector<unsigned char> full;
-  if (EndsWith(file, ".safetensors")) {
-    SC_ASSIGN_OR_RETURN(uint64_t size, FileSize(file));
-    if (size < 8) return DataLoss(file + ": too short for safetensors");
-    std::string prefix(8, '\0');
-    int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return ErrnoStatus(errno, "open " + file);
-    auto read_at = [&](uint64_t offset, void* buf, size_t n) -> Status {
-      size_t done = 0;
-      while (done < n) {
-        ssize_t k = ::pread(fd, static_cast<char*>(buf) + done, n - done, static_cast<off_t>(offset + done));
-        if (k <= 0) return DataLoss(file + ": short read at " + std::to_string(offset + done));
-        done += static_cast<size_t>(k);
+  const bool safetensors = EndsWith(file, ".safetensors");
+  if (!safetensors && !EndsWith(file, ".pt") && !EndsWith(file, ".pth") && !EndsWith(file, ".bin")) {
+    return InvalidArgument("cannot import '" + file + "': expected .pt, .pth or .safetensors");
+  }
+  // The whole input is read and checked before the output root is touched, so a refused file
+  // leaves nothing behind.
+  SC_ASSIGN_OR_RETURN(ByteSource source, ByteSource::OpenFile(file));
+  std::vector<SafetensorsEntry> entries;
+  uint64_t data_start = 0;
+  std::optional<ZipReader> zip;
+  UnpickledStateDict dict;
+  if (safetensors) {
+    SC_ASSIGN_OR_RETURN(entries, ReadSafetensorsIndex(source, &data_start));
+    for (const SafetensorsEntry& e : entries) {
+      if (e.name.empty()) {
+        return InvalidArgument(file + ": a tensor has an empty name (valid in safetensors, but a checkpoint entry "
+                                      "needs a name): rename it before importing");
       }
-      return Status::Ok();
-    };
-    Status status = read_at(0, prefix.data(), 8);
-    uint64_t n = 0;
-    std::memcpy(&n, prefix.data(), 8);
-    if (status.ok() && (n > kMaxSafetensorsHeader || n > size - 8)) {
-      status = DataLoss(file + ": invalid safetensors: header size " + std::to_string(n) + " is too large");
-    }
-    std::string header;
-    if (status.ok()) {
-      header.assign(n, '\0');
-      status = read_at(8, header.data(), n);
-    }
-    Result<std::vector<SafetensorsEntry>> entries = status.ok() ? ParseSafetensorsHeader(header, size - 8 - n, file)
-                                                                : Result<std::vector<SafetensorsEntry>>(status);
-    if (entries.ok()) {
-      for (size_t i = 0; i < entries->size() && status.ok(); ++i) {
-        const SafetensorsEntry& e = (*entries)[i];
-        full.resize(e.end - e.begin);
-        status = read_at(8 + n + e.begin, full.data(), full.size());
-        if (status.ok()) status = WriteTensor(*out, options.layout, options.world_size, i, e.name, e.dtype, e.shape, full);
-        report.tensors++;
-        report.bytes += full.size();
-      }
-    } else {
-      status = entries.status();
-    }
-    ::close(fd);
-    SC_RETURN_IF_ERROR(status);
-  } else if (EndsWith(file, ".pt") || EndsWith(file, ".pth") || EndsWith(file, ".bin")) {
-    SC_ASSIGN_OR_RETURN(ZipReader zip, ZipReader::Open(file));
-    SC_ASSIGN_OR_RETURN(std::string pickle, zip.ReadRecord(zip.prefix() + "data.pkl", 256u << 20));
-    Result<UnpickledStateDict> dict = UnpickleStateDict(pickle);
-    if (!dict.ok()) return dict.status().WithContext(file);
-    report.skipped = dict->skipped;
-    for (size_t i = 0; i < dict->tensors.size(); ++i) {
-      const PickleTensor& t = dict->tensors[i];
-      Status read = ReadTorchTensor(zip, t, &full);
-      if (!read.ok()) return read.WithContext(file);
-      SC_RETURN_IF_ERROR(WriteTensor(*out, options.layout, options.world_size, i, t.name, t.dtype, t.sizes, full));
-      report.tensors++;
-      report.bytes += full.size();
-      if (options.progress) options.progress(i + 1, dict->tensors.size());
     }
   } else {
-    return InvalidArgument("cannot import '" + file + "': expected .pt, .pth or .safetensors");
+    SC_ASSIGN_OR_RETURN(zip, ZipReader::Open(source));
+    SC_ASSIGN_OR_RETURN(dict, ReadTorchStateDict(*zip));
+    report.skipped = dict.skipped;
+  }
+  SC_ASSIGN_OR_RETURN(std::unique_ptr<OfflineCheckpointWriter> out, OfflineCheckpointWriter::Begin(root, 0, options.world_size));
+  std::vector<unsigned char> full;
+  const size_t count = safetensors ? entries.size() : dict.tensors.size();
+  for (size_t i = 0; i < count; ++i) {
+    if (safetensors) {
+      const SafetensorsEntry& e = entries[i];
+      full.resize(e.end - e.begin);
+      SC_RETURN_IF_ERROR(source.ReadAt(data_start + e.begin, full.data(), full.size()));
+      SC_RETURN_IF_ERROR(WriteTensor(*out, options.layout, options.world_size, i, e.name, e.dtype, e.shape, full));
+    } else {
+      const PickleTensor& t = dict.tensors[i];
+      Status read = ReadTorchTensor(*zip, t, &full);
+      if (!read.ok()) return read.WithContext(file);
+      SC_RETURN_IF_ERROR(WriteTensor(*out, options.layout, options.world_size, i, t.name, t.dtype, t.sizes, full));
+    }
+    report.tensors++;
+    report.bytes += full.size();
+    if (options.progress) options.progress(i + 1, count);
   }
   SC_ASSIGN_OR_RETURN(report.path, out->Commit(MakeCreationInfo(1, "", "", {{"imported_from", file}})));
   return report;
 }
 
-Result<ConvertReport> Reshard(const std::string& checkpoint, const std::string& root, const ConvertOptions& options) {
+Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::string& root, const ConvertOptions& options) {
   SC_RETURN_IF_ERROR(PolicyLayout(options.layout, {1}, 1, 0).status());
   SC_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(checkpoint));
   const Manifest& m = reader->manifest();
@@ -207,6 +158,32 @@ Result<ConvertReport> Reshard(const std::string& checkpoint, const std::string& 
   created.user["resharded_from"] = reader->dir();
   SC_ASSIGN_OR_RETURN(report.path, out->Commit(created));
   return report;
+}
+
+// A conversion that fails leaves no root behind that it created: the writer removes its
+// temporary folder, and this the folder and lock file it made for it.
+Result<ConvertReport> IntoRoot(const std::string& root,
+                               Result<ConvertReport> (*convert)(const std::string&, const std::string&, const ConvertOptions&),
+                               const std::string& input, const ConvertOptions& options) {
+  const bool fresh = !PathExists(root);
+  Result<ConvertReport> report = convert(input, root, options);
+  if (!report.ok() && fresh && PathExists(root)) {
+    Result<std::vector<std::string>> names = ListDir(root);
+    if (names.ok() && (names->empty() || (names->size() == 1 && names->front() == kLockName))) {
+      RemoveTree(root).IgnoreError();
+    }
+  }
+  return report;
+}
+
+}  // namespace
+
+Result<ConvertReport> ImportFile(const std::string& file, const std::string& root, const ConvertOptions& options) {
+  return IntoRoot(root, ImportInto, file, options);
+}
+
+Result<ConvertReport> Reshard(const std::string& checkpoint, const std::string& root, const ConvertOptions& options) {
+  return IntoRoot(root, ReshardInto, checkpoint, options);
 }
 
 }  // namespace shardckpt

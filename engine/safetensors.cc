@@ -32,6 +32,20 @@ Result<std::string> EncodeSafetensorsHeader(std::vector<SafetensorsEntry>& entri
   return out + json;
 }
 
+namespace {
+
+// Every dtype the safetensors format defines, ours or not.
+bool IsSafetensorsDTypeName(const std::string& name) {
+  static const char* const kNames[] = {"BOOL", "U8",  "I8",  "F8_E5M2", "F8_E4M3", "F8_E8M0", "I16", "U16", "F16", "BF16",
+                                       "I32",  "U32", "F32", "F64",     "I64",     "U64",     "C64", "F4",  "F6_E2M3", "F6_E3M2"};
+  for (const char* known : kNames) {
+    if (name == known) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 Result<std::vector<SafetensorsEntry>> ParseSafetensorsHeader(const std::string& text, uint64_t data_bytes,
                                                              const std::string& origin) {
   auto bad = [&](const std::string& what) { return DataLoss(origin + ": invalid safetensors: " + what); };
@@ -47,7 +61,12 @@ Result<std::vector<SafetensorsEntry>> ParseSafetensorsHeader(const std::string& 
     }
     SafetensorsEntry e;
     e.name = name;
-    Result<DType> dtype = ParseSafetensorsDType(value["dtype"].get<std::string>());
+    const std::string dtype_name = value["dtype"].get<std::string>();
+    Result<DType> dtype = ParseSafetensorsDType(dtype_name);
+    if (!dtype.ok() && IsSafetensorsDTypeName(dtype_name)) {  // a valid file holding a type we lack
+      return Status(Code::kUnimplemented, origin + ": tensor '" + name + "': dtype " + dtype_name +
+                                              " is not supported by shardckpt (convert the tensor before importing)");
+    }
     if (!dtype.ok()) return bad("entry '" + name + "': " + dtype.status().message());
     e.dtype = *dtype;
     for (const auto& d : value["shape"]) {

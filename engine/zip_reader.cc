@@ -20,37 +20,76 @@ uint64_t Le(const unsigned char* p, size_t n) {
 
 }  // namespace
 
-Status ZipReader::ReadAt(uint64_t offset, void* buffer, size_t bytes) const {
+struct ByteSource::Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+Result<ByteSource> ByteSource::OpenFile(const std::string& path) {
+  ByteSource s;
+  s.name_ = path;
+  auto fd = std::make_shared<Fd>();
+  fd->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd->fd < 0) return ErrnoStatus(errno, "open " + path);
+  SC_ASSIGN_OR_RETURN(s.size_, FileSize(path));
+  s.fd_ = std::move(fd);
+  return s;
+}
+
+ByteSource ByteSource::FromBytes(std::string bytes, const std::string& name) {
+  ByteSource s;
+  s.name_ = name;
+  s.size_ = bytes.size();
+  s.bytes_ = std::make_shared<const std::string>(std::move(bytes));
+  return s;
+}
+
+Status ByteSource::ReadAt(uint64_t offset, void* buffer, size_t bytes) const {
   if (offset > size_ || bytes > size_ - offset) {
-    return DataLoss(path_ + ": read of " + std::to_string(bytes) + " bytes at " + std::to_string(offset) +
+    return DataLoss(name_ + ": read of " + std::to_string(bytes) + " bytes at " + std::to_string(offset) +
                     " runs past the end of the file (" + std::to_string(size_) + " bytes): truncated?");
   }
-  int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, "open " + path_);
+  if (bytes_) {
+    if (bytes > 0) std::memcpy(buffer, bytes_->data() + offset, bytes);
+    return Status::Ok();
+  }
   size_t done = 0;
   while (done < bytes) {
-    ssize_t n = ::pread(fd, static_cast<char*>(buffer) + done, bytes - done, static_cast<off_t>(offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      ::close(fd);
-      return DataLoss(path_ + ": short read at " + std::to_string(offset + done));
-    }
+    ssize_t n = ::pread(fd_->fd, static_cast<char*>(buffer) + done, bytes - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;  // a signal, not a fault of the file: read on
+    if (n < 0) return ErrnoStatus(errno, "read " + name_ + " at " + std::to_string(offset + done));
+    if (n == 0) return DataLoss(name_ + ": short read at " + std::to_string(offset + done) + ": truncated?");
     done += static_cast<size_t>(n);
   }
-  ::close(fd);
   return Status::Ok();
 }
 
 Result<ZipReader> ZipReader::Open(const std::string& path) {
-  ZipReader z;
-  z.path_ = path;
-  SC_ASSIGN_OR_RETURN(z.size_, FileSize(path));
+  SC_ASSIGN_OR_RETURN(ByteSource source, ByteSource::OpenFile(path));
+  return Open(std::move(source));
+}
+
+Result<ZipReader> ZipReader::Open(ByteSource source) {
+  ZipReader z(std::move(source));
+  const std::string& path = z.path();
+  const uint64_t size = z.file_size();
   auto bad = [&](const std::string& what) { return DataLoss(path + ": not a valid torch.save zip: " + what); };
-  if (z.size_ < 22) return bad("too short");
+  // torch.save before 1.6 (or with _use_new_zipfile_serialization=False) wrote a pickled magic
+  // number and raw storages, no zip: a valid file in a format this reader does not take.
+  static const unsigned char kLegacyMagic[] = {0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46,
+                                               0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19};
+  unsigned char head[sizeof(kLegacyMagic)];
+  if (size >= sizeof(head) && z.ReadAt(0, head, sizeof(head)).ok() && !std::memcmp(head, kLegacyMagic, sizeof(head))) {
+    return Status(Code::kUnimplemented, path + ": the legacy (pre-1.6, non-zip) torch.save format is not supported; "
+                                               "load it in torch and torch.save it again to get the zip format");
+  }
+  if (size < 22) return bad("too short");
   // End of central directory: in the last 22 + 65535 bytes.
-  uint64_t tail = std::min<uint64_t>(z.size_, 22 + 65535);
+  uint64_t tail = std::min<uint64_t>(size, 22 + 65535);
   std::string buf(tail, '\0');
-  SC_RETURN_IF_ERROR(z.ReadAt(z.size_ - tail, buf.data(), tail));
+  SC_RETURN_IF_ERROR(z.ReadAt(size - tail, buf.data(), tail));
   const auto* b = reinterpret_cast<const unsigned char*>(buf.data());
   long eocd = -1;
   for (long i = static_cast<long>(tail) - 22; i >= 0; --i) {
@@ -71,7 +110,7 @@ Result<ZipReader> ZipReader::Open(const std::string& path) {
     dir_size = Le(rec + 40, 8);
     dir_offset = Le(rec + 48, 8);
   }
-  if (dir_offset > z.size_ || dir_size > z.size_ - dir_offset || dir_size > (256u << 20) || count > dir_size / 46 + 1) {
+  if (dir_offset > size || dir_size > size - dir_offset || dir_size > (256u << 20) || count > dir_size / 46 + 1) {
     return bad("central directory out of bounds");
   }
   std::string dir(dir_size, '\0');
@@ -104,7 +143,7 @@ Result<ZipReader> ZipReader::Open(const std::string& path) {
     SC_RETURN_IF_ERROR(z.ReadAt(header, local, sizeof(local)));
     if (Le(local, 4) != 0x04034b50) return bad("record '" + name + "' has no local header");
     uint64_t data = header + 30 + Le(local + 26, 2) + Le(local + 28, 2);
-    if (data > z.size_ || usize > z.size_ - data) return bad("record '" + name + "' runs past the end of the file");
+    if (data > size || usize > size - data) return bad("record '" + name + "' runs past the end of the file");
     z.records_[name] = ZipRecord{data, usize};
   }
   if (z.records_.empty()) return bad("no records");
@@ -121,8 +160,8 @@ Result<ZipReader> ZipReader::Open(const std::string& path) {
 
 Result<std::string> ZipReader::ReadRecord(const std::string& name, uint64_t max_bytes) const {
   auto it = records_.find(name);
-  if (it == records_.end()) return NotFound(path_ + ": no record '" + name + "'");
-  if (it->second.size > max_bytes) return DataLoss(path_ + ": record '" + name + "' is larger than " + std::to_string(max_bytes));
+  if (it == records_.end()) return NotFound(path() + ": no record '" + name + "'");
+  if (it->second.size > max_bytes) return DataLoss(path() + ": record '" + name + "' is larger than " + std::to_string(max_bytes));
   std::string out(it->second.size, '\0');
   SC_RETURN_IF_ERROR(ReadAt(it->second.data_offset, out.data(), out.size()));
   return out;

@@ -5,11 +5,30 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "io/status.h"
 
 namespace shardckpt {
+
+// The bytes of an input file, read on demand with every read checked against the size; or the
+// same over a buffer, so fuzz targets and tests drive the readers without touching the disk.
+class ByteSource {
+ public:
+  static Result<ByteSource> OpenFile(const std::string& path);
+  static ByteSource FromBytes(std::string bytes, const std::string& name);
+  Status ReadAt(uint64_t offset, void* buffer, size_t bytes) const;
+  uint64_t size() const { return size_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  struct Fd;
+  std::string name_;
+  uint64_t size_ = 0;
+  std::shared_ptr<const Fd> fd_;
+  std::shared_ptr<const std::string> bytes_;
+};
 
 struct ZipRecord {
   uint64_t data_offset = 0;
@@ -19,16 +38,18 @@ struct ZipRecord {
 class ZipReader {
  public:
   static Result<ZipReader> Open(const std::string& path);
+  static Result<ZipReader> Open(ByteSource source);
   const std::map<std::string, ZipRecord>& records() const { return records_; }
   // The single top folder all records live under ("archive/"), as torch.load requires.
   const std::string& prefix() const { return prefix_; }
   Result<std::string> ReadRecord(const std::string& name, uint64_t max_bytes) const;
-  Status ReadAt(uint64_t offset, void* buffer, size_t bytes) const;
-  uint64_t file_size() const { return size_; }
+  Status ReadAt(uint64_t offset, void* buffer, size_t bytes) const { return source_.ReadAt(offset, buffer, bytes); }
+  uint64_t file_size() const { return source_.size(); }
+  const std::string& path() const { return source_.name(); }
 
  private:
-  std::string path_;
-  uint64_t size_ = 0;
+  explicit ZipReader(ByteSource source) : source_(std::move(source)) {}
+  ByteSource source_;
   std::string prefix_;
   std::map<std::string, ZipRecord> records_;
 };

@@ -58,13 +58,14 @@ po::variables_map Parse(const std::string& command, po::options_description& fla
   po::variables_map vm;
   try {
     po::store(po::command_line_parser(argc, argv).options(all).positional(pos).run(), vm);
+    // Before notify, which enforces required flags: `import --help` needs no --out.
+    if (vm.count("help")) {
+      std::cout << "usage: shardckpt " << command << (positional.empty() ? "" : " " + positional) << " [options]\n" << flags;
+      std::exit(0);
+    }
     po::notify(vm);
   } catch (const po::error& e) {
     throw Usage{e.what()};
-  }
-  if (vm.count("help")) {
-    std::cout << "usage: shardckpt " << command << (positional.empty() ? "" : " " + positional) << " [options]\n" << flags;
-    std::exit(0);
   }
   if (!positional.empty() && !vm.count(positional)) throw Usage{command + " needs " + positional};
   return vm;

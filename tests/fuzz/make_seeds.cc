@@ -1,5 +1,6 @@
 // Writes the fuzz targets' seed corpora from the project's own encoders, so every run starts from
-// inputs the real readers accept: make_seeds DIR -> DIR/{manifest,unpickle,safetensors,planner}/.
+// inputs the real readers accept, and from the hostile files the import tests refuse:
+// make_seeds DIR -> DIR/{manifest,unpickle,import,safetensors,planner}/.
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -12,6 +13,7 @@
 #include "engine/torch_pickle.h"
 #include "io/checksum.h"
 #include "io/fs.h"
+#include "tests/torch_files.h"
 
 using namespace shardckpt;
 
@@ -59,7 +61,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string root = argv[1];
-  for (const char* target : {"manifest", "unpickle", "safetensors", "planner"}) {
+  for (const char* target : {"manifest", "unpickle", "import", "safetensors", "planner"}) {
     if (!MakeDirs(JoinPath(root, target)).ok()) return 1;
   }
   // Manifests: the unsealed text (the fuzz target seals it), as EncodeManifest writes it.
@@ -75,6 +77,20 @@ int main(int argc, char** argv) {
   };
   Write(JoinPath(root, "unpickle"), "state_dict", PickleStateDict(tensors).value());
   Write(JoinPath(root, "unpickle"), "one", PickleStateDict({tensors[0]}).value());
+  // ... and what torch's weights_only rules accept and refuse, bombs and cycles included.
+  for (const testing::PickleCase& c : testing::WeightsOnlyCases()) Write(JoinPath(root, "unpickle"), c.name, c.pickle);
+  Write(JoinPath(root, "unpickle"), "shared_reference_bomb", testing::SharedReferenceBomb(60));
+  Write(JoinPath(root, "unpickle"), "object_flood", testing::ObjectFlood(4096));
+  // Whole .pt files for the import target: honest views and every lying tensor record.
+  std::vector<testing::TorchFileCase> files = testing::ValidTorchFiles();
+  for (const testing::TorchFileCase& c : testing::HostileTensorRecords()) files.push_back(c);
+  files.push_back(testing::TorchFileCase{"bomb", testing::SharedReferenceBomb(60), {}, ""});
+  for (const testing::PickleCase& c : testing::WeightsOnlyCases()) {
+    files.push_back(testing::TorchFileCase{"weights_only_" + c.name, c.pickle, {{"0", 8}}, c.refusal});
+  }
+  for (const testing::TorchFileCase& c : files) {
+    if (!testing::WriteTorchFile(JoinPath(JoinPath(root, "import"), c.name), c).ok()) return 1;
+  }
   // Safetensors: 8 bytes of data-area size, then the header JSON.
   std::vector<SafetensorsEntry> entries = {{"w", DType::kFloat32, {4, 3}, 0, 0},
                                            {"b", DType::kBFloat16, {3}, 0, 0}};

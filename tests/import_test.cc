@@ -1,0 +1,295 @@
+// `shardckpt import` of hostile and honest torch.save files: every tensor record validated and
+// refused naming the tensor and the field, the restricted unpickler held to torch's weights_only
+// rules and to a memory budget, views read element by element, interrupted reads retried.
+#include <dlfcn.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+
+#include "engine/checkpoint_reader.h"
+#include "engine/convert.h"
+#include "engine/safetensors.h"
+#include "engine/torch_file.h"
+#include "engine/torch_pickle.h"
+#include "io/failpoint.h"
+#include "io/fs.h"
+#include "io/log.h"
+#include "tests/test_util.h"
+#include "tests/torch_files.h"
+
+using ::testing::HasSubstr;
+
+namespace shardckpt {
+namespace {
+
+// Linked with -Wl,--wrap=pread,--wrap=pread64: while armed, every other read is "interrupted by a
+// signal" before it starts, as a SIGCHLD or a profiler's timer would do.
+std::atomic<bool> g_interrupt_reads{false};
+std::atomic<int> g_interrupted{0};
+
+template <typename Real>
+ssize_t MaybeInterrupted(Real real, int fd, void* buf, size_t n, off_t offset) {
+  static std::atomic<unsigned> calls{0};
+  if (g_interrupt_reads && calls++ % 2 == 0) {
+    g_interrupted++;
+    errno = EINTR;
+    return -1;
+  }
+  return real(fd, buf, n, offset);
+}
+
+}  // namespace
+}  // namespace shardckpt
+
+extern "C" ssize_t __real_pread(int fd, void* buf, size_t n, off_t offset);
+extern "C" ssize_t __real_pread64(int fd, void* buf, size_t n, off_t offset);
+extern "C" ssize_t __wrap_pread(int fd, void* buf, size_t n, off_t offset) {
+  return shardckpt::MaybeInterrupted(__real_pread, fd, buf, n, offset);
+}
+extern "C" ssize_t __wrap_pread64(int fd, void* buf, size_t n, off_t offset) {
+  return shardckpt::MaybeInterrupted(__real_pread64, fd, buf, n, offset);
+}
+
+namespace shardckpt {
+namespace {
+
+using testing::TempDir;
+
+std::string ReadAll(const std::string& path) { return ReadFileLimited(path, 1 << 30).value(); }
+
+class ImportTest : public ::testing::Test {
+ protected:
+  void SetUp() override { SetLogLevel(LogLevel::kWarn); }
+  std::string Path(const std::string& name) const { return JoinPath(dir_.path(), name); }
+  ConvertOptions Options(int world = 2) const {
+    ConvertOptions o;
+    o.world_size = world;
+    return o;
+  }
+  TempDir dir_;
+};
+
+TEST_F(ImportTest, HostileTensorRecordsAreRefusedNamingTensorAndField) {
+  for (const testing::TorchFileCase& c : testing::HostileTensorRecords()) {
+    SCOPED_TRACE(c.name);
+    const std::string file = Path(c.name + ".pt"), root = Path("root-" + c.name);
+    ASSERT_TRUE(testing::WriteTorchFile(file, c).ok());
+    Result<ConvertReport> r = ImportFile(file, root, Options());
+    ASSERT_FALSE(r.ok());
+    EXPECT_THAT(r.status().message(), HasSubstr(c.refusal));
+    EXPECT_THAT(r.status().message(), HasSubstr(file));
+    EXPECT_FALSE(PathExists(root)) << "a refused file must leave no output root behind";
+    // The same bytes from memory (the fuzz target's path) are refused the same way.
+    Result<ZipReader> zip = ZipReader::Open(ByteSource::FromBytes(ReadAll(file), c.name));
+    ASSERT_TRUE(zip.ok()) << zip.status().ToString();
+    Result<UnpickledStateDict> dict = ReadTorchStateDict(*zip);
+    ASSERT_FALSE(dict.ok());
+    EXPECT_THAT(dict.status().message(), HasSubstr(c.refusal));
+  }
+}
+
+// What the tensors of ValidTorchFiles() hold, gathered here the slow and obvious way.
+std::vector<uint8_t> Gather(const PickleTensor& t) {
+  const size_t element = DTypeSize(t.dtype);
+  std::vector<uint8_t> out;
+  const int64_t numel = NumElements(t.sizes).value();
+  for (int64_t i = 0; i < numel; ++i) {
+    int64_t at = t.storage_offset, rest = i;
+    for (size_t d = t.sizes.size(); d-- > 0;) {
+      at += (rest % t.sizes[d]) * t.strides[d];
+      rest /= t.sizes[d];
+    }
+    for (size_t k = 0; k < element; ++k) out.push_back(testing::RecordByte(t.storage_key, at * element + k));
+  }
+  return out;
+}
+
+TEST_F(ImportTest, ViewsIntoSharedStoragesImportElementByElement) {
+  for (const testing::TorchFileCase& c : testing::ValidTorchFiles()) {
+    const std::string file = Path(c.name + ".pt"), root = Path("root-" + c.name);
+    ASSERT_TRUE(testing::WriteTorchFile(file, c).ok());
+    Result<ConvertReport> r = ImportFile(file, root, Options(3));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    UnpickledStateDict dict = UnpickleStateDict(c.pickle).value();
+    auto reader = CheckpointReader::Open(root).value();
+    ASSERT_EQ(reader->manifest().entries.size(), dict.tensors.size());
+    for (const PickleTensor& t : dict.tensors) {
+      SCOPED_TRACE(t.name);
+      size_t index = 0;
+      while (reader->manifest().entries[index].name != t.name) ++index;
+      const EntryRecord& e = reader->manifest().entries[index];
+      EXPECT_EQ(e.dtype, t.dtype);
+      EXPECT_EQ(e.shape, t.sizes);
+      std::vector<uint8_t> expected = Gather(t), got(expected.size() + 1, 0xAB);
+      ASSERT_TRUE(reader->ReadPiece(index, Layout::Replicated(), got.data()).ok());
+      EXPECT_EQ(got.back(), 0xAB);
+      got.pop_back();
+      EXPECT_EQ(got, expected);
+    }
+  }
+}
+
+TEST_F(ImportTest, Float8IsWrittenAsTorch2WritesItAndReadBack) {
+  const std::vector<PickleTensor> tensors = {PickleTensor{"e4m3", DType::kFloat8E4M3, {2, 3}, {3, 1}, 0, "0", 6},
+                                             PickleTensor{"e5m2", DType::kFloat8E5M2, {4}, {1}, 0, "1", 4},
+                                             PickleTensor{"f32", DType::kFloat32, {1}, {1}, 0, "2", 1}};
+  const std::string pickle = PickleStateDict(tensors).value();
+  // No Float8_e4m3fnStorage (a class torch never had): an UntypedStorage and _rebuild_tensor_v3.
+  EXPECT_EQ(pickle.find("Float8"), std::string::npos);
+  EXPECT_NE(pickle.find("_rebuild_tensor_v3"), std::string::npos);
+  EXPECT_NE(pickle.find("UntypedStorage"), std::string::npos);
+  EXPECT_NE(pickle.find("float8_e5m2"), std::string::npos);
+  EXPECT_NE(pickle.find("FloatStorage"), std::string::npos) << "other dtypes keep what torch 1.13 reads";
+  const testing::TorchFileCase c{"f8", pickle, {{"0", 6}, {"1", 4}, {"2", 4}}, ""};
+  ASSERT_TRUE(testing::WriteTorchFile(Path("f8.pt"), c).ok());
+  ASSERT_TRUE(ImportFile(Path("f8.pt"), Path("root"), Options()).ok());
+  auto reader = CheckpointReader::Open(Path("root")).value();
+  ASSERT_EQ(reader->manifest().entries.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    const EntryRecord& e = reader->manifest().entries[i];
+    const PickleTensor& t = *std::find_if(tensors.begin(), tensors.end(), [&](const PickleTensor& x) { return x.name == e.name; });
+    EXPECT_EQ(e.dtype, t.dtype);
+    EXPECT_EQ(e.shape, t.sizes);
+    std::vector<uint8_t> got(static_cast<size_t>(t.storage_numel) * DTypeSize(t.dtype));
+    ASSERT_TRUE(reader->ReadPiece(i, Layout::Replicated(), got.data()).ok());
+    for (size_t k = 0; k < got.size(); ++k) EXPECT_EQ(got[k], testing::RecordByte(t.storage_key, k)) << e.name << " byte " << k;
+  }
+}
+
+TEST_F(ImportTest, LegacyFormatIsNamedNotCalledCorrupt) {
+  // What torch.save(..., _use_new_zipfile_serialization=False) writes first: the pickled magic.
+  std::string legacy("\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19\x2e", 15);
+  legacy += std::string(100, '\0');
+  std::ofstream(Path("old.pt"), std::ios::binary) << legacy;
+  Result<ConvertReport> r = ImportFile(Path("old.pt"), Path("root"), Options());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kUnimplemented);
+  EXPECT_THAT(r.status().message(), HasSubstr("legacy (pre-1.6, non-zip) torch.save format is not supported"));
+  EXPECT_FALSE(PathExists(Path("root")));
+}
+
+TEST_F(ImportTest, InterruptedReadsAreRetriedNotReportedAsDataLoss) {
+  const testing::TorchFileCase c = testing::ValidTorchFiles()[0];
+  ASSERT_TRUE(testing::WriteTorchFile(Path("v.pt"), c).ok());
+  std::vector<SafetensorsEntry> entries = {{"a", DType::kFloat32, {3}, 0, 0}, {"b", DType::kInt8, {5}, 0, 0}};
+  std::string st = EncodeSafetensorsHeader(entries, {}).value();
+  for (int k = 0; k < 17; ++k) st += static_cast<char>(k * 3);
+  std::ofstream(Path("v.safetensors"), std::ios::binary) << st;
+  g_interrupted = 0;
+  g_interrupt_reads = true;
+  Result<ConvertReport> pt = ImportFile(Path("v.pt"), Path("root-pt"), Options());
+  Result<ConvertReport> sf = ImportFile(Path("v.safetensors"), Path("root-st"), Options());
+  g_interrupt_reads = false;
+  ASSERT_TRUE(pt.ok()) << pt.status().ToString();
+  ASSERT_TRUE(sf.ok()) << sf.status().ToString();
+  EXPECT_GT(g_interrupted.load(), 4) << "the wrapper never interrupted a read: the test proves nothing";
+  auto reader = CheckpointReader::Open(Path("root-st")).value();
+  std::vector<uint8_t> b(5);
+  ASSERT_TRUE(reader->ReadPiece(1, Layout::Replicated(), b.data()).ok());
+  EXPECT_EQ(b, (std::vector<uint8_t>{36, 39, 42, 45, 48}));
+}
+
+TEST_F(ImportTest, SafetensorsWithTypesOrNamesWeLackAreRefusedPlainly) {
+  struct Case {
+    std::string header, refusal;
+    Code code;
+  } cases[] = {
+      {R"({"z":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}})", "tensor 'z': dtype C64 is not supported by shardckpt",
+       Code::kUnimplemented},
+      {R"({"u":{"dtype":"U16","shape":[4],"data_offsets":[0,8]}})", "tensor 'u': dtype U16 is not supported by shardckpt",
+       Code::kUnimplemented},
+      {R"({"":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", "a tensor has an empty name", Code::kInvalidArgument},
+      {R"({"x":{"dtype":"NOPE","shape":[2],"data_offsets":[0,8]}})", "invalid safetensors", Code::kDataLoss},
+  };
+  int i = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.header);
+    std::string header = c.header + std::string((8 - c.header.size() % 8) % 8, ' ');
+    uint64_t n = header.size();
+    const std::string file = Path("t" + std::to_string(i++) + ".safetensors");
+    std::ofstream(file, std::ios::binary) << std::string(reinterpret_cast<const char*>(&n), 8) << header << std::string(8, '\1');
+    Result<ConvertReport> r = ImportFile(file, Path("root"), Options());
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), c.code) << r.status().ToString();
+    EXPECT_THAT(r.status().message(), HasSubstr(c.refusal));
+    EXPECT_FALSE(PathExists(Path("root")));
+  }
+}
+
+TEST_F(ImportTest, AFailedImportLeavesNoRootItCreated) {
+  const testing::TorchFileCase c = testing::ValidTorchFiles()[0];
+  ASSERT_TRUE(testing::WriteTorchFile(Path("v.pt"), c).ok());
+  ASSERT_TRUE(SetFailpoints("io.fsync=EIO").ok());
+  Result<ConvertReport> fresh = ImportFile(Path("v.pt"), Path("new-root"), Options());
+  ASSERT_TRUE(MakeDirs(Path("old-root")).ok());
+  Result<ConvertReport> old = ImportFile(Path("v.pt"), Path("old-root"), Options());
+  ASSERT_TRUE(SetFailpoints("").ok());
+  ASSERT_FALSE(fresh.ok());
+  EXPECT_THAT(fresh.status().message(), HasSubstr("injected at failpoint io.fsync"));
+  EXPECT_FALSE(PathExists(Path("new-root"))) << "no empty root holding a lock file";
+  ASSERT_FALSE(old.ok());
+  EXPECT_TRUE(IsDirectory(Path("old-root"))) << "a root that was there before stays";
+}
+
+// ---------------------------------------------------------------- the unpickler alone
+
+TEST(UnpickleTest, FollowsTorchWeightsOnlyRules) {
+  for (const testing::PickleCase& c : testing::WeightsOnlyCases()) {
+    SCOPED_TRACE(c.name);
+    Result<UnpickledStateDict> r = UnpickleStateDict(c.pickle);
+    if (c.refusal.empty()) {
+      EXPECT_TRUE(r.ok()) << r.status().ToString();
+    } else {
+      ASSERT_FALSE(r.ok());
+      EXPECT_THAT(r.status().message(), HasSubstr(c.refusal));
+    }
+  }
+}
+
+TEST(UnpickleTest, SharedReferencesAreFlattenedUnderEveryName) {
+  Result<UnpickledStateDict> r = UnpickleStateDict(testing::SharedReferenceBomb(3));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->skipped.size(), 8u);
+  EXPECT_EQ(r->skipped.front(), "a.a.a.x");
+  EXPECT_EQ(r->skipped.back(), "b.b.b.x");
+}
+
+TEST(UnpickleTest, SharedReferenceBombFailsFast) {
+  const std::string bomb = testing::SharedReferenceBomb(60);  // 2^60 names
+  ASSERT_LT(bomb.size(), 1500u);
+  auto start = std::chrono::steady_clock::now();
+  Result<UnpickledStateDict> r = UnpickleStateDict(bomb);
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("bytes of memory, the budget for a pickle of " + std::to_string(bomb.size())));
+  EXPECT_LT(seconds, 10.0);
+}
+
+TEST(UnpickleTest, MemoryIsBoundedByABudgetProportionalToThePickle) {
+  const std::string flood = testing::ObjectFlood(size_t{4} << 20);
+  Result<UnpickledStateDict> r = UnpickleStateDict(flood);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("needs more than " + std::to_string(UnpickleMemoryBudget(flood.size())) + " bytes of memory"));
+  EXPECT_TRUE(UnpickleStateDict(testing::ObjectFlood(100000)).ok());
+  // A real state dict of many tensors stays well inside its budget.
+  std::vector<PickleTensor> tensors;
+  for (int i = 0; i < 20000; ++i) {
+    tensors.push_back(PickleTensor{"layers." + std::to_string(i) + ".weight", DType::kBFloat16, {64, 32}, {32, 1}, 0,
+                                   std::to_string(i), 2048});
+  }
+  Result<UnpickledStateDict> big = UnpickleStateDict(PickleStateDict(tensors).value());
+  ASSERT_TRUE(big.ok()) << big.status().ToString();
+  EXPECT_EQ(big->tensors.size(), tensors.size());
+  EXPECT_EQ(big->tensors.back().name, "layers.19999.weight");
+}
+
+}  // namespace
+}  // namespace shardckpt
