@@ -73,7 +73,8 @@ Result<std::shared_ptr<SaveHandle>> AsyncSaver::Save(const std::string& root, in
       std::memcpy(staging_.data() + at, p.data, static_cast<size_t>(p.bytes));
     }
     // The writer writes the piece's last block whole, from here: its padding must be zero.
-    std::memset(staging_.data() + at + p.bytes, 0, AlignUp(static_cast<uint64_t>(p.bytes), kBlockSize) - p.bytes);
+    const uint64_t pad = AlignUp(static_cast<uint64_t>(p.bytes), kBlockSize) - static_cast<uint64_t>(p.bytes);
+    if (pad > 0) std::memset(staging_.data() + at + p.bytes, 0, pad);
     SC_RETURN_IF_ERROR(snapshot_.AddTensor(p.name, p.dtype, p.global_shape, p.layout, staging_.data() + at));
     at += static_cast<uint64_t>(p.bytes);
   }

@@ -126,7 +126,7 @@ Result<uint64_t> ShardFileWriter::Append(const void* data, size_t bytes) {
   const size_t chunk = pool_->buffer_bytes();
   // Without O_DIRECT (memory-backed file systems) any address may be written from directly.
   bool aligned = reinterpret_cast<uintptr_t>(p) % kDirectIoAlignment == 0 || !file_->direct();
-  if (padded_ && aligned && bytes > 0) {
+  if (padded_ && aligned) {  // empty pieces too: they must not break a run
     SC_RETURN_IF_ERROR(PadToBlock());
     const uint64_t offset = position_;
     SC_RETURN_IF_ERROR(AppendInPlace(p, bytes));

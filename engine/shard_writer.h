@@ -3,9 +3,10 @@
 //
 // Bytes are copied into the staging ring (the BufferPool), checksummed block by block while hot
 // in cache, and written from there with up to pool.count() writes in flight, so copying the next
-// buffer overlaps the writes of the previous ones. A chunk whose memory is already 4096-aligned
-// (or any chunk, on a memory-backed file system opened without O_DIRECT) is written straight
-// from the caller's memory in buffer-sized pieces with no copy, unless `always_stage`.
+// buffer overlaps the writes of the previous ones. A chunk of at least one buffer whose memory is
+// already 4096-aligned (or any such chunk, on a memory-backed file system opened without
+// O_DIRECT) has its whole blocks written straight from the caller's memory in buffer-sized
+// pieces, unless `always_stage`; only its last partial block is copied.
 //
 // `padded` memory (AsyncSaver's snapshot area: every chunk starts on a page and the memory up to
 // the next page boundary is readable and zero) is written in place whatever its size, tail
