@@ -51,8 +51,15 @@ class IoEngineConformance : public ::testing::TestWithParam<Param> {
   void TearDown() override { SetFailpoints("").IgnoreError(); }
 
   bool uring() const { return std::get<0>(GetParam()); }
-  // The engine's belief and the kernel's flags agree, and O_DIRECT was asked for and granted
-  // wherever this folder's file system takes it.
+  // Opens a file of this test's folder, checking that the engine's belief and the kernel's flags
+  // agree, and that O_DIRECT was asked for and granted wherever the file system takes it.
+  std::unique_ptr<File> Open(const std::string& path, OpenMode mode) {
+    Result<std::unique_ptr<File>> file = engine_->Open(path, mode);
+    EXPECT_TRUE(file.ok()) << file.status().ToString();
+    if (!file.ok()) return nullptr;
+    ExpectOpenMode(**file);
+    return std::move(file).value();
+  }
   void ExpectOpenMode(const File& file) {
     EXPECT_EQ(file.direct(), FdHasODirect(file.fd())) << file.path();
     std::string why;
@@ -93,8 +100,7 @@ TEST_P(IoEngineConformance, WritesAndReadsBackWithQueueFull) {
     Fill(out.back(), static_cast<uint8_t>(i));
   }
   {
-    auto file = engine_->Open(path, OpenMode::kCreate).value();
-    ExpectOpenMode(*file);
+    auto file = Open(path, OpenMode::kCreate);
     std::set<uint64_t> done;
     // Reverse order: positioned writes must not depend on submission order.
     for (size_t i = kBuffers; i-- > 0;) {
@@ -106,8 +112,7 @@ TEST_P(IoEngineConformance, WritesAndReadsBackWithQueueFull) {
     ASSERT_TRUE(engine_->Sync(file.get()).ok());
     EXPECT_EQ(*file->Size(), kBuffers * kBytes);
   }
-  auto file = engine_->Open(path, OpenMode::kRead).value();
-  ExpectOpenMode(*file);
+  auto file = Open(path, OpenMode::kRead);
   for (size_t i = 0; i < kBuffers; ++i) {
     while (engine_->in_flight() >= engine_->queue_depth()) ASSERT_TRUE(engine_->Reap().ok());
     ASSERT_TRUE(engine_->Submit(file.get(), IoOp{IoKind::kRead, i * kBytes, in[i].data(), kBytes}, i).ok());
@@ -123,11 +128,11 @@ TEST_P(IoEngineConformance, ReadPastEndOfFileIsDataLossNamingTheFile) {
   AlignedBuffer buffer = AlignedBuffer::Allocate(16384).value();
   Fill(buffer, 3);
   {
-    auto file = engine_->Open(path, OpenMode::kCreate).value();
+    auto file = Open(path, OpenMode::kCreate);
     ASSERT_TRUE(engine_->Submit(file.get(), IoOp{IoKind::kWrite, 0, buffer.data(), 8192}, 1).ok());
     ASSERT_TRUE(engine_->Drain().ok());
   }
-  auto file = engine_->Open(path, OpenMode::kRead).value();
+  auto file = Open(path, OpenMode::kRead);
   ASSERT_TRUE(engine_->Submit(file.get(), IoOp{IoKind::kRead, 0, buffer.data(), 16384}, 1).ok());
   Result<uint64_t> reaped = engine_->Reap();
   ASSERT_FALSE(reaped.ok());
@@ -140,7 +145,7 @@ TEST_P(IoEngineConformance, ReadPastEndOfFileIsDataLossNamingTheFile) {
 TEST_P(IoEngineConformance, InjectedErrorsNameTheFileAndCause) {
   const std::string path = JoinPath(dir_.path(), "full");
   AlignedBuffer buffer = AlignedBuffer::Allocate(4096).value();
-  auto file = engine_->Open(path, OpenMode::kCreate).value();
+  auto file = Open(path, OpenMode::kCreate);
   ASSERT_TRUE(SetFailpoints("io.write#2=ENOSPC;io.fsync=EIO").ok());
   ASSERT_TRUE(engine_->Submit(file.get(), IoOp{IoKind::kWrite, 0, buffer.data(), 4096}, 1).ok());
   Status second = engine_->Submit(file.get(), IoOp{IoKind::kWrite, 4096, buffer.data(), 4096}, 2);
@@ -159,7 +164,7 @@ TEST_P(IoEngineConformance, AnErrorAtCompletionFailsThatOperationOnly) {
   AlignedBuffer buffer = AlignedBuffer::Allocate(3 * 4096).value();
   Fill(buffer, 5);
   {
-    auto file = engine_->Open(path, OpenMode::kCreate).value();
+    auto file = Open(path, OpenMode::kCreate);
     ASSERT_TRUE(SetFailpoints("io.write.complete#2=EIO").ok());
     for (uint64_t i = 0; i < 3; ++i) {
       ASSERT_TRUE(engine_->Submit(file.get(), IoOp{IoKind::kWrite, i * 4096, buffer.data() + i * 4096, 4096}, i).ok());
@@ -178,7 +183,7 @@ TEST_P(IoEngineConformance, AnErrorAtCompletionFailsThatOperationOnly) {
     }
     ASSERT_TRUE(engine_->Drain().ok());
   }
-  auto file = engine_->Open(path, OpenMode::kRead).value();
+  auto file = Open(path, OpenMode::kRead);
   AlignedBuffer in = AlignedBuffer::Allocate(4096).value();
   ASSERT_TRUE(SetFailpoints("io.read.complete=ENOSPC").ok());
   ASSERT_TRUE(engine_->Submit(file.get(), IoOp{IoKind::kRead, 8192, in.data(), 4096}, 9).ok());
@@ -200,11 +205,11 @@ TEST_P(IoEngineConformance, ShortTransfersAtCompletionAreResumed) {
   ASSERT_TRUE(SetFailpoints("io.write.complete=short;io.read.complete=short").ok());
   const uint64_t before = Transfers(ProcessIoUsage());
   {
-    auto file = engine_->Open(path, OpenMode::kCreate).value();
+    auto file = Open(path, OpenMode::kCreate);
     ASSERT_TRUE(engine_->Submit(file.get(), IoOp{IoKind::kWrite, 0, out.data(), out.size()}, 1).ok());
     ASSERT_TRUE(engine_->Drain().ok());
   }
-  auto file = engine_->Open(path, OpenMode::kRead).value();
+  auto file = Open(path, OpenMode::kRead);
   ASSERT_TRUE(engine_->Submit(file.get(), IoOp{IoKind::kRead, 0, in.data(), in.size()}, 2).ok());
   ASSERT_TRUE(engine_->Drain().ok());
   // 64 KiB halved down to one block is 5 transfers each way (more when not O_DIRECT).
@@ -220,7 +225,7 @@ TEST_P(IoEngineConformance, AFailedResubmissionFreesItsSlot) {
   const std::string path = JoinPath(dir_.path(), "resubmit");
   AlignedBuffer buffer = AlignedBuffer::Allocate(64 << 10).value();
   Fill(buffer, 13);
-  auto file = engine_->Open(path, OpenMode::kCreate).value();
+  auto file = Open(path, OpenMode::kCreate);
   ASSERT_TRUE(SetFailpoints("io.write.complete#1=short;io.uring_submit#2=EAGAIN").ok());
   ASSERT_TRUE(engine_->Submit(file.get(), IoOp{IoKind::kWrite, 0, buffer.data(), buffer.size()}, 7).ok());
   Result<uint64_t> reaped = engine_->Reap();
@@ -245,7 +250,7 @@ TEST_P(IoEngineConformance, AFailedSubmitLeavesNoRequestBehind) {
   Fill(first, 17);
   Fill(second, 19);
   {
-    auto file = engine_->Open(path, OpenMode::kCreate).value();
+    auto file = Open(path, OpenMode::kCreate);
     ASSERT_TRUE(SetFailpoints("io.uring_submit#1=EAGAIN").ok());
     Status failed = engine_->Submit(file.get(), IoOp{IoKind::kWrite, 0, first.data(), 4096}, 1);
     EXPECT_EQ(failed.code(), Code::kIoError);
