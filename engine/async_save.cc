@@ -51,7 +51,7 @@ Result<std::shared_ptr<SaveHandle>> AsyncSaver::Save(const std::string& root, in
     staging_pinned_ = want_pinned;
     allocations_++;
   }
-  if (!ring_) {
+  if (options_.staging == nullptr) {  // the caller's own ring, when given, is reused as it is
     SC_ASSIGN_OR_RETURN(ring_, BufferPool::Create(options_.staging_buffers, options_.staging_buffer_bytes));
     allocations_ += ring_->count();
     options_.staging = ring_.get();
