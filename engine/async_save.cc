@@ -24,7 +24,8 @@ Result<std::unique_ptr<AsyncSaver>> AsyncSaver::Create(Communicator& comm, SaveO
   std::unique_ptr<AsyncSaver> saver(new AsyncSaver());
   SC_ASSIGN_OR_RETURN(saver->comm_, comm.Duplicate());
   saver->options_ = options;
-  saver->options_.always_stage = false;  // the staging area is aligned: write straight from it
+  saver->options_.always_stage = false;  // the staging area is aligned and padded: write straight from it
+  saver->options_.pieces_padded = true;
   return saver;
 }
 
@@ -40,13 +41,18 @@ Status AsyncSaver::Wait() {
 Status AsyncSaver::Snapshot(const ShardedState& state) {
   SC_RETURN_IF_ERROR(Failpoint("async.snapshot", "snapshot of this rank's state"));
   uint64_t needed = 0;
-  for (const TensorPiece& p : state.pieces()) needed = AlignUp(needed, kBlockSize) + static_cast<uint64_t>(p.bytes);
+  for (const TensorPiece& p : state.pieces()) needed += AlignUp(static_cast<uint64_t>(p.bytes), kBlockSize);
   const bool want_pinned = state.has_device_pieces();
   if (needed > staging_.size() || (want_pinned && !staging_pinned_)) {
     staging_ = AlignedBuffer();  // release before allocating: staging can be most of host memory
     SC_ASSIGN_OR_RETURN(staging_, AlignedBuffer::Allocate(needed + needed / 8, StagingHostAllocator(want_pinned)));
     staging_pinned_ = want_pinned;
     allocations_++;
+  }
+  if (options_.staging == nullptr) {  // the caller's own ring, when given, is reused as it is
+    SC_ASSIGN_OR_RETURN(ring_, BufferPool::Create(options_.staging_buffers, options_.staging_buffer_bytes));
+    allocations_ += ring_->count();
+    options_.staging = ring_.get();
   }
   snapshot_.Clear();
   uint64_t at = 0;
@@ -64,6 +70,9 @@ Status AsyncSaver::Snapshot(const ShardedState& state) {
     } else if (p.bytes > 0) {
       std::memcpy(staging_.data() + at, p.data, static_cast<size_t>(p.bytes));
     }
+    // The writer writes the piece's last block whole, from here: its padding must be zero.
+    const uint64_t pad = AlignUp(static_cast<uint64_t>(p.bytes), kBlockSize) - static_cast<uint64_t>(p.bytes);
+    if (pad > 0) std::memset(staging_.data() + at + p.bytes, 0, pad);
     SC_RETURN_IF_ERROR(snapshot_.AddTensor(p.name, p.dtype, p.global_shape, p.layout, staging_.data() + at));
     at += static_cast<uint64_t>(p.bytes);
   }

@@ -7,11 +7,13 @@
 //   ...
 //   Status s = handle->Wait();                              // same Status on every rank
 //
-// Snapshot: every piece and blob is copied into one page-aligned staging area (pieces at
-// 4096-aligned offsets), owned by the saver and reused by every later save, so no save after the
-// first allocates or page-faults staging memory. Persist: a background thread runs the ordinary
-// collective Save on a duplicate of the communicator, writing straight from the staging area with
-// O_DIRECT (no second copy). One persist is in flight at a time; Save waits for the previous one.
+// Snapshot: every piece is copied into one page-aligned staging area (pieces at 4096-aligned
+// offsets, zero up to the next one), owned by the saver and reused by every later save; blobs are
+// copied into the snapshot state. Persist: a background thread runs the ordinary collective Save
+// on a duplicate of the communicator, writing every piece, tail included, straight from the
+// staging area with O_DIRECT (no second copy); blobs and the checksum table go through a small
+// ring of buffers that the saver also keeps. So no save after the first allocates or page-faults
+// staging memory. One persist is in flight at a time; Save waits for the previous one.
 //
 // MPI: the persist thread calls MPI while the training thread may too, so the communicator must
 // be thread-safe (MPI_THREAD_MULTIPLE); Create says so plainly when it is not.
@@ -51,6 +53,7 @@ class AsyncSaver {
   Status Wait();
 
   uint64_t staging_bytes() const { return staging_.size(); }
+  // Page-aligned buffers the saver allocated: its staging area and its ring, each buffer counted.
   uint64_t staging_allocations() const { return allocations_; }
   double last_snapshot_seconds() const { return last_snapshot_seconds_; }
 
@@ -61,6 +64,7 @@ class AsyncSaver {
   std::unique_ptr<Communicator> comm_;
   SaveOptions options_;
   AlignedBuffer staging_;
+  std::unique_ptr<BufferPool> ring_;  // the persist's buffers for blobs and the checksum table
   bool staging_pinned_ = false;  // pinned once a state with device pieces was snapshotted
   uint64_t allocations_ = 0;
   ShardedState snapshot_;

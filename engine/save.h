@@ -55,6 +55,9 @@ struct SaveOptions {
   std::string git_commit;
   // Staging memory to reuse across saves; one is made per save when null.
   BufferPool* staging = nullptr;
+  // Every piece starts on a page and its memory is readable and zero up to the next page
+  // boundary (AsyncSaver's snapshot): pieces are written in place, tails too, never copied.
+  bool pieces_padded = false;
 };
 
 struct SaveResult {

@@ -29,13 +29,22 @@ Status ShardFileWriter::WaitForBuffer(size_t index) {
   return Status::Ok();
 }
 
+Status ShardFileWriter::ReapWhileFull() {
+  while (io_->in_flight() >= io_->queue_depth()) {
+    SC_ASSIGN_OR_RETURN(uint64_t tag, io_->Reap());
+    SC_RETURN_IF_ERROR(HandleCompletion(tag));
+  }
+  return Status::Ok();
+}
+
 Status ShardFileWriter::FlushCurrent() {
   if (fill_ == 0) return Status::Ok();
   AlignedBuffer& buffer = pool_->at(current_);
-  if (copying_[current_] != nullptr) {
-    SC_RETURN_IF_ERROR(copying_[current_]->WaitSlot(current_).WithContext("writing " + name_));
-    copying_[current_] = nullptr;
+  // Pieces from several devices may share the buffer: every copy into it must have landed.
+  for (DeviceCopier* copier : copying_[current_]) {
+    SC_RETURN_IF_ERROR(copier->WaitSlot(current_).WithContext("writing " + name_));
   }
+  copying_[current_].clear();
   size_t length = AlignUp(fill_, kBlockSize);
   std::memset(buffer.data() + fill_, 0, length - fill_);
   if (checksumming_) {
@@ -43,10 +52,7 @@ Status ShardFileWriter::FlushCurrent() {
     sums_.resize(first + length / kBlockSize);
     ChecksumBlocks(buffer.data(), length, sums_.data() + first);
   }
-  while (io_->in_flight() >= io_->queue_depth()) {
-    SC_ASSIGN_OR_RETURN(uint64_t tag, io_->Reap());
-    SC_RETURN_IF_ERROR(HandleCompletion(tag));
-  }
+  SC_RETURN_IF_ERROR(ReapWhileFull());
   uint64_t offset = position_ - fill_;
   SC_RETURN_IF_ERROR(io_->Submit(file_.get(), IoOp{IoKind::kWrite, offset, buffer.data(), length}, current_));
   busy_[current_] = true;
@@ -77,13 +83,58 @@ Status ShardFileWriter::PadToBlock() {
   return CopyIn(kZeros, pad);
 }
 
+Status ShardFileWriter::WriteInPlace(const unsigned char* data, uint64_t offset, size_t length) {
+  SC_RETURN_IF_ERROR(ReapWhileFull());
+  return io_->Submit(file_.get(), IoOp{IoKind::kWrite, offset, const_cast<unsigned char*>(data), length}, kDirectTag);
+}
+
+Status ShardFileWriter::FlushRun() {
+  if (run_bytes_ > 0) SC_RETURN_IF_ERROR(WriteInPlace(run_, run_offset_, run_bytes_));
+  run_bytes_ = 0;
+  return Status::Ok();
+}
+
+// `bytes` of padded memory at an aligned position_: checksummed now (so the table stays in file
+// order), written when the run reaches a buffer's size or stops being adjacent.
+Status ShardFileWriter::AppendInPlace(const unsigned char* data, size_t bytes) {
+  SC_RETURN_IF_ERROR(FlushCurrent());
+  const size_t length = AlignUp(bytes, kBlockSize);
+  size_t first = sums_.size();
+  sums_.resize(first + length / kBlockSize);
+  ChecksumBlocks(data, length, sums_.data() + first);
+  if (run_bytes_ > 0 && (run_ + run_bytes_ != data || run_offset_ + run_bytes_ != position_)) {
+    SC_RETURN_IF_ERROR(FlushRun());
+  }
+  if (run_bytes_ == 0) {
+    run_ = data;
+    run_offset_ = position_;
+  }
+  run_bytes_ += length;
+  position_ += length;
+  const size_t chunk = pool_->buffer_bytes();
+  while (run_bytes_ >= chunk) {
+    SC_RETURN_IF_ERROR(WriteInPlace(run_, run_offset_, chunk));
+    run_ += chunk;
+    run_offset_ += chunk;
+    run_bytes_ -= chunk;
+  }
+  return Status::Ok();
+}
+
 Result<uint64_t> ShardFileWriter::Append(const void* data, size_t bytes) {
-  SC_RETURN_IF_ERROR(PadToBlock());
-  const uint64_t offset = position_;
   const auto* p = static_cast<const unsigned char*>(data);
   const size_t chunk = pool_->buffer_bytes();
   // Without O_DIRECT (memory-backed file systems) any address may be written from directly.
   bool aligned = reinterpret_cast<uintptr_t>(p) % kDirectIoAlignment == 0 || !file_->direct();
+  if (padded_ && aligned) {  // empty pieces too: they must not break a run
+    SC_RETURN_IF_ERROR(PadToBlock());
+    const uint64_t offset = position_;
+    SC_RETURN_IF_ERROR(AppendInPlace(p, bytes));
+    return offset;
+  }
+  SC_RETURN_IF_ERROR(FlushRun());
+  SC_RETURN_IF_ERROR(PadToBlock());
+  const uint64_t offset = position_;
   if (!always_stage_ && aligned && bytes >= chunk) {
     SC_RETURN_IF_ERROR(FlushCurrent());  // at a block boundary: position_ is aligned now
     size_t direct = AlignDown(bytes, kBlockSize);
@@ -92,13 +143,7 @@ Result<uint64_t> ShardFileWriter::Append(const void* data, size_t bytes) {
       size_t first = sums_.size();
       sums_.resize(first + length / kBlockSize);
       ChecksumBlocks(p + done, length, sums_.data() + first);
-      while (io_->in_flight() >= io_->queue_depth()) {
-        SC_ASSIGN_OR_RETURN(uint64_t tag, io_->Reap());
-        SC_RETURN_IF_ERROR(HandleCompletion(tag));
-      }
-      SC_RETURN_IF_ERROR(io_->Submit(file_.get(),
-                                     IoOp{IoKind::kWrite, position_, const_cast<unsigned char*>(p + done), length},
-                                     kDirectTag));
+      SC_RETURN_IF_ERROR(WriteInPlace(p + done, position_, length));
       position_ += length;
     }
     p += direct;
@@ -109,6 +154,7 @@ Result<uint64_t> ShardFileWriter::Append(const void* data, size_t bytes) {
 }
 
 Result<uint64_t> ShardFileWriter::AppendFromDevice(const void* device_data, size_t bytes, DeviceCopier* copier) {
+  SC_RETURN_IF_ERROR(FlushRun());
   SC_RETURN_IF_ERROR(PadToBlock());
   const uint64_t offset = position_;
   const auto* p = static_cast<const unsigned char*>(device_data);
@@ -116,7 +162,8 @@ Result<uint64_t> ShardFileWriter::AppendFromDevice(const void* device_data, size
     AlignedBuffer& buffer = pool_->at(current_);
     size_t n = std::min(bytes, buffer.size() - fill_);
     SC_RETURN_IF_ERROR(copier->CopyToHostAsync(buffer.data() + fill_, p, n, current_));
-    copying_[current_] = copier;
+    std::vector<DeviceCopier*>& copiers = copying_[current_];
+    if (std::find(copiers.begin(), copiers.end(), copier) == copiers.end()) copiers.push_back(copier);
     fill_ += n;
     position_ += n;
     p += n;
@@ -127,6 +174,7 @@ Result<uint64_t> ShardFileWriter::AppendFromDevice(const void* device_data, size
 }
 
 Result<FileRecord> ShardFileWriter::Finish() {
+  SC_RETURN_IF_ERROR(FlushRun());
   SC_RETURN_IF_ERROR(PadToBlock());
   SC_RETURN_IF_ERROR(FlushCurrent());
   FileRecord record;

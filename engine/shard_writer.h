@@ -3,14 +3,19 @@
 //
 // Bytes are copied into the staging ring (the BufferPool), checksummed block by block while hot
 // in cache, and written from there with up to pool.count() writes in flight, so copying the next
-// buffer overlaps the writes of the previous ones. A chunk whose memory is already 4096-aligned
-// (or any chunk, on a memory-backed file system opened without O_DIRECT) is written straight
-// from the caller's memory in buffer-sized pieces with no copy, unless `always_stage` (async
-// saves stage everything, since the caller may change the tensors).
+// buffer overlaps the writes of the previous ones. A chunk of at least one buffer whose memory is
+// already 4096-aligned (or any such chunk, on a memory-backed file system opened without
+// O_DIRECT) has its whole blocks written straight from the caller's memory in buffer-sized
+// pieces, unless `always_stage`; only its last partial block is copied.
+//
+// `padded` memory (AsyncSaver's snapshot area: every chunk starts on a page and the memory up to
+// the next page boundary is readable and zero) is written in place whatever its size, tail
+// included, and chunks adjacent in memory go out together in buffer-sized writes: no copy at all.
 //
 // Device chunks (AppendFromDevice) go through the same ring: a device-to-host copy is enqueued
-// into the buffer being filled and only waited for (its buffer's event) when that buffer is
-// checksummed and written, so the copy of one buffer overlaps the writes of the ones before.
+// into the buffer being filled and only waited for (its buffer's events, one per device copier
+// that filled part of it) when that buffer is checksummed and written, so the copy of one buffer
+// overlaps the writes of the ones before.
 #pragma once
 
 #include <memory>
@@ -26,9 +31,9 @@ namespace shardckpt {
 
 class ShardFileWriter {
  public:
-  ShardFileWriter(IoEngine* io, BufferPool* pool, bool always_stage)
-      : io_(io), pool_(pool), always_stage_(always_stage), busy_(pool->count(), false),
-        copying_(pool->count(), nullptr) {}
+  ShardFileWriter(IoEngine* io, BufferPool* pool, bool always_stage, bool padded = false)
+      : io_(io), pool_(pool), always_stage_(always_stage), padded_(padded), busy_(pool->count(), false),
+        copying_(pool->count()) {}
   ~ShardFileWriter();
 
   Status Open(const std::string& dir, const std::string& name);
@@ -44,6 +49,10 @@ class ShardFileWriter {
   Status PadToBlock();
   Status CopyIn(const unsigned char* data, size_t bytes);
   Status FlushCurrent();
+  Status AppendInPlace(const unsigned char* data, size_t bytes);
+  Status FlushRun();
+  Status WriteInPlace(const unsigned char* data, uint64_t offset, size_t length);
+  Status ReapWhileFull();
   Status WaitForBuffer(size_t index);
   Status HandleCompletion(uint64_t tag);
 
@@ -52,14 +61,20 @@ class ShardFileWriter {
   IoEngine* io_;
   BufferPool* pool_;
   bool always_stage_;
+  bool padded_;
   std::vector<bool> busy_;
-  std::vector<DeviceCopier*> copying_;  // per buffer: device copies into it not yet waited for
+  std::vector<std::vector<DeviceCopier*>> copying_;  // per buffer: copiers with copies not waited for
   std::unique_ptr<File> file_;
   std::string name_;
   size_t current_ = 0;       // buffer being filled
   size_t fill_ = 0;          // bytes in it
   uint64_t position_ = 0;    // file offset of the next byte appended
   bool checksumming_ = true; // off while the table itself is written
+  // Padded bytes checksummed and placed but not yet submitted: run_bytes_ at run_, for the file
+  // at run_offset_, grown while the next chunk is adjacent in memory.
+  const unsigned char* run_ = nullptr;
+  size_t run_bytes_ = 0;
+  uint64_t run_offset_ = 0;
   std::vector<uint64_t> sums_;
 };
 

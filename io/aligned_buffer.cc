@@ -1,5 +1,6 @@
 #include "io/aligned_buffer.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -7,6 +8,8 @@
 
 namespace shardckpt {
 namespace {
+std::atomic<uint64_t> g_allocations{0};
+
 void* PosixAllocate(size_t bytes) {
   void* ptr = nullptr;
   if (posix_memalign(&ptr, kDirectIoAlignment, bytes) != 0) return nullptr;
@@ -14,6 +17,8 @@ void* PosixAllocate(size_t bytes) {
 }
 void PosixRelease(void* ptr) { std::free(ptr); }
 }  // namespace
+
+uint64_t HostBufferAllocations() { return g_allocations; }
 
 HostAllocator DefaultHostAllocator() { return HostAllocator{&PosixAllocate, &PosixRelease, "aligned"}; }
 
@@ -25,6 +30,7 @@ Result<AlignedBuffer> AlignedBuffer::Allocate(size_t bytes, HostAllocator alloca
     return Status(Code::kInternal, "cannot allocate " + std::to_string(rounded) +
                                        " bytes of " + allocator.name + " staging memory");
   }
+  g_allocations++;
   buffer.data_ = static_cast<unsigned char*>(ptr);
   buffer.size_ = rounded;
   buffer.allocator_ = allocator;

@@ -23,6 +23,10 @@ struct HostAllocator {
 };
 HostAllocator DefaultHostAllocator();
 
+// Successful AlignedBuffer::Allocate calls in this process, whatever the allocator: lets a test
+// hold a pipeline to "no staging allocation after the first save".
+uint64_t HostBufferAllocations();
+
 class AlignedBuffer {
  public:
   AlignedBuffer() = default;

@@ -31,7 +31,8 @@ std::multimap<std::string, Armed> g_armed;
 
 int ErrnoByName(const std::string& name) {
   static const std::map<std::string, int> kNames = {
-      {"EIO", EIO}, {"ENOSPC", ENOSPC}, {"EDQUOT", EDQUOT}, {"EACCES", EACCES}, {"EROFS", EROFS}};
+      {"EIO", EIO}, {"ENOSPC", ENOSPC}, {"EDQUOT", EDQUOT}, {"EACCES", EACCES}, {"EROFS", EROFS},
+      {"EAGAIN", EAGAIN}, {"EBUSY", EBUSY}};
   auto it = kNames.find(name);
   return it == kNames.end() ? 0 : it->second;
 }
@@ -56,7 +57,7 @@ Status Parse(const std::string& spec, std::multimap<std::string, Armed>* out) {
       armed.rank = std::atoi(name.c_str() + at + 1);
       name.resize(at);
     }
-    if (armed.action != "kill" && armed.action.rfind("sleep:", 0) != 0 &&
+    if (armed.action != "kill" && armed.action != "short" && armed.action.rfind("sleep:", 0) != 0 &&
         ErrnoByName(armed.action) == 0) {
       return InvalidArgument("failpoint '" + item + "' has an unknown action");
     }
@@ -100,12 +101,12 @@ Status SetFailpoints(const std::string& spec) {
   return Status::Ok();
 }
 
-Status Failpoint(const char* name, const std::string& context) {
+std::string FailpointAction(const char* name) {
   std::string action;
   {
     std::lock_guard<std::mutex> lock(g_mu);
     LoadFromEnvLocked();
-    if (g_armed.empty()) return Status::Ok();
+    if (g_armed.empty()) return "";
     auto range = g_armed.equal_range(name);
     for (auto it = range.first; it != range.second; ++it) {
       Armed& armed = it->second;
@@ -116,16 +117,23 @@ Status Failpoint(const char* name, const std::string& context) {
       break;
     }
   }
-  if (action.empty()) return Status::Ok();
+  if (action.empty()) return "";
   RecordFiring(name, action);
   if (action == "kill") {
     ::kill(::getpid(), SIGKILL);
   }
   if (action.rfind("sleep:", 0) == 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(std::atol(action.c_str() + 6)));
-    return Status::Ok();
   }
-  return ErrnoStatus(ErrnoByName(action), context + " [injected at failpoint " + name + "]");
+  return action;
+}
+
+int FailpointErrno(const std::string& action) { return ErrnoByName(action); }
+
+Status Failpoint(const char* name, const std::string& context) {
+  int err = ErrnoByName(FailpointAction(name));
+  if (err == 0) return Status::Ok();
+  return ErrnoStatus(err, context + " [injected at failpoint " + name + "]");
 }
 
 }  // namespace shardckpt

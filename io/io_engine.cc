@@ -6,8 +6,11 @@
 #include <sys/vfs.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstring>
 
+#include "io/checksum.h"
 #include "io/failpoint.h"
 #include "io/fs.h"
 #include "io/log.h"
@@ -25,6 +28,8 @@ Result<uint64_t> File::Size() const {
 }
 
 namespace {
+std::atomic<uint64_t> g_usage[2][2];  // [io_uring][direct]
+
 // tmpfs and ramfs are page cache: O_DIRECT there still copies into it, but demands aligned
 // memory, which would force a staging copy of every unaligned tensor first.
 bool MemoryBacked(const std::string& path) {
@@ -77,10 +82,42 @@ Status IoEngine::OpError(const File& file, const IoOp& op, int err) {
                               " length " + std::to_string(op.length));
 }
 
+Status IoEngine::NothingTransferred(const File& file, const IoOp& op, size_t done) {
+  if (op.kind == IoKind::kWrite) return OpError(file, op, EIO);
+  return DataLoss("read " + file.path() + ": unexpected end of file at offset " +
+                  std::to_string(op.offset + done) + " (file truncated?)");
+}
+
 Status IoEngine::CheckSubmit(const File& file, const IoOp& op) {
   const char* point = op.kind == IoKind::kRead ? "io.read" : "io.write";
   return Failpoint(point, std::string(op.kind == IoKind::kRead ? "read " : "write ") +
                               file.path() + " at offset " + std::to_string(op.offset));
+}
+
+Status IoEngine::Completed(const File& file, const IoOp& op, size_t* got, bool* cut_pending) {
+  const char* point = op.kind == IoKind::kRead ? "io.read.complete" : "io.write.complete";
+  std::string action = FailpointAction(point);
+  if (int err = FailpointErrno(action); err != 0) {
+    Status failed = OpError(file, op, err);
+    return Status(failed.code(), failed.message() + " [injected at failpoint " + point + "]");
+  }
+  if ((action == "short" || *cut_pending) && *got > 1) {
+    // The kernel stopped halfway: the bytes past the cut are transferred again.
+    size_t cut = file.direct() ? AlignDown(*got / 2, kBlockSize) : *got / 2;
+    if (cut > 0) *got = cut;
+    *cut_pending = false;
+  }
+  g_usage[std::strcmp(name(), "io_uring") == 0][file.direct()]++;
+  return Status::Ok();
+}
+
+IoUsage ProcessIoUsage() {
+  IoUsage usage;
+  usage.uring_direct = g_usage[1][1];
+  usage.uring_buffered = g_usage[1][0];
+  usage.posix_direct = g_usage[0][1];
+  usage.posix_buffered = g_usage[0][0];
+  return usage;
 }
 
 std::unique_ptr<IoEngine> CreateIoEngine(IoOptions options) {

@@ -3,7 +3,9 @@
 // An IoEngine runs positioned reads and writes on open files with up to queue_depth() operations
 // in flight. Two implementations share this contract and one conformance suite
 // (tests/io_engine_test.cc):
-//   * io_uring: requests go to the kernel in batches; completions are reaped one at a time.
+//   * io_uring: each Submit enters the kernel at once with that one request (no batching: a
+//     request is never left waiting in the ring for a later call); completions are reaped one
+//     at a time. A request of any length is sent in pieces of at most kMaxTransferBytes.
 //   * posix: pread/pwrite, run at Submit time. It is chosen automatically, and logged once, when
 //     io_uring cannot be set up (seccomp in containers, io_uring_disabled sysctl, old kernels).
 // Both open files with O_DIRECT when asked and fall back to buffered I/O, logged once, where the
@@ -12,7 +14,9 @@
 // Error handling: an operation's failure comes back from Reap() as a Status naming the file,
 // the offset and errno. Short transfers and EAGAIN/EINTR are not errors: the remainder is
 // resubmitted until the operation is complete. A read that meets end-of-file before its length is
-// DataLoss (a truncated file), never a silently short buffer.
+// DataLoss (a truncated file), never a silently short buffer. The failpoints io.read/io.write
+// fire at submission, io.read.complete/io.write.complete at each completion (an errno, or
+// `short`), and io.uring_submit where io_uring_submit would fail.
 //
 // Lifecycle: buffers handed to Submit must stay valid until their tag comes back from Reap() or
 // Drain() returns. Destroying an engine with operations in flight waits for them first.
@@ -37,6 +41,10 @@ struct IoOptions {
 };
 
 enum class IoKind { kRead, kWrite };
+
+// The most one kernel request carries: below the 32-bit length of an SQE and Linux's 2 GiB
+// per-call cap, and a multiple of the O_DIRECT alignment so every piece stays aligned.
+inline constexpr size_t kMaxTransferBytes = size_t{1} << 30;
 
 struct IoOp {
   IoKind kind = IoKind::kRead;
@@ -89,9 +97,25 @@ class IoEngine {
   // Shared by both engines so their messages read the same.
   static Status OpError(const File& file, const IoOp& op, int err);
   static Status CheckSubmit(const File& file, const IoOp& op);
+  // A transfer that moved no byte after `done`: end of file for a read, EIO for a write.
+  static Status NothingTransferred(const File& file, const IoOp& op, size_t done);
+  // Every transfer of `*got` bytes the kernel completed for `op` passes here: the completion
+  // failpoints fail it or cut `*got` in half, as does simulate_short_transfers once per operation
+  // (`*cut_pending`); then it is counted in ProcessIoUsage().
+  Status Completed(const File& file, const IoOp& op, size_t* got, bool* cut_pending);
 
   IoOptions options_;
 };
+
+// What this process's engines did, so a test can tell the main path from a fallback: transfers
+// completed, per engine and per open mode (O_DIRECT or buffered).
+struct IoUsage {
+  uint64_t uring_direct = 0;
+  uint64_t uring_buffered = 0;
+  uint64_t posix_direct = 0;
+  uint64_t posix_buffered = 0;
+};
+IoUsage ProcessIoUsage();
 
 std::unique_ptr<IoEngine> CreatePosixEngine(IoOptions options);
 Result<std::unique_ptr<IoEngine>> CreateUringEngine(IoOptions options);

@@ -3,11 +3,11 @@
 // engine (per-operation errors, short transfers resumed, EOF on read is DataLoss).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <deque>
 #include <utility>
 
-#include "io/checksum.h"
 #include "io/io_engine.h"
 
 namespace shardckpt {
@@ -40,12 +40,7 @@ class PosixEngine final : public IoEngine {
     size_t done = 0;
     bool cut = options_.simulate_short_transfers;
     while (done < op.length) {
-      size_t want = op.length - done;
-      if (cut && want > 1) {
-        want = file.direct() ? AlignDown(want / 2, kBlockSize) : want / 2;
-        if (want == 0) want = op.length - done;
-        cut = false;
-      }
+      size_t want = std::min(op.length - done, kMaxTransferBytes);
       ssize_t n = op.kind == IoKind::kRead
                       ? ::pread(file.fd(), bytes + done, want, op.offset + done)
                       : ::pwrite(file.fd(), bytes + done, want, op.offset + done);
@@ -53,14 +48,10 @@ class PosixEngine final : public IoEngine {
         if (errno == EINTR || errno == EAGAIN) continue;
         return OpError(file, op, errno);
       }
-      if (n == 0) {
-        if (op.kind == IoKind::kRead) {
-          return DataLoss("read " + file.path() + ": unexpected end of file at offset " +
-                          std::to_string(op.offset + done) + " (file truncated?)");
-        }
-        return OpError(file, op, EIO);
-      }
-      done += static_cast<size_t>(n);
+      if (n == 0) return NothingTransferred(file, op, done);
+      size_t got = static_cast<size_t>(n);
+      SC_RETURN_IF_ERROR(Completed(file, op, &got, &cut));
+      done += got;
     }
     return Status::Ok();
   }

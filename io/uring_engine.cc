@@ -4,17 +4,25 @@
 // Completion handling follows liburing's io_uring-cp example: -EAGAIN/-EINTR resubmit the same
 // range; a short transfer resubmits the remainder; any other negative result fails that one
 // operation (named in the Status) and frees its slot, leaving the others to be reaped.
+//
+// A slot is free exactly when the kernel holds no request of it, so a failure that frees it must
+// first make sure of that: when io_uring_submit fails, the request just prepared may still sit in
+// the submission ring, and the next submit would send it with the index of a slot that by then
+// belongs to another operation. It is turned into a no-op whose completion is dropped.
 #include <liburing.h>
 
+#include <algorithm>
 #include <cerrno>
-#include <cstring>
 #include <vector>
 
-#include "io/checksum.h"
+#include "io/failpoint.h"
 #include "io/io_engine.h"
 
 namespace shardckpt {
 namespace {
+
+// user_data of a request voided after a failed submit; never a slot index.
+constexpr uint64_t kVoided = ~uint64_t{0};
 
 struct Slot {
   File* file = nullptr;
@@ -64,37 +72,28 @@ class UringEngine final : public IoEngine {
       int rc = io_uring_wait_cqe(&ring_, &cqe);
       if (rc == -EINTR) continue;
       if (rc < 0) return ErrnoStatus(-rc, "io_uring_wait_cqe");
-      size_t index = static_cast<size_t>(reinterpret_cast<uintptr_t>(io_uring_cqe_get_data(cqe)));
+      uint64_t data = io_uring_cqe_get_data64(cqe);
       int res = cqe->res;
       io_uring_cqe_seen(&ring_, cqe);
+      if (data == kVoided) continue;
+      size_t index = static_cast<size_t>(data);
       Slot& slot = slots_[index];
       if (res == -EAGAIN || res == -EINTR) {
-        SC_RETURN_IF_ERROR(Queue(index));
+        Status queued = Queue(index);
+        if (!queued.ok()) return Free(index, queued);
         continue;
       }
-      if (res < 0) {
-        free_.push_back(index);
-        return OpError(*slot.file, slot.op, -res);
-      }
-      size_t remaining = slot.op.length - slot.done;
-      if (res == 0 && remaining > 0) {
-        free_.push_back(index);
-        if (slot.op.kind == IoKind::kRead) {
-          return DataLoss("read " + slot.file->path() + ": unexpected end of file at offset " +
-                          std::to_string(slot.op.offset + slot.done) + " (file truncated?)");
-        }
-        return OpError(*slot.file, slot.op, EIO);
-      }
+      if (res < 0) return Free(index, OpError(*slot.file, slot.op, -res));
       size_t got = static_cast<size_t>(res);
-      if (slot.cut_pending && got > 1) {
-        // Pretend the kernel stopped halfway; the bytes past the cut are transferred again.
-        size_t cut = slot.file->direct() ? AlignDown(got / 2, kBlockSize) : got / 2;
-        if (cut > 0) got = cut;
-        slot.cut_pending = false;
+      if (got == 0 && slot.done < slot.op.length) {
+        return Free(index, NothingTransferred(*slot.file, slot.op, slot.done));
       }
+      Status completed = Completed(*slot.file, slot.op, &got, &slot.cut_pending);
+      if (!completed.ok()) return Free(index, completed);
       slot.done += got;
       if (slot.done < slot.op.length) {
-        SC_RETURN_IF_ERROR(Queue(index));
+        Status queued = Queue(index);
+        if (!queued.ok()) return Free(index, queued);
         continue;
       }
       free_.push_back(index);
@@ -103,27 +102,41 @@ class UringEngine final : public IoEngine {
   }
 
  private:
+  Status Free(size_t index, Status status) {
+    free_.push_back(index);
+    return status;
+  }
+
+  // Sends the rest of slot `index`'s operation (at most kMaxTransferBytes of it) to the kernel.
+  // On failure no request of the slot is left in the ring.
   Status Queue(size_t index) {
     Slot& slot = slots_[index];
     struct io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
     if (sqe == nullptr) {
-      // Cannot happen while slots <= ring entries, but a full SQ must not lose the request.
+      // Only voided requests can fill the ring: send them on their way.
       io_uring_submit(&ring_);
       sqe = io_uring_get_sqe(&ring_);
-      if (sqe == nullptr) return Internal("io_uring submission queue full");
+      if (sqe == nullptr) return OpError(*slot.file, slot.op, EAGAIN).WithContext("io_uring submission queue full");
     }
     auto* buffer = static_cast<unsigned char*>(slot.op.buffer) + slot.done;
-    unsigned length = static_cast<unsigned>(slot.op.length - slot.done);
+    auto length = static_cast<unsigned>(std::min(slot.op.length - slot.done, kMaxTransferBytes));
     uint64_t offset = slot.op.offset + slot.done;
     if (slot.op.kind == IoKind::kRead) {
       io_uring_prep_read(sqe, slot.file->fd(), buffer, length, offset);
     } else {
       io_uring_prep_write(sqe, slot.file->fd(), buffer, length, offset);
     }
-    io_uring_sqe_set_data(sqe, reinterpret_cast<void*>(static_cast<uintptr_t>(index)));
-    int rc = io_uring_submit(&ring_);
-    if (rc < 0) return ErrnoStatus(-rc, "io_uring_submit " + slot.file->path());
-    return Status::Ok();
+    io_uring_sqe_set_data64(sqe, index);
+    int rc;
+    do {
+      int injected = FailpointErrno(FailpointAction("io.uring_submit"));
+      rc = injected != 0 ? -injected : io_uring_submit(&ring_);
+    } while (rc == -EINTR);
+    // The kernel takes requests in order, so ours was taken iff nothing is left unsubmitted.
+    if (io_uring_sq_ready(&ring_) == 0) return Status::Ok();
+    io_uring_prep_nop(sqe);
+    io_uring_sqe_set_data64(sqe, kVoided);
+    return OpError(*slot.file, slot.op, rc < 0 ? -rc : EAGAIN).WithContext("io_uring_submit");
   }
 
   struct io_uring ring_;

@@ -10,13 +10,19 @@
 
 #include <cstring>
 #include <fstream>
+#include <iostream>
+#include <map>
+#include <tuple>
 
 #include "collectives/communicator.h"
 #include "engine/async_save.h"
 #include "engine/checkpoint_dir.h"
 #include "engine/consolidate.h"
 #include "engine/load.h"
+#include "engine/safetensors.h"
 #include "engine/save.h"
+#include "engine/torch_pickle.h"
+#include "engine/zip_reader.h"
 #include "io/failpoint.h"
 #include "io/fs.h"
 #include "tests/test_util.h"
@@ -137,10 +143,15 @@ TEST_F(CheckpointTest, AsyncSaveSnapshotsReusesStagingAndReportsBackgroundErrors
   for (auto& t : live.all) std::fill(t.bytes.begin(), t.bytes.end(), 0x77);  // training goes on
   ASSERT_TRUE((*first)->Wait().ok());
   ExpectLoads(root(), 1);
+  // The staging area and the persist's ring, each buffer counted.
+  EXPECT_EQ((*saver)->staging_allocations(), 1u + SaveOptions{}.staging_buffers);
 
+  // From here on not one page-aligned buffer is allocated, by the saver or by the save it runs,
+  // whether the persist fails or not (counted process-wide, loads left out).
   Tensors second("step2");
   ASSERT_TRUE(SetFailpoints("io.write=EIO").ok());
   ShardedState failing = second.State();
+  uint64_t allocations = HostBufferAllocations();
   auto broken = (*saver)->Save(root(), 2, failing);
   ASSERT_TRUE(broken.ok());
   Status failed = (*broken)->Wait();
@@ -151,35 +162,114 @@ TEST_F(CheckpointTest, AsyncSaveSnapshotsReusesStagingAndReportsBackgroundErrors
   auto third = (*saver)->Save(root(), 2, retry);
   ASSERT_TRUE(third.ok());
   ASSERT_TRUE((*third)->Wait().ok());
+  EXPECT_EQ(HostBufferAllocations() - allocations, 0u) << "later saves allocated staging memory";
   ExpectLoads(root(), 2);
-  EXPECT_EQ((*saver)->staging_allocations(), 1u);
+  EXPECT_EQ((*saver)->staging_allocations(), 1u + SaveOptions{}.staging_buffers);
 }
 
-// The consolidator's prefetch thread reads ahead while the writer writes: the export must hold
-// exactly the saved bytes (checked by loading it back through import).
+// The consolidator's prefetch thread reads ahead while the writer writes. Each export, parsed
+// with the repository's own readers, holds exactly the saved tensors: every name once, its dtype,
+// shape and layout, and its bytes at the offset its header gives.
 TEST_F(CheckpointTest, ConsolidateWithPrefetchMatchesTheCheckpoint) {
   ASSERT_TRUE(SaveStep(3).ok());
-  ConsolidateOptions options;
-  options.format = ExportFormat::kSafetensors;
-  options.window_bytes = 4096;  // many windows, so the prefetch thread and writer interleave
-  Result<ConsolidateReport> report = Consolidate(root(), JoinPath(dir_.path(), "model.safetensors"), options);
-  ASSERT_TRUE(report.ok()) << report.status().ToString();
-  std::string bytes = ReadFileLimited(JoinPath(dir_.path(), "model.safetensors"), 1 << 24).value();
   Tensors expected("step3");
-  for (const auto& t : expected.all) {
-    if (t.bytes.empty()) continue;
-    std::string wanted(t.bytes.begin(), t.bytes.end());
-    EXPECT_NE(bytes.find(wanted), std::string::npos) << t.name << " bytes not found in the export";
+  for (ExportFormat format : {ExportFormat::kTorch, ExportFormat::kSafetensors}) {
+    const bool torch = format == ExportFormat::kTorch;
+    const std::string out = JoinPath(dir_.path(), torch ? "model.pt" : "model.safetensors");
+    SCOPED_TRACE(out);
+    ConsolidateOptions options;
+    options.format = format;
+    options.window_bytes = 4096;  // many windows, so the prefetch thread and writer interleave
+    Result<ConsolidateReport> report = Consolidate(root(), out, options);
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    EXPECT_EQ(report->entries, expected.all.size());
+    // name -> (dtype, shape, bytes) as the export stores them.
+    std::map<std::string, std::tuple<DType, Shape, std::string>> got;
+    if (torch) {
+      ZipReader zip = ZipReader::Open(out).value();
+      UnpickledStateDict dict = UnpickleStateDict(zip.ReadRecord(zip.prefix() + "data.pkl", 1 << 20).value()).value();
+      EXPECT_TRUE(dict.skipped.empty());
+      for (const PickleTensor& t : dict.tensors) {
+        const std::string key = zip.prefix() + "data/" + t.storage_key;
+        ASSERT_EQ(zip.records().count(key), 1u) << t.name;
+        EXPECT_EQ(zip.records().at(key).data_offset % 64, 0u) << t.name << ": record not aligned for mmap";
+        EXPECT_EQ(t.storage_offset, 0) << t.name;
+        std::vector<int64_t> contiguous(t.sizes.size());
+        for (size_t d = t.sizes.size(), stride = 1; d-- > 0; stride *= static_cast<size_t>(t.sizes[d])) {
+          contiguous[d] = static_cast<int64_t>(stride);
+        }
+        EXPECT_EQ(t.strides, contiguous) << t.name;
+        EXPECT_EQ(t.storage_numel, NumElements(t.sizes).value()) << t.name;
+        EXPECT_TRUE(got.emplace(t.name, std::make_tuple(t.dtype, t.sizes, zip.ReadRecord(key, 1 << 24).value())).second)
+            << t.name << " twice";
+      }
+    } else {
+      std::string file = ReadFileLimited(out, 1 << 24).value();
+      ASSERT_GE(file.size(), 8u);
+      uint64_t n;
+      std::memcpy(&n, file.data(), 8);
+      ASSERT_LE(8 + n, file.size());
+      const uint64_t data = 8 + n;
+      auto entries = ParseSafetensorsHeader(file.substr(8, n), file.size() - data, out);
+      ASSERT_TRUE(entries.ok()) << entries.status().ToString();
+      for (const SafetensorsEntry& e : *entries) {
+        EXPECT_TRUE(got.emplace(e.name, std::make_tuple(e.dtype, e.shape, file.substr(data + e.begin, e.end - e.begin))).second)
+            << e.name << " twice";
+      }
+    }
+    ASSERT_EQ(got.size(), expected.all.size());
+    for (const auto& t : expected.all) {
+      auto it = got.find(t.name);
+      ASSERT_NE(it, got.end()) << t.name << " missing from the export";
+      auto& [dtype, shape, bytes] = it->second;
+      EXPECT_EQ(dtype, t.dtype) << t.name;
+      EXPECT_EQ(shape, t.shape) << t.name;
+      EXPECT_TRUE(bytes == std::string(t.bytes.begin(), t.bytes.end())) << t.name << ": bytes differ";
+    }
   }
 }
 
+// Where io_uring and O_DIRECT work here (probed without the engine), every transfer since
+// `before` ran on them: a save or load that fell back to pread/pwrite or to buffered I/O fails.
+void ExpectOnlyUringDirectSince(const IoUsage& before, const std::string& dir) {
+  std::string why;
+  if (!testing::UringAvailable(&why) || !testing::DirectIoAvailable(dir, &why)) {
+    std::cout << "fast path not checked: " << why << "\n";
+    return;
+  }
+  const IoUsage after = ProcessIoUsage();
+  EXPECT_GT(after.uring_direct, before.uring_direct) << "nothing ran on io_uring with O_DIRECT";
+  EXPECT_EQ(after.uring_buffered, before.uring_buffered) << "buffered I/O although O_DIRECT works";
+  EXPECT_EQ(after.posix_direct, before.posix_direct) << "pread/pwrite although io_uring works";
+  EXPECT_EQ(after.posix_buffered, before.posix_buffered) << "pread/pwrite, buffered, although both work";
+}
+
 TEST_F(CheckpointTest, StagedAndDirectWritesProduceTheSameBytes) {
+  const IoUsage before = ProcessIoUsage();
   SaveOptions staged;
   staged.always_stage = true;
   staged.staging_buffer_bytes = 4096;  // many small buffers: exercises ring wrap-around
   staged.staging_buffers = 3;
   ASSERT_TRUE(SaveStep(1, staged).ok());
   ExpectLoads(root(), 1);
+  ExpectOnlyUringDirectSince(before, dir_.path());
+}
+
+// The main path is the one that runs: sync save, async save and load.
+TEST_F(CheckpointTest, SavesAndLoadsRunOnIoUringWithODirectWhereBothWork) {
+  std::string why;
+  if (!testing::UringAvailable(&why) || !testing::DirectIoAvailable(dir_.path(), &why)) GTEST_SKIP() << why;
+  const IoUsage before = ProcessIoUsage();
+  ASSERT_TRUE(SaveStep(1).ok());
+  ExpectLoads(root(), 1);
+  Tensors tensors("step2");
+  ShardedState state = tensors.State();
+  Result<std::unique_ptr<AsyncSaver>> saver = AsyncSaver::Create(*comm_);
+  Result<std::shared_ptr<SaveHandle>> handle = saver.ok() ? (*saver)->Save(root(), 2, state) : saver.status();
+  Status saved = handle.ok() ? (*handle)->Wait() : handle.status();
+  ASSERT_TRUE(saved.ok()) << saved.ToString();
+  ExpectLoads(root(), 2);
+  ExpectOnlyUringDirectSince(before, dir_.path());
 }
 
 // On tmpfs the writer skips O_DIRECT and writes unaligned tensors straight from their memory;
@@ -441,12 +531,23 @@ TEST_F(CheckpointTest, RenameDtypeAndShapeChecks) {
   LoadOptions options;
   options.strict = false;
   {
+    // Renamed entries load their own bytes: each into the target its new name names.
+    Tensors expected("step1");
+    std::vector<int8_t> int8(9, 0);
     ShardedState targets;
     ASSERT_TRUE(targets.AddTensor("float64", DType::kFloat64, {3, 5}, Layout::Replicated(), buffer.data()).ok());
+    ASSERT_TRUE(targets.AddTensor("int8", DType::kInt8, {9}, Layout::Replicated(), int8.data()).ok());
     options.rename = StripPrefix("model.");
     Result<LoadReport> report = Load(*comm_, root(), targets, options);
     ASSERT_TRUE(report.ok()) << report.status().ToString();
     EXPECT_TRUE(report->missing.empty());
+    EXPECT_EQ(report->unexpected.size(), 10u);
+    for (const auto& t : expected.all) {
+      const void* loaded = t.name == "model.float64" ? static_cast<void*>(buffer.data())
+                           : t.name == "model.int8"  ? static_cast<void*>(int8.data())
+                                                     : nullptr;
+      if (loaded != nullptr) EXPECT_EQ(std::memcmp(loaded, t.bytes.data(), t.bytes.size()), 0) << t.name;
+    }
   }
   options.rename = nullptr;
   {

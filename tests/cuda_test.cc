@@ -1,6 +1,8 @@
 // The CUDA path on a real device: save from device memory through the pinned ring, load
 // resharded into device memory, async snapshots of device tensors, and the NCCL communicator.
-// Every test skips cleanly where no device is present (CI builds this with nvcc, runs it on GPUs).
+// Every test skips cleanly where no device is present. The test command builds this wherever
+// nvcc is found, but CI has no GPU, so it runs for real only where a person runs it on a machine
+// with a device (`ctest --test-dir build -L cuda`).
 #include <cuda_runtime.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

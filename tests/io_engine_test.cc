@@ -1,9 +1,12 @@
 // One conformance suite over every IoEngine: {io_uring, posix} x {O_DIRECT, buffered} x
-// {normal, forced short transfers}. Each case checks the bytes it reads back.
+// {normal, forced short transfers}. Each case checks the bytes it reads back; "direct" cases
+// check that the kernel really has O_DIRECT on the file wherever the file system allows it.
 #include "io/io_engine.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <sys/mman.h>
 
 #include <cstring>
 #include <set>
@@ -18,6 +21,9 @@ namespace shardckpt {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::DirectIoAvailable;
+using testing::FdHasODirect;
+using testing::UringAvailable;
 
 using Param = std::tuple<bool /*uring*/, bool /*direct*/, bool /*short*/>;
 
@@ -31,7 +37,12 @@ class IoEngineConformance : public ::testing::TestWithParam<Param> {
     options.simulate_short_transfers = cut;
     if (uring) {
       Result<std::unique_ptr<IoEngine>> engine = CreateUringEngine(options);
-      if (!engine.ok()) GTEST_SKIP() << "io_uring unavailable here: " << engine.status().ToString();
+      if (!engine.ok()) {
+        std::string why;
+        ASSERT_FALSE(UringAvailable(&why)) << "io_uring works here, yet the engine refused it: "
+                                           << engine.status().ToString();
+        GTEST_SKIP() << "io_uring unavailable here: " << why;
+      }
       engine_ = std::move(engine).value();
     } else {
       engine_ = CreatePosixEngine(options);
@@ -39,12 +50,44 @@ class IoEngineConformance : public ::testing::TestWithParam<Param> {
   }
   void TearDown() override { SetFailpoints("").IgnoreError(); }
 
+  bool uring() const { return std::get<0>(GetParam()); }
+  // Opens a file of this test's folder, checking that the engine's belief and the kernel's flags
+  // agree, and that O_DIRECT was asked for and granted wherever the file system takes it.
+  std::unique_ptr<File> Open(const std::string& path, OpenMode mode) {
+    Result<std::unique_ptr<File>> file = engine_->Open(path, mode);
+    EXPECT_TRUE(file.ok()) << file.status().ToString();
+    if (!file.ok()) return nullptr;
+    ExpectOpenMode(**file);
+    return std::move(file).value();
+  }
+  void ExpectOpenMode(const File& file) {
+    EXPECT_EQ(file.direct(), FdHasODirect(file.fd())) << file.path();
+    std::string why;
+    if (std::get<1>(GetParam()) && DirectIoAvailable(dir_.path(), &why)) {
+      EXPECT_TRUE(FdHasODirect(file.fd())) << file.path() << " was opened without O_DIRECT";
+    }
+    if (!std::get<1>(GetParam())) {
+      EXPECT_FALSE(FdHasODirect(file.fd())) << file.path();
+    }
+  }
+
   std::unique_ptr<IoEngine> engine_;
   testing::TempDir dir_;
 };
 
 void Fill(AlignedBuffer& buffer, uint8_t seed) {
   for (size_t i = 0; i < buffer.size(); ++i) buffer.data()[i] = static_cast<uint8_t>(seed + i * 7 + (i >> 12));
+}
+
+uint64_t Transfers(const IoUsage& u) { return u.uring_direct + u.uring_buffered + u.posix_direct + u.posix_buffered; }
+
+// Reaps everything in flight: the tags that completed and the errors of those that did not.
+void ReapAll(IoEngine* engine, std::set<uint64_t>* done, std::vector<Status>* failures) {
+  while (engine->in_flight() > 0) {
+    Result<uint64_t> tag = engine->Reap();
+    if (tag.ok()) done->insert(*tag);
+    else failures->push_back(tag.status());
+  }
 }
 
 TEST_P(IoEngineConformance, WritesAndReadsBackWithQueueFull) {
@@ -57,7 +100,7 @@ TEST_P(IoEngineConformance, WritesAndReadsBackWithQueueFull) {
     Fill(out.back(), static_cast<uint8_t>(i));
   }
   {
-    auto file = engine_->Open(path, OpenMode::kCreate).value();
+    auto file = Open(path, OpenMode::kCreate);
     std::set<uint64_t> done;
     // Reverse order: positioned writes must not depend on submission order.
     for (size_t i = kBuffers; i-- > 0;) {
@@ -69,7 +112,7 @@ TEST_P(IoEngineConformance, WritesAndReadsBackWithQueueFull) {
     ASSERT_TRUE(engine_->Sync(file.get()).ok());
     EXPECT_EQ(*file->Size(), kBuffers * kBytes);
   }
-  auto file = engine_->Open(path, OpenMode::kRead).value();
+  auto file = Open(path, OpenMode::kRead);
   for (size_t i = 0; i < kBuffers; ++i) {
     while (engine_->in_flight() >= engine_->queue_depth()) ASSERT_TRUE(engine_->Reap().ok());
     ASSERT_TRUE(engine_->Submit(file.get(), IoOp{IoKind::kRead, i * kBytes, in[i].data(), kBytes}, i).ok());
@@ -85,11 +128,11 @@ TEST_P(IoEngineConformance, ReadPastEndOfFileIsDataLossNamingTheFile) {
   AlignedBuffer buffer = AlignedBuffer::Allocate(16384).value();
   Fill(buffer, 3);
   {
-    auto file = engine_->Open(path, OpenMode::kCreate).value();
+    auto file = Open(path, OpenMode::kCreate);
     ASSERT_TRUE(engine_->Submit(file.get(), IoOp{IoKind::kWrite, 0, buffer.data(), 8192}, 1).ok());
     ASSERT_TRUE(engine_->Drain().ok());
   }
-  auto file = engine_->Open(path, OpenMode::kRead).value();
+  auto file = Open(path, OpenMode::kRead);
   ASSERT_TRUE(engine_->Submit(file.get(), IoOp{IoKind::kRead, 0, buffer.data(), 16384}, 1).ok());
   Result<uint64_t> reaped = engine_->Reap();
   ASSERT_FALSE(reaped.ok());
@@ -102,7 +145,7 @@ TEST_P(IoEngineConformance, ReadPastEndOfFileIsDataLossNamingTheFile) {
 TEST_P(IoEngineConformance, InjectedErrorsNameTheFileAndCause) {
   const std::string path = JoinPath(dir_.path(), "full");
   AlignedBuffer buffer = AlignedBuffer::Allocate(4096).value();
-  auto file = engine_->Open(path, OpenMode::kCreate).value();
+  auto file = Open(path, OpenMode::kCreate);
   ASSERT_TRUE(SetFailpoints("io.write#2=ENOSPC;io.fsync=EIO").ok());
   ASSERT_TRUE(engine_->Submit(file.get(), IoOp{IoKind::kWrite, 0, buffer.data(), 4096}, 1).ok());
   Status second = engine_->Submit(file.get(), IoOp{IoKind::kWrite, 4096, buffer.data(), 4096}, 2);
@@ -112,6 +155,141 @@ TEST_P(IoEngineConformance, InjectedErrorsNameTheFileAndCause) {
   Status sync = engine_->Sync(file.get());
   EXPECT_EQ(sync.code(), Code::kIoError);
   EXPECT_THAT(sync.message(), HasSubstr("fdatasync " + path));
+}
+
+// Errors the kernel reports at completion, after the request was accepted: only the operation
+// they hit fails, named with its file, offset and cause, and nothing stays in flight.
+TEST_P(IoEngineConformance, AnErrorAtCompletionFailsThatOperationOnly) {
+  const std::string path = JoinPath(dir_.path(), "failing");
+  AlignedBuffer buffer = AlignedBuffer::Allocate(3 * 4096).value();
+  Fill(buffer, 5);
+  {
+    auto file = Open(path, OpenMode::kCreate);
+    ASSERT_TRUE(SetFailpoints("io.write.complete#2=EIO").ok());
+    for (uint64_t i = 0; i < 3; ++i) {
+      ASSERT_TRUE(engine_->Submit(file.get(), IoOp{IoKind::kWrite, i * 4096, buffer.data() + i * 4096, 4096}, i).ok());
+    }
+    std::set<uint64_t> done;
+    std::vector<Status> failures;
+    ReapAll(engine_.get(), &done, &failures);
+    ASSERT_EQ(failures.size(), 1u);
+    EXPECT_EQ(done.size(), 2u);
+    EXPECT_EQ(failures[0].code(), Code::kIoError);
+    EXPECT_THAT(failures[0].message(), HasSubstr("write " + path + " at offset "));
+    EXPECT_THAT(failures[0].message(), HasSubstr("[injected at failpoint io.write.complete]"));
+    ASSERT_TRUE(SetFailpoints("").ok());
+    for (uint64_t i = 0; i < 3; ++i) {
+      ASSERT_TRUE(engine_->Submit(file.get(), IoOp{IoKind::kWrite, i * 4096, buffer.data() + i * 4096, 4096}, i).ok());
+    }
+    ASSERT_TRUE(engine_->Drain().ok());
+  }
+  auto file = Open(path, OpenMode::kRead);
+  AlignedBuffer in = AlignedBuffer::Allocate(4096).value();
+  ASSERT_TRUE(SetFailpoints("io.read.complete=ENOSPC").ok());
+  ASSERT_TRUE(engine_->Submit(file.get(), IoOp{IoKind::kRead, 8192, in.data(), 4096}, 9).ok());
+  Result<uint64_t> reaped = engine_->Reap();
+  ASSERT_FALSE(reaped.ok());
+  EXPECT_EQ(reaped.status().code(), Code::kNoSpace);
+  EXPECT_THAT(reaped.status().message(), HasSubstr("read " + path + " at offset 8192"));
+  EXPECT_THAT(reaped.status().message(), HasSubstr("[injected at failpoint io.read.complete]"));
+  EXPECT_EQ(engine_->in_flight(), 0u);
+}
+
+// The kernel may stop any transfer early; every completion here is cut in half, and the bytes
+// still arrive whole, in both directions.
+TEST_P(IoEngineConformance, ShortTransfersAtCompletionAreResumed) {
+  const std::string path = JoinPath(dir_.path(), "cut");
+  AlignedBuffer out = AlignedBuffer::Allocate(64 << 10).value();
+  AlignedBuffer in = AlignedBuffer::Allocate(64 << 10).value();
+  Fill(out, 11);
+  ASSERT_TRUE(SetFailpoints("io.write.complete=short;io.read.complete=short").ok());
+  const uint64_t before = Transfers(ProcessIoUsage());
+  {
+    auto file = Open(path, OpenMode::kCreate);
+    ASSERT_TRUE(engine_->Submit(file.get(), IoOp{IoKind::kWrite, 0, out.data(), out.size()}, 1).ok());
+    ASSERT_TRUE(engine_->Drain().ok());
+  }
+  auto file = Open(path, OpenMode::kRead);
+  ASSERT_TRUE(engine_->Submit(file.get(), IoOp{IoKind::kRead, 0, in.data(), in.size()}, 2).ok());
+  ASSERT_TRUE(engine_->Drain().ok());
+  // 64 KiB halved down to one block is 5 transfers each way (more when not O_DIRECT).
+  EXPECT_GE(Transfers(ProcessIoUsage()) - before, 10u) << "the cuts did not happen";
+  EXPECT_EQ(std::memcmp(in.data(), out.data(), out.size()), 0);
+}
+
+// A resubmission of the rest of a short transfer that io_uring_submit refuses fails that
+// operation and frees its slot: Drain and the destructor return instead of waiting for a
+// completion that will never come, and the slot serves the next operation.
+TEST_P(IoEngineConformance, AFailedResubmissionFreesItsSlot) {
+  if (!uring()) GTEST_SKIP() << "pread/pwrite resubmit inside Submit";
+  const std::string path = JoinPath(dir_.path(), "resubmit");
+  AlignedBuffer buffer = AlignedBuffer::Allocate(64 << 10).value();
+  Fill(buffer, 13);
+  auto file = Open(path, OpenMode::kCreate);
+  ASSERT_TRUE(SetFailpoints("io.write.complete#1=short;io.uring_submit#2=EAGAIN").ok());
+  ASSERT_TRUE(engine_->Submit(file.get(), IoOp{IoKind::kWrite, 0, buffer.data(), buffer.size()}, 7).ok());
+  Result<uint64_t> reaped = engine_->Reap();
+  ASSERT_FALSE(reaped.ok());
+  EXPECT_EQ(reaped.status().code(), Code::kIoError);
+  EXPECT_THAT(reaped.status().message(), HasSubstr("io_uring_submit: write " + path + " at offset 0"));
+  EXPECT_EQ(engine_->in_flight(), 0u);
+  EXPECT_TRUE(engine_->Drain().ok());
+  ASSERT_TRUE(SetFailpoints("").ok());
+  ASSERT_TRUE(engine_->Submit(file.get(), IoOp{IoKind::kWrite, 0, buffer.data(), buffer.size()}, 8).ok());
+  EXPECT_EQ(engine_->Reap().value(), 8u);
+}
+
+// io_uring_submit fails after the request was prepared in the ring. The request must not go to
+// the kernel later with the next submit, writing stale bytes and completing under the index of
+// the slot's next operation.
+TEST_P(IoEngineConformance, AFailedSubmitLeavesNoRequestBehind) {
+  if (!uring()) GTEST_SKIP() << "pread/pwrite have no submission ring";
+  const std::string path = JoinPath(dir_.path(), "unsent");
+  AlignedBuffer first = AlignedBuffer::Allocate(4096).value();
+  AlignedBuffer second = AlignedBuffer::Allocate(4096).value();
+  Fill(first, 17);
+  Fill(second, 19);
+  {
+    auto file = Open(path, OpenMode::kCreate);
+    ASSERT_TRUE(SetFailpoints("io.uring_submit#1=EAGAIN").ok());
+    Status failed = engine_->Submit(file.get(), IoOp{IoKind::kWrite, 0, first.data(), 4096}, 1);
+    EXPECT_EQ(failed.code(), Code::kIoError);
+    EXPECT_THAT(failed.message(), HasSubstr("io_uring_submit: write " + path + " at offset 0"));
+    EXPECT_EQ(engine_->in_flight(), 0u);
+    ASSERT_TRUE(engine_->Submit(file.get(), IoOp{IoKind::kWrite, 4096, second.data(), 4096}, 2).ok());
+    EXPECT_EQ(engine_->Reap().value(), 2u);
+    EXPECT_EQ(engine_->in_flight(), 0u);
+    ASSERT_TRUE(engine_->Sync(file.get()).ok());
+  }
+  std::string bytes = ReadFileLimited(path, 1 << 20).value();
+  ASSERT_EQ(bytes.size(), 8192u);
+  EXPECT_EQ(bytes.substr(0, 4096), std::string(4096, '\0')) << "the failed write reached the file";
+  EXPECT_EQ(std::memcmp(bytes.data() + 4096, second.data(), 4096), 0);
+}
+
+// Lengths of 4 GiB and more: an SQE holds 32 bits of length, so each request goes in pieces of
+// kMaxTransferBytes. /dev/null takes the bytes without reading them, and a read-only anonymous
+// mapping is the zero page, so this costs neither memory nor disk.
+TEST_P(IoEngineConformance, RequestsOf4GiBAndMoreAreNotTruncated) {
+  const size_t kFour = size_t{4} << 30, kMore = kFour + 4096;
+  void* region = ::mmap(nullptr, kMore, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  ASSERT_NE(region, MAP_FAILED);
+  {
+    auto file = engine_->Open("/dev/null", OpenMode::kCreate).value();
+    const uint64_t before = Transfers(ProcessIoUsage());
+    ASSERT_TRUE(engine_->Submit(file.get(), IoOp{IoKind::kWrite, 0, region, kFour}, 1).ok());
+    ASSERT_TRUE(engine_->Submit(file.get(), IoOp{IoKind::kWrite, 0, region, kMore}, 2).ok());
+    std::set<uint64_t> done;
+    std::vector<Status> failures;
+    ReapAll(engine_.get(), &done, &failures);
+    EXPECT_TRUE(failures.empty()) << failures[0].ToString();
+    EXPECT_EQ(done, (std::set<uint64_t>{1, 2}));
+    const uint64_t pieces = kFour / kMaxTransferBytes + kMore / kMaxTransferBytes + 1;
+    if (!std::get<2>(GetParam())) {
+      EXPECT_EQ(Transfers(ProcessIoUsage()) - before, pieces);
+    }
+  }
+  ::munmap(region, kMore);
 }
 
 TEST_P(IoEngineConformance, OpenMissingFileIsNotFound) {
@@ -133,6 +311,13 @@ TEST(CreateIoEngine, FallsBackToPosixWhenUringIsNotWanted) {
   IoOptions options;
   options.use_io_uring = false;
   EXPECT_STREQ(CreateIoEngine(options)->name(), "posix");
+}
+
+// Where io_uring works, the engine every save and load uses is io_uring, not the fallback.
+TEST(CreateIoEngine, PicksIoUringWhereItWorks) {
+  std::string why;
+  if (!UringAvailable(&why)) GTEST_SKIP() << why;
+  EXPECT_STREQ(CreateIoEngine()->name(), "io_uring");
 }
 
 TEST(Failpoints, RejectUnknownActions) {

@@ -1,6 +1,14 @@
 #include "tests/test_util.h"
 
+#include <fcntl.h>
+#include <liburing.h>
+#include <linux/magic.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 
 #include "io/fs.h"
@@ -35,6 +43,39 @@ std::vector<uint8_t> PieceBytes(const std::string& name, DType dtype, const Shap
     });
   }
   return bytes;
+}
+
+bool UringAvailable(std::string* why) {
+  struct io_uring ring;
+  int rc = io_uring_queue_init(4, &ring, 0);
+  if (rc < 0) {
+    *why = std::string("io_uring_queue_init: ") + std::strerror(-rc);
+    return false;
+  }
+  io_uring_queue_exit(&ring);
+  return true;
+}
+
+bool DirectIoAvailable(const std::string& dir, std::string* why) {
+  struct statfs fs;
+  if (::statfs(dir.c_str(), &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC)) {
+    *why = dir + " is memory-backed: the engine skips O_DIRECT there by design";
+    return false;
+  }
+  const std::string path = JoinPath(dir, ".odirect-probe");
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    *why = "open(" + path + ", O_DIRECT): " + std::strerror(errno);
+    return false;
+  }
+  ::close(fd);
+  ::unlink(path.c_str());
+  return true;
+}
+
+bool FdHasODirect(int fd) {
+  int flags = ::fcntl(fd, F_GETFL);
+  return flags >= 0 && (flags & O_DIRECT) != 0;
 }
 
 TempDir::TempDir() {

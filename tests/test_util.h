@@ -18,6 +18,13 @@ uint8_t ExpectedByte(const std::string& name, DType dtype, int64_t index, size_t
 // The local bytes of `layout` of entry `name` (row-major in the piece's own shape).
 std::vector<uint8_t> PieceBytes(const std::string& name, DType dtype, const Shape& shape, const Layout& layout);
 
+// Probes of the fast path, made without the engine, each with the reason when the answer is no.
+// Where both say yes, a save or load that fell back to pread/pwrite or buffered I/O is a bug.
+bool UringAvailable(std::string* why);                               // io_uring_queue_init
+bool DirectIoAvailable(const std::string& dir, std::string* why);    // a file created with O_DIRECT
+// Whether the kernel has O_DIRECT set on `fd` (fcntl F_GETFL), whatever the engine believes.
+bool FdHasODirect(int fd);
+
 // A fresh folder under $TMPDIR (or /tmp), removed by the destructor.
 class TempDir {
  public:

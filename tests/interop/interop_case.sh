@@ -26,9 +26,13 @@ case "$case" in
       PYTHONPATH=$here $py "$here/compare.py" original.pt "$layout.safetensors"
       unzip -tq "$layout.pt"
       sha256sum -c "$layout.pt.sha256" "$layout.safetensors.sha256"
+      # Stored records under one top folder, with what torch.load reads besides the tensors.
       $py -c "import zipfile,sys; z=zipfile.ZipFile(sys.argv[1]); assert z.testzip() is None; \
 assert all(i.compress_type == 0 for i in z.infolist()); \
-[None for i in z.infolist()]" "$layout.pt"
+names = z.namelist(); top = names[0].split('/')[0]; \
+assert all(n.startswith(top + '/') for n in names), names; \
+assert z.read(top + '/byteorder') == b'little' and z.read(top + '/version') == b'3\n', names; \
+assert top + '/data.pkl' in names and any(n.startswith(top + '/data/') for n in names), names" "$layout.pt"
     done
     # 64-byte alignment of every record's data (what mmap=True needs).
     $py - flat.pt <<'PY'
@@ -83,8 +87,10 @@ PY
     PYTHONPATH=$here $py "$here/make_state_dict.py" evil2.pt hostile-eval
     expect_fail "global 'posix.system' is not allowed" "$cli" import evil1.pt --out r1 --world-size 2
     expect_fail "eval' is not allowed" "$cli" import evil2.pt --out r2 --world-size 2
-    [ ! -e evil1.pt.pwned ] && [ ! -e evil2.pt.pwned ]
-    [ ! -e r1/latest ] && [ ! -e r2/latest ]
+    # One test a line: under set -e the first test of an && list may fail unnoticed.
+    for f in evil1.pt.pwned evil2.pt.pwned r1/latest r2/latest; do
+      [ ! -e "$f" ] || { echo "$f exists: a hostile file was acted on"; exit 1; }
+    done
     PYTHONPATH=$here $py "$here/make_state_dict.py" good.pt
     head -c 3000 good.pt > truncated.pt
     expect_fail "not a valid torch.save zip" "$cli" import truncated.pt --out r3 --world-size 2

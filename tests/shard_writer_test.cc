@@ -1,0 +1,176 @@
+// The shard writer's staging: which bytes are copied and which are written in place, and device
+// copies from several devices that share one staging buffer. The device is faked (no GPU here):
+// its copies land only when their slot is waited for, as a real asynchronous copy may.
+#include "engine/shard_writer.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "io/checksum.h"
+#include "io/fs.h"
+#include "tests/test_util.h"
+
+namespace shardckpt {
+namespace {
+
+// A copier whose copies happen only when their slot is waited for: a writer that writes a buffer
+// before waiting for every copier that filled it writes bytes that have not arrived.
+class DeferredCopier final : public DeviceCopier {
+ public:
+  explicit DeferredCopier(int device) : device_(device) {}
+  int device() const override { return device_; }
+  Status CopyToHostAsync(void* host, const void* device, size_t bytes, size_t slot) override {
+    pending_.push_back(Copy{host, device, bytes, slot});
+    return Status::Ok();
+  }
+  Status WaitSlot(size_t slot) override {
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->slot != slot) {
+        ++it;
+        continue;
+      }
+      std::memcpy(it->host, it->device, it->bytes);
+      it = pending_.erase(it);
+    }
+    return Status::Ok();
+  }
+  Status CopyToDeviceAsync(void*, const void*, size_t) override { return Internal("not used"); }
+  Status Synchronize() override { return Internal("not used"); }
+  Status WaitForDeviceWork() override { return Status::Ok(); }
+  size_t pending() const { return pending_.size(); }
+
+ private:
+  struct Copy {
+    void* host;
+    const void* device;
+    size_t bytes;
+    size_t slot;
+  };
+  int device_;
+  std::vector<Copy> pending_;
+};
+
+// The engine saves and loads use, remembering where each write's bytes came from.
+class RecordingEngine final : public IoEngine {
+ public:
+  explicit RecordingEngine(IoOptions options) : IoEngine(options), real_(CreateIoEngine(options)) {}
+  const char* name() const override { return real_->name(); }
+  size_t in_flight() const override { return real_->in_flight(); }
+  Status Submit(File* file, const IoOp& op, uint64_t tag) override {
+    writes.push_back(op);
+    return real_->Submit(file, op, tag);
+  }
+  Result<uint64_t> Reap() override { return real_->Reap(); }
+
+  std::vector<IoOp> writes;
+
+ private:
+  std::unique_ptr<IoEngine> real_;
+};
+
+std::vector<uint8_t> Pattern(size_t bytes, uint8_t seed) {
+  std::vector<uint8_t> out(bytes);
+  for (size_t i = 0; i < bytes; ++i) out[i] = static_cast<uint8_t>(seed * 31 + i * 7 + (i >> 9));
+  return out;
+}
+
+// The file's checksum table matches the bytes the file holds, block by block.
+void ExpectTableMatches(const std::string& file, const FileRecord& record) {
+  ASSERT_EQ(file.size(), record.size);
+  for (uint64_t block = 0; block < record.table_offset / kBlockSize; ++block) {
+    uint64_t stored;
+    std::memcpy(&stored, file.data() + record.table_offset + block * 8, 8);
+    EXPECT_EQ(stored, Checksum64(file.data() + block * kBlockSize, kBlockSize)) << "block " << block;
+  }
+}
+
+std::string Bytes(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
+
+// Two pieces from two devices land in one staging buffer; the buffer is checksummed and written
+// only once both copies have arrived.
+TEST(ShardFileWriter, WaitsForEveryDeviceThatFilledABuffer) {
+  testing::TempDir dir;
+  std::unique_ptr<IoEngine> io = CreateIoEngine();
+  auto pool = BufferPool::Create(2, 64 << 10).value();
+  std::vector<uint8_t> on_gpu0 = Pattern(1000, 1), on_gpu1 = Pattern(3000, 2), on_gpu0_again = Pattern(500, 3);
+  DeferredCopier gpu0(0), gpu1(1);
+  ShardFileWriter writer(io.get(), pool.get(), /*always_stage=*/false);
+  ASSERT_TRUE(writer.Open(dir.path(), "rank-00000.bin").ok());
+  uint64_t a = writer.AppendFromDevice(on_gpu0.data(), on_gpu0.size(), &gpu0).value();
+  uint64_t b = writer.AppendFromDevice(on_gpu1.data(), on_gpu1.size(), &gpu1).value();
+  uint64_t c = writer.AppendFromDevice(on_gpu0_again.data(), on_gpu0_again.size(), &gpu0).value();
+  Result<FileRecord> record = writer.Finish();
+  ASSERT_TRUE(record.ok()) << record.status().ToString();
+  EXPECT_EQ(gpu0.pending() + gpu1.pending(), 0u);
+  std::string file = ReadFileLimited(JoinPath(dir.path(), "rank-00000.bin"), 1 << 20).value();
+  EXPECT_EQ(file.substr(a, on_gpu0.size()), Bytes(on_gpu0)) << "device 0's bytes were written before they arrived";
+  EXPECT_EQ(file.substr(b, on_gpu1.size()), Bytes(on_gpu1));
+  EXPECT_EQ(file.substr(c, on_gpu0_again.size()), Bytes(on_gpu0_again));
+  ExpectTableMatches(file, *record);
+}
+
+// AsyncSaver's snapshot layout: pieces at page offsets with zeros between. Every piece, however
+// small, and every tail is written from that memory, adjacent pieces in buffer-sized writes; the
+// staging ring only carries what is not a padded piece (a blob, the table).
+TEST(ShardFileWriter, PaddedPiecesAreWrittenInPlaceTailsIncluded) {
+  const std::vector<size_t> sizes = {1000, 4096, 20000, 0, 1, 9000};  // an empty piece: no break
+  size_t total = 0;
+  std::vector<size_t> at;
+  for (size_t bytes : sizes) {
+    at.push_back(total);
+    total += AlignUp(bytes, kBlockSize);
+  }
+  AlignedBuffer area = AlignedBuffer::Allocate(total).value();
+  std::memset(area.data(), 0, total);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    std::vector<uint8_t> piece = Pattern(sizes[i], static_cast<uint8_t>(10 + i));
+    if (!piece.empty()) std::memcpy(area.data() + at[i], piece.data(), piece.size());
+  }
+  // Every piece, then without piece 1 (another rank writes it): the run breaks and resumes.
+  for (const std::vector<size_t>& chosen : {std::vector<size_t>{0, 1, 2, 3, 4, 5}, std::vector<size_t>{0, 2, 3, 4, 5}}) {
+    testing::TempDir dir;
+    IoOptions options;
+    options.queue_depth = 8;
+    RecordingEngine io(options);
+    auto pool = BufferPool::Create(3, 16 << 10).value();
+    ShardFileWriter writer(&io, pool.get(), /*always_stage=*/false, /*padded=*/true);
+    ASSERT_TRUE(writer.Open(dir.path(), "rank-00000.bin").ok());
+    std::vector<uint64_t> offsets;
+    for (size_t i : chosen) offsets.push_back(writer.Append(area.data() + at[i], sizes[i]).value());
+    const std::string blob = "a blob, staged";
+    uint64_t blob_at = writer.Append(blob.data(), blob.size()).value();
+    Result<FileRecord> record = writer.Finish();
+    ASSERT_TRUE(record.ok()) << record.status().ToString();
+
+    uint64_t in_place = 0;
+    size_t in_place_writes = 0;
+    for (const IoOp& op : io.writes) {
+      auto* from = static_cast<unsigned char*>(op.buffer);
+      bool from_area = from >= area.data() && from < area.data() + total;
+      EXPECT_EQ(from_area, op.offset < blob_at) << "write at " << op.offset << " came from the wrong memory";
+      if (!from_area) continue;
+      in_place += op.length;
+      in_place_writes++;
+      EXPECT_LE(op.length, pool->buffer_bytes());
+    }
+    EXPECT_EQ(in_place, blob_at);
+    if (chosen.size() == sizes.size()) {
+      EXPECT_EQ(in_place_writes, total / pool->buffer_bytes() + 1);
+    }
+
+    std::string file = ReadFileLimited(JoinPath(dir.path(), "rank-00000.bin"), 1 << 20).value();
+    for (size_t k = 0; k < chosen.size(); ++k) {
+      size_t i = chosen[k];
+      EXPECT_EQ(file.substr(offsets[k], AlignUp(sizes[i], kBlockSize)),
+                std::string(reinterpret_cast<char*>(area.data() + at[i]), AlignUp(sizes[i], kBlockSize)))
+          << "piece " << i;
+    }
+    EXPECT_EQ(file.substr(blob_at, blob.size()), blob);
+    ExpectTableMatches(file, *record);
+  }
+}
+
+}  // namespace
+}  // namespace shardckpt
