@@ -8,12 +8,53 @@
 #                  step 10 and the run completes with the uninterrupted losses
 #   device         --device cuda: with a CUDA libtorch and GPUs, a device-resident run resumes
 #                  exactly from a device checkpoint; without, every rank refuses with the reason
+#   preempt HOW CLI  SIGTERM in the middle of a run with async saves, sent to launch/mpirun.sh
+#                  (HOW=mpirun) or to rank 1 alone (HOW=rank): every rank stops after the same step,
+#                  a final checkpoint of that step commits and verifies, exit 0, and --resume
+#                  continues with exactly the losses of an uninterrupted run
+#   preempt-short-grace CLI  a grace period too short for a save: no save is started, exit 75,
+#                  the log names the previous checkpoint, which is `latest`, verifies and resumes
+#   log-follow     progress lines reach a pipe and a file as they happen, not at exit
 set -euo pipefail
 train=$1; work=$2; case=$3; shift 3
 rm -rf "$work"; mkdir -p "$work"
 run() { local np=$1; shift; mpirun --oversubscribe --allow-run-as-root --mca btl self,vader,tcp -np "$np" "$@"; }
 losses() { grep -E '^step [0-9]+ loss' "$1" | awk -v lo="$2" -v hi="$3" '$2 >= lo && $2 <= hi'; }
 small=(--hidden 256)
+launcher=$(cd "$(dirname "$0")/../../launch" && pwd)/mpirun.sh
+pace="train.step=sleep:100"  # 100 ms steps, so a signal lands in the middle of a run
+wait_for() {  # FILE REGEX: until a line of FILE matches (two minutes at most)
+  for _ in $(seq 2400); do grep -qE "$2" "$1" 2> /dev/null && return 0; sleep 0.05; done
+  echo "timed out waiting for /$2/ in $1:"; cat "$1"; exit 1
+}
+env_has() { tr '\0' '\n' < "/proc/$1/environ" 2> /dev/null | grep -qxF "$2"; }
+rank_pid() {  # RANK TAG: the pid of that rank of the job started with -x PREEMPT_TEST_TAG=TAG
+  local p
+  for p in $(pgrep -x shardckpt-train); do
+    if env_has "$p" "OMPI_COMM_WORLD_RANK=$1" && env_has "$p" "PREEMPT_TEST_TAG=$2"; then echo "$p"; return; fi
+  done
+  echo "no process of rank $1 tagged $2" >&2
+}
+stopped_job() {  # TARGET COMMAND...: runs COMMAND into $work/stopped.log and, once step 12 is logged,
+  # sends SIGTERM to TARGET (launcher: COMMAND's process; rank1: that rank alone); sets $status
+  "${@:2}" > "$work/stopped.log" 2>&1 &
+  local job=$!
+  wait_for "$work/stopped.log" '^step 12 loss'
+  if [ "$1" = launcher ]; then kill -TERM "$job"; else kill -TERM "$(rank_pid 1 "$work")"; fi
+  set +e
+  wait "$job"
+  status=$?
+  set -e
+  cat "$work/stopped.log"
+}
+stop_step() {  # NP LOG: the step after which every one of NP ranks said it stopped
+  local said steps
+  said=$(grep -cE '^rank [0-9]+: stopping after step [0-9]+' "$2" || true)
+  steps=$(grep -oE '^rank [0-9]+: stopping after step [0-9]+' "$2" | awk '{print $6}' | sort -u)
+  [ "$said" -eq "$1" ] && [ "$(echo "$steps" | wc -l)" -eq 1 ] ||
+    { echo "ranks did not stop at one step (expected $1 ranks):"; grep 'stopping after' "$2"; exit 1; }
+  echo "$steps"
+}
 
 case "$case" in
   exact-resume)
@@ -96,6 +137,68 @@ PY
       done
       test ! -e "$work/d/latest" || { echo "a refused run wrote a checkpoint"; exit 1; }
     fi ;;
+  preempt)
+    how=$1; cli=$2
+    run 2 "$train" "${small[@]}" --steps 60 > "$work/full.log"
+    flags=("${small[@]}" --ckpt "$work/p" --steps 60 --save-every 5 --async-save)
+    if [ "$how" = mpirun ]; then
+      # Every persist takes 1.5 s more, so the step-10 one is still being written at the stop.
+      stopped_job launcher env SHARDCKPT_FAILPOINTS="$pace;save.write_data=sleep:1500" "$launcher" -np 2 \
+        --mca btl self,vader,tcp "$train" "${flags[@]}"
+    else
+      stopped_job rank1 run 2 -x SHARDCKPT_FAILPOINTS="$pace" -x PREEMPT_TEST_TAG="$work" "$train" "${flags[@]}"
+    fi
+    [ "$status" -eq 0 ] || { echo "the preempted job exited $status, not 0"; exit 1; }
+    s=$(stop_step 2 "$work/stopped.log")
+    [ "$s" -ge 13 ] && [ "$s" -lt 60 ] || { echo "stopped after step $s, not in the middle"; exit 1; }
+    dir=$(printf 'step-%09d' "$s")
+    if [ "$how" = mpirun ]; then
+      grep -qE '^preemption: waiting for the checkpoint of step [0-9]+ still being written' "$work/stopped.log"
+    else
+      grep -q "^preemption: SIGTERM received by rank 1 " "$work/stopped.log"
+      grep -q "^rank 0: stopping after step $s (asked by rank 1)" "$work/stopped.log"
+      grep -q "^rank 1: stopping after step $s (SIGTERM received here" "$work/stopped.log"
+    fi
+    grep -q "^preempted after step $s: final checkpoint committed at $work/p/$dir, .* resume with --resume (exit status 0)" \
+      "$work/stopped.log"
+    test "$(cat "$work/p/latest")" = "$dir"
+    "$cli" verify "$work/p"
+    diff <(losses "$work/full.log" 1 "$s") <(losses "$work/stopped.log" 1 "$s")
+    run 2 "$train" "${flags[@]}" --resume > "$work/resumed.log"
+    grep -q "resumed from $work/p/$dir at step $s " "$work/resumed.log"
+    diff <(losses "$work/full.log" $((s + 1)) 60) <(losses "$work/resumed.log" $((s + 1)) 60)
+    [ "$(losses "$work/resumed.log" $((s + 1)) 60 | wc -l)" -eq $((60 - s)) ] ;;
+  preempt-short-grace)
+    cli=$1
+    run 2 "$train" "${small[@]}" --steps 30 > "$work/full.log"
+    # Saves take 2 s or more, the grace period is 3 s: a save and exit would need about 3.5 s.
+    flags=("${small[@]}" --ckpt "$work/g" --steps 60 --save-every 5 --preempt-grace-s 3)
+    stopped_job launcher env SHARDCKPT_FAILPOINTS="$pace;save.write_data=sleep:2000" "$launcher" -np 2 \
+      --mca btl self,vader,tcp "$train" "${flags[@]}"
+    [ "$status" -eq 75 ] || { echo "the job exited $status, not 75 (stopped without a final checkpoint)"; exit 1; }
+    s=$(stop_step 2 "$work/stopped.log")
+    prev=$(printf 'step-%09d' $(((s - 1) / 5 * 5)))
+    grep -q "^preempted after step $s without a final checkpoint: not saving step $s: the last save took 2\.[0-9]*s, .*; no save was started, so nothing is half-written; resume from $work/g/$prev (exit status 75)" \
+      "$work/stopped.log"
+    test "$(cat "$work/g/latest")" = "$prev"
+    if ls "$work/g" | grep -q "$(printf 'step-%09d' "$s")"; then echo "a save of step $s was started"; ls "$work/g"; exit 1; fi
+    "$cli" verify "$work/g"
+    run 2 "$train" "${small[@]}" --ckpt "$work/g" --steps 30 --resume > "$work/resumed.log"
+    grep -q "resumed from $work/g/$prev at step $(((s - 1) / 5 * 5)) " "$work/resumed.log"
+    diff <(losses "$work/full.log" 21 30) <(losses "$work/resumed.log" 21 30) ;;
+  log-follow)  # 30 steps of 100 ms: lines spread over ~3 s as they happen, or arrive at exit at once
+    SHARDCKPT_FAILPOINTS="$pace" "$train" "${small[@]}" --steps 30 |
+      while IFS= read -r line; do echo "$(date +%s.%N) $line"; done > "$work/piped.log"
+    awk '$2 == "step" && $3 == 1 { first = $1 } $2 == "step" && $3 == 30 { last = $1 }
+         END { printf "pipe: step 1 arrived %.2fs before step 30\n", last - first; exit !(last - first > 1.5) }' \
+      "$work/piped.log"
+    SHARDCKPT_FAILPOINTS="$pace" "$launcher" -np 2 --mca btl self,vader,tcp "$train" "${small[@]}" --steps 30 \
+      > "$work/file.log" 2>&1 &
+    job=$!
+    wait_for "$work/file.log" '^step 3 loss'
+    kill -0 "$job" 2> /dev/null || { echo "step 3 reached the log file only when the job ended"; exit 1; }
+    wait "$job"
+    [ "$(losses "$work/file.log" 1 30 | wc -l)" -eq 30 ] ;;
   *) echo "unknown case $case"; exit 2 ;;
 esac
 echo "train case $case $*: passed"
