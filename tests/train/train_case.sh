@@ -15,6 +15,9 @@
 #   preempt-short-grace CLI  a grace period too short for a save: no save is started, exit 75,
 #                  the log names the previous checkpoint, which is `latest`, verifies and resumes
 #   log-follow     progress lines reach a pipe and a file as they happen, not at exit
+#   slurm-requeue  launch/slurm.sbatch with srun and scontrol stubbed: SIGUSR1 to the batch shell
+#                  (what --signal=B:USR1@180 sends) stops the ranks with a final checkpoint, the
+#                  script requeues the job, and the next attempt resumes to the uninterrupted losses
 set -euo pipefail
 train=$1; work=$2; case=$3; shift 3
 rm -rf "$work"; mkdir -p "$work"
@@ -199,6 +202,43 @@ PY
     kill -0 "$job" 2> /dev/null || { echo "step 3 reached the log file only when the job ended"; exit 1; }
     wait "$job"
     [ "$(losses "$work/file.log" 1 30 | wc -l)" -eq 30 ] ;;
+  slurm-requeue)
+    run 2 "$train" "${small[@]}" --steps 40 > "$work/full.log"
+    mkdir -p "$work/bin" "$work/submit/build/bin"
+    ln -s "$(realpath "$train")" "$work/submit/build/bin/shardckpt-train"
+    # srun: drops its own options and runs the job step as 2 local ranks under mpirun, which (like
+    # srun) passes SIGUSR1 on to every task; a smaller model than the script's default.
+    printf '%s\n' '#!/usr/bin/env bash' 'while [ "${1#--}" != "$1" ]; do shift; done' \
+      'exec mpirun --oversubscribe --allow-run-as-root --mca btl self,vader,tcp ${SHARDCKPT_FAILPOINTS:+-x SHARDCKPT_FAILPOINTS} -np 2 "$@" --hidden 256' \
+      > "$work/bin/srun"
+    printf '#!/usr/bin/env bash\necho "$*" >> %q\n' "$work/scontrol.calls" > "$work/bin/scontrol"
+    chmod +x "$work/bin/srun" "$work/bin/scontrol"
+    slurm=(env PATH="$work/bin:$PATH" SLURM_JOB_ID=4242 SLURM_CPUS_PER_TASK=1 SLURM_NNODES=1 SLURM_NTASKS=2
+           CKPT="$work/s" STEPS=40 SAVE_EVERY=10)
+    sbatch=$(cd "$(dirname "$0")/../../launch" && pwd)/slurm.sbatch
+    cd "$work/submit"
+    "${slurm[@]}" SLURM_RESTART_COUNT=0 SHARDCKPT_FAILPOINTS="$pace" bash "$sbatch" > "$work/attempt0.log" 2>&1 &
+    job=$!
+    wait_for "$work/attempt0.log" '^step 12 loss'
+    kill -USR1 "$job"
+    set +e
+    wait "$job"
+    status=$?
+    set -e
+    cat "$work/attempt0.log"
+    [ "$status" -eq 0 ] || { echo "the first attempt exited $status, not 0"; exit 1; }
+    s=$(stop_step 2 "$work/attempt0.log")
+    dir=$(printf 'step-%09d' "$s")
+    grep -q "^preempted after step $s: final checkpoint committed at $work/s/$dir" "$work/attempt0.log"
+    grep -q "^stopped on request: requeueing" "$work/attempt0.log"
+    test "$(cat "$work/scontrol.calls")" = "requeue 4242"
+    "${slurm[@]}" SLURM_RESTART_COUNT=1 bash "$sbatch" > "$work/attempt1.log" 2>&1
+    cat "$work/attempt1.log"
+    grep -q "^job 4242 attempt 1: " "$work/attempt1.log"
+    grep -q "resumed from $work/s/$dir at step $s " "$work/attempt1.log"
+    diff <(losses "$work/full.log" $((s + 1)) 40) <(losses "$work/attempt1.log" $((s + 1)) 40)
+    [ "$(losses "$work/attempt1.log" $((s + 1)) 40 | wc -l)" -eq $((40 - s)) ]
+    test "$(wc -l < "$work/scontrol.calls")" -eq 1 || { echo "a finished attempt requeued"; exit 1; } ;;
   *) echo "unknown case $case"; exit 2 ;;
 esac
 echo "train case $case $*: passed"
