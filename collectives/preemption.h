@@ -19,7 +19,7 @@
 // same result, every rank stops after the same step.
 #pragma once
 
-#include <csignal>
+#include <signal.h>
 #include <memory>
 #include <string>
 #include <vector>

@@ -8,7 +8,9 @@
 # * forwards a stop request to every rank: SIGTERM or SIGUSR1 sent to this script reaches each
 #   rank, on every host, as SIGUSR1, and the job's exit status is the ranks' (the trainer saves
 #   the step it agreed on and exits 0). A second SIGTERM ends the job at once (mpirun's own
-#   SIGTERM handling).
+#   SIGTERM handling). Ctrl-C on a terminal reaches mpirun itself (same process group) and aborts
+#   the job as before; this script waits for it (forwarding it too would make mpirun exit at
+#   once, leaving the ranks running: measured).
 # Why not plain `exec mpirun`: OpenMPI 4's mpirun treats SIGTERM (and SIGINT, SIGHUP) as "abort
 # the job": each rank gets SIGTERM, then SIGKILL one second later (odls_base_sigkill_timeout), and
 # mpirun exits 1 (measured with 4.1.4; raising that timeout only delays the kill). SIGUSR1 and
@@ -31,7 +33,7 @@ done
 if [ -z "$hostfile" ] && [ "$np" -gt "$(nproc)" ]; then args+=(--oversubscribe); fi
 for v in $(env | grep -o '^SHARDCKPT_[A-Z_]*' || true); do args+=(-x "$v"); done
 
-mpirun "${args[@]}" "$@" &
+mpirun "${args[@]}" "$@" <&0 &  # stdin explicitly: a background job would get /dev/null
 job=$!
 terms=0
 stop() {  # $1: the signal this script received
@@ -45,6 +47,7 @@ stop() {  # $1: the signal this script received
 }
 trap 'stop TERM' TERM
 trap 'stop USR1' USR1
+trap ':' INT
 # `wait` returns early (status > 128) whenever a trapped signal arrives: wait again while mpirun
 # runs, then once more for its own status (bash keeps it for a child already reaped).
 set +e
