@@ -20,6 +20,7 @@
 #pragma once
 
 #include <signal.h>
+
 #include <memory>
 #include <string>
 #include <vector>
