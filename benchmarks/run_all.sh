@@ -20,3 +20,5 @@ build/bin/bench_consolidate --total-bytes 4GiB --save-ranks 4 --format torch --d
 build/bin/bench_consolidate --total-bytes 4GiB --save-ranks 4 --format safetensors --dir "$disk"
 python3 benchmarks/bench_dcp.py --dirs "$disk" "$shm" --save-ranks 2 --load-ranks 3 --total-bytes 1GiB --iters 3
 if [ -x build/bin/bench_cuda ]; then build/bin/bench_cuda --bytes 4GiB --tensors 16 --dir "$disk"; fi
+$mpi -np 2 build/bin/bench_preempt_check --iters 20000
+$mpi -np 8 build/bin/bench_preempt_check --iters 20000

@@ -4,7 +4,18 @@
 #   launch/mpirun.sh -np 16 --hostfile hosts build/bin/shardckpt-train ...
 # * as root, adds --allow-run-as-root (containers); as any other user, nothing;
 # * with more ranks than cores on one host, adds --oversubscribe;
-# * passes SHARDCKPT_* variables (log level, failpoints) to every rank.
+# * passes SHARDCKPT_* variables (log level, failpoints) to every rank;
+# * forwards a stop request to every rank: SIGTERM or SIGUSR1 sent to this script reaches each
+#   rank, on every host, as SIGUSR1, and the job's exit status is the ranks' (the trainer saves
+#   the step it agreed on and exits 0). A second SIGTERM ends the job at once (mpirun's own
+#   SIGTERM handling). Ctrl-C on a terminal reaches mpirun itself (same process group) and aborts
+#   the job as before; this script waits for it (forwarding it too would make mpirun exit at
+#   once, leaving the ranks running: measured).
+# Why not plain `exec mpirun`: OpenMPI 4's mpirun treats SIGTERM (and SIGINT, SIGHUP) as "abort
+# the job": each rank gets SIGTERM, then SIGKILL one second later (odls_base_sigkill_timeout), and
+# mpirun exits 1 (measured with 4.1.4; raising that timeout only delays the kill). SIGUSR1 and
+# SIGUSR2 it forwards to every rank and otherwise ignores (ess_base_forward_signals; SIGTERM
+# cannot be added to that list), so a graceful stop has to arrive at mpirun as SIGUSR1.
 # Inside the program, rank and size come from MPI itself; launch/rank_env.sh shows the
 # OpenMPI, PMI and Slurm variables a wrapper script can read before MPI starts.
 set -euo pipefail
@@ -21,4 +32,24 @@ done
 [ "$(id -u)" -eq 0 ] && args+=(--allow-run-as-root)
 if [ -z "$hostfile" ] && [ "$np" -gt "$(nproc)" ]; then args+=(--oversubscribe); fi
 for v in $(env | grep -o '^SHARDCKPT_[A-Z_]*' || true); do args+=(-x "$v"); done
-exec mpirun "${args[@]}" "$@"
+
+mpirun "${args[@]}" "$@" <&0 &  # stdin explicitly: a background job would get /dev/null
+job=$!
+terms=0
+stop() {  # $1: the signal this script received
+  if [ "$1" = TERM ] && [ $((terms += 1)) -gt 1 ]; then
+    echo "launch/mpirun.sh: second SIGTERM: ending the job now" >&2
+    kill -TERM "$job" 2> /dev/null || true
+    return
+  fi
+  echo "launch/mpirun.sh: SIG$1: asking every rank to stop (forwarded as SIGUSR1)" >&2
+  kill -USR1 "$job" 2> /dev/null || true
+}
+trap 'stop TERM' TERM
+trap 'stop USR1' USR1
+trap ':' INT
+# `wait` returns early (status > 128) whenever a trapped signal arrives: wait again while mpirun
+# runs, then once more for its own status (bash keeps it for a child already reaped).
+set +e
+while kill -0 "$job" 2> /dev/null; do wait "$job"; done
+wait "$job"

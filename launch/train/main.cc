@@ -16,6 +16,11 @@
 // changes those blobs come back unavailable (never invented, never reassigned: rank 3's stream
 // of a 4-rank job has no owner in a 2-rank job), and every rank of the new job seeds its own from
 // (seed, rank, resumed step), deterministically, and says so.
+//
+// Preemption: SIGTERM or SIGUSR1 (from the scheduler, or launch/mpirun.sh forwarding them) only
+// sets a flag; after every step the ranks agree on it (collectives/preemption.h), so all of them
+// stop after the same step, wait for an async persist in flight, save that step synchronously
+// if it can finish within --preempt-grace-s, and exit with the status listed in --help.
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <torch/torch.h>
@@ -23,13 +28,16 @@
 #include <boost/program_options.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "collectives/mpi_communicator.h"
+#include "collectives/preemption.h"
 #ifdef SHARDCKPT_HAVE_NCCL
 #include "collectives/nccl_communicator.h"
 #endif
@@ -38,6 +46,7 @@
 #include "engine/load.h"
 #include "engine/save.h"
 #include "engine/torch_adapter.h"
+#include "io/failpoint.h"
 #include "io/fs.h"
 #include "launch/train/fsdp_mlp.h"
 
@@ -47,11 +56,31 @@ namespace po = boost::program_options;
 
 namespace {
 
+// Exit statuses (also in --help and the README). 75 is sysexits' EX_TEMPFAIL: "try again later".
+constexpr int kExitOk = 0;              // all steps done, or stopped on request with a final checkpoint
+constexpr int kExitError = 1;           // a step, save or load failed (the message names rank and cause)
+constexpr int kExitPreemptedUnsaved = 75;  // stopped on request without a final checkpoint
+constexpr char kExitStatusHelp[] =
+    "Exit status (the same on every rank):\n"
+    "   0  all steps done; or stopped on SIGTERM/SIGUSR1 after a final checkpoint of the step every\n"
+    "      rank stopped at (resume with --resume)\n"
+    "   1  an error: a step, save or load failed (the message names the rank and cause)\n"
+    "   2  bad command line, or --device cannot run here\n"
+    "   3  a collective timed out (SHARDCKPT_COLLECTIVE_TIMEOUT_S) and the job was aborted\n"
+    "  75  stopped on SIGTERM/SIGUSR1 without a final checkpoint: a save could not finish within\n"
+    "      --preempt-grace-s (or there is no --ckpt); --resume continues from the last committed\n"
+    "      checkpoint, which the log names\n";
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
 struct Config {
   std::string ckpt;
   int64_t steps = 30, save_every = 0, global_batch = 48, features = 128, hidden = 1024, classes = 16;
   uint64_t seed = 1234;
   double dropout = 0.1;
+  double preempt_grace_s = 60;
   int keep_last = 3, keep_best = 0;
   bool resume = false, resume_weights_only = false, async_save = false;
   std::string device = "cpu";
@@ -93,11 +122,16 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
   SyntheticData data(config.seed, config.features, config.classes);
   int64_t step = 0;  // steps done (= data position in batches)
   auto say = [&](const std::string& line) {
-    if (rank == 0) {
-      std::printf("%s\n", line.c_str());
-      std::fflush(stdout);
-    }
+    if (rank == 0) std::printf("%s\n", line.c_str());  // stdout is line-buffered (main)
   };
+  // Before the (possibly long) resume, so a stop request during it is not fatal.
+  Result<std::unique_ptr<PreemptionWatcher>> watcher = PreemptionWatcher::Install();
+  if (!watcher.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, watcher.status().ToString().c_str());
+    return kExitError;
+  }
+  std::string last_committed;  // what a restart would resume from
+  double last_save_s = -1;     // how long the last save took, for the final save's estimate
   int64_t params = 0;
   for (const ParamSpec& p : model.params()) params += p.numel;
   say("shardckpt-train: " + std::to_string(world) + " ranks, " + std::to_string(params) + " parameters, flat-sharded");
@@ -121,6 +155,7 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
     }
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     step = report->step;
+    last_committed = report->path;
     if (config.resume_weights_only) {
       model.ResetOptimizer();
       say("resumed weights only from " + report->path + " (step " + std::to_string(step) +
@@ -148,6 +183,16 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
 
   std::unique_ptr<AsyncSaver> saver;
   std::shared_ptr<SaveHandle> pending;
+  Clock::time_point pending_started;
+  bool pending_timed = false;
+  // A persist's duration, taken at the first step boundary that finds it done. It shares the
+  // cores with training, so it overstates a synchronous save of the same state: a safe estimate.
+  auto time_pending = [&]() {
+    if (pending && !pending_timed && pending->Done()) {
+      last_save_s = SecondsSince(pending_started);
+      pending_timed = true;
+    }
+  };
   auto finish_pending = [&]() -> bool {
     if (!pending) return true;
     Status status = pending->Wait();
@@ -156,6 +201,8 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
                    status.ToString().c_str());
       return false;
     }
+    time_pending();
+    last_committed = JoinPath(config.ckpt, StepDirName(pending->step()));
     say("checkpoint committed: step " + std::to_string(pending->step()) + " (async)");
     pending.reset();
     return true;
@@ -169,7 +216,118 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
     }
     saver = std::move(created).value();
   }
+  double last_loss = std::nan("");  // of the last step trained, recorded with each checkpoint
+  auto loss_metric = [&]() -> std::map<std::string, double> {
+    if (std::isnan(last_loss)) return {};
+    return {{"loss", last_loss}};
+  };
+  // The whole training state at `step`.
+  auto training_state = [&](ShardedState& state) -> Status {
+    SC_RETURN_IF_ERROR(model.AddToState(state, false));
+    nlohmann::json trainer = {{"step", step}, {"data_position_samples", step * config.global_batch},
+                              {"scheduler", {{"last_step", step}, {"lr", LearningRate(config.adamw, step)}}}};
+    SC_RETURN_IF_ERROR(state.AddBlob("trainer", trainer.dump()));
+    SC_RETURN_IF_ERROR(state.AddBlob("config", config.ToJson().dump()));
+    SC_RETURN_IF_ERROR(state.AddBlob("rng.dropout", GeneratorState(model.dropout_generator())));
+    at::Generator own = at::detail::getDefaultCPUGenerator();
+    return state.AddBlob("rng", GeneratorState(own), BlobScope::kPerRank);
+  };
+  auto save_sync = [&]() -> bool {
+    ShardedState state;
+    Status added = training_state(state);
+    SaveOptions options = config.SaveOptionsFor();
+    options.metrics = loss_metric();  // keep-best ranks by it
+    options.user_metadata["job"] = "shardckpt-train";
+    auto t0 = Clock::now();
+    Result<SaveResult> saved = added.ok() ? Save(comm, config.ckpt, step, state, options) : Result<SaveResult>(added);
+    if (!saved.ok()) {
+      std::fprintf(stderr, "rank %d: checkpoint failed: %s\n", rank, saved.status().ToString().c_str());
+      return false;
+    }
+    last_save_s = SecondsSince(t0);
+    last_committed = saved->path;
+    char msg[512];
+    std::snprintf(msg, sizeof(msg), "checkpoint committed: step %lld at %s (%.1f MiB in %.2fs)",
+                  static_cast<long long>(step), saved->path.c_str(), saved->total_bytes / 1048576.0, last_save_s);
+    say(msg);
+    return true;
+  };
+  auto save_async = [&]() -> bool {
+    ShardedState state;
+    Status added = training_state(state);
+    if (!added.ok()) std::fprintf(stderr, "rank %d: %s\n", rank, added.ToString().c_str());
+    if (!added.ok() || !finish_pending()) return false;
+    pending_started = Clock::now();
+    Result<std::shared_ptr<SaveHandle>> handle = saver->Save(config.ckpt, step, state, loss_metric());
+    if (!handle.ok()) {
+      std::fprintf(stderr, "rank %d: checkpoint snapshot failed: %s\n", rank, handle.status().ToString().c_str());
+      return false;
+    }
+    pending = *handle;
+    pending_timed = false;
+    char msg[256];
+    std::snprintf(msg, sizeof(msg), "checkpoint snapshot: step %lld (training blocked %.3fs; persisting in the background)",
+                  static_cast<long long>(step), saver->last_snapshot_seconds());
+    say(msg);
+    return true;
+  };
+  // Every rank runs this after the same step (ShouldStop agreed on it) and returns the same status.
+  auto stop_for_preemption = [&](const StopRequest& stop) -> int {
+    const auto seen = Clock::now();
+    const double remaining_at_seen = config.preempt_grace_s - stop.seconds_since;
+    const std::string at_step = "step " + std::to_string(step);
+    LocalStop mine = watcher.value()->Local();
+    char line[512];
+    if (mine.requested) {
+      std::snprintf(line, sizeof(line), "rank %d: stopping after %s (%s received here %.2fs ago)", rank,
+                    at_step.c_str(), SignalName(mine.signal).c_str(), mine.seconds_since);
+    } else {
+      std::snprintf(line, sizeof(line), "rank %d: stopping after %s (asked by rank %d)", rank, at_step.c_str(),
+                    stop.first_rank);
+    }
+    std::printf("%s\n", line);
+    std::snprintf(line, sizeof(line), "preemption: %s received by rank %d %.2fs ago; every rank stops after %s; "
+                  "grace period %gs", SignalName(stop.signal).c_str(), stop.first_rank, stop.seconds_since,
+                  at_step.c_str(), config.preempt_grace_s);
+    say(line);
+    if (pending) {
+      say("preemption: waiting for the checkpoint of step " + std::to_string(pending->step()) + " still being written");
+      if (!finish_pending()) return kExitError;
+    }
+    const std::string resume_from =
+        last_committed.empty() ? "the start (no checkpoint was committed)" : last_committed;
+    if (config.ckpt.empty()) {
+      say("preempted after " + at_step + " without a final checkpoint: no --ckpt (exit status 75)");
+      return kExitPreemptedUnsaved;
+    }
+    FinalSaveDecision decision = DecideFinalSave(remaining_at_seen - SecondsSince(seen), last_save_s);
+    int64_t skip = decision.save ? 0 : 1;  // one rank's "cannot finish" is everyone's
+    Status agreed = comm.AllReduceMaxInt64(&skip, 1);
+    if (!agreed.ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", rank, agreed.ToString().c_str());
+      return kExitError;
+    }
+    if (skip) {
+      if (decision.save) decision.reason = "another rank estimated that a save would not finish in time";
+      say("preempted after " + at_step + " without a final checkpoint: not saving " + at_step + ": " +
+          decision.reason + "; no save was started, so nothing is half-written; resume from " + resume_from +
+          " (exit status 75)");
+      return kExitPreemptedUnsaved;
+    }
+    say("preemption: final checkpoint of " + at_step + " (" + decision.reason + ")");
+    if (!save_sync()) return kExitError;
+    std::snprintf(line, sizeof(line), "preempted after %s: final checkpoint committed at %s, %.2fs into the %gs grace "
+                  "period; resume with --resume (exit status 0)", at_step.c_str(), last_committed.c_str(),
+                  stop.seconds_since + SecondsSince(seen), config.preempt_grace_s);
+    say(line);
+    return kExitOk;
+  };
   while (step < config.steps) {
+    Status paced = Failpoint("train.step", "step " + std::to_string(step + 1));  // tests pace steps with sleep:MS
+    if (!paced.ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", rank, paced.ToString().c_str());
+      return kExitError;
+    }
     Batch batch = data.Get(step + 1, config.global_batch, world, rank);
     Result<float> loss = model.TrainStep(batch, config.global_batch, step + 1, config.adamw);
     if (!loss.ok()) {
@@ -180,44 +338,18 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
     char line[64];
     std::snprintf(line, sizeof(line), "step %lld loss %.9g", static_cast<long long>(step), *loss);
     say(line);
+    last_loss = *loss;
+    time_pending();
+    // Before the periodic save: a stop at a save step makes that save the final one, under the
+    // grace-period rules.
+    Result<StopRequest> stop = watcher.value()->ShouldStop(comm);
+    if (!stop.ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", rank, stop.status().ToString().c_str());
+      return kExitError;
+    }
+    if (stop->requested) return stop_for_preemption(*stop);
     if (!config.ckpt.empty() && config.save_every > 0 && step % config.save_every == 0) {
-      ShardedState state;
-      Status added = model.AddToState(state, false);
-      nlohmann::json trainer = {{"step", step}, {"data_position_samples", step * config.global_batch},
-                                {"scheduler", {{"last_step", step}, {"lr", LearningRate(config.adamw, step)}}}};
-      if (added.ok()) added = state.AddBlob("trainer", trainer.dump());
-      if (added.ok()) added = state.AddBlob("config", config.ToJson().dump());
-      if (added.ok()) added = state.AddBlob("rng.dropout", GeneratorState(model.dropout_generator()));
-      at::Generator own = at::detail::getDefaultCPUGenerator();
-      if (added.ok()) added = state.AddBlob("rng", GeneratorState(own), BlobScope::kPerRank);
-      if (saver) {
-        if (!added.ok() || !finish_pending()) return 1;
-        Result<std::shared_ptr<SaveHandle>> handle = saver->Save(config.ckpt, step, state, {{"loss", *loss}});
-        if (!handle.ok()) {
-          std::fprintf(stderr, "rank %d: checkpoint snapshot failed: %s\n", rank, handle.status().ToString().c_str());
-          return 1;
-        }
-        pending = *handle;
-        char msg[256];
-        std::snprintf(msg, sizeof(msg), "checkpoint snapshot: step %lld (training blocked %.3fs; persisting in the background)",
-                      static_cast<long long>(step), saver->last_snapshot_seconds());
-        say(msg);
-        continue;
-      }
-      SaveOptions options = config.SaveOptionsFor();
-      options.metrics["loss"] = *loss;  // keep-best ranks by it
-      options.user_metadata["job"] = "shardckpt-train";
-      auto t0 = std::chrono::steady_clock::now();
-      Result<SaveResult> saved = added.ok() ? Save(comm, config.ckpt, step, state, options) : Result<SaveResult>(added);
-      if (!saved.ok()) {
-        std::fprintf(stderr, "rank %d: checkpoint failed: %s\n", rank, saved.status().ToString().c_str());
-        return 1;
-      }
-      double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      char msg[512];
-      std::snprintf(msg, sizeof(msg), "checkpoint committed: step %lld at %s (%.1f MiB in %.2fs)",
-                    static_cast<long long>(step), saved->path.c_str(), saved->total_bytes / 1048576.0, seconds);
-      say(msg);
+      if (!(saver ? save_async() : save_sync())) return kExitError;
     }
   }
   if (!finish_pending()) return 1;
@@ -268,6 +400,9 @@ Result<DataPlane> MakeDataPlane(Communicator& comm, const std::string& device) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Progress lines reach a log file or pipe as they happen, not when a 4 KiB buffer fills (a
+  // person tailing the log would see stale progress, and a kill would lose its end).
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   auto session = MpiSession::Init(&argc, &argv);
   if (!session.ok()) {
     std::fprintf(stderr, "%s\n", session.status().ToString().c_str());
@@ -285,6 +420,9 @@ int main(int argc, char** argv) {
       ("resume-weights-only", po::bool_switch(&config.resume_weights_only),
        "load only the model weights; fresh optimizer, scheduler and RNG")
       ("async-save", po::bool_switch(&config.async_save), "snapshot and persist checkpoints in the background")
+      ("preempt-grace-s", po::value(&config.preempt_grace_s)->default_value(60),
+       "on SIGTERM/SIGUSR1 every rank stops after the same step and saves it if the save can finish "
+       "within this many seconds of the signal (see the exit status below)")
       ("seed", po::value(&config.seed)->default_value(1234), "seed of data, init and dropout")
       ("global-batch", po::value(&config.global_batch)->default_value(48), "samples per step over all ranks")
       ("hidden", po::value(&config.hidden)->default_value(1024), "hidden width")
@@ -300,11 +438,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "shardckpt-train: %s\n", e.what());
     return 2;
   }
+  if (!(config.preempt_grace_s >= 0)) {
+    std::fprintf(stderr, "shardckpt-train: --preempt-grace-s must be seconds >= 0, not %g\n", config.preempt_grace_s);
+    return 2;
+  }
   int code;
   {
     auto comm = CreateMpiCommunicator().value();
     if (vm.count("help")) {
-      if (comm->rank() == 0) std::cout << flags << "\n";
+      if (comm->rank() == 0) std::cout << flags << "\n" << kExitStatusHelp;
       return 0;
     }
     at::set_num_threads(1);  // ranks share the cores; deterministic kernels

@@ -15,12 +15,56 @@
 #                  the uninterrupted losses and `latest` repaired
 #   device         --device cuda: with a CUDA libtorch and GPUs, a device-resident run resumes
 #                  exactly from a device checkpoint; without, every rank refuses with the reason
+#   preempt HOW CLI  SIGTERM in the middle of a run with async saves, sent to launch/mpirun.sh
+#                  (HOW=mpirun) or to rank 1 alone (HOW=rank): every rank stops after the same step,
+#                  a final checkpoint of that step commits and verifies, exit 0, and --resume
+#                  continues with exactly the losses of an uninterrupted run
+#   preempt-short-grace CLI  a grace period too short for a save: no save is started, exit 75,
+#                  the log names the previous checkpoint, which is `latest`, verifies and resumes
+#   log-follow     progress lines reach a pipe and a file as they happen, not at exit
+#   slurm-requeue  launch/slurm.sbatch with srun and scontrol stubbed: SIGUSR1 to the batch shell
+#                  (what --signal=B:USR1@180 sends) stops the ranks with a final checkpoint, the
+#                  script requeues the job, and the next attempt resumes to the uninterrupted losses
 set -euo pipefail
 train=$1; work=$2; case=$3; shift 3
 rm -rf "$work"; mkdir -p "$work"
 run() { local np=$1; shift; mpirun --oversubscribe --allow-run-as-root --mca btl self,vader,tcp -np "$np" "$@"; }
 losses() { grep -E '^step [0-9]+ loss' "$1" | awk -v lo="$2" -v hi="$3" '$2 >= lo && $2 <= hi'; }
 small=(--hidden 256)
+launcher=$(cd "$(dirname "$0")/../../launch" && pwd)/mpirun.sh
+pace="train.step=sleep:100"  # 100 ms steps, so a signal lands in the middle of a run
+wait_for() {  # FILE REGEX: until a line of FILE matches (two minutes at most)
+  for _ in $(seq 2400); do grep -qE "$2" "$1" 2> /dev/null && return 0; sleep 0.05; done
+  echo "timed out waiting for /$2/ in $1:"; cat "$1"; exit 1
+}
+env_has() { tr '\0' '\n' < "/proc/$1/environ" 2> /dev/null | grep -qxF "$2"; }
+rank_pid() {  # RANK TAG: the pid of that rank of the job started with -x PREEMPT_TEST_TAG=TAG
+  local p
+  for p in $(pgrep -x shardckpt-train); do
+    if env_has "$p" "OMPI_COMM_WORLD_RANK=$1" && env_has "$p" "PREEMPT_TEST_TAG=$2"; then echo "$p"; return; fi
+  done
+  echo "no process of rank $1 tagged $2" >&2
+}
+stopped_job() {  # TARGET COMMAND...: runs COMMAND into $work/stopped.log and, once step 12 is logged,
+  # sends SIGTERM to TARGET (launcher: COMMAND's process; rank1: that rank alone); sets $status
+  "${@:2}" > "$work/stopped.log" 2>&1 &
+  local job=$!
+  wait_for "$work/stopped.log" '^step 12 loss'
+  if [ "$1" = launcher ]; then kill -TERM "$job"; else kill -TERM "$(rank_pid 1 "$work")"; fi
+  set +e
+  wait "$job"
+  status=$?
+  set -e
+  cat "$work/stopped.log"
+}
+stop_step() {  # NP LOG: the step after which every one of NP ranks said it stopped
+  local said steps
+  said=$(grep -cE '^rank [0-9]+: stopping after step [0-9]+' "$2" || true)
+  steps=$(grep -oE '^rank [0-9]+: stopping after step [0-9]+' "$2" | awk '{print $6}' | sort -u)
+  [ "$said" -eq "$1" ] && [ "$(echo "$steps" | wc -l)" -eq 1 ] ||
+    { echo "ranks did not stop at one step (expected $1 ranks):"; grep 'stopping after' "$2"; exit 1; }
+  echo "$steps"
+}
 
 case "$case" in
   exact-resume)
@@ -166,6 +210,105 @@ PY
     grep -q "resumed from .*step-000000020 at step 20" "$work/resumed.log"
     diff <(losses "$work/full.log" 21 30) <(losses "$work/resumed.log" 21 30)
     test "$(cat "$work/k/latest")" = step-000000030 ;;
+  preempt)
+    how=$1; cli=$2
+    run 2 "$train" "${small[@]}" --steps 60 > "$work/full.log"
+    flags=("${small[@]}" --ckpt "$work/p" --steps 60 --save-every 5 --async-save)
+    if [ "$how" = mpirun ]; then
+      # Every persist takes 1.5 s more, so the step-10 one is still being written at the stop.
+      stopped_job launcher env SHARDCKPT_FAILPOINTS="$pace;save.write_data=sleep:1500" "$launcher" -np 2 \
+        --mca btl self,vader,tcp "$train" "${flags[@]}"
+    else
+      stopped_job rank1 run 2 -x SHARDCKPT_FAILPOINTS="$pace" -x PREEMPT_TEST_TAG="$work" "$train" "${flags[@]}"
+    fi
+    [ "$status" -eq 0 ] || { echo "the preempted job exited $status, not 0"; exit 1; }
+    s=$(stop_step 2 "$work/stopped.log")
+    [ "$s" -ge 12 ] && [ "$s" -lt 60 ] || { echo "stopped after step $s, not in the middle"; exit 1; }
+    dir=$(printf 'step-%09d' "$s")
+    if [ "$how" = mpirun ]; then
+      grep -qE '^preemption: waiting for the checkpoint of step [0-9]+ still being written' "$work/stopped.log"
+    else
+      grep -q "^preemption: SIGTERM received by rank 1 " "$work/stopped.log"
+      grep -q "^rank 0: stopping after step $s (asked by rank 1)" "$work/stopped.log"
+      grep -q "^rank 1: stopping after step $s (SIGTERM received here" "$work/stopped.log"
+    fi
+    grep -q "^preempted after step $s: final checkpoint committed at $work/p/$dir, .* resume with --resume (exit status 0)" \
+      "$work/stopped.log"
+    test "$(cat "$work/p/latest")" = "$dir"
+    "$cli" verify "$work/p"
+    diff <(losses "$work/full.log" 1 "$s") <(losses "$work/stopped.log" 1 "$s")
+    run 2 "$train" "${flags[@]}" --resume > "$work/resumed.log"
+    grep -q "resumed from $work/p/$dir at step $s " "$work/resumed.log"
+    diff <(losses "$work/full.log" $((s + 1)) 60) <(losses "$work/resumed.log" $((s + 1)) 60)
+    [ "$(losses "$work/resumed.log" $((s + 1)) 60 | wc -l)" -eq $((60 - s)) ] ;;
+  preempt-short-grace)
+    cli=$1
+    run 2 "$train" "${small[@]}" --steps 30 > "$work/full.log"
+    # Saves take 3 s or more, the grace period is 4 s: a save and exit would need about 4.75 s.
+    flags=("${small[@]}" --ckpt "$work/g" --steps 60 --save-every 5 --preempt-grace-s 4)
+    stopped_job launcher env SHARDCKPT_FAILPOINTS="$pace;save.write_data=sleep:3000" "$launcher" -np 2 \
+      --mca btl self,vader,tcp "$train" "${flags[@]}"
+    [ "$status" -eq 75 ] || { echo "the job exited $status, not 75 (stopped without a final checkpoint)"; exit 1; }
+    s=$(stop_step 2 "$work/stopped.log")
+    prev=$(printf 'step-%09d' $(((s - 1) / 5 * 5)))
+    grep -q "^preempted after step $s without a final checkpoint: not saving step $s: the last save took [0-9.]*s, .*; no save was started, so nothing is half-written; resume from $work/g/$prev (exit status 75)" \
+      "$work/stopped.log"
+    test "$(cat "$work/g/latest")" = "$prev"
+    if ls "$work/g" | grep -q "$(printf 'step-%09d' "$s")"; then echo "a save of step $s was started"; ls "$work/g"; exit 1; fi
+    "$cli" verify "$work/g"
+    run 2 "$train" "${small[@]}" --ckpt "$work/g" --steps 30 --resume > "$work/resumed.log"
+    grep -q "resumed from $work/g/$prev at step $(((s - 1) / 5 * 5)) " "$work/resumed.log"
+    diff <(losses "$work/full.log" 21 30) <(losses "$work/resumed.log" 21 30) ;;
+  log-follow)  # 30 steps of 100 ms: lines spread over ~3 s as they happen, or arrive at exit at once
+    SHARDCKPT_FAILPOINTS="$pace" "$train" "${small[@]}" --steps 30 |
+      while IFS= read -r line; do echo "$(date +%s.%N) $line"; done > "$work/piped.log"
+    awk '$2 == "step" && $3 == 1 { first = $1 } $2 == "step" && $3 == 30 { last = $1 }
+         END { printf "pipe: step 1 arrived %.2fs before step 30\n", last - first; exit !(last - first > 1.5) }' \
+      "$work/piped.log"
+    SHARDCKPT_FAILPOINTS="$pace" "$launcher" -np 2 --mca btl self,vader,tcp "$train" "${small[@]}" --steps 30 \
+      > "$work/file.log" 2>&1 &
+    job=$!
+    wait_for "$work/file.log" '^step 3 loss'
+    kill -0 "$job" 2> /dev/null || { echo "step 3 reached the log file only when the job ended"; exit 1; }
+    wait "$job"
+    [ "$(losses "$work/file.log" 1 30 | wc -l)" -eq 30 ] ;;
+  slurm-requeue)
+    run 2 "$train" "${small[@]}" --steps 40 > "$work/full.log"
+    mkdir -p "$work/bin" "$work/submit/build/bin"
+    ln -s "$(realpath "$train")" "$work/submit/build/bin/shardckpt-train"
+    # srun: drops its own options and runs the job step as 2 local ranks under mpirun, which (like
+    # srun) passes SIGUSR1 on to every task; a smaller model than the script's default.
+    printf '%s\n' '#!/usr/bin/env bash' 'while [ "${1#--}" != "$1" ]; do shift; done' \
+      'exec mpirun --oversubscribe --allow-run-as-root --mca btl self,vader,tcp ${SHARDCKPT_FAILPOINTS:+-x SHARDCKPT_FAILPOINTS} -np 2 "$@" --hidden 256' \
+      > "$work/bin/srun"
+    printf '#!/usr/bin/env bash\necho "$*" >> %q\n' "$work/scontrol.calls" > "$work/bin/scontrol"
+    chmod +x "$work/bin/srun" "$work/bin/scontrol"
+    slurm=(env PATH="$work/bin:$PATH" SLURM_JOB_ID=4242 SLURM_CPUS_PER_TASK=1 SLURM_NNODES=1 SLURM_NTASKS=2
+           CKPT="$work/s" STEPS=40 SAVE_EVERY=10)
+    sbatch=$(cd "$(dirname "$0")/../../launch" && pwd)/slurm.sbatch
+    cd "$work/submit"
+    "${slurm[@]}" SLURM_RESTART_COUNT=0 SHARDCKPT_FAILPOINTS="$pace" bash "$sbatch" > "$work/attempt0.log" 2>&1 &
+    job=$!
+    wait_for "$work/attempt0.log" '^step 12 loss'
+    kill -USR1 "$job"
+    set +e
+    wait "$job"
+    status=$?
+    set -e
+    cat "$work/attempt0.log"
+    [ "$status" -eq 0 ] || { echo "the first attempt exited $status, not 0"; exit 1; }
+    s=$(stop_step 2 "$work/attempt0.log")
+    dir=$(printf 'step-%09d' "$s")
+    grep -q "^preempted after step $s: final checkpoint committed at $work/s/$dir" "$work/attempt0.log"
+    grep -q "^stopped on request: requeueing" "$work/attempt0.log"
+    test "$(cat "$work/scontrol.calls")" = "requeue 4242"
+    "${slurm[@]}" SLURM_RESTART_COUNT=1 bash "$sbatch" > "$work/attempt1.log" 2>&1
+    cat "$work/attempt1.log"
+    grep -q "^job 4242 attempt 1: " "$work/attempt1.log"
+    grep -q "resumed from $work/s/$dir at step $s " "$work/attempt1.log"
+    diff <(losses "$work/full.log" $((s + 1)) 40) <(losses "$work/attempt1.log" $((s + 1)) 40)
+    [ "$(losses "$work/attempt1.log" $((s + 1)) 40 | wc -l)" -eq $((40 - s)) ]
+    test "$(wc -l < "$work/scontrol.calls")" -eq 1 || { echo "a finished attempt requeued"; exit 1; } ;;
   *) echo "unknown case $case"; exit 2 ;;
 esac
 echo "train case $case $*: passed"
