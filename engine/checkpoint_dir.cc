@@ -149,8 +149,13 @@ Result<CheckpointHold> HoldCheckpoint(const std::string& path) {
       // A filesystem without flock on folders (some network ones): read unprotected, as before.
       if (rc != 0) SC_LOG(kInfo) << "no shared lock on " << *dir << " (" << std::strerror(errno) << "); retention cannot see this reader";
       // Deletion drops the manifest under the exclusive lock before anything else, so a
-      // manifest seen under the shared lock means every data file is there and stays.
-      if (::faccessat(hold.fd_, kManifestName, F_OK, 0) == 0) return hold;
+      // manifest seen under the shared lock means every data file is there and stays. Reads go
+      // by path: the path must still name the locked folder (a removed link does not).
+      struct stat by_path, locked;
+      if (::faccessat(hold.fd_, kManifestName, F_OK, 0) == 0 && ::stat(dir->c_str(), &by_path) == 0 &&
+          ::fstat(hold.fd_, &locked) == 0 && by_path.st_dev == locked.st_dev && by_path.st_ino == locked.st_ino) {
+        return hold;
+      }
     }
     gone = *dir;
     if (*dir == path) {
@@ -171,10 +176,19 @@ Result<bool> RemoveCheckpointDir(const std::string& root, const std::string& nam
   }
   if (!S_ISDIR(st.st_mode)) {
     // A symlink (to a folder elsewhere, an archived checkpoint) or a stray file: the entry
-    // under the root goes, whatever it points to stays.
+    // under the root goes, whatever it points to stays. A reader of a linked checkpoint locks
+    // the folder the link names and reads through the link, so a held target keeps the link;
+    // the exclusive lock, held across the unlink, only tests that (the target is not changed).
+    int target = S_ISLNK(st.st_mode) ? ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+    if (target >= 0 && ::flock(target, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+      ::close(target);
+      return false;
+    }
     SC_LOG(kInfo) << "removing " << path << (S_ISLNK(st.st_mode) ? " (a symlink; its target is left alone)" : "");
-    SC_RETURN_IF_ERROR(Failpoint("retention.remove", "unlink " + path));
-    if (::unlink(path.c_str()) != 0 && errno != ENOENT) return ErrnoStatus(errno, "unlink " + path);
+    Status status = Failpoint("retention.remove", "unlink " + path);
+    if (status.ok() && ::unlink(path.c_str()) != 0 && errno != ENOENT) status = ErrnoStatus(errno, "unlink " + path);
+    if (target >= 0) ::close(target);
+    SC_RETURN_IF_ERROR(status);
     return true;
   }
   int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);

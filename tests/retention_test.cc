@@ -344,6 +344,27 @@ TEST_F(RetentionTest, AHeldCheckpointIsLeftForALaterSave) {
   EXPECT_THAT(Names(), ElementsAre(StepDirName(3)));
 }
 
+// A linked-in checkpoint (a warm start from an archive) that a reader holds keeps its link: the
+// reader reads through it, so retention leaves it for a later save as it leaves a held folder.
+TEST_F(RetentionTest, AHeldLinkedCheckpointKeepsItsLinkUntilReleased) {
+  const std::string archive = JoinPath(dir_.path(), "archive");
+  ASSERT_TRUE(Save(*comm_, archive, 1, State(1).state).ok());
+  ASSERT_TRUE(MakeDirs(root()).ok());
+  ASSERT_EQ(::symlink(JoinPath(archive, StepDirName(1)).c_str(), StepDir(1).c_str()), 0);
+  SaveOptions options;
+  options.keep_last = 1;
+  {
+    Result<CheckpointHold> hold = HoldCheckpoint(StepDir(1));
+    ASSERT_TRUE(hold.ok()) << hold.status().ToString();
+    ASSERT_TRUE(SaveStep(2, options).ok());
+    EXPECT_THAT(Names(), ElementsAre(StepDirName(1), StepDirName(2)));
+    EXPECT_EQ(Or(LoadStep(hold->dir()), int64_t{-1}), 1);
+  }
+  ASSERT_TRUE(SaveStep(3, options).ok());
+  EXPECT_THAT(Names(), ElementsAre(StepDirName(3)));
+  EXPECT_EQ(Or(LoadStep(JoinPath(archive, StepDirName(1))), int64_t{-1}), 1);
+}
+
 TEST_F(RetentionTest, AFolderRemovedWhileBeingOpenedIsReportedAsRemovedNotDamaged) {
   ASSERT_TRUE(SaveStep(1).ok());
   ASSERT_TRUE(SaveStep(2).ok());
