@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <thread>
 
@@ -245,6 +246,34 @@ TEST_F(RetentionTest, MetricsAreRecordedTypedAndValidated) {
   Result<Manifest> decoded = DecodeManifest(SealManifestText(bodyless), "m.json");
   ASSERT_FALSE(decoded.ok());
   EXPECT_THAT(decoded.status().message(), HasSubstr("metric 'val_loss' is string, not a number"));
+}
+
+// A retention rule that cannot be applied is refused before anything is written, naming what is
+// wrong, instead of a save that commits and then warns that its retention failed (every save of
+// a run, which then never removes anything).
+TEST_F(RetentionTest, ABadRetentionRuleOrMetricFailsTheSaveBeforeItWrites) {
+  SaveOptions negative;
+  negative.keep_last = -1;
+  SaveOptions nameless;
+  nameless.keep_last = 1;
+  nameless.keep_best = 2;
+  SaveOptions not_finite;
+  not_finite.metrics["val_loss"] = std::numeric_limits<double>::infinity();
+  struct Case {
+    SaveOptions options;
+    const char* error;
+  } cases[] = {{negative, "must not be negative"}, {nameless, "keep_best needs the name of a metric"},
+               {not_finite, "metric 'val_loss' is inf"}};
+  for (const Case& c : cases) {
+    // The data write would fail too: the rule is what the error names, so it was checked first.
+    SetFailpoints("save.write_data=EIO").IgnoreError();
+    Result<SaveResult> saved = SaveStep(1, c.options);
+    SetFailpoints("").IgnoreError();
+    ASSERT_FALSE(saved.ok()) << c.error;
+    EXPECT_EQ(saved.status().code(), Code::kInvalidArgument) << saved.status().ToString();
+    EXPECT_THAT(saved.status().message(), HasSubstr(c.error));
+    EXPECT_FALSE(PathExists(root())) << c.error << ": the save wrote before refusing";
+  }
 }
 
 TEST_F(RetentionTest, KeepLastOneAndBestTwoEndsWithTheNewestAndTheTwoLowest) {
