@@ -9,10 +9,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "collectives/communicator.h"
@@ -356,6 +358,40 @@ TEST_F(RetentionTest, AKilledPruneLeavesFoldersCompleteOrWithoutManifestAndTheNe
   EXPECT_EQ(Or(LoadStep(root()), int64_t{-1}), 5);
   ASSERT_TRUE(SaveStep(6).ok());
   for (const std::string& name : Names()) EXPECT_TRUE(PathExists(JoinPath(JoinPath(root(), name), kManifestName))) << name;
+}
+
+// An operator's prune of a live root holds the root lock for a moment: the training run's save
+// waits for it instead of failing (which stopped the run). Two saves still refuse each other at
+// once, and a second prune is refused while one runs.
+TEST_F(RetentionTest, ASaveWaitsForAPruneAndAPruneForNobody) {
+  ASSERT_TRUE(SaveStep(1).ok());
+  std::optional<RootLock> prune;
+  {
+    Result<RootLock> acquired = RootLock::AcquireForPrune(root());
+    ASSERT_TRUE(acquired.ok()) << acquired.status().ToString();
+    prune.emplace(std::move(acquired).value());
+  }
+  Result<RootLock> second = RootLock::AcquireForPrune(root());
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), Code::kFailedPrecondition);
+  EXPECT_THAT(second.status().message(), HasSubstr("a save or another prune is writing into " + root()));
+  std::thread finishes([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    prune.reset();
+  });
+  auto t0 = std::chrono::steady_clock::now();
+  Result<SaveResult> saved = SaveStep(2);
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  finishes.join();
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  EXPECT_GE(waited, std::chrono::milliseconds(250));
+  EXPECT_EQ(Or(LoadStep(root()), int64_t{-1}), 2);
+  // A save holding the lock: a prune is refused at once, saying so.
+  Result<RootLock> save = RootLock::Acquire(root());
+  ASSERT_TRUE(save.ok());
+  Result<RootLock> refused = RootLock::AcquireForPrune(root());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("a save or another prune is writing into " + root()));
 }
 
 TEST_F(RetentionTest, AHeldCheckpointIsLeftForALaterSave) {

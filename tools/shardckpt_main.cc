@@ -356,8 +356,8 @@ int Prune(int argc, char** argv) {
   if (PathExists(JoinPath(root, kManifestName))) {
     return Fail(InvalidArgument(root + " is a checkpoint, not a root: prune the folder that holds its step folders"));
   }
-  // The writer lock: a save into this root and a prune never interleave.
-  Result<RootLock> lock = RootLock::Acquire(root);
+  // The writer lock: a save into this root and a prune never interleave (a save waits for it).
+  Result<RootLock> lock = RootLock::AcquireForPrune(root);
   if (!lock.ok()) return Fail(lock.status());
   if (policy.keep_best > 0) {
     // A misspelt metric would make nothing best: every checkpoint but the newest would go.
