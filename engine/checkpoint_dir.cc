@@ -7,10 +7,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include "engine/manifest.h"
 #include "io/failpoint.h"
@@ -149,8 +151,13 @@ Result<CheckpointHold> HoldCheckpoint(const std::string& path) {
       // A filesystem without flock on folders (some network ones): read unprotected, as before.
       if (rc != 0) SC_LOG(kInfo) << "no shared lock on " << *dir << " (" << std::strerror(errno) << "); retention cannot see this reader";
       // Deletion drops the manifest under the exclusive lock before anything else, so a
-      // manifest seen under the shared lock means every data file is there and stays.
-      if (::faccessat(hold.fd_, kManifestName, F_OK, 0) == 0) return hold;
+      // manifest seen under the shared lock means every data file is there and stays. Reads go
+      // by path: the path must still name the locked folder (a removed link does not).
+      struct stat by_path, locked;
+      if (::faccessat(hold.fd_, kManifestName, F_OK, 0) == 0 && ::stat(dir->c_str(), &by_path) == 0 &&
+          ::fstat(hold.fd_, &locked) == 0 && by_path.st_dev == locked.st_dev && by_path.st_ino == locked.st_ino) {
+        return hold;
+      }
     }
     gone = *dir;
     if (*dir == path) {
@@ -171,10 +178,19 @@ Result<bool> RemoveCheckpointDir(const std::string& root, const std::string& nam
   }
   if (!S_ISDIR(st.st_mode)) {
     // A symlink (to a folder elsewhere, an archived checkpoint) or a stray file: the entry
-    // under the root goes, whatever it points to stays.
+    // under the root goes, whatever it points to stays. A reader of a linked checkpoint locks
+    // the folder the link names and reads through the link, so a held target keeps the link;
+    // the exclusive lock, held across the unlink, only tests that (the target is not changed).
+    int target = S_ISLNK(st.st_mode) ? ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+    if (target >= 0 && ::flock(target, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+      ::close(target);
+      return false;
+    }
     SC_LOG(kInfo) << "removing " << path << (S_ISLNK(st.st_mode) ? " (a symlink; its target is left alone)" : "");
-    SC_RETURN_IF_ERROR(Failpoint("retention.remove", "unlink " + path));
-    if (::unlink(path.c_str()) != 0 && errno != ENOENT) return ErrnoStatus(errno, "unlink " + path);
+    Status status = Failpoint("retention.remove", "unlink " + path);
+    if (status.ok() && ::unlink(path.c_str()) != 0 && errno != ENOENT) status = ErrnoStatus(errno, "unlink " + path);
+    if (target >= 0) ::close(target);
+    SC_RETURN_IF_ERROR(status);
     return true;
   }
   int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -228,24 +244,69 @@ Status RepairLatest(const std::string& root) {
   return WriteFileAtomic(latest, newest + "\n", "commit.repair_latest");
 }
 
-Result<RootLock> RootLock::Acquire(const std::string& root) {
-  const std::string path = JoinPath(root, kLockName);
+namespace {
+
+// An exclusive flock on root/name without waiting: the fd, -1 when another holder has it.
+Result<int> TryLockFile(const std::string& root, const char* name) {
+  const std::string path = JoinPath(root, name);
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoStatus(errno, "open " + path);
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    int err = errno;
-    ::close(fd);
-    if (err == EWOULDBLOCK) {
-      return FailedPrecondition("another save is writing into " + root + " (lock " + path +
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return fd;
+  int err = errno;
+  ::close(fd);
+  if (err == EWOULDBLOCK) return -1;
+  return ErrnoStatus(err, "flock " + path);
+}
+
+// Whether a prune holds root's prune lock (tested with a shared lock that is let go at once).
+bool PruneRunning(const std::string& root) {
+  int fd = ::open(JoinPath(root, kPruneLockName).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);
+  return held;
+}
+
+}  // namespace
+
+Result<RootLock> RootLock::Acquire(const std::string& root) {
+  // A prune removes a few folders and lets go; ten minutes means it is stuck.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(10);
+  for (;;) {
+    SC_ASSIGN_OR_RETURN(int fd, TryLockFile(root, kLockName));
+    if (fd >= 0) return RootLock(fd, -1);
+    if (!PruneRunning(root)) {
+      return FailedPrecondition("another save is writing into " + root + " (lock " + JoinPath(root, kLockName) +
                                 " is held); two jobs must not save into one root");
     }
-    return ErrnoStatus(err, "flock " + path);
+    if (std::chrono::steady_clock::now() > deadline) {
+      return FailedPrecondition("a prune has held " + root + " for 10 minutes (lock " + JoinPath(root, kPruneLockName) +
+                                " is held); the save gives up");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  return RootLock(fd);
+}
+
+Result<RootLock> RootLock::AcquireForPrune(const std::string& root) {
+  auto busy = [&] {
+    return FailedPrecondition("a save or another prune is writing into " + root + " (lock " +
+                              JoinPath(root, kLockName) + " is held); prune again when it is done");
+  };
+  SC_ASSIGN_OR_RETURN(int prune_fd, TryLockFile(root, kPruneLockName));
+  if (prune_fd < 0) return busy();
+  Result<int> fd = TryLockFile(root, kLockName);
+  if (!fd.ok() || *fd < 0) {
+    ::close(prune_fd);
+    return fd.ok() ? busy() : fd.status();
+  }
+  return RootLock(*fd, prune_fd);
 }
 
 RootLock::~RootLock() {
-  if (fd_ >= 0) ::close(fd_);  // closing releases the flock
+  // Closing releases each flock; the root lock goes first, so a save never sees it held
+  // without the prune lock.
+  if (fd_ >= 0) ::close(fd_);
+  if (prune_fd_ >= 0) ::close(prune_fd_);
 }
 
 }  // namespace shardckpt

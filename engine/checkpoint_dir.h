@@ -77,17 +77,24 @@ Status RepairLatest(const std::string& root);
 
 // An exclusive flock on <root>/.shardckpt.lock, held by rank 0 for the length of a save, so two
 // jobs saving into one root cannot interleave: the second fails at once with a clear error.
+// A prune (`shardckpt prune`, run by an operator on a live root) also holds .shardckpt.prune.lock
+// while it holds the root lock; a save that finds the root lock taken by a prune waits for it
+// (a prune is short) instead of failing the training run.
+inline constexpr const char* kPruneLockName = ".shardckpt.prune.lock";
 class RootLock {
  public:
   static Result<RootLock> Acquire(const std::string& root);
-  RootLock(RootLock&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  // Never waits: a save or another prune holding the root is FailedPrecondition.
+  static Result<RootLock> AcquireForPrune(const std::string& root);
+  RootLock(RootLock&& other) noexcept : fd_(other.fd_), prune_fd_(other.prune_fd_) { other.fd_ = other.prune_fd_ = -1; }
   RootLock& operator=(RootLock&&) = delete;
   RootLock(const RootLock&) = delete;
   ~RootLock();
 
  private:
-  explicit RootLock(int fd) : fd_(fd) {}
+  RootLock(int fd, int prune_fd) : fd_(fd), prune_fd_(prune_fd) {}
   int fd_ = -1;
+  int prune_fd_ = -1;
 };
 
 }  // namespace shardckpt

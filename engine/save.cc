@@ -234,7 +234,11 @@ Result<SaveResult> Save(Communicator& comm, const std::string& root, int64_t ste
   std::string plan_bytes;
   Status prepared;
   if (rank == 0) {
+    // Rank 0 applies retention and records the metrics: a rule or metric it cannot use is
+    // refused now, not after every rank has written (a save would commit, then warn).
     prepared = CheckSteps(step, gathered);
+    if (prepared.ok()) prepared = ValidatePolicy(options.retention());
+    if (prepared.ok()) prepared = ValidateMetrics(options.metrics);
     if (prepared.ok()) prepared = MakeDirs(root);
     if (prepared.ok()) {
       Result<RootLock> acquired = RootLock::Acquire(root);

@@ -9,9 +9,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "collectives/communicator.h"
@@ -247,6 +250,34 @@ TEST_F(RetentionTest, MetricsAreRecordedTypedAndValidated) {
   EXPECT_THAT(decoded.status().message(), HasSubstr("metric 'val_loss' is string, not a number"));
 }
 
+// A retention rule that cannot be applied is refused before anything is written, naming what is
+// wrong, instead of a save that commits and then warns that its retention failed (every save of
+// a run, which then never removes anything).
+TEST_F(RetentionTest, ABadRetentionRuleOrMetricFailsTheSaveBeforeItWrites) {
+  SaveOptions negative;
+  negative.keep_last = -1;
+  SaveOptions nameless;
+  nameless.keep_last = 1;
+  nameless.keep_best = 2;
+  SaveOptions not_finite;
+  not_finite.metrics["val_loss"] = std::numeric_limits<double>::infinity();
+  struct Case {
+    SaveOptions options;
+    const char* error;
+  } cases[] = {{negative, "must not be negative"}, {nameless, "keep_best needs the name of a metric"},
+               {not_finite, "metric 'val_loss' is inf"}};
+  for (const Case& c : cases) {
+    // The data write would fail too: the rule is what the error names, so it was checked first.
+    SetFailpoints("save.write_data=EIO").IgnoreError();
+    Result<SaveResult> saved = SaveStep(1, c.options);
+    SetFailpoints("").IgnoreError();
+    ASSERT_FALSE(saved.ok()) << c.error;
+    EXPECT_EQ(saved.status().code(), Code::kInvalidArgument) << saved.status().ToString();
+    EXPECT_THAT(saved.status().message(), HasSubstr(c.error));
+    EXPECT_FALSE(PathExists(root())) << c.error << ": the save wrote before refusing";
+  }
+}
+
 TEST_F(RetentionTest, KeepLastOneAndBestTwoEndsWithTheNewestAndTheTwoLowest) {
   const std::map<int64_t, double> loss = {{10, 0.9}, {20, 0.3}, {30, 0.5}, {40, 0.2}, {50, 0.4}, {60, 0.8}};
   for (const auto& [step, value] : loss) {
@@ -329,6 +360,40 @@ TEST_F(RetentionTest, AKilledPruneLeavesFoldersCompleteOrWithoutManifestAndTheNe
   for (const std::string& name : Names()) EXPECT_TRUE(PathExists(JoinPath(JoinPath(root(), name), kManifestName))) << name;
 }
 
+// An operator's prune of a live root holds the root lock for a moment: the training run's save
+// waits for it instead of failing (which stopped the run). Two saves still refuse each other at
+// once, and a second prune is refused while one runs.
+TEST_F(RetentionTest, ASaveWaitsForAPruneAndAPruneForNobody) {
+  ASSERT_TRUE(SaveStep(1).ok());
+  std::optional<RootLock> prune;
+  {
+    Result<RootLock> acquired = RootLock::AcquireForPrune(root());
+    ASSERT_TRUE(acquired.ok()) << acquired.status().ToString();
+    prune.emplace(std::move(acquired).value());
+  }
+  Result<RootLock> second = RootLock::AcquireForPrune(root());
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), Code::kFailedPrecondition);
+  EXPECT_THAT(second.status().message(), HasSubstr("a save or another prune is writing into " + root()));
+  std::thread finishes([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    prune.reset();
+  });
+  auto t0 = std::chrono::steady_clock::now();
+  Result<SaveResult> saved = SaveStep(2);
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  finishes.join();
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  EXPECT_GE(waited, std::chrono::milliseconds(250));
+  EXPECT_EQ(Or(LoadStep(root()), int64_t{-1}), 2);
+  // A save holding the lock: a prune is refused at once, saying so.
+  Result<RootLock> save = RootLock::Acquire(root());
+  ASSERT_TRUE(save.ok());
+  Result<RootLock> refused = RootLock::AcquireForPrune(root());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("a save or another prune is writing into " + root()));
+}
+
 TEST_F(RetentionTest, AHeldCheckpointIsLeftForALaterSave) {
   SaveOptions options;
   options.keep_last = 1;
@@ -342,6 +407,27 @@ TEST_F(RetentionTest, AHeldCheckpointIsLeftForALaterSave) {
   }
   ASSERT_TRUE(SaveStep(3, options).ok());
   EXPECT_THAT(Names(), ElementsAre(StepDirName(3)));
+}
+
+// A linked-in checkpoint (a warm start from an archive) that a reader holds keeps its link: the
+// reader reads through it, so retention leaves it for a later save as it leaves a held folder.
+TEST_F(RetentionTest, AHeldLinkedCheckpointKeepsItsLinkUntilReleased) {
+  const std::string archive = JoinPath(dir_.path(), "archive");
+  ASSERT_TRUE(Save(*comm_, archive, 1, State(1).state).ok());
+  ASSERT_TRUE(MakeDirs(root()).ok());
+  ASSERT_EQ(::symlink(JoinPath(archive, StepDirName(1)).c_str(), StepDir(1).c_str()), 0);
+  SaveOptions options;
+  options.keep_last = 1;
+  {
+    Result<CheckpointHold> hold = HoldCheckpoint(StepDir(1));
+    ASSERT_TRUE(hold.ok()) << hold.status().ToString();
+    ASSERT_TRUE(SaveStep(2, options).ok());
+    EXPECT_THAT(Names(), ElementsAre(StepDirName(1), StepDirName(2)));
+    EXPECT_EQ(Or(LoadStep(hold->dir()), int64_t{-1}), 1);
+  }
+  ASSERT_TRUE(SaveStep(3, options).ok());
+  EXPECT_THAT(Names(), ElementsAre(StepDirName(3)));
+  EXPECT_EQ(Or(LoadStep(JoinPath(archive, StepDirName(1))), int64_t{-1}), 1);
 }
 
 TEST_F(RetentionTest, AFolderRemovedWhileBeingOpenedIsReportedAsRemovedNotDamaged) {

@@ -317,6 +317,9 @@ int List(int argc, char** argv) {
   po::variables_map vm = Parse("list", flags, "ROOT", argc, argv);
   const std::string root = vm["ROOT"].as<std::string>();
   RetentionPolicy policy = PolicyFrom(vm);
+  if (PathExists(JoinPath(root, kManifestName))) {
+    return Fail(InvalidArgument(root + " is a checkpoint, not a root: list the folder that holds its step folders"));
+  }
   Result<std::vector<CheckpointInfo>> all = ListCheckpoints(root);
   if (!all.ok()) return Fail(all.status());
   const std::string latest = ReadLatestName(root);
@@ -351,9 +354,28 @@ int Prune(int argc, char** argv) {
   if (policy.KeepsEverything()) throw Usage{"prune needs --keep-last K and/or --keep-best K (K >= 1)"};
   const bool dry_run = vm.count("dry-run") > 0;
   if (!IsDirectory(root)) return Fail(NotFound(root + " is not a folder"));
-  // The writer lock: a save into this root and a prune never interleave.
-  Result<RootLock> lock = RootLock::Acquire(root);
+  if (PathExists(JoinPath(root, kManifestName))) {
+    return Fail(InvalidArgument(root + " is a checkpoint, not a root: prune the folder that holds its step folders"));
+  }
+  // The writer lock: a save into this root and a prune never interleave (a save waits for it).
+  Result<RootLock> lock = RootLock::AcquireForPrune(root);
   if (!lock.ok()) return Fail(lock.status());
+  if (policy.keep_best > 0) {
+    // A misspelt metric would make nothing best: every checkpoint but the newest would go.
+    Result<std::vector<CheckpointInfo>> ranked = ListCheckpoints(root);
+    if (!ranked.ok()) return Fail(ranked.status());
+    std::set<std::string> recorded;
+    for (const CheckpointInfo& c : *ranked) {
+      for (const auto& [name, value] : c.metrics) recorded.insert(name);
+    }
+    if (!recorded.count(policy.metric)) {
+      std::string names;
+      for (const std::string& name : recorded) names += (names.empty() ? "" : ", ") + name;
+      return Fail(InvalidArgument("no checkpoint in " + root + " records the metric '" + policy.metric +
+                                  "' (recorded: " + (names.empty() ? "none" : names) +
+                                  "); nothing removed, since --keep-best would keep none"));
+    }
+  }
   std::vector<std::string> leftovers;
   if (!dry_run) {
     Status repaired = RepairLatest(root);

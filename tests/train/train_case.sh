@@ -8,7 +8,8 @@
 #                  step 10 and the run completes with the uninterrupted losses
 #   keep-best CLI  saves at steps 10..60 with --keep-last 1 --keep-best 2 end with exactly the
 #                  newest checkpoint and the two with the lowest recorded loss; `list`, `inspect`
-#                  show the loss; `prune --dry-run` removes nothing; a SIGKILLed `prune` leaves
+#                  show the loss; `prune --dry-run` removes nothing, nor does `prune` by a metric no
+#                  checkpoint records or of a checkpoint folder; a SIGKILLed `prune` leaves
 #                  folders complete or without a manifest; `prune` applies its rule
 #   commit-window  rank 0 killed after renaming step-000000020 but before replacing `latest`:
 #                  --resume continues from step 20 with no manual step, and the run completes with
@@ -182,6 +183,16 @@ PY
     cat "$work/dry.out"
     [ "$(ls "$work/r")" = "$before" ] || { echo "prune --dry-run removed something"; exit 1; }
     [ "$(grep -c '^would remove' "$work/dry.out")" -eq "$(( $(echo "$before" | grep -c '^step-') - 1 ))" ]
+    # A metric no checkpoint records would make nothing best: refused, naming it, nothing removed.
+    if "$cli" prune "$work/r" --keep-last 1 --keep-best 2 --metric val_loss > "$work/typo.out" 2>&1; then
+      echo "prune by a metric no checkpoint records succeeded"; exit 1
+    fi
+    grep -q "records the metric 'val_loss' (recorded: loss)" "$work/typo.out" || { cat "$work/typo.out"; exit 1; }
+    [ "$(ls "$work/r")" = "$before" ] || { echo "prune by an unrecorded metric removed something"; exit 1; }
+    # A checkpoint folder given for a root: refused, and nothing is written into the checkpoint.
+    if "$cli" prune "$work/r/step-000000060" --keep-last 1 > "$work/notroot.out" 2>&1; then exit 1; fi
+    grep -q "is a checkpoint, not a root" "$work/notroot.out" || { cat "$work/notroot.out"; exit 1; }
+    test ! -e "$work/r/step-000000060/.shardckpt.lock"
     # A prune SIGKILLed after the first manifest is gone: each folder is complete or has no manifest.
     set +e
     SHARDCKPT_FAILPOINTS="retention.remove_tree#1=kill" "$cli" prune "$work/r" --keep-last 1 > /dev/null 2>&1
