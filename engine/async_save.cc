@@ -1,10 +1,10 @@
-#include "engine/async_save.h"
+#include "shardckpt/engine/async_save.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 
-#include "io/checksum.h"
+#include "shardckpt/io/checksum.h"
 
 namespace shardckpt {
 

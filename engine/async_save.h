@@ -21,8 +21,8 @@
 #include <memory>
 #include <string>
 
-#include "collectives/communicator.h"
-#include "engine/save.h"
+#include "shardckpt/collectives/communicator.h"
+#include "shardckpt/engine/save.h"
 
 namespace shardckpt {
 

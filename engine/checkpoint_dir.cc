@@ -1,4 +1,4 @@
-#include "engine/checkpoint_dir.h"
+#include "shardckpt/engine/checkpoint_dir.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -10,9 +10,9 @@
 #include <cstdlib>
 #include <random>
 
-#include "engine/manifest.h"
-#include "io/fs.h"
-#include "io/log.h"
+#include "shardckpt/engine/manifest.h"
+#include "shardckpt/io/fs.h"
+#include "shardckpt/io/log.h"
 
 namespace shardckpt {
 namespace {

@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "io/status.h"
+#include "shardckpt/io/status.h"
 
 namespace shardckpt {
 

@@ -6,9 +6,9 @@
 #include <memory>
 #include <string>
 
-#include "engine/extent_reader.h"
-#include "engine/manifest.h"
-#include "engine/read_plan.h"
+#include "shardckpt/engine/extent_reader.h"
+#include "shardckpt/engine/manifest.h"
+#include "shardckpt/engine/read_plan.h"
 
 namespace shardckpt {
 

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "engine/manifest.h"
+#include "shardckpt/engine/manifest.h"
 
 namespace shardckpt {
 

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/dtype.h"
-#include "io/status.h"
+#include "shardckpt/engine/dtype.h"
+#include "shardckpt/io/status.h"
 
 namespace shardckpt {
 

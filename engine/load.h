@@ -17,10 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "collectives/communicator.h"
-#include "engine/extent_reader.h"
-#include "engine/read_plan.h"
-#include "engine/state.h"
+#include "shardckpt/collectives/communicator.h"
+#include "shardckpt/engine/extent_reader.h"
+#include "shardckpt/engine/read_plan.h"
+#include "shardckpt/engine/state.h"
 
 namespace shardckpt {
 

@@ -1,11 +1,11 @@
-#include "engine/manifest.h"
+#include "shardckpt/engine/manifest.h"
 
 #include <nlohmann/json.hpp>
 
 #include <unordered_set>
 
-#include "engine/coverage.h"
-#include "io/checksum.h"
+#include "shardckpt/engine/coverage.h"
+#include "shardckpt/io/checksum.h"
 
 namespace shardckpt {
 namespace {

@@ -1,7 +1,7 @@
-#include "engine/offline_writer.h"
+#include "shardckpt/engine/offline_writer.h"
 
-#include "engine/commit.h"
-#include "io/fs.h"
+#include "shardckpt/engine/commit.h"
+#include "shardckpt/io/fs.h"
 
 namespace shardckpt {
 

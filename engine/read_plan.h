@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/manifest.h"
-#include "engine/region_index.h"
+#include "shardckpt/engine/manifest.h"
+#include "shardckpt/engine/region_index.h"
 
 namespace shardckpt {
 

@@ -22,10 +22,10 @@
 #include <memory>
 #include <string>
 
-#include "collectives/communicator.h"
-#include "engine/state.h"
-#include "io/aligned_buffer.h"
-#include "io/io_engine.h"
+#include "shardckpt/collectives/communicator.h"
+#include "shardckpt/engine/state.h"
+#include "shardckpt/io/aligned_buffer.h"
+#include "shardckpt/io/io_engine.h"
 
 namespace shardckpt {
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/state.h"
+#include "shardckpt/engine/state.h"
 
 namespace shardckpt {
 

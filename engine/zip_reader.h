@@ -7,7 +7,7 @@
 #include <map>
 #include <string>
 
-#include "io/status.h"
+#include "shardckpt/io/status.h"
 
 namespace shardckpt {
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/output_file.h"
+#include "shardckpt/engine/output_file.h"
 
 namespace shardckpt {
 

@@ -1,9 +1,9 @@
-#include "io/aligned_buffer.h"
+#include "shardckpt/io/aligned_buffer.h"
 
 #include <cstdlib>
 #include <cstring>
 
-#include "io/checksum.h"
+#include "shardckpt/io/checksum.h"
 
 namespace shardckpt {
 namespace {

@@ -1,4 +1,4 @@
-#include "io/failpoint.h"
+#include "shardckpt/io/failpoint.h"
 
 #include <signal.h>
 #include <unistd.h>
@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "io/log.h"
+#include "shardckpt/io/log.h"
 
 namespace shardckpt {
 namespace {

@@ -1,4 +1,4 @@
-#include "io/io_engine.h"
+#include "shardckpt/io/io_engine.h"
 
 #include <fcntl.h>
 #include <linux/magic.h>
@@ -8,9 +8,9 @@
 
 #include <cerrno>
 
-#include "io/failpoint.h"
-#include "io/fs.h"
-#include "io/log.h"
+#include "shardckpt/io/failpoint.h"
+#include "shardckpt/io/fs.h"
+#include "shardckpt/io/log.h"
 
 namespace shardckpt {
 

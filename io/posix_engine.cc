@@ -7,8 +7,8 @@
 #include <deque>
 #include <utility>
 
-#include "io/checksum.h"
-#include "io/io_engine.h"
+#include "shardckpt/io/checksum.h"
+#include "shardckpt/io/io_engine.h"
 
 namespace shardckpt {
 namespace {

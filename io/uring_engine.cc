@@ -10,8 +10,8 @@
 #include <cstring>
 #include <vector>
 
-#include "io/checksum.h"
-#include "io/io_engine.h"
+#include "shardckpt/io/checksum.h"
+#include "shardckpt/io/io_engine.h"
 
 namespace shardckpt {
 namespace {

@@ -11,14 +11,14 @@
 #include <cstring>
 #include <fstream>
 
-#include "collectives/communicator.h"
-#include "engine/async_save.h"
-#include "engine/checkpoint_dir.h"
-#include "engine/consolidate.h"
-#include "engine/load.h"
-#include "engine/save.h"
-#include "io/failpoint.h"
-#include "io/fs.h"
+#include "shardckpt/collectives/communicator.h"
+#include "shardckpt/engine/async_save.h"
+#include "shardckpt/engine/checkpoint_dir.h"
+#include "shardckpt/engine/consolidate.h"
+#include "shardckpt/engine/load.h"
+#include "shardckpt/engine/save.h"
+#include "shardckpt/io/failpoint.h"
+#include "shardckpt/io/fs.h"
 #include "tests/test_util.h"
 
 namespace shardckpt {

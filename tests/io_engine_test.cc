@@ -1,6 +1,6 @@
 // One conformance suite over every IoEngine: {io_uring, posix} x {O_DIRECT, buffered} x
 // {normal, forced short transfers}. Each case checks the bytes it reads back.
-#include "io/io_engine.h"
+#include "shardckpt/io/io_engine.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -9,9 +9,9 @@
 #include <set>
 #include <tuple>
 
-#include "io/aligned_buffer.h"
-#include "io/failpoint.h"
-#include "io/fs.h"
+#include "shardckpt/io/aligned_buffer.h"
+#include "shardckpt/io/failpoint.h"
+#include "shardckpt/io/fs.h"
 #include "tests/test_util.h"
 
 namespace shardckpt {

@@ -3,7 +3,7 @@
 #include <cstdlib>
 #include <stdexcept>
 
-#include "io/fs.h"
+#include "shardckpt/io/fs.h"
 
 namespace shardckpt::testing {
 

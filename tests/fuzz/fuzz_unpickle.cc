@@ -5,8 +5,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "engine/torch_pickle.h"
-#include "io/log.h"
+#include "shardckpt/engine/torch_pickle.h"
+#include "shardckpt/io/log.h"
 
 using namespace shardckpt;
 
