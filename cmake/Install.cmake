@@ -120,6 +120,10 @@ if(SHARDCKPT_HAVE_NCCL)
   string(APPEND SHARDCKPT_PC_EXTRA_CFLAGS " -DSHARDCKPT_HAVE_NCCL=1")
   string(APPEND SHARDCKPT_PC_PRIVATE_LIBS " ${NCCL_LIBRARY}")
 endif()
+# Relocatable: the prefix is found from the .pc file's own place, so `cmake --install --prefix P`
+# anywhere gives a working file.
+file(RELATIVE_PATH SHARDCKPT_PC_PREFIX_FROM_PCFILEDIR /p/${CMAKE_INSTALL_LIBDIR}/pkgconfig /p)
+string(REGEX REPLACE "/$" "" SHARDCKPT_PC_PREFIX_FROM_PCFILEDIR "${SHARDCKPT_PC_PREFIX_FROM_PCFILEDIR}")
 configure_file(cmake/shardckpt.pc.in ${PROJECT_BINARY_DIR}/shardckpt.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/shardckpt.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 
