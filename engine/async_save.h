@@ -1,4 +1,4 @@
-// Async save (DESIGN.md section 3.5): a short blocking snapshot, then a background persist.
+// Async save (docs/architecture.md): a short blocking snapshot, then a background persist.
 //
 //   auto saver = AsyncSaver::Create(*comm).value();
 //   ...

@@ -1,4 +1,4 @@
-// Collective load with resharding (DESIGN.md section 4). Every rank of `comm` calls Load with the
+// Collective load with resharding (docs/architecture.md). Every rank of `comm` calls Load with the
 // pieces it wants, in whatever layout it wants them: the checkpoint may have been saved by any
 // number of ranks in any layout.
 //

@@ -1,4 +1,4 @@
-// Collective save (DESIGN.md section 3). Every rank of `comm` calls Save with its own state.
+// Collective save (docs/architecture.md). Every rank of `comm` calls Save with its own state.
 //
 // Commit protocol, in order; a crash or error at any step leaves `latest` on the previous
 // checkpoint, which stays loadable:
