@@ -80,9 +80,12 @@ for variant in shared static; do
     && cmake --build "$work/cmake-$variant" >> "$work/cmake-$variant.log" 2>&1 \
     || { cat "$work/cmake-$variant.log"; fail "find_package consumer ($variant)"; }
 done
-ldd "$work/cmake-shared/save_load" | grep -q "$libdir/libshardckpt_engine.so.0" \
-  || { ldd "$work/cmake-shared/save_load"; fail "the shared consumer does not load the installed library"; }
-ldd "$work/cmake-static/save_load" | grep -q libshardckpt && fail "the static consumer loads a shared shardckpt"
+# (ldd's output is taken whole: grep -q ending a pipe early would fail it under pipefail)
+libs=$(ldd "$work/cmake-shared/save_load")
+grep -q "$libdir/libshardckpt_engine.so.0" <<< "$libs" \
+  || { echo "$libs"; fail "the shared consumer does not load the installed library"; }
+libs=$(ldd "$work/cmake-static/save_load")
+grep -q libshardckpt <<< "$libs" && fail "the static consumer loads a shared shardckpt"
 check_run cmake-shared 2 "$work/cmake-shared/save_load"
 check_run cmake-static 3 "$work/cmake-static/save_load"
 
