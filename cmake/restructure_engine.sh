@@ -122,7 +122,9 @@ for path in sorted(engine.iterdir()):
 # Rewrite includes ("shardckpt/engine/x.h") and path mentions ("engine/x.h", "engine/x.*",
 # "engine/x.cc") everywhere git knows of.
 stems = "|".join(sorted(place, key=len, reverse=True))
-mention = re.compile(r"(?<![\w/.-])(shardckpt/)?engine/(%s)(?=\.(?:h\b|cc\b|cu\b|\*))" % stems)
+# "engine/x.h" as a path of its own or after "shardckpt/" (includes, installed paths), not inside
+# another path ("tests/engine/x.h").
+mention = re.compile(r"(?:(?<=shardckpt/)|(?<![\w/.-]))engine/(%s)(?=\.(?:h\b|cc\b|cu\b|\*))" % stems)
 tracked = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
                         check=True, capture_output=True).stdout.decode().split("\0")
 text_suffixes = {".h", ".hpp", ".cc", ".cpp", ".cu", ".md", ".txt", ".cmake", ".sh", ".py", ".in", ".json"}
@@ -133,7 +135,7 @@ for name in sorted(set(tracked)):
     if name == "cmake/restructure_engine.sh":
         continue
     text = path.read_text(encoding="utf-8")
-    new = mention.sub(lambda m: f"{m.group(1) or ''}engine/{place[m.group(2)]}/{m.group(2)}", text)
+    new = mention.sub(lambda m: f"engine/{place[m.group(1)]}/{m.group(1)}", text)
     if new != text:
         path.write_text(new, encoding="utf-8")
         print(f"rewrote {name}")

@@ -89,6 +89,23 @@ grep -q libshardckpt <<< "$libs" && fail "the static consumer loads a shared sha
 check_run cmake-shared 2 "$work/cmake-shared/save_load"
 check_run cmake-static 3 "$work/cmake-static/save_load"
 
+# The libtorch adapter, where it was built: the package finds Torch for the consumer (configure only).
+if [ -e "$libdir/libshardckpt_torch.so" ]; then
+  mkdir -p "$work/torch-consumer"
+  cat > "$work/torch-consumer/CMakeLists.txt" <<'CMAKE'
+cmake_minimum_required(VERSION 3.18)
+project(torch_consumer CXX)
+find_package(shardckpt CONFIG REQUIRED COMPONENTS torch)
+foreach(target shardckpt::torch shardckpt::torch_static torch)
+  if(NOT TARGET ${target})
+    message(FATAL_ERROR "no ${target}")
+  endif()
+endforeach()
+CMAKE
+  cmake -S "$work/torch-consumer" -B "$work/torch-consumer/build" -DCMAKE_PREFIX_PATH="$prefix" \
+        > "$work/torch-consumer.log" 2>&1 || { cat "$work/torch-consumer.log"; fail "find_package(shardckpt COMPONENTS torch)"; }
+fi
+
 # pkg-config.
 mkdir -p "$work/pc"
 make -C "$work/pc" -f "$src/examples/cpp/Makefile" > "$work/pc.log" 2>&1 || { cat "$work/pc.log"; fail "pkg-config consumer"; }
