@@ -17,11 +17,11 @@
 #include <vector>
 
 #include "benchmarks/bench_util.h"
-#include "collectives/communicator.h"
-#include "engine/commit.h"
-#include "engine/consolidate.h"
-#include "engine/offline_writer.h"
-#include "io/fs.h"
+#include "shardckpt/collectives/communicator.h"
+#include "shardckpt/engine/commit.h"
+#include "shardckpt/engine/consolidate.h"
+#include "shardckpt/engine/offline_writer.h"
+#include "shardckpt/io/fs.h"
 
 using namespace shardckpt;
 using namespace shardckpt::bench;

@@ -17,11 +17,11 @@
 #include <vector>
 
 #include "benchmarks/bench_util.h"
-#include "engine/async_save.h"
-#include "engine/load.h"
-#include "engine/save.h"
-#include "io/device_memory.h"
-#include "io/fs.h"
+#include "shardckpt/engine/async_save.h"
+#include "shardckpt/engine/load.h"
+#include "shardckpt/engine/save.h"
+#include "shardckpt/io/device_memory.h"
+#include "shardckpt/io/fs.h"
 
 using namespace shardckpt;
 using namespace shardckpt::bench;

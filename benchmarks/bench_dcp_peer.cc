@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "benchmarks/bench_util.h"
-#include "collectives/mpi_communicator.h"
-#include "engine/load.h"
-#include "engine/save.h"
-#include "io/fs.h"
+#include "shardckpt/collectives/mpi_communicator.h"
+#include "shardckpt/engine/load.h"
+#include "shardckpt/engine/save.h"
+#include "shardckpt/io/fs.h"
 
 using namespace shardckpt;
 using namespace shardckpt::bench;

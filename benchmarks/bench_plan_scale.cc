@@ -12,9 +12,9 @@
 #include <iostream>
 
 #include "benchmarks/bench_util.h"
-#include "engine/manifest.h"
-#include "engine/read_plan.h"
-#include "io/checksum.h"
+#include "shardckpt/engine/manifest.h"
+#include "shardckpt/engine/read_plan.h"
+#include "shardckpt/io/checksum.h"
 
 using namespace shardckpt;
 using namespace shardckpt::bench;

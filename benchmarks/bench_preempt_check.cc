@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "benchmarks/bench_util.h"
-#include "collectives/mpi_communicator.h"
-#include "collectives/preemption.h"
+#include "shardckpt/collectives/mpi_communicator.h"
+#include "shardckpt/collectives/preemption.h"
 
 using namespace shardckpt;
 using namespace shardckpt::bench;

@@ -21,12 +21,12 @@
 #include <unistd.h>
 
 #include "benchmarks/bench_util.h"
-#include "collectives/mpi_communicator.h"
-#include "engine/async_save.h"
-#include "engine/load.h"
-#include "engine/save.h"
-#include "engine/torch_adapter.h"
-#include "io/fs.h"
+#include "shardckpt/collectives/mpi_communicator.h"
+#include "shardckpt/engine/async_save.h"
+#include "shardckpt/engine/load.h"
+#include "shardckpt/engine/save.h"
+#include "shardckpt/engine/torch_adapter.h"
+#include "shardckpt/io/fs.h"
 
 using namespace shardckpt;
 using namespace shardckpt::bench;

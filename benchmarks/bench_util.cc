@@ -9,8 +9,8 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "io/aligned_buffer.h"
-#include "io/size_text.h"
+#include "shardckpt/io/aligned_buffer.h"
+#include "shardckpt/io/size_text.h"
 
 namespace shardckpt::bench {
 

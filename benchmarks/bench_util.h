@@ -6,7 +6,7 @@
 #include <map>
 #include <string>
 
-#include "collectives/communicator.h"
+#include "shardckpt/collectives/communicator.h"
 
 namespace shardckpt::bench {
 

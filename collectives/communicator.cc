@@ -1,4 +1,4 @@
-#include "collectives/communicator.h"
+#include "shardckpt/collectives/communicator.h"
 
 #include <cstring>
 

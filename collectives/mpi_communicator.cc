@@ -1,12 +1,12 @@
-#include "collectives/mpi_communicator.h"
+#include "shardckpt/collectives/mpi_communicator.h"
 
 #include <algorithm>
 #include <chrono>
 #include <limits>
 #include <thread>
 
-#include "collectives/mpi_deadline.h"
-#include "io/log.h"
+#include "shardckpt/collectives/mpi_deadline.h"
+#include "shardckpt/io/log.h"
 
 namespace shardckpt {
 namespace {

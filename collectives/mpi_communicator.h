@@ -6,7 +6,7 @@
 
 #include <memory>
 
-#include "collectives/communicator.h"
+#include "shardckpt/collectives/communicator.h"
 
 namespace shardckpt {
 

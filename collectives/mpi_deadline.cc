@@ -1,4 +1,4 @@
-#include "collectives/mpi_deadline.h"
+#include "shardckpt/collectives/mpi_deadline.h"
 
 #include <algorithm>
 #include <atomic>
@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "io/log.h"
+#include "shardckpt/io/log.h"
 
 namespace shardckpt {
 namespace {

@@ -18,7 +18,7 @@
 
 #include <string>
 
-#include "io/status.h"
+#include "shardckpt/io/status.h"
 
 namespace shardckpt {
 

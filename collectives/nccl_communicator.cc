@@ -1,4 +1,4 @@
-#include "collectives/nccl_communicator.h"
+#include "shardckpt/collectives/nccl_communicator.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -6,8 +6,8 @@
 #include <chrono>
 #include <string>
 
-#include "collectives/mpi_deadline.h"
-#include "io/cuda_device_scope.h"
+#include "shardckpt/collectives/mpi_deadline.h"
+#include "shardckpt/io/cuda_device_scope.h"
 
 namespace shardckpt {
 namespace {

@@ -10,7 +10,7 @@
 
 #include <memory>
 
-#include "collectives/communicator.h"
+#include "shardckpt/collectives/communicator.h"
 
 namespace shardckpt {
 

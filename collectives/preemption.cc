@@ -1,4 +1,4 @@
-#include "collectives/preemption.h"
+#include "shardckpt/collectives/preemption.h"
 
 #include <time.h>
 

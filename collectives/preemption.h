@@ -25,8 +25,8 @@
 #include <string>
 #include <vector>
 
-#include "collectives/communicator.h"
-#include "io/status.h"
+#include "shardckpt/collectives/communicator.h"
+#include "shardckpt/io/status.h"
 
 namespace shardckpt {
 

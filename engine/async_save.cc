@@ -1,11 +1,11 @@
-#include "engine/async_save.h"
+#include "shardckpt/engine/async_save.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 
-#include "io/checksum.h"
-#include "io/failpoint.h"
+#include "shardckpt/io/checksum.h"
+#include "shardckpt/io/failpoint.h"
 
 namespace shardckpt {
 

@@ -1,4 +1,4 @@
-// Async save (DESIGN.md section 3.5): a short blocking snapshot, then a background persist.
+// Async save (docs/architecture.md): a short blocking snapshot, then a background persist.
 //
 //   auto saver = AsyncSaver::Create(*comm).value();
 //   ...
@@ -23,8 +23,8 @@
 #include <memory>
 #include <string>
 
-#include "collectives/communicator.h"
-#include "engine/save.h"
+#include "shardckpt/collectives/communicator.h"
+#include "shardckpt/engine/save.h"
 
 namespace shardckpt {
 

@@ -1,4 +1,4 @@
-#include "engine/checkpoint_dir.h"
+#include "shardckpt/engine/checkpoint_dir.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -14,10 +14,10 @@
 #include <random>
 #include <thread>
 
-#include "engine/manifest.h"
-#include "io/failpoint.h"
-#include "io/fs.h"
-#include "io/log.h"
+#include "shardckpt/engine/manifest.h"
+#include "shardckpt/io/failpoint.h"
+#include "shardckpt/io/fs.h"
+#include "shardckpt/io/log.h"
 
 namespace shardckpt {
 

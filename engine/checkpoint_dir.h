@@ -1,4 +1,4 @@
-// The root folder's conventions (DESIGN.md section 2): step folder names, the `latest` pointer,
+// The root folder's conventions (docs/format.md): step folder names, the `latest` pointer,
 // save-in-progress folders, the writer lock, readers' holds and the one deletion routine.
 #pragma once
 
@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "io/status.h"
+#include "shardckpt/io/status.h"
 
 namespace shardckpt {
 

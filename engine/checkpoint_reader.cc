@@ -1,7 +1,7 @@
-#include "engine/checkpoint_reader.h"
+#include "shardckpt/engine/checkpoint_reader.h"
 
-#include "engine/checkpoint_dir.h"
-#include "engine/load.h"
+#include "shardckpt/engine/checkpoint_dir.h"
+#include "shardckpt/engine/load.h"
 
 namespace shardckpt {
 

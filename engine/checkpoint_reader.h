@@ -6,10 +6,10 @@
 #include <memory>
 #include <string>
 
-#include "engine/checkpoint_dir.h"
-#include "engine/extent_reader.h"
-#include "engine/manifest.h"
-#include "engine/read_plan.h"
+#include "shardckpt/engine/checkpoint_dir.h"
+#include "shardckpt/engine/extent_reader.h"
+#include "shardckpt/engine/manifest.h"
+#include "shardckpt/engine/read_plan.h"
 
 namespace shardckpt {
 

@@ -1,11 +1,11 @@
-#include "engine/commit.h"
+#include "shardckpt/engine/commit.h"
 
 #include <ctime>
 
-#include "engine/checkpoint_dir.h"
-#include "engine/version.h"
-#include "io/fs.h"
-#include "io/log.h"
+#include "shardckpt/engine/checkpoint_dir.h"
+#include "shardckpt/engine/version.h"
+#include "shardckpt/io/fs.h"
+#include "shardckpt/io/log.h"
 
 namespace shardckpt {
 

@@ -5,8 +5,8 @@
 
 #include <string>
 
-#include "engine/manifest.h"
-#include "engine/retention.h"
+#include "shardckpt/engine/manifest.h"
+#include "shardckpt/engine/retention.h"
 
 namespace shardckpt {
 

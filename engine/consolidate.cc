@@ -1,4 +1,4 @@
-#include "engine/consolidate.h"
+#include "shardckpt/engine/consolidate.h"
 
 #include <fnmatch.h>
 
@@ -8,13 +8,13 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "engine/checkpoint_reader.h"
-#include "engine/float_convert.h"
-#include "engine/output_file.h"
-#include "engine/safetensors.h"
-#include "engine/torch_pickle.h"
-#include "engine/zip_writer.h"
-#include "io/fs.h"
+#include "shardckpt/engine/checkpoint_reader.h"
+#include "shardckpt/engine/float_convert.h"
+#include "shardckpt/engine/output_file.h"
+#include "shardckpt/engine/safetensors.h"
+#include "shardckpt/engine/torch_pickle.h"
+#include "shardckpt/engine/zip_writer.h"
+#include "shardckpt/io/fs.h"
 
 namespace shardckpt {
 namespace {

@@ -1,4 +1,4 @@
-// Streams a sharded checkpoint into one state-dict file (DESIGN.md section 5): PyTorch's zip
+// Streams a sharded checkpoint into one state-dict file (docs/architecture.md): PyTorch's zip
 // format (torch.load(weights_only=True), mmap=True) or safetensors (sharded with the Hugging
 // Face index when a size limit is given). Headers first, then each tensor's bytes window by
 // window, so memory stays bounded by the window and the I/O buffers whatever the model size
@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/dtype.h"
-#include "io/status.h"
+#include "shardckpt/engine/dtype.h"
+#include "shardckpt/io/status.h"
 
 namespace shardckpt {
 

@@ -1,15 +1,15 @@
-#include "engine/convert.h"
+#include "shardckpt/engine/convert.h"
 
 #include <cstring>
 #include <optional>
 
-#include "engine/checkpoint_reader.h"
-#include "engine/commit.h"
-#include "engine/offline_writer.h"
-#include "engine/safetensors.h"
-#include "engine/torch_file.h"
-#include "engine/zip_reader.h"
-#include "io/fs.h"
+#include "shardckpt/engine/checkpoint_reader.h"
+#include "shardckpt/engine/commit.h"
+#include "shardckpt/engine/offline_writer.h"
+#include "shardckpt/engine/safetensors.h"
+#include "shardckpt/engine/torch_file.h"
+#include "shardckpt/engine/zip_reader.h"
+#include "shardckpt/io/fs.h"
 
 namespace shardckpt {
 namespace {

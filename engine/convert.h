@@ -1,4 +1,4 @@
-// Offline conversions into sharded checkpoints (DESIGN.md section 5):
+// Offline conversions into sharded checkpoints (docs/architecture.md):
 //   import:  a .pt (torch.save) or .safetensors file -> a checkpoint for N ranks
 //   reshard: a checkpoint saved by any N -> a checkpoint for M ranks, without a job
 // Layout policies: flat (FSDP/ZeRO flat shards), dim0 (torch.chunk along dim 0; 0-d tensors
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/layout.h"
+#include "shardckpt/engine/layout.h"
 
 namespace shardckpt {
 

@@ -1,6 +1,6 @@
-#include "engine/coverage.h"
+#include "shardckpt/engine/coverage.h"
 
-#include "engine/region_index.h"
+#include "shardckpt/engine/region_index.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "engine/dtype.h"
+#include "shardckpt/engine/dtype.h"
 
 namespace shardckpt {
 namespace {

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "io/status.h"
+#include "shardckpt/io/status.h"
 
 namespace shardckpt {
 

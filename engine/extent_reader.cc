@@ -1,12 +1,12 @@
-#include "engine/extent_reader.h"
+#include "shardckpt/engine/extent_reader.h"
 
 #include <cstring>
 #include <map>
 #include <memory>
 #include <set>
 
-#include "io/checksum.h"
-#include "io/fs.h"
+#include "shardckpt/io/checksum.h"
+#include "shardckpt/io/fs.h"
 
 namespace shardckpt {
 namespace {

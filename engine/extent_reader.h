@@ -8,11 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "engine/manifest.h"
-#include "engine/read_plan.h"
-#include "io/aligned_buffer.h"
-#include "io/device_memory.h"
-#include "io/io_engine.h"
+#include "shardckpt/engine/manifest.h"
+#include "shardckpt/engine/read_plan.h"
+#include "shardckpt/io/aligned_buffer.h"
+#include "shardckpt/io/device_memory.h"
+#include "shardckpt/io/io_engine.h"
 
 namespace shardckpt {
 

@@ -1,4 +1,4 @@
-#include "engine/float_convert.h"
+#include "shardckpt/engine/float_convert.h"
 
 #include <cmath>
 #include <cstdint>

@@ -4,7 +4,7 @@
 
 #include <cstddef>
 
-#include "engine/dtype.h"
+#include "shardckpt/engine/dtype.h"
 
 namespace shardckpt {
 

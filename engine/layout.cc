@@ -1,9 +1,9 @@
-#include "engine/layout.h"
+#include "shardckpt/engine/layout.h"
 
 #include <algorithm>
 #include <sstream>
 
-#include "io/log.h"
+#include "shardckpt/io/log.h"
 
 namespace shardckpt {
 namespace {

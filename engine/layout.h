@@ -1,4 +1,4 @@
-// Which part of a global tensor a piece holds (DESIGN.md section 1), and the geometry the save
+// Which part of a global tensor a piece holds (docs/format.md, concepts), and the geometry the save
 // validation and the load planner share.
 //
 // Every layout is reduced to a short list of Regions: an N-d box of global indices plus an affine
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "io/status.h"
+#include "shardckpt/io/status.h"
 
 namespace shardckpt {
 

@@ -1,14 +1,14 @@
-#include "engine/load.h"
+#include "shardckpt/engine/load.h"
 
 #include <algorithm>
 #include <cstring>
 #include <unordered_map>
 
-#include "engine/checkpoint_dir.h"
-#include "io/checksum.h"
-#include "io/failpoint.h"
-#include "io/fs.h"
-#include "io/log.h"
+#include "shardckpt/engine/checkpoint_dir.h"
+#include "shardckpt/io/checksum.h"
+#include "shardckpt/io/failpoint.h"
+#include "shardckpt/io/fs.h"
+#include "shardckpt/io/log.h"
 
 namespace shardckpt {
 namespace {

@@ -1,4 +1,4 @@
-// Collective load with resharding (DESIGN.md section 4). Every rank of `comm` calls Load with the
+// Collective load with resharding (docs/architecture.md). Every rank of `comm` calls Load with the
 // pieces it wants, in whatever layout it wants them: the checkpoint may have been saved by any
 // number of ranks in any layout.
 //
@@ -17,10 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "collectives/communicator.h"
-#include "engine/extent_reader.h"
-#include "engine/read_plan.h"
-#include "engine/state.h"
+#include "shardckpt/collectives/communicator.h"
+#include "shardckpt/engine/extent_reader.h"
+#include "shardckpt/engine/read_plan.h"
+#include "shardckpt/engine/state.h"
 
 namespace shardckpt {
 

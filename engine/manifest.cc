@@ -1,4 +1,4 @@
-#include "engine/manifest.h"
+#include "shardckpt/engine/manifest.h"
 
 #include <cmath>
 
@@ -6,8 +6,8 @@
 
 #include <unordered_set>
 
-#include "engine/coverage.h"
-#include "io/checksum.h"
+#include "shardckpt/engine/coverage.h"
+#include "shardckpt/io/checksum.h"
 
 namespace shardckpt {
 namespace {

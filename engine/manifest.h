@@ -1,4 +1,4 @@
-// manifest.json: the schema of a committed checkpoint (DESIGN.md section 2), its encoding, and
+// manifest.json: the schema of a committed checkpoint (docs/format.md), its encoding, and
 // the validation every reader runs before trusting a single offset in it. Pure: no I/O here.
 //
 // Data file layout, for one writer rank:
@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/dtype.h"
-#include "engine/layout.h"
+#include "shardckpt/engine/dtype.h"
+#include "shardckpt/engine/layout.h"
 
 namespace shardckpt {
 

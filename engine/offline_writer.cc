@@ -1,8 +1,8 @@
-#include "engine/offline_writer.h"
+#include "shardckpt/engine/offline_writer.h"
 
-#include "engine/commit.h"
-#include "engine/save.h"
-#include "io/fs.h"
+#include "shardckpt/engine/commit.h"
+#include "shardckpt/engine/save.h"
+#include "shardckpt/io/fs.h"
 
 namespace shardckpt {
 

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/checkpoint_dir.h"
-#include "engine/manifest.h"
-#include "engine/shard_writer.h"
+#include "shardckpt/engine/checkpoint_dir.h"
+#include "shardckpt/engine/manifest.h"
+#include "shardckpt/engine/shard_writer.h"
 
 namespace shardckpt {
 

@@ -1,4 +1,4 @@
-#include "engine/output_file.h"
+#include "shardckpt/engine/output_file.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -7,8 +7,8 @@
 #include <cstring>
 #include <memory>
 
-#include "io/checksum.h"
-#include "io/fs.h"
+#include "shardckpt/io/checksum.h"
+#include "shardckpt/io/fs.h"
 
 namespace shardckpt {
 namespace {

@@ -12,8 +12,8 @@
 #include <cstdint>
 #include <string>
 
-#include "io/aligned_buffer.h"
-#include "io/status.h"
+#include "shardckpt/io/aligned_buffer.h"
+#include "shardckpt/io/status.h"
 
 namespace shardckpt {
 

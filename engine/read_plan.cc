@@ -1,8 +1,8 @@
-#include "engine/read_plan.h"
+#include "shardckpt/engine/read_plan.h"
 
 #include <algorithm>
 
-#include "io/checksum.h"
+#include "shardckpt/io/checksum.h"
 
 namespace shardckpt {
 

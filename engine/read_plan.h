@@ -1,4 +1,4 @@
-// The load planner (DESIGN.md section 4, step 3). Pure: manifest and wanted pieces in, per-file
+// The load planner (docs/architecture.md, load 3). Pure: manifest and wanted pieces in, per-file
 // read extents out. No I/O, no allocation sized by anything but the plan itself.
 //
 // 1. PlanPieceCopies: each wanted piece is cut into regions (see layout.h); a per-entry
@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/manifest.h"
-#include "engine/region_index.h"
+#include "shardckpt/engine/manifest.h"
+#include "shardckpt/engine/region_index.h"
 
 namespace shardckpt {
 

@@ -1,4 +1,4 @@
-#include "engine/region_index.h"
+#include "shardckpt/engine/region_index.h"
 
 #include <algorithm>
 #include <numeric>

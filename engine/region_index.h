@@ -11,7 +11,7 @@
 #include <functional>
 #include <vector>
 
-#include "engine/layout.h"
+#include "shardckpt/engine/layout.h"
 
 namespace shardckpt {
 

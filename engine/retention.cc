@@ -1,14 +1,14 @@
-#include "engine/retention.h"
+#include "shardckpt/engine/retention.h"
 
 #include <sys/stat.h>
 
 #include <algorithm>
 
-#include "engine/checkpoint_dir.h"
-#include "engine/load.h"
-#include "engine/manifest.h"
-#include "io/fs.h"
-#include "io/log.h"
+#include "shardckpt/engine/checkpoint_dir.h"
+#include "shardckpt/engine/load.h"
+#include "shardckpt/engine/manifest.h"
+#include "shardckpt/io/fs.h"
+#include "shardckpt/io/log.h"
 
 namespace shardckpt {
 

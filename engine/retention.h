@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "io/status.h"
+#include "shardckpt/io/status.h"
 
 namespace shardckpt {
 

@@ -1,4 +1,4 @@
-#include "engine/safetensors.h"
+#include "shardckpt/engine/safetensors.h"
 
 #include <nlohmann/json.hpp>
 

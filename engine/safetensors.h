@@ -1,4 +1,4 @@
-// safetensors headers (see ../shared/FORMATS.md): [u64 N][N bytes JSON][data]. The encoder pads
+// safetensors headers (docs/format.md): [u64 N][N bytes JSON][data]. The encoder pads
 // the header with spaces to a multiple of 8; the parser applies the reference reader's rules:
 // N <= 100,000,000, known dtypes, byte lengths equal to numel x element size, entries tiling the
 // data exactly from 0 with no gaps or overlaps, and nothing after the last byte.
@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/dtype.h"
-#include "engine/layout.h"
+#include "shardckpt/engine/dtype.h"
+#include "shardckpt/engine/layout.h"
 
 namespace shardckpt {
 

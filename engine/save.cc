@@ -1,4 +1,4 @@
-#include "engine/save.h"
+#include "shardckpt/engine/save.h"
 
 #include <unistd.h>
 
@@ -8,14 +8,14 @@
 #include <set>
 #include <unordered_map>
 
-#include "engine/checkpoint_dir.h"
-#include "engine/commit.h"
-#include "engine/save_plan.h"
-#include "engine/shard_writer.h"
-#include "engine/wire.h"
-#include "io/failpoint.h"
-#include "io/fs.h"
-#include "io/log.h"
+#include "shardckpt/engine/checkpoint_dir.h"
+#include "shardckpt/engine/commit.h"
+#include "shardckpt/engine/save_plan.h"
+#include "shardckpt/engine/shard_writer.h"
+#include "shardckpt/engine/wire.h"
+#include "shardckpt/io/failpoint.h"
+#include "shardckpt/io/fs.h"
+#include "shardckpt/io/log.h"
 
 namespace shardckpt {
 namespace {

@@ -1,4 +1,4 @@
-// Collective save (DESIGN.md section 3). Every rank of `comm` calls Save with its own state.
+// Collective save (docs/architecture.md). Every rank of `comm` calls Save with its own state.
 //
 // Commit protocol, in order; a crash or error at any step leaves `latest` on the previous
 // checkpoint, which stays loadable:
@@ -26,11 +26,11 @@
 #include <memory>
 #include <string>
 
-#include "collectives/communicator.h"
-#include "engine/retention.h"
-#include "engine/state.h"
-#include "io/aligned_buffer.h"
-#include "io/io_engine.h"
+#include "shardckpt/collectives/communicator.h"
+#include "shardckpt/engine/retention.h"
+#include "shardckpt/engine/state.h"
+#include "shardckpt/io/aligned_buffer.h"
+#include "shardckpt/io/io_engine.h"
 
 namespace shardckpt {
 

@@ -1,11 +1,11 @@
-#include "engine/save_plan.h"
+#include "shardckpt/engine/save_plan.h"
 
 #include <algorithm>
 #include <map>
 #include <unordered_map>
 
-#include "engine/coverage.h"
-#include "engine/wire.h"
+#include "shardckpt/engine/coverage.h"
+#include "shardckpt/engine/wire.h"
 
 namespace shardckpt {
 

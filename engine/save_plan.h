@@ -1,4 +1,4 @@
-// Decides who writes what (DESIGN.md section 3, step 1). Pure: rank 0 runs it on the gathered
+// Decides who writes what (docs/architecture.md, save 1). Pure: rank 0 runs it on the gathered
 // descriptions of every rank's pieces and blobs.
 //
 // * Every entry must agree on dtype and global shape across ranks.
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/state.h"
+#include "shardckpt/engine/state.h"
 
 namespace shardckpt {
 

@@ -1,10 +1,10 @@
-#include "engine/shard_writer.h"
+#include "shardckpt/engine/shard_writer.h"
 
 #include <algorithm>
 #include <cstring>
 
-#include "io/checksum.h"
-#include "io/fs.h"
+#include "shardckpt/io/checksum.h"
+#include "shardckpt/io/fs.h"
 
 namespace shardckpt {
 

@@ -1,4 +1,4 @@
-#include "engine/state.h"
+#include "shardckpt/engine/state.h"
 
 namespace shardckpt {
 

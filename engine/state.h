@@ -6,10 +6,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/dtype.h"
-#include "engine/layout.h"
-#include "engine/manifest.h"
-#include "io/device_memory.h"
+#include "shardckpt/engine/dtype.h"
+#include "shardckpt/engine/layout.h"
+#include "shardckpt/engine/manifest.h"
+#include "shardckpt/io/device_memory.h"
 
 namespace shardckpt {
 

@@ -1,4 +1,4 @@
-#include "engine/torch_adapter.h"
+#include "shardckpt/engine/torch_adapter.h"
 
 #include <torch/version.h>
 

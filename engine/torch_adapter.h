@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "engine/state.h"
+#include "shardckpt/engine/state.h"
 
 namespace shardckpt {
 

@@ -1,4 +1,4 @@
-#include "engine/torch_file.h"
+#include "shardckpt/engine/torch_file.h"
 
 #include <cstring>
 #include <map>

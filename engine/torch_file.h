@@ -6,8 +6,8 @@
 
 #include <vector>
 
-#include "engine/torch_pickle.h"
-#include "engine/zip_reader.h"
+#include "shardckpt/engine/torch_pickle.h"
+#include "shardckpt/engine/zip_reader.h"
 
 namespace shardckpt {
 

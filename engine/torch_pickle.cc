@@ -1,4 +1,4 @@
-#include "engine/torch_pickle.h"
+#include "shardckpt/engine/torch_pickle.h"
 
 #include <cstdio>
 #include <cstring>

@@ -1,4 +1,4 @@
-// The pickle inside a torch.save zip (see ../shared/FORMATS.md): a writer for state dicts of
+// The pickle inside a torch.save zip (docs/format.md): a writer for state dicts of
 // contiguous tensors, and a restricted reader that accepts only what torch.load(weights_only=True)
 // accepts. The reader executes nothing: GLOBAL is checked against a fixed allowlist and refused
 // by name otherwise, and REDUCE is interpreted only for the allowed callables, with the arity and
@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/dtype.h"
-#include "engine/layout.h"
+#include "shardckpt/engine/dtype.h"
+#include "shardckpt/engine/layout.h"
 
 namespace shardckpt {
 

@@ -1,15 +1,15 @@
-#include "engine/verify.h"
+#include "shardckpt/engine/verify.h"
 
 #include <algorithm>
 #include <cstring>
 #include <map>
 
-#include "engine/checkpoint_dir.h"
-#include "engine/manifest.h"
-#include "io/aligned_buffer.h"
-#include "io/checksum.h"
-#include "io/fs.h"
-#include "io/io_engine.h"
+#include "shardckpt/engine/checkpoint_dir.h"
+#include "shardckpt/engine/manifest.h"
+#include "shardckpt/io/aligned_buffer.h"
+#include "shardckpt/io/checksum.h"
+#include "shardckpt/io/fs.h"
+#include "shardckpt/io/io_engine.h"
 
 namespace shardckpt {
 namespace {

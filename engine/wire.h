@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/layout.h"
+#include "shardckpt/engine/layout.h"
 
 namespace shardckpt {
 

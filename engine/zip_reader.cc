@@ -1,4 +1,4 @@
-#include "engine/zip_reader.h"
+#include "shardckpt/engine/zip_reader.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -7,7 +7,7 @@
 #include <cstring>
 #include <memory>
 
-#include "io/fs.h"
+#include "shardckpt/io/fs.h"
 
 namespace shardckpt {
 namespace {

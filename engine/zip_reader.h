@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "io/status.h"
+#include "shardckpt/io/status.h"
 
 namespace shardckpt {
 

@@ -1,4 +1,4 @@
-#include "engine/zip_writer.h"
+#include "shardckpt/engine/zip_writer.h"
 
 #include <zlib.h>
 

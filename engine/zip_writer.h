@@ -1,4 +1,4 @@
-// A streaming writer of the zip container torch.save uses (see ../shared/FORMATS.md): records
+// A streaming writer of the zip container torch.save uses (docs/format.md): records
 // stored uncompressed, each record's data at an absolute offset divisible by 64 (so torch.load's
 // mmap=True works), zip64 when a size or offset reaches 4 GiB or there are 65535 records.
 //
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/output_file.h"
+#include "shardckpt/engine/output_file.h"
 
 namespace shardckpt {
 

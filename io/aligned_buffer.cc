@@ -1,10 +1,10 @@
-#include "io/aligned_buffer.h"
+#include "shardckpt/io/aligned_buffer.h"
 
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 
-#include "io/checksum.h"
+#include "shardckpt/io/checksum.h"
 
 namespace shardckpt {
 namespace {

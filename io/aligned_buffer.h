@@ -8,7 +8,7 @@
 #include <mutex>
 #include <vector>
 
-#include "io/status.h"
+#include "shardckpt/io/status.h"
 
 namespace shardckpt {
 

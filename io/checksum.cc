@@ -1,4 +1,4 @@
-#include "io/checksum.h"
+#include "shardckpt/io/checksum.h"
 
 #include <xxhash.h>
 

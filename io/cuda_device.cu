@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "io/cuda_device_scope.h"
-#include "io/device_memory.h"
-#include "io/log.h"
+#include "shardckpt/io/cuda_device_scope.h"
+#include "shardckpt/io/device_memory.h"
+#include "shardckpt/io/log.h"
 
 namespace shardckpt {
 namespace {

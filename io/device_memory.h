@@ -10,8 +10,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "io/aligned_buffer.h"
-#include "io/status.h"
+#include "shardckpt/io/aligned_buffer.h"
+#include "shardckpt/io/status.h"
 
 namespace shardckpt {
 

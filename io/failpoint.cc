@@ -1,4 +1,4 @@
-#include "io/failpoint.h"
+#include "shardckpt/io/failpoint.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "io/log.h"
+#include "shardckpt/io/log.h"
 
 namespace shardckpt {
 namespace {

@@ -1,4 +1,4 @@
-#include "io/fs.h"
+#include "shardckpt/io/fs.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -8,7 +8,7 @@
 #include <cerrno>
 #include <filesystem>
 
-#include "io/failpoint.h"
+#include "shardckpt/io/failpoint.h"
 
 namespace shardckpt {
 namespace {

@@ -1,4 +1,4 @@
-#include "io/io_engine.h"
+#include "shardckpt/io/io_engine.h"
 
 #include <fcntl.h>
 #include <linux/magic.h>
@@ -10,10 +10,10 @@
 #include <cerrno>
 #include <cstring>
 
-#include "io/checksum.h"
-#include "io/failpoint.h"
-#include "io/fs.h"
-#include "io/log.h"
+#include "shardckpt/io/checksum.h"
+#include "shardckpt/io/failpoint.h"
+#include "shardckpt/io/fs.h"
+#include "shardckpt/io/log.h"
 
 namespace shardckpt {
 

@@ -1,4 +1,4 @@
-#include "io/log.h"
+#include "shardckpt/io/log.h"
 
 #include <atomic>
 #include <cstdio>

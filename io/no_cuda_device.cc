@@ -1,6 +1,6 @@
 // device_memory.h for builds without CUDA: nothing lives on a device, so any piece that says it
 // does is refused with the reason.
-#include "io/device_memory.h"
+#include "shardckpt/io/device_memory.h"
 
 namespace shardckpt {
 

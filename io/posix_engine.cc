@@ -8,7 +8,7 @@
 #include <deque>
 #include <utility>
 
-#include "io/io_engine.h"
+#include "shardckpt/io/io_engine.h"
 
 namespace shardckpt {
 namespace {

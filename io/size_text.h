@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-#include "io/status.h"
+#include "shardckpt/io/status.h"
 
 namespace shardckpt {
 

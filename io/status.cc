@@ -1,4 +1,4 @@
-#include "io/status.h"
+#include "shardckpt/io/status.h"
 
 #include <cerrno>
 #include <cstring>

@@ -15,8 +15,8 @@
 #include <cerrno>
 #include <vector>
 
-#include "io/failpoint.h"
-#include "io/io_engine.h"
+#include "shardckpt/io/failpoint.h"
+#include "shardckpt/io/io_engine.h"
 
 namespace shardckpt {
 namespace {

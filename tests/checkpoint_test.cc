@@ -14,17 +14,17 @@
 #include <map>
 #include <tuple>
 
-#include "collectives/communicator.h"
-#include "engine/async_save.h"
-#include "engine/checkpoint_dir.h"
-#include "engine/consolidate.h"
-#include "engine/load.h"
-#include "engine/safetensors.h"
-#include "engine/save.h"
-#include "engine/torch_pickle.h"
-#include "engine/zip_reader.h"
-#include "io/failpoint.h"
-#include "io/fs.h"
+#include "shardckpt/collectives/communicator.h"
+#include "shardckpt/engine/async_save.h"
+#include "shardckpt/engine/checkpoint_dir.h"
+#include "shardckpt/engine/consolidate.h"
+#include "shardckpt/engine/load.h"
+#include "shardckpt/engine/safetensors.h"
+#include "shardckpt/engine/save.h"
+#include "shardckpt/engine/torch_pickle.h"
+#include "shardckpt/engine/zip_reader.h"
+#include "shardckpt/io/failpoint.h"
+#include "shardckpt/io/fs.h"
 #include "tests/test_util.h"
 
 namespace shardckpt {

@@ -9,15 +9,15 @@
 
 #include <cstring>
 
-#include "collectives/communicator.h"
-#include "engine/async_save.h"
-#include "engine/load.h"
-#include "engine/save.h"
-#include "io/device_memory.h"
-#include "io/fs.h"
+#include "shardckpt/collectives/communicator.h"
+#include "shardckpt/engine/async_save.h"
+#include "shardckpt/engine/load.h"
+#include "shardckpt/engine/save.h"
+#include "shardckpt/io/device_memory.h"
+#include "shardckpt/io/fs.h"
 #include "tests/test_util.h"
 #ifdef SHARDCKPT_HAVE_NCCL
-#include "collectives/nccl_communicator.h"
+#include "shardckpt/collectives/nccl_communicator.h"
 #endif
 
 namespace shardckpt {

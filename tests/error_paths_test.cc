@@ -5,13 +5,13 @@
 
 #include <fstream>
 
-#include "collectives/communicator.h"
-#include "engine/commit.h"
-#include "engine/offline_writer.h"
-#include "engine/save.h"
-#include "engine/verify.h"
-#include "io/failpoint.h"
-#include "io/fs.h"
+#include "shardckpt/collectives/communicator.h"
+#include "shardckpt/engine/commit.h"
+#include "shardckpt/engine/offline_writer.h"
+#include "shardckpt/engine/save.h"
+#include "shardckpt/engine/verify.h"
+#include "shardckpt/io/failpoint.h"
+#include "shardckpt/io/fs.h"
 #include "tests/test_util.h"
 
 namespace shardckpt {

@@ -13,14 +13,14 @@
 #include <cstring>
 #include <fstream>
 
-#include "engine/checkpoint_reader.h"
-#include "engine/convert.h"
-#include "engine/safetensors.h"
-#include "engine/torch_file.h"
-#include "engine/torch_pickle.h"
-#include "io/failpoint.h"
-#include "io/fs.h"
-#include "io/log.h"
+#include "shardckpt/engine/checkpoint_reader.h"
+#include "shardckpt/engine/convert.h"
+#include "shardckpt/engine/safetensors.h"
+#include "shardckpt/engine/torch_file.h"
+#include "shardckpt/engine/torch_pickle.h"
+#include "shardckpt/io/failpoint.h"
+#include "shardckpt/io/fs.h"
+#include "shardckpt/io/log.h"
 #include "tests/test_util.h"
 #include "tests/torch_files.h"
 

@@ -1,7 +1,7 @@
 // One conformance suite over every IoEngine: {io_uring, posix} x {O_DIRECT, buffered} x
 // {normal, forced short transfers}. Each case checks the bytes it reads back; "direct" cases
 // check that the kernel really has O_DIRECT on the file wherever the file system allows it.
-#include "io/io_engine.h"
+#include "shardckpt/io/io_engine.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -12,9 +12,9 @@
 #include <set>
 #include <tuple>
 
-#include "io/aligned_buffer.h"
-#include "io/failpoint.h"
-#include "io/fs.h"
+#include "shardckpt/io/aligned_buffer.h"
+#include "shardckpt/io/failpoint.h"
+#include "shardckpt/io/fs.h"
 #include "tests/test_util.h"
 
 namespace shardckpt {

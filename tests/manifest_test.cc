@@ -1,4 +1,4 @@
-#include "engine/manifest.h"
+#include "shardckpt/engine/manifest.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

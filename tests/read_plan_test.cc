@@ -1,4 +1,4 @@
-#include "engine/read_plan.h"
+#include "shardckpt/engine/read_plan.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -6,7 +6,7 @@
 #include <cstring>
 #include <random>
 
-#include "io/checksum.h"
+#include "shardckpt/io/checksum.h"
 #include "tests/test_util.h"
 
 namespace shardckpt {

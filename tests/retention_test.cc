@@ -17,14 +17,14 @@
 #include <optional>
 #include <thread>
 
-#include "collectives/communicator.h"
-#include "engine/checkpoint_dir.h"
-#include "engine/load.h"
-#include "engine/retention.h"
-#include "engine/save.h"
-#include "engine/verify.h"
-#include "io/failpoint.h"
-#include "io/fs.h"
+#include "shardckpt/collectives/communicator.h"
+#include "shardckpt/engine/checkpoint_dir.h"
+#include "shardckpt/engine/load.h"
+#include "shardckpt/engine/retention.h"
+#include "shardckpt/engine/save.h"
+#include "shardckpt/engine/verify.h"
+#include "shardckpt/io/failpoint.h"
+#include "shardckpt/io/fs.h"
 #include "tests/test_util.h"
 
 namespace shardckpt {

@@ -1,15 +1,15 @@
 // The shard writer's staging: which bytes are copied and which are written in place, and device
 // copies from several devices that share one staging buffer. The device is faked (no GPU here):
 // its copies land only when their slot is waited for, as a real asynchronous copy may.
-#include "engine/shard_writer.h"
+#include "shardckpt/engine/shard_writer.h"
 
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <vector>
 
-#include "io/checksum.h"
-#include "io/fs.h"
+#include "shardckpt/io/checksum.h"
+#include "shardckpt/io/fs.h"
 #include "tests/test_util.h"
 
 namespace shardckpt {

@@ -1,4 +1,4 @@
-#include "io/size_text.h"
+#include "shardckpt/io/size_text.h"
 
 #include <gtest/gtest.h>
 

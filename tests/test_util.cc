@@ -11,7 +11,7 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "io/fs.h"
+#include "shardckpt/io/fs.h"
 
 namespace shardckpt::testing {
 

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/dtype.h"
-#include "engine/layout.h"
+#include "shardckpt/engine/dtype.h"
+#include "shardckpt/engine/layout.h"
 
 namespace shardckpt::testing {
 

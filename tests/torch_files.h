@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/torch_pickle.h"
-#include "io/status.h"
+#include "shardckpt/engine/torch_pickle.h"
+#include "shardckpt/io/status.h"
 
 namespace shardckpt::testing {
 

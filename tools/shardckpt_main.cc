@@ -19,14 +19,14 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "engine/consolidate.h"
-#include "engine/convert.h"
-#include "engine/load.h"
-#include "engine/verify.h"
-#include "engine/checkpoint_dir.h"
-#include "engine/retention.h"
-#include "io/fs.h"
-#include "io/size_text.h"
+#include "shardckpt/engine/consolidate.h"
+#include "shardckpt/engine/convert.h"
+#include "shardckpt/engine/load.h"
+#include "shardckpt/engine/verify.h"
+#include "shardckpt/engine/checkpoint_dir.h"
+#include "shardckpt/engine/retention.h"
+#include "shardckpt/io/fs.h"
+#include "shardckpt/io/size_text.h"
 #include "tools/progress.h"
 
 namespace po = boost::program_options;

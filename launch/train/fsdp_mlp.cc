@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "engine/torch_adapter.h"
+#include "shardckpt/engine/torch_adapter.h"
 
 namespace shardckpt::train {
 

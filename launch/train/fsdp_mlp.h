@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "collectives/communicator.h"
-#include "engine/state.h"
+#include "shardckpt/collectives/communicator.h"
+#include "shardckpt/engine/state.h"
 #include "launch/train/synthetic_data.h"
 
 namespace shardckpt::train {

@@ -36,18 +36,18 @@
 
 #include <nlohmann/json.hpp>
 
-#include "collectives/mpi_communicator.h"
-#include "collectives/preemption.h"
+#include "shardckpt/collectives/mpi_communicator.h"
+#include "shardckpt/collectives/preemption.h"
 #ifdef SHARDCKPT_HAVE_NCCL
-#include "collectives/nccl_communicator.h"
+#include "shardckpt/collectives/nccl_communicator.h"
 #endif
-#include "engine/async_save.h"
-#include "engine/checkpoint_dir.h"
-#include "engine/load.h"
-#include "engine/save.h"
-#include "engine/torch_adapter.h"
-#include "io/failpoint.h"
-#include "io/fs.h"
+#include "shardckpt/engine/async_save.h"
+#include "shardckpt/engine/checkpoint_dir.h"
+#include "shardckpt/engine/load.h"
+#include "shardckpt/engine/save.h"
+#include "shardckpt/engine/torch_adapter.h"
+#include "shardckpt/io/failpoint.h"
+#include "shardckpt/io/fs.h"
 #include "launch/train/fsdp_mlp.h"
 
 using namespace shardckpt;

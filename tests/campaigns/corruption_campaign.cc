@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "engine/checkpoint_reader.h"
-#include "engine/commit.h"
-#include "engine/offline_writer.h"
-#include "engine/verify.h"
-#include "io/fs.h"
+#include "shardckpt/engine/checkpoint_reader.h"
+#include "shardckpt/engine/commit.h"
+#include "shardckpt/engine/offline_writer.h"
+#include "shardckpt/engine/verify.h"
+#include "shardckpt/io/fs.h"
 
 using namespace shardckpt;
 

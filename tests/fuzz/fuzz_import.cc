@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/torch_file.h"
-#include "io/log.h"
+#include "shardckpt/engine/torch_file.h"
+#include "shardckpt/io/log.h"
 
 using namespace shardckpt;
 

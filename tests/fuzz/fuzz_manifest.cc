@@ -7,8 +7,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "engine/manifest.h"
-#include "io/log.h"
+#include "shardckpt/engine/manifest.h"
+#include "shardckpt/io/log.h"
 
 using namespace shardckpt;
 

@@ -11,10 +11,10 @@
 #include <cstring>
 #include <vector>
 
-#include "engine/manifest.h"
-#include "engine/read_plan.h"
-#include "io/checksum.h"
-#include "io/log.h"
+#include "shardckpt/engine/manifest.h"
+#include "shardckpt/engine/read_plan.h"
+#include "shardckpt/io/checksum.h"
+#include "shardckpt/io/log.h"
 #include "tests/test_util.h"
 
 using namespace shardckpt;

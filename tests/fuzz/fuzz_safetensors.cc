@@ -6,8 +6,8 @@
 #include <cstring>
 #include <string>
 
-#include "engine/safetensors.h"
-#include "io/log.h"
+#include "shardckpt/engine/safetensors.h"
+#include "shardckpt/io/log.h"
 
 using namespace shardckpt;
 

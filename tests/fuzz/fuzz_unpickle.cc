@@ -10,9 +10,9 @@
 #include <set>
 #include <string>
 
-#include "engine/torch_file.h"
-#include "engine/torch_pickle.h"
-#include "io/log.h"
+#include "shardckpt/engine/torch_file.h"
+#include "shardckpt/engine/torch_pickle.h"
+#include "shardckpt/io/log.h"
 
 using namespace shardckpt;
 

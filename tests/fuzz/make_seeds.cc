@@ -7,12 +7,12 @@
 #include <string>
 #include <vector>
 
-#include "engine/layout.h"
-#include "engine/manifest.h"
-#include "engine/safetensors.h"
-#include "engine/torch_pickle.h"
-#include "io/checksum.h"
-#include "io/fs.h"
+#include "shardckpt/engine/layout.h"
+#include "shardckpt/engine/manifest.h"
+#include "shardckpt/engine/safetensors.h"
+#include "shardckpt/engine/torch_pickle.h"
+#include "shardckpt/io/checksum.h"
+#include "shardckpt/io/fs.h"
 #include "tests/torch_files.h"
 
 using namespace shardckpt;

@@ -22,12 +22,12 @@
 #include <string>
 #include <vector>
 
-#include "collectives/mpi_communicator.h"
-#include "engine/async_save.h"
-#include "engine/load.h"
-#include "engine/save.h"
-#include "io/failpoint.h"
-#include "io/fs.h"
+#include "shardckpt/collectives/mpi_communicator.h"
+#include "shardckpt/engine/async_save.h"
+#include "shardckpt/engine/load.h"
+#include "shardckpt/engine/save.h"
+#include "shardckpt/io/failpoint.h"
+#include "shardckpt/io/fs.h"
 #include "tests/mpi/scenario.h"
 #include "tests/test_util.h"
 

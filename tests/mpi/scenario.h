@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/state.h"
+#include "shardckpt/engine/state.h"
 
 namespace shardckpt::testing {
 
