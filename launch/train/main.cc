@@ -218,7 +218,9 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
   }
   double last_loss = std::nan("");  // of the last step trained, recorded with each checkpoint
   auto loss_metric = [&]() -> std::map<std::string, double> {
-    if (std::isnan(last_loss)) return {};
+    // A diverged step (NaN, inf) is no metric: saves refuse non-finite ones, and the run should
+    // still checkpoint so that it can be inspected.
+    if (!std::isfinite(last_loss)) return {};
     return {{"loss", last_loss}};
   };
   // The whole training state at `step`.
