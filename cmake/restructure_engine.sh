@@ -52,7 +52,7 @@ import sys
 
 MODEL = ["dtype", "layout", "region_index", "coverage", "manifest", "state", "save_plan",
          "read_plan", "float_convert", "wire"]
-FORMATS = ["zip_writer", "zip_reader", "torch_pickle", "safetensors", "output_file"]
+FORMATS = ["zip_writer", "zip_reader", "torch_pickle", "torch_file", "safetensors", "output_file"]
 TORCH = ["torch_adapter"]
 FORMAT_WORDS = ("pickle", "zip", "safetensors", "dcp", "gguf")
 
