@@ -18,9 +18,9 @@
 
 #include "benchmarks/bench_util.h"
 #include "shardckpt/collectives/communicator.h"
-#include "shardckpt/engine/commit.h"
-#include "shardckpt/engine/consolidate.h"
-#include "shardckpt/engine/offline_writer.h"
+#include "shardckpt/engine/core/commit.h"
+#include "shardckpt/engine/core/consolidate.h"
+#include "shardckpt/engine/core/offline_writer.h"
 #include "shardckpt/io/fs.h"
 
 using namespace shardckpt;

@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "benchmarks/bench_util.h"
-#include "shardckpt/engine/async_save.h"
-#include "shardckpt/engine/load.h"
-#include "shardckpt/engine/save.h"
+#include "shardckpt/engine/core/async_save.h"
+#include "shardckpt/engine/core/load.h"
+#include "shardckpt/engine/core/save.h"
 #include "shardckpt/io/device_memory.h"
 #include "shardckpt/io/fs.h"
 

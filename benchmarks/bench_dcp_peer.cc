@@ -13,8 +13,8 @@
 
 #include "benchmarks/bench_util.h"
 #include "shardckpt/collectives/mpi_communicator.h"
-#include "shardckpt/engine/load.h"
-#include "shardckpt/engine/save.h"
+#include "shardckpt/engine/core/load.h"
+#include "shardckpt/engine/core/save.h"
 #include "shardckpt/io/fs.h"
 
 using namespace shardckpt;

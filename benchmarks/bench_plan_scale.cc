@@ -12,8 +12,8 @@
 #include <iostream>
 
 #include "benchmarks/bench_util.h"
-#include "shardckpt/engine/manifest.h"
-#include "shardckpt/engine/read_plan.h"
+#include "shardckpt/engine/model/manifest.h"
+#include "shardckpt/engine/model/read_plan.h"
 #include "shardckpt/io/checksum.h"
 
 using namespace shardckpt;

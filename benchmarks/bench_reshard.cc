@@ -16,10 +16,10 @@
 
 #include "benchmarks/bench_util.h"
 #include "shardckpt/collectives/mpi_communicator.h"
-#include "shardckpt/engine/commit.h"
-#include "shardckpt/engine/load.h"
-#include "shardckpt/engine/offline_writer.h"
-#include "shardckpt/engine/save.h"
+#include "shardckpt/engine/core/commit.h"
+#include "shardckpt/engine/core/load.h"
+#include "shardckpt/engine/core/offline_writer.h"
+#include "shardckpt/engine/core/save.h"
 #include "shardckpt/io/fs.h"
 
 using namespace shardckpt;

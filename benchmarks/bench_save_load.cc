@@ -22,10 +22,10 @@
 
 #include "benchmarks/bench_util.h"
 #include "shardckpt/collectives/mpi_communicator.h"
-#include "shardckpt/engine/async_save.h"
-#include "shardckpt/engine/load.h"
-#include "shardckpt/engine/save.h"
-#include "shardckpt/engine/torch_adapter.h"
+#include "shardckpt/engine/core/async_save.h"
+#include "shardckpt/engine/core/load.h"
+#include "shardckpt/engine/core/save.h"
+#include "shardckpt/engine/torch/torch_adapter.h"
 #include "shardckpt/io/fs.h"
 
 using namespace shardckpt;

@@ -1,4 +1,4 @@
-# Library headers include each other as "shardckpt/io/status.h", "shardckpt/engine/load.h": the
+# Library headers include each other as "shardckpt/io/status.h", "shardckpt/engine/core/load.h": the
 # path they have once installed under <prefix>/include, which cannot collide with a consumer's own
 # io/ or engine/ folders. The build tree resolves the same paths through
 # <build>/include/shardckpt/<folder>, one symbolic link per library folder to the source folder:

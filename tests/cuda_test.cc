@@ -10,9 +10,9 @@
 #include <cstring>
 
 #include "shardckpt/collectives/communicator.h"
-#include "shardckpt/engine/async_save.h"
-#include "shardckpt/engine/load.h"
-#include "shardckpt/engine/save.h"
+#include "shardckpt/engine/core/async_save.h"
+#include "shardckpt/engine/core/load.h"
+#include "shardckpt/engine/core/save.h"
 #include "shardckpt/io/device_memory.h"
 #include "shardckpt/io/fs.h"
 #include "tests/test_util.h"

@@ -6,10 +6,10 @@
 #include <fstream>
 
 #include "shardckpt/collectives/communicator.h"
-#include "shardckpt/engine/commit.h"
-#include "shardckpt/engine/offline_writer.h"
-#include "shardckpt/engine/save.h"
-#include "shardckpt/engine/verify.h"
+#include "shardckpt/engine/core/commit.h"
+#include "shardckpt/engine/core/offline_writer.h"
+#include "shardckpt/engine/core/save.h"
+#include "shardckpt/engine/core/verify.h"
 #include "shardckpt/io/failpoint.h"
 #include "shardckpt/io/fs.h"
 #include "tests/test_util.h"

@@ -13,11 +13,11 @@
 #include <cstring>
 #include <fstream>
 
-#include "shardckpt/engine/checkpoint_reader.h"
-#include "shardckpt/engine/convert.h"
-#include "shardckpt/engine/safetensors.h"
-#include "shardckpt/engine/torch_file.h"
-#include "shardckpt/engine/torch_pickle.h"
+#include "shardckpt/engine/core/checkpoint_reader.h"
+#include "shardckpt/engine/core/convert.h"
+#include "shardckpt/engine/formats/safetensors.h"
+#include "shardckpt/engine/formats/torch_file.h"
+#include "shardckpt/engine/formats/torch_pickle.h"
 #include "shardckpt/io/failpoint.h"
 #include "shardckpt/io/fs.h"
 #include "shardckpt/io/log.h"

@@ -1,4 +1,4 @@
-#include "shardckpt/engine/layout.h"
+#include "shardckpt/engine/model/layout.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-#include "shardckpt/engine/manifest.h"
+#include "shardckpt/engine/model/manifest.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

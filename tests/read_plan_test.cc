@@ -1,4 +1,4 @@
-#include "shardckpt/engine/read_plan.h"
+#include "shardckpt/engine/model/read_plan.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

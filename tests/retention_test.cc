@@ -18,11 +18,11 @@
 #include <thread>
 
 #include "shardckpt/collectives/communicator.h"
-#include "shardckpt/engine/checkpoint_dir.h"
-#include "shardckpt/engine/load.h"
-#include "shardckpt/engine/retention.h"
-#include "shardckpt/engine/save.h"
-#include "shardckpt/engine/verify.h"
+#include "shardckpt/engine/core/checkpoint_dir.h"
+#include "shardckpt/engine/core/load.h"
+#include "shardckpt/engine/core/retention.h"
+#include "shardckpt/engine/core/save.h"
+#include "shardckpt/engine/core/verify.h"
 #include "shardckpt/io/failpoint.h"
 #include "shardckpt/io/fs.h"
 #include "tests/test_util.h"

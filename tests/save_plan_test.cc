@@ -1,4 +1,4 @@
-#include "shardckpt/engine/save_plan.h"
+#include "shardckpt/engine/model/save_plan.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

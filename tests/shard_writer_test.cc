@@ -1,7 +1,7 @@
 // The shard writer's staging: which bytes are copied and which are written in place, and device
 // copies from several devices that share one staging buffer. The device is faked (no GPU here):
 // its copies land only when their slot is waited for, as a real asynchronous copy may.
-#include "shardckpt/engine/shard_writer.h"
+#include "shardckpt/engine/core/shard_writer.h"
 
 #include <gtest/gtest.h>
 

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "shardckpt/engine/dtype.h"
-#include "shardckpt/engine/layout.h"
+#include "shardckpt/engine/model/dtype.h"
+#include "shardckpt/engine/model/layout.h"
 
 namespace shardckpt::testing {
 

@@ -2,8 +2,8 @@
 
 #include <unistd.h>
 
-#include "shardckpt/engine/output_file.h"
-#include "shardckpt/engine/zip_writer.h"
+#include "shardckpt/engine/formats/output_file.h"
+#include "shardckpt/engine/formats/zip_writer.h"
 
 namespace shardckpt::testing {
 namespace {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "shardckpt/engine/torch_pickle.h"
+#include "shardckpt/engine/formats/torch_pickle.h"
 #include "shardckpt/io/status.h"
 
 namespace shardckpt::testing {

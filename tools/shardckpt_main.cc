@@ -19,12 +19,12 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "shardckpt/engine/consolidate.h"
-#include "shardckpt/engine/convert.h"
-#include "shardckpt/engine/load.h"
-#include "shardckpt/engine/verify.h"
-#include "shardckpt/engine/checkpoint_dir.h"
-#include "shardckpt/engine/retention.h"
+#include "shardckpt/engine/core/consolidate.h"
+#include "shardckpt/engine/core/convert.h"
+#include "shardckpt/engine/core/load.h"
+#include "shardckpt/engine/core/verify.h"
+#include "shardckpt/engine/core/checkpoint_dir.h"
+#include "shardckpt/engine/core/retention.h"
 #include "shardckpt/io/fs.h"
 #include "shardckpt/io/size_text.h"
 #include "tools/progress.h"

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "shardckpt/collectives/mpi_communicator.h"
-#include "shardckpt/engine/load.h"
-#include "shardckpt/engine/save.h"
+#include "shardckpt/engine/core/load.h"
+#include "shardckpt/engine/core/save.h"
 
 namespace {
 

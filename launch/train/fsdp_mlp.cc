@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "shardckpt/engine/torch_adapter.h"
+#include "shardckpt/engine/torch/torch_adapter.h"
 
 namespace shardckpt::train {
 

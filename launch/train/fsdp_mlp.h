@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "shardckpt/collectives/communicator.h"
-#include "shardckpt/engine/state.h"
+#include "shardckpt/engine/model/state.h"
 #include "launch/train/synthetic_data.h"
 
 namespace shardckpt::train {

@@ -41,11 +41,11 @@
 #ifdef SHARDCKPT_HAVE_NCCL
 #include "shardckpt/collectives/nccl_communicator.h"
 #endif
-#include "shardckpt/engine/async_save.h"
-#include "shardckpt/engine/checkpoint_dir.h"
-#include "shardckpt/engine/load.h"
-#include "shardckpt/engine/save.h"
-#include "shardckpt/engine/torch_adapter.h"
+#include "shardckpt/engine/core/async_save.h"
+#include "shardckpt/engine/core/checkpoint_dir.h"
+#include "shardckpt/engine/core/load.h"
+#include "shardckpt/engine/core/save.h"
+#include "shardckpt/engine/torch/torch_adapter.h"
 #include "shardckpt/io/failpoint.h"
 #include "shardckpt/io/fs.h"
 #include "launch/train/fsdp_mlp.h"

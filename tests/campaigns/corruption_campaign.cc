@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "shardckpt/engine/checkpoint_reader.h"
-#include "shardckpt/engine/commit.h"
-#include "shardckpt/engine/offline_writer.h"
-#include "shardckpt/engine/verify.h"
+#include "shardckpt/engine/core/checkpoint_reader.h"
+#include "shardckpt/engine/core/commit.h"
+#include "shardckpt/engine/core/offline_writer.h"
+#include "shardckpt/engine/core/verify.h"
 #include "shardckpt/io/fs.h"
 
 using namespace shardckpt;

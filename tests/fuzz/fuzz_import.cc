@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "shardckpt/engine/torch_file.h"
+#include "shardckpt/engine/formats/torch_file.h"
 #include "shardckpt/io/log.h"
 
 using namespace shardckpt;

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "shardckpt/engine/manifest.h"
+#include "shardckpt/engine/model/manifest.h"
 #include "shardckpt/io/log.h"
 
 using namespace shardckpt;

@@ -11,8 +11,8 @@
 #include <cstring>
 #include <vector>
 
-#include "shardckpt/engine/manifest.h"
-#include "shardckpt/engine/read_plan.h"
+#include "shardckpt/engine/model/manifest.h"
+#include "shardckpt/engine/model/read_plan.h"
 #include "shardckpt/io/checksum.h"
 #include "shardckpt/io/log.h"
 #include "tests/test_util.h"

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <string>
 
-#include "shardckpt/engine/safetensors.h"
+#include "shardckpt/engine/formats/safetensors.h"
 #include "shardckpt/io/log.h"
 
 using namespace shardckpt;

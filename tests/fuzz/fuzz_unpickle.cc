@@ -10,8 +10,8 @@
 #include <set>
 #include <string>
 
-#include "shardckpt/engine/torch_file.h"
-#include "shardckpt/engine/torch_pickle.h"
+#include "shardckpt/engine/formats/torch_file.h"
+#include "shardckpt/engine/formats/torch_pickle.h"
 #include "shardckpt/io/log.h"
 
 using namespace shardckpt;

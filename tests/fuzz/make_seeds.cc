@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "shardckpt/engine/layout.h"
-#include "shardckpt/engine/manifest.h"
-#include "shardckpt/engine/safetensors.h"
-#include "shardckpt/engine/torch_pickle.h"
+#include "shardckpt/engine/model/layout.h"
+#include "shardckpt/engine/model/manifest.h"
+#include "shardckpt/engine/formats/safetensors.h"
+#include "shardckpt/engine/formats/torch_pickle.h"
 #include "shardckpt/io/checksum.h"
 #include "shardckpt/io/fs.h"
 #include "tests/torch_files.h"

@@ -25,7 +25,7 @@ for lib in io communicator collectives model formats engine; do
   [ "$soname" = "libshardckpt_$lib.so.0" ] || fail "libshardckpt_$lib.so has SONAME '$soname'"
   [ -e "$libdir/$soname" ] || fail "missing $soname"
 done
-for f in include/shardckpt/engine/load.h include/shardckpt/io/status.h \
+for f in include/shardckpt/engine/core/load.h include/shardckpt/io/status.h \
          include/shardckpt/collectives/mpi_communicator.h bin/shardckpt; do
   [ -e "$prefix/$f" ] || fail "missing $f"
 done

@@ -23,9 +23,9 @@
 #include <vector>
 
 #include "shardckpt/collectives/mpi_communicator.h"
-#include "shardckpt/engine/async_save.h"
-#include "shardckpt/engine/load.h"
-#include "shardckpt/engine/save.h"
+#include "shardckpt/engine/core/async_save.h"
+#include "shardckpt/engine/core/load.h"
+#include "shardckpt/engine/core/save.h"
 #include "shardckpt/io/failpoint.h"
 #include "shardckpt/io/fs.h"
 #include "tests/mpi/scenario.h"

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "shardckpt/engine/state.h"
+#include "shardckpt/engine/model/state.h"
 
 namespace shardckpt::testing {
 

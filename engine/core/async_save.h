@@ -1,0 +1,75 @@
+// Async save (docs/architecture.md): a short blocking snapshot, then a background persist.
+//
+//   auto saver = AsyncSaver::Create(*comm).value();
+//   ...
+//   auto handle = saver->Save(root, step, state).value();  // returns after the copy
+//   // the training loop may change its tensors now
+//   ...
+//   Status s = handle->Wait();                              // same Status on every rank
+//
+// Snapshot: every piece is copied into one page-aligned staging area (pieces at 4096-aligned
+// offsets, zero up to the next one), owned by the saver and reused by every later save; blobs are
+// copied into the snapshot state. Persist: a background thread runs the ordinary collective Save
+// on a duplicate of the communicator, writing every piece, tail included, straight from the
+// staging area with O_DIRECT (no second copy); blobs and the checksum table go through a small
+// ring of buffers that the saver also keeps. So no save after the first allocates or page-faults
+// staging memory. One persist is in flight at a time; Save waits for the previous one.
+//
+// MPI: the persist thread calls MPI while the training thread may too, so the communicator must
+// be thread-safe (MPI_THREAD_MULTIPLE); Create says so plainly when it is not.
+#pragma once
+
+#include <future>
+#include <memory>
+#include <string>
+
+#include "shardckpt/collectives/communicator.h"
+#include "shardckpt/engine/core/save.h"
+
+namespace shardckpt {
+
+class SaveHandle {
+ public:
+  // Waits for the persist and returns its status (the same on every rank). Callable many times.
+  Status Wait();
+  bool Done() const;
+  int64_t step() const { return step_; }
+
+ private:
+  friend class AsyncSaver;
+  std::shared_future<Result<SaveResult>> result_;
+  int64_t step_ = 0;
+};
+
+class AsyncSaver {
+ public:
+  static Result<std::unique_ptr<AsyncSaver>> Create(Communicator& comm, SaveOptions options = {});
+  ~AsyncSaver();
+
+  // `metrics` are recorded in this save's manifest (SaveOptions::metrics of Create otherwise).
+  Result<std::shared_ptr<SaveHandle>> Save(const std::string& root, int64_t step, const ShardedState& state,
+                                           const std::map<std::string, double>& metrics = {});
+  // Waits for the persist in flight, if any.
+  Status Wait();
+
+  uint64_t staging_bytes() const { return staging_.size(); }
+  // Page-aligned buffers the saver allocated: its staging area and its ring, each buffer counted.
+  uint64_t staging_allocations() const { return allocations_; }
+  double last_snapshot_seconds() const { return last_snapshot_seconds_; }
+
+ private:
+  AsyncSaver() = default;
+  // Copies `state` into the staging area; this rank's result only (Save agrees on it).
+  Status Snapshot(const ShardedState& state);
+  std::unique_ptr<Communicator> comm_;
+  SaveOptions options_;
+  AlignedBuffer staging_;
+  std::unique_ptr<BufferPool> ring_;  // the persist's buffers for blobs and the checksum table
+  bool staging_pinned_ = false;  // pinned once a state with device pieces was snapshotted
+  uint64_t allocations_ = 0;
+  ShardedState snapshot_;
+  std::shared_ptr<SaveHandle> in_flight_;
+  double last_snapshot_seconds_ = 0;
+};
+
+}  // namespace shardckpt

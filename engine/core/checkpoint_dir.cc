@@ -1,0 +1,312 @@
+#include "shardckpt/engine/core/checkpoint_dir.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "shardckpt/engine/model/manifest.h"
+#include "shardckpt/io/failpoint.h"
+#include "shardckpt/io/fs.h"
+#include "shardckpt/io/log.h"
+
+namespace shardckpt {
+
+bool ParseStepDirName(const std::string& name, int64_t* step) {
+  if (name.size() < 6 || name.compare(0, 5, "step-") != 0) return false;
+  int64_t value = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9' || value > (INT64_MAX - 9) / 10) return false;
+    value = value * 10 + (name[i] - '0');
+  }
+  *step = value;
+  return true;
+}
+
+namespace {
+
+std::string Trim(std::string text) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ' || text.back() == '\r')) text.pop_back();
+  return text;
+}
+
+}  // namespace
+
+std::string StepDirName(int64_t step) {
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "step-%09lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::string RankFileName(int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "rank-%05d.bin", rank);
+  return buf;
+}
+
+std::string RandomId() {
+  std::random_device device;
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%08x%08x", device(), device());
+  return buf;
+}
+
+std::string TempDirName(int64_t step, const std::string& id) { return StepDirName(step) + ".tmp-" + id; }
+
+bool IsTempDirName(const std::string& name) {
+  return name.compare(0, 5, "step-") == 0 && name.find(".tmp-") != std::string::npos;
+}
+
+std::string ReadLatestName(const std::string& root) {
+  Result<std::string> name = ReadFileLimited(JoinPath(root, kLatestName), 4096);
+  return name.ok() ? Trim(*name) : std::string();
+}
+
+Result<std::vector<std::pair<int64_t, std::string>>> ListCommitted(const std::string& root) {
+  SC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(root));
+  std::vector<std::pair<int64_t, std::string>> out;
+  for (const std::string& name : names) {
+    int64_t step;
+    if (ParseStepDirName(name, &step) && PathExists(JoinPath(JoinPath(root, name), kManifestName))) {
+      out.emplace_back(step, name);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+Result<std::string> ResolveCheckpoint(const std::string& path) {
+  if (PathExists(JoinPath(path, kManifestName))) return path;
+  if (!PathExists(path)) return NotFound(path + " does not exist");
+  const std::string latest = JoinPath(path, kLatestName);
+  Result<std::vector<std::pair<int64_t, std::string>>> committed =
+      IsDirectory(path) ? ListCommitted(path) : Result<std::vector<std::pair<int64_t, std::string>>>(
+                                                    std::vector<std::pair<int64_t, std::string>>{});
+  if (!committed.ok()) return committed.status();
+  const bool has_latest = PathExists(latest);
+  if (committed->empty()) {
+    if (has_latest) {
+      Result<std::string> name = ReadFileLimited(latest, 4096);
+      return NotFound(latest + " names " + (name.ok() ? "'" + Trim(*name) + "'" : name.status().message()) +
+                      ", but " + path + " holds no committed checkpoint (no step folder with " + kManifestName + ")");
+    }
+    int64_t step;
+    if (ParseStepDirName(BaseName(path), &step)) {
+      return NotFound(path + " is not a committed checkpoint (no " + kManifestName +
+                      "): it is being removed by retention or prune, or its save did not finish");
+    }
+    return NotFound(path + " is neither a checkpoint (no " + kManifestName + ") nor a root (no " + kLatestName +
+                    " and no committed step folder)");
+  }
+  const std::string& newest = committed->back().second;
+  if (has_latest && ReadLatestName(path) != newest) {
+    SC_LOG(kInfo) << latest << " does not name the newest committed checkpoint " << newest
+                  << " (a save stopped between its rename and `latest`); using " << newest;
+  }
+  return JoinPath(path, newest);
+}
+
+CheckpointHold& CheckpointHold::operator=(CheckpointHold&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    dir_ = std::move(other.dir_);
+    fd_ = other.fd_;
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+CheckpointHold::~CheckpointHold() {
+  if (fd_ >= 0) ::close(fd_);  // closing releases the flock
+}
+
+Result<CheckpointHold> HoldCheckpoint(const std::string& path) {
+  // Each retry means retention removed the newest checkpoint between resolving and locking,
+  // which a save that just committed a newer one does: the next resolve finds that one.
+  constexpr int kAttempts = 50;
+  std::string gone;
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    Result<std::string> dir = ResolveCheckpoint(path);
+    if (!dir.ok()) {
+      if (gone.empty()) return dir.status();
+      return NotFound(gone + " was removed by retention while being opened, and then: " + dir.status().message());
+    }
+    CheckpointHold hold;
+    hold.dir_ = *dir;
+    hold.fd_ = ::open(dir->c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (hold.fd_ < 0 && errno != ENOENT) return ErrnoStatus(errno, "open checkpoint folder " + *dir);
+    if (hold.fd_ >= 0) {
+      int rc;
+      while ((rc = ::flock(hold.fd_, LOCK_SH)) != 0 && errno == EINTR) {
+      }
+      // A filesystem without flock on folders (some network ones): read unprotected, as before.
+      if (rc != 0) SC_LOG(kInfo) << "no shared lock on " << *dir << " (" << std::strerror(errno) << "); retention cannot see this reader";
+      // Deletion drops the manifest under the exclusive lock before anything else, so a
+      // manifest seen under the shared lock means every data file is there and stays. Reads go
+      // by path: the path must still name the locked folder (a removed link does not).
+      struct stat by_path, locked;
+      if (::faccessat(hold.fd_, kManifestName, F_OK, 0) == 0 && ::stat(dir->c_str(), &by_path) == 0 &&
+          ::fstat(hold.fd_, &locked) == 0 && by_path.st_dev == locked.st_dev && by_path.st_ino == locked.st_ino) {
+        return hold;
+      }
+    }
+    gone = *dir;
+    if (*dir == path) {
+      return NotFound(path + " was removed by retention (or prune) while being opened; it was not damaged");
+    }
+  }
+  return NotFound("the newest checkpoint of " + path + " was removed by retention " +
+                  std::to_string(kAttempts) + " times in a row while being opened");
+}
+
+Result<bool> RemoveCheckpointDir(const std::string& root, const std::string& name) {
+  if (!IsPlainFileName(name)) return InvalidArgument("refusing to delete '" + name + "': not a name inside " + root);
+  const std::string path = JoinPath(root, name);
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return true;
+    return ErrnoStatus(errno, "lstat " + path);
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    // A symlink (to a folder elsewhere, an archived checkpoint) or a stray file: the entry
+    // under the root goes, whatever it points to stays. A reader of a linked checkpoint locks
+    // the folder the link names and reads through the link, so a held target keeps the link;
+    // the exclusive lock, held across the unlink, only tests that (the target is not changed).
+    int target = S_ISLNK(st.st_mode) ? ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+    if (target >= 0 && ::flock(target, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+      ::close(target);
+      return false;
+    }
+    SC_LOG(kInfo) << "removing " << path << (S_ISLNK(st.st_mode) ? " (a symlink; its target is left alone)" : "");
+    Status status = Failpoint("retention.remove", "unlink " + path);
+    if (status.ok() && ::unlink(path.c_str()) != 0 && errno != ENOENT) status = ErrnoStatus(errno, "unlink " + path);
+    if (target >= 0) ::close(target);
+    SC_RETURN_IF_ERROR(status);
+    return true;
+  }
+  int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(errno, "open " + path);
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) {
+      ::close(fd);
+      return false;
+    }
+    // No flock here (readers could not lock either): delete as without readers.
+    SC_LOG(kInfo) << "no lock on " << path << " (" << std::strerror(errno) << "); removing it unguarded";
+  }
+  Status status = Failpoint("retention.remove", "remove " + path);
+  // unlinkat removes the entry itself: a manifest.json that is a symlink loses only the link.
+  if (status.ok() && ::unlinkat(fd, kManifestName, 0) != 0 && errno != ENOENT) {
+    status = ErrnoStatus(errno, "unlink " + JoinPath(path, kManifestName));
+  }
+  if (status.ok() && ::fsync(fd) != 0) status = ErrnoStatus(errno, "fsync directory " + path);
+  if (status.ok()) status = Failpoint("retention.remove_tree", "remove " + path);
+  // remove_all does not follow symlinks: a linked rank file or sub-folder loses only its link.
+  if (status.ok()) status = RemoveTree(path);
+  ::close(fd);
+  SC_RETURN_IF_ERROR(status);
+  return true;
+}
+
+Status RemoveStaleTempDirs(const std::string& root) {
+  SC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(root));
+  for (const std::string& name : names) {
+    int64_t step;
+    const bool half_deleted = ParseStepDirName(name, &step) && !PathExists(JoinPath(JoinPath(root, name), kManifestName));
+    if (!IsTempDirName(name) && !half_deleted) continue;
+    SC_LOG(kWarn) << "removing " << JoinPath(root, name)
+                  << (half_deleted ? ", a step folder without a manifest (a deletion or commit cut short)"
+                                   : ", left by a save that did not finish");
+    SC_ASSIGN_OR_RETURN(bool removed, RemoveCheckpointDir(root, name));
+    if (!removed) SC_LOG(kWarn) << JoinPath(root, name) << " is held by a reader; left for a later save";
+  }
+  return Status::Ok();
+}
+
+Status RepairLatest(const std::string& root) {
+  SC_ASSIGN_OR_RETURN(auto committed, ListCommitted(root));
+  if (committed.empty()) return Status::Ok();
+  const std::string& newest = committed.back().second;
+  const std::string latest = JoinPath(root, kLatestName);
+  const std::string named = ReadLatestName(root);
+  if (named == newest) return Status::Ok();
+  SC_LOG(kWarn) << "repairing " << latest << ": it named " << (named.empty() ? "nothing" : "'" + named + "'")
+                << ", the newest committed checkpoint is " << newest;
+  return WriteFileAtomic(latest, newest + "\n", "commit.repair_latest");
+}
+
+namespace {
+
+// An exclusive flock on root/name without waiting: the fd, -1 when another holder has it.
+Result<int> TryLockFile(const std::string& root, const char* name) {
+  const std::string path = JoinPath(root, name);
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoStatus(errno, "open " + path);
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return fd;
+  int err = errno;
+  ::close(fd);
+  if (err == EWOULDBLOCK) return -1;
+  return ErrnoStatus(err, "flock " + path);
+}
+
+// Whether a prune holds root's prune lock (tested with a shared lock that is let go at once).
+bool PruneRunning(const std::string& root) {
+  int fd = ::open(JoinPath(root, kPruneLockName).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);
+  return held;
+}
+
+}  // namespace
+
+Result<RootLock> RootLock::Acquire(const std::string& root) {
+  // A prune removes a few folders and lets go; ten minutes means it is stuck.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(10);
+  for (;;) {
+    SC_ASSIGN_OR_RETURN(int fd, TryLockFile(root, kLockName));
+    if (fd >= 0) return RootLock(fd, -1);
+    if (!PruneRunning(root)) {
+      return FailedPrecondition("another save is writing into " + root + " (lock " + JoinPath(root, kLockName) +
+                                " is held); two jobs must not save into one root");
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      return FailedPrecondition("a prune has held " + root + " for 10 minutes (lock " + JoinPath(root, kPruneLockName) +
+                                " is held); the save gives up");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+Result<RootLock> RootLock::AcquireForPrune(const std::string& root) {
+  auto busy = [&] {
+    return FailedPrecondition("a save or another prune is writing into " + root + " (lock " +
+                              JoinPath(root, kLockName) + " is held); prune again when it is done");
+  };
+  SC_ASSIGN_OR_RETURN(int prune_fd, TryLockFile(root, kPruneLockName));
+  if (prune_fd < 0) return busy();
+  Result<int> fd = TryLockFile(root, kLockName);
+  if (!fd.ok() || *fd < 0) {
+    ::close(prune_fd);
+    return fd.ok() ? busy() : fd.status();
+  }
+  return RootLock(*fd, prune_fd);
+}
+
+RootLock::~RootLock() {
+  // Closing releases each flock; the root lock goes first, so a save never sees it held
+  // without the prune lock.
+  if (fd_ >= 0) ::close(fd_);
+  if (prune_fd_ >= 0) ::close(prune_fd_);
+}
+
+}  // namespace shardckpt

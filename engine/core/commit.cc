@@ -1,0 +1,65 @@
+#include "shardckpt/engine/core/commit.h"
+
+#include <ctime>
+
+#include "shardckpt/engine/core/checkpoint_dir.h"
+#include "shardckpt/engine/core/version.h"
+#include "shardckpt/io/fs.h"
+#include "shardckpt/io/log.h"
+
+namespace shardckpt {
+
+CreationInfo MakeCreationInfo(int hosts, const std::string& torch_version, const std::string& git_commit,
+                              const std::map<std::string, std::string>& user) {
+  std::time_t now = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return CreationInfo{buf, kVersion, torch_version, hosts, git_commit, user};
+}
+
+Status PrepareRoot(const std::string& root, int64_t step) {
+  SC_RETURN_IF_ERROR(RemoveStaleTempDirs(root));
+  SC_RETURN_IF_ERROR(RepairLatest(root));
+  const std::string final_dir = JoinPath(root, StepDirName(step));
+  if (PathExists(final_dir)) {
+    return Status(Code::kAlreadyExists, "step " + std::to_string(step) + " is already committed in " + final_dir);
+  }
+  return Status::Ok();
+}
+
+Status CommitCheckpoint(const std::string& root, const std::string& temp_name, const Manifest& manifest,
+                        const RetentionPolicy& retention) {
+  SC_RETURN_IF_ERROR(ValidateMetrics(manifest.metrics));
+  Status valid = ValidateManifest(manifest);
+  if (!valid.ok()) return Internal("the manifest built for this checkpoint is invalid (a bug): " + valid.message());
+  SC_ASSIGN_OR_RETURN(std::string json, EncodeManifest(manifest));
+  const std::string temp_dir = JoinPath(root, temp_name);
+  const std::string final_name = StepDirName(manifest.step);
+  const std::string final_dir = JoinPath(root, final_name);
+  SC_RETURN_IF_ERROR(SyncDir(temp_dir, "commit.sync_tmp"));
+  SC_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(temp_dir, kManifestName), json, "commit.manifest"));
+  SC_RETURN_IF_ERROR(Rename(temp_dir, final_dir, "commit.rename_dir"));
+  Status status = SyncDir(root, "commit.sync_root");
+  if (status.ok()) status = WriteFileAtomic(JoinPath(root, kLatestName), final_name + "\n", "commit.latest");
+  if (!status.ok()) {
+    if (ReadLatestName(root) == final_name) {
+      // `latest` was renamed into place and only its fsync failed: the checkpoint is
+      // published and readers use it, so the save stands (a retry would find it committed).
+      SC_LOG(kWarn) << "save of " << final_dir << " stands, but a step after publishing it failed: " << status.ToString();
+    } else {
+      // Never published: remove it, manifest first, so nothing resolves to it.
+      Result<bool> removed = RemoveCheckpointDir(root, final_name);
+      if (!removed.ok() || !*removed) {
+        SC_LOG(kWarn) << "could not remove " << final_dir << " after the failed commit ("
+                      << (removed.ok() ? "a reader holds it" : removed.status().ToString())
+                      << "); it is complete, and the next save of this root treats it as committed";
+      }
+      return status;
+    }
+  }
+  Result<RetentionReport> kept = ApplyRetention(root, retention, final_name);
+  if (!kept.ok()) SC_LOG(kWarn) << "retention after " << final_name << " failed (the save stands): " << kept.status().ToString();
+  return Status::Ok();
+}
+
+}  // namespace shardckpt

@@ -1,0 +1,28 @@
+// Commit of a checkpoint whose data files are written and synced in <root>/<temp_name>: steps 4
+// to 9 of the protocol in save.h. Shared by the collective Save (on rank 0) and by the offline
+// writers (import, reshard).
+#pragma once
+
+#include <string>
+
+#include "shardckpt/engine/model/manifest.h"
+#include "shardckpt/engine/core/retention.h"
+
+namespace shardckpt {
+
+// Before a save of `step` into root, with the root lock held: removes what dead saves left
+// (RemoveStaleTempDirs), repairs a stale `latest`, and refuses a step that is already committed.
+Status PrepareRoot(const std::string& root, int64_t step);
+
+// Validates `manifest`, writes it, renames the folder to step-N, fsyncs the root, replaces
+// `latest` and applies retention. On failure before `latest` names the new folder, the folder is
+// removed (manifest first). Once `latest` names it the save has succeeded: a later failure (the
+// fsync after `latest`, retention) is logged as a warning, not returned.
+Status CommitCheckpoint(const std::string& root, const std::string& temp_name, const Manifest& manifest,
+                        const RetentionPolicy& retention);
+
+// The creation facts every manifest carries; `torch_version` and `git_commit` may be empty.
+CreationInfo MakeCreationInfo(int hosts, const std::string& torch_version, const std::string& git_commit,
+                              const std::map<std::string, std::string>& user);
+
+}  // namespace shardckpt

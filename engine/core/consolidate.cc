@@ -1,0 +1,222 @@
+#include "shardckpt/engine/core/consolidate.h"
+
+#include <fnmatch.h>
+
+#include <future>
+#include <algorithm>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "shardckpt/engine/core/checkpoint_reader.h"
+#include "shardckpt/engine/model/float_convert.h"
+#include "shardckpt/engine/formats/output_file.h"
+#include "shardckpt/engine/formats/safetensors.h"
+#include "shardckpt/engine/formats/torch_pickle.h"
+#include "shardckpt/engine/formats/zip_writer.h"
+#include "shardckpt/io/fs.h"
+
+namespace shardckpt {
+namespace {
+
+bool Matches(const std::vector<std::string>& globs, const std::string& name) {
+  for (const std::string& g : globs) {
+    if (fnmatch(g.c_str(), name.c_str(), 0) == 0) return true;
+  }
+  return false;
+}
+
+struct Selected {
+  size_t entry;
+  std::string name;  // in the output
+  DType dtype;       // in the output
+  Shape shape;
+  uint64_t bytes;    // in the output
+};
+
+struct Window {
+  size_t selected;  // index into the selected list
+  int64_t begin, end;  // elements
+};
+
+// Streams the bytes of `which` selected entries (converted to their output dtype), window by
+// window, reading window i+1 on a helper thread while window i is hashed and written.
+Status StreamEntries(CheckpointReader& reader, const std::vector<Selected>& selected, const std::vector<size_t>& which,
+                     uint64_t window_bytes, const std::function<Status(size_t)>& begin_entry,
+                     const std::function<Status(const void*, size_t)>& sink, const std::function<Status(size_t)>& end_entry) {
+  std::vector<Window> windows;
+  for (size_t k : which) {
+    const EntryRecord& e = reader.manifest().entries[selected[k].entry];
+    const uint64_t widest = std::max(DTypeSize(e.dtype), DTypeSize(selected[k].dtype));
+    const int64_t step = std::max<int64_t>(1, static_cast<int64_t>(window_bytes / widest));
+    const int64_t numel = NumElements(e.shape).value();
+    if (numel == 0) windows.push_back(Window{k, 0, 0});
+    for (int64_t a = 0; a < numel; a += step) windows.push_back(Window{k, a, std::min(numel, a + step)});
+  }
+  std::vector<unsigned char> buffers[2], converted;
+  auto read = [&](size_t i) -> Status {
+    const Window& w = windows[i];
+    const EntryRecord& e = reader.manifest().entries[selected[w.selected].entry];
+    buffers[i % 2].resize(static_cast<size_t>(w.end - w.begin) * DTypeSize(e.dtype));
+    if (w.end == w.begin) return Status::Ok();
+    Status status = reader.ReadPiece(selected[w.selected].entry, Layout::FlatRange(w.begin, w.end), buffers[i % 2].data());
+    return status.WithContext("entry '" + e.name + "'");
+  };
+  std::future<Status> next;
+  if (!windows.empty()) next = std::async(std::launch::async, read, 0);
+  for (size_t i = 0; i < windows.size(); ++i) {
+    SC_RETURN_IF_ERROR(next.get());
+    if (i + 1 < windows.size()) next = std::async(std::launch::async, read, i + 1);
+    const Window& w = windows[i];
+    const Selected& out = selected[w.selected];
+    const DType from = reader.manifest().entries[out.entry].dtype;
+    Status status;
+    if (w.begin == 0) status = begin_entry(w.selected);
+    const std::vector<unsigned char>& data = buffers[i % 2];
+    if (status.ok() && from == out.dtype) {
+      status = sink(data.data(), data.size());
+    } else if (status.ok()) {
+      size_t count = data.size() / DTypeSize(from);
+      converted.resize(count * DTypeSize(out.dtype));
+      ConvertFloats(from, out.dtype, data.data(), converted.data(), count);
+      status = sink(converted.data(), converted.size());
+    }
+    bool last_of_entry = i + 1 == windows.size() || windows[i + 1].selected != w.selected;
+    if (status.ok() && last_of_entry) status = end_entry(w.selected);
+    if (!status.ok()) {
+      if (next.valid()) next.wait();  // the helper must not outlive the buffers
+      return status;
+    }
+  }
+  return Status::Ok();
+}
+
+std::string Stem(const std::string& path) {
+  std::string base = BaseName(path);
+  return EndsWith(base, ".safetensors") ? base.substr(0, base.size() - 12) : base;
+}
+
+}  // namespace
+
+Result<ExportFormat> FormatFromPath(const std::string& path) {
+  if (EndsWith(path, ".pt") || EndsWith(path, ".pth")) return ExportFormat::kTorch;
+  if (EndsWith(path, ".safetensors")) return ExportFormat::kSafetensors;
+  return InvalidArgument("cannot tell the format of '" + path + "' (use .pt, .pth or .safetensors, or --format)");
+}
+
+Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::string& out,
+                                      const ConsolidateOptions& options) {
+  SC_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(checkpoint));
+  SC_RETURN_IF_ERROR(MakeDirs(DirName(out)));
+  const Manifest& m = reader->manifest();
+  ConsolidateReport report;
+  report.checkpoint = reader->dir();
+  std::vector<Selected> selected;
+  std::set<std::string> names;
+  for (size_t i = 0; i < m.entries.size(); ++i) {
+    const EntryRecord& e = m.entries[i];
+    if (!options.include.empty() && !Matches(options.include, e.name)) continue;
+    if (Matches(options.exclude, e.name)) continue;
+    std::string name = e.name;
+    if (!options.strip_prefix.empty() && name.compare(0, options.strip_prefix.size(), options.strip_prefix) == 0) {
+      name = name.substr(options.strip_prefix.size());
+    }
+    if (name.empty() || !names.insert(name).second) {
+      return InvalidArgument("entry '" + e.name + "' becomes '" + name + "', which is empty or taken, after --strip-prefix");
+    }
+    DType dtype = options.cast && IsFloatingDType(e.dtype) ? *options.cast : e.dtype;
+    uint64_t bytes = static_cast<uint64_t>(NumBytes(e.shape, DTypeSize(dtype)).value());
+    selected.push_back(Selected{i, name, dtype, e.shape, bytes});
+    report.tensor_bytes += bytes;
+  }
+  if (selected.empty()) return InvalidArgument("no entry of " + reader->dir() + " is selected");
+  report.entries = selected.size();
+  uint64_t done = 0;
+  auto progress = [&](uint64_t n) {
+    done += n;
+    if (options.progress) options.progress(done, report.tensor_bytes);
+  };
+
+  if (options.format == ExportFormat::kTorch) {
+    SC_ASSIGN_OR_RETURN(std::unique_ptr<OutputFile> file, OutputFile::Create(out));
+    ZipWriter zip(file.get());
+    std::vector<PickleTensor> tensors;
+    for (size_t k = 0; k < selected.size(); ++k) {
+      const Selected& s = selected[k];
+      std::vector<int64_t> strides(s.shape.size(), 1);
+      for (size_t d = s.shape.size(); d-- > 1;) strides[d - 1] = strides[d] * s.shape[d];
+      tensors.push_back(PickleTensor{s.name, s.dtype, s.shape, strides, 0, std::to_string(k), NumElements(s.shape).value()});
+    }
+    SC_ASSIGN_OR_RETURN(std::string pickle, PickleStateDict(tensors));
+    const std::string root = "archive/";
+    SC_RETURN_IF_ERROR(zip.AddRecord(root + "data.pkl", pickle));
+    SC_RETURN_IF_ERROR(zip.AddRecord(root + "byteorder", "little"));
+    std::vector<size_t> all(selected.size());
+    for (size_t k = 0; k < all.size(); ++k) all[k] = k;
+    SC_RETURN_IF_ERROR(StreamEntries(
+        *reader, selected, all, options.window_bytes,
+        [&](size_t k) { return zip.BeginRecord(root + "data/" + std::to_string(k), selected[k].bytes); },
+        [&](const void* p, size_t n) {
+          progress(n);
+          return zip.Append(p, n);
+        },
+        [&](size_t) { return zip.EndRecord(); }));
+    SC_RETURN_IF_ERROR(zip.AddRecord(root + "version", "3\n"));
+    SC_RETURN_IF_ERROR(zip.Finish());
+    SC_RETURN_IF_ERROR(file->Close());
+    report.files.push_back(out);
+    report.sha256.push_back(file->sha256());
+  } else {
+    // Greedy shards in entry order; a tensor larger than the limit gets a shard of its own.
+    std::vector<std::vector<size_t>> shards(1);
+    uint64_t in_shard = 0;
+    for (size_t k = 0; k < selected.size(); ++k) {
+      if (options.max_shard_bytes > 0 && in_shard > 0 && in_shard + selected[k].bytes > options.max_shard_bytes) {
+        shards.emplace_back();
+        in_shard = 0;
+      }
+      shards.back().push_back(k);
+      in_shard += selected[k].bytes;
+    }
+    const bool sharded = options.max_shard_bytes > 0;
+    nlohmann::ordered_json weight_map;
+    for (size_t s = 0; s < shards.size(); ++s) {
+      std::string path = out;
+      if (sharded) {
+        char name[64];
+        std::snprintf(name, sizeof(name), "-%05zu-of-%05zu.safetensors", s + 1, shards.size());
+        path = JoinPath(DirName(out), Stem(out) + name);
+      }
+      std::vector<SafetensorsEntry> entries;
+      for (size_t k : shards[s]) entries.push_back(SafetensorsEntry{selected[k].name, selected[k].dtype, selected[k].shape, 0, 0});
+      SC_ASSIGN_OR_RETURN(std::string header, EncodeSafetensorsHeader(entries, {{"source", "shardckpt"}}));
+      SC_ASSIGN_OR_RETURN(std::unique_ptr<OutputFile> file, OutputFile::Create(path));
+      SC_RETURN_IF_ERROR(file->Write(header.data(), header.size()));
+      const std::string base = BaseName(path);
+      SC_RETURN_IF_ERROR(StreamEntries(
+          *reader, selected, shards[s], options.window_bytes,
+          [&](size_t k) {
+            weight_map[selected[k].name] = base;
+            return Status::Ok();
+          },
+          [&](const void* p, size_t n) {
+            progress(n);
+            return file->Write(p, n);
+          },
+          [&](size_t) { return Status::Ok(); }));
+      SC_RETURN_IF_ERROR(file->Close());
+      report.files.push_back(path);
+      report.sha256.push_back(file->sha256());
+    }
+    if (sharded) {
+      nlohmann::ordered_json index = {{"metadata", {{"total_size", report.tensor_bytes}}}, {"weight_map", weight_map}};
+      std::string path = JoinPath(DirName(out), Stem(out) + ".safetensors.index.json");
+      SC_RETURN_IF_ERROR(WriteFileAtomic(path, index.dump(2) + "\n", "export.index"));
+      report.files.push_back(path);
+    }
+  }
+  report.bytes_read = reader->stats().data_bytes_read;
+  return report;
+}
+
+}  // namespace shardckpt

@@ -1,0 +1,45 @@
+// Streams a sharded checkpoint into one state-dict file (docs/architecture.md): PyTorch's zip
+// format (torch.load(weights_only=True), mmap=True) or safetensors (sharded with the Hugging
+// Face index when a size limit is given). Headers first, then each tensor's bytes window by
+// window, so memory stays bounded by the window and the I/O buffers whatever the model size
+// (DCP's dcp_to_torch_save and DeepSpeed's zero_to_fp32 hold the whole model).
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "shardckpt/engine/model/dtype.h"
+#include "shardckpt/io/status.h"
+
+namespace shardckpt {
+
+enum class ExportFormat { kTorch, kSafetensors };
+
+struct ConsolidateOptions {
+  ExportFormat format = ExportFormat::kTorch;
+  std::vector<std::string> include;  // globs; empty: everything
+  std::vector<std::string> exclude;
+  std::string strip_prefix;
+  std::optional<DType> cast;         // floating entries only
+  uint64_t max_shard_bytes = 0;      // safetensors: split into model-0000k-of-0000n files
+  uint64_t window_bytes = 32u << 20;
+  std::function<void(uint64_t done, uint64_t total)> progress;
+};
+
+struct ConsolidateReport {
+  std::string checkpoint;
+  std::vector<std::string> files;    // written, in order (index file last)
+  std::vector<std::string> sha256;   // of each data file
+  uint64_t entries = 0;
+  uint64_t tensor_bytes = 0;         // written
+  uint64_t bytes_read = 0;           // from the checkpoint
+};
+
+// Format from the extension: .pt/.pth -> torch, .safetensors -> safetensors.
+Result<ExportFormat> FormatFromPath(const std::string& path);
+Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::string& out,
+                                      const ConsolidateOptions& options);
+
+}  // namespace shardckpt

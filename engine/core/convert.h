@@ -1,0 +1,34 @@
+// Offline conversions into sharded checkpoints (docs/architecture.md):
+//   import:  a .pt (torch.save) or .safetensors file -> a checkpoint for N ranks
+//   reshard: a checkpoint saved by any N -> a checkpoint for M ranks, without a job
+// Layout policies: flat (FSDP/ZeRO flat shards), dim0 (torch.chunk along dim 0; 0-d tensors
+// replicated) and replicated (each tensor written once, spread over the ranks' files).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "shardckpt/engine/model/layout.h"
+
+namespace shardckpt {
+
+Result<Layout> PolicyLayout(const std::string& policy, const Shape& shape, int world, int rank);
+
+struct ConvertOptions {
+  int world_size = 1;
+  std::string layout = "flat";
+  std::function<void(uint64_t done, uint64_t total)> progress;
+};
+
+struct ConvertReport {
+  std::string path;  // the committed checkpoint
+  uint64_t tensors = 0;
+  uint64_t bytes = 0;
+  std::vector<std::string> skipped;  // non-tensor values (import) or per-rank blobs (reshard)
+};
+
+Result<ConvertReport> ImportFile(const std::string& file, const std::string& root, const ConvertOptions& options);
+Result<ConvertReport> Reshard(const std::string& checkpoint, const std::string& root, const ConvertOptions& options);
+
+}  // namespace shardckpt

@@ -1,0 +1,163 @@
+#include "shardckpt/engine/core/extent_reader.h"
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <set>
+
+#include "shardckpt/io/checksum.h"
+#include "shardckpt/io/fs.h"
+
+namespace shardckpt {
+namespace {
+
+using PageKey = std::pair<uint32_t, uint64_t>;  // (file, table page)
+
+// Reads `ops` with the engine's queue kept full; every op has its own buffer already.
+Status RunAll(IoEngine* io, const std::vector<std::pair<File*, IoOp>>& ops) {
+  for (size_t i = 0; i < ops.size(); ++i) {
+    while (io->in_flight() >= io->queue_depth()) SC_RETURN_IF_ERROR(io->Reap().status());
+    SC_RETURN_IF_ERROR(io->Submit(ops[i].first, ops[i].second, i));
+  }
+  return io->Drain();
+}
+
+std::string TargetsInBlock(const ReadPlan& plan, const ReadExtent& extent, uint64_t block_begin,
+                           const ReadTargets& targets) {
+  std::set<std::string> names;
+  for (size_t k = extent.first_copy; k < extent.first_copy + extent.copy_count; ++k) {
+    const ScatterCopy& c = plan.copies[k];
+    if (c.extent_offset < block_begin + kBlockSize && c.extent_offset + c.length > block_begin) {
+      names.insert(targets.names[c.target]);
+    }
+  }
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + ("'" + n + "'");
+  return out.empty() ? "padding" : out;
+}
+
+// An extent that is exactly one copy into host memory can be read straight into the target,
+// skipping the staging copy: the whole extent lands in the tensor, so its blocks are verified
+// there. O_DIRECT files need the target address 4096-aligned as well.
+unsigned char* InPlaceTarget(const ReadPlan& plan, const ReadExtent& e, const ReadTargets& targets, const File& file) {
+  if (e.copy_count != 1) return nullptr;
+  const ScatterCopy& c = plan.copies[e.first_copy];
+  if (c.extent_offset != 0 || c.length != e.length) return nullptr;
+  if (!targets.copier.empty() && targets.copier[c.target] != nullptr) return nullptr;
+  unsigned char* at = targets.base[c.target] + c.target_offset;
+  if (file.direct() && reinterpret_cast<uintptr_t>(at) % kDirectIoAlignment != 0) return nullptr;
+  return at;
+}
+
+}  // namespace
+
+Status ExecuteReadPlan(IoEngine* io, BufferPool* pool, const std::string& dir,
+                       const Manifest& manifest, const ReadPlan& plan, const ReadTargets& targets,
+                       bool verify, ReadStats* stats) {
+  std::map<uint32_t, std::unique_ptr<File>> files;
+  for (const ReadExtent& e : plan.extents) {
+    if (files.count(e.file)) continue;
+    SC_ASSIGN_OR_RETURN(files[e.file], io->Open(JoinPath(dir, manifest.files[e.file].name), OpenMode::kRead));
+  }
+  // Level 1: the checksum-table pages covering the blocks we read, verified against the manifest.
+  std::map<PageKey, const uint64_t*> sums;
+  AlignedBuffer pages;
+  if (verify) {
+    std::set<PageKey> needed;
+    for (const ReadExtent& e : plan.extents) {
+      uint64_t first = e.offset / kBlockSize, last = (e.offset + e.length) / kBlockSize - 1;
+      for (uint64_t p = first / kSumsPerTablePage; p <= last / kSumsPerTablePage; ++p) needed.insert({e.file, p});
+    }
+    SC_ASSIGN_OR_RETURN(pages, AlignedBuffer::Allocate(needed.size() * kBlockSize));
+    std::vector<std::pair<File*, IoOp>> ops;
+    size_t slot = 0;
+    for (const PageKey& key : needed) {
+      unsigned char* at = pages.data() + slot++ * kBlockSize;
+      ops.push_back({files[key.first].get(),
+                     IoOp{IoKind::kRead, manifest.files[key.first].table_offset + key.second * kBlockSize, at, kBlockSize}});
+      sums[key] = reinterpret_cast<const uint64_t*>(at);
+    }
+    SC_RETURN_IF_ERROR(RunAll(io, ops));
+    stats->table_bytes_read += needed.size() * kBlockSize;
+    for (const auto& [key, table] : sums) {
+      const FileRecord& f = manifest.files[key.first];
+      if (Checksum64(table, kBlockSize) != f.table_page_sums[key.second]) {
+        return DataLoss(JoinPath(dir, f.name) + ": checksum table page " + std::to_string(key.second) +
+                        " (file offset " + std::to_string(f.table_offset + key.second * kBlockSize) +
+                        ") does not match the manifest: the file is corrupt");
+      }
+    }
+  }
+  // Level 2: the data, through the staging ring.
+  // Each read in flight owns a staging slot (its tag), even when it lands in place.
+  std::vector<size_t> extent_in(pool->count(), SIZE_MAX);
+  std::vector<unsigned char*> in_place(pool->count(), nullptr);
+  size_t next_buffer = 0;
+  auto complete = [&](size_t buffer) -> Status {
+    const ReadExtent& e = plan.extents[extent_in[buffer]];
+    const unsigned char* data = in_place[buffer] != nullptr ? in_place[buffer] : pool->at(buffer).data();
+    if (verify) {
+      for (uint64_t at = 0; at < e.length; at += kBlockSize) {
+        uint64_t block = (e.offset + at) / kBlockSize;
+        uint64_t expected = sums[{e.file, block / kSumsPerTablePage}][block % kSumsPerTablePage];
+        if (Checksum64(data + at, kBlockSize) != expected) {
+          return DataLoss(JoinPath(dir, manifest.files[e.file].name) + ": checksum mismatch in the block at offset " +
+                          std::to_string(e.offset + at) + " holding " + TargetsInBlock(plan, e, at, targets));
+        }
+      }
+    }
+    if (in_place[buffer] != nullptr) {
+      in_place[buffer] = nullptr;
+      extent_in[buffer] = SIZE_MAX;
+      stats->bytes_read_in_place += e.length;
+      return Status::Ok();
+    }
+    DeviceCopier* device_copies = nullptr;
+    for (size_t k = e.first_copy; k < e.first_copy + e.copy_count; ++k) {
+      const ScatterCopy& c = plan.copies[k];
+      DeviceCopier* copier = targets.copier.empty() ? nullptr : targets.copier[c.target];
+      if (copier == nullptr) {
+        std::memcpy(targets.base[c.target] + c.target_offset, data + c.extent_offset, c.length);
+        continue;
+      }
+      if (device_copies != nullptr && device_copies != copier) SC_RETURN_IF_ERROR(device_copies->Synchronize());
+      SC_RETURN_IF_ERROR(copier->CopyToDeviceAsync(targets.base[c.target] + c.target_offset, data + c.extent_offset,
+                                                   c.length).WithContext(targets.names[c.target]));
+      device_copies = copier;
+    }
+    // The buffer is read again by the next extent; its host-to-device copies must have landed.
+    if (device_copies != nullptr) SC_RETURN_IF_ERROR(device_copies->Synchronize());
+    extent_in[buffer] = SIZE_MAX;
+    return Status::Ok();
+  };
+  Status failure;
+  for (size_t i = 0; i < plan.extents.size() && failure.ok(); ++i) {
+    const ReadExtent& e = plan.extents[i];
+    size_t buffer = next_buffer;
+    next_buffer = (next_buffer + 1) % pool->count();
+    while (extent_in[buffer] != SIZE_MAX && failure.ok()) {
+      Result<uint64_t> tag = io->Reap();
+      failure = tag.ok() ? complete(*tag) : tag.status();
+    }
+    if (!failure.ok()) break;
+    if (e.length > pool->buffer_bytes()) return Internal("read extent larger than a staging buffer");
+    extent_in[buffer] = i;
+    in_place[buffer] = InPlaceTarget(plan, e, targets, *files[e.file]);
+    unsigned char* into = in_place[buffer] != nullptr ? in_place[buffer] : pool->at(buffer).data();
+    failure = io->Submit(files[e.file].get(), IoOp{IoKind::kRead, e.offset, into, e.length}, buffer);
+    if (!failure.ok()) {
+      extent_in[buffer] = SIZE_MAX;
+      in_place[buffer] = nullptr;
+    }
+    stats->data_bytes_read += e.length;
+    stats->extents++;
+  }
+  while (io->in_flight() > 0) {
+    Result<uint64_t> tag = io->Reap();
+    Status status = tag.ok() ? (failure.ok() ? complete(*tag) : Status::Ok()) : tag.status();
+    if (failure.ok()) failure = status;
+  }
+  return failure;
+}
+
+}  // namespace shardckpt

@@ -1,0 +1,36 @@
+// Executes a ReadPlan: reads extents into staging buffers with up to pool.count() reads in
+// flight, verifies every 4096-byte block against the checksum table (whose pages are verified
+// against the manifest first), and scatters the bytes into the targets. An extent that is one
+// whole copy into host memory is read straight into the target instead (aligned targets under
+// O_DIRECT; any target on memory-backed file systems, which are opened without O_DIRECT).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "shardckpt/engine/model/manifest.h"
+#include "shardckpt/engine/model/read_plan.h"
+#include "shardckpt/io/aligned_buffer.h"
+#include "shardckpt/io/device_memory.h"
+#include "shardckpt/io/io_engine.h"
+
+namespace shardckpt {
+
+struct ReadStats {
+  uint64_t data_bytes_read = 0;
+  uint64_t table_bytes_read = 0;
+  uint64_t extents = 0;
+  uint64_t bytes_read_in_place = 0;  // read straight into the targets, no staging copy
+};
+
+struct ReadTargets {
+  std::vector<unsigned char*> base;  // by target index
+  std::vector<std::string> names;    // for error messages: the entry or blob each target holds
+  std::vector<DeviceCopier*> copier; // by target; null (or empty vector) for host memory
+};
+
+Status ExecuteReadPlan(IoEngine* io, BufferPool* pool, const std::string& dir,
+                       const Manifest& manifest, const ReadPlan& plan, const ReadTargets& targets,
+                       bool verify, ReadStats* stats);
+
+}  // namespace shardckpt

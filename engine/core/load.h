@@ -1,0 +1,72 @@
+// Collective load with resharding (docs/architecture.md). Every rank of `comm` calls Load with the
+// pieces it wants, in whatever layout it wants them: the checkpoint may have been saved by any
+// number of ranks in any layout.
+//
+//   1. rank 0 resolves the path, reads and validates manifest.json and the data files' sizes,
+//      and broadcasts the manifest (one metadata read, not N).
+//   2. names are matched (after the optional rename), dtype and shape checked; ranks exchange
+//      which entries they want, so strict mode can name checkpoint entries nobody loads.
+//   3. each rank plans its reads (read_plan.h) and runs them (extent_reader.h), verifying every
+//      block it reads.
+//   4. an entry every rank wants whole is read by one rank (round-robin over such entries) and
+//      broadcast to the rest.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "shardckpt/collectives/communicator.h"
+#include "shardckpt/engine/core/extent_reader.h"
+#include "shardckpt/engine/model/read_plan.h"
+#include "shardckpt/engine/model/state.h"
+
+namespace shardckpt {
+
+struct LoadOptions {
+  // Strict: a wanted name missing from the checkpoint, or a checkpoint entry no rank wants, is
+  // an error listing them. Not strict: both lists come back in the report.
+  bool strict = true;
+  // Maps a checkpoint name to the name the job uses (e.g. strip "module."); identity when empty.
+  std::function<std::string(const std::string&)> rename;
+  bool verify_checksums = true;
+  bool broadcast_replicated = true;
+  IoOptions io;
+  size_t staging_buffers = 8;
+  ReadPlanOptions plan;
+  // Broadcasts replicated entries that every rank holds in device memory directly between
+  // devices (an NcclCommunicator over the same ranks); null: through host memory and `comm`.
+  Communicator* device_comm = nullptr;
+};
+
+struct BlobResult {
+  bool available = false;
+  std::string bytes;
+  std::string reason;  // why not, when unavailable
+};
+
+struct LoadReport {
+  std::string path;  // the checkpoint folder read
+  int64_t step = 0;
+  int saved_world_size = 0;
+  std::vector<std::string> missing;     // wanted here, not in the checkpoint
+  std::vector<std::string> unexpected;  // in the checkpoint, wanted by no rank
+  std::map<std::string, BlobResult> blobs;
+  uint64_t bytes_wanted = 0;  // by this rank, from storage
+  ReadStats stats;            // this rank's reads
+  uint64_t bytes_received = 0;  // replicated entries received from other ranks
+};
+
+Result<LoadReport> Load(Communicator& comm, const std::string& path, const ShardedState& targets,
+                        const LoadOptions& options = {});
+
+// Reads and validates a checkpoint's manifest (and its data files' sizes) without a job;
+// `text`, when given, receives the file's bytes as read.
+Result<Manifest> ReadManifest(const std::string& checkpoint_dir, std::string* text = nullptr);
+
+// Prefix helpers for LoadOptions::rename.
+std::function<std::string(const std::string&)> StripPrefix(const std::string& prefix);
+std::function<std::string(const std::string&)> AddPrefix(const std::string& prefix);
+
+}  // namespace shardckpt

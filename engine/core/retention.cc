@@ -1,0 +1,121 @@
+#include "shardckpt/engine/core/retention.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+
+#include "shardckpt/engine/core/checkpoint_dir.h"
+#include "shardckpt/engine/core/load.h"
+#include "shardckpt/engine/model/manifest.h"
+#include "shardckpt/io/fs.h"
+#include "shardckpt/io/log.h"
+
+namespace shardckpt {
+
+Status ValidatePolicy(const RetentionPolicy& p) {
+  if (p.keep_last < 0 || p.keep_best < 0) return InvalidArgument("keep_last and keep_best must not be negative");
+  if (p.keep_best > 0 && p.metric.empty()) return InvalidArgument("keep_best needs the name of a metric to rank by");
+  return Status::Ok();
+}
+
+void PlanRetention(const RetentionPolicy& policy, const std::string& latest, std::vector<CheckpointInfo>* all) {
+  std::vector<CheckpointInfo*> committed;
+  for (CheckpointInfo& c : *all) {
+    c.keep = false;
+    c.why.clear();
+    if (c.committed) committed.push_back(&c);
+  }
+  std::sort(committed.begin(), committed.end(), [](const CheckpointInfo* a, const CheckpointInfo* b) { return a->step < b->step; });
+  auto keep = [](CheckpointInfo* c, const std::string& why) {
+    c->keep = true;
+    c->why += (c->why.empty() ? "" : ", ") + why;
+  };
+  if (policy.KeepsEverything()) {
+    for (CheckpointInfo* c : committed) keep(c, "kept (no retention)");
+    return;
+  }
+  for (CheckpointInfo* c : committed) {
+    if (c->name == latest) keep(c, "latest");
+  }
+  if (!committed.empty() && committed.back()->name != latest) keep(committed.back(), "newest");
+  const size_t last = std::min<size_t>(committed.size(), static_cast<size_t>(policy.keep_last));
+  for (size_t i = committed.size() - last; i < committed.size(); ++i) keep(committed[i], "last " + std::to_string(policy.keep_last));
+  std::vector<CheckpointInfo*> ranked;
+  for (CheckpointInfo* c : committed) {
+    if (c->metrics.count(policy.metric)) ranked.push_back(c);
+  }
+  // Best first; among equal values the newer checkpoint wins.
+  std::stable_sort(ranked.begin(), ranked.end(), [&](const CheckpointInfo* a, const CheckpointInfo* b) {
+    double x = a->metrics.at(policy.metric), y = b->metrics.at(policy.metric);
+    if (x != y) return policy.higher_is_better ? x > y : x < y;
+    return a->step > b->step;
+  });
+  const size_t best = std::min<size_t>(ranked.size(), static_cast<size_t>(policy.keep_best));
+  for (size_t i = 0; i < best; ++i) {
+    keep(ranked[i], "best " + std::to_string(policy.keep_best) + " by " + policy.metric + " (" +
+                        (policy.higher_is_better ? "max" : "min") + ")");
+  }
+}
+
+Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, bool with_manifests) {
+  SC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(root));
+  std::vector<CheckpointInfo> out;
+  for (const std::string& name : names) {
+    CheckpointInfo c;
+    c.name = name;
+    c.temp = IsTempDirName(name);
+    const bool step_dir = ParseStepDirName(name, &c.step);
+    if (!step_dir && !c.temp) continue;
+    if (c.temp) ParseStepDirName(name.substr(0, name.find(".tmp-")), &c.step);
+    const std::string dir = JoinPath(root, name);
+    struct stat st;
+    c.symlink = ::lstat(dir.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
+    if (Result<std::vector<std::string>> files = ListDir(dir); files.ok()) {
+      for (const std::string& f : *files) {
+        Result<uint64_t> size = FileSize(JoinPath(dir, f));
+        if (size.ok()) c.bytes += *size;
+      }
+    }
+    c.committed = step_dir && PathExists(JoinPath(dir, kManifestName));
+    if (c.temp) c.problem = "save in progress, or left by one that did not finish";
+    else if (!c.committed) c.problem = "no manifest (a deletion or commit cut short); the next save removes it";
+    if (c.committed && with_manifests) {
+      Result<Manifest> m = ReadManifest(dir);
+      if (m.ok()) {
+        c.time = m->created.time;
+        c.world_size = m->world_size;
+        c.metrics = m->metrics;
+      } else {
+        c.problem = m.status().ToString();
+      }
+    }
+    out.push_back(std::move(c));
+  }
+  std::sort(out.begin(), out.end(), [](const CheckpointInfo& a, const CheckpointInfo& b) {
+    return a.step != b.step ? a.step < b.step : a.name < b.name;
+  });
+  return out;
+}
+
+Result<RetentionReport> ApplyRetention(const std::string& root, const RetentionPolicy& policy,
+                                       const std::string& just_committed, bool dry_run) {
+  SC_RETURN_IF_ERROR(ValidatePolicy(policy));
+  RetentionReport report;
+  if (policy.KeepsEverything()) return report;
+  SC_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, ListCheckpoints(root, policy.keep_best > 0));
+  PlanRetention(policy, ReadLatestName(root), &all);
+  for (const CheckpointInfo& c : all) {
+    if (!c.committed || c.keep || c.name == just_committed) continue;
+    if (dry_run) {
+      report.removed.push_back(c.name);
+      continue;
+    }
+    SC_LOG(kInfo) << "retention: removing " << JoinPath(root, c.name);
+    SC_ASSIGN_OR_RETURN(bool removed, RemoveCheckpointDir(root, c.name));
+    (removed ? report.removed : report.deferred).push_back(c.name);
+    if (!removed) SC_LOG(kInfo) << "retention: " << JoinPath(root, c.name) << " is being read; a later save removes it";
+  }
+  return report;
+}
+
+}  // namespace shardckpt

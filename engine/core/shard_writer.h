@@ -1,0 +1,81 @@
+// Streams one rank's data file: chunks at 4096-aligned offsets, then the checksum table
+// (see manifest.h for the layout), then fdatasync.
+//
+// Bytes are copied into the staging ring (the BufferPool), checksummed block by block while hot
+// in cache, and written from there with up to pool.count() writes in flight, so copying the next
+// buffer overlaps the writes of the previous ones. A chunk of at least one buffer whose memory is
+// already 4096-aligned (or any such chunk, on a memory-backed file system opened without
+// O_DIRECT) has its whole blocks written straight from the caller's memory in buffer-sized
+// pieces, unless `always_stage`; only its last partial block is copied.
+//
+// `padded` memory (AsyncSaver's snapshot area: every chunk starts on a page and the memory up to
+// the next page boundary is readable and zero) is written in place whatever its size, tail
+// included, and chunks adjacent in memory go out together in buffer-sized writes: no copy at all.
+//
+// Device chunks (AppendFromDevice) go through the same ring: a device-to-host copy is enqueued
+// into the buffer being filled and only waited for (its buffer's events, one per device copier
+// that filled part of it) when that buffer is checksummed and written, so the copy of one buffer
+// overlaps the writes of the ones before.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardckpt/engine/model/manifest.h"
+#include "shardckpt/io/aligned_buffer.h"
+#include "shardckpt/io/device_memory.h"
+#include "shardckpt/io/io_engine.h"
+
+namespace shardckpt {
+
+class ShardFileWriter {
+ public:
+  ShardFileWriter(IoEngine* io, BufferPool* pool, bool always_stage, bool padded = false)
+      : io_(io), pool_(pool), always_stage_(always_stage), padded_(padded), busy_(pool->count(), false),
+        copying_(pool->count()) {}
+  ~ShardFileWriter();
+
+  Status Open(const std::string& dir, const std::string& name);
+  // Appends a chunk at the next aligned offset and returns that offset. `data` must stay valid
+  // and unchanged until Finish returns.
+  Result<uint64_t> Append(const void* data, size_t bytes);
+  // The same for `bytes` of device memory, copied out by `copier` (the pool should be pinned).
+  Result<uint64_t> AppendFromDevice(const void* device_data, size_t bytes, DeviceCopier* copier);
+  // Writes the checksum table, waits for every write and syncs. Returns the file's record.
+  Result<FileRecord> Finish();
+
+ private:
+  Status PadToBlock();
+  Status CopyIn(const unsigned char* data, size_t bytes);
+  Status FlushCurrent();
+  Status AppendInPlace(const unsigned char* data, size_t bytes);
+  Status FlushRun();
+  Status WriteInPlace(const unsigned char* data, uint64_t offset, size_t length);
+  Status ReapWhileFull();
+  Status WaitForBuffer(size_t index);
+  Status HandleCompletion(uint64_t tag);
+
+  static constexpr uint64_t kDirectTag = ~uint64_t{0};
+
+  IoEngine* io_;
+  BufferPool* pool_;
+  bool always_stage_;
+  bool padded_;
+  std::vector<bool> busy_;
+  std::vector<std::vector<DeviceCopier*>> copying_;  // per buffer: copiers with copies not waited for
+  std::unique_ptr<File> file_;
+  std::string name_;
+  size_t current_ = 0;       // buffer being filled
+  size_t fill_ = 0;          // bytes in it
+  uint64_t position_ = 0;    // file offset of the next byte appended
+  bool checksumming_ = true; // off while the table itself is written
+  // Padded bytes checksummed and placed but not yet submitted: run_bytes_ at run_, for the file
+  // at run_offset_, grown while the next chunk is adjacent in memory.
+  const unsigned char* run_ = nullptr;
+  size_t run_bytes_ = 0;
+  uint64_t run_offset_ = 0;
+  std::vector<uint64_t> sums_;
+};
+
+}  // namespace shardckpt

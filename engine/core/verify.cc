@@ -1,0 +1,127 @@
+#include "shardckpt/engine/core/verify.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "shardckpt/engine/core/checkpoint_dir.h"
+#include "shardckpt/engine/model/manifest.h"
+#include "shardckpt/io/aligned_buffer.h"
+#include "shardckpt/io/checksum.h"
+#include "shardckpt/io/fs.h"
+#include "shardckpt/io/io_engine.h"
+
+namespace shardckpt {
+namespace {
+
+struct Span {
+  uint64_t begin, end;
+  std::string name;
+};
+
+std::string Holders(const std::vector<Span>& spans, uint64_t begin, uint64_t end) {
+  std::string out;
+  // spans are sorted by begin; the few that overlap [begin, end) are near the lower bound.
+  auto it = std::lower_bound(spans.begin(), spans.end(), begin, [](const Span& s, uint64_t v) { return s.end <= v; });
+  for (; it != spans.end() && it->begin < end; ++it) {
+    if (it->end > begin) out += (out.empty() ? "" : ", ") + ("'" + it->name + "'");
+  }
+  return out.empty() ? "padding" : out;
+}
+
+}  // namespace
+
+Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::function<void(uint64_t, uint64_t)>& progress) {
+  VerifyReport report;
+  SC_ASSIGN_OR_RETURN(CheckpointHold hold, HoldCheckpoint(path));  // retention leaves it while held
+  report.checkpoint = hold.dir();
+  const std::string manifest_path = JoinPath(report.checkpoint, kManifestName);
+  SC_ASSIGN_OR_RETURN(std::string text, ReadFileLimited(manifest_path, uint64_t{4} << 30));
+  SC_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(text, manifest_path));
+  std::vector<std::vector<Span>> spans(m.files.size());
+  for (const EntryRecord& e : m.entries) {
+    for (const ChunkRecord& c : e.chunks) spans[c.file].push_back(Span{c.offset, c.offset + c.bytes, e.name});
+  }
+  for (const BlobRecord& b : m.blobs) spans[b.file].push_back(Span{b.offset, b.offset + b.bytes, "blob " + b.name});
+  uint64_t total = 0;
+  for (const FileRecord& f : m.files) total += f.size;
+  for (auto& s : spans) std::sort(s.begin(), s.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
+
+  IoOptions io_options;
+  io_options.queue_depth = 4;
+  std::unique_ptr<IoEngine> io = CreateIoEngine(io_options);
+  constexpr uint64_t kExtent = 8u << 20;
+  SC_ASSIGN_OR_RETURN(AlignedBuffer buffer, AlignedBuffer::Allocate(kExtent));
+  uint64_t done = 0;
+  for (size_t fi = 0; fi < m.files.size(); ++fi) {
+    const FileRecord& f = m.files[fi];
+    const std::string file_path = JoinPath(report.checkpoint, f.name);
+    report.files++;
+    auto problem = [&](uint64_t offset, const std::string& holders, const std::string& what) {
+      report.problems.push_back(VerifyProblem{f.name, offset, holders, what});
+    };
+    Result<uint64_t> size = FileSize(file_path);
+    if (!size.ok()) {
+      problem(0, Holders(spans[fi], 0, f.table_offset), "missing: " + size.status().message());
+      done += f.size;
+      continue;
+    }
+    if (*size != f.size) {
+      problem(std::min(*size, f.size), Holders(spans[fi], std::min(*size, f.table_offset), f.table_offset),
+              "file is " + std::to_string(*size) + " bytes, the manifest records " + std::to_string(f.size) +
+                  (*size < f.size ? " (truncated)" : " (extra bytes)"));
+      done += f.size;
+      continue;
+    }
+    Result<std::unique_ptr<File>> file = io->Open(file_path, OpenMode::kRead);
+    if (!file.ok()) {
+      problem(0, "", file.status().message());
+      continue;
+    }
+    // The table first (small), then the data against it.
+    std::vector<uint64_t> table(TablePages(f.table_offset) * kSumsPerTablePage);
+    std::vector<bool> page_ok(TablePages(f.table_offset), true);
+    for (uint64_t page = 0; page < page_ok.size(); ++page) {
+      Status read = io->Submit(file->get(), IoOp{IoKind::kRead, f.table_offset + page * kBlockSize, buffer.data(), kBlockSize}, 0);
+      if (read.ok()) read = io->Reap().status();
+      std::string wrong;
+      if (!read.ok()) {
+        wrong = "checksum table page " + std::to_string(page) + " cannot be read: " + read.message();
+      } else if (Checksum64(buffer.data(), kBlockSize) != f.table_page_sums[page]) {
+        wrong = "checksum table page " + std::to_string(page) + " does not match the manifest";
+      }
+      if (!wrong.empty()) {
+        // The blocks this page covers are unverifiable: one problem here, none per block below.
+        page_ok[page] = false;
+        uint64_t first = page * kSumsPerTablePage * kBlockSize;
+        problem(f.table_offset + page * kBlockSize,
+                Holders(spans[fi], first, std::min(f.table_offset, first + kSumsPerTablePage * kBlockSize)), wrong);
+        continue;
+      }
+      std::memcpy(table.data() + page * kSumsPerTablePage, buffer.data(), kBlockSize);
+    }
+    for (uint64_t at = 0; at < f.table_offset; at += kExtent) {
+      uint64_t length = std::min(kExtent, f.table_offset - at);
+      Status read = io->Submit(file->get(), IoOp{IoKind::kRead, at, buffer.data(), length}, 0);
+      if (read.ok()) read = io->Reap().status();
+      if (!read.ok()) {
+        problem(at, Holders(spans[fi], at, at + length), read.message());
+        break;
+      }
+      for (uint64_t b = 0; b < length; b += kBlockSize) {
+        uint64_t block = (at + b) / kBlockSize;
+        report.blocks_checked++;
+        if (!page_ok[block / kSumsPerTablePage]) continue;  // reported once, above
+        if (Checksum64(buffer.data() + b, kBlockSize) != table[block]) {
+          problem(at + b, Holders(spans[fi], at + b, at + b + kBlockSize), "checksum mismatch in a 4096-byte block");
+        }
+      }
+      report.bytes_checked += length;
+      done += length;
+      if (progress) progress(done, total);
+    }
+  }
+  return report;
+}
+
+}  // namespace shardckpt

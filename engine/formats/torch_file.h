@@ -1,0 +1,30 @@
+// The tensors of a torch.save file (a zip of data.pkl and one record per storage): the state dict
+// unpickled by the restricted reader, every tensor record checked against its storage record the
+// way torch's storage and _rebuild_tensor_v2 checks do, then each tensor read out contiguous.
+// Nothing is read by a number the file states before that number is checked.
+#pragma once
+
+#include <vector>
+
+#include "shardckpt/engine/formats/torch_pickle.h"
+#include "shardckpt/engine/formats/zip_reader.h"
+
+namespace shardckpt {
+
+// A view may repeat storage elements (stride 0); import materializes it, so the bytes it expands
+// to are bounded by this or by its storage's size, whichever is larger.
+inline constexpr uint64_t kMaxExpandedTensorBytes = uint64_t{256} << 20;
+
+// Unpickles data.pkl and validates every tensor record (ValidateTorchTensor, plus: all tensors
+// naming one storage agree on its dtype and size). Reads no tensor data.
+Result<UnpickledStateDict> ReadTorchStateDict(const ZipReader& zip);
+
+// One tensor record against its storage record of `record_bytes`: element count times element
+// size without overflow and equal to the record's size; sizes, strides and storage_offset not
+// negative; every element the view addresses inside the storage. Errors name the tensor and field.
+Status ValidateTorchTensor(const PickleTensor& t, uint64_t record_bytes);
+
+// A validated tensor's elements, row-major and contiguous, into `out`.
+Status ReadTorchTensor(const ZipReader& zip, const PickleTensor& t, std::vector<unsigned char>* out);
+
+}  // namespace shardckpt

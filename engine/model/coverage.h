@@ -1,0 +1,17 @@
+// Checks that the distinct pieces of one entry cover its global tensor exactly once: element
+// counts add up to numel and no two pieces overlap. Replicas (equal layouts) must be removed
+// first. Pure; shared by the save plan and by manifest validation.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "shardckpt/engine/model/layout.h"
+
+namespace shardckpt {
+
+// `owners[i]` names piece i in messages ("rank 3", "chunk 7 in rank-00003.bin").
+Status CheckExactCover(const std::string& entry, const Shape& global,
+                       const std::vector<Layout>& pieces, const std::vector<std::string>& owners);
+
+}  // namespace shardckpt

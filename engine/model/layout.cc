@@ -1,0 +1,247 @@
+#include "shardckpt/engine/model/layout.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "shardckpt/io/log.h"
+
+namespace shardckpt {
+namespace {
+
+std::vector<int64_t> RowMajorStrides(const std::vector<int64_t>& sizes) {
+  std::vector<int64_t> strides(sizes.size(), 1);
+  for (size_t d = sizes.size(); d-- > 1;) strides[d - 1] = strides[d] * sizes[d];
+  return strides;
+}
+
+}  // namespace
+
+Layout Layout::Box(std::vector<int64_t> offsets, std::vector<int64_t> sizes) {
+  Layout layout;
+  layout.kind = LayoutKind::kBox;
+  layout.offsets = std::move(offsets);
+  layout.sizes = std::move(sizes);
+  return layout;
+}
+
+Layout Layout::FlatRange(int64_t begin, int64_t end) {
+  Layout layout;
+  layout.kind = LayoutKind::kFlatRange;
+  layout.begin = begin;
+  layout.end = end;
+  return layout;
+}
+
+bool Layout::operator==(const Layout& other) const {
+  if (kind != other.kind) return false;
+  switch (kind) {
+    case LayoutKind::kReplicated: return true;
+    case LayoutKind::kBox: return offsets == other.offsets && sizes == other.sizes;
+    case LayoutKind::kFlatRange: return begin == other.begin && end == other.end;
+  }
+  return false;
+}
+
+std::string ShapeString(const Shape& shape) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
+  out << "]";
+  return out.str();
+}
+
+std::string Layout::ToString() const {
+  switch (kind) {
+    case LayoutKind::kReplicated: return "replicated";
+    case LayoutKind::kBox: return "box(offsets=" + ShapeString(offsets) + ", sizes=" + ShapeString(sizes) + ")";
+    case LayoutKind::kFlatRange:
+      return "flat[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
+  }
+  return "?";
+}
+
+Result<int64_t> NumElements(const Shape& shape) {
+  if (shape.size() > static_cast<size_t>(kMaxDims)) {
+    return InvalidArgument("shape " + ShapeString(shape) + " has more than " +
+                           std::to_string(kMaxDims) + " dims");
+  }
+  int64_t count = 1;
+  for (int64_t dim : shape) {
+    if (dim < 0) return InvalidArgument("shape " + ShapeString(shape) + " has a negative dim");
+    if (__builtin_mul_overflow(count, dim, &count) || count > kMaxBytes) {
+      return InvalidArgument("shape " + ShapeString(shape) + " is too large");
+    }
+  }
+  return count;
+}
+
+Result<int64_t> NumBytes(const Shape& shape, size_t element_size) {
+  SC_ASSIGN_OR_RETURN(int64_t count, NumElements(shape));
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(count, static_cast<int64_t>(element_size), &bytes) || bytes > kMaxBytes) {
+    return InvalidArgument("shape " + ShapeString(shape) + " is too large in bytes");
+  }
+  return bytes;
+}
+
+Result<int64_t> ValidateLayout(const Layout& layout, const Shape& global) {
+  SC_ASSIGN_OR_RETURN(int64_t numel, NumElements(global));
+  switch (layout.kind) {
+    case LayoutKind::kReplicated: return numel;
+    case LayoutKind::kFlatRange:
+      if (layout.begin < 0 || layout.end < layout.begin || layout.end > numel) {
+        return InvalidArgument(layout.ToString() + " is outside a tensor of " +
+                               std::to_string(numel) + " elements");
+      }
+      return layout.end - layout.begin;
+    case LayoutKind::kBox: {
+      if (layout.offsets.size() != global.size() || layout.sizes.size() != global.size()) {
+        return InvalidArgument(layout.ToString() + " has a different rank from shape " +
+                               ShapeString(global));
+      }
+      for (size_t d = 0; d < global.size(); ++d) {
+        if (layout.offsets[d] < 0 || layout.sizes[d] < 0 ||
+            layout.offsets[d] > global[d] - layout.sizes[d]) {
+          return InvalidArgument(layout.ToString() + " is outside shape " + ShapeString(global));
+        }
+      }
+      return NumElements(layout.sizes);
+    }
+  }
+  return InvalidArgument("unknown layout kind");
+}
+
+Shape LocalShape(const Layout& layout, const Shape& global) {
+  switch (layout.kind) {
+    case LayoutKind::kReplicated: return global;
+    case LayoutKind::kBox: return layout.sizes;
+    case LayoutKind::kFlatRange: return {layout.end - layout.begin};
+  }
+  return global;
+}
+
+Layout Normalize(const Layout& layout, const Shape& global) {
+  if (layout.kind == LayoutKind::kBox && layout.sizes == global) return Layout::Replicated();
+  if (layout.kind == LayoutKind::kFlatRange && layout.begin == 0) {
+    Result<int64_t> numel = NumElements(global);
+    if (numel.ok() && layout.end == *numel && numel.value() > 0) return Layout::Replicated();
+  }
+  return layout;
+}
+
+namespace {
+
+Status CheckParts(int parts, int index) {
+  if (parts < 1) return InvalidArgument("parts is " + std::to_string(parts) + "; it must be at least 1");
+  if (index < 0 || index >= parts) {
+    return InvalidArgument("index " + std::to_string(index) + " is outside [0, " + std::to_string(parts) + ")");
+  }
+  return Status::Ok();
+}
+
+// The unchecked wrappers cannot return an error: they log it and hand back a layout that
+// ValidateLayout (and so AddTensor) refuses, rather than dividing by zero or reading past a shape.
+Layout OrInvalid(Result<Layout> layout, const char* what) {
+  if (layout.ok()) return std::move(layout).value();
+  SC_LOG(kError) << what << ": " << layout.status().message();
+  return Layout::FlatRange(-1, -1);
+}
+
+}  // namespace
+
+Result<Layout> CheckedChunkLayout(const Shape& global, int dim, int parts, int index) {
+  SC_RETURN_IF_ERROR(NumElements(global).status());
+  if (dim < 0 || static_cast<size_t>(dim) >= global.size()) {
+    return InvalidArgument("chunk dim " + std::to_string(dim) + " is outside shape " + ShapeString(global));
+  }
+  SC_RETURN_IF_ERROR(CheckParts(parts, index).WithContext("chunk of shape " + ShapeString(global)));
+  std::vector<int64_t> offsets(global.size(), 0);
+  std::vector<int64_t> sizes = global;
+  int64_t extent = global[dim];
+  int64_t step = (extent + parts - 1) / parts;
+  int64_t begin = std::min<int64_t>(extent, step * index);
+  int64_t end = std::min<int64_t>(extent, begin + step);
+  offsets[dim] = begin;
+  sizes[dim] = end - begin;
+  return Layout::Box(offsets, sizes);
+}
+
+Result<Layout> CheckedFlatShardLayout(const Shape& global, int parts, int index) {
+  SC_ASSIGN_OR_RETURN(int64_t numel, NumElements(global));
+  SC_RETURN_IF_ERROR(CheckParts(parts, index).WithContext("flat shard of shape " + ShapeString(global)));
+  int64_t step = (numel + parts - 1) / parts;
+  int64_t begin = std::min<int64_t>(numel, step * index);
+  return Layout::FlatRange(begin, std::min<int64_t>(numel, begin + step));
+}
+
+Layout ChunkLayout(const Shape& global, int dim, int parts, int index) {
+  return OrInvalid(CheckedChunkLayout(global, dim, parts, index), "ChunkLayout");
+}
+
+Layout FlatShardLayout(const Shape& global, int parts, int index) {
+  return OrInvalid(CheckedFlatShardLayout(global, parts, index), "FlatShardLayout");
+}
+
+std::vector<Region> LayoutRegions(const Layout& layout, const Shape& global) {
+  const size_t n = global.size();
+  std::vector<Region> regions;
+  if (layout.kind != LayoutKind::kFlatRange) {
+    Region region;
+    region.lo = layout.kind == LayoutKind::kBox ? layout.offsets : std::vector<int64_t>(n, 0);
+    region.size = layout.kind == LayoutKind::kBox ? layout.sizes : global;
+    for (int64_t s : region.size) {
+      if (s == 0) return regions;
+    }
+    region.stride = RowMajorStrides(region.size);
+    for (size_t d = 0; d < n; ++d) region.base -= region.lo[d] * region.stride[d];
+    regions.push_back(std::move(region));
+    return regions;
+  }
+  // blocks[j] = elements in one step of dim j-1, i.e. product of global[j..n); blocks[n] = 1.
+  std::vector<int64_t> blocks(n + 1, 1);
+  for (size_t j = n; j-- > 0;) blocks[j] = blocks[j + 1] * global[j];
+  const std::vector<int64_t> strides = RowMajorStrides(global);
+  int64_t b = layout.begin;
+  const int64_t e = layout.end;
+  auto emit = [&](std::vector<int64_t> lo, std::vector<int64_t> size) {
+    Region region{std::move(lo), std::move(size), -layout.begin, strides};
+    regions.push_back(std::move(region));
+  };
+  if (n == 0) {
+    if (e > b) emit({}, {});
+    return regions;
+  }
+  while (b < e) {
+    // The largest aligned block that starts at b and fits before e: a run of `count` steps of
+    // dim j-1, each spanning dims j.. fully.
+    size_t j = 1;
+    while (j < n && !(b % blocks[j] == 0 && b + blocks[j] <= e)) ++j;
+    int64_t room_in_parent = (blocks[j - 1] - b % blocks[j - 1]) / blocks[j];
+    int64_t count = std::min((e - b) / blocks[j], room_in_parent);
+    std::vector<int64_t> lo(n), size(n);
+    int64_t rest = b;
+    for (size_t d = 0; d < n; ++d) {
+      lo[d] = rest / strides[d];
+      rest %= strides[d];
+    }
+    for (size_t d = 0; d < n; ++d) {
+      if (d + 1 < j) size[d] = 1;
+      else if (d + 1 == j) size[d] = count;
+      else size[d] = global[d];
+    }
+    emit(std::move(lo), std::move(size));
+    b += count * blocks[j];
+  }
+  return regions;
+}
+
+bool RegionsIntersect(const Region& a, const Region& b) {
+  for (size_t d = 0; d < a.lo.size(); ++d) {
+    if (std::max(a.lo[d], b.lo[d]) >= std::min(a.lo[d] + a.size[d], b.lo[d] + b.size[d])) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace shardckpt

@@ -1,0 +1,111 @@
+// manifest.json: the schema of a committed checkpoint (docs/format.md), its encoding, and
+// the validation every reader runs before trusting a single offset in it. Pure: no I/O here.
+//
+// Data file layout, for one writer rank:
+//   [chunk][pad to 4096][chunk][pad]...[blob][pad] | checksum table | pad to 4096
+// The checksum table holds one little-endian u64 XXH3 per 4096-byte block of the data area
+// [0, table_offset); the manifest holds one XXH3 per 4096-byte page of that table. A reader that
+// needs data block k reads table page k / 512, checks it against the manifest, then checks the
+// block: two levels, so a resharded load verifies exactly what it read and reads only the table
+// pages it needs (one 4 KiB page per 2 MiB of data).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "shardckpt/engine/model/dtype.h"
+#include "shardckpt/engine/model/layout.h"
+
+namespace shardckpt {
+
+inline constexpr const char* kFormatName = "shardckpt";
+inline constexpr int kFormatMajor = 1;
+inline constexpr int kFormatMinor = 0;
+inline constexpr const char* kManifestName = "manifest.json";
+inline constexpr uint64_t kSumsPerTablePage = 4096 / 8;
+
+struct FileRecord {
+  std::string name;
+  uint64_t size = 0;
+  uint64_t table_offset = 0;  // end of the data area, start of the checksum table
+  std::vector<uint64_t> table_page_sums;
+};
+
+struct ChunkRecord {
+  uint32_t file = 0;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  Layout layout;
+};
+
+struct EntryRecord {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  Shape shape;
+  std::vector<ChunkRecord> chunks;
+};
+
+enum class BlobScope : uint8_t { kGlobal, kPerRank };
+
+struct BlobRecord {
+  std::string name;
+  BlobScope scope = BlobScope::kGlobal;
+  int rank = 0;  // the saving rank, for kPerRank
+  uint32_t file = 0;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+};
+
+struct CreationInfo {
+  std::string time;  // ISO 8601, UTC
+  std::string shardckpt_version;
+  std::string torch_version;
+  int hosts = 1;
+  std::string git_commit;
+  std::map<std::string, std::string> user;
+};
+
+struct Manifest {
+  int format_major = kFormatMajor;
+  int format_minor = kFormatMinor;
+  int64_t step = 0;
+  int world_size = 1;
+  CreationInfo created;
+  // Named numbers the caller recorded with the save (a validation loss, an accuracy): finite,
+  // typed as JSON numbers, so retention can rank checkpoints by one of them.
+  std::map<std::string, double> metrics;
+  std::vector<FileRecord> files;
+  std::vector<EntryRecord> entries;
+  std::vector<BlobRecord> blobs;
+};
+
+uint64_t TablePages(uint64_t table_offset);
+uint64_t DataFileSize(uint64_t table_offset);
+
+Result<std::string> EncodeManifest(const Manifest& manifest);
+// Parses and validates. `origin` (the file path) prefixes every message.
+Result<Manifest> DecodeManifest(const std::string& json, const std::string& origin);
+// Parses text another rank of this job already decoded with DecodeManifest (the broadcast on
+// load): the seal and the full validation, a second or more at a million chunks, are not redone.
+Result<Manifest> DecodeValidatedManifest(const std::string& json, const std::string& origin);
+// Everything that can be checked without touching the data files: names, bounds, overflow,
+// coverage of every entry, per-file checksum table sizes.
+Status ValidateManifest(const Manifest& manifest);
+// Metric names of 1 to 255 characters, finite values.
+Status ValidateMetrics(const std::map<std::string, double>& metrics);
+// Compares each data file's recorded size with `size_of(name)` (missing or truncated files).
+Status CheckDataFiles(const Manifest& manifest,
+                      const std::function<Result<uint64_t>(const std::string&)>& size_of);
+// The manifest checks itself: its last field, "checksum": "xxh3:<hex>", is the XXH3 of the
+// text without it. Seal adds it to a dump(1) text; CheckSeal returns the text without it, or
+// DataLoss when it is missing or does not match (a flipped bit anywhere, metadata included).
+std::string SealManifestText(const std::string& text);
+Result<std::string> CheckSeal(const std::string& text, const std::string& origin);
+
+// A file name as a manifest may hold it: a plain base name.
+bool IsPlainFileName(const std::string& name);
+
+}  // namespace shardckpt

@@ -1,0 +1,102 @@
+#include "shardckpt/engine/model/read_plan.h"
+
+#include <algorithm>
+
+#include "shardckpt/io/checksum.h"
+
+namespace shardckpt {
+
+const ChunkIndex::EntryIndex& ChunkIndex::For(size_t entry) {
+  std::unique_ptr<EntryIndex>& slot = per_entry_[entry];
+  if (!slot) {
+    slot = std::make_unique<EntryIndex>();
+    const EntryRecord& e = manifest_->entries[entry];
+    for (size_t c = 0; c < e.chunks.size(); ++c) {
+      for (Region& r : LayoutRegions(e.chunks[c].layout, e.shape)) {
+        slot->regions.push_back(std::move(r));
+        slot->chunk_of_region.push_back(c);
+      }
+    }
+    slot->index = std::make_unique<RegionIndex>(&slot->regions);
+  }
+  return *slot;
+}
+
+void PlanPieceCopies(const Manifest& manifest, ChunkIndex& index,
+                     const std::vector<WantedPiece>& wanted, std::vector<CopyRequest>* out) {
+  for (const WantedPiece& w : wanted) {
+    const EntryRecord& e = manifest.entries[w.entry];
+    const uint64_t element = DTypeSize(e.dtype);
+    const ChunkIndex::EntryIndex& saved = index.For(w.entry);
+    for (const Region& want : LayoutRegions(w.layout, e.shape)) {
+      saved.index->ForEachIntersecting(want, [&](size_t id) {
+        const ChunkRecord& chunk = e.chunks[saved.chunk_of_region[id]];
+        ForEachCopy(saved.regions[id], want, [&](int64_t src, int64_t dst, int64_t count) {
+          out->push_back(CopyRequest{chunk.file, chunk.offset + static_cast<uint64_t>(src) * element,
+                                     static_cast<uint64_t>(count) * element, w.target,
+                                     static_cast<uint64_t>(dst) * element});
+        });
+      });
+    }
+  }
+}
+
+ReadPlan CoalesceReads(std::vector<CopyRequest> copies, const ReadPlanOptions& options) {
+  ReadPlan plan;
+  std::sort(copies.begin(), copies.end(), [](const CopyRequest& a, const CopyRequest& b) {
+    return a.file != b.file ? a.file < b.file : a.file_offset < b.file_offset;
+  });
+  // Pass 1: merge into block-aligned ranges; a range's copies are consecutive in `merged_copies`.
+  std::vector<ReadExtent> merged;
+  std::vector<ScatterCopy> merged_copies;
+  merged_copies.reserve(copies.size());
+  for (const CopyRequest& c : copies) {
+    if (c.length == 0) continue;
+    plan.bytes_wanted += c.length;
+    uint64_t lo = AlignDown(c.file_offset, kBlockSize);
+    uint64_t hi = AlignUp(c.file_offset + c.length, kBlockSize);
+    if (merged.empty() || merged.back().file != c.file ||
+        lo > merged.back().offset + merged.back().length + options.merge_gap) {
+      merged.push_back(ReadExtent{c.file, lo, hi - lo, merged_copies.size(), 0});
+    } else {
+      ReadExtent& last = merged.back();
+      last.length = std::max(last.length, hi - last.offset);
+    }
+    ReadExtent& last = merged.back();
+    merged_copies.push_back(ScatterCopy{c.file_offset - last.offset, c.length, c.target, c.target_offset});
+    last.copy_count++;
+  }
+  // Pass 2: cut each range into staging-buffer-sized extents, splitting copies at the cuts.
+  const uint64_t max = std::max<uint64_t>(kBlockSize, AlignDown(options.max_extent, kBlockSize));
+  plan.extents.reserve(merged.size());
+  plan.copies.reserve(merged_copies.size());
+  std::vector<std::vector<ScatterCopy>> pieces;
+  for (const ReadExtent& range : merged) {
+    plan.bytes_read += range.length;
+    const ScatterCopy* first = merged_copies.data() + range.first_copy;
+    if (range.length <= max) {
+      plan.extents.push_back(ReadExtent{range.file, range.offset, range.length, plan.copies.size(), range.copy_count});
+      plan.copies.insert(plan.copies.end(), first, first + range.copy_count);
+      continue;
+    }
+    pieces.assign((range.length + max - 1) / max, {});
+    for (const ScatterCopy* c = first; c != first + range.copy_count; ++c) {
+      uint64_t begin = c->extent_offset, end = c->extent_offset + c->length;
+      while (begin < end) {
+        uint64_t piece = begin / max;
+        uint64_t stop = std::min(end, (piece + 1) * max);
+        pieces[piece].push_back(
+            ScatterCopy{begin - piece * max, stop - begin, c->target, c->target_offset + (begin - c->extent_offset)});
+        begin = stop;
+      }
+    }
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      plan.extents.push_back(ReadExtent{range.file, range.offset + k * max, std::min(max, range.length - k * max),
+                                        plan.copies.size(), pieces[k].size()});
+      plan.copies.insert(plan.copies.end(), pieces[k].begin(), pieces[k].end());
+    }
+  }
+  return plan;
+}
+
+}  // namespace shardckpt

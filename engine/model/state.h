@@ -1,0 +1,58 @@
+// What a rank hands to Save and Load: its pieces of named tensors (host memory it owns, or CUDA
+// device memory) and its blobs. The engine never copies these descriptions' data before it needs to: Save reads from the
+// pointers, Load writes into them.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "shardckpt/engine/model/dtype.h"
+#include "shardckpt/engine/model/layout.h"
+#include "shardckpt/engine/model/manifest.h"
+#include "shardckpt/io/device_memory.h"
+
+namespace shardckpt {
+
+struct TensorPiece {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  Shape global_shape;
+  Layout layout;
+  void* data = nullptr;  // row-major bytes of LocalShape(layout, global_shape)
+  int64_t bytes = 0;
+  MemorySpace space = MemorySpace::kHost;
+  int device = 0;  // for kCuda
+};
+
+struct BlobItem {
+  std::string name;
+  BlobScope scope = BlobScope::kGlobal;
+  std::string bytes;
+};
+
+class ShardedState {
+ public:
+  // Adds a piece; for saving, `data` is read, for loading it is written. A rank may hold several
+  // pieces of one entry (layouts must not overlap).
+  Status AddTensor(const std::string& name, DType dtype, const Shape& global_shape,
+                   const Layout& layout, void* data);
+  // The same for a piece in CUDA device memory (a raw device pointer, or a CUDA tensor's
+  // data_ptr()). Saved through pinned staging, loaded by host-to-device copies.
+  Status AddDeviceTensor(const std::string& name, DType dtype, const Shape& global_shape,
+                         const Layout& layout, void* device_data, int device);
+  Status AddBlob(const std::string& name, std::string bytes, BlobScope scope = BlobScope::kGlobal);
+
+  const std::vector<TensorPiece>& pieces() const { return pieces_; }
+  const std::vector<BlobItem>& blobs() const { return blobs_; }
+  bool has_device_pieces() const;
+  void Clear() {
+    pieces_.clear();
+    blobs_.clear();
+  }
+
+ private:
+  std::vector<TensorPiece> pieces_;
+  std::vector<BlobItem> blobs_;
+};
+
+}  // namespace shardckpt

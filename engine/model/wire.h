@@ -1,0 +1,88 @@
+// Bounds-checked little binary encoding for the messages ranks exchange during a save and a load
+// (piece descriptions, chunk records). Never written to disk; the manifest is the on-disk format.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "shardckpt/engine/model/layout.h"
+
+namespace shardckpt {
+
+class WireWriter {
+ public:
+  void U64(uint64_t v) { bytes_.append(reinterpret_cast<const char*>(&v), sizeof(v)); }
+  void I64(int64_t v) { U64(static_cast<uint64_t>(v)); }
+  void Str(const std::string& s) {
+    U64(s.size());
+    bytes_ += s;
+  }
+  void Ints(const std::vector<int64_t>& v) {
+    U64(v.size());
+    for (int64_t x : v) I64(x);
+  }
+  void Layout(const shardckpt::Layout& l) {
+    U64(static_cast<uint64_t>(l.kind));
+    Ints(l.offsets);
+    Ints(l.sizes);
+    I64(l.begin);
+    I64(l.end);
+  }
+  std::string& bytes() { return bytes_; }
+
+ private:
+  std::string bytes_;
+};
+
+class WireReader {
+ public:
+  explicit WireReader(const std::string& bytes) : bytes_(bytes) {}
+  bool ok() const { return ok_; }
+  bool done() const { return pos_ == bytes_.size(); }
+  uint64_t U64() {
+    uint64_t v = 0;
+    if (!Need(sizeof(v))) return 0;
+    std::memcpy(&v, bytes_.data() + pos_, sizeof(v));
+    pos_ += sizeof(v);
+    return v;
+  }
+  int64_t I64() { return static_cast<int64_t>(U64()); }
+  std::string Str() {
+    uint64_t n = U64();
+    if (!Need(n)) return {};
+    std::string s = bytes_.substr(pos_, n);
+    pos_ += n;
+    return s;
+  }
+  std::vector<int64_t> Ints() {
+    uint64_t n = U64();
+    if (!Need(n * 8) || n > bytes_.size()) return {};
+    std::vector<int64_t> v(n);
+    for (auto& x : v) x = I64();
+    return v;
+  }
+  shardckpt::Layout Layout() {
+    shardckpt::Layout l;
+    uint64_t kind = U64();
+    if (kind > 2) ok_ = false;
+    l.kind = static_cast<LayoutKind>(kind);
+    l.offsets = Ints();
+    l.sizes = Ints();
+    l.begin = I64();
+    l.end = I64();
+    return l;
+  }
+
+ private:
+  bool Need(uint64_t n) {
+    if (!ok_ || n > bytes_.size() - pos_) ok_ = false;
+    return ok_;
+  }
+  const std::string& bytes_;
+  size_t pos_ = 0;
+  bool ok_ = true;
+};
+
+}  // namespace shardckpt

@@ -1,0 +1,80 @@
+#include "shardckpt/engine/torch/torch_adapter.h"
+
+#include <torch/version.h>
+
+namespace shardckpt {
+
+Result<DType> FromTorchDType(at::ScalarType type) {
+  switch (type) {
+    case at::kDouble: return DType::kFloat64;
+    case at::kFloat: return DType::kFloat32;
+    case at::kHalf: return DType::kFloat16;
+    case at::kBFloat16: return DType::kBFloat16;
+    case at::kLong: return DType::kInt64;
+    case at::kInt: return DType::kInt32;
+    case at::kShort: return DType::kInt16;
+    case at::kChar: return DType::kInt8;
+    case at::kByte: return DType::kUInt8;
+    case at::kBool: return DType::kBool;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+    case at::kFloat8_e4m3fn: return DType::kFloat8E4M3;
+    case at::kFloat8_e5m2: return DType::kFloat8E5M2;
+#endif
+    default: return InvalidArgument(std::string("unsupported torch dtype ") + c10::toString(type));
+  }
+}
+
+Result<at::ScalarType> ToTorchDType(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat64: return at::kDouble;
+    case DType::kFloat32: return at::kFloat;
+    case DType::kFloat16: return at::kHalf;
+    case DType::kBFloat16: return at::kBFloat16;
+    case DType::kInt64: return at::kLong;
+    case DType::kInt32: return at::kInt;
+    case DType::kInt16: return at::kShort;
+    case DType::kInt8: return at::kChar;
+    case DType::kUInt8: return at::kByte;
+    case DType::kBool: return at::kBool;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+    case DType::kFloat8E4M3: return at::kFloat8_e4m3fn;
+    case DType::kFloat8E5M2: return at::kFloat8_e5m2;
+#endif
+    default:
+      return InvalidArgument(std::string("dtype ") + DTypeName(dtype) + " has no torch type in torch " +
+                             TORCH_VERSION);
+  }
+}
+
+Status AddTensor(ShardedState& state, const std::string& name, const at::Tensor& local,
+                 const Layout& layout, const Shape& global_shape) {
+  if (!local.is_contiguous()) {
+    return InvalidArgument("tensor '" + name + "' is not contiguous; pass .contiguous() (shardckpt does not copy)");
+  }
+  if (!local.device().is_cpu() && !local.device().is_cuda()) {
+    return InvalidArgument("tensor '" + name + "' is on " + local.device().str() +
+                           "; shardckpt saves CPU and CUDA tensors");
+  }
+  SC_ASSIGN_OR_RETURN(DType dtype, FromTorchDType(local.scalar_type()));
+  Shape global = layout.kind == LayoutKind::kReplicated && global_shape.empty()
+                     ? Shape(local.sizes().begin(), local.sizes().end())
+                     : global_shape;
+  Shape expected = LocalShape(layout, global);
+  Shape actual(local.sizes().begin(), local.sizes().end());
+  Result<int64_t> expected_count = NumElements(expected);
+  if (!expected_count.ok() || *expected_count != local.numel()) {
+    return InvalidArgument("tensor '" + name + "' has shape " + ShapeString(actual) + " but " +
+                           layout.ToString() + " of " + ShapeString(global) + " needs " +
+                           ShapeString(expected));
+  }
+  if (local.device().is_cuda()) {
+    // Saved through pinned staging on shardckpt's own stream: the caller's stream must have
+    // finished writing the tensor (as for any cross-stream use), which a snapshot point implies.
+    return state.AddDeviceTensor(name, dtype, global, layout, local.data_ptr(), local.device().index());
+  }
+  return state.AddTensor(name, dtype, global, layout, local.data_ptr());
+}
+
+std::string TorchVersion() { return TORCH_VERSION; }
+
+}  // namespace shardckpt
