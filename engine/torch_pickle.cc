@@ -110,7 +110,8 @@ namespace {
 // One pickled object. Values live in the unpickler's arena and point at each other with plain
 // pointers, so a cycle (a dict holding itself) neither leaks nor recurses on destruction.
 struct Value {
-  enum Kind : uint8_t { kNone, kBool, kInt, kFloat, kString, kTuple, kList, kDict, kGlobal, kStorage, kTensor };
+  // kBigInt: an integer wider than 64 bits (a uint64 seed pickles as 9 bytes), kept only as a leaf.
+  enum Kind : uint8_t { kNone, kBool, kInt, kFloat, kString, kTuple, kList, kDict, kGlobal, kStorage, kTensor, kBigInt };
   Kind kind = kNone;
   bool ordered = false;  // an OrderedDict (BUILD may set its attributes), not a plain dict
   bool on_path = false;  // the flattening is inside this dict: meeting it again is a cycle
@@ -123,7 +124,7 @@ struct Value {
 
 const char* KindName(Value::Kind kind) {
   static const char* const kNames[] = {"None", "bool", "int", "float", "string", "tuple",
-                                       "list", "dict", "global", "storage", "tensor"};
+                                       "list", "dict", "global", "storage", "tensor", "big int"};
   return kNames[kind];
 }
 
@@ -405,7 +406,12 @@ class Unpickler {
       case 0x8a: {  // LONG1
         if (!Need(1)) return DataLoss("truncated LONG1");
         size_t n = static_cast<unsigned char>(data_[pos_++]);
-        if (n > 8 || !Need(n)) return DataLoss("LONG1 wider than 64 bits");
+        if (!Need(n)) return DataLoss("truncated LONG1");
+        // torch.load takes any width; one past 64 bits can be a leaf (a seed), never a tensor field.
+        if (n > 8) {
+          pos_ += n;
+          return PushNew(Value::kBigInt);
+        }
         uint64_t raw = ReadLe(n);
         if (n > 0 && n < 8 && (raw >> (8 * n - 1)) & 1) raw |= ~uint64_t{0} << (8 * n);  // sign-extend
         return PushNew(Value::kInt, static_cast<int64_t>(raw));

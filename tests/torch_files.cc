@@ -189,6 +189,13 @@ std::vector<PickleCase> WeightsOnlyCases() {
        "tensor 'w': dtype complex64 is not supported by shardckpt"},
       {"rebuild_tensor_v3_6_args", DictOf(TensorV3("float8_e5m2", 2, 0, 2, 1, 6)), "_rebuild_tensor_v3 with 6 arguments"},
       {"uint16_v3", DictOf(TensorV3("uint16", 4, 0, 2, 1)), "tensor 'w': dtype uint16 is not supported by shardckpt"},
+      // 2^64 - 5, as pickle writes a uint64 seed (9 bytes, LONG1): torch.load takes it as a leaf.
+      {"uint64_leaf", kProto + "}(" + Str("seed") + std::string("\x8a\x09\xfb\xff\xff\xff\xff\xff\xff\xff\x00", 11) +
+                          Str("w") + Tensor() + "u.", ""},
+      {"uint64_size", DictOf(Global("torch._utils", "_rebuild_tensor_v2") + "(" + kStorage + Int(0) + "(" +
+                             std::string("\x8a\x09\x02\x00\x00\x00\x00\x00\x00\x00\x01", 11) + "t(" + Int(1) +
+                             "t\x89" + kOrderedDict + "tR"),
+       "tensor size is not an integer"},
       {"empty_key", kProto + "}" + Str("") + Int(1) + "s.", "a key in the state dict is empty"},
   };
 }
