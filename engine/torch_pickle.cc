@@ -535,7 +535,10 @@ class Flattener {
   Flattener(Unpickler* unpickler, UnpickledStateDict* out) : unpickler_(unpickler), out_(out) {}
 
   Status Visit(Value* dict, const std::string& prefix, int depth) {
-    if (depth > 64) return DataLoss("dicts nested more than 64 deep");
+    // torch.load takes any depth: a deeper file is valid, just not one this reader takes.
+    if (depth > 64) {
+      return Status(Code::kUnimplemented, Where(prefix) + " is nested in more than 64 dicts, more than shardckpt imports");
+    }
     if (dict->on_path) return InvalidArgument(Where(prefix) + " contains itself (a state dict cannot)");
     dict->on_path = true;
     Status status = VisitItems(dict, prefix, depth);

@@ -196,6 +196,13 @@ std::vector<PickleCase> WeightsOnlyCases() {
                              std::string("\x8a\x09\x02\x00\x00\x00\x00\x00\x00\x00\x01", 11) + "t(" + Int(1) +
                              "t\x89" + kOrderedDict + "tR"),
        "tensor size is not an integer"},
+      {"nested_65_deep", kProto + [] {
+         std::string open, close;
+         for (int k = 0; k < 66; ++k) open += "}" + Str("d"), close += "s";
+         return open + Int(1) + close + ".";
+       }(),
+       "'d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d."
+       "d.d.d.d.d.d.d.d' is nested in more than 64 dicts, more than shardckpt imports"},
       {"empty_key", kProto + "}" + Str("") + Int(1) + "s.", "a key in the state dict is empty"},
   };
 }
