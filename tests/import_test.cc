@@ -187,6 +187,27 @@ TEST(ZipReaderTest, AnExtraFieldLongerThanItsEntryIsRefused) {
               HasSubstr("extra.pt: not a valid torch.save zip: record 'archive/data.pkl': an extra field runs past its entry"));
 }
 
+// torch.load byte-swaps a file written on a big-endian host; import, which does not, refuses it.
+TEST_F(ImportTest, BigEndianFilesAreRefusedNotReadSwapped) {
+  testing::TorchFileCase c = testing::ValidTorchFiles()[0];
+  c.byteorder = "big";
+  ASSERT_TRUE(testing::WriteTorchFile(Path("big.pt"), c).ok());
+  Result<ConvertReport> r = ImportFile(Path("big.pt"), Path("root-big"), Options());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kUnimplemented) << r.status().ToString();
+  EXPECT_THAT(r.status().message(), HasSubstr(Path("big.pt") + ": a big-endian torch.save file (byteorder 'big')"));
+  EXPECT_FALSE(PathExists(Path("root-big")));
+  c.byteorder = "middle";
+  ASSERT_TRUE(testing::WriteTorchFile(Path("odd.pt"), c).ok());
+  r = ImportFile(Path("odd.pt"), Path("root-odd"), Options());
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("unknown byteorder 'middle'"));
+  c.byteorder = "little";  // what torch 2.x writes on x86 and arm64
+  ASSERT_TRUE(testing::WriteTorchFile(Path("little.pt"), c).ok());
+  r = ImportFile(Path("little.pt"), Path("root-little"), Options());
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+}
+
 TEST_F(ImportTest, LegacyFormatIsNamedNotCalledCorrupt) {
   // What torch.save(..., _use_new_zipfile_serialization=False) writes first: the pickled magic.
   std::string legacy("\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19\x2e", 15);

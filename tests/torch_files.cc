@@ -77,6 +77,7 @@ Status WriteTorchFile(const std::string& path, const TorchFileCase& c) {
     for (uint64_t k = 0; k < r.bytes; ++k) bytes[k] = static_cast<char>(RecordByte(r.key, k));
     SC_RETURN_IF_ERROR(zip.AddRecord("archive/data/" + r.key, bytes));
   }
+  if (!c.byteorder.empty()) SC_RETURN_IF_ERROR(zip.AddRecord("archive/byteorder", c.byteorder));
   SC_RETURN_IF_ERROR(zip.AddRecord("archive/version", "3\n"));
   SC_RETURN_IF_ERROR(zip.Finish());
   SC_RETURN_IF_ERROR(file->Close());
