@@ -143,8 +143,16 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
     return model.AddToState(state, model_only);
   };
   // A root with a committed checkpoint, whether or not `latest` was written (checkpoint_dir.h).
-  if ((config.resume || config.resume_weights_only) && !config.ckpt.empty() &&
-      (PathExists(JoinPath(config.ckpt, "latest")) || ResolveCheckpoint(config.ckpt).ok())) {
+  // Every rank takes the same branch: one that saw no checkpoint (a stale network-filesystem
+  // view) would start training while the others wait in Load. Rank 0 resolves the root in Load.
+  int64_t resume = (config.resume || config.resume_weights_only) && !config.ckpt.empty() &&
+                   (PathExists(JoinPath(config.ckpt, "latest")) || ResolveCheckpoint(config.ckpt).ok());
+  Status decided = comm.AllReduceMaxInt64(&resume, 1);
+  if (!decided.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, decided.ToString().c_str());
+    return kExitError;
+  }
+  if (resume) {
     ShardedState targets;
     Status added = AgreeOnStatus(comm, model_state(targets, config.resume_weights_only));
     if (!added.ok()) {

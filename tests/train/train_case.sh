@@ -24,6 +24,8 @@
 #   rank-fails     rank 1 alone cannot gather its state (failpoint train.state): at --resume, in a
 #                  synchronous and in an async save, every rank fails at once naming rank 1's error,
 #                  none waits for the collective deadline
+#   resume-agrees  rank 1's --ckpt shows no checkpoint where rank 0's shows step 10 (a stale view of
+#                  a network filesystem): every rank resumes from step 10, none starts training alone
 #   log-follow     progress lines reach a pipe and a file as they happen, not at exit
 #   slurm-requeue  launch/slurm.sbatch with srun and scontrol stubbed: SIGUSR1 to the batch shell
 #                  (what --signal=B:USR1@180 sends) stops the ranks with a final checkpoint, the
@@ -332,6 +334,18 @@ PY
       done
       ! grep -q DeadlineExceeded "$work/fails.log" || { echo "$how: a collective timed out"; exit 1; }
     done ;;
+  resume-agrees)
+    run 2 "$train" "${small[@]}" --ckpt "$work/c" --steps 10 --save-every 10 > /dev/null
+    mkdir -p "$work/empty"
+    start=$(date +%s)
+    mpirun --oversubscribe --allow-run-as-root --mca btl self,vader,tcp -x SHARDCKPT_COLLECTIVE_TIMEOUT_S=60 \
+      -np 1 "$train" "${small[@]}" --ckpt "$work/c" --steps 12 --resume : \
+      -np 1 "$train" "${small[@]}" --ckpt "$work/empty" --steps 12 --resume > "$work/resumed.log" 2>&1 ||
+      { cat "$work/resumed.log"; echo "the resumed run failed"; exit 1; }
+    took=$(( $(date +%s) - start ))
+    [ $took -lt 40 ] || { cat "$work/resumed.log"; echo "took ${took}s: a rank waited for the collective deadline"; exit 1; }
+    grep -q "resumed from .*step-000000010 at step 10" "$work/resumed.log"
+    [ "$(losses "$work/resumed.log" 11 12 | wc -l)" -eq 2 ] ;;
   *) echo "unknown case $case"; exit 2 ;;
 esac
 echo "train case $case $*: passed"
