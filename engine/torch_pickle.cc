@@ -454,6 +454,8 @@ class Unpickler {
         SC_ASSIGN_OR_RETURN(Value* name, Pop());
         SC_ASSIGN_OR_RETURN(Value* module, Pop());
         if (module->kind != Value::kString || name->kind != Value::kString) return DataLoss("STACK_GLOBAL of non-strings");
+        // As GLOBAL's lines: no allowed name is longer, and the refusal quotes it.
+        if (module->s.size() > 256 || name->s.size() > 256) return InvalidArgument("STACK_GLOBAL of a name over 256 bytes");
         return PushGlobal(std::string(module->s), std::string(name->s));
       }
       case 'Q': {  // BINPERSID: ('storage', StorageType, key, location, numel)

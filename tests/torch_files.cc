@@ -204,6 +204,8 @@ std::vector<PickleCase> WeightsOnlyCases() {
        }(),
        "'d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d."
        "d.d.d.d.d.d.d.d' is nested in more than 64 dicts, more than shardckpt imports"},
+      {"stack_global_long_name", std::string("\x80\x04") + Str("collections") + Str(std::string(1 << 20, 'x')) + "\x93.",
+       "STACK_GLOBAL of a name over 256 bytes"},
       {"empty_key", kProto + "}" + Str("") + Int(1) + "s.", "a key in the state dict is empty"},
   };
 }
