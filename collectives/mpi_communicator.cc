@@ -100,7 +100,18 @@ class MpiCommunicator final : public Communicator {
     return waiter_.Wait(&request, "MPI_Reduce_scatter");
   }
 
-  Result<std::unique_ptr<Communicator>> Duplicate() override { return CreateMpiCommunicator(comm_); }
+  // MPI_Comm_dup is a collective that blocks: a rank that never calls it (one that failed before
+  // AsyncSaver::Create) would hold the others there for good. Started non-blocking instead and
+  // waited on with the deadline, as every other collective.
+  Result<std::unique_ptr<Communicator>> Duplicate() override {
+    MPI_Comm dup = MPI_COMM_NULL, census = MPI_COMM_NULL;
+    for (MPI_Comm* out : {&dup, &census}) {
+      MPI_Request request;
+      SC_RETURN_IF_ERROR(MpiCallStatus(MPI_Comm_idup(comm_, out, &request), "MPI_Comm_idup"));
+      SC_RETURN_IF_ERROR(waiter_.Wait(&request, "MPI_Comm_dup"));
+    }
+    return std::unique_ptr<Communicator>(std::make_unique<MpiCommunicator>(dup, census));
+  }
 
  private:
   // Sizes first, then the bytes in one gatherv; descriptors are small (kilobytes to megabytes).

@@ -163,6 +163,51 @@ TEST_F(ImportTest, Float8IsWrittenAsTorch2WritesItAndReadBack) {
   }
 }
 
+// The last central directory entry's zip64 extra field claims 24 bytes where its entry holds
+// none: its sizes must not be read from past the directory (ASan: a heap overflow of the copy).
+TEST(ZipReaderTest, AnExtraFieldLongerThanItsEntryIsRefused) {
+  auto le = [](uint64_t v, int n) {
+    std::string out;
+    for (int k = 0; k < n; ++k) out += static_cast<char>((v >> (8 * k)) & 0xFF);
+    return out;
+  };
+  const std::string name = "archive/data.pkl", data = "\x80\x02}.";
+  std::string zip = le(0x04034b50, 4) + le(20, 2) + le(0, 2) + le(0, 2) + le(0, 4) + le(0, 4) + le(data.size(), 4) +
+                    le(data.size(), 4) + le(name.size(), 2) + le(0, 2) + name + data;
+  const uint64_t dir_offset = zip.size();
+  const std::string extra = le(1, 2) + le(24, 2);  // zip64: usize, csize, offset... in no bytes
+  zip += le(0x02014b50, 4) + le(20, 2) + le(20, 2) + le(0, 2) + le(0, 2) + le(0, 4) + le(0, 4) + le(0xFFFFFFFF, 4) +
+         le(0xFFFFFFFF, 4) + le(name.size(), 2) + le(extra.size(), 2) + le(0, 2) + le(0, 2) + le(0, 2) + le(0, 4) +
+         le(0, 4) + name + extra;
+  const uint64_t dir_size = zip.size() - dir_offset;
+  zip += le(0x06054b50, 4) + le(0, 2) + le(0, 2) + le(1, 2) + le(1, 2) + le(dir_size, 4) + le(dir_offset, 4) + le(0, 2);
+  Result<ZipReader> r = ZipReader::Open(ByteSource::FromBytes(zip, "extra.pt"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("extra.pt: not a valid torch.save zip: record 'archive/data.pkl': an extra field runs past its entry"));
+}
+
+// torch.load byte-swaps a file written on a big-endian host; import, which does not, refuses it.
+TEST_F(ImportTest, BigEndianFilesAreRefusedNotReadSwapped) {
+  testing::TorchFileCase c = testing::ValidTorchFiles()[0];
+  c.byteorder = "big";
+  ASSERT_TRUE(testing::WriteTorchFile(Path("big.pt"), c).ok());
+  Result<ConvertReport> r = ImportFile(Path("big.pt"), Path("root-big"), Options());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kUnimplemented) << r.status().ToString();
+  EXPECT_THAT(r.status().message(), HasSubstr(Path("big.pt") + ": a big-endian torch.save file (byteorder 'big')"));
+  EXPECT_FALSE(PathExists(Path("root-big")));
+  c.byteorder = "middle";
+  ASSERT_TRUE(testing::WriteTorchFile(Path("odd.pt"), c).ok());
+  r = ImportFile(Path("odd.pt"), Path("root-odd"), Options());
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("unknown byteorder 'middle'"));
+  c.byteorder = "little";  // what torch 2.x writes on x86 and arm64
+  ASSERT_TRUE(testing::WriteTorchFile(Path("little.pt"), c).ok());
+  r = ImportFile(Path("little.pt"), Path("root-little"), Options());
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+}
+
 TEST_F(ImportTest, LegacyFormatIsNamedNotCalledCorrupt) {
   // What torch.save(..., _use_new_zipfile_serialization=False) writes first: the pickled magic.
   std::string legacy("\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19\x2e", 15);

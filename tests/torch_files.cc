@@ -77,6 +77,7 @@ Status WriteTorchFile(const std::string& path, const TorchFileCase& c) {
     for (uint64_t k = 0; k < r.bytes; ++k) bytes[k] = static_cast<char>(RecordByte(r.key, k));
     SC_RETURN_IF_ERROR(zip.AddRecord("archive/data/" + r.key, bytes));
   }
+  if (!c.byteorder.empty()) SC_RETURN_IF_ERROR(zip.AddRecord("archive/byteorder", c.byteorder));
   SC_RETURN_IF_ERROR(zip.AddRecord("archive/version", "3\n"));
   SC_RETURN_IF_ERROR(zip.Finish());
   SC_RETURN_IF_ERROR(file->Close());
@@ -189,6 +190,22 @@ std::vector<PickleCase> WeightsOnlyCases() {
        "tensor 'w': dtype complex64 is not supported by shardckpt"},
       {"rebuild_tensor_v3_6_args", DictOf(TensorV3("float8_e5m2", 2, 0, 2, 1, 6)), "_rebuild_tensor_v3 with 6 arguments"},
       {"uint16_v3", DictOf(TensorV3("uint16", 4, 0, 2, 1)), "tensor 'w': dtype uint16 is not supported by shardckpt"},
+      // 2^64 - 5, as pickle writes a uint64 seed (9 bytes, LONG1): torch.load takes it as a leaf.
+      {"uint64_leaf", kProto + "}(" + Str("seed") + std::string("\x8a\x09\xfb\xff\xff\xff\xff\xff\xff\xff\x00", 11) +
+                          Str("w") + Tensor() + "u.", ""},
+      {"uint64_size", DictOf(Global("torch._utils", "_rebuild_tensor_v2") + "(" + kStorage + Int(0) + "(" +
+                             std::string("\x8a\x09\x02\x00\x00\x00\x00\x00\x00\x00\x01", 11) + "t(" + Int(1) +
+                             "t\x89" + kOrderedDict + "tR"),
+       "tensor size is not an integer"},
+      {"nested_65_deep", kProto + [] {
+         std::string open, close;
+         for (int k = 0; k < 66; ++k) open += "}" + Str("d"), close += "s";
+         return open + Int(1) + close + ".";
+       }(),
+       "'d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d."
+       "d.d.d.d.d.d.d.d' is nested in more than 64 dicts, more than shardckpt imports"},
+      {"stack_global_long_name", std::string("\x80\x04") + Str("collections") + Str(std::string(1 << 20, 'x')) + "\x93.",
+       "STACK_GLOBAL of a name over 256 bytes"},
       {"empty_key", kProto + "}" + Str("") + Int(1) + "s.", "a key in the state dict is empty"},
   };
 }

@@ -24,6 +24,7 @@ struct TorchFileCase {
   std::string pickle;                // archive/data.pkl
   std::vector<TorchRecord> records;  // filled with RecordByte
   std::string refusal;               // text the refusal must contain; "" for a valid file
+  std::string byteorder;             // archive/byteorder, as torch 2.x writes it; "" for none
 };
 
 // Byte `k` of storage record `key`.

@@ -70,6 +70,16 @@ Status ValidateTorchTensor(const PickleTensor& t, uint64_t record_bytes) {
 }
 
 Result<UnpickledStateDict> ReadTorchStateDict(const ZipReader& zip) {
+  // torch 2.x records the writer's byte order; torch.load byte-swaps a file from the other
+  // order, which import does not: read as it is, every value would be silently wrong.
+  if (zip.records().count(zip.prefix() + "byteorder")) {
+    SC_ASSIGN_OR_RETURN(std::string order, zip.ReadRecord(zip.prefix() + "byteorder", 16));
+    if (order == "big") {
+      return Status(Code::kUnimplemented, zip.path() + ": a big-endian torch.save file (byteorder 'big') is not "
+                                                       "supported; load and save it again on a little-endian host");
+    }
+    if (order != "little") return DataLoss(zip.path() + ": unknown byteorder '" + order + "' (torch.load refuses it too)");
+  }
   SC_ASSIGN_OR_RETURN(std::string pickle, zip.ReadRecord(zip.prefix() + "data.pkl", 256u << 20));
   Result<UnpickledStateDict> dict = UnpickleStateDict(pickle);
   if (!dict.ok()) return dict.status().WithContext(zip.path());

@@ -110,7 +110,8 @@ namespace {
 // One pickled object. Values live in the unpickler's arena and point at each other with plain
 // pointers, so a cycle (a dict holding itself) neither leaks nor recurses on destruction.
 struct Value {
-  enum Kind : uint8_t { kNone, kBool, kInt, kFloat, kString, kTuple, kList, kDict, kGlobal, kStorage, kTensor };
+  // kBigInt: an integer wider than 64 bits (a uint64 seed pickles as 9 bytes), kept only as a leaf.
+  enum Kind : uint8_t { kNone, kBool, kInt, kFloat, kString, kTuple, kList, kDict, kGlobal, kStorage, kTensor, kBigInt };
   Kind kind = kNone;
   bool ordered = false;  // an OrderedDict (BUILD may set its attributes), not a plain dict
   bool on_path = false;  // the flattening is inside this dict: meeting it again is a cycle
@@ -123,7 +124,7 @@ struct Value {
 
 const char* KindName(Value::Kind kind) {
   static const char* const kNames[] = {"None", "bool", "int", "float", "string", "tuple",
-                                       "list", "dict", "global", "storage", "tensor"};
+                                       "list", "dict", "global", "storage", "tensor", "big int"};
   return kNames[kind];
 }
 
@@ -405,7 +406,12 @@ class Unpickler {
       case 0x8a: {  // LONG1
         if (!Need(1)) return DataLoss("truncated LONG1");
         size_t n = static_cast<unsigned char>(data_[pos_++]);
-        if (n > 8 || !Need(n)) return DataLoss("LONG1 wider than 64 bits");
+        if (!Need(n)) return DataLoss("truncated LONG1");
+        // torch.load takes any width; one past 64 bits can be a leaf (a seed), never a tensor field.
+        if (n > 8) {
+          pos_ += n;
+          return PushNew(Value::kBigInt);
+        }
         uint64_t raw = ReadLe(n);
         if (n > 0 && n < 8 && (raw >> (8 * n - 1)) & 1) raw |= ~uint64_t{0} << (8 * n);  // sign-extend
         return PushNew(Value::kInt, static_cast<int64_t>(raw));
@@ -448,6 +454,8 @@ class Unpickler {
         SC_ASSIGN_OR_RETURN(Value* name, Pop());
         SC_ASSIGN_OR_RETURN(Value* module, Pop());
         if (module->kind != Value::kString || name->kind != Value::kString) return DataLoss("STACK_GLOBAL of non-strings");
+        // As GLOBAL's lines: no allowed name is longer, and the refusal quotes it.
+        if (module->s.size() > 256 || name->s.size() > 256) return InvalidArgument("STACK_GLOBAL of a name over 256 bytes");
         return PushGlobal(std::string(module->s), std::string(name->s));
       }
       case 'Q': {  // BINPERSID: ('storage', StorageType, key, location, numel)
@@ -529,7 +537,10 @@ class Flattener {
   Flattener(Unpickler* unpickler, UnpickledStateDict* out) : unpickler_(unpickler), out_(out) {}
 
   Status Visit(Value* dict, const std::string& prefix, int depth) {
-    if (depth > 64) return DataLoss("dicts nested more than 64 deep");
+    // torch.load takes any depth: a deeper file is valid, just not one this reader takes.
+    if (depth > 64) {
+      return Status(Code::kUnimplemented, Where(prefix) + " is nested in more than 64 dicts, more than shardckpt imports");
+    }
     if (dict->on_path) return InvalidArgument(Where(prefix) + " contains itself (a state dict cannot)");
     dict->on_path = true;
     Status status = VisitItems(dict, prefix, depth);

@@ -126,8 +126,12 @@ Result<ZipReader> ZipReader::Open(ByteSource source) {
     if (at + 46 + name_len + extra_len + comment_len > dir_size) return bad("central directory entry runs past its end");
     std::string name(dir.data() + at + 46, name_len);
     // zip64 extra: the 0xFFFFFFFF fields, in order usize, csize, offset.
-    for (uint64_t e = at + 46 + name_len; e + 4 <= at + 46 + name_len + extra_len;) {
+    const uint64_t extra_end = at + 46 + name_len + extra_len;
+    for (uint64_t e = at + 46 + name_len; e + 4 <= extra_end;) {
       uint64_t id = Le(d + e, 2), len = Le(d + e + 2, 2);
+      // Its fields are read up to the length it states: that length must stay inside the entry
+      // (the last entry's extra ends the directory buffer).
+      if (e + 4 + len > extra_end) return bad("record '" + name + "': an extra field runs past its entry");
       if (id == 1) {
         uint64_t p = e + 4;
         if (usize == 0xFFFFFFFF && p + 8 <= e + 4 + len) { usize = Le(d + p, 8); p += 8; }

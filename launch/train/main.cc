@@ -136,13 +136,27 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
   for (const ParamSpec& p : model.params()) params += p.numel;
   say("shardckpt-train: " + std::to_string(world) + " ranks, " + std::to_string(params) + " parameters, flat-sharded");
 
+  // The model's part of the state. Every caller agrees on its status before the next collective:
+  // a rank that failed here alone would leave the others waiting in Load or Save for the deadline.
+  auto model_state = [&](ShardedState& state, bool model_only) -> Status {
+    SC_RETURN_IF_ERROR(Failpoint("train.state", "rank " + std::to_string(rank) + "'s model state"));
+    return model.AddToState(state, model_only);
+  };
   // A root with a committed checkpoint, whether or not `latest` was written (checkpoint_dir.h).
-  if ((config.resume || config.resume_weights_only) && !config.ckpt.empty() &&
-      (PathExists(JoinPath(config.ckpt, "latest")) || ResolveCheckpoint(config.ckpt).ok())) {
+  // Every rank takes the same branch: one that saw no checkpoint (a stale network-filesystem
+  // view) would start training while the others wait in Load. Rank 0 resolves the root in Load.
+  int64_t resume = (config.resume || config.resume_weights_only) && !config.ckpt.empty() &&
+                   (PathExists(JoinPath(config.ckpt, "latest")) || ResolveCheckpoint(config.ckpt).ok());
+  Status decided = comm.AllReduceMaxInt64(&resume, 1);
+  if (!decided.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, decided.ToString().c_str());
+    return kExitError;
+  }
+  if (resume) {
     ShardedState targets;
-    Status added = model.AddToState(targets, config.resume_weights_only);
+    Status added = AgreeOnStatus(comm, model_state(targets, config.resume_weights_only));
     if (!added.ok()) {
-      std::fprintf(stderr, "%s\n", added.ToString().c_str());
+      std::fprintf(stderr, "rank %d: resume failed: %s\n", rank, added.ToString().c_str());
       return 1;
     }
     LoadOptions options;
@@ -225,7 +239,7 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
   };
   // The whole training state at `step`.
   auto training_state = [&](ShardedState& state) -> Status {
-    SC_RETURN_IF_ERROR(model.AddToState(state, false));
+    SC_RETURN_IF_ERROR(model_state(state, false));
     nlohmann::json trainer = {{"step", step}, {"data_position_samples", step * config.global_batch},
                               {"scheduler", {{"last_step", step}, {"lr", LearningRate(config.adamw, step)}}}};
     SC_RETURN_IF_ERROR(state.AddBlob("trainer", trainer.dump()));
@@ -236,7 +250,7 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
   };
   auto save_sync = [&]() -> bool {
     ShardedState state;
-    Status added = training_state(state);
+    Status added = AgreeOnStatus(comm, training_state(state));
     SaveOptions options = config.SaveOptionsFor();
     options.metrics = loss_metric();  // keep-best ranks by it
     options.user_metadata["job"] = "shardckpt-train";
@@ -256,8 +270,8 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
   };
   auto save_async = [&]() -> bool {
     ShardedState state;
-    Status added = training_state(state);
-    if (!added.ok()) std::fprintf(stderr, "rank %d: %s\n", rank, added.ToString().c_str());
+    Status added = AgreeOnStatus(comm, training_state(state));
+    if (!added.ok()) std::fprintf(stderr, "rank %d: checkpoint failed: %s\n", rank, added.ToString().c_str());
     if (!added.ok() || !finish_pending()) return false;
     pending_started = Clock::now();
     Result<std::shared_ptr<SaveHandle>> handle = saver->Save(config.ckpt, step, state, loss_metric());

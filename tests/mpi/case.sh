@@ -74,12 +74,13 @@ case "$case" in
     run 2 -- async "$work/root" --step 5 --staging-bytes 65536
     run 2 -x SHARDCKPT_FAILPOINTS="io.write@1=EIO" -- async "$work/failing" --step 5 \
       --expect "rank 1: IoError" --expect "injected at failpoint io.write" ;;
-  dead-rank)  # HOW (exit|hang): rank 2 of 4 never reaches the save's first collective
-    # Every survivor must fail within the timeout, naming rank 2, and the job must end (the
-    # survivors abort it) instead of waiting forever.
+  dead-rank)  # HOW (exit|hang) [async]: rank 2 of 4 never reaches the save's first collective
+    # (async: AsyncSaver::Create's duplication of the communicator). Every survivor must fail
+    # within the timeout, naming rank 2, and the job must end (the survivors abort it) instead of
+    # waiting forever.
     start=$(date +%s)
     set +e
-    run 4 -x SHARDCKPT_COLLECTIVE_TIMEOUT_S=3 -- dead-rank "$work/root" --step 1 --victim 2 \
+    run 4 -x SHARDCKPT_COLLECTIVE_TIMEOUT_S=3 -- "dead-rank${2:+-$2}" "$work/root" --step 1 --victim 2 \
       --victim-does "$1" --expect "DeadlineExceeded" --expect "rank 2 never reached it" > "$work/out.txt" 2>&1
     status=$?
     set -e

@@ -207,16 +207,27 @@ int DoLoadLoop(Communicator& comm, const Args& a) {
   return 0;
 }
 
-int DoSaveFails(Communicator& comm, const Args& a) {
-  Held held = Build(a.family, comm.size(), comm.rank(), a.step, true);
-  Result<SaveResult> saved = Save(comm, a.root, a.step, held.state);
-  if (saved.ok()) return Fail(comm.rank(), "save succeeded but was expected to fail");
-  const std::string message = saved.status().ToString();
+// 0 when `message` holds every --expect text.
+int CheckExpected(Communicator& comm, const Args& a, const std::string& message) {
   for (const std::string& text : a.expect) {
     if (message.find(text) == std::string::npos) return Fail(comm.rank(), "error lacks '" + text + "': " + message);
   }
   std::printf("rank %d: OK failed as expected: %s\n", comm.rank(), message.c_str());
   return 0;
+}
+
+int DoSaveFails(Communicator& comm, const Args& a) {
+  Held held = Build(a.family, comm.size(), comm.rank(), a.step, true);
+  Result<SaveResult> saved = Save(comm, a.root, a.step, held.state);
+  if (saved.ok()) return Fail(comm.rank(), "save succeeded but was expected to fail");
+  return CheckExpected(comm, a, saved.status().ToString());
+}
+
+// AsyncSaver::Create duplicates the communicator, a collective: it must fail by the deadline too.
+int DoAsyncCreateFails(Communicator& comm, const Args& a) {
+  Result<std::unique_ptr<AsyncSaver>> saver = AsyncSaver::Create(comm, SaveOptions());
+  if (saver.ok()) return Fail(comm.rank(), "AsyncSaver::Create succeeded but was expected to fail");
+  return CheckExpected(comm, a, saver.status().ToString());
 }
 
 // Loads `root` into the scenario's layout and checks every byte and the step blob.
@@ -312,7 +323,7 @@ int main(int argc, char** argv) {
     else if (a.mode == "save-loop") code = DoSaveLoop(*comm, a);
     else if (a.mode == "load-loop") code = DoLoadLoop(*comm, a);
     else if (a.mode == "outcome") code = DoOutcome(*comm, a);
-    else if (a.mode == "dead-rank") {
+    else if (a.mode == "dead-rank" || a.mode == "dead-rank-async") {
       if (comm->rank() == a.victim) {
         // Leaves before the first collective of the save: exits the way a finished or
         // confused rank does (MPI_Finalize, then wait), or hangs as one stuck in I/O does.
@@ -321,7 +332,7 @@ int main(int argc, char** argv) {
         if (a.victim_does == "hang") ::sleep(600);
         return 0;
       }
-      code = DoSaveFails(*comm, a);
+      code = a.mode == "dead-rank" ? DoSaveFails(*comm, a) : DoAsyncCreateFails(*comm, a);
     }
     // Every rank's verdict decides the exit status of all, so mpirun reports any failure.
     int64_t worst = code;

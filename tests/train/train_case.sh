@@ -22,6 +22,11 @@
 #                  continues with exactly the losses of an uninterrupted run
 #   preempt-short-grace CLI  a grace period too short for a save: no save is started, exit 75,
 #                  the log names the previous checkpoint, which is `latest`, verifies and resumes
+#   rank-fails     rank 1 alone cannot gather its state (failpoint train.state): at --resume, in a
+#                  synchronous and in an async save, every rank fails at once naming rank 1's error,
+#                  none waits for the collective deadline
+#   resume-agrees  rank 1's --ckpt shows no checkpoint where rank 0's shows step 10 (a stale view of
+#                  a network filesystem): every rank resumes from step 10, none starts training alone
 #   log-follow     progress lines reach a pipe and a file as they happen, not at exit
 #   slurm-requeue  launch/slurm.sbatch with srun and scontrol stubbed: SIGUSR1 to the batch shell
 #                  (what --signal=B:USR1@180 sends) stops the ranks with a final checkpoint, the
@@ -320,6 +325,38 @@ PY
     diff <(losses "$work/full.log" $((s + 1)) 40) <(losses "$work/attempt1.log" $((s + 1)) 40)
     [ "$(losses "$work/attempt1.log" $((s + 1)) 40 | wc -l)" -eq $((40 - s)) ]
     test "$(wc -l < "$work/scontrol.calls")" -eq 1 || { echo "a finished attempt requeued"; exit 1; } ;;
+  rank-fails)
+    run 2 "$train" "${small[@]}" --ckpt "$work/r" --steps 10 --save-every 10 > /dev/null
+    for how in "r --resume" "s --save-every 5" "a --save-every 5 --async-save"; do
+      set -- $how
+      start=$(date +%s)
+      set +e
+      run 2 -x SHARDCKPT_FAILPOINTS="train.state@1=EIO" -x SHARDCKPT_COLLECTIVE_TIMEOUT_S=60 "$train" "${small[@]}" \
+        --ckpt "$work/$1" --steps 20 "${@:2}" > "$work/fails.log" 2>&1
+      status=$?
+      set -e
+      took=$(( $(date +%s) - start ))
+      cat "$work/fails.log"
+      [ $status -ne 0 ] || { echo "$how: the run exited 0"; exit 1; }
+      [ $took -lt 40 ] || { echo "$how: took ${took}s: a rank waited for the collective deadline"; exit 1; }
+      for r in 0 1; do
+        grep -qE "^rank $r: .*rank 1: .*injected at failpoint train.state" "$work/fails.log" ||
+          { echo "$how: rank $r did not report rank 1's error"; exit 1; }
+      done
+      ! grep -q DeadlineExceeded "$work/fails.log" || { echo "$how: a collective timed out"; exit 1; }
+    done ;;
+  resume-agrees)
+    run 2 "$train" "${small[@]}" --ckpt "$work/c" --steps 10 --save-every 10 > /dev/null
+    mkdir -p "$work/empty"
+    start=$(date +%s)
+    mpirun --oversubscribe --allow-run-as-root --mca btl self,vader,tcp -x SHARDCKPT_COLLECTIVE_TIMEOUT_S=60 \
+      -np 1 "$train" "${small[@]}" --ckpt "$work/c" --steps 12 --resume : \
+      -np 1 "$train" "${small[@]}" --ckpt "$work/empty" --steps 12 --resume > "$work/resumed.log" 2>&1 ||
+      { cat "$work/resumed.log"; echo "the resumed run failed"; exit 1; }
+    took=$(( $(date +%s) - start ))
+    [ $took -lt 40 ] || { cat "$work/resumed.log"; echo "took ${took}s: a rank waited for the collective deadline"; exit 1; }
+    grep -q "resumed from .*step-000000010 at step 10" "$work/resumed.log"
+    [ "$(losses "$work/resumed.log" 11 12 | wc -l)" -eq 2 ] ;;
   *) echo "unknown case $case"; exit 2 ;;
 esac
 echo "train case $case $*: passed"
