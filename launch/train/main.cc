@@ -114,7 +114,8 @@ void SetGeneratorState(at::Generator& gen, const std::string& bytes) {
   gen.set_state(state);
 }
 
-int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Config& config) {
+int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Config& config,
+        PreemptionWatcher& watcher) {
   const int rank = comm.rank(), world = comm.size();
   FsdpMlp model(&comm, &data_comm, device, config.features, config.hidden, config.classes, config.dropout, config.seed);
   at::Generator own_rng = at::detail::getDefaultCPUGenerator();
@@ -124,12 +125,6 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
   auto say = [&](const std::string& line) {
     if (rank == 0) std::printf("%s\n", line.c_str());  // stdout is line-buffered (main)
   };
-  // Before the (possibly long) resume, so a stop request during it is not fatal.
-  Result<std::unique_ptr<PreemptionWatcher>> watcher = PreemptionWatcher::Install();
-  if (!watcher.ok()) {
-    std::fprintf(stderr, "rank %d: %s\n", rank, watcher.status().ToString().c_str());
-    return kExitError;
-  }
   std::string last_committed;  // what a restart would resume from
   double last_save_s = -1;     // how long the last save took, for the final save's estimate
   int64_t params = 0;
@@ -276,7 +271,7 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
     const auto seen = Clock::now();
     const double remaining_at_seen = config.preempt_grace_s - stop.seconds_since;
     const std::string at_step = "step " + std::to_string(step);
-    LocalStop mine = watcher.value()->Local();
+    LocalStop mine = watcher.Local();
     char line[512];
     if (mine.requested) {
       std::snprintf(line, sizeof(line), "rank %d: stopping after %s (%s received here %.2fs ago)", rank,
@@ -342,7 +337,7 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
     time_pending();
     // Before the periodic save: a stop at a save step makes that save the final one, under the
     // grace-period rules.
-    Result<StopRequest> stop = watcher.value()->ShouldStop(comm);
+    Result<StopRequest> stop = watcher.ShouldStop(comm);
     if (!stop.ok()) {
       std::fprintf(stderr, "rank %d: %s\n", rank, stop.status().ToString().c_str());
       return kExitError;
@@ -403,6 +398,16 @@ int main(int argc, char** argv) {
   // Progress lines reach a log file or pipe as they happen, not when a 4 KiB buffer fills (a
   // person tailing the log would see stale progress, and a kill would lose its end).
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  // Before MPI_Init and the (possibly long) resume: a stop request that arrives while the job
+  // starts is acted on at the first step instead of killing the rank with the signal's default
+  // action (a launcher forwards SIGUSR1 as soon as the ranks exist; the job would end without
+  // the exit status a requeueing script looks for). What remains is the time before main
+  // (loading libtorch: under a second), when a stop signal still ends the rank.
+  Result<std::unique_ptr<PreemptionWatcher>> watcher = PreemptionWatcher::Install();
+  if (!watcher.ok()) {
+    std::fprintf(stderr, "shardckpt-train: %s\n", watcher.status().ToString().c_str());
+    return kExitError;
+  }
   auto session = MpiSession::Init(&argc, &argv);
   if (!session.ok()) {
     std::fprintf(stderr, "%s\n", session.status().ToString().c_str());
@@ -456,7 +461,7 @@ int main(int argc, char** argv) {
       if (comm->rank() == 0) std::fprintf(stderr, "shardckpt-train: %s\n", ready.ToString().c_str());
       return 2;
     }
-    code = Run(*comm, plane->comm ? *plane->comm : *comm, plane->device, config);
+    code = Run(*comm, plane->comm ? *plane->comm : *comm, plane->device, config, **watcher);
     int64_t worst = code;
     comm->AllReduceMaxInt64(&worst, 1).IgnoreError();
     code = static_cast<int>(worst);

@@ -21,6 +21,8 @@
 #                  continues with exactly the losses of an uninterrupted run
 #   preempt-short-grace CLI  a grace period too short for a save: no save is started, exit 75,
 #                  the log names the previous checkpoint, which is `latest`, verifies and resumes
+#   preempt-startup  SIGTERM to every rank while MPI starts (the moment MPI_Init installs its own
+#                  handlers): every rank stops after step 1, which is saved, exit 0
 #   log-follow     progress lines reach a pipe and a file as they happen, not at exit
 #   slurm-requeue  launch/slurm.sbatch with srun and scontrol stubbed: SIGUSR1 to the batch shell
 #                  (what --signal=B:USR1@180 sends) stops the ranks with a final checkpoint, the
@@ -51,11 +53,14 @@ stopped_job() {  # TARGET COMMAND...: runs COMMAND into $work/stopped.log and, o
   local job=$!
   wait_for "$work/stopped.log" '^step 12 loss'
   if [ "$1" = launcher ]; then kill -TERM "$job"; else kill -TERM "$(rank_pid 1 "$work")"; fi
+  ended "$job" "$work/stopped.log"
+}
+ended() {  # JOB LOG: waits for JOB, sets $status to its exit status, shows LOG
   set +e
-  wait "$job"
+  wait "$1"
   status=$?
   set -e
-  cat "$work/stopped.log"
+  cat "$2"
 }
 stop_step() {  # NP LOG: the step after which every one of NP ranks said it stopped
   local said steps
@@ -259,6 +264,27 @@ PY
     run 2 "$train" "${small[@]}" --ckpt "$work/g" --steps 30 --resume > "$work/resumed.log"
     grep -q "resumed from $work/g/$prev at step $(((s - 1) / 5 * 5)) " "$work/resumed.log"
     diff <(losses "$work/full.log" 21 30) <(losses "$work/resumed.log" 21 30) ;;
+  preempt-startup)
+    run 2 -x PREEMPT_TEST_TAG="$work" "$train" "${small[@]}" --ckpt "$work/p" --steps 30 > "$work/stopped.log" 2>&1 &
+    job=$!
+    # SigCgt turns non-zero when the first handler is installed: MPI_Init's own (SIGSEGV, ...) or,
+    # before it, the trainer's. Poll at 1 ms: the window between MPI_Init and training is short.
+    signalled=""
+    for _ in $(seq 20000); do
+      for p in $(pgrep -x shardckpt-train); do
+        case " $signalled " in *" $p "*) continue ;; esac
+        env_has "$p" "PREEMPT_TEST_TAG=$work" || continue
+        caught=$(awk '/^SigCgt:/ { print $2 }' "/proc/$p/status" 2> /dev/null || true)
+        if [ -n "$caught" ] && [ "$caught" != 0000000000000000 ]; then kill -TERM "$p"; signalled+=" $p"; fi
+      done
+      [ "$(echo $signalled | wc -w)" -ge 2 ] && break
+      sleep 0.001
+    done
+    ended "$job" "$work/stopped.log"
+    [ "$status" -eq 0 ] || { echo "a stop request while MPI started: the job exited $status, not 0"; exit 1; }
+    [ "$(stop_step 2 "$work/stopped.log")" -eq 1 ]
+    grep -q "^preempted after step 1: final checkpoint committed at $work/p/step-000000001" "$work/stopped.log"
+    test "$(cat "$work/p/latest")" = step-000000001 ;;
   log-follow)  # 30 steps of 100 ms: lines spread over ~3 s as they happen, or arrive at exit at once
     SHARDCKPT_FAILPOINTS="$pace" "$train" "${small[@]}" --steps 30 |
       while IFS= read -r line; do echo "$(date +%s.%N) $line"; done > "$work/piped.log"
@@ -291,11 +317,7 @@ PY
     job=$!
     wait_for "$work/attempt0.log" '^step 12 loss'
     kill -USR1 "$job"
-    set +e
-    wait "$job"
-    status=$?
-    set -e
-    cat "$work/attempt0.log"
+    ended "$job" "$work/attempt0.log"
     [ "$status" -eq 0 ] || { echo "the first attempt exited $status, not 0"; exit 1; }
     s=$(stop_step 2 "$work/attempt0.log")
     dir=$(printf 'step-%09d' "$s")
