@@ -16,7 +16,8 @@
 #   device         --device cuda: with a CUDA libtorch and GPUs, a device-resident run resumes
 #                  exactly from a device checkpoint; without, every rank refuses with the reason
 #   preempt HOW CLI  SIGTERM in the middle of a run with async saves, sent to launch/mpirun.sh
-#                  (HOW=mpirun) or to rank 1 alone (HOW=rank): every rank stops after the same step,
+#                  (HOW=mpirun), to its whole process group (HOW=group: `timeout`, Slurm) or to
+#                  rank 1 alone (HOW=rank): every rank stops after the same step,
 #                  a final checkpoint of that step commits and verifies, exit 0, and --resume
 #                  continues with exactly the losses of an uninterrupted run
 #   preempt-short-grace CLI  a grace period too short for a save: no save is started, exit 75,
@@ -39,7 +40,7 @@ wait_for() {  # FILE REGEX: until a line of FILE matches (two minutes at most)
   for _ in $(seq 2400); do grep -qE "$2" "$1" 2> /dev/null && return 0; sleep 0.05; done
   echo "timed out waiting for /$2/ in $1:"; cat "$1"; exit 1
 }
-env_has() { tr '\0' '\n' < "/proc/$1/environ" 2> /dev/null | grep -qxF "$2"; }
+env_has() { tr '\0' '\n' 2> /dev/null < "/proc/$1/environ" | grep -qxF "$2"; }
 rank_pid() {  # RANK TAG: the pid of that rank of the job started with -x PREEMPT_TEST_TAG=TAG
   local p
   for p in $(pgrep -x shardckpt-train); do
@@ -48,12 +49,22 @@ rank_pid() {  # RANK TAG: the pid of that rank of the job started with -x PREEMP
   echo "no process of rank $1 tagged $2" >&2
 }
 stopped_job() {  # TARGET COMMAND...: runs COMMAND into $work/stopped.log and, once step 12 is logged,
-  # sends SIGTERM to TARGET (launcher: COMMAND's process; rank1: that rank alone); sets $status
-  "${@:2}" > "$work/stopped.log" 2>&1 &
-  local job=$!
+  # sends SIGTERM to TARGET (launcher: COMMAND's process; group: every process of COMMAND's
+  # process group, as `timeout` and Slurm do; rank1: that rank alone); sets $status
+  if [ "$1" = group ]; then setsid "${@:2}" > "$work/stopped.log" 2>&1 & else "${@:2}" > "$work/stopped.log" 2>&1 & fi
+  local job=$!  # setsid execs (a background child leads no group): the group's id
   wait_for "$work/stopped.log" '^step 12 loss'
-  if [ "$1" = launcher ]; then kill -TERM "$job"; else kill -TERM "$(rank_pid 1 "$work")"; fi
+  case "$1" in
+    launcher) kill -TERM "$job" ;;
+    group) kill -TERM -- "-$job" ;;
+    *) kill -TERM "$(rank_pid 1 "$work")" ;;
+  esac
   ended "$job" "$work/stopped.log"
+  # The launcher returns when its ranks have ended, not before.
+  local p
+  for p in $(pgrep -x shardckpt-train); do
+    if env_has "$p" "PREEMPT_TEST_TAG=$work"; then echo "rank process $p still runs after the job returned"; exit 1; fi
+  done
 }
 ended() {  # JOB LOG: waits for JOB, sets $status to its exit status, shows LOG
   set +e
@@ -219,10 +230,10 @@ PY
     how=$1; cli=$2
     run 2 "$train" "${small[@]}" --steps 60 > "$work/full.log"
     flags=("${small[@]}" --ckpt "$work/p" --steps 60 --save-every 5 --async-save)
-    if [ "$how" = mpirun ]; then
+    if [ "$how" != rank ]; then
       # Every persist takes 1.5 s more, so the step-10 one is still being written at the stop.
-      stopped_job launcher env SHARDCKPT_FAILPOINTS="$pace;save.write_data=sleep:1500" "$launcher" -np 2 \
-        --mca btl self,vader,tcp "$train" "${flags[@]}"
+      stopped_job "${how/mpirun/launcher}" env SHARDCKPT_FAILPOINTS="$pace;save.write_data=sleep:1500" "$launcher" \
+        -np 2 --mca btl self,vader,tcp -x PREEMPT_TEST_TAG="$work" "$train" "${flags[@]}"
     else
       stopped_job rank1 run 2 -x SHARDCKPT_FAILPOINTS="$pace" -x PREEMPT_TEST_TAG="$work" "$train" "${flags[@]}"
     fi
@@ -230,7 +241,7 @@ PY
     s=$(stop_step 2 "$work/stopped.log")
     [ "$s" -ge 12 ] && [ "$s" -lt 60 ] || { echo "stopped after step $s, not in the middle"; exit 1; }
     dir=$(printf 'step-%09d' "$s")
-    if [ "$how" = mpirun ]; then
+    if [ "$how" != rank ]; then
       grep -qE '^preemption: waiting for the checkpoint of step [0-9]+ still being written' "$work/stopped.log"
     else
       grep -q "^preemption: SIGTERM received by rank 1 " "$work/stopped.log"
