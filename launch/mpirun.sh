@@ -38,6 +38,10 @@ done
 if [ -z "$hostfile" ] && [ "$np" -gt "$(nproc)" ]; then args+=(--oversubscribe); fi
 for v in $(env | grep -o '^SHARDCKPT_[A-Z_]*' || true); do args+=(-x "$v"); done
 
+# A log pipe whose reader died with the rest of the process group (`... | tee log` under
+# `timeout` or Slurm) must not end this script (SIGPIPE on its message) or mpirun before the
+# stop request is passed on and the ranks have saved: writes there fail instead.
+trap '' PIPE
 # stdin explicitly: a background job would get /dev/null. setsid execs mpirun (this background
 # child leads no process group), so $! is mpirun's pid.
 setsid mpirun "${args[@]}" "$@" <&0 &
@@ -45,12 +49,12 @@ job=$!
 terms=0
 stop() {  # $1: the signal this script received
   if [ "$1" = TERM ] && [ $((terms += 1)) -gt 1 ]; then
-    echo "launch/mpirun.sh: second SIGTERM: ending the job now" >&2
     kill -TERM "$job" 2> /dev/null || true
+    echo "launch/mpirun.sh: second SIGTERM: ending the job now" >&2 2> /dev/null
     return
   fi
-  echo "launch/mpirun.sh: SIG$1: asking every rank to stop (forwarded as SIGUSR1)" >&2
-  kill -USR1 "$job" 2> /dev/null || true
+  kill -USR1 "$job" 2> /dev/null || true  # first: stderr may be a pipe nobody reads any more
+  echo "launch/mpirun.sh: SIG$1: asking every rank to stop (forwarded as SIGUSR1)" >&2 2> /dev/null
 }
 trap 'stop TERM' TERM
 trap 'stop USR1' USR1

@@ -22,6 +22,8 @@
 #                  continues with exactly the losses of an uninterrupted run
 #   preempt-short-grace CLI  a grace period too short for a save: no save is started, exit 75,
 #                  the log names the previous checkpoint, which is `latest`, verifies and resumes
+#   preempt-pipe CLI  `launch/mpirun.sh ... | tee LOG` and a SIGTERM to the whole process group,
+#                  tee included: the ranks still stop, save their step (latest) and end
 #   preempt-startup  SIGTERM to every rank while MPI starts (the moment MPI_Init installs its own
 #                  handlers): every rank stops after step 1, which is saved, exit 0
 #   log-follow     progress lines reach a pipe and a file as they happen, not at exit
@@ -275,6 +277,23 @@ PY
     run 2 "$train" "${small[@]}" --ckpt "$work/g" --steps 30 --resume > "$work/resumed.log"
     grep -q "resumed from $work/g/$prev at step $(((s - 1) / 5 * 5)) " "$work/resumed.log"
     diff <(losses "$work/full.log" 21 30) <(losses "$work/resumed.log" 21 30) ;;
+  preempt-pipe)  # CLI: `launcher | tee LOG` under a SIGTERM to the whole process group: tee dies
+    # with it, and the stop request must still reach the ranks and be saved
+    flags=("${small[@]}" --ckpt "$work/p" --steps 60 --save-every 5 --async-save)
+    SHARDCKPT_FAILPOINTS="$pace;save.write_data=sleep:1500" setsid bash -c \
+      '"$@" 2>&1 | tee "$0/piped.log" > /dev/null' "$work" "$launcher" -np 2 --mca btl self,vader,tcp \
+      -x PREEMPT_TEST_TAG="$work" "$train" "${flags[@]}" &
+    job=$!
+    wait_for "$work/piped.log" '^step 12 loss'
+    kill -TERM -- "-$job"
+    wait "$job" || true
+    for _ in $(seq 600); do [ -n "$(rank_pid 0 "$work" 2> /dev/null)" ] || break; sleep 0.1; done
+    [ -z "$(rank_pid 0 "$work" 2> /dev/null)" ] || { echo "the ranks still run a minute after the stop"; exit 1; }
+    ls "$work/p"
+    s=$(sed 's/^step-0*//' "$work/p/latest")
+    [ "$s" -ge 12 ] && [ "$s" -lt 20 ] || { echo "the last checkpoint is of step $s, not of the stop after step 12"; exit 1; }
+    if ls "$work/p" | grep -q tmp; then echo "a checkpoint was left half-written"; exit 1; fi
+    "$1" verify "$work/p" ;;
   preempt-startup)
     run 2 -x PREEMPT_TEST_TAG="$work" "$train" "${small[@]}" --ckpt "$work/p" --steps 30 > "$work/stopped.log" 2>&1 &
     job=$!
