@@ -285,12 +285,20 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
                   "grace period %gs", SignalName(stop.signal).c_str(), stop.first_rank, stop.seconds_since,
                   at_step.c_str(), config.preempt_grace_s);
     say(line);
+    auto resume_from = [&]() -> std::string {
+      return last_committed.empty() ? "the start (no checkpoint was committed)" : last_committed;
+    };
+    // Every rank sees the same failure (saves agree on their status), so rank 0's line holds.
+    auto failed = [&](const std::string& what) {
+      say("preempted after " + at_step + ": " + what + " failed (the error is above); resume from " + resume_from() +
+          " (exit status 1)");
+      return kExitError;
+    };
     if (pending) {
-      say("preemption: waiting for the checkpoint of step " + std::to_string(pending->step()) + " still being written");
-      if (!finish_pending()) return kExitError;
+      const std::string what = "the checkpoint of step " + std::to_string(pending->step());
+      say("preemption: waiting for " + what + " still being written");
+      if (!finish_pending()) return failed(what);
     }
-    const std::string resume_from =
-        last_committed.empty() ? "the start (no checkpoint was committed)" : last_committed;
     if (config.ckpt.empty()) {
       say("preempted after " + at_step + " without a final checkpoint: no --ckpt (exit status 75)");
       return kExitPreemptedUnsaved;
@@ -305,12 +313,12 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
     if (skip) {
       if (decision.save) decision.reason = "another rank estimated that a save would not finish in time";
       say("preempted after " + at_step + " without a final checkpoint: not saving " + at_step + ": " +
-          decision.reason + "; no save was started, so nothing is half-written; resume from " + resume_from +
+          decision.reason + "; no save was started, so nothing is half-written; resume from " + resume_from() +
           " (exit status 75)");
       return kExitPreemptedUnsaved;
     }
     say("preemption: final checkpoint of " + at_step + " (" + decision.reason + ")");
-    if (!save_sync()) return kExitError;
+    if (!save_sync()) return failed("the final checkpoint of " + at_step);
     std::snprintf(line, sizeof(line), "preempted after %s: final checkpoint committed at %s, %.2fs into the %gs grace "
                   "period; resume with --resume (exit status 0)", at_step.c_str(), last_committed.c_str(),
                   stop.seconds_since + SecondsSince(seen), config.preempt_grace_s);

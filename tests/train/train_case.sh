@@ -22,6 +22,8 @@
 #                  continues with exactly the losses of an uninterrupted run
 #   preempt-short-grace CLI  a grace period too short for a save: no save is started, exit 75,
 #                  the log names the previous checkpoint, which is `latest`, verifies and resumes
+#   preempt-save-fails CLI  the final save fails on one rank: every rank exits 1 and the log names
+#                  the checkpoint to resume from, which is intact
 #   preempt-pipe CLI  `launch/mpirun.sh ... | tee LOG` and a SIGTERM to the whole process group,
 #                  tee included: the ranks still stop, save their step (latest) and end
 #   preempt-startup  SIGTERM to every rank while MPI starts (the moment MPI_Init installs its own
@@ -294,6 +296,18 @@ PY
     [ "$s" -ge 12 ] && [ "$s" -lt 20 ] || { echo "the last checkpoint is of step $s, not of the stop after step 12"; exit 1; }
     if ls "$work/p" | grep -q tmp; then echo "a checkpoint was left half-written"; exit 1; fi
     "$1" verify "$work/p" ;;
+  preempt-save-fails)  # CLI
+    # The final save (the third write on rank 1) fails: every rank exits 1, the log says from where
+    # to resume, and that checkpoint is intact.
+    stopped_job launcher env SHARDCKPT_FAILPOINTS="$pace;save.write_data@1#3=ENOSPC" "$launcher" -np 2 \
+      --mca btl self,vader,tcp -x PREEMPT_TEST_TAG="$work" "$train" "${small[@]}" --ckpt "$work/f" --steps 60 --save-every 5
+    [ "$status" -eq 1 ] || { echo "the job exited $status, not 1"; exit 1; }
+    s=$(stop_step 2 "$work/stopped.log")
+    [ "$(grep -c "rank [01]: checkpoint failed: NoSpace: save of step $s failed: rank 1" "$work/stopped.log")" -eq 2 ]
+    grep -q "^preempted after step $s: the final checkpoint of step $s failed (the error is above); resume from $work/f/step-000000010 (exit status 1)" \
+      "$work/stopped.log"
+    test "$(cat "$work/f/latest")" = step-000000010
+    "$1" verify "$work/f" ;;
   preempt-startup)
     run 2 -x PREEMPT_TEST_TAG="$work" "$train" "${small[@]}" --ckpt "$work/p" --steps 30 > "$work/stopped.log" 2>&1 &
     job=$!
