@@ -43,8 +43,9 @@ for v in $(env | grep -o '^SHARDCKPT_[A-Z_]*' || true); do args+=(-x "$v"); done
 # stop request is passed on and the ranks have saved: writes there fail instead.
 trap '' PIPE
 # stdin explicitly: a background job would get /dev/null. setsid execs mpirun (this background
-# child leads no process group), so $! is mpirun's pid.
-setsid mpirun "${args[@]}" "$@" <&0 &
+# child leads no process group), so $! is mpirun's pid; should it have to fork (a shell with job
+# control), -w still makes $! end with mpirun, with its status.
+setsid -w mpirun "${args[@]}" "$@" <&0 &
 job=$!
 terms=0
 stop() {  # $1: the signal this script received
