@@ -2,6 +2,7 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -89,7 +90,12 @@ Result<std::unique_ptr<PreemptionWatcher>> PreemptionWatcher::Install(std::vecto
   g_claimed = false;
   g_signal_plus_one = 0;
   auto watcher = std::unique_ptr<PreemptionWatcher>(new PreemptionWatcher());
-  watcher->signals_ = std::move(signals);
+  for (int signal : signals) {
+    // Once each: a second sigaction would take the watcher's own handler for the program's.
+    if (std::find(watcher->signals_.begin(), watcher->signals_.end(), signal) == watcher->signals_.end()) {
+      watcher->signals_.push_back(signal);
+    }
+  }
   struct sigaction action {};
   action.sa_sigaction = OnStopSignal;
   sigemptyset(&action.sa_mask);

@@ -163,6 +163,23 @@ TEST(PreemptionWatcher, AHandlerInstalledLaterIsLeftInPlace) {
   sigaction(SIGUSR2, &saved, nullptr);
 }
 
+TEST(PreemptionWatcher, ASignalListedTwiceIsHandledAndRestoredOnce) {
+  struct sigaction saved {};
+  struct sigaction program = Handler(ProgramHandler);
+  ASSERT_EQ(sigaction(SIGUSR2, &program, &saved), 0);
+  g_program_handler_calls = 0;
+  {
+    auto watcher = PreemptionWatcher::Install({SIGUSR2, SIGUSR2}).value();
+    ASSERT_EQ(raise(SIGUSR2), 0);  // the second entry saw the watcher's own handler as "previous"
+    EXPECT_TRUE(watcher->Local().requested);
+    EXPECT_EQ(g_program_handler_calls, 1);
+  }
+  struct sigaction after {};
+  sigaction(SIGUSR2, nullptr, &after);
+  EXPECT_EQ(after.sa_handler, ProgramHandler);  // not the destroyed watcher's handler
+  sigaction(SIGUSR2, &saved, nullptr);
+}
+
 TEST(PreemptionWatcher, RefusesSignalsThatCannotBeCaught) {
   for (int signal : {SIGKILL, SIGSTOP, 0, -3}) {
     Result<std::unique_ptr<PreemptionWatcher>> watcher = PreemptionWatcher::Install({SIGTERM, signal});
