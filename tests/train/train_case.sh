@@ -27,7 +27,7 @@
 #   preempt-pipe CLI  `launch/mpirun.sh ... | tee LOG` and a SIGTERM to the whole process group,
 #                  tee included: the ranks still stop, save their step (latest) and end
 #   preempt-startup  SIGTERM to every rank while MPI starts (the moment MPI_Init installs its own
-#                  handlers): every rank stops after step 1, which is saved, exit 0
+#                  handlers): every rank stops after the same step (the first), which is saved, exit 0
 #   log-follow     progress lines reach a pipe and a file as they happen, not at exit
 #   slurm-requeue  launch/slurm.sbatch with srun and scontrol stubbed: SIGUSR1 to the batch shell
 #                  (what --signal=B:USR1@180 sends) stops the ranks with a final checkpoint, the
@@ -309,7 +309,8 @@ PY
     test "$(cat "$work/f/latest")" = step-000000010
     "$1" verify "$work/f" ;;
   preempt-startup)
-    run 2 -x PREEMPT_TEST_TAG="$work" "$train" "${small[@]}" --ckpt "$work/p" --steps 30 > "$work/stopped.log" 2>&1 &
+    run 2 -x PREEMPT_TEST_TAG="$work" -x SHARDCKPT_FAILPOINTS="$pace" "$train" "${small[@]}" --ckpt "$work/p" --steps 30 \
+      > "$work/stopped.log" 2>&1 &
     job=$!
     # SigCgt turns non-zero when the first handler is installed: MPI_Init's own (SIGSEGV, ...) or,
     # before it, the trainer's. Poll at 1 ms: the window between MPI_Init and training is short.
@@ -326,9 +327,10 @@ PY
     done
     ended "$job" "$work/stopped.log"
     [ "$status" -eq 0 ] || { echo "a stop request while MPI started: the job exited $status, not 0"; exit 1; }
-    [ "$(stop_step 2 "$work/stopped.log")" -eq 1 ]
-    grep -q "^preempted after step 1: final checkpoint committed at $work/p/step-000000001" "$work/stopped.log"
-    test "$(cat "$work/p/latest")" = step-000000001 ;;
+    s=$(stop_step 2 "$work/stopped.log")  # 1, unless this loop was slower than MPI_Init and a step
+    dir=$(printf 'step-%09d' "$s")
+    grep -q "^preempted after step $s: final checkpoint committed at $work/p/$dir" "$work/stopped.log"
+    test "$(cat "$work/p/latest")" = "$dir" ;;
   log-follow)  # 30 steps of 100 ms: lines spread over ~3 s as they happen, or arrive at exit at once
     SHARDCKPT_FAILPOINTS="$pace" "$train" "${small[@]}" --steps 30 |
       while IFS= read -r line; do echo "$(date +%s.%N) $line"; done > "$work/piped.log"
