@@ -61,6 +61,10 @@ trap 'stop TERM' TERM
 trap 'stop USR1' USR1
 trap 'kill -INT "$job" 2> /dev/null || true' INT
 trap 'kill -HUP "$job" 2> /dev/null || true' HUP
+# Ctrl-Z and fg: mpirun passes SIGTSTP and SIGCONT on to the ranks; this script stops itself too,
+# so the shell sees the job stopped.
+trap 'kill -TSTP "$job" 2> /dev/null || true; kill -STOP $$' TSTP
+trap 'kill -CONT "$job" 2> /dev/null || true' CONT
 # `wait` returns early (status > 128) whenever a trapped signal arrives: wait again while mpirun
 # runs, then once more for its own status (bash keeps it for a child already reaped).
 set +e

@@ -28,6 +28,7 @@
 #                  tee included: the ranks still stop, save their step (latest) and end
 #   preempt-startup  SIGTERM to every rank while MPI starts (the moment MPI_Init installs its own
 #                  handlers): every rank stops after the same step (the first), which is saved, exit 0
+#   launcher-tstp  SIGTSTP to launch/mpirun.sh's process group pauses the ranks; SIGCONT resumes them
 #   log-follow     progress lines reach a pipe and a file as they happen, not at exit
 #   slurm-requeue  launch/slurm.sbatch with srun and scontrol stubbed: SIGUSR1 to the batch shell
 #                  (what --signal=B:USR1@180 sends) stops the ranks with a final checkpoint, the
@@ -308,6 +309,19 @@ PY
       "$work/stopped.log"
     test "$(cat "$work/f/latest")" = step-000000010
     "$1" verify "$work/f" ;;
+  launcher-tstp)  # Ctrl-Z and fg reach the ranks through launch/mpirun.sh (mpirun runs in its own session)
+    SHARDCKPT_FAILPOINTS="$pace" setsid "$launcher" -np 2 --mca btl self,vader,tcp "$train" "${small[@]}" --steps 30 \
+      > "$work/file.log" 2>&1 &
+    job=$!
+    wait_for "$work/file.log" '^step 5 loss'
+    kill -TSTP -- "-$job"
+    sleep 1
+    before=$(losses "$work/file.log" 1 30 | wc -l)
+    sleep 1
+    [ "$(losses "$work/file.log" 1 30 | wc -l)" -eq "$before" ] || { echo "the ranks kept training after SIGTSTP"; exit 1; }
+    kill -CONT -- "-$job"
+    ended "$job" "$work/file.log"
+    [ "$status" -eq 0 ] && [ "$(losses "$work/file.log" 1 30 | wc -l)" -eq 30 ] ;;
   preempt-startup)
     run 2 -x PREEMPT_TEST_TAG="$work" -x SHARDCKPT_FAILPOINTS="$pace" "$train" "${small[@]}" --ckpt "$work/p" --steps 30 \
       > "$work/stopped.log" 2>&1 &
