@@ -9,7 +9,7 @@
 #   rank, on every host, as SIGUSR1, and the job's exit status is the ranks' (the trainer saves
 #   the step it agreed on and exits 0). A second SIGTERM ends the job at once (mpirun's own
 #   SIGTERM handling). Ctrl-C (SIGINT) and SIGHUP are passed to mpirun once, which aborts the
-#   job as before.
+#   job as before; Ctrl-Z and fg (SIGTSTP, SIGCONT) pause and resume the ranks.
 # * runs mpirun in a session of its own, so that a signal sent to this script's whole process
 #   group (`timeout`, `kill -TERM -PGID`, Slurm signalling every process of a batch script that
 #   calls this one, a terminal's Ctrl-C) reaches mpirun only as this script passes it on: a
