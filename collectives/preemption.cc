@@ -2,6 +2,7 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -33,9 +34,28 @@ void Record(int signal) {
   g_signal_plus_one.store(signal + 1, std::memory_order_release);
 }
 
-extern "C" void OnStopSignal(int signal) {
+// The handlers the watcher replaced, for chaining: a program's own SIGTERM handler (a logger, a
+// framework's shutdown hook) keeps running. Written before our handler is installed and only
+// read by it.
+struct sigaction g_previous[NSIG];
+
+bool IsFunction(const struct sigaction& action) {
+  return (action.sa_flags & SA_SIGINFO) ? action.sa_sigaction != nullptr
+                                        : action.sa_handler != SIG_DFL && action.sa_handler != SIG_IGN;
+}
+
+extern "C" void OnStopSignal(int signal, siginfo_t* info, void* context) {
   int saved_errno = errno;  // the interrupted code may be about to read errno
   Record(signal);
+  // Not SIG_DFL: the point is not to die; not SIG_IGN: nothing to do.
+  const struct sigaction& previous = g_previous[signal];
+  if (IsFunction(previous) && previous.sa_sigaction != OnStopSignal) {
+    if (previous.sa_flags & SA_SIGINFO) {
+      previous.sa_sigaction(signal, info, context);
+    } else {
+      previous.sa_handler(signal);
+    }
+  }
   errno = saved_errno;
 }
 
@@ -70,15 +90,26 @@ Result<std::unique_ptr<PreemptionWatcher>> PreemptionWatcher::Install(std::vecto
   g_claimed = false;
   g_signal_plus_one = 0;
   auto watcher = std::unique_ptr<PreemptionWatcher>(new PreemptionWatcher());
-  watcher->signals_ = std::move(signals);
+  for (int signal : signals) {
+    // Once each: a second sigaction would take the watcher's own handler for the program's.
+    if (std::find(watcher->signals_.begin(), watcher->signals_.end(), signal) == watcher->signals_.end()) {
+      watcher->signals_.push_back(signal);
+    }
+  }
   struct sigaction action {};
-  action.sa_handler = OnStopSignal;
+  action.sa_sigaction = OnStopSignal;
   sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_RESTART;  // interrupted reads, writes and waits resume instead of failing
+  // SA_RESTART: interrupted reads, writes and waits resume instead of failing (calls that never
+  // restart, such as io_uring_enter and poll, are retried by their callers).
+  action.sa_flags = SA_SIGINFO | SA_RESTART;
   for (int signal : watcher->signals_) {
     struct sigaction previous {};
-    if (sigaction(signal, &action, &previous) != 0) {
+    if (sigaction(signal, nullptr, &previous) != 0) {
       return ErrnoStatus(errno, "preemption: sigaction(" + SignalName(signal) + ")");  // destructor restores
+    }
+    g_previous[signal] = previous;  // before our handler can run
+    if (sigaction(signal, &action, nullptr) != 0) {
+      return ErrnoStatus(errno, "preemption: sigaction(" + SignalName(signal) + ")");
     }
     watcher->previous_.push_back(previous);
   }
@@ -86,7 +117,13 @@ Result<std::unique_ptr<PreemptionWatcher>> PreemptionWatcher::Install(std::vecto
 }
 
 PreemptionWatcher::~PreemptionWatcher() {
-  for (size_t i = 0; i < previous_.size(); ++i) sigaction(signals_[i], &previous_[i], nullptr);
+  for (size_t i = 0; i < previous_.size(); ++i) {
+    // A handler the program installed after the watcher is its own: leave it in place.
+    struct sigaction now {};
+    if (sigaction(signals_[i], nullptr, &now) == 0 && (now.sa_flags & SA_SIGINFO) && now.sa_sigaction == OnStopSignal) {
+      sigaction(signals_[i], &previous_[i], nullptr);
+    }
+  }
   g_installed = false;
 }
 

@@ -52,10 +52,12 @@ std::vector<int> DefaultPreemptionSignals();  // SIGTERM, SIGUSR1
 
 class PreemptionWatcher {
  public:
-  // Installs a handler for each signal (with SA_RESTART, so no I/O call sees EINTR) that only
-  // records the first signal received and when: async-signal-safe, and the process no longer
-  // dies of these signals. One watcher per process (signal dispositions are per process); the
-  // previous handlers come back when it is destroyed.
+  // Installs a handler for each signal (with SA_RESTART) that records the first signal received
+  // and when: async-signal-safe, and the process no longer dies of these signals. A handler the
+  // program had installed (a function, not SIG_DFL or SIG_IGN) still runs after the recording.
+  // One watcher per process (signal dispositions are per process); the previous handlers come
+  // back when it is destroyed, except where the program installed another one meanwhile (which
+  // also means the watcher no longer sees that signal).
   static Result<std::unique_ptr<PreemptionWatcher>> Install(std::vector<int> signals = DefaultPreemptionSignals());
   ~PreemptionWatcher();
   PreemptionWatcher(const PreemptionWatcher&) = delete;

@@ -8,9 +8,14 @@
 # * forwards a stop request to every rank: SIGTERM or SIGUSR1 sent to this script reaches each
 #   rank, on every host, as SIGUSR1, and the job's exit status is the ranks' (the trainer saves
 #   the step it agreed on and exits 0). A second SIGTERM ends the job at once (mpirun's own
-#   SIGTERM handling). Ctrl-C on a terminal reaches mpirun itself (same process group) and aborts
-#   the job as before; this script waits for it (forwarding it too would make mpirun exit at
-#   once, leaving the ranks running: measured).
+#   SIGTERM handling). Ctrl-C (SIGINT) and SIGHUP are passed to mpirun once, which aborts the
+#   job as before; Ctrl-Z and fg (SIGTSTP, SIGCONT) pause and resume the ranks.
+# * runs mpirun in a session of its own, so that a signal sent to this script's whole process
+#   group (`timeout`, `kill -TERM -PGID`, Slurm signalling every process of a batch script that
+#   calls this one, a terminal's Ctrl-C) reaches mpirun only as this script passes it on: a
+#   SIGTERM that reached mpirun directly aborted the job within a second, without the final
+#   checkpoint, and mpirun returned while the ranks still ran (measured with `timeout`). A
+#   terminal's Ctrl-C that reached mpirun twice (directly and passed on) made it exit at once.
 # Why not plain `exec mpirun`: OpenMPI 4's mpirun treats SIGTERM (and SIGINT, SIGHUP) as "abort
 # the job": each rank gets SIGTERM, then SIGKILL one second later (odls_base_sigkill_timeout), and
 # mpirun exits 1 (measured with 4.1.4; raising that timeout only delays the kill). SIGUSR1 and
@@ -33,21 +38,33 @@ done
 if [ -z "$hostfile" ] && [ "$np" -gt "$(nproc)" ]; then args+=(--oversubscribe); fi
 for v in $(env | grep -o '^SHARDCKPT_[A-Z_]*' || true); do args+=(-x "$v"); done
 
-mpirun "${args[@]}" "$@" <&0 &  # stdin explicitly: a background job would get /dev/null
+# A log pipe whose reader died with the rest of the process group (`... | tee log` under
+# `timeout` or Slurm) must not end this script (SIGPIPE on its message) or mpirun before the
+# stop request is passed on and the ranks have saved: writes there fail instead.
+trap '' PIPE
+# stdin explicitly: a background job would get /dev/null. setsid execs mpirun (this background
+# child leads no process group), so $! is mpirun's pid; should it have to fork (a shell with job
+# control), -w still makes $! end with mpirun, with its status.
+setsid -w mpirun "${args[@]}" "$@" <&0 &
 job=$!
 terms=0
 stop() {  # $1: the signal this script received
   if [ "$1" = TERM ] && [ $((terms += 1)) -gt 1 ]; then
-    echo "launch/mpirun.sh: second SIGTERM: ending the job now" >&2
     kill -TERM "$job" 2> /dev/null || true
+    echo "launch/mpirun.sh: second SIGTERM: ending the job now" >&2 2> /dev/null
     return
   fi
-  echo "launch/mpirun.sh: SIG$1: asking every rank to stop (forwarded as SIGUSR1)" >&2
-  kill -USR1 "$job" 2> /dev/null || true
+  kill -USR1 "$job" 2> /dev/null || true  # first: stderr may be a pipe nobody reads any more
+  echo "launch/mpirun.sh: SIG$1: asking every rank to stop (forwarded as SIGUSR1)" >&2 2> /dev/null
 }
 trap 'stop TERM' TERM
 trap 'stop USR1' USR1
-trap ':' INT
+trap 'kill -INT "$job" 2> /dev/null || true' INT
+trap 'kill -HUP "$job" 2> /dev/null || true' HUP
+# Ctrl-Z and fg: mpirun passes SIGTSTP and SIGCONT on to the ranks; this script stops itself too,
+# so the shell sees the job stopped.
+trap 'kill -TSTP "$job" 2> /dev/null || true; kill -STOP $$' TSTP
+trap 'kill -CONT "$job" 2> /dev/null || true' CONT
 # `wait` returns early (status > 128) whenever a trapped signal arrives: wait again while mpirun
 # runs, then once more for its own status (bash keeps it for a child already reaped).
 set +e

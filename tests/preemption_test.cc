@@ -4,6 +4,8 @@
 
 #include <signal.h>
 
+#include <atomic>
+
 namespace shardckpt {
 namespace {
 
@@ -104,6 +106,78 @@ TEST(PreemptionWatcher, OnePerProcessAndPreviousHandlersComeBack) {
   // A fresh watcher starts with no request, whatever the last one saw.
   auto again = PreemptionWatcher::Install().value();
   EXPECT_FALSE(again->Local().requested);
+}
+
+std::atomic<int> g_program_handler_calls{0};
+extern "C" void ProgramHandler(int) { g_program_handler_calls.fetch_add(1); }
+std::atomic<int> g_program_info_signal{0};
+extern "C" void ProgramInfoHandler(int signal, siginfo_t* info, void*) {
+  if (info != nullptr && info->si_signo == signal) g_program_info_signal = signal;
+}
+
+struct sigaction Handler(void (*handler)(int)) {
+  struct sigaction action {};
+  action.sa_handler = handler;
+  sigemptyset(&action.sa_mask);
+  return action;
+}
+
+TEST(PreemptionWatcher, AProgramsOwnHandlerStillRuns) {
+  struct sigaction saved_usr2 {}, saved_term {};
+  struct sigaction program = Handler(ProgramHandler);
+  ASSERT_EQ(sigaction(SIGUSR2, &program, &saved_usr2), 0);
+  struct sigaction with_info {};
+  with_info.sa_sigaction = ProgramInfoHandler;
+  with_info.sa_flags = SA_SIGINFO;
+  sigemptyset(&with_info.sa_mask);
+  ASSERT_EQ(sigaction(SIGTERM, &with_info, &saved_term), 0);
+  g_program_handler_calls = 0;
+  g_program_info_signal = 0;
+  {
+    auto watcher = PreemptionWatcher::Install({SIGUSR2, SIGTERM}).value();
+    ASSERT_EQ(raise(SIGUSR2), 0);
+    EXPECT_TRUE(watcher->Local().requested);
+    EXPECT_EQ(watcher->Local().signal, SIGUSR2);
+    EXPECT_EQ(g_program_handler_calls, 1);  // the program's shutdown hook was not silently dropped
+    ASSERT_EQ(raise(SIGTERM), 0);
+    EXPECT_EQ(g_program_info_signal, SIGTERM);  // with its siginfo
+  }
+  struct sigaction after {};
+  sigaction(SIGUSR2, nullptr, &after);
+  EXPECT_EQ(after.sa_handler, ProgramHandler);
+  sigaction(SIGUSR2, &saved_usr2, nullptr);
+  sigaction(SIGTERM, &saved_term, nullptr);
+}
+
+TEST(PreemptionWatcher, AHandlerInstalledLaterIsLeftInPlace) {
+  struct sigaction saved {};
+  sigaction(SIGUSR2, nullptr, &saved);
+  {
+    auto watcher = PreemptionWatcher::Install({SIGUSR2}).value();
+    struct sigaction program = Handler(ProgramHandler);
+    ASSERT_EQ(sigaction(SIGUSR2, &program, nullptr), 0);
+  }
+  struct sigaction after {};
+  sigaction(SIGUSR2, nullptr, &after);
+  EXPECT_EQ(after.sa_handler, ProgramHandler);  // not replaced by what was there before the watcher
+  sigaction(SIGUSR2, &saved, nullptr);
+}
+
+TEST(PreemptionWatcher, ASignalListedTwiceIsHandledAndRestoredOnce) {
+  struct sigaction saved {};
+  struct sigaction program = Handler(ProgramHandler);
+  ASSERT_EQ(sigaction(SIGUSR2, &program, &saved), 0);
+  g_program_handler_calls = 0;
+  {
+    auto watcher = PreemptionWatcher::Install({SIGUSR2, SIGUSR2}).value();
+    ASSERT_EQ(raise(SIGUSR2), 0);  // the second entry saw the watcher's own handler as "previous"
+    EXPECT_TRUE(watcher->Local().requested);
+    EXPECT_EQ(g_program_handler_calls, 1);
+  }
+  struct sigaction after {};
+  sigaction(SIGUSR2, nullptr, &after);
+  EXPECT_EQ(after.sa_handler, ProgramHandler);  // not the destroyed watcher's handler
+  sigaction(SIGUSR2, &saved, nullptr);
 }
 
 TEST(PreemptionWatcher, RefusesSignalsThatCannotBeCaught) {

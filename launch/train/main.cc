@@ -114,7 +114,8 @@ void SetGeneratorState(at::Generator& gen, const std::string& bytes) {
   gen.set_state(state);
 }
 
-int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Config& config) {
+int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Config& config,
+        PreemptionWatcher& watcher) {
   const int rank = comm.rank(), world = comm.size();
   FsdpMlp model(&comm, &data_comm, device, config.features, config.hidden, config.classes, config.dropout, config.seed);
   at::Generator own_rng = at::detail::getDefaultCPUGenerator();
@@ -124,12 +125,6 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
   auto say = [&](const std::string& line) {
     if (rank == 0) std::printf("%s\n", line.c_str());  // stdout is line-buffered (main)
   };
-  // Before the (possibly long) resume, so a stop request during it is not fatal.
-  Result<std::unique_ptr<PreemptionWatcher>> watcher = PreemptionWatcher::Install();
-  if (!watcher.ok()) {
-    std::fprintf(stderr, "rank %d: %s\n", rank, watcher.status().ToString().c_str());
-    return kExitError;
-  }
   std::string last_committed;  // what a restart would resume from
   double last_save_s = -1;     // how long the last save took, for the final save's estimate
   int64_t params = 0;
@@ -292,7 +287,7 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
     const auto seen = Clock::now();
     const double remaining_at_seen = config.preempt_grace_s - stop.seconds_since;
     const std::string at_step = "step " + std::to_string(step);
-    LocalStop mine = watcher.value()->Local();
+    LocalStop mine = watcher.Local();
     char line[512];
     if (mine.requested) {
       std::snprintf(line, sizeof(line), "rank %d: stopping after %s (%s received here %.2fs ago)", rank,
@@ -306,12 +301,20 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
                   "grace period %gs", SignalName(stop.signal).c_str(), stop.first_rank, stop.seconds_since,
                   at_step.c_str(), config.preempt_grace_s);
     say(line);
+    auto resume_from = [&]() -> std::string {
+      return last_committed.empty() ? "the start (no checkpoint was committed)" : last_committed;
+    };
+    // Every rank sees the same failure (saves agree on their status), so rank 0's line holds.
+    auto failed = [&](const std::string& what) {
+      say("preempted after " + at_step + ": " + what + " failed (the error is above); resume from " + resume_from() +
+          " (exit status 1)");
+      return kExitError;
+    };
     if (pending) {
-      say("preemption: waiting for the checkpoint of step " + std::to_string(pending->step()) + " still being written");
-      if (!finish_pending()) return kExitError;
+      const std::string what = "the checkpoint of step " + std::to_string(pending->step());
+      say("preemption: waiting for " + what + " still being written");
+      if (!finish_pending()) return failed(what);
     }
-    const std::string resume_from =
-        last_committed.empty() ? "the start (no checkpoint was committed)" : last_committed;
     if (config.ckpt.empty()) {
       say("preempted after " + at_step + " without a final checkpoint: no --ckpt (exit status 75)");
       return kExitPreemptedUnsaved;
@@ -326,12 +329,12 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
     if (skip) {
       if (decision.save) decision.reason = "another rank estimated that a save would not finish in time";
       say("preempted after " + at_step + " without a final checkpoint: not saving " + at_step + ": " +
-          decision.reason + "; no save was started, so nothing is half-written; resume from " + resume_from +
+          decision.reason + "; no save was started, so nothing is half-written; resume from " + resume_from() +
           " (exit status 75)");
       return kExitPreemptedUnsaved;
     }
     say("preemption: final checkpoint of " + at_step + " (" + decision.reason + ")");
-    if (!save_sync()) return kExitError;
+    if (!save_sync()) return failed("the final checkpoint of " + at_step);
     std::snprintf(line, sizeof(line), "preempted after %s: final checkpoint committed at %s, %.2fs into the %gs grace "
                   "period; resume with --resume (exit status 0)", at_step.c_str(), last_committed.c_str(),
                   stop.seconds_since + SecondsSince(seen), config.preempt_grace_s);
@@ -358,7 +361,7 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
     time_pending();
     // Before the periodic save: a stop at a save step makes that save the final one, under the
     // grace-period rules.
-    Result<StopRequest> stop = watcher.value()->ShouldStop(comm);
+    Result<StopRequest> stop = watcher.ShouldStop(comm);
     if (!stop.ok()) {
       std::fprintf(stderr, "rank %d: %s\n", rank, stop.status().ToString().c_str());
       return kExitError;
@@ -419,6 +422,16 @@ int main(int argc, char** argv) {
   // Progress lines reach a log file or pipe as they happen, not when a 4 KiB buffer fills (a
   // person tailing the log would see stale progress, and a kill would lose its end).
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  // Before MPI_Init and the (possibly long) resume: a stop request that arrives while the job
+  // starts is acted on at the first step instead of killing the rank with the signal's default
+  // action (a launcher forwards SIGUSR1 as soon as the ranks exist; the job would end without
+  // the exit status a requeueing script looks for). What remains is the time before main
+  // (loading libtorch: under a second), when a stop signal still ends the rank.
+  Result<std::unique_ptr<PreemptionWatcher>> watcher = PreemptionWatcher::Install();
+  if (!watcher.ok()) {
+    std::fprintf(stderr, "shardckpt-train: %s\n", watcher.status().ToString().c_str());
+    return kExitError;
+  }
   auto session = MpiSession::Init(&argc, &argv);
   if (!session.ok()) {
     std::fprintf(stderr, "%s\n", session.status().ToString().c_str());
@@ -472,7 +485,7 @@ int main(int argc, char** argv) {
       if (comm->rank() == 0) std::fprintf(stderr, "shardckpt-train: %s\n", ready.ToString().c_str());
       return 2;
     }
-    code = Run(*comm, plane->comm ? *plane->comm : *comm, plane->device, config);
+    code = Run(*comm, plane->comm ? *plane->comm : *comm, plane->device, config, **watcher);
     int64_t worst = code;
     comm->AllReduceMaxInt64(&worst, 1).IgnoreError();
     code = static_cast<int>(worst);

@@ -17,7 +17,8 @@
 #   device         --device cuda: with a CUDA libtorch and GPUs, a device-resident run resumes
 #                  exactly from a device checkpoint; without, every rank refuses with the reason
 #   preempt HOW CLI  SIGTERM in the middle of a run with async saves, sent to launch/mpirun.sh
-#                  (HOW=mpirun) or to rank 1 alone (HOW=rank): every rank stops after the same step,
+#                  (HOW=mpirun), to its whole process group (HOW=group: `timeout`, Slurm) or to
+#                  rank 1 alone (HOW=rank): every rank stops after the same step,
 #                  a final checkpoint of that step commits and verifies, exit 0, and --resume
 #                  continues with exactly the losses of an uninterrupted run
 #   preempt-short-grace CLI  a grace period too short for a save: no save is started, exit 75,
@@ -27,6 +28,13 @@
 #                  none waits for the collective deadline
 #   resume-agrees  rank 1's --ckpt shows no checkpoint where rank 0's shows step 10 (a stale view of
 #                  a network filesystem): every rank resumes from step 10, none starts training alone
+#   preempt-save-fails CLI  the final save fails on one rank: every rank exits 1 and the log names
+#                  the checkpoint to resume from, which is intact
+#   preempt-pipe CLI  `launch/mpirun.sh ... | tee LOG` and a SIGTERM to the whole process group,
+#                  tee included: the ranks still stop, save their step (latest) and end
+#   preempt-startup  SIGTERM to every rank while MPI starts (the moment MPI_Init installs its own
+#                  handlers): every rank stops after the same step (the first), which is saved, exit 0
+#   launcher-tstp  SIGTSTP to launch/mpirun.sh's process group pauses the ranks; SIGCONT resumes them
 #   log-follow     progress lines reach a pipe and a file as they happen, not at exit
 #   slurm-requeue  launch/slurm.sbatch with srun and scontrol stubbed: SIGUSR1 to the batch shell
 #                  (what --signal=B:USR1@180 sends) stops the ranks with a final checkpoint, the
@@ -43,7 +51,7 @@ wait_for() {  # FILE REGEX: until a line of FILE matches (two minutes at most)
   for _ in $(seq 2400); do grep -qE "$2" "$1" 2> /dev/null && return 0; sleep 0.05; done
   echo "timed out waiting for /$2/ in $1:"; cat "$1"; exit 1
 }
-env_has() { tr '\0' '\n' < "/proc/$1/environ" 2> /dev/null | grep -qxF "$2"; }
+env_has() { tr '\0' '\n' 2> /dev/null < "/proc/$1/environ" | grep -qxF "$2"; }
 rank_pid() {  # RANK TAG: the pid of that rank of the job started with -x PREEMPT_TEST_TAG=TAG
   local p
   for p in $(pgrep -x shardckpt-train); do
@@ -52,16 +60,29 @@ rank_pid() {  # RANK TAG: the pid of that rank of the job started with -x PREEMP
   echo "no process of rank $1 tagged $2" >&2
 }
 stopped_job() {  # TARGET COMMAND...: runs COMMAND into $work/stopped.log and, once step 12 is logged,
-  # sends SIGTERM to TARGET (launcher: COMMAND's process; rank1: that rank alone); sets $status
-  "${@:2}" > "$work/stopped.log" 2>&1 &
-  local job=$!
+  # sends SIGTERM to TARGET (launcher: COMMAND's process; group: every process of COMMAND's
+  # process group, as `timeout` and Slurm do; rank1: that rank alone); sets $status
+  if [ "$1" = group ]; then setsid "${@:2}" > "$work/stopped.log" 2>&1 & else "${@:2}" > "$work/stopped.log" 2>&1 & fi
+  local job=$!  # setsid execs (a background child leads no group): the group's id
   wait_for "$work/stopped.log" '^step 12 loss'
-  if [ "$1" = launcher ]; then kill -TERM "$job"; else kill -TERM "$(rank_pid 1 "$work")"; fi
+  case "$1" in
+    launcher) kill -TERM "$job" ;;
+    group) kill -TERM -- "-$job" ;;
+    *) kill -TERM "$(rank_pid 1 "$work")" ;;
+  esac
+  ended "$job" "$work/stopped.log"
+  # The launcher returns when its ranks have ended, not before.
+  local p
+  for p in $(pgrep -x shardckpt-train); do
+    if env_has "$p" "PREEMPT_TEST_TAG=$work"; then echo "rank process $p still runs after the job returned"; exit 1; fi
+  done
+}
+ended() {  # JOB LOG: waits for JOB, sets $status to its exit status, shows LOG
   set +e
-  wait "$job"
+  wait "$1"
   status=$?
   set -e
-  cat "$work/stopped.log"
+  cat "$2"
 }
 stop_step() {  # NP LOG: the step after which every one of NP ranks said it stopped
   local said steps
@@ -230,10 +251,10 @@ PY
     how=$1; cli=$2
     run 2 "$train" "${small[@]}" --steps 60 > "$work/full.log"
     flags=("${small[@]}" --ckpt "$work/p" --steps 60 --save-every 5 --async-save)
-    if [ "$how" = mpirun ]; then
+    if [ "$how" != rank ]; then
       # Every persist takes 1.5 s more, so the step-10 one is still being written at the stop.
-      stopped_job launcher env SHARDCKPT_FAILPOINTS="$pace;save.write_data=sleep:1500" "$launcher" -np 2 \
-        --mca btl self,vader,tcp "$train" "${flags[@]}"
+      stopped_job "${how/mpirun/launcher}" env SHARDCKPT_FAILPOINTS="$pace;save.write_data=sleep:1500" "$launcher" \
+        -np 2 --mca btl self,vader,tcp -x PREEMPT_TEST_TAG="$work" "$train" "${flags[@]}"
     else
       stopped_job rank1 run 2 -x SHARDCKPT_FAILPOINTS="$pace" -x PREEMPT_TEST_TAG="$work" "$train" "${flags[@]}"
     fi
@@ -241,7 +262,7 @@ PY
     s=$(stop_step 2 "$work/stopped.log")
     [ "$s" -ge 12 ] && [ "$s" -lt 60 ] || { echo "stopped after step $s, not in the middle"; exit 1; }
     dir=$(printf 'step-%09d' "$s")
-    if [ "$how" = mpirun ]; then
+    if [ "$how" != rank ]; then
       grep -qE '^preemption: waiting for the checkpoint of step [0-9]+ still being written' "$work/stopped.log"
     else
       grep -q "^preemption: SIGTERM received by rank 1 " "$work/stopped.log"
@@ -275,6 +296,71 @@ PY
     run 2 "$train" "${small[@]}" --ckpt "$work/g" --steps 30 --resume > "$work/resumed.log"
     grep -q "resumed from $work/g/$prev at step $(((s - 1) / 5 * 5)) " "$work/resumed.log"
     diff <(losses "$work/full.log" 21 30) <(losses "$work/resumed.log" 21 30) ;;
+  preempt-pipe)  # CLI: `launcher | tee LOG` under a SIGTERM to the whole process group: tee dies
+    # with it, and the stop request must still reach the ranks and be saved
+    flags=("${small[@]}" --ckpt "$work/p" --steps 60 --save-every 5 --async-save)
+    SHARDCKPT_FAILPOINTS="$pace;save.write_data=sleep:1500" setsid bash -c \
+      '"$@" 2>&1 | tee "$0/piped.log" > /dev/null' "$work" "$launcher" -np 2 --mca btl self,vader,tcp \
+      -x PREEMPT_TEST_TAG="$work" "$train" "${flags[@]}" &
+    job=$!
+    wait_for "$work/piped.log" '^step 12 loss'
+    kill -TERM -- "-$job"
+    wait "$job" || true
+    for _ in $(seq 600); do [ -n "$(rank_pid 0 "$work" 2> /dev/null)" ] || break; sleep 0.1; done
+    [ -z "$(rank_pid 0 "$work" 2> /dev/null)" ] || { echo "the ranks still run a minute after the stop"; exit 1; }
+    ls "$work/p"
+    s=$(sed 's/^step-0*//' "$work/p/latest")
+    [ "$s" -ge 12 ] && [ "$s" -lt 20 ] || { echo "the last checkpoint is of step $s, not of the stop after step 12"; exit 1; }
+    if ls "$work/p" | grep -q tmp; then echo "a checkpoint was left half-written"; exit 1; fi
+    "$1" verify "$work/p" ;;
+  preempt-save-fails)  # CLI
+    # The final save (the third write on rank 1) fails: every rank exits 1, the log says from where
+    # to resume, and that checkpoint is intact.
+    stopped_job launcher env SHARDCKPT_FAILPOINTS="$pace;save.write_data@1#3=ENOSPC" "$launcher" -np 2 \
+      --mca btl self,vader,tcp -x PREEMPT_TEST_TAG="$work" "$train" "${small[@]}" --ckpt "$work/f" --steps 60 --save-every 5
+    [ "$status" -eq 1 ] || { echo "the job exited $status, not 1"; exit 1; }
+    s=$(stop_step 2 "$work/stopped.log")
+    [ "$(grep -c "rank [01]: checkpoint failed: NoSpace: save of step $s failed: rank 1" "$work/stopped.log")" -eq 2 ]
+    grep -q "^preempted after step $s: the final checkpoint of step $s failed (the error is above); resume from $work/f/step-000000010 (exit status 1)" \
+      "$work/stopped.log"
+    test "$(cat "$work/f/latest")" = step-000000010
+    "$1" verify "$work/f" ;;
+  launcher-tstp)  # Ctrl-Z and fg reach the ranks through launch/mpirun.sh (mpirun runs in its own session)
+    SHARDCKPT_FAILPOINTS="$pace" setsid "$launcher" -np 2 --mca btl self,vader,tcp "$train" "${small[@]}" --steps 30 \
+      > "$work/file.log" 2>&1 &
+    job=$!
+    wait_for "$work/file.log" '^step 5 loss'
+    kill -TSTP -- "-$job"
+    sleep 1
+    before=$(losses "$work/file.log" 1 30 | wc -l)
+    sleep 1
+    [ "$(losses "$work/file.log" 1 30 | wc -l)" -eq "$before" ] || { echo "the ranks kept training after SIGTSTP"; exit 1; }
+    kill -CONT -- "-$job"
+    ended "$job" "$work/file.log"
+    [ "$status" -eq 0 ] && [ "$(losses "$work/file.log" 1 30 | wc -l)" -eq 30 ] ;;
+  preempt-startup)
+    run 2 -x PREEMPT_TEST_TAG="$work" -x SHARDCKPT_FAILPOINTS="$pace" "$train" "${small[@]}" --ckpt "$work/p" --steps 30 \
+      > "$work/stopped.log" 2>&1 &
+    job=$!
+    # SigCgt turns non-zero when the first handler is installed: MPI_Init's own (SIGSEGV, ...) or,
+    # before it, the trainer's. Poll at 1 ms: the window between MPI_Init and training is short.
+    signalled=""
+    for _ in $(seq 20000); do
+      for p in $(pgrep -x shardckpt-train); do
+        case " $signalled " in *" $p "*) continue ;; esac
+        env_has "$p" "PREEMPT_TEST_TAG=$work" || continue
+        caught=$(awk '/^SigCgt:/ { print $2 }' "/proc/$p/status" 2> /dev/null || true)
+        if [ -n "$caught" ] && [ "$caught" != 0000000000000000 ]; then kill -TERM "$p"; signalled+=" $p"; fi
+      done
+      [ "$(echo $signalled | wc -w)" -ge 2 ] && break
+      sleep 0.001
+    done
+    ended "$job" "$work/stopped.log"
+    [ "$status" -eq 0 ] || { echo "a stop request while MPI started: the job exited $status, not 0"; exit 1; }
+    s=$(stop_step 2 "$work/stopped.log")  # 1, unless this loop was slower than MPI_Init and a step
+    dir=$(printf 'step-%09d' "$s")
+    grep -q "^preempted after step $s: final checkpoint committed at $work/p/$dir" "$work/stopped.log"
+    test "$(cat "$work/p/latest")" = "$dir" ;;
   log-follow)  # 30 steps of 100 ms: lines spread over ~3 s as they happen, or arrive at exit at once
     SHARDCKPT_FAILPOINTS="$pace" "$train" "${small[@]}" --steps 30 |
       while IFS= read -r line; do echo "$(date +%s.%N) $line"; done > "$work/piped.log"
@@ -307,11 +393,7 @@ PY
     job=$!
     wait_for "$work/attempt0.log" '^step 12 loss'
     kill -USR1 "$job"
-    set +e
-    wait "$job"
-    status=$?
-    set -e
-    cat "$work/attempt0.log"
+    ended "$job" "$work/attempt0.log"
     [ "$status" -eq 0 ] || { echo "the first attempt exited $status, not 0"; exit 1; }
     s=$(stop_step 2 "$work/attempt0.log")
     dir=$(printf 'step-%09d' "$s")
