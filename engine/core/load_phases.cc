@@ -1,0 +1,321 @@
+#include "shardckpt/engine/core/load_phases.h"
+
+#include <algorithm>
+#include <cstring>
+#include <unordered_map>
+
+#include "shardckpt/io/checksum.h"
+#include "shardckpt/io/failpoint.h"
+#include "shardckpt/io/fs.h"
+
+namespace shardckpt::load_phases {
+namespace {
+
+// Broadcasts an entry's bytes from `root`'s piece into every rank's `piece`. Device pieces go
+// straight over `device_comm` (NCCL) when every rank's piece is on a device; otherwise through a
+// host buffer. The return is the collective's status; a local copy's error goes to `*local`
+// and never skips the broadcast, so every rank stays in step and the error is agreed on later.
+Status BroadcastPiece(Communicator& comm, Communicator* device_comm, bool all_on_device, const TensorPiece& piece,
+                      int root, Status* local) {
+  const size_t bytes = static_cast<size_t>(piece.bytes);
+  if (piece.space == MemorySpace::kHost) return comm.Broadcast(piece.data, bytes, root);
+  if (all_on_device && device_comm != nullptr) return device_comm->Broadcast(piece.data, bytes, root);
+  TensorPiece host = piece;
+  std::vector<unsigned char> buffer(bytes);
+  host.data = buffer.data();
+  host.space = MemorySpace::kHost;
+  if (comm.rank() == root && local->ok()) *local = CopyPiece(host, piece);
+  SC_RETURN_IF_ERROR(comm.Broadcast(buffer.data(), bytes, root));
+  if (comm.rank() != root && local->ok()) *local = CopyPiece(piece, host);
+  return Status::Ok();
+}
+
+bool IsWhole(const TensorPiece& piece) {
+  return Normalize(piece.layout, piece.global_shape).kind == LayoutKind::kReplicated;
+}
+
+}  // namespace
+
+std::string NameList(const std::vector<std::string>& names) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < 20; ++i) out += (i ? ", " : "") + ("'" + names[i] + "'");
+  if (names.size() > 20) out += ", and " + std::to_string(names.size() - 20) + " more";
+  return out;
+}
+
+Status CopyPiece(const TensorPiece& to, const TensorPiece& from) {
+  const size_t bytes = static_cast<size_t>(from.bytes);
+  if (to.space == MemorySpace::kHost && from.space == MemorySpace::kHost) {
+    std::memcpy(to.data, from.data, bytes);
+    return Status::Ok();
+  }
+  std::vector<unsigned char> bounce;
+  const void* host = from.data;
+  if (from.space == MemorySpace::kCuda) {
+    SC_ASSIGN_OR_RETURN(DeviceCopier * copier, CudaCopier(from.device));
+    void* landing = to.data;
+    if (to.space == MemorySpace::kCuda) {
+      bounce.resize(bytes);
+      landing = bounce.data();
+    }
+    SC_RETURN_IF_ERROR(copier->CopyToHostAsync(landing, from.data, bytes, 0));
+    SC_RETURN_IF_ERROR(copier->WaitSlot(0));
+    if (to.space == MemorySpace::kHost) return Status::Ok();
+    host = landing;
+  }
+  SC_ASSIGN_OR_RETURN(DeviceCopier * copier, CudaCopier(to.device));
+  SC_RETURN_IF_ERROR(copier->CopyToDeviceAsync(to.data, host, bytes));
+  return copier->Synchronize();
+}
+
+// ---- 1.
+ManifestRead ReadManifestOnRoot(int rank, const std::string& path) {
+  ManifestRead read;
+  if (rank != 0) return read;
+  Result<CheckpointHold> resolved = HoldCheckpoint(path);
+  read.status = resolved.status();
+  if (read.status.ok()) {
+    read.hold = std::move(resolved).value();
+    read.dir = read.hold.dir();
+    read.status = Failpoint("load.read_manifest", "read " + JoinPath(read.dir, kManifestName));
+  }
+  if (read.status.ok()) {
+    Result<Manifest> decoded = ReadManifest(read.dir, &read.text);
+    read.status = decoded.status();
+    if (read.status.ok()) read.manifest = std::move(decoded).value();
+  }
+  return read;
+}
+
+// ---- 2.
+Result<Manifest> ParseSharedManifest(const std::string& dir, const std::string& text) {
+  const std::string manifest_path = JoinPath(dir, kManifestName);
+  SC_RETURN_IF_ERROR(Failpoint("load.decode_manifest", "parse " + manifest_path));
+  return DecodeValidatedManifest(text, manifest_path);
+}
+
+Status ShareManifest(Communicator& comm, ManifestRead* read) {
+  SC_RETURN_IF_ERROR(BroadcastStatus(comm, read->status, 0));
+  SC_RETURN_IF_ERROR(BroadcastString(comm, &read->dir, 0));
+  if (comm.size() == 1) return Status::Ok();
+  SC_RETURN_IF_ERROR(BroadcastString(comm, &read->text, 0));
+  Status parsed;
+  if (comm.rank() != 0) {
+    Result<Manifest> decoded = ParseSharedManifest(read->dir, read->text);
+    parsed = decoded.status();
+    if (parsed.ok()) read->manifest = std::move(decoded).value();
+  }
+  // The next all-gather sizes its message by the manifest: every rank must hold one.
+  return AgreeOnStatus(comm, parsed);
+}
+
+// ---- 3.
+LocalMatch MatchPieces(const Manifest& manifest, const ShardedState& targets, const LoadOptions& options) {
+  std::unordered_map<std::string, size_t> by_name;
+  for (size_t i = 0; i < manifest.entries.size(); ++i) {
+    std::string name = options.rename ? options.rename(manifest.entries[i].name) : manifest.entries[i].name;
+    by_name.emplace(std::move(name), i);
+  }
+  LocalMatch match;
+  match.wants.assign(manifest.entries.size(), '\0');
+  match.entry_of_piece.assign(targets.pieces().size(), -1);
+  for (size_t p = 0; p < targets.pieces().size(); ++p) {
+    const TensorPiece& piece = targets.pieces()[p];
+    auto it = by_name.find(piece.name);
+    if (it == by_name.end()) {
+      if (std::find(match.missing.begin(), match.missing.end(), piece.name) == match.missing.end()) {
+        match.missing.push_back(piece.name);
+      }
+      continue;
+    }
+    const EntryRecord& e = manifest.entries[it->second];
+    if (e.dtype != piece.dtype && match.status.ok()) {
+      match.status = InvalidArgument("entry '" + e.name + "' is " + DTypeName(e.dtype) + " in the checkpoint but " +
+                                     DTypeName(piece.dtype) + " in the target (no silent casts)");
+    }
+    if (e.shape != piece.global_shape && match.status.ok()) {
+      match.status = InvalidArgument("entry '" + e.name + "' has shape " + ShapeString(e.shape) +
+                                     " in the checkpoint but " + ShapeString(piece.global_shape) + " in the target");
+    }
+    match.entry_of_piece[p] = static_cast<long>(it->second);
+    char& wants = match.wants[it->second];
+    const bool whole = IsWhole(piece);
+    if (whole && !(wants & kWantedWhole) && piece.space == MemorySpace::kCuda) wants |= kWholeOnDevice;
+    wants |= whole ? (kWanted | kWantedWhole) : (kWanted | kWantedPart);
+  }
+  return match;
+}
+
+Demand CombineWants(const std::vector<std::string>& all_wants, size_t entries) {
+  Demand d;
+  d.wanted_any.assign(entries, false);
+  d.wanted_whole_by_all.assign(entries, true);
+  d.whole_on_device_everywhere.assign(entries, true);
+  for (const std::string& w : all_wants) {
+    for (size_t i = 0; i < entries; ++i) {
+      if (w[i] & kWanted) d.wanted_any[i] = true;
+      if (!(w[i] & kWantedWhole) || (w[i] & kWantedPart)) d.wanted_whole_by_all[i] = false;
+      if (!(w[i] & kWholeOnDevice)) d.whole_on_device_everywhere[i] = false;
+    }
+  }
+  return d;
+}
+
+std::vector<std::string> UnwantedEntries(const Manifest& manifest, const Demand& demand) {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < manifest.entries.size(); ++i) {
+    if (!demand.wanted_any[i]) names.push_back(manifest.entries[i].name);
+  }
+  return names;
+}
+
+Status MatchVerdict(const Status& local, bool strict, const std::string& dir,
+                    const std::vector<std::string>& missing, const std::vector<std::string>& unexpected) {
+  if (!local.ok() || !strict) return local;
+  if (!missing.empty()) return NotFound("not in checkpoint " + dir + ": " + NameList(missing));
+  if (!unexpected.empty()) {
+    return InvalidArgument("checkpoint " + dir + " has entries no rank loads: " + NameList(unexpected) +
+                           " (load with strict=false to skip them)");
+  }
+  return Status::Ok();
+}
+
+std::vector<int> AssignReaders(const Demand& demand, bool broadcast_replicated, int world) {
+  std::vector<int> reader_of(demand.wanted_any.size(), -1);
+  if (!broadcast_replicated || world <= 1) return reader_of;
+  int next = 0;
+  for (size_t i = 0; i < reader_of.size(); ++i) {
+    if (demand.wanted_any[i] && demand.wanted_whole_by_all[i]) reader_of[i] = next++ % world;
+  }
+  return reader_of;
+}
+
+Status CheckDevices(const ShardedState& targets) {
+  for (const TensorPiece& piece : targets.pieces()) {
+    if (piece.space != MemorySpace::kCuda) continue;
+    Status usable = CudaCopier(piece.device).status();
+    if (!usable.ok()) return usable.WithContext("tensor '" + piece.name + "'");
+  }
+  return Status::Ok();
+}
+
+Result<Match> MatchEntries(Communicator& comm, const Manifest& manifest, const std::string& dir,
+                           const ShardedState& targets, const LoadOptions& options, LoadReport* report) {
+  Match match;
+  match.local = MatchPieces(manifest, targets, options);
+  report->missing = match.local.missing;
+  std::vector<std::string> all_wants;
+  SC_RETURN_IF_ERROR(comm.AllGather(match.local.wants, &all_wants));
+  match.demand = CombineWants(all_wants, manifest.entries.size());
+  report->unexpected = UnwantedEntries(manifest, match.demand);
+  SC_RETURN_IF_ERROR(AgreeOnStatus(
+      comm, MatchVerdict(match.local.status, options.strict, dir, report->missing, report->unexpected)));
+  match.reader_of = AssignReaders(match.demand, options.broadcast_replicated, comm.size());
+  // Device pieces need a device this process can use; refuse on every rank before any reads.
+  SC_RETURN_IF_ERROR(AgreeOnStatus(comm, CheckDevices(targets)));
+  return match;
+}
+
+// ---- 4.
+ReadWork PlanReads(const Manifest& manifest, const ShardedState& targets, const Match& match, int rank, int world,
+                   const ReadPlanOptions& plan_options, LoadReport* report) {
+  ReadWork work;
+  ReadTargets& read_targets = work.targets;
+  std::vector<WantedPiece> wanted;
+  for (size_t p = 0; p < targets.pieces().size(); ++p) {
+    if (match.local.entry_of_piece[p] < 0) continue;
+    size_t entry = static_cast<size_t>(match.local.entry_of_piece[p]);
+    if (match.reader_of[entry] >= 0 && match.reader_of[entry] != rank) continue;
+    const TensorPiece& piece = targets.pieces()[p];
+    DeviceCopier* copier = nullptr;
+    if (piece.space == MemorySpace::kCuda) {
+      copier = CudaCopier(piece.device).value();  // checked by CheckDevices
+      work.any_device_target = true;
+    }
+    wanted.push_back(WantedPiece{entry, piece.layout, static_cast<uint32_t>(read_targets.base.size())});
+    read_targets.base.push_back(static_cast<unsigned char*>(piece.data));
+    read_targets.names.push_back(manifest.entries[entry].name);
+    read_targets.copier.push_back(copier);
+  }
+  ChunkIndex index(&manifest);
+  std::vector<CopyRequest> copies;
+  PlanPieceCopies(manifest, index, wanted, &copies);
+  std::vector<std::pair<std::string, const BlobRecord*>> blob_reads;
+  for (const BlobRecord& b : manifest.blobs) {
+    if (b.scope == BlobScope::kGlobal) {
+      blob_reads.emplace_back(b.name, &b);
+    } else if (manifest.world_size == world) {
+      if (b.rank == rank) blob_reads.emplace_back(b.name, &b);
+    } else {
+      BlobResult& result = report->blobs[b.name];
+      result.available = false;
+      result.reason = "per-rank blob saved by " + std::to_string(manifest.world_size) +
+                      " ranks; this job has " + std::to_string(world) + ", so it is not restored";
+    }
+  }
+  for (auto& [name, record] : blob_reads) {
+    BlobResult& result = report->blobs[name];
+    result.available = true;
+    result.reason.clear();
+    result.bytes.assign(record->bytes, '\0');
+    copies.push_back(CopyRequest{record->file, record->offset, record->bytes,
+                                 static_cast<uint32_t>(read_targets.base.size()), 0});
+    read_targets.base.push_back(reinterpret_cast<unsigned char*>(result.bytes.data()));
+    read_targets.names.push_back("blob " + name);
+    read_targets.copier.push_back(nullptr);
+  }
+  work.plan = CoalesceReads(std::move(copies), plan_options);
+  return work;
+}
+
+StagingSize SizeStaging(const ReadPlan& plan, size_t staging_buffers, uint64_t max_extent) {
+  uint64_t largest = kBlockSize;
+  for (const ReadExtent& e : plan.extents) largest = std::max(largest, e.length);
+  const uint64_t budget = staging_buffers * max_extent;
+  return StagingSize{static_cast<size_t>(std::clamp<uint64_t>(budget / largest, staging_buffers, 128)), largest};
+}
+
+// ---- 5.
+Status ReadExtents(const std::string& dir, const Manifest& manifest, const ReadWork& work,
+                   const LoadOptions& options, ReadStats* stats) {
+  const StagingSize staging = SizeStaging(work.plan, options.staging_buffers, options.plan.max_extent);
+  SC_ASSIGN_OR_RETURN(std::unique_ptr<BufferPool> pool,
+                      BufferPool::Create(staging.buffers, staging.buffer_bytes,
+                                         StagingHostAllocator(work.any_device_target)));
+  IoOptions io_options = options.io;
+  io_options.queue_depth = std::max<size_t>(io_options.queue_depth, staging.buffers + 1);
+  std::unique_ptr<IoEngine> io = CreateIoEngine(io_options);
+  return ExecuteReadPlan(io.get(), pool.get(), dir, manifest, work.plan, work.targets, options.verify_checksums,
+                         stats);
+}
+
+// ---- 6.
+Status ShareReplicated(Communicator& comm, const Manifest& manifest, const ShardedState& targets,
+                       const Match& match, const LoadOptions& options, LoadReport* report) {
+  const std::vector<long>& entry_of_piece = match.local.entry_of_piece;
+  // A local copy's failure stops this rank's copies but not its broadcasts.
+  Status copied;
+  for (size_t entry = 0; entry < manifest.entries.size(); ++entry) {
+    const int reader = match.reader_of[entry];
+    if (reader < 0) continue;
+    const TensorPiece* first = nullptr;
+    for (size_t p = 0; p < targets.pieces().size() && first == nullptr; ++p) {
+      const TensorPiece& piece = targets.pieces()[p];
+      if (entry_of_piece[p] == static_cast<long>(entry) && IsWhole(piece)) first = &piece;
+    }
+    if (first == nullptr || first->bytes == 0) continue;
+    if (copied.ok()) copied = Failpoint("load.replicate", "copy of tensor '" + first->name + "'");
+    SC_RETURN_IF_ERROR(BroadcastPiece(comm, options.device_comm, match.demand.whole_on_device_everywhere[entry],
+                                      *first, reader, &copied));
+    if (comm.rank() != reader) report->bytes_received += static_cast<uint64_t>(first->bytes);
+    for (size_t p = 0; p < targets.pieces().size() && copied.ok(); ++p) {
+      const TensorPiece& piece = targets.pieces()[p];
+      if (entry_of_piece[p] == static_cast<long>(entry) && &piece != first) {
+        copied = CopyPiece(piece, *first).WithContext("tensor '" + piece.name + "'");
+      }
+    }
+  }
+  return AgreeOnStatus(comm, copied);
+}
+
+}  // namespace shardckpt::load_phases

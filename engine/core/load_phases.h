@@ -1,0 +1,117 @@
+// The phases of Load (load.h), one function each, in the order Load calls them. Internal to the
+// engine: the declarations are here so each phase can be tested on its own.
+//
+// A phase that talks to other ranks ends with every rank agreeing on one status (or returns a
+// collective's own failure, which every rank sees alike), so no rank enters the next collective
+// while another has given up. The pure steps inside a phase come with it, for table tests.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shardckpt/collectives/communicator.h"
+#include "shardckpt/engine/core/checkpoint_dir.h"
+#include "shardckpt/engine/core/load.h"
+
+namespace shardckpt::load_phases {
+
+// Per-entry flags a rank sends in the wants exchange: one byte per manifest entry.
+constexpr unsigned char kWanted = 1, kWantedWhole = 2, kWantedPart = 4;
+// This rank's first whole piece of the entry is in device memory (the one a broadcast fills).
+constexpr unsigned char kWholeOnDevice = 8;
+
+// Up to 20 quoted names, then "and N more".
+std::string NameList(const std::vector<std::string>& names);
+
+// ---- 1. Resolve, hold and read the manifest (rank 0 only; other ranks return an empty one).
+struct ManifestRead {
+  Status status;        // rank 0's; Ok elsewhere
+  std::string dir;      // the checkpoint folder
+  std::string text;     // manifest.json as read
+  Manifest manifest;
+  // Held until every rank has read (the status agreement after the reads): retention leaves it.
+  CheckpointHold hold;
+};
+ManifestRead ReadManifestOnRoot(int rank, const std::string& path);
+
+// ---- 2. Broadcast rank 0's status, folder and manifest text; the other ranks parse it.
+// On return every rank holds the same `dir` and manifest, or every rank has the same error.
+Status ShareManifest(Communicator& comm, ManifestRead* read);
+// Rank 0 validated these very bytes; the others only parse them [load.decode_manifest].
+Result<Manifest> ParseSharedManifest(const std::string& dir, const std::string& text);
+
+// ---- 3. Match the wanted pieces against the manifest.
+// This rank's view: which entry each piece reads, the wants flags, names missing here, and the
+// first dtype or shape mismatch.
+struct LocalMatch {
+  std::vector<long> entry_of_piece;  // by piece; -1 where the name is not in the checkpoint
+  std::string wants;                 // by entry: k* flags
+  std::vector<std::string> missing;  // wanted here, not in the checkpoint (each name once)
+  Status status;                     // dtype or shape mismatch
+};
+LocalMatch MatchPieces(const Manifest& manifest, const ShardedState& targets, const LoadOptions& options);
+
+// Every rank's wants combined, by entry.
+struct Demand {
+  std::vector<bool> wanted_any;                  // some rank reads it
+  std::vector<bool> wanted_whole_by_all;         // every rank wants it whole, none a part
+  std::vector<bool> whole_on_device_everywhere;  // every rank's whole piece is on a device
+};
+Demand CombineWants(const std::vector<std::string>& all_wants, size_t entries);
+
+// Checkpoint entries no rank wants.
+std::vector<std::string> UnwantedEntries(const Manifest& manifest, const Demand& demand);
+
+// The local match's error, else (strict only) the missing or unexpected names as an error.
+Status MatchVerdict(const Status& local, bool strict, const std::string& dir,
+                    const std::vector<std::string>& missing, const std::vector<std::string>& unexpected);
+
+// Entries everyone wants whole: one reader each (round-robin), then a broadcast; -1 elsewhere.
+std::vector<int> AssignReaders(const Demand& demand, bool broadcast_replicated, int world);
+
+struct Match {
+  LocalMatch local;
+  Demand demand;
+  std::vector<int> reader_of;  // by entry
+};
+// Phase 3 as a whole: matches, exchanges wants (fills report->missing and ->unexpected), agrees
+// on the verdict, assigns readers and agrees every device piece has a usable device.
+Result<Match> MatchEntries(Communicator& comm, const Manifest& manifest, const std::string& dir,
+                           const ShardedState& targets, const LoadOptions& options, LoadReport* report);
+
+// The first device piece whose device this process cannot use, as an error.
+Status CheckDevices(const ShardedState& targets);
+
+// ---- 4. Plan this rank's reads: its pieces (not those another rank reads for broadcast), every
+// global blob, and its own per-rank blobs when the world size is unchanged. Blob buffers live in
+// report->blobs, which the read fills.
+struct ReadWork {
+  ReadTargets targets;
+  bool any_device_target = false;
+  ReadPlan plan;
+};
+ReadWork PlanReads(const Manifest& manifest, const ShardedState& targets, const Match& match, int rank, int world,
+                   const ReadPlanOptions& plan_options, LoadReport* report);
+
+// Staging buffers for a plan: a few large buffers for large extents, many small ones (so many
+// reads in flight) when resharding cuts the reads into row segments.
+struct StagingSize {
+  size_t buffers = 0;
+  uint64_t buffer_bytes = 0;
+};
+StagingSize SizeStaging(const ReadPlan& plan, size_t staging_buffers, uint64_t max_extent);
+
+// ---- 5. Read and verify the planned extents (local; Load agrees on the status).
+Status ReadExtents(const std::string& dir, const Manifest& manifest, const ReadWork& work,
+                   const LoadOptions& options, ReadStats* stats);
+
+// ---- 6. Replicated entries: each reader broadcasts; extra whole copies on one rank are local
+// copies [load.replicate]. Ends with the agreement.
+Status ShareReplicated(Communicator& comm, const Manifest& manifest, const ShardedState& targets,
+                       const Match& match, const LoadOptions& options, LoadReport* report);
+
+// Copies one whole piece into another of the same entry, whichever memory each lives in.
+Status CopyPiece(const TensorPiece& to, const TensorPiece& from);
+
+}  // namespace shardckpt::load_phases

@@ -1,0 +1,321 @@
+#include "shardckpt/engine/core/save_phases.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <unordered_map>
+
+#include "shardckpt/engine/core/commit.h"
+#include "shardckpt/engine/core/shard_writer.h"
+#include "shardckpt/engine/model/wire.h"
+#include "shardckpt/io/failpoint.h"
+#include "shardckpt/io/fs.h"
+
+namespace shardckpt::save_phases {
+namespace {
+
+std::string StepFailed(int64_t step) { return "save of step " + std::to_string(step) + " failed"; }
+
+// Writes the rank's file; its status is the report's.
+WriteReport WriteShard(int rank, const std::string& temp_dir, const ShardedState& state,
+                       const SavePlan& plan, const SaveOptions& options) {
+  WriteReport report;
+  const std::vector<bool>& pieces = plan.writes_piece[rank];
+  const std::vector<bool>& blobs = plan.writes_blob[rank];
+  bool any = std::find(pieces.begin(), pieces.end(), true) != pieces.end() ||
+             std::find(blobs.begin(), blobs.end(), true) != blobs.end();
+  auto run = [&]() -> Status {
+    SC_RETURN_IF_ERROR(Failpoint("save.write_data", "write " + JoinPath(temp_dir, RankFileName(rank))));
+    if (!any) return Status::Ok();
+    bool from_device = false;
+    for (size_t i = 0; i < pieces.size(); ++i) from_device |= pieces[i] && state.pieces()[i].space == MemorySpace::kCuda;
+    std::unique_ptr<BufferPool> own_pool;
+    BufferPool* pool = options.staging;
+    if (pool == nullptr) {
+      SC_ASSIGN_OR_RETURN(own_pool, BufferPool::Create(options.staging_buffers, options.staging_buffer_bytes,
+                                                       StagingHostAllocator(from_device)));
+      pool = own_pool.get();
+    }
+    IoOptions io_options = options.io;
+    io_options.queue_depth = std::max<size_t>(io_options.queue_depth, pool->count() + 1);
+    std::unique_ptr<IoEngine> io = CreateIoEngine(io_options);
+    ShardFileWriter writer(io.get(), pool, options.always_stage, options.pieces_padded);
+    SC_RETURN_IF_ERROR(writer.Open(temp_dir, RankFileName(rank)));
+    std::vector<DeviceCopier*> settled;  // devices whose queued work has finished
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      if (!pieces[i]) continue;
+      const TensorPiece& p = state.pieces()[i];
+      auto append = [&]() -> Result<uint64_t> {
+        if (p.space == MemorySpace::kHost) return writer.Append(p.data, static_cast<size_t>(p.bytes));
+        SC_ASSIGN_OR_RETURN(DeviceCopier * copier, CudaCopier(p.device));
+        if (std::find(settled.begin(), settled.end(), copier) == settled.end()) {
+          SC_RETURN_IF_ERROR(copier->WaitForDeviceWork());
+          settled.push_back(copier);
+        }
+        return writer.AppendFromDevice(p.data, static_cast<size_t>(p.bytes), copier);
+      };
+      Result<uint64_t> offset = append();
+      if (!offset.ok()) return offset.status().WithContext("tensor '" + p.name + "'");
+      report.piece_offsets.emplace_back(i, *offset);
+    }
+    for (size_t j = 0; j < blobs.size(); ++j) {
+      if (!blobs[j]) continue;
+      const BlobItem& b = state.blobs()[j];
+      SC_ASSIGN_OR_RETURN(uint64_t offset, writer.Append(b.bytes.data(), b.bytes.size()));
+      report.blob_offsets.emplace_back(j, offset);
+    }
+    SC_ASSIGN_OR_RETURN(report.file, writer.Finish());
+    report.wrote_file = true;
+    return Status::Ok();
+  };
+  report.status = run();
+  return report;
+}
+
+}  // namespace
+
+// ---- Describe.
+std::string HostName() {
+  char buf[256] = {};
+  ::gethostname(buf, sizeof(buf) - 1);
+  return buf;
+}
+
+std::string DescribeRank(int64_t step, const std::string& host, const ShardedState& state) {
+  WireWriter mine;
+  mine.U64(static_cast<uint64_t>(step));
+  mine.Str(host);
+  mine.Str(EncodeRankDescription(DescribeState(state)));
+  return std::move(mine.bytes());
+}
+
+// ---- Plan.
+Status CheckSteps(int64_t step, const std::vector<std::string>& gathered) {
+  SC_RETURN_IF_ERROR(ValidateStep(step));
+  for (size_t r = 0; r < gathered.size(); ++r) {
+    WireReader reader(gathered[r]);
+    int64_t theirs = static_cast<int64_t>(reader.U64());
+    if (!reader.ok()) return Internal("truncated description from rank " + std::to_string(r));
+    if (theirs != step) {
+      return InvalidArgument("rank " + std::to_string(r) + " saves step " + std::to_string(theirs) +
+                             " but rank 0 saves step " + std::to_string(step));
+    }
+  }
+  return Status::Ok();
+}
+
+Result<Descriptions> DecodeDescriptions(const std::vector<std::string>& gathered) {
+  Descriptions out;
+  for (size_t r = 0; r < gathered.size(); ++r) {
+    WireReader reader(gathered[r]);
+    reader.U64();  // the step, checked by CheckSteps
+    out.hosts.insert(reader.Str());
+    std::string description = reader.Str();
+    if (!reader.ok()) return Internal("truncated description from rank " + std::to_string(r));
+    Result<RankDescription> d = DecodeRankDescription(description);
+    if (!d.ok()) return d.status().WithContext("rank " + std::to_string(r));
+    out.ranks.push_back(std::move(d).value());
+  }
+  return out;
+}
+
+namespace {
+
+// With the root lock held: clean up, plan, create the temp folder.
+Status PrepareLocked(const std::string& root, int64_t step, const std::vector<std::string>& gathered,
+                     PlannedSave* planned) {
+  SC_RETURN_IF_ERROR(MakeDirs(root));
+  SC_RETURN_IF_ERROR(PrepareRoot(root, step));
+  SC_ASSIGN_OR_RETURN(planned->described, DecodeDescriptions(gathered));
+  SC_ASSIGN_OR_RETURN(planned->plan, PlanSave(planned->described.ranks));
+  planned->temp_name = TempDirName(step, RandomId());
+  return MakeDir(JoinPath(root, planned->temp_name));
+}
+
+Status PlanLocked(const std::string& root, int64_t step, const std::vector<std::string>& gathered,
+                  const SaveOptions& options, PlannedSave* planned) {
+  // Rank 0 applies retention and records the metrics: a rule or metric it cannot use is
+  // refused now, not after every rank has written (a save would commit, then warn).
+  SC_RETURN_IF_ERROR(CheckSteps(step, gathered));
+  SC_RETURN_IF_ERROR(ValidatePolicy(options.retention()));
+  SC_RETURN_IF_ERROR(ValidateMetrics(options.metrics));
+  SC_RETURN_IF_ERROR(MakeDirs(root));
+  SC_ASSIGN_OR_RETURN(RootLock lock, RootLock::Acquire(root));
+  planned->lock = std::make_unique<RootLock>(std::move(lock));
+  SC_RETURN_IF_ERROR(PrepareLocked(root, step, gathered, planned));
+  planned->plan_bytes = EncodePlanMessage(planned->temp_name, planned->plan);
+  return Status::Ok();
+}
+
+}  // namespace
+
+PlannedSave PlanOnRoot(int rank, const std::string& root, int64_t step, const std::vector<std::string>& gathered,
+                       const SaveOptions& options) {
+  PlannedSave planned;
+  if (rank != 0) return planned;
+  Status status = PlanLocked(root, step, gathered, options, &planned);
+  if (!status.ok()) planned.status = status.WithContext(StepFailed(step) + " on rank 0");
+  return planned;
+}
+
+// ---- Broadcast the plan.
+std::string EncodePlanMessage(const std::string& temp_name, const SavePlan& plan) {
+  WireWriter w;
+  w.Str(temp_name);
+  w.Str(EncodeSavePlan(plan));
+  return std::move(w.bytes());
+}
+
+Status DecodePlanMessage(const std::string& bytes, int world, std::string* temp_name, SavePlan* plan) {
+  WireReader reader(bytes);
+  *temp_name = reader.Str();
+  std::string encoded = reader.Str();
+  SC_RETURN_IF_ERROR(Failpoint("save.decode_plan", "save plan from rank 0"));
+  if (!reader.ok()) return Internal("truncated save plan from rank 0");
+  SC_ASSIGN_OR_RETURN(*plan, DecodeSavePlan(encoded, world));
+  return Status::Ok();
+}
+
+Status SharePlan(Communicator& comm, PlannedSave* planned) {
+  SC_RETURN_IF_ERROR(BroadcastStatus(comm, planned->status, 0));
+  SC_RETURN_IF_ERROR(BroadcastString(comm, &planned->plan_bytes, 0));
+  // A rank that cannot read the plan still joins the report gather, with its error as report.
+  if (comm.rank() != 0) {
+    planned->decoded = DecodePlanMessage(planned->plan_bytes, comm.size(), &planned->temp_name, &planned->plan);
+  }
+  return Status::Ok();
+}
+
+// ---- Write.
+std::string EncodeWriteReport(const WriteReport& r) {
+  WireWriter w;
+  w.U64(static_cast<uint64_t>(r.status.code()));
+  w.Str(r.status.message());
+  w.U64(r.wrote_file);
+  w.Str(r.file.name);
+  w.U64(r.file.size);
+  w.U64(r.file.table_offset);
+  w.U64(r.file.table_page_sums.size());
+  for (uint64_t s : r.file.table_page_sums) w.U64(s);
+  for (const auto* list : {&r.piece_offsets, &r.blob_offsets}) {
+    w.U64(list->size());
+    for (auto [index, offset] : *list) {
+      w.U64(index);
+      w.U64(offset);
+    }
+  }
+  return std::move(w.bytes());
+}
+
+Result<WriteReport> DecodeWriteReport(const std::string& bytes) {
+  WireReader r(bytes);
+  WriteReport out;
+  Code code = static_cast<Code>(r.U64());
+  std::string message = r.Str();
+  out.status = code == Code::kOk ? Status::Ok() : Status(code, message);
+  out.wrote_file = r.U64() != 0;
+  out.file.name = r.Str();
+  out.file.size = r.U64();
+  out.file.table_offset = r.U64();
+  uint64_t pages = r.U64();
+  for (uint64_t i = 0; i < pages && r.ok(); ++i) out.file.table_page_sums.push_back(r.U64());
+  for (auto* list : {&out.piece_offsets, &out.blob_offsets}) {
+    uint64_t n = r.U64();
+    for (uint64_t i = 0; i < n && r.ok(); ++i) {
+      uint64_t index = r.U64();
+      list->emplace_back(index, r.U64());
+    }
+  }
+  if (!r.ok() || !r.done()) return Internal("truncated write report");
+  return out;
+}
+
+WriteReport WriteRankFile(int rank, const std::string& temp_dir, const ShardedState& state,
+                          const PlannedSave& planned, const SaveOptions& options) {
+  if (!planned.decoded.ok()) {
+    WriteReport report;
+    report.status = planned.decoded;
+    return report;
+  }
+  WriteReport report = WriteShard(rank, temp_dir, state, planned.plan, options);
+  if (!report.status.ok()) {
+    report.status = report.status.WithContext("writing " + JoinPath(temp_dir, RankFileName(rank)));
+  }
+  return report;
+}
+
+// ---- Commit.
+Result<std::vector<WriteReport>> CollectReports(int64_t step, const std::vector<std::string>& reports_bytes) {
+  std::vector<WriteReport> reports;
+  std::string failures;
+  Code first_code = Code::kOk;
+  for (size_t r = 0; r < reports_bytes.size(); ++r) {
+    Result<WriteReport> decoded = DecodeWriteReport(reports_bytes[r]);
+    if (!decoded.ok()) return decoded.status().WithContext("rank " + std::to_string(r));
+    reports.push_back(std::move(decoded).value());
+    const Status& status = reports.back().status;
+    if (status.ok()) continue;
+    if (first_code == Code::kOk) first_code = status.code();
+    failures += (failures.empty() ? "" : "; ") + ("rank " + std::to_string(r) + ": " + status.ToString());
+  }
+  if (!failures.empty()) return Status(first_code, StepFailed(step) + ": " + failures);
+  return reports;
+}
+
+Manifest BuildManifest(int64_t step, const Descriptions& described, const std::vector<WriteReport>& reports,
+                       const SaveOptions& options, int64_t* total_bytes) {
+  const int world = static_cast<int>(reports.size());
+  Manifest m;
+  m.step = step;
+  m.world_size = world;
+  m.created = MakeCreationInfo(static_cast<int>(described.hosts.size()), options.torch_version, options.git_commit,
+                               options.user_metadata);
+  m.metrics = options.metrics;
+  std::unordered_map<std::string, size_t> entry_index;
+  for (int r = 0; r < world; ++r) {
+    const WriteReport& report = reports[r];
+    if (!report.wrote_file) continue;
+    uint32_t file = static_cast<uint32_t>(m.files.size());
+    m.files.push_back(report.file);
+    *total_bytes += static_cast<int64_t>(report.file.size);
+    for (auto [index, offset] : report.piece_offsets) {
+      const PieceDescription& p = described.ranks[r].pieces[index];
+      auto [it, fresh] = entry_index.try_emplace(p.name, m.entries.size());
+      if (fresh) m.entries.push_back(EntryRecord{p.name, p.dtype, p.shape, {}});
+      if (p.bytes == 0) continue;  // empty pieces (uneven splits) need no chunk
+      m.entries[it->second].chunks.push_back(
+          ChunkRecord{file, offset, static_cast<uint64_t>(p.bytes), Normalize(p.layout, p.shape)});
+    }
+    for (auto [index, offset] : report.blob_offsets) {
+      const BlobDescription& b = described.ranks[r].blobs[index];
+      m.blobs.push_back(BlobRecord{b.name, b.scope, r, file, offset, static_cast<uint64_t>(b.bytes)});
+    }
+  }
+  // Entries ordered by name, so manifests of equal states compare equal.
+  std::sort(m.entries.begin(), m.entries.end(),
+            [](const EntryRecord& a, const EntryRecord& b) { return a.name < b.name; });
+  return m;
+}
+
+Status CommitOnRoot(const std::string& root, int64_t step, const PlannedSave& planned,
+                    const std::vector<std::string>& reports_bytes, const SaveOptions& options, int64_t* total_bytes) {
+  Result<std::vector<WriteReport>> reports = CollectReports(step, reports_bytes);
+  Status committed = reports.status();
+  if (committed.ok()) {
+    Manifest m = BuildManifest(step, planned.described, *reports, options, total_bytes);
+    committed = CommitCheckpoint(root, planned.temp_name, m, options.retention());
+    if (!committed.ok()) committed = committed.WithContext(StepFailed(step) + " on rank 0 while committing");
+  }
+  if (!committed.ok() && PathExists(JoinPath(root, planned.temp_name))) {
+    RemoveCheckpointDir(root, planned.temp_name).status().IgnoreError();
+  }
+  return committed;
+}
+
+// ---- Report.
+Status ShareOutcome(Communicator& comm, const Status& committed, int64_t* total_bytes) {
+  SC_RETURN_IF_ERROR(BroadcastStatus(comm, committed, 0));
+  return comm.Broadcast(total_bytes, sizeof(*total_bytes), 0);
+}
+
+}  // namespace shardckpt::save_phases

@@ -1,0 +1,304 @@
+// Each phase of Load on its own (engine/core/load_phases.h): the pure steps by tables, the
+// collective ones with the single-process communicator.
+#include "shardckpt/engine/core/load_phases.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "shardckpt/engine/core/save.h"
+#include "shardckpt/io/failpoint.h"
+#include "shardckpt/io/fs.h"
+#include "test_util.h"
+
+namespace shardckpt::load_phases {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+std::vector<std::string> Names(int n) {
+  std::vector<std::string> names;
+  for (int i = 0; i < n; ++i) names.push_back("t" + std::to_string(i));
+  return names;
+}
+
+TEST(NameList, QuotesUpToTwentyThenCounts) {
+  struct Case {
+    int names;
+    std::string expected_end;
+  } cases[] = {{0, ""}, {1, "'t0'"}, {2, "'t0', 't1'"}, {20, "'t18', 't19'"}, {25, "'t19', and 5 more"}};
+  for (const Case& c : cases) {
+    std::string list = NameList(Names(c.names));
+    EXPECT_EQ(list.substr(list.size() - c.expected_end.size()), c.expected_end) << c.names;
+    EXPECT_EQ(list.find("'t20'"), std::string::npos) << c.names;
+  }
+}
+
+// Entries "a" float32 [4] and "b" float32 [2, 2].
+Manifest TwoEntries() {
+  Manifest m;
+  m.world_size = 1;
+  m.entries.push_back(EntryRecord{"a", DType::kFloat32, {4}, {}});
+  m.entries.push_back(EntryRecord{"b", DType::kFloat32, {2, 2}, {}});
+  return m;
+}
+
+struct Want {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  Layout layout;
+};
+
+TEST(MatchPieces, FlagsMissingAndMismatches) {
+  float buffer[16] = {};
+  const Layout half = Layout::Box({0}, {2});
+  struct Case {
+    const char* what;
+    std::vector<Want> wants;
+    std::function<std::string(const std::string&)> rename;
+    std::vector<long> entry_of_piece;
+    std::string flags;  // by entry
+    std::vector<std::string> missing;
+    std::string error;  // substring; "" for Ok
+  } cases[] = {
+      {"whole", {{"a", DType::kFloat32, {4}, Layout::Replicated()}}, nullptr, {0}, {char(kWanted | kWantedWhole), 0}, {}, ""},
+      {"part", {{"a", DType::kFloat32, {4}, half}}, nullptr, {0}, {char(kWanted | kWantedPart), 0}, {}, ""},
+      {"whole and part",
+       {{"b", DType::kFloat32, {2, 2}, Layout::Replicated()}, {"a", DType::kFloat32, {4}, half},
+        {"a", DType::kFloat32, {4}, Layout::Replicated()}},
+       nullptr, {1, 0, 0}, {char(kWanted | kWantedWhole | kWantedPart), char(kWanted | kWantedWhole)}, {}, ""},
+      {"missing once", {{"c", DType::kFloat32, {4}, half}, {"c", DType::kFloat32, {4}, half}}, nullptr, {-1, -1},
+       {0, 0}, {"c"}, ""},
+      {"dtype", {{"a", DType::kInt32, {4}, Layout::Replicated()}}, nullptr, {0}, {char(kWanted | kWantedWhole), 0},
+       {}, "entry 'a' is float32 in the checkpoint but int32 in the target (no silent casts)"},
+      {"shape", {{"b", DType::kFloat32, {4}, Layout::Replicated()}}, nullptr, {1}, {0, char(kWanted | kWantedWhole)},
+       {}, "entry 'b' has shape [2, 2] in the checkpoint but [4] in the target"},
+      {"renamed", {{"m.a", DType::kFloat32, {4}, Layout::Replicated()}}, AddPrefix("m."), {0},
+       {char(kWanted | kWantedWhole), 0}, {}, ""},
+  };
+  for (const Case& c : cases) {
+    ShardedState targets;
+    for (const Want& w : c.wants) ASSERT_TRUE(targets.AddTensor(w.name, w.dtype, w.shape, w.layout, buffer).ok()) << c.what;
+    LoadOptions options;
+    options.rename = c.rename;
+    LocalMatch match = MatchPieces(TwoEntries(), targets, options);
+    EXPECT_EQ(match.entry_of_piece, c.entry_of_piece) << c.what;
+    EXPECT_EQ(match.wants, c.flags) << c.what;
+    EXPECT_EQ(match.missing, c.missing) << c.what;
+    if (c.error.empty()) {
+      EXPECT_TRUE(match.status.ok()) << c.what << ": " << match.status.ToString();
+    } else {
+      EXPECT_EQ(match.status.code(), Code::kInvalidArgument) << c.what;
+      EXPECT_THAT(match.status.message(), HasSubstr(c.error)) << c.what;
+    }
+  }
+}
+
+TEST(CombineWants, ByEntryOverRanks) {
+  const char W = kWanted | kWantedWhole, P = kWanted | kWantedPart, D = kWanted | kWantedWhole | kWholeOnDevice;
+  struct Case {
+    std::vector<std::string> wants;  // by rank
+    std::vector<bool> any, whole_by_all, on_device;
+  } cases[] = {
+      {{{W, 0}, {W, 0}}, {true, false}, {true, false}, {false, false}},
+      {{{W, P}, {P, P}}, {true, true}, {false, false}, {false, false}},
+      {{{char(W | P), W}}, {true, true}, {false, true}, {false, false}},
+      {{{D, D}, {D, W}}, {true, true}, {true, true}, {true, false}},
+  };
+  for (const Case& c : cases) {
+    Demand d = CombineWants(c.wants, 2);
+    EXPECT_EQ(d.wanted_any, c.any);
+    EXPECT_EQ(d.wanted_whole_by_all, c.whole_by_all);
+    EXPECT_EQ(d.whole_on_device_everywhere, c.on_device);
+  }
+  EXPECT_THAT(UnwantedEntries(TwoEntries(), CombineWants({{W, 0}}, 2)), ElementsAre("b"));
+}
+
+TEST(MatchVerdict, LocalErrorThenMissingThenUnexpected) {
+  const Status mismatch = InvalidArgument("entry 'a' has shape");
+  struct Case {
+    Status local;
+    bool strict;
+    std::vector<std::string> missing, unexpected;
+    Code code;
+    std::string message;
+  } cases[] = {
+      {mismatch, true, {"x"}, {"y"}, Code::kInvalidArgument, "entry 'a' has shape"},
+      {mismatch, false, {}, {}, Code::kInvalidArgument, "entry 'a' has shape"},
+      {Status::Ok(), true, {"x", "z"}, {"y"}, Code::kNotFound, "not in checkpoint /c: 'x', 'z'"},
+      {Status::Ok(), true, {}, {"y"}, Code::kInvalidArgument,
+       "checkpoint /c has entries no rank loads: 'y' (load with strict=false to skip them)"},
+      {Status::Ok(), false, {"x"}, {"y"}, Code::kOk, ""},
+      {Status::Ok(), true, {}, {}, Code::kOk, ""},
+  };
+  for (const Case& c : cases) {
+    Status s = MatchVerdict(c.local, c.strict, "/c", c.missing, c.unexpected);
+    EXPECT_EQ(s.code(), c.code) << c.message;
+    EXPECT_EQ(s.message(), c.message);
+  }
+}
+
+TEST(AssignReaders, RoundRobinOverEntriesEveryoneWantsWhole) {
+  Demand d;
+  d.wanted_any = {true, true, false, true, true};
+  d.wanted_whole_by_all = {true, false, true, true, true};
+  EXPECT_EQ(AssignReaders(d, true, 2), (std::vector<int>{0, -1, -1, 1, 0}));
+  EXPECT_EQ(AssignReaders(d, true, 3), (std::vector<int>{0, -1, -1, 1, 2}));
+  EXPECT_EQ(AssignReaders(d, true, 1), (std::vector<int>(5, -1)));
+  EXPECT_EQ(AssignReaders(d, false, 2), (std::vector<int>(5, -1)));
+}
+
+TEST(SizeStaging, ManySmallBuffersOrFewLargeOnes) {
+  struct Case {
+    std::vector<uint64_t> extents;
+    size_t buffers;
+    uint64_t max_extent;
+    StagingSize expected;
+  } cases[] = {
+      {{}, 8, 1 << 20, {128, 4096}},                // nothing larger than a block: the cap
+      {{1 << 20, 4096}, 8, 1 << 20, {8, 1 << 20}},  // extents of max size: the configured count
+      {{64 << 10}, 8, 1 << 20, {128, 64 << 10}},
+      {{256 << 10}, 8, 1 << 20, {32, 256 << 10}},
+  };
+  for (const Case& c : cases) {
+    ReadPlan plan;
+    for (uint64_t length : c.extents) {
+      ReadExtent e;
+      e.length = length;
+      plan.extents.push_back(e);
+    }
+    StagingSize s = SizeStaging(plan, c.buffers, c.max_extent);
+    EXPECT_EQ(s.buffers, c.expected.buffers);
+    EXPECT_EQ(s.buffer_bytes, c.expected.buffer_bytes);
+  }
+}
+
+TEST(PlanReads, SkipsEntriesAnotherRankReadsAndPerRankBlobsOfAnotherWorld) {
+  Manifest m = TwoEntries();
+  m.world_size = 2;
+  m.files.push_back(FileRecord{"rank-00000.bin", 8192, 4096, {0}});
+  m.entries[0].chunks.push_back(ChunkRecord{0, 0, 16, Layout::Replicated()});
+  m.entries[1].chunks.push_back(ChunkRecord{0, 16, 16, Layout::Replicated()});
+  m.blobs.push_back(BlobRecord{"step", BlobScope::kGlobal, 0, 0, 32, 4});
+  m.blobs.push_back(BlobRecord{"rng", BlobScope::kPerRank, 1, 0, 36, 3});
+  float a[4], b[4];
+  ShardedState targets;
+  ASSERT_TRUE(targets.AddTensor("a", DType::kFloat32, {4}, Layout::Replicated(), a).ok());
+  ASSERT_TRUE(targets.AddTensor("b", DType::kFloat32, {2, 2}, Layout::Replicated(), b).ok());
+  Match match;
+  match.local.entry_of_piece = {0, 1};
+  match.reader_of = {1, -1};  // rank 1 reads "a" for everyone
+  LoadReport report;
+  ReadWork work = PlanReads(m, targets, match, 0, 3, ReadPlanOptions{}, &report);
+  EXPECT_THAT(work.targets.names, ElementsAre("b", "blob step"));
+  EXPECT_FALSE(work.any_device_target);
+  EXPECT_EQ(work.plan.bytes_wanted, 16u + 4u);
+  EXPECT_TRUE(report.blobs.at("step").available);
+  EXPECT_EQ(report.blobs.at("step").bytes.size(), 4u);
+  EXPECT_FALSE(report.blobs.at("rng").available);
+  EXPECT_EQ(report.blobs.at("rng").reason,
+            "per-rank blob saved by 2 ranks; this job has 3, so it is not restored");
+
+  // Same world: this rank's own per-rank blob only.
+  LoadReport same;
+  work = PlanReads(m, targets, match, 1, 2, ReadPlanOptions{}, &same);
+  EXPECT_THAT(work.targets.names, ElementsAre("a", "b", "blob step", "blob rng"));
+  EXPECT_TRUE(same.blobs.at("rng").available);
+}
+
+// The collective phases, on one rank, against a checkpoint saved for the purpose.
+class LoadPhasesOnDisk : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ShardedState state;
+    ASSERT_TRUE(state.AddTensor("a", DType::kFloat32, {4}, Layout::Replicated(), saved_).ok());
+    ASSERT_TRUE(Save(*comm_, root(), 3, state).ok());
+  }
+  void TearDown() override { SetFailpoints("").IgnoreError(); }
+  std::string root() const { return JoinPath(dir_.path(), "ckpt"); }
+
+  testing::TempDir dir_;
+  std::unique_ptr<Communicator> comm_ = CreateSingleProcessCommunicator();
+  float saved_[4] = {1, 2, 3, 4};
+};
+
+TEST_F(LoadPhasesOnDisk, ReadManifestOnRootReadsOnlyOnRankZero) {
+  ManifestRead read = ReadManifestOnRoot(0, root());
+  ASSERT_TRUE(read.status.ok()) << read.status.ToString();
+  EXPECT_EQ(read.dir, JoinPath(root(), StepDirName(3)));
+  EXPECT_EQ(read.manifest.step, 3);
+  EXPECT_FALSE(read.text.empty());
+
+  ManifestRead elsewhere = ReadManifestOnRoot(1, root());
+  EXPECT_TRUE(elsewhere.status.ok());
+  EXPECT_TRUE(elsewhere.dir.empty());
+  EXPECT_TRUE(elsewhere.text.empty());
+
+  EXPECT_EQ(ReadManifestOnRoot(0, JoinPath(dir_.path(), "none")).status.code(), Code::kNotFound);
+  ASSERT_TRUE(SetFailpoints("load.read_manifest=EIO").ok());
+  Status failed = ReadManifestOnRoot(0, root()).status;
+  EXPECT_FALSE(failed.ok());
+  EXPECT_THAT(failed.ToString(), HasSubstr("read " + JoinPath(read.dir, kManifestName)));
+}
+
+TEST_F(LoadPhasesOnDisk, ShareManifestReturnsRankZerosStatus) {
+  ManifestRead read = ReadManifestOnRoot(0, JoinPath(dir_.path(), "none"));
+  Status shared = ShareManifest(*comm_, &read);
+  EXPECT_EQ(shared.code(), Code::kNotFound);
+  read = ReadManifestOnRoot(0, root());
+  EXPECT_TRUE(ShareManifest(*comm_, &read).ok());
+  EXPECT_EQ(read.manifest.step, 3);
+}
+
+TEST_F(LoadPhasesOnDisk, ParseSharedManifestParsesTheBroadcastText) {
+  ManifestRead read = ReadManifestOnRoot(0, root());
+  Result<Manifest> parsed = ParseSharedManifest(read.dir, read.text);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->entries.size(), 1u);
+  EXPECT_FALSE(ParseSharedManifest(read.dir, "{").ok());
+  ASSERT_TRUE(SetFailpoints("load.decode_manifest=EIO").ok());
+  Result<Manifest> failed = ParseSharedManifest(read.dir, read.text);
+  EXPECT_FALSE(failed.ok());
+  EXPECT_THAT(failed.status().ToString(), HasSubstr("parse " + JoinPath(read.dir, kManifestName)));
+}
+
+TEST_F(LoadPhasesOnDisk, MatchEntriesFillsTheReportAndAgrees) {
+  ManifestRead read = ReadManifestOnRoot(0, root());
+  float a[4] = {}, extra[2] = {};
+  ShardedState targets;
+  ASSERT_TRUE(targets.AddTensor("a", DType::kFloat32, {4}, Layout::Replicated(), a).ok());
+  ASSERT_TRUE(targets.AddTensor("extra", DType::kFloat32, {2}, Layout::Replicated(), extra).ok());
+  LoadReport report;
+  Result<Match> strict = MatchEntries(*comm_, read.manifest, read.dir, targets, LoadOptions{}, &report);
+  EXPECT_EQ(strict.status().code(), Code::kNotFound);
+  EXPECT_THAT(report.missing, ElementsAre("extra"));
+
+  LoadOptions loose;
+  loose.strict = false;
+  LoadReport loose_report;
+  Result<Match> match = MatchEntries(*comm_, read.manifest, read.dir, targets, loose, &loose_report);
+  ASSERT_TRUE(match.ok()) << match.status().ToString();
+  EXPECT_EQ(match->local.entry_of_piece, (std::vector<long>{0, -1}));
+  EXPECT_EQ(match->reader_of, (std::vector<int>{-1}));  // one rank: nothing to broadcast
+  EXPECT_TRUE(loose_report.unexpected.empty());
+
+  // Read and share: the whole phase sequence of Load, one rank.
+  ReadWork work = PlanReads(read.manifest, targets, *match, 0, 1, loose.plan, &loose_report);
+  ASSERT_TRUE(ReadExtents(read.dir, read.manifest, work, loose, &loose_report.stats).ok());
+  EXPECT_EQ(std::vector<float>(a, a + 4), std::vector<float>(saved_, saved_ + 4));
+  EXPECT_TRUE(ShareReplicated(*comm_, read.manifest, targets, *match, loose, &loose_report).ok());
+  EXPECT_EQ(loose_report.bytes_received, 0u);
+}
+
+TEST(CopyPiece, HostToHost) {
+  float from[3] = {1, 2, 3}, to[3] = {};
+  ShardedState state;
+  ASSERT_TRUE(state.AddTensor("x", DType::kFloat32, {3}, Layout::Replicated(), from).ok());
+  ASSERT_TRUE(state.AddTensor("x", DType::kFloat32, {3}, Layout::Replicated(), to).ok());
+  ASSERT_TRUE(CopyPiece(state.pieces()[1], state.pieces()[0]).ok());
+  EXPECT_EQ(std::vector<float>(to, to + 3), (std::vector<float>{1, 2, 3}));
+}
+
+}  // namespace
+}  // namespace shardckpt::load_phases

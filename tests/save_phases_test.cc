@@ -1,0 +1,281 @@
+// Each phase of Save on its own (engine/core/save_phases.h): the pure steps by tables, the ones
+// that touch the root with a temp folder and the single-process communicator.
+#include "shardckpt/engine/core/save_phases.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "shardckpt/engine/model/wire.h"
+#include "shardckpt/io/failpoint.h"
+#include "shardckpt/io/fs.h"
+#include "test_util.h"
+
+namespace shardckpt::save_phases {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+ShardedState OneTensor(float* data) {
+  ShardedState state;
+  EXPECT_TRUE(state.AddTensor("w", DType::kFloat32, {4}, Layout::Replicated(), data).ok());
+  EXPECT_TRUE(state.AddBlob("rng", "seed", BlobScope::kPerRank).ok());
+  return state;
+}
+
+TEST(CheckSteps, EveryRankSavesTheSameNonNegativeStep) {
+  float data[4] = {};
+  ShardedState state = OneTensor(data);
+  struct Case {
+    int64_t step;
+    std::vector<int64_t> theirs;  // by rank; -100: a truncated description
+    Code code;
+    std::string message;
+  } cases[] = {
+      {2, {2, 2}, Code::kOk, ""},
+      {-1, {-1}, Code::kInvalidArgument, "step -1 is negative; steps start at 0"},
+      {2, {2, 3}, Code::kInvalidArgument, "rank 1 saves step 3 but rank 0 saves step 2"},
+      {2, {2, -100}, Code::kInternal, "truncated description from rank 1"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> gathered;
+    for (int64_t s : c.theirs) gathered.push_back(s == -100 ? "" : DescribeRank(s, "h", state));
+    Status status = CheckSteps(c.step, gathered);
+    EXPECT_EQ(status.code(), c.code) << c.message;
+    EXPECT_EQ(status.message(), c.message);
+  }
+}
+
+TEST(DecodeDescriptions, RanksAndDistinctHosts) {
+  float data[4] = {};
+  ShardedState state = OneTensor(data);
+  Result<Descriptions> d =
+      DecodeDescriptions({DescribeRank(1, "h0", state), DescribeRank(1, "h1", state), DescribeRank(1, "h0", state)});
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->ranks.size(), 3u);
+  EXPECT_EQ(d->ranks[2].pieces.at(0).name, "w");
+  EXPECT_EQ(d->ranks[2].pieces.at(0).bytes, 16);
+  EXPECT_EQ(d->ranks[2].blobs.at(0).name, "rng");
+  EXPECT_THAT(d->hosts, ElementsAre("h0", "h1"));
+
+  WireWriter bad;
+  bad.U64(1);
+  bad.Str("h");
+  bad.Str("not a description");
+  Result<Descriptions> broken = DecodeDescriptions({DescribeRank(1, "h0", state), bad.bytes()});
+  EXPECT_FALSE(broken.ok());
+  EXPECT_THAT(broken.status().message(), HasSubstr("rank 1: "));
+  EXPECT_EQ(DecodeDescriptions({"x"}).status().message(), "truncated description from rank 0");
+}
+
+TEST(WriteReport, RoundTripsAndRefusesTruncation) {
+  WriteReport cases[3];
+  cases[1].status = Status(Code::kNoSpace, "disk full");
+  cases[2].wrote_file = true;
+  cases[2].file = FileRecord{"rank-00001.bin", 12288, 8192, {7, 9}};
+  cases[2].piece_offsets = {{0, 0}, {2, 4096}};
+  cases[2].blob_offsets = {{1, 8000}};
+  for (const WriteReport& r : cases) {
+    const std::string bytes = EncodeWriteReport(r);
+    Result<WriteReport> back = DecodeWriteReport(bytes);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(back->status.code(), r.status.code());
+    EXPECT_EQ(back->status.message(), r.status.message());
+    EXPECT_EQ(back->wrote_file, r.wrote_file);
+    EXPECT_EQ(back->file.name, r.file.name);
+    EXPECT_EQ(back->file.size, r.file.size);
+    EXPECT_EQ(back->file.table_offset, r.file.table_offset);
+    EXPECT_EQ(back->file.table_page_sums, r.file.table_page_sums);
+    EXPECT_EQ(back->piece_offsets, r.piece_offsets);
+    EXPECT_EQ(back->blob_offsets, r.blob_offsets);
+    EXPECT_EQ(DecodeWriteReport(bytes.substr(0, bytes.size() - 1)).status().message(), "truncated write report");
+    EXPECT_EQ(DecodeWriteReport(bytes + "x").status().message(), "truncated write report");
+  }
+}
+
+class PlanMessage : public ::testing::Test {
+ protected:
+  void TearDown() override { SetFailpoints("").IgnoreError(); }
+};
+
+TEST_F(PlanMessage, RoundTripsAndNamesItsFailures) {
+  SavePlan plan;
+  plan.writes_piece = {{true, false}, {false, true}};
+  plan.writes_blob = {{true}, {false}};
+  plan.bytes_per_rank = {16, 32};
+  const std::string bytes = EncodePlanMessage("step-1.tmp-x", plan);
+  std::string temp_name;
+  SavePlan back;
+  ASSERT_TRUE(DecodePlanMessage(bytes, 2, &temp_name, &back).ok());
+  EXPECT_EQ(temp_name, "step-1.tmp-x");
+  EXPECT_EQ(back.writes_piece, plan.writes_piece);
+  EXPECT_EQ(back.writes_blob, plan.writes_blob);
+
+  EXPECT_EQ(DecodePlanMessage(bytes.substr(0, 10), 2, &temp_name, &back).message(),
+            "truncated save plan from rank 0");
+  EXPECT_FALSE(DecodePlanMessage(bytes, 3, &temp_name, &back).ok());  // planned for another world
+  ASSERT_TRUE(SetFailpoints("save.decode_plan=EIO").ok());
+  Status failed = DecodePlanMessage(bytes, 2, &temp_name, &back);
+  EXPECT_FALSE(failed.ok());
+  EXPECT_THAT(failed.ToString(), HasSubstr("save plan from rank 0"));
+}
+
+TEST(CollectReports, OneErrorNamingEveryFailingRank) {
+  WriteReport ok, full, broken;
+  full.status = Status(Code::kNoSpace, "disk full");
+  broken.status = Status(Code::kIoError, "EIO");
+  struct Case {
+    std::vector<std::string> reports;
+    Code code;
+    std::string message;
+  } cases[] = {
+      {{EncodeWriteReport(ok), EncodeWriteReport(ok)}, Code::kOk, ""},
+      {{EncodeWriteReport(ok), EncodeWriteReport(full), EncodeWriteReport(broken)}, Code::kNoSpace,
+       "save of step 5 failed: rank 1: " + full.status.ToString() + "; rank 2: " + broken.status.ToString()},
+      {{EncodeWriteReport(ok), "junk", EncodeWriteReport(full)}, Code::kInternal, "rank 1: truncated write report"},
+  };
+  for (const Case& c : cases) {
+    Result<std::vector<WriteReport>> reports = CollectReports(5, c.reports);
+    EXPECT_EQ(reports.status().code(), c.code) << c.message;
+    EXPECT_EQ(reports.status().message(), c.message);
+    if (reports.ok()) EXPECT_EQ(reports->size(), c.reports.size());
+  }
+}
+
+TEST(BuildManifest, EntriesByNameChunksOfNonEmptyPiecesAndBlobs) {
+  Descriptions described;
+  described.hosts = {"h0", "h1"};
+  described.ranks.resize(3);
+  described.ranks[0].pieces = {{"z", DType::kFloat32, {4}, Layout::Box({0}, {2}), 8},
+                               {"a", DType::kInt64, {1}, Layout::Replicated(), 8}};
+  described.ranks[0].blobs = {{"step", BlobScope::kGlobal, 4}};
+  described.ranks[1].pieces = {{"z", DType::kFloat32, {4}, Layout::Box({2}, {2}), 8},
+                               {"e", DType::kFloat32, {0}, Layout::Replicated(), 0}};
+  std::vector<WriteReport> reports(3);
+  reports[0].wrote_file = true;
+  reports[0].file = FileRecord{"rank-00000.bin", 8192, 4096, {1}};
+  reports[0].piece_offsets = {{0, 0}, {1, 8}};
+  reports[0].blob_offsets = {{0, 16}};
+  reports[1].wrote_file = true;
+  reports[1].file = FileRecord{"rank-00001.bin", 4096 + 4096, 4096, {2}};
+  reports[1].piece_offsets = {{0, 0}, {1, 8}};
+  // rank 2 wrote nothing
+  SaveOptions options;
+  options.metrics = {{"loss", 0.5}};
+  int64_t total = 0;
+  Manifest m = BuildManifest(7, described, reports, options, &total);
+  EXPECT_EQ(m.step, 7);
+  EXPECT_EQ(m.world_size, 3);
+  EXPECT_EQ(total, 16384);
+  EXPECT_EQ(m.metrics, options.metrics);
+  ASSERT_EQ(m.files.size(), 2u);
+  EXPECT_EQ(m.files[1].name, "rank-00001.bin");
+  ASSERT_EQ(m.entries.size(), 3u);
+  EXPECT_EQ(m.entries[0].name, "a");
+  EXPECT_EQ(m.entries[1].name, "e");
+  EXPECT_TRUE(m.entries[1].chunks.empty());  // an empty piece needs no chunk
+  EXPECT_EQ(m.entries[2].name, "z");
+  ASSERT_EQ(m.entries[2].chunks.size(), 2u);
+  EXPECT_EQ(m.entries[2].chunks[1].file, 1u);
+  EXPECT_EQ(m.entries[2].chunks[1].layout, Layout::Box({2}, {2}));
+  ASSERT_EQ(m.blobs.size(), 1u);
+  EXPECT_EQ(m.blobs[0].name, "step");
+  EXPECT_EQ(m.blobs[0].offset, 16u);
+  EXPECT_EQ(m.blobs[0].bytes, 4u);
+}
+
+class SavePhasesOnDisk : public ::testing::Test {
+ protected:
+  void TearDown() override { SetFailpoints("").IgnoreError(); }
+  std::string root() const { return JoinPath(dir_.path(), "ckpt"); }
+  std::vector<std::string> Gathered(int64_t step) { return {DescribeRank(step, "h", state_)}; }
+
+  testing::TempDir dir_;
+  std::unique_ptr<Communicator> comm_ = CreateSingleProcessCommunicator();
+  float data_[4] = {1, 2, 3, 4};
+  ShardedState state_ = OneTensor(data_);
+};
+
+TEST_F(SavePhasesOnDisk, PlanOnRootLocksPlansAndCreatesTheTempFolder) {
+  PlannedSave elsewhere = PlanOnRoot(1, root(), 2, Gathered(2), SaveOptions{});
+  EXPECT_TRUE(elsewhere.status.ok());
+  EXPECT_EQ(elsewhere.lock, nullptr);
+  EXPECT_FALSE(PathExists(root()));
+
+  PlannedSave planned = PlanOnRoot(0, root(), 2, Gathered(2), SaveOptions{});
+  ASSERT_TRUE(planned.status.ok()) << planned.status.ToString();
+  EXPECT_NE(planned.lock, nullptr);
+  EXPECT_TRUE(IsTempDirName(planned.temp_name));
+  EXPECT_TRUE(PathExists(JoinPath(root(), planned.temp_name)));
+  EXPECT_EQ(planned.plan.writes_piece, (std::vector<std::vector<bool>>{{true}}));
+  EXPECT_FALSE(planned.plan_bytes.empty());
+
+  // The root is locked while `planned` lives.
+  PlannedSave second = PlanOnRoot(0, root(), 3, Gathered(3), SaveOptions{});
+  EXPECT_EQ(second.status.code(), Code::kFailedPrecondition);
+  EXPECT_THAT(second.status.message(), HasSubstr("save of step 3 failed on rank 0: "));
+}
+
+TEST_F(SavePhasesOnDisk, PlanOnRootRefusesBadInputBeforeTouchingTheRoot) {
+  SaveOptions bad_metric;
+  bad_metric.metrics = {{"loss", std::nan("")}};
+  SaveOptions bad_policy;
+  bad_policy.keep_best = 1;  // without a metric
+  struct Case {
+    int64_t step;
+    SaveOptions options;
+  } cases[] = {{-1, SaveOptions{}}, {1, bad_metric}, {1, bad_policy}};
+  for (const Case& c : cases) {
+    PlannedSave planned = PlanOnRoot(0, root(), c.step, Gathered(c.step), c.options);
+    EXPECT_EQ(planned.status.code(), Code::kInvalidArgument) << planned.status.ToString();
+    EXPECT_THAT(planned.status.message(), HasSubstr("save of step " + std::to_string(c.step) + " failed on rank 0: "));
+    EXPECT_FALSE(PathExists(root()));
+  }
+}
+
+TEST_F(SavePhasesOnDisk, EveryPhaseInOrderCommitsTheStep) {
+  PlannedSave planned = PlanOnRoot(0, root(), 4, Gathered(4), SaveOptions{});
+  ASSERT_TRUE(SharePlan(*comm_, &planned).ok());
+  ASSERT_TRUE(planned.decoded.ok());
+  const std::string temp_dir = JoinPath(root(), planned.temp_name);
+  WriteReport report = WriteRankFile(0, temp_dir, state_, planned, SaveOptions{});
+  ASSERT_TRUE(report.status.ok()) << report.status.ToString();
+  EXPECT_TRUE(report.wrote_file);
+  EXPECT_EQ(report.piece_offsets.size(), 1u);
+  EXPECT_EQ(report.blob_offsets.size(), 1u);
+  int64_t total = 0;
+  ASSERT_TRUE(CommitOnRoot(root(), 4, planned, {EncodeWriteReport(report)}, SaveOptions{}, &total).ok());
+  EXPECT_EQ(total, static_cast<int64_t>(report.file.size));
+  EXPECT_TRUE(PathExists(JoinPath(JoinPath(root(), StepDirName(4)), kManifestName)));
+  EXPECT_FALSE(PathExists(temp_dir));
+  int64_t shared = total;
+  EXPECT_TRUE(ShareOutcome(*comm_, Status::Ok(), &shared).ok());
+  EXPECT_EQ(shared, total);
+  EXPECT_EQ(ShareOutcome(*comm_, Internal("x"), &shared).code(), Code::kInternal);
+}
+
+TEST_F(SavePhasesOnDisk, AFailedWriteIsReportedAndTheTempFolderRemoved) {
+  PlannedSave planned = PlanOnRoot(0, root(), 4, Gathered(4), SaveOptions{});
+  ASSERT_TRUE(planned.status.ok());
+  const std::string temp_dir = JoinPath(root(), planned.temp_name);
+  ASSERT_TRUE(SetFailpoints("save.write_data=EIO").ok());
+  WriteReport report = WriteRankFile(0, temp_dir, state_, planned, SaveOptions{});
+  ASSERT_TRUE(SetFailpoints("").ok());
+  EXPECT_FALSE(report.status.ok());
+  EXPECT_THAT(report.status.message(), HasSubstr("writing " + JoinPath(temp_dir, RankFileName(0)) + ": "));
+  int64_t total = 0;
+  Status committed = CommitOnRoot(root(), 4, planned, {EncodeWriteReport(report)}, SaveOptions{}, &total);
+  EXPECT_EQ(committed.code(), report.status.code());
+  EXPECT_THAT(committed.message(), HasSubstr("save of step 4 failed: rank 0: "));
+  EXPECT_FALSE(PathExists(temp_dir));
+  EXPECT_FALSE(PathExists(JoinPath(root(), StepDirName(4))));
+
+  // A plan this rank could not decode is its report, unchanged.
+  planned.decoded = Internal("truncated save plan from rank 0");
+  WriteReport undecoded = WriteRankFile(1, temp_dir, state_, planned, SaveOptions{});
+  EXPECT_EQ(undecoded.status.message(), "truncated save plan from rank 0");
+  EXPECT_FALSE(undecoded.wrote_file);
+}
+
+}  // namespace
+}  // namespace shardckpt::save_phases
