@@ -168,6 +168,7 @@ int main(int argc, char** argv) {
                {"reshard_load_gib_s", Num(reshard)}, {"same_layout_load_gib_s", Num(same_layout)},
                {"fio_read_gib_s", Num(fio_read)}, {"reshard_vs_fio", Num(reshard / fio_read)},
                {"same_layout_vs_fio", Num(same_layout / fio_read)},
+               {"reshard_vs_best", Num(reshard / std::max(fio_read, raw_read))},
                {"raw_read_gib_s", Num(raw_read)}, {"reshard_vs_raw", Num(reshard / raw_read)},
                {"read_amplification", Num(read_bytes / wanted_bytes)}});
     RemoveTree(dir).IgnoreError();

@@ -250,8 +250,11 @@ int main(int argc, char** argv) {
     std::printf("  old sync 8 MiB pwrite/pread baseline: write %.3f GiB/s, read %.3f GiB/s\n", rw, rr);
     std::printf("  shardckpt save %.3f GiB/s (%.2fx fio write, %.2fx old raw), load %.3f GiB/s (%.2fx fio read, %.2fx old raw)\n",
                 save, save / fw, save / rw, load, load / fr, load / rr);
+    // On tmpfs io_uring can read slower than the synchronous loop: the stronger one is the baseline.
+    std::printf("  against the stronger baseline: save %.2fx (%s), load %.2fx (%s)\n", save / std::max(fw, rw),
+                fw >= rw ? "fio" : "old sync", load / std::max(fr, rr), fr >= rr ? "fio" : "old sync");
     std::printf("  torch.save+fsync per rank (Python): %.3fs, %.0f MiB written; shardckpt save %.3fs, %.0f MiB written:"
-                " %.2fx faster\n", torch_s, torch_written / 1048576, save_s, our_written / 1048576, torch_s / save_s);
+                " torch.save takes %.2fx shardckpt's time\n", torch_s, torch_written / 1048576, save_s, our_written / 1048576, torch_s / save_s);
     std::map<std::string, std::string> extra;
     if (!async_t.empty()) {
       double block = Median(async_t), copy = Median(memcpy_t), sync = Median(save_t);
@@ -264,7 +267,8 @@ int main(int argc, char** argv) {
                {"save_gib_s", Num(save)}, {"load_gib_s", Num(load)}, {"fio_write_gib_s", Num(fw)},
                {"fio_read_gib_s", Num(fr)}, {"save_vs_fio", Num(save / fw)}, {"load_vs_fio", Num(load / fr)},
                {"raw_write_gib_s", Num(rw)}, {"raw_read_gib_s", Num(rr)}, {"save_vs_raw", Num(save / rw)},
-               {"load_vs_raw", Num(load / rr)}, {"torch_save_gib_s", Num(ts)}, {"torch_save_s", Num(torch_s)},
+               {"load_vs_raw", Num(load / rr)}, {"save_vs_best", Num(save / std::max(fw, rw))},
+               {"load_vs_best", Num(load / std::max(fr, rr))}, {"torch_save_gib_s", Num(ts)}, {"torch_save_s", Num(torch_s)},
                {"torch_bytes_written", Num(torch_written)}, {"save_bytes_written", Num(our_written)},
                {"save_vs_torch", Num(torch_s / save_s)}};
     fields.insert(extra.begin(), extra.end());
