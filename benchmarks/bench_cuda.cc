@@ -2,8 +2,8 @@
 //   * D2H staging: an async snapshot of device tensors (cudaMemcpyAsync into pinned staging on
 //     shardckpt's stream) against one cudaMemcpy of the same device bytes into pinned memory;
 //   * save from device memory (D2H through the pinned ring, overlapped with O_DIRECT writes)
-//     against a raw O_DIRECT write of the same bytes from host memory;
-//   * load into device memory (reads, verification, H2D) against a raw O_DIRECT read.
+//     against fio's write of the same bytes (bench_fio.h) and the old synchronous O_DIRECT loop;
+//   * load into device memory (reads, verification, H2D) against fio's read and the old loop.
 // Single process, no MPI. Exits 0 saying so when there is no device. Last line JSON.
 //
 //   build/bin/bench_cuda --bytes 4GiB --tensors 16 --dir /local/nvme/b
@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
     Check((*handle)->Wait(), "async persist");
 
     t0 = NowSeconds();
-    RawDirectWrite(JoinPath(dir, "raw.bin"), total);
+    Check(RawDirectWrite(JoinPath(dir, "raw.bin"), total), "raw write baseline");
     raw_write_s.push_back(NowSeconds() - t0);
     RemoveTree(JoinPath(dir, "sync")).IgnoreError();
     t0 = NowSeconds();
@@ -109,7 +109,7 @@ int main(int argc, char** argv) {
     save_s.push_back(NowSeconds() - t0);
 
     t0 = NowSeconds();
-    RawDirectRead(JoinPath(dir, "raw.bin"), total);
+    Check(RawDirectRead(JoinPath(dir, "raw.bin"), total), "raw read baseline");
     raw_read_s.push_back(NowSeconds() - t0);
     for (int t = 0; t < tensors; ++t) Check(cudaMemset(device[t], 0, per), "cudaMemset");
     t0 = NowSeconds();
@@ -125,6 +125,11 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  // fio on the same file and bytes (bench_fio.h): the storage with 16 requests in flight.
+  Result<FioRun> fio_w = RunFio({{"fio", JoinPath(dir, "raw.bin"), total, true}});
+  Check(fio_w.status(), "fio write baseline");
+  Result<FioRun> fio_r = RunFio({{"fio", JoinPath(dir, "raw.bin"), total, false}});
+  Check(fio_r.status(), "fio read baseline");
   const double gib = static_cast<double>(total) / (1ull << 30);
   double m = Median(memcpy_s), s = Median(snapshot_s), w = Median(raw_write_s), sv = Median(save_s),
          r = Median(raw_read_s), l = Median(load_s);
@@ -133,10 +138,14 @@ int main(int argc, char** argv) {
               gib / m, gib / s, m / s);
   std::printf("save raw O_DIRECT write %.2f GiB/s | save from device %.2f GiB/s | save/raw %.2f\n", gib / w, gib / sv, w / sv);
   std::printf("load raw O_DIRECT read %.2f GiB/s | load into device %.2f GiB/s | load/raw %.2f\n", gib / r, gib / l, r / l);
+  const double fw = fio_w->GiBPerSecond(), fr = fio_r->GiBPerSecond();
+  std::printf("%s: save/fio %.2f\n%s: load/fio %.2f\n", DescribeFio(*fio_w, "write").c_str(), gib / sv / fw,
+              DescribeFio(*fio_r, "read").c_str(), gib / l / fr);
   PrintJson({{"device", "\"" + std::string(prop.name) + "\""}, {"bytes", std::to_string(total)},
              {"d2h_memcpy_gibps", Num(gib / m)}, {"d2h_staging_gibps", Num(gib / s)},
              {"staging_vs_memcpy", Num(m / s)}, {"save_gibps", Num(gib / sv)}, {"save_vs_raw", Num(w / sv)},
-             {"load_gibps", Num(gib / l)}, {"load_vs_raw", Num(r / l)}});
+             {"load_gibps", Num(gib / l)}, {"load_vs_raw", Num(r / l)}, {"fio_write_gibps", Num(fw)},
+             {"fio_read_gibps", Num(fr)}, {"save_vs_fio", Num(gib / sv / fw)}, {"load_vs_fio", Num(gib / l / fr)}});
   for (void* p : device) cudaFree(p);
   return 0;
 }

@@ -1,6 +1,7 @@
 // bench_reshard: loading a checkpoint saved by N ranks (FSDP flat shards) into M ranks as dim-0
-// or dim-1 blocks, against a same-layout load at M and a raw O_DIRECT read of the same bytes,
-// in one run on one folder. The N-rank checkpoint is written by rank 0 with the offline writer
+// or dim-1 blocks, against a same-layout load at M, fio's read of the same bytes (bench_fio.h:
+// io_uring, O_DIRECT, 8 MiB, QD16, one job per rank) and the old one-request-at-a-time O_DIRECT
+// read, in one run on one folder. The N-rank checkpoint is written by rank 0 with the offline writer
 // (what `shardckpt reshard`/`import` use), so N and M are independent of mpirun's -np.
 //
 //   mpirun -np 3 build/bin/bench_reshard --save-ranks 8 --total-bytes 1GiB --wanted dim1 --dir /tmp/b
@@ -115,11 +116,12 @@ int main(int argc, char** argv) {
     flat_state.AddTensor("layer." + std::to_string(t) + ".weight", DType::kFloat32, shape, l, flat[t].data()).IgnoreError();
   }
   if (!Save(*comm, same, 1, flat_state).ok()) return 1;
-  const std::string raw = JoinPath(dir, "raw-" + std::to_string(rank));
-  uint64_t raw_bytes = static_cast<uint64_t>(total_bytes / world);
-  RawDirectWrite(raw, raw_bytes);
+  const std::string raw = JoinPath(dir, "raw-" + std::to_string(rank));  // fio's file too
+  uint64_t raw_bytes = FioBytes(static_cast<uint64_t>(total_bytes / world));  // whole fio blocks
+  FioForRanks(*comm, dir, "raw-", raw_bytes, /*write=*/true);
+  std::vector<double> fio_r;
   for (int it = 0; it < iters; ++it) {
-    Result<LoadReport> report = Status();
+    Result<LoadReport> report = Internal("not run");
     reshard_t.push_back(TimeCollective(*comm, [&] { report = Load(*comm, saved, targets); }));
     if (!report.ok()) {
       std::fprintf(stderr, "rank %d: %s\n", rank, report.status().ToString().c_str());
@@ -128,7 +130,12 @@ int main(int argc, char** argv) {
     read_bytes = static_cast<double>(report->stats.data_bytes_read + report->stats.table_bytes_read);
     wanted_bytes = static_cast<double>(report->bytes_wanted);
     same_t.push_back(TimeCollective(*comm, [&] { Load(*comm, same, flat_state).status().IgnoreError(); }));
-    raw_t.push_back(TimeCollective(*comm, [&] { RawDirectRead(raw, raw_bytes); }));
+    Status raw_read;
+    raw_t.push_back(TimeCollective(*comm, [&] { raw_read = RawDirectRead(raw, raw_bytes); }));
+    CheckOrExit(AgreeOnStatus(*comm, raw_read), "raw read baseline");
+    FioRun fr = FioForRanks(*comm, dir, "raw-", raw_bytes, /*write=*/false);
+    fio_r.push_back(fr.GiBPerSecond());
+    if (rank == 0 && it == 0) std::printf("  %s\n", DescribeFio(fr, "read").c_str());
   }
   // Spot-check the resharded values against the generator.
   for (int t = 0; t < tensors; ++t) {
@@ -146,17 +153,22 @@ int main(int argc, char** argv) {
     return v[v.size() / 2];
   };
   double reshard = GiBPerSecond(total_bytes, median(reshard_t)), same_layout = GiBPerSecond(total_bytes, median(same_t));
-  double raw_read = GiBPerSecond(double(raw_bytes) * world, median(raw_t));
+  double raw_read = GiBPerSecond(double(raw_bytes) * world, median(raw_t)), fio_read = median(fio_r);
   if (rank == 0) {
     std::printf("bench_reshard: %.0f MiB in %d tensors [%lld, %lld] float32, saved flat by %d ranks, loaded as %s blocks by %d\n",
                 total_bytes / 1048576, tensors, static_cast<long long>(rows), static_cast<long long>(cols), n,
                 wanted_kind.c_str(), world);
-    std::printf("  resharded load %.3f GiB/s, same-layout load %.3f GiB/s, raw O_DIRECT read %.3f GiB/s\n", reshard,
-                same_layout, raw_read);
-    std::printf("  reshard/raw %.2f, reshard/same-layout %.2f, read amplification %.4f (checksum tables included)\n",
-                reshard / raw_read, reshard / same_layout, read_bytes / wanted_bytes);
+    std::printf("  resharded load %.3f GiB/s, same-layout load %.3f GiB/s, fio read %.3f GiB/s, old sync raw read %.3f GiB/s\n",
+                reshard, same_layout, fio_read, raw_read);
+    std::printf("  reshard/fio %.2f, same-layout/fio %.2f, reshard/old raw %.2f, reshard/same-layout %.2f, read amplification"
+                " %.4f (checksum tables included)\n",
+                reshard / fio_read, same_layout / fio_read, reshard / raw_read, reshard / same_layout,
+                read_bytes / wanted_bytes);
     PrintJson({{"save_ranks", Num(n)}, {"load_ranks", Num(world)}, {"wanted", "\"" + wanted_kind + "\""},
                {"reshard_load_gib_s", Num(reshard)}, {"same_layout_load_gib_s", Num(same_layout)},
+               {"fio_read_gib_s", Num(fio_read)}, {"reshard_vs_fio", Num(reshard / fio_read)},
+               {"same_layout_vs_fio", Num(same_layout / fio_read)},
+               {"reshard_vs_best", Num(reshard / std::max(fio_read, raw_read))},
                {"raw_read_gib_s", Num(raw_read)}, {"reshard_vs_raw", Num(reshard / raw_read)},
                {"read_amplification", Num(read_bytes / wanted_bytes)}});
     RemoveTree(dir).IgnoreError();

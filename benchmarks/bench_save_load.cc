@@ -1,11 +1,12 @@
-// bench_save_load: sharded save and same-layout load against the raw O_DIRECT write and read of
-// the same bytes per rank, and against per-rank torch.save-style serialization (libtorch pickle
-// + zip, written and fsynced), all in one run on the same folder.
+// bench_save_load: sharded save and same-layout load against fio's write and read of the same
+// bytes per rank (bench_fio.h: io_uring, O_DIRECT, 8 MiB, QD16, one job per rank), the old
+// one-request-at-a-time O_DIRECT baseline, and per-rank torch.save in Python plus fsync
+// (benchmarks/torch_save_rank.py), all in one run on the same folder.
 //
 //   mpirun -np 2 build/bin/bench_save_load --bytes-per-rank 1GiB --tensors 16 --layout flat --dir /tmp/b
 //
-// Throughputs are total bytes over all ranks / wall time between barriers; each figure is the
-// median of --iters runs. The last line is JSON.
+// Throughputs are checkpoint bytes / wall time between barriers (fio: its bytes / its longest
+// job's runtime); each figure is the median of --iters runs. The last line is JSON.
 #include <torch/torch.h>
 
 #include <boost/program_options.hpp>
@@ -13,13 +14,15 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <cmath>
 #include <cstdio>
-#include <fstream>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include <fcntl.h>
 #include <unistd.h>
 
+#include "benchmarks/bench_process.h"
 #include "benchmarks/bench_util.h"
 #include "shardckpt/collectives/mpi_communicator.h"
 #include "shardckpt/engine/core/async_save.h"
@@ -39,6 +42,9 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// Seed of the generator behind a rank's tensors: replicas must be equal on every rank.
+int SeedOf(const std::string& layout, int rank) { return 1234 + (layout == "replicated" ? 0 : rank); }
+
 // Per-rank tensors of `layout` whose local sizes add up to about bytes_per_rank.
 struct Workload {
   std::vector<at::Tensor> local;
@@ -51,7 +57,7 @@ struct Workload {
 // come from a generator seeded the same everywhere; load targets start zeroed.
 Workload MakeWorkload(uint64_t bytes_per_rank, int tensors, const std::string& layout, int world, int rank, bool zeroed) {
   Workload w;
-  at::manual_seed(1234 + (layout == "replicated" ? 0 : rank));
+  at::manual_seed(SeedOf(layout, rank));
   const int64_t cols = 1024;
   int64_t local_rows = std::max<int64_t>(1, static_cast<int64_t>(bytes_per_rank / tensors / (cols * 4)));
   for (int t = 0; t < tensors; ++t) {
@@ -78,6 +84,46 @@ ShardedState StateOf(Workload& w) {
   return state;
 }
 
+
+// One rank's torch.save in a Python child (torch_save_rank.py) holding the same tensors.
+class TorchSaveBaseline {
+ public:
+  static Result<TorchSaveBaseline> Start(const std::string& python, const std::string& script, const std::string& path,
+                                         int seed, const Workload& w) {
+    std::string shapes;
+    for (const at::Tensor& t : w.local) {
+      if (!shapes.empty()) shapes += ",";
+      shapes += std::to_string(t.size(0)) + "x" + std::to_string(t.numel() / std::max<int64_t>(1, t.size(0)));
+    }
+    Result<Child> child = Spawn({python, script, "--path", path, "--seed", std::to_string(seed), "--shapes", shapes});
+    if (!child.ok()) return child.status();
+    TorchSaveBaseline b;
+    b.child_ = *child;
+    if (ReadLine(b.child_.out) != "ready") return Internal(script + " did not start: " + Finish(b.child_, script).ToString());
+    b.sum0_ = w.local[0].to(at::kDouble).sum().item<double>();
+    return b;
+  }
+  // Saves once; the file's size and the seconds Python measured around torch.save + fsync.
+  Status SaveOnce(double* seconds, uint64_t* bytes) {
+    if (::write(child_.in, "go\n", 3) != 3) return Internal("torch.save baseline: child gone");
+    nlohmann::json r = nlohmann::json::parse(ReadLine(child_.out), nullptr, false);
+    if (r.is_discarded() || !r.contains("seconds")) return Internal("torch.save baseline failed (see its stderr)");
+    double sum0 = r["sum0"].get<double>();
+    if (std::fabs(sum0 - sum0_) > 1e-6 * std::fabs(sum0_)) {
+      return Internal("torch.save baseline holds other tensors than ours (first sum " + std::to_string(sum0) + " vs " +
+                      std::to_string(sum0_) + ")");
+    }
+    *seconds = r["seconds"].get<double>();
+    *bytes = r["bytes"].get<uint64_t>();
+    return Status::Ok();
+  }
+  Status Stop() { return Finish(child_, "torch.save baseline"); }
+
+ private:
+  Child child_;
+  double sum0_ = 0;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -90,7 +136,9 @@ int main(int argc, char** argv) {
       ("layout", po::value<std::string>()->default_value("flat"), "flat | dim0 | replicated")
       ("dir", po::value<std::string>()->default_value("/tmp/shardckpt-bench"), "folder to write in")
       ("iters", po::value<int>()->default_value(3), "repetitions (median reported)")
-      ("async", "also measure async save (see issue 6)");
+      ("async", "also measure async save (see issue 6)")
+      ("python", po::value<std::string>()->default_value("/usr/bin/python3"), "Python with torch, for the torch.save baseline")
+      ("torch-script", po::value<std::string>()->default_value(SHARDCKPT_BENCH_DIR "/torch_save_rank.py"), "the torch.save baseline");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, flags), vm);
   po::notify(vm);
@@ -114,24 +162,39 @@ int main(int argc, char** argv) {
   comm->AllReduceSumDouble(&total_bytes, 1).IgnoreError();
   if (layout == "replicated") total_bytes = static_cast<double>(work.bytes);  // one copy is the checkpoint
   ShardedState state = StateOf(work);
-  const std::string raw_path = JoinPath(dir, "raw-" + std::to_string(rank) + ".bin");
-  // Replicated state is written once in total, so its raw baseline is the bytes each rank writes.
-  uint64_t raw_bytes = layout == "replicated" ? work.bytes / world : work.bytes;
+  const std::string raw_path = JoinPath(dir, "raw-" + std::to_string(rank));  // fio's file too
+  // Replicated state is written once in total, so its raw baselines move the bytes each rank
+  // writes; in whole fio blocks, so that fio and the old baseline move the same bytes.
+  uint64_t raw_bytes = FioBytes(layout == "replicated" ? work.bytes / world : work.bytes);
   double raw_total = static_cast<double>(raw_bytes) * world;
+  Result<TorchSaveBaseline> torch_save =
+      TorchSaveBaseline::Start(vm["python"].as<std::string>(), vm["torch-script"].as<std::string>(),
+                               JoinPath(dir, "torch-" + std::to_string(rank) + ".pt"), SeedOf(layout, rank), work);
+  CheckOrExit(AgreeOnStatus(*comm, torch_save.status()), "starting the torch.save baseline");
 
-  std::vector<double> raw_w, raw_r, save_t, load_t, torch_t;
+  std::vector<double> fio_w, fio_r, raw_w, raw_r, save_t, load_t, torch_t;
+  double torch_written = 0, our_written = 0;
   for (int it = 0; it < iters; ++it) {
-    raw_w.push_back(TimeCollective(*comm, [&] { RawDirectWrite(raw_path, raw_bytes); }));
-    raw_r.push_back(TimeCollective(*comm, [&] { RawDirectRead(raw_path, raw_bytes); }));
+    FioRun fw = FioForRanks(*comm, dir, "raw-", raw_bytes, /*write=*/true);
+    FioRun fr = FioForRanks(*comm, dir, "raw-", raw_bytes, /*write=*/false);
+    fio_w.push_back(fw.GiBPerSecond());
+    fio_r.push_back(fr.GiBPerSecond());
+    if (rank == 0 && it == 0) std::printf("  %s\n  %s\n", DescribeFio(fw, "write").c_str(), DescribeFio(fr, "read").c_str());
+    Status raw;
+    raw_w.push_back(TimeCollective(*comm, [&] { raw = RawDirectWrite(raw_path, raw_bytes); }));
+    CheckOrExit(AgreeOnStatus(*comm, raw), "raw write baseline");
+    raw_r.push_back(TimeCollective(*comm, [&] { raw = RawDirectRead(raw_path, raw_bytes); }));
+    CheckOrExit(AgreeOnStatus(*comm, raw), "raw read baseline");
     const std::string root = JoinPath(dir, "ckpt");
     SaveOptions save_options;
     save_options.keep_last = 1;
-    Status saved;
-    save_t.push_back(TimeCollective(*comm, [&] { saved = Save(*comm, root, it + 1, state, save_options).status(); }));
+    Result<SaveResult> saved = Internal("not run");
+    save_t.push_back(TimeCollective(*comm, [&] { saved = Save(*comm, root, it + 1, state, save_options); }));
     if (!saved.ok()) {  // Save returns the same Status on every rank
-      std::fprintf(stderr, "rank %d: save failed: %s\n", rank, saved.ToString().c_str());
+      std::fprintf(stderr, "rank %d: save failed: %s\n", rank, saved.status().ToString().c_str());
       return 1;
     }
+    our_written = static_cast<double>(saved->total_bytes);
     Workload into = MakeWorkload(bytes_per_rank, vm["tensors"].as<int>(), layout, world, rank, true);
     ShardedState targets = StateOf(into);
     Status loaded;
@@ -144,22 +207,16 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "rank %d: load check failed: %s\n", rank, verdict.ToString().c_str());
       return 1;
     }
-    torch_t.push_back(TimeCollective(*comm, [&] {
-      c10::List<at::Tensor> list;
-      for (auto& t : work.local) list.push_back(t);
-      std::vector<char> bytes = torch::pickle_save(c10::IValue(list));
-      std::string path = JoinPath(dir, "torch-" + std::to_string(rank) + ".pt");
-      int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      size_t done = 0;
-      while (done < bytes.size()) {
-        ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-        if (n <= 0) break;
-        done += static_cast<size_t>(n);
-      }
-      ::fsync(fd);
-      ::close(fd);
-    }));
+    double python_s = 0;
+    uint64_t file_bytes = 0;
+    Status torch_status;
+    torch_t.push_back(TimeCollective(*comm, [&] { torch_status = torch_save->SaveOnce(&python_s, &file_bytes); }));
+    CheckOrExit(AgreeOnStatus(*comm, torch_status), "torch.save baseline");
+    // torch.save per rank writes every replica once per rank: count what it writes.
+    torch_written = static_cast<double>(file_bytes);
+    comm->AllReduceSumDouble(&torch_written, 1).IgnoreError();
   }
+  CheckOrExit(AgreeOnStatus(*comm, torch_save->Stop()), "torch.save baseline");
   // Async: blocking time of the snapshot (warm saver: staging already allocated) against a plain
   // memcpy of the same bytes into the same kind of (page-aligned, pre-faulted) memory.
   std::vector<double> async_t, memcpy_t;
@@ -182,14 +239,22 @@ int main(int argc, char** argv) {
     }
   }
   double save = GiBPerSecond(total_bytes, Median(save_t)), load = GiBPerSecond(total_bytes, Median(load_t));
+  double fw = Median(fio_w), fr = Median(fio_r);
   double rw = GiBPerSecond(raw_total, Median(raw_w)), rr = GiBPerSecond(raw_total, Median(raw_r));
-  double ts = GiBPerSecond(total_bytes, Median(torch_t));
+  double torch_s = Median(torch_t), ts = GiBPerSecond(total_bytes, torch_s), save_s = Median(save_t);
   if (rank == 0) {
     std::printf("bench_save_load: %d ranks, %.1f MiB per rank, %s layout, %d iters, dir %s\n", world,
                 work.bytes / 1048576.0, layout.c_str(), iters, dir.c_str());
-    std::printf("  raw O_DIRECT write %.3f GiB/s, read %.3f GiB/s\n", rw, rr);
-    std::printf("  shardckpt save %.3f GiB/s (%.2fx raw), load %.3f GiB/s (%.2fx raw)\n", save, save / rw, load, load / rr);
-    std::printf("  torch pickle_save+fsync %.3f GiB/s (shardckpt save %.2fx)\n", ts, save / ts);
+    std::printf("  fio write %.3f GiB/s, read %.3f GiB/s (medians; %.0f MiB in all, one job per rank)\n", fw, fr,
+                raw_total / 1048576);
+    std::printf("  old sync 8 MiB pwrite/pread baseline: write %.3f GiB/s, read %.3f GiB/s\n", rw, rr);
+    std::printf("  shardckpt save %.3f GiB/s (%.2fx fio write, %.2fx old raw), load %.3f GiB/s (%.2fx fio read, %.2fx old raw)\n",
+                save, save / fw, save / rw, load, load / fr, load / rr);
+    // On tmpfs io_uring can read slower than the synchronous loop: the stronger one is the baseline.
+    std::printf("  against the stronger baseline: save %.2fx (%s), load %.2fx (%s)\n", save / std::max(fw, rw),
+                fw >= rw ? "fio" : "old sync", load / std::max(fr, rr), fr >= rr ? "fio" : "old sync");
+    std::printf("  torch.save+fsync per rank (Python): %.3fs, %.0f MiB written; shardckpt save %.3fs, %.0f MiB written:"
+                " torch.save takes %.2fx shardckpt's time\n", torch_s, torch_written / 1048576, save_s, our_written / 1048576, torch_s / save_s);
     std::map<std::string, std::string> extra;
     if (!async_t.empty()) {
       double block = Median(async_t), copy = Median(memcpy_t), sync = Median(save_t);
@@ -199,9 +264,13 @@ int main(int argc, char** argv) {
                {"async_block_vs_sync", Num(block / sync)}};
     }
     std::map<std::string, std::string> fields = {{"ranks", Num(world)}, {"bytes_per_rank", Num(double(work.bytes))}, {"layout", "\"" + layout + "\""},
-               {"save_gib_s", Num(save)}, {"load_gib_s", Num(load)}, {"raw_write_gib_s", Num(rw)},
-               {"raw_read_gib_s", Num(rr)}, {"torch_save_gib_s", Num(ts)}, {"save_vs_raw", Num(save / rw)},
-               {"load_vs_raw", Num(load / rr)}, {"save_vs_torch", Num(save / ts)}};
+               {"save_gib_s", Num(save)}, {"load_gib_s", Num(load)}, {"fio_write_gib_s", Num(fw)},
+               {"fio_read_gib_s", Num(fr)}, {"save_vs_fio", Num(save / fw)}, {"load_vs_fio", Num(load / fr)},
+               {"raw_write_gib_s", Num(rw)}, {"raw_read_gib_s", Num(rr)}, {"save_vs_raw", Num(save / rw)},
+               {"load_vs_raw", Num(load / rr)}, {"save_vs_best", Num(save / std::max(fw, rw))},
+               {"load_vs_best", Num(load / std::max(fr, rr))}, {"torch_save_gib_s", Num(ts)}, {"torch_save_s", Num(torch_s)},
+               {"torch_bytes_written", Num(torch_written)}, {"save_bytes_written", Num(our_written)},
+               {"save_vs_torch", Num(torch_s / save_s)}};
     fields.insert(extra.begin(), extra.end());
     PrintJson(fields);
   }
