@@ -11,8 +11,7 @@ from typing import Any, Optional
 
 from .errors import Unimplemented, raise_for
 
-# OpenMPI loads its transports as plugins that expect libmpi's symbols to be global; a Python
-# extension is opened RTLD_LOCAL, so promote libmpi first (as mpi4py does).
+# Set by mpirun/mpiexec (OpenMPI, MPICH/PMI, PMIx, MVAPICH) in every rank's environment.
 _MPI_LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
 _lock = threading.Lock()
 _world: Optional[Any] = None
@@ -29,6 +28,8 @@ def _core() -> Any:
 
 
 def _promote_libmpi() -> None:
+    """OpenMPI loads its transports as plugins that expect libmpi's symbols to be global; a
+    Python extension is opened RTLD_LOCAL, so libmpi is promoted first (as mpi4py does)."""
     path = ctypes.util.find_library("mpi")
     if path:
         try:

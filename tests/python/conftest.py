@@ -3,6 +3,7 @@ so each test is one collective. Without the built extension (or torch) the run e
 CTest reports as skipped."""
 
 import os
+import sys
 
 import pytest
 
@@ -15,14 +16,9 @@ except ImportError as error:  # the module was not built, or this Python has no 
     MISSING = str(error)
 
 
-def pytest_collection_modifyitems(config, items):
-    if MISSING:
-        for item in items:
-            item.add_marker(pytest.mark.skip(reason="shardckpt not importable: " + MISSING))
-
-
 def pytest_sessionfinish(session, exitstatus):
-    if MISSING and exitstatus == 0:
+    if MISSING and exitstatus in (0, 5):  # 5: nothing collected
+        sys.stderr.write("skipped: shardckpt is not importable here (%s)\n" % MISSING)
         session.exitstatus = 77
 
 

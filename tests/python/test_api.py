@@ -4,9 +4,10 @@ import math
 import os
 
 import pytest
-import torch
 
-import shardckpt
+torch = pytest.importorskip("torch")
+pytest.importorskip("shardckpt._core")  # not built: skipped, exit 77 (conftest.py)
+import shardckpt  # noqa: E402
 from conftest import barrier
 
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
@@ -240,3 +241,15 @@ def test_load_of_a_missing_root_is_not_found(root):
 def test_help_is_useful():
     assert "collective" in shardckpt.save.__doc__ and "in place" in shardckpt.load.__doc__
     assert issubclass(shardckpt.NoSpace, shardckpt.IoError)
+
+
+def test_engine_errors_map_to_their_classes(root):
+    shardckpt.save({"w": torch.ones(1)}, root, step=5)
+    with pytest.raises(shardckpt.AlreadyExists) as error:
+        shardckpt.save({"w": torch.ones(1)}, root, step=5)
+    assert "5" in error.value.message and str(error.value).startswith("AlreadyExists: ")
+    with pytest.raises(shardckpt.InvalidArgument):
+        shardckpt.save({"w": torch.ones(1)}, root, step=-1)
+    with pytest.raises(shardckpt.InvalidArgument) as error:
+        shardckpt.save(["not", "a", "dict"], root, step=6)
+    assert "dict" in error.value.message
