@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -83,6 +84,94 @@ class Comm {
 
  private:
   std::unique_ptr<Communicator> comm_;
+};
+
+// A communicator whose collectives are a Python object's methods (shardckpt/_torch_comm.py:
+// torch.distributed over a gloo group, for jobs launched by torchrun). The engine calls it with
+// the GIL released, so each call takes it back; a Python exception becomes an Aborted status.
+class PyCommunicator : public Communicator {
+ public:
+  explicit PyCommunicator(py::object impl) : impl_(std::move(impl)) {
+    rank_ = impl_.attr("rank").cast<int>();
+    size_ = impl_.attr("size").cast<int>();
+  }
+  ~PyCommunicator() override {
+    py::gil_scoped_acquire gil;
+    impl_ = py::object();
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* name() const override { return "torch.distributed"; }
+  bool thread_safe() const override { return false; }
+
+  Status Barrier() override {
+    return Call("barrier", [&](py::object f) { f(); });
+  }
+  Status Broadcast(void* data, size_t bytes, int root) override {
+    return Call("broadcast", [&](py::object f) {
+      f(py::memoryview::from_memory(data, static_cast<ssize_t>(bytes), false), root);
+    });
+  }
+  Status Gather(const std::string& mine, std::vector<std::string>* all, int root) override {
+    return Call("gather", [&](py::object f) {
+      py::list got = f(py::bytes(mine), root);
+      all->clear();
+      for (py::handle item : got) all->push_back(item.cast<std::string>());
+    });
+  }
+  Status AllGather(const std::string& mine, std::vector<std::string>* all) override {
+    return Call("allgather", [&](py::object f) {
+      py::list got = f(py::bytes(mine));
+      all->clear();
+      for (py::handle item : got) all->push_back(item.cast<std::string>());
+    });
+  }
+  Status AllReduceMaxInt64(int64_t* values, size_t count) override {
+    return Call("allreduce_max_int64", [&](py::object f) {
+      std::vector<int64_t> in(values, values + count);
+      std::vector<int64_t> out = f(in).cast<std::vector<int64_t>>();
+      std::copy(out.begin(), out.end(), values);
+    });
+  }
+  Status AllReduceSumDouble(double* values, size_t count) override {
+    return Call("allreduce_sum_double", [&](py::object f) {
+      std::vector<double> in(values, values + count);
+      std::vector<double> out = f(in).cast<std::vector<double>>();
+      std::copy(out.begin(), out.end(), values);
+    });
+  }
+  Status AllGatherFloat(const float*, size_t, float*) override {
+    return Status(Code::kUnimplemented, "AllGatherFloat over torch.distributed");
+  }
+  Status ReduceScatterSumFloat(const float*, float*, size_t) override {
+    return Status(Code::kUnimplemented, "ReduceScatterSumFloat over torch.distributed");
+  }
+  Result<std::unique_ptr<Communicator>> Duplicate() override {
+    std::unique_ptr<Communicator> copy;
+    Status status = Call("duplicate", [&](py::object f) {
+      copy = std::make_unique<PyCommunicator>(f());
+    });
+    if (!status.ok()) return status;
+    return copy;
+  }
+
+ private:
+  template <typename F>
+  Status Call(const char* method, F&& body) {
+    py::gil_scoped_acquire gil;
+    try {
+      body(impl_.attr(method));
+      return Status::Ok();
+    } catch (py::error_already_set& error) {
+      return Status(Code::kAborted, std::string("torch.distributed ") + method + ": " + error.what());
+    } catch (const std::exception& error) {
+      return Status(Code::kAborted, std::string("torch.distributed ") + method + ": " + error.what());
+    }
+  }
+
+  py::object impl_;
+  int rank_ = 0;
+  int size_ = 1;
 };
 
 py::tuple MpiWorld() {
@@ -195,6 +284,9 @@ PYBIND11_MODULE(_core, m) {
            "Collective: every rank gets (code, message, None) naming every failing rank.");
   m.def("single", [] { return std::make_unique<Comm>(CreateSingleProcessCommunicator()); });
   m.def("mpi_world", &MpiWorld);
+  m.def("python_comm", [](py::object impl) {
+    return std::make_unique<Comm>(std::make_unique<PyCommunicator>(std::move(impl)));
+  });
   m.def("mpi_finalize", &MpiFinalize);
   m.def("save", &SaveCall);
   m.def("load", &LoadCall);

@@ -8,7 +8,8 @@
     shardckpt.save(sd, "/ckpt/run1", step=step, keep_last=3)   # every rank calls it
     report = shardckpt.load(sd, "/ckpt/run1")                   # in place, at any world size
 
-Under ``mpirun`` every rank of MPI_COMM_WORLD takes part; with no launcher, one process.
+Under ``mpirun`` every rank of MPI_COMM_WORLD takes part; under ``torchrun`` (once
+torch.distributed is initialized) its default group, over gloo; with no launcher, one process.
 A state dict may hold, nested in dicts, lists and tuples: tensors (replicated: each rank holds
 the whole tensor, written once), :class:`FlatShard` (a rank's flat range, FSDP1/ZeRO),
 :class:`PerRank` values, and int/float/str/bool/None/bytes with lists, tuples and dicts of them
@@ -25,14 +26,14 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
-from ._comm import launched_by_mpi, single_process, world
+from ._comm import from_process_group, launched_by_mpi, resolve, single_process, world
 from ._state import DTYPES, FlatShard, PerRank, decode_blob, dtype_name, encode_blob, restore, walk
 from .errors import (Aborted, AlreadyExists, DataLoss, DeadlineExceeded, FailedPrecondition,
                      Internal, InvalidArgument, IoError, NoSpace, NotFound, ShardckptError,
                      Unimplemented, raise_for)
 
 __all__ = [
-    "save", "load", "SaveResult", "LoadReport", "FlatShard", "PerRank", "world",
+    "save", "load", "SaveResult", "LoadReport", "FlatShard", "PerRank", "world", "from_process_group",
     "single_process", "launched_by_mpi", "ShardckptError", "InvalidArgument", "NotFound",
     "AlreadyExists", "DataLoss", "IoError", "NoSpace", "FailedPrecondition", "Unimplemented",
     "Internal", "Aborted", "DeadlineExceeded",
@@ -113,11 +114,12 @@ def save(state_dict: Mapping[str, Any], root: str, step: int, *, keep_last: int 
 
     The checkpoint is committed atomically as ``root/step-N`` and ``root/latest`` names it.
     ``keep_last``/``keep_best`` (by ``best_metric`` among ``metrics``) prune older checkpoints;
-    0 keeps all. ``comm``: a communicator from :func:`world` or :func:`single_process`; the
-    default is :func:`world`. Tensors may be non-contiguous or on a GPU (copied to host first).
+    0 keeps all. ``comm``: a communicator from :func:`world`, :func:`single_process` or
+    :func:`from_process_group`, or a torch.distributed process group; the default is
+    :func:`world` (MPI_COMM_WORLD under mpirun, the default process group under torchrun). Tensors may be non-contiguous or on a GPU (copied to host first).
     """
     from . import _core
-    comm = world() if comm is None else comm
+    comm = resolve(comm)
     keep: List[torch.Tensor] = []
     error = ("OK", "")
     pieces: list = []
@@ -175,7 +177,7 @@ def load(state_dict: Dict[str, Any], path: str, *, strict: bool = True, strip_pr
     raises :class:`DataLoss` naming the file.
     """
     from . import _core
-    comm = world() if comm is None else comm
+    comm = resolve(comm)
     error = ("OK", "")
     pieces: list = []
     wanted: Dict[str, Any] = {}

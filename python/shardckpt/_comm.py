@@ -9,7 +9,7 @@ import os
 import threading
 from typing import Any, Optional
 
-from .errors import Unimplemented, raise_for
+from .errors import FailedPrecondition, raise_for
 
 # Set by mpirun/mpiexec (OpenMPI, MPICH/PMI, PMIx, MVAPICH) in every rank's environment.
 _MPI_LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
@@ -43,8 +43,10 @@ def world() -> Any:
 
     Under ``mpirun``: every rank of MPI_COMM_WORLD (MPI is initialized here with
     MPI_THREAD_MULTIPLE unless the program did it already, and finalized at exit if shardckpt
-    initialized it). With no launcher: this process alone. Under ``torchrun`` without MPI: not yet
-    supported (raises :class:`shardckpt.Unimplemented`) rather than saving as N separate jobs.
+    initialized it). Else, where torch.distributed is initialized (torchrun): its default group
+    (over gloo; a gloo group is made when the default is nccl). With no launcher: this process
+    alone. Under torchrun before init_process_group: :class:`shardckpt.FailedPrecondition`,
+    rather than saving as N separate jobs.
     """
     global _world
     with _lock:
@@ -55,14 +57,48 @@ def world() -> Any:
             code, message, comm = _core().mpi_world()
             raise_for(code, message)
             atexit.register(_core().mpi_finalize)
+        elif _torch_distributed_initialized():
+            comm = from_process_group(None)
+            # Dropped while the interpreter is whole: a gloo group released late in shutdown
+            # can end the process in std::terminate (torch 1.13).
+            atexit.register(_forget_world)
         elif int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            raise Unimplemented(
-                "WORLD_SIZE=%s without an MPI launcher: torchrun/torch.distributed process groups "
-                "are not supported yet; launch with mpirun" % os.environ["WORLD_SIZE"])
+            raise FailedPrecondition(
+                "WORLD_SIZE=%s but torch.distributed is not initialized: call "
+                "torch.distributed.init_process_group() first (or launch with mpirun)"
+                % os.environ["WORLD_SIZE"])
         else:
             comm = _core().single()
         _world = comm
         return comm
+
+
+def _forget_world() -> None:
+    global _world
+    with _lock:
+        _world = None
+
+
+def _torch_distributed_initialized() -> bool:
+    import torch.distributed as dist
+    return dist.is_available() and dist.is_initialized()
+
+
+def from_process_group(group: Any) -> Any:
+    """A communicator over a torch.distributed process group (None: the default group).
+    Collective: every rank of the group calls it (it may create a gloo group)."""
+    from ._torch_comm import TorchGroupComm
+    return _core().python_comm(TorchGroupComm(group))
+
+
+def resolve(comm: Any) -> Any:
+    """The communicator a call runs on: ``world()`` for None, a torch ProcessGroup wrapped, a
+    communicator from this module as it is."""
+    if comm is None:
+        return world()
+    if isinstance(comm, _core().Comm):
+        return comm
+    return from_process_group(comm)
 
 
 def single_process() -> Any:

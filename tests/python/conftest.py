@@ -1,4 +1,4 @@
-"""Runs under `mpirun -np N python3 -m pytest`: every rank runs every test in the same order,
+"""Runs under `mpirun -np N python3 -m pytest` or `torchrun --nproc_per_node N -m pytest`: every rank runs every test in the same order,
 so each test is one collective. Without the built extension (or torch) the run exits 77, which
 CTest reports as skipped."""
 
@@ -24,6 +24,11 @@ def pytest_sessionfinish(session, exitstatus):
 
 @pytest.fixture(scope="session")
 def comm():
+    # Under torchrun the job's own process group carries the collectives (gloo).
+    if "TORCHELASTIC_RUN_ID" in os.environ and not shardckpt.launched_by_mpi():
+        import torch.distributed as dist
+        if not dist.is_initialized():
+            dist.init_process_group("gloo")
     return shardckpt.world()
 
 
