@@ -253,3 +253,18 @@ def test_engine_errors_map_to_their_classes(root):
     with pytest.raises(shardckpt.InvalidArgument) as error:
         shardckpt.save(["not", "a", "dict"], root, step=6)
     assert "dict" in error.value.message
+
+
+def test_an_explicit_communicator(comm, root):
+    # A torch.distributed process group under torchrun; the communicator object otherwise.
+    import torch.distributed as dist
+    explicit = dist.group.WORLD if dist.is_available() and dist.is_initialized() else comm
+    shardckpt.save({"w": torch.full((3,), 2.0), "r": comm.rank * 0 + 1}, root, step=1, comm=explicit)
+    target = {"w": torch.zeros(3), "r": 0}
+    report = shardckpt.load(target, root, comm=explicit)
+    assert report.saved_world_size == comm.size and target["r"] == 1
+    assert torch.equal(target["w"], torch.full((3,), 2.0))
+    if comm.size == 1:
+        one = shardckpt.single_process()
+        assert (one.rank, one.size) == (0, 1)
+        assert shardckpt.load({"w": torch.zeros(3), "r": 0}, root, comm=one).step == 1
