@@ -7,6 +7,10 @@
 set -euo pipefail
 py=$1 module_dir=$2 work=$3 np=$4
 shift 4
+if ! "$py" -c 'import pytest' 2> /dev/null; then
+  echo "skipped: $py has no pytest (Debian: apt-get install python3-pytest)"
+  exit 77
+fi
 export PYTHONPATH="$module_dir${PYTHONPATH:+:$PYTHONPATH}" SHARDCKPT_PY_WORK="$work"
 export SHARDCKPT_COLLECTIVE_TIMEOUT_S=${SHARDCKPT_COLLECTIVE_TIMEOUT_S:-60}
 export SHARDCKPT_PY_PHASE=${SHARDCKPT_PY_PHASE:-}
