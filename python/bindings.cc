@@ -1,0 +1,298 @@
+// shardckpt._core: the engine as Python sees it. Deliberately thin and torch-free: a piece is a
+// tuple (name, dtype name, global shape, layout, data pointer) built in Python from a tensor's
+// data_ptr(), and every call returns (code name, message, value) instead of throwing, so that
+// python/shardckpt/errors.py alone decides which exception class a Status becomes.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "shardckpt/collectives/communicator.h"
+#include "shardckpt/collectives/mpi_communicator.h"
+#include "shardckpt/engine/core/load.h"
+#include "shardckpt/engine/core/save.h"
+
+namespace py = pybind11;
+
+namespace shardckpt {
+namespace {
+
+// (name, dtype, global shape, layout kind, a, b, data pointer); layout "replicated" ignores a and
+// b, "flat" is the element range [a, b), "box" has a = offsets and b = sizes.
+using PieceTuple = std::tuple<std::string, std::string, Shape, std::string, py::object, py::object,
+                              uintptr_t>;
+// (name, bytes, per_rank)
+using BlobTuple = std::tuple<std::string, py::bytes, bool>;
+
+// A failure Python found describing this rank's state: (code name, message), ("OK", "") if none.
+using LocalError = std::pair<std::string, std::string>;
+
+Status FromPython(const LocalError& error) {
+  if (error.first == "OK") return Status::Ok();
+  for (int c = 1; c <= static_cast<int>(Code::kDeadlineExceeded); ++c) {
+    if (error.first == CodeName(static_cast<Code>(c))) return Status(static_cast<Code>(c), error.second);
+  }
+  return Status(Code::kInvalidArgument, error.second);
+}
+
+py::tuple Reply(const Status& status, py::object value = py::none()) {
+  return py::make_tuple(CodeName(status.code()), status.message(), std::move(value));
+}
+
+Result<Layout> ParseLayout(const std::string& kind, const py::object& a, const py::object& b) {
+  if (kind == "replicated") return Layout::Replicated();
+  if (kind == "flat") return Layout::FlatRange(a.cast<int64_t>(), b.cast<int64_t>());
+  if (kind == "box") return Layout::Box(a.cast<std::vector<int64_t>>(), b.cast<std::vector<int64_t>>());
+  return InvalidArgument("unknown layout kind '" + kind + "'");
+}
+
+Status BuildState(const std::vector<PieceTuple>& pieces, const std::vector<BlobTuple>& blobs,
+                  ShardedState* state) {
+  for (const auto& [name, dtype_name, shape, kind, a, b, pointer] : pieces) {
+    Result<DType> dtype = ParseDType(dtype_name);
+    if (!dtype.ok()) return dtype.status().WithContext("tensor '" + name + "'");
+    SC_ASSIGN_OR_RETURN(Layout layout, ParseLayout(kind, a, b));
+    SC_RETURN_IF_ERROR(state->AddTensor(name, *dtype, shape, layout, reinterpret_cast<void*>(pointer)));
+  }
+  for (const auto& [name, bytes, per_rank] : blobs) {
+    SC_RETURN_IF_ERROR(state->AddBlob(name, std::string(bytes),
+                                      per_rank ? BlobScope::kPerRank : BlobScope::kGlobal));
+  }
+  return Status::Ok();
+}
+
+// The process's MPI session: made on the first world() under a launcher, finalized by
+// finalize() (registered with atexit in Python), never twice.
+std::mutex g_mpi_mutex;
+std::unique_ptr<MpiSession> g_mpi_session;
+bool g_mpi_finalized = false;
+
+class Comm {
+ public:
+  explicit Comm(std::unique_ptr<Communicator> comm) : comm_(std::move(comm)) {}
+  int rank() const { return comm_->rank(); }
+  int size() const { return comm_->size(); }
+  std::string name() const { return comm_->name(); }
+  Communicator& get() { return *comm_; }
+
+ private:
+  std::unique_ptr<Communicator> comm_;
+};
+
+// A communicator whose collectives are a Python object's methods (shardckpt/_torch_comm.py:
+// torch.distributed over a gloo group, for jobs launched by torchrun). The engine calls it with
+// the GIL released, so each call takes it back; a Python exception becomes an Aborted status.
+class PyCommunicator : public Communicator {
+ public:
+  explicit PyCommunicator(py::object impl) : impl_(std::move(impl)) {
+    rank_ = impl_.attr("rank").cast<int>();
+    size_ = impl_.attr("size").cast<int>();
+  }
+  ~PyCommunicator() override {
+    py::gil_scoped_acquire gil;
+    impl_ = py::object();
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* name() const override { return "torch.distributed"; }
+  bool thread_safe() const override { return false; }
+
+  Status Barrier() override {
+    return Call("barrier", [&](py::object f) { f(); });
+  }
+  Status Broadcast(void* data, size_t bytes, int root) override {
+    return Call("broadcast", [&](py::object f) {
+      f(py::memoryview::from_memory(data, static_cast<ssize_t>(bytes), false), root);
+    });
+  }
+  Status Gather(const std::string& mine, std::vector<std::string>* all, int root) override {
+    return Call("gather", [&](py::object f) {
+      py::list got = f(py::bytes(mine), root);
+      all->clear();
+      for (py::handle item : got) all->push_back(item.cast<std::string>());
+    });
+  }
+  Status AllGather(const std::string& mine, std::vector<std::string>* all) override {
+    return Call("allgather", [&](py::object f) {
+      py::list got = f(py::bytes(mine));
+      all->clear();
+      for (py::handle item : got) all->push_back(item.cast<std::string>());
+    });
+  }
+  Status AllReduceMaxInt64(int64_t* values, size_t count) override {
+    return Call("allreduce_max_int64", [&](py::object f) {
+      std::vector<int64_t> in(values, values + count);
+      std::vector<int64_t> out = f(in).cast<std::vector<int64_t>>();
+      std::copy(out.begin(), out.end(), values);
+    });
+  }
+  Status AllReduceSumDouble(double* values, size_t count) override {
+    return Call("allreduce_sum_double", [&](py::object f) {
+      std::vector<double> in(values, values + count);
+      std::vector<double> out = f(in).cast<std::vector<double>>();
+      std::copy(out.begin(), out.end(), values);
+    });
+  }
+  Status AllGatherFloat(const float*, size_t, float*) override {
+    return Status(Code::kUnimplemented, "AllGatherFloat over torch.distributed");
+  }
+  Status ReduceScatterSumFloat(const float*, float*, size_t) override {
+    return Status(Code::kUnimplemented, "ReduceScatterSumFloat over torch.distributed");
+  }
+  Result<std::unique_ptr<Communicator>> Duplicate() override {
+    std::unique_ptr<Communicator> copy;
+    Status status = Call("duplicate", [&](py::object f) {
+      copy = std::make_unique<PyCommunicator>(f());
+    });
+    if (!status.ok()) return status;
+    return copy;
+  }
+
+ private:
+  template <typename F>
+  Status Call(const char* method, F&& body) {
+    py::gil_scoped_acquire gil;
+    try {
+      body(impl_.attr(method));
+      return Status::Ok();
+    } catch (py::error_already_set& error) {
+      return Status(Code::kAborted, std::string("torch.distributed ") + method + ": " + error.what());
+    } catch (const std::exception& error) {
+      return Status(Code::kAborted, std::string("torch.distributed ") + method + ": " + error.what());
+    }
+  }
+
+  py::object impl_;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+py::tuple MpiWorld() {
+  std::lock_guard<std::mutex> lock(g_mpi_mutex);
+  if (g_mpi_finalized) return Reply(FailedPrecondition("MPI was finalized already"));
+  if (!g_mpi_session) {
+    Result<std::unique_ptr<MpiSession>> session = MpiSession::Init(nullptr, nullptr);
+    if (!session.ok()) return Reply(session.status());
+    g_mpi_session = std::move(session).value();
+  }
+  Result<std::unique_ptr<Communicator>> comm = CreateMpiCommunicator(MPI_COMM_WORLD);
+  if (!comm.ok()) return Reply(comm.status());
+  return Reply(Status::Ok(), py::cast(std::make_unique<Comm>(std::move(comm).value())));
+}
+
+void MpiFinalize() {
+  std::lock_guard<std::mutex> lock(g_mpi_mutex);
+  g_mpi_session.reset();
+  g_mpi_finalized = true;
+}
+
+py::tuple SaveCall(Comm& comm, const std::string& root, int64_t step,
+                   const std::vector<PieceTuple>& pieces, const std::vector<BlobTuple>& blobs,
+                   int keep_last, int keep_best, const std::string& best_metric,
+                   bool best_higher_is_better, const std::map<std::string, double>& metrics,
+                   const std::map<std::string, std::string>& user_metadata,
+                   const std::string& torch_version, const LocalError& error) {
+  ShardedState state;
+  Status built = FromPython(error);
+  if (built.ok()) built = BuildState(pieces, blobs, &state);
+  SaveOptions options;
+  options.keep_last = keep_last;
+  options.keep_best = keep_best;
+  options.best_metric = best_metric;
+  options.best_higher_is_better = best_higher_is_better;
+  options.metrics = metrics;
+  options.user_metadata = user_metadata;
+  options.torch_version = torch_version;
+  Result<SaveResult> saved = Status(Code::kInternal, "not run");
+  {
+    py::gil_scoped_release release;
+    // A piece one rank cannot describe fails the save on every rank, not at the deadline.
+    Status agreed = AgreeOnStatus(comm.get(), built);
+    saved = agreed.ok() ? Save(comm.get(), root, step, state, options) : Result<SaveResult>(agreed);
+  }
+  if (!saved.ok()) return Reply(saved.status());
+  py::dict out;
+  out["path"] = saved->path;
+  out["bytes_written"] = saved->bytes_written;
+  out["total_bytes"] = saved->total_bytes;
+  return Reply(Status::Ok(), out);
+}
+
+py::tuple LoadCall(Comm& comm, const std::string& path, const std::vector<PieceTuple>& pieces,
+                   bool strict, const std::string& strip_prefix, bool verify_checksums,
+                   const LocalError& error) {
+  ShardedState state;
+  Status built = FromPython(error);
+  if (built.ok()) built = BuildState(pieces, {}, &state);
+  LoadOptions options;
+  options.strict = strict;
+  options.verify_checksums = verify_checksums;
+  if (!strip_prefix.empty()) options.rename = StripPrefix(strip_prefix);
+  Result<LoadReport> loaded = Status(Code::kInternal, "not run");
+  {
+    py::gil_scoped_release release;
+    Status agreed = AgreeOnStatus(comm.get(), built);
+    loaded = agreed.ok() ? Load(comm.get(), path, state, options) : Result<LoadReport>(agreed);
+  }
+  if (!loaded.ok()) return Reply(loaded.status());
+  const LoadReport& report = *loaded;
+  py::dict out;
+  out["path"] = report.path;
+  out["step"] = report.step;
+  out["saved_world_size"] = report.saved_world_size;
+  out["missing"] = report.missing;
+  out["unexpected"] = report.unexpected;
+  py::dict blobs;
+  for (const auto& [name, blob] : report.blobs) {
+    blobs[py::str(name)] = py::make_tuple(blob.available, py::bytes(blob.bytes), blob.reason);
+  }
+  out["blobs"] = blobs;
+  out["bytes_wanted"] = report.bytes_wanted;
+  out["bytes_read"] = report.stats.data_bytes_read;
+  out["bytes_received"] = report.bytes_received;
+  return Reply(Status::Ok(), out);
+}
+
+py::tuple AgreeCall(Comm& comm, const std::string& code, const std::string& message) {
+  Status local = FromPython({code, message});
+  Status agreed;
+  {
+    py::gil_scoped_release release;
+    agreed = AgreeOnStatus(comm.get(), local);
+  }
+  return Reply(agreed);
+}
+
+}  // namespace
+}  // namespace shardckpt
+
+PYBIND11_MODULE(_core, m) {
+  using namespace shardckpt;
+  m.doc() = "shardckpt engine bindings (internal: use the shardckpt package)";
+  py::class_<Comm>(m, "Comm")
+      .def_property_readonly("rank", &Comm::rank)
+      .def_property_readonly("size", &Comm::size)
+      .def_property_readonly("name", &Comm::name)
+      .def("agree", &AgreeCall, py::arg("code"), py::arg("message"),
+           "Collective: every rank gets (code, message, None) naming every failing rank.");
+  m.def("single", [] { return std::make_unique<Comm>(CreateSingleProcessCommunicator()); });
+  m.def("mpi_world", &MpiWorld);
+  m.def("python_comm", [](py::object impl) {
+    return std::make_unique<Comm>(std::make_unique<PyCommunicator>(std::move(impl)));
+  });
+  m.def("mpi_finalize", &MpiFinalize);
+  m.def("save", &SaveCall);
+  m.def("load", &LoadCall);
+  m.def("dtypes", [] {
+    std::vector<std::string> names;
+    for (int d = 0; d < kNumDTypes; ++d) names.push_back(DTypeName(static_cast<DType>(d)));
+    return names;
+  });
+}

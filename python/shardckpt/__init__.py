@@ -1,0 +1,228 @@
+"""shardckpt from Python: collective, sharded checkpoints of PyTorch state dicts.
+
+::
+
+    import shardckpt
+    sd = {"model": model.state_dict(), "optim": optim.state_dict(), "step": step,
+          "rng": shardckpt.PerRank(torch.get_rng_state())}
+    shardckpt.save(sd, "/ckpt/run1", step=step, keep_last=3)   # every rank calls it
+    report = shardckpt.load(sd, "/ckpt/run1")                   # in place, at any world size
+
+Under ``mpirun`` every rank of MPI_COMM_WORLD takes part; under ``torchrun`` (once
+torch.distributed is initialized) its default group, over gloo; with no launcher, one process.
+A state dict may hold, nested in dicts, lists and tuples: tensors (replicated: each rank holds
+the whole tensor, written once), :class:`FlatShard` (a rank's flat range, FSDP1/ZeRO),
+:class:`PerRank` values, and int/float/str/bool/None/bytes with lists, tuples and dicts of them
+(stored as typed JSON or raw bytes, never pickled). Anything else is refused, naming its key.
+Errors are :class:`ShardckptError` subclasses, the same on every rank.
+
+The extension links no libtorch: one build serves torch 1.13 and 2.x.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import torch
+
+from ._comm import from_process_group, launched_by_mpi, resolve, single_process, world
+from ._state import DTYPES, FlatShard, PerRank, decode_blob, dtype_name, encode_blob, restore, walk
+from .errors import (Aborted, AlreadyExists, DataLoss, DeadlineExceeded, FailedPrecondition,
+                     Internal, InvalidArgument, IoError, NoSpace, NotFound, ShardckptError,
+                     Unimplemented, raise_for)
+
+__all__ = [
+    "save", "load", "SaveResult", "LoadReport", "FlatShard", "PerRank", "world", "from_process_group",
+    "single_process", "launched_by_mpi", "ShardckptError", "InvalidArgument", "NotFound",
+    "AlreadyExists", "DataLoss", "IoError", "NoSpace", "FailedPrecondition", "Unimplemented",
+    "Internal", "Aborted", "DeadlineExceeded",
+]
+__version__ = "0.1.0"
+
+
+@dataclasses.dataclass
+class SaveResult:
+    """What :func:`save` did: the committed folder and the bytes written."""
+    path: str
+    bytes_written: int  # by this rank: data, padding and checksum table
+    total_bytes: int    # by every rank
+
+
+@dataclasses.dataclass
+class LoadReport:
+    """What :func:`load` did. ``missing``: names of the state dict not in the checkpoint;
+    ``unexpected``: checkpoint names nothing loaded (both empty after a strict load);
+    ``unavailable``: PerRank values not restored, with the reason (another world size)."""
+    path: str
+    step: int
+    saved_world_size: int
+    missing: List[str]
+    unexpected: List[str]
+    unavailable: Dict[str, str]
+    bytes_read: int      # data bytes this rank read from storage
+    bytes_wanted: int    # bytes this rank needed from storage
+    bytes_received: int  # replicated bytes received from other ranks
+
+
+def _piece(name: str, tensor: torch.Tensor, shape: List[int], layout: Tuple[str, Any, Any]) -> tuple:
+    return (name, dtype_name(tensor, name), shape, layout[0], layout[1], layout[2],
+            tensor.data_ptr())
+
+
+def _refuse_dtensor(name: str, tensor: torch.Tensor) -> None:
+    if type(tensor).__name__ == "DTensor":
+        raise Unimplemented("'%s': DTensor is not supported yet; pass its full_tensor() or use "
+                            "FlatShard" % name)
+
+
+def _save_view(tensor: torch.Tensor, name: str, keep: List[torch.Tensor]) -> torch.Tensor:
+    """A contiguous host tensor with the values of ``tensor`` (itself when it is one)."""
+    _refuse_dtensor(name, tensor)
+    view = tensor.detach()
+    if view.device.type != "cpu":
+        view = view.cpu()
+    view = view.contiguous()
+    keep.append(view)  # alive until the engine has written it
+    return view
+
+
+def _describe_save(state: Mapping[str, Any], keep: List[torch.Tensor]) -> Tuple[list, list]:
+    pieces, blobs = [], []
+    for name, value in walk(state):
+        if isinstance(value, FlatShard):
+            local = _save_view(value.local, name, keep)
+            begin = value.begin
+            pieces.append(_piece(name, local, value.global_shape,
+                                 ("flat", begin, begin + local.numel())))
+        elif isinstance(value, torch.Tensor):
+            view = _save_view(value, name, keep)
+            pieces.append(_piece(name, view, list(view.shape), ("replicated", None, None)))
+        elif isinstance(value, PerRank):
+            blobs.append((name, encode_blob(value.value, name), True))
+        else:
+            blobs.append((name, encode_blob(value, name), False))
+    return pieces, blobs
+
+
+def save(state_dict: Mapping[str, Any], root: str, step: int, *, keep_last: int = 0,
+         keep_best: int = 0, best_metric: str = "", best_higher_is_better: bool = False,
+         metrics: Optional[Mapping[str, float]] = None,
+         user_metadata: Optional[Mapping[str, str]] = None, comm: Any = None) -> SaveResult:
+    """Saves ``state_dict`` as checkpoint ``step`` under ``root`` (collective: every rank calls
+    it with its own state, and every rank returns or raises the same).
+
+    The checkpoint is committed atomically as ``root/step-N`` and ``root/latest`` names it.
+    ``keep_last``/``keep_best`` (by ``best_metric`` among ``metrics``) prune older checkpoints;
+    0 keeps all. ``comm``: a communicator from :func:`world`, :func:`single_process` or
+    :func:`from_process_group`, or a torch.distributed process group; the default is
+    :func:`world` (MPI_COMM_WORLD under mpirun, the default process group under torchrun). Tensors may be non-contiguous or on a GPU (copied to host first).
+    """
+    from . import _core
+    comm = resolve(comm)
+    keep: List[torch.Tensor] = []
+    error = ("OK", "")
+    pieces: list = []
+    blobs: list = []
+    try:
+        pieces, blobs = _describe_save(state_dict, keep)
+    except ShardckptError as failure:  # told to every rank by the engine, so none waits
+        error = (failure.code, failure.message)
+    code, message, result = _core.save(
+        comm, str(root), int(step), pieces, blobs, int(keep_last), int(keep_best), best_metric,
+        bool(best_higher_is_better), dict(metrics or {}), dict(user_metadata or {}),
+        torch.__version__, error)
+    raise_for(code, message)
+    return SaveResult(**result)
+
+
+def _describe_load(state: Mapping[str, Any]) -> Tuple[list, Dict[str, Any], list]:
+    """Pieces to load into, the blobs wanted (name -> current value), and the copies to make
+    afterwards (target, temporary) for targets the engine cannot write in place."""
+    pieces, wanted_blobs, copies = [], {}, []
+    for name, value in walk(state):
+        if isinstance(value, (torch.Tensor, FlatShard)):
+            target = value.local if isinstance(value, FlatShard) else value
+            _refuse_dtensor(name, target)
+            into = target
+            if target.device.type != "cpu" or not target.is_contiguous():
+                into = torch.empty(target.shape, dtype=target.dtype)
+                copies.append((target, into))
+            if isinstance(value, FlatShard):
+                pieces.append(_piece(name, into, value.global_shape,
+                                     ("flat", value.begin, value.begin + into.numel())))
+            else:
+                pieces.append(_piece(name, into, list(into.shape), ("replicated", None, None)))
+        else:
+            wanted_blobs[name] = value
+    return pieces, wanted_blobs, copies
+
+
+def _strip(name: str, prefix: str) -> str:
+    return name[len(prefix):] if prefix and name.startswith(prefix) else name
+
+
+def load(state_dict: Dict[str, Any], path: str, *, strict: bool = True, strip_prefix: str = "",
+         verify_checksums: bool = True, comm: Any = None) -> LoadReport:
+    """Loads a checkpoint into ``state_dict`` in place (collective).
+
+    ``path`` is a checkpoint folder or a root (then its newest committed checkpoint). Tensors
+    and FlatShard locals are overwritten in place, whatever world size or layout saved them;
+    other values are replaced in their dicts and lists with the saved values and types; PerRank
+    values are restored at the saved world size and reported unavailable at another.
+    ``strict``: a name missing from the checkpoint raises :class:`NotFound`, a checkpoint entry
+    nothing loads raises :class:`InvalidArgument`; not strict, both come back in the report.
+    ``strip_prefix`` drops a prefix from the checkpoint's names (e.g. ``"module."``).
+    A wrong dtype or shape raises :class:`InvalidArgument` naming the tensor; corrupt data
+    raises :class:`DataLoss` naming the file.
+    """
+    from . import _core
+    comm = resolve(comm)
+    error = ("OK", "")
+    pieces: list = []
+    wanted: Dict[str, Any] = {}
+    copies: list = []
+    try:
+        pieces, wanted, copies = _describe_load(state_dict)
+    except ShardckptError as failure:
+        error = (failure.code, failure.message)
+    code, message, raw = _core.load(comm, str(path), pieces, bool(strict), strip_prefix,
+                                    bool(verify_checksums), error)
+    raise_for(code, message)
+    # Blobs: matched here, and any failure agreed on, so every rank raises the same.
+    saved = {_strip(name, strip_prefix): blob for name, blob in raw["blobs"].items()}
+    missing = list(raw["missing"]) + [n for n in wanted if n not in saved]
+    unexpected = list(raw["unexpected"]) + [n for n in saved if n not in wanted]
+    values: Dict[str, Any] = {}
+    unavailable: Dict[str, str] = {}
+    error = ("OK", "")
+    try:
+        if strict and len(missing) > len(raw["missing"]):
+            raise NotFound("not in checkpoint %s: %s" % (raw["path"], ", ".join(missing)))
+        if strict and len(unexpected) > len(raw["unexpected"]):
+            raise InvalidArgument("checkpoint %s has values nothing loads: %s (load with "
+                                  "strict=False to skip them)" % (raw["path"], ", ".join(unexpected)))
+        for name, current in wanted.items():
+            if name not in saved:
+                continue
+            available, data, reason = saved[name]
+            if isinstance(current, PerRank):
+                if available:
+                    current.value = decode_blob(data, name, current.value)
+                else:
+                    unavailable[name] = reason
+            elif available:
+                values[name] = decode_blob(data, name, current)
+            else:
+                unavailable[name] = reason
+    except ShardckptError as failure:
+        error = (failure.code, failure.message)
+    raise_for(*comm.agree(*error)[:2])
+    with torch.no_grad():
+        for target, temporary in copies:
+            target.copy_(temporary)
+    restore(state_dict, values)
+    return LoadReport(path=raw["path"], step=raw["step"], saved_world_size=raw["saved_world_size"],
+                      missing=missing, unexpected=unexpected, unavailable=unavailable,
+                      bytes_read=raw["bytes_read"], bytes_wanted=raw["bytes_wanted"],
+                      bytes_received=raw["bytes_received"])

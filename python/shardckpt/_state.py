@@ -1,0 +1,218 @@
+"""A nested state dict as the engine sees it: named tensor pieces and typed blobs.
+
+Names are the dotted paths of the nesting (``model.layers.0.weight``; int keys and list indices
+as digits). A dict, list or tuple holding no tensor anywhere is one blob; one holding tensors is
+walked. Blobs are never pickled: a one-byte tag after a NUL says how they are stored.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from typing import Any, Dict, List, Sequence, Tuple
+
+import torch
+
+from .errors import DataLoss, InvalidArgument
+
+_JSON = b"\x00J"    # typed JSON (see _encode_json)
+_BYTES = b"\x00B"   # raw bytes
+_TENSOR = b"\x00T"  # one JSON header line {"dtype", "shape"}, then the raw bytes (PerRank tensors)
+_TAG = "__shardckpt__"
+
+
+class FlatShard:
+    """A rank's flat range of a tensor (FSDP1 flat parameters, ZeRO partitions).
+
+    ``local`` holds elements ``[begin, begin + local.numel())`` of the row-major flattened tensor
+    of ``global_shape``. Loading at another world size (or into plain tensors) reshards.
+    """
+
+    def __init__(self, local: torch.Tensor, global_shape: Sequence[int], begin: int) -> None:
+        if not isinstance(local, torch.Tensor):
+            raise InvalidArgument("FlatShard needs a tensor, not %s" % type(local).__name__)
+        self.local = local
+        self.global_shape = [int(d) for d in global_shape]
+        self.begin = int(begin)
+
+    def __repr__(self) -> str:
+        return "FlatShard(numel=%d, global_shape=%s, begin=%d)" % (
+            self.local.numel(), self.global_shape, self.begin)
+
+
+class PerRank:
+    """A value each rank has its own of (an RNG state): saved per rank, restored by rank at the
+    same world size; at another world size it is left as it is and reported unavailable."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return "PerRank(%r)" % (self.value,)
+
+
+def _dtype_names() -> Dict[torch.dtype, str]:
+    names = {torch.float64: "float64", torch.float32: "float32", torch.float16: "float16",
+             torch.bfloat16: "bfloat16", torch.int64: "int64", torch.int32: "int32",
+             torch.int16: "int16", torch.int8: "int8", torch.uint8: "uint8", torch.bool: "bool"}
+    for attr, name in (("float8_e4m3fn", "float8_e4m3fn"), ("float8_e5m2", "float8_e5m2")):
+        if hasattr(torch, attr):  # torch >= 2.1
+            names[getattr(torch, attr)] = name
+    return names
+
+
+DTYPE_NAMES = _dtype_names()
+DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}
+
+
+def dtype_name(tensor: torch.Tensor, name: str) -> str:
+    try:
+        return DTYPE_NAMES[tensor.dtype]
+    except KeyError:
+        raise InvalidArgument("'%s': dtype %s cannot be saved (supported: %s)" % (
+            name, tensor.dtype, ", ".join(sorted(DTYPES)))) from None
+
+
+def is_tensorish(value: Any) -> bool:
+    return isinstance(value, (torch.Tensor, FlatShard, PerRank))
+
+
+def _holds_tensors(value: Any) -> bool:
+    if is_tensorish(value):
+        return True
+    if isinstance(value, dict):
+        return any(_holds_tensors(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_holds_tensors(v) for v in value)
+    return False
+
+
+def walk(state: Any, prefix: str = "") -> List[Tuple[str, Any]]:
+    """(name, leaf) for every tensor, FlatShard, PerRank and blob-able value, in order."""
+    if prefix == "" and not isinstance(state, dict):
+        raise InvalidArgument("a state dict must be a dict, not %s" % type(state).__name__)
+    out: List[Tuple[str, Any]] = []
+    seen: Dict[str, bool] = {}
+
+    def visit(value: Any, name: str) -> None:
+        if is_tensorish(value) or not _holds_tensors(value):
+            if name in seen:
+                raise InvalidArgument("two values are named '%s' (keys 0 and '0'?)" % name)
+            seen[name] = True
+            out.append((name, value))
+            return
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, child in items:
+            if not isinstance(key, (str, int)) or isinstance(key, bool):
+                raise InvalidArgument("'%s': key %r is neither a str nor an int" % (name, key))
+            visit(child, "%s.%s" % (name, key) if name else str(key))
+
+    visit(state, prefix)
+    return out
+
+
+def restore(state: Any, values: Dict[str, Any], prefix: str = "") -> Any:
+    """Puts ``values`` (by name) back into the nesting of ``state``, in place where it can
+    (dicts, lists); tuples are rebuilt. Returns the new value of ``state``."""
+
+    def visit(value: Any, name: str) -> Any:
+        if is_tensorish(value) or not _holds_tensors(value):
+            return values.get(name, value)
+        if isinstance(value, dict):
+            for key in list(value.keys()):
+                value[key] = visit(value[key], "%s.%s" % (name, key) if name else str(key))
+            return value
+        children = [visit(child, "%s.%s" % (name, i) if name else str(i))
+                    for i, child in enumerate(value)]
+        if isinstance(value, list):
+            value[:] = children
+            return value
+        return type(value)(*children) if hasattr(value, "_fields") else type(value)(children)
+
+    return visit(state, prefix)
+
+
+def _encode_json(value: Any, name: str) -> Any:
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value) if math.isfinite(value) else {_TAG: "float", "v": repr(float(value))}
+    if isinstance(value, (bytes, bytearray)):
+        return {_TAG: "bytes", "v": base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, tuple):
+        return {_TAG: "tuple", "v": [_encode_json(v, name) for v in value]}
+    if isinstance(value, list):
+        return [_encode_json(v, name) for v in value]
+    if isinstance(value, dict):
+        if all(isinstance(k, str) for k in value) and _TAG not in value:
+            return {k: _encode_json(v, "%s.%s" % (name, k)) for k, v in value.items()}
+        return {_TAG: "dict", "v": [[_encode_json(k, name), _encode_json(v, "%s.%s" % (name, k))]
+                                    for k, v in value.items()]}
+    raise InvalidArgument(
+        "'%s': a %s.%s cannot be saved: a state dict holds tensors, FlatShard, PerRank, and "
+        "int/float/str/bool/None/bytes with lists, tuples and dicts of them" % (
+            name, type(value).__module__, type(value).__qualname__))
+
+
+def _decode_json(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_decode_json(v) for v in value]
+    if isinstance(value, dict):
+        tag = value.get(_TAG)
+        if tag == "float":
+            return float(value["v"])
+        if tag == "bytes":
+            return base64.b64decode(value["v"])
+        if tag == "tuple":
+            return tuple(_decode_json(v) for v in value["v"])
+        if tag == "dict":
+            return {_hashable(_decode_json(k)): _decode_json(v) for k, v in value["v"]}
+        return {k: _decode_json(v) for k, v in value.items()}
+    return value
+
+
+def _hashable(key: Any) -> Any:
+    return tuple(_hashable(k) for k in key) if isinstance(key, list) else key
+
+
+def encode_blob(value: Any, name: str) -> bytes:
+    """The stored bytes of a non-tensor value (or of a PerRank tensor)."""
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu().contiguous()
+        header = json.dumps({"dtype": dtype_name(tensor, name), "shape": list(tensor.shape)})
+        raw = tensor.view(torch.uint8).numpy().tobytes() if tensor.dim() > 0 else \
+            tensor.reshape(1).view(torch.uint8).numpy().tobytes()
+        return _TENSOR + header.encode() + b"\n" + raw
+    if isinstance(value, (bytes, bytearray)):
+        return _BYTES + bytes(value)
+    return _JSON + json.dumps(_encode_json(value, name), allow_nan=False).encode()
+
+
+def decode_blob(data: bytes, name: str, target: Any = None) -> Any:
+    """The value of stored blob bytes. A tensor blob is copied into ``target`` when that is a
+    tensor of the same dtype and shape, else returned as a new tensor. Bytes without a tag (a
+    blob written by the C++ API) come back as bytes."""
+    try:
+        if data.startswith(_BYTES):
+            return data[len(_BYTES):]
+        if data.startswith(_JSON):
+            return _decode_json(json.loads(data[len(_JSON):].decode()))
+        if data.startswith(_TENSOR):
+            header, raw = data[len(_TENSOR):].split(b"\n", 1)
+            meta = json.loads(header.decode())
+            dtype, shape = DTYPES[meta["dtype"]], [int(d) for d in meta["shape"]]
+            flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else \
+                torch.empty(0, dtype=torch.uint8)
+            tensor = flat.view(dtype).reshape(shape)
+            if isinstance(target, torch.Tensor) and target.dtype == dtype and \
+                    list(target.shape) == shape:
+                with torch.no_grad():
+                    target.copy_(tensor)
+                return target
+            return tensor.clone()
+    except (ValueError, KeyError, RuntimeError, UnicodeDecodeError) as error:
+        raise DataLoss("blob '%s' cannot be decoded: %s" % (name, error)) from None
+    return bytes(data)

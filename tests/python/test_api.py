@@ -1,0 +1,270 @@
+"""save/load round trips, blobs, wrappers and errors, at whatever world size mpirun gives."""
+
+import math
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("shardckpt._core")  # not built: skipped, exit 77 (conftest.py)
+import shardckpt  # noqa: E402
+from conftest import barrier
+
+DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+          torch.int16, torch.int8, torch.uint8, torch.bool]
+
+
+def make(dtype, shape, seed):
+    """The same values on every rank (replicated tensors must agree)."""
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=g) > 0.5
+    if dtype.is_floating_point:
+        return (torch.randn(shape, generator=g) * 100).to(dtype)
+    return torch.randint(-100 if dtype != torch.uint8 else 0, 100, shape, generator=g).to(dtype)
+
+
+def nested_state():
+    return {
+        "model": {"w%d" % i: make(dtype, (5, 7), i) for i, dtype in enumerate(DTYPES)},
+        "layers": [{"w": make(torch.float32, (3,), 100 + i), "b": make(torch.int64, (2, 2), 200 + i)}
+                   for i in range(3)],
+        "scalar": torch.tensor(3.25),
+        "empty": torch.empty(0, 3),
+        "big": make(torch.float32, (1000, 37), 7),
+    }
+
+
+def zeros_like(state):
+    if isinstance(state, torch.Tensor):
+        return torch.zeros_like(state)
+    if isinstance(state, dict):
+        return {k: zeros_like(v) for k, v in state.items()}
+    return [zeros_like(v) for v in state]
+
+
+def assert_same(expected, actual, name=""):
+    if isinstance(expected, torch.Tensor):
+        assert actual.dtype == expected.dtype and actual.shape == expected.shape, name
+        assert torch.equal(actual, expected), name
+    elif isinstance(expected, dict):
+        assert expected.keys() == actual.keys(), name
+        for k in expected:
+            assert_same(expected[k], actual[k], "%s.%s" % (name, k))
+    else:
+        assert len(expected) == len(actual), name
+        for i, (e, a) in enumerate(zip(expected, actual)):
+            assert_same(e, a, "%s.%d" % (name, i))
+
+
+def test_dtype_names_match_the_engine():
+    from shardckpt import _core
+    from shardckpt._state import DTYPES as names
+    assert set(names) <= set(_core.dtypes())
+    assert {"float32", "bfloat16", "bool", "uint8"} <= set(names)
+
+
+def test_nested_round_trip_every_dtype(comm, root):
+    state = nested_state()
+    saved = shardckpt.save(state, root, step=3)
+    assert saved.path == os.path.join(root, "step-000000003")
+    assert saved.total_bytes >= sum(t.numel() * t.element_size() for t in
+                                    state["model"].values())
+    target = zeros_like(state)
+    report = shardckpt.load(target, root)
+    assert report.step == 3 and report.saved_world_size == comm.size
+    assert report.missing == [] and report.unexpected == [] and report.unavailable == {}
+    assert_same(state, target)
+    # Every byte wanted came from storage here or from another rank.
+    assert report.bytes_read + report.bytes_received >= report.bytes_wanted
+
+
+def test_load_writes_into_the_callers_tensors(root):
+    state = {"w": make(torch.float32, (4, 4), 1)}
+    shardckpt.save(state, root, step=1)
+    target = torch.zeros(4, 4)
+    pointer = target.data_ptr()
+    holder = {"w": target}
+    shardckpt.load(holder, root)
+    assert holder["w"] is target and target.data_ptr() == pointer
+    assert torch.equal(target, state["w"])
+
+
+def test_blobs_come_back_with_their_types(root):
+    values = {
+        "step": 7, "lr": 0.1, "name": "run-1", "flag": True, "nothing": None, "raw": b"\x00\x01\xff",
+        "betas": (0.9, 0.999), "inf": float("inf"), "nan": float("nan"),
+        "cfg": {"layers": [1, 2.5, "x", None, [True]], 3: "int key", "bytes": b"abc",
+                "t": (1, (2, 3))},
+        "groups": [{"params": [0, 1, 2], "lr": 1e-3}],
+        "empty_list": [], "empty_dict": {},
+    }
+    state = dict(values, w=make(torch.float32, (3,), 2))
+    shardckpt.save(state, root, step=1)
+    target = {k: "placeholder" for k in values}
+    target["w"] = torch.zeros(3)
+    report = shardckpt.load(target, root)
+    assert report.missing == [] and report.unexpected == []
+    for key, value in values.items():
+        got = target[key]
+        if key == "nan":
+            assert isinstance(got, float) and math.isnan(got)
+            continue
+        assert got == value, key
+        assert type(got) is type(value), key
+    assert type(target["cfg"]["t"]) is tuple and type(target["cfg"]["t"][1]) is tuple
+    assert list(target["cfg"].keys()) == ["layers", 3, "bytes", "t"]
+
+
+def test_tuples_and_lists_holding_tensors_are_restored(root):
+    state = {"pair": (make(torch.float32, (2,), 3), 5), "items": [make(torch.int32, (2,), 4), "s"]}
+    shardckpt.save(state, root, step=1)
+    target = {"pair": (torch.zeros(2), 0), "items": [torch.zeros(2, dtype=torch.int32), ""]}
+    shardckpt.load(target, root)
+    assert type(target["pair"]) is tuple and target["pair"][1] == 5
+    assert torch.equal(target["pair"][0], state["pair"][0])
+    assert target["items"][1] == "s" and torch.equal(target["items"][0], state["items"][0])
+
+
+def test_non_contiguous_tensors(root):
+    base = torch.arange(35, dtype=torch.float32).reshape(5, 7)
+    state = {"t": base.t(), "every_other": base[:, ::2], "offset": base[2:, 3:]}
+    assert not state["t"].is_contiguous() and not state["every_other"].is_contiguous()
+    shardckpt.save(state, root, step=1)
+    contiguous = {k: torch.zeros(v.shape) for k, v in state.items()}
+    shardckpt.load(contiguous, root)
+    for k in state:
+        assert torch.equal(contiguous[k], state[k]), k
+    # Into non-contiguous targets too: the values land in the caller's view.
+    holder = torch.zeros(5, 7)
+    target = {"t": torch.zeros(7, 5), "every_other": holder[:, ::2], "offset": torch.zeros(3, 4)}
+    target["t"] = torch.zeros(5, 7).t()
+    shardckpt.load(target, root)
+    assert torch.equal(target["t"], state["t"])
+    assert torch.equal(holder[:, ::2], state["every_other"])
+    assert torch.equal(holder[:, 1::2], torch.zeros(5, 3))
+
+
+def test_per_rank_values_at_the_same_world_size(comm, root):
+    rank = comm.rank
+    state = {"rng": shardckpt.PerRank(torch.full((4,), rank, dtype=torch.uint8)),
+             "cursor": shardckpt.PerRank({"rank": rank, "pos": rank * 10})}
+    shardckpt.save(state, root, step=1)
+    target = {"rng": shardckpt.PerRank(torch.zeros(4, dtype=torch.uint8)),
+              "cursor": shardckpt.PerRank(None)}
+    rng_tensor = target["rng"].value
+    report = shardckpt.load(target, root)
+    assert report.unavailable == {}
+    assert target["rng"].value is rng_tensor and torch.equal(rng_tensor, state["rng"].value)
+    assert target["cursor"].value == {"rank": rank, "pos": rank * 10}
+
+
+def test_missing_key_is_named_by_a_strict_load(root):
+    shardckpt.save({"a": torch.ones(2), "s": 1}, root, step=1)
+    for extra in ({"b": torch.ones(2)}, {"t": "blob"}):
+        target = dict({"a": torch.zeros(2), "s": 0}, **extra)
+        with pytest.raises(shardckpt.NotFound) as error:
+            shardckpt.load(target, root)
+        assert list(extra)[0] in error.value.message
+    report = shardckpt.load({"a": torch.zeros(2), "b": torch.zeros(2), "s": 0}, root, strict=False)
+    assert report.missing == ["b"]
+
+
+def test_unexpected_entries_refused_by_a_strict_load(root):
+    shardckpt.save({"a": torch.ones(2), "extra": torch.ones(1), "blob": 2}, root, step=1)
+    with pytest.raises(shardckpt.InvalidArgument) as error:
+        shardckpt.load({"a": torch.zeros(2), "blob": 0}, root)
+    assert "extra" in error.value.message
+    with pytest.raises(shardckpt.InvalidArgument) as error:
+        shardckpt.load({"a": torch.zeros(2), "extra": torch.zeros(1)}, root)
+    assert "blob" in error.value.message
+    target = {"a": torch.zeros(2)}
+    report = shardckpt.load(target, root, strict=False)
+    assert sorted(report.unexpected) == ["blob", "extra"] and torch.equal(target["a"], torch.ones(2))
+
+
+@pytest.mark.parametrize("wrong", [torch.zeros(2, 3, dtype=torch.float64), torch.zeros(3, 2),
+                                   torch.zeros(6)])
+def test_wrong_dtype_or_shape_names_the_tensor(root, wrong):
+    shardckpt.save({"model": {"weight": torch.ones(2, 3)}}, root, step=1)
+    with pytest.raises(shardckpt.InvalidArgument) as error:
+        shardckpt.load({"model": {"weight": wrong}}, root)
+    assert "model.weight" in str(error.value)
+
+
+def test_corrupt_data_file_is_data_loss_on_every_rank(comm, root):
+    shardckpt.save({"w": make(torch.float32, (64, 64), 9)}, root, step=1)
+    data = os.path.join(root, "step-000000001", "rank-00000.bin")
+    if comm.rank == 0:
+        with open(data, "r+b") as f:
+            f.seek(100)
+            byte = f.read(1)
+            f.seek(100)
+            f.write(bytes([byte[0] ^ 0x40]))
+    barrier(comm)
+    with pytest.raises(shardckpt.DataLoss) as error:
+        shardckpt.load({"w": torch.zeros(64, 64)}, root)
+    assert "rank-00000.bin" in error.value.message
+    assert isinstance(error.value, shardckpt.ShardckptError) and error.value.code == "DataLoss"
+
+
+def test_unsupported_value_is_refused_on_every_rank_naming_its_key(comm, root):
+    # Only the last rank holds the bad value: every rank must raise, none may wait.
+    state = {"w": torch.ones(2), "opt": {"sched": object() if comm.rank == comm.size - 1 else 1}}
+    with pytest.raises(shardckpt.InvalidArgument) as error:
+        shardckpt.save(state, root, step=1)
+    assert "opt.sched" in error.value.message
+    assert not os.path.exists(os.path.join(root, "step-000000001"))
+
+
+def test_keep_last_prunes_old_checkpoints(root):
+    for step in range(4):
+        shardckpt.save({"w": torch.full((2,), float(step))}, root, step=step, keep_last=2)
+    kept = sorted(n for n in os.listdir(root) if n.startswith("step-"))
+    assert kept == ["step-000000002", "step-000000003"]
+    target = {"w": torch.zeros(2)}
+    assert shardckpt.load(target, root).step == 3 and torch.equal(target["w"], torch.full((2,), 3.0))
+
+
+def test_strip_prefix(root):
+    shardckpt.save({"module": {"w": torch.ones(3)}, "module.n": 4}, root, step=1)
+    target = {"w": torch.zeros(3), "n": 0}
+    shardckpt.load(target, root, strip_prefix="module.")
+    assert torch.equal(target["w"], torch.ones(3)) and target["n"] == 4
+
+
+def test_load_of_a_missing_root_is_not_found(root):
+    with pytest.raises(shardckpt.NotFound):
+        shardckpt.load({"w": torch.zeros(1)}, root + "-nothing-here")
+
+
+def test_help_is_useful():
+    assert "collective" in shardckpt.save.__doc__ and "in place" in shardckpt.load.__doc__
+    assert issubclass(shardckpt.NoSpace, shardckpt.IoError)
+
+
+def test_engine_errors_map_to_their_classes(root):
+    shardckpt.save({"w": torch.ones(1)}, root, step=5)
+    with pytest.raises(shardckpt.AlreadyExists) as error:
+        shardckpt.save({"w": torch.ones(1)}, root, step=5)
+    assert "5" in error.value.message and str(error.value).startswith("AlreadyExists: ")
+    with pytest.raises(shardckpt.InvalidArgument):
+        shardckpt.save({"w": torch.ones(1)}, root, step=-1)
+    with pytest.raises(shardckpt.InvalidArgument) as error:
+        shardckpt.save(["not", "a", "dict"], root, step=6)
+    assert "dict" in error.value.message
+
+
+def test_an_explicit_communicator(comm, root):
+    # A torch.distributed process group under torchrun; the communicator object otherwise.
+    import torch.distributed as dist
+    explicit = dist.group.WORLD if dist.is_available() and dist.is_initialized() else comm
+    shardckpt.save({"w": torch.full((3,), 2.0), "r": comm.rank * 0 + 1}, root, step=1, comm=explicit)
+    target = {"w": torch.zeros(3), "r": 0}
+    report = shardckpt.load(target, root, comm=explicit)
+    assert report.saved_world_size == comm.size and target["r"] == 1
+    assert torch.equal(target["w"], torch.full((3,), 2.0))
+    if comm.size == 1:
+        one = shardckpt.single_process()
+        assert (one.rank, one.size) == (0, 1)
+        assert shardckpt.load({"w": torch.zeros(3), "r": 0}, root, comm=one).step == 1
