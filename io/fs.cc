@@ -5,28 +5,48 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <filesystem>
 
 #include "shardckpt/io/failpoint.h"
 
 namespace shardckpt {
-namespace {
 
-Status WriteAll(int fd, const std::string& bytes, const std::string& path) {
+Status TransferError(bool write, const std::string& path, uint64_t offset, size_t length, int err) {
+  return ErrnoStatus(err, std::string(write ? "write " : "read ") + path + " at offset " + std::to_string(offset) +
+                              " length " + std::to_string(length));
+}
+
+Status UnexpectedEndOfFile(const std::string& path, uint64_t at) {
+  return DataLoss("read " + path + ": unexpected end of file at offset " + std::to_string(at) + " (file truncated?)");
+}
+
+Status TransferFullyAt(bool write, int fd, void* buffer, size_t length, uint64_t offset,
+                       const std::string& path, const std::function<Status(size_t* moved)>& after_each) {
+  auto* bytes = static_cast<unsigned char*>(buffer);
   size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoStatus(errno, "write " + path);
-    }
-    done += static_cast<size_t>(n);
+  while (done < length) {
+    const size_t want = std::min(length - done, kMaxTransferBytes);
+    const auto at = static_cast<off_t>(offset + done);
+    ssize_t n = write ? ::pwrite(fd, bytes + done, want, at) : ::pread(fd, bytes + done, want, at);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n < 0) return TransferError(write, path, offset, length, errno);
+    if (n == 0) return write ? TransferError(write, path, offset, length, EIO) : UnexpectedEndOfFile(path, offset + done);
+    size_t moved = static_cast<size_t>(n);
+    if (after_each) SC_RETURN_IF_ERROR(after_each(&moved));
+    done += moved;
   }
   return Status::Ok();
 }
 
-}  // namespace
+Status ReadFullyAt(int fd, void* buffer, size_t length, uint64_t offset, const std::string& path) {
+  return TransferFullyAt(false, fd, buffer, length, offset, path, nullptr);
+}
+
+Status WriteFullyAt(int fd, const void* buffer, size_t length, uint64_t offset, const std::string& path) {
+  return TransferFullyAt(true, fd, const_cast<void*>(buffer), length, offset, path, nullptr);
+}
 
 std::string DirName(const std::string& path) {
   size_t slash = path.rfind('/');
@@ -142,18 +162,9 @@ Result<std::string> ReadFileLimited(const std::string& path, uint64_t max_bytes)
                                               std::to_string(max_bytes));
   }
   std::string bytes(static_cast<size_t>(st.st_size), '\0');
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::read(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      int err = n < 0 ? errno : EIO;
-      ::close(fd);
-      return ErrnoStatus(err, "read " + path);
-    }
-    done += static_cast<size_t>(n);
-  }
+  Status read = ReadFullyAt(fd, bytes.data(), bytes.size(), 0, path);
   ::close(fd);
+  if (!read.ok()) return read;
   return bytes;
 }
 
@@ -164,7 +175,7 @@ Status WriteFileAtomic(const std::string& path, const std::string& bytes,
   SC_RETURN_IF_ERROR(Failpoint((prefix + ".write").c_str(), "write " + temp));
   int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoStatus(errno, "open " + temp);
-  Status status = WriteAll(fd, bytes, temp);
+  Status status = WriteFullyAt(fd, bytes.data(), bytes.size(), 0, temp);
   if (status.ok()) status = Failpoint((prefix + ".fsync").c_str(), "fsync " + temp);
   if (status.ok() && ::fsync(fd) != 0) status = ErrnoStatus(errno, "fsync " + temp);
   ::close(fd);

@@ -2,7 +2,9 @@
 // file system passes through a named failpoint, so tests can fail any commit step in turn.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -25,6 +27,24 @@ Status Rename(const std::string& from, const std::string& to, const char* failpo
 Status RemoveTree(const std::string& path);
 Result<std::vector<std::string>> ListDir(const std::string& path);
 Result<uint64_t> FileSize(const std::string& path);
+
+// The most one pread/pwrite (or io_uring request) carries: below the 32-bit length of an SQE and
+// Linux's 2 GiB per-call cap, and a multiple of the O_DIRECT alignment so every piece stays aligned.
+inline constexpr size_t kMaxTransferBytes = size_t{1} << 30;
+
+// The library's one pread/pwrite loop: exactly `length` bytes at `offset` of the open `fd` of
+// `path`, in calls of at most kMaxTransferBytes. EINTR and EAGAIN are retried (a signal is no
+// fault of the file), short transfers resumed; a read that meets end of file is DataLoss naming
+// the file and the offset, a write that moves nothing is EIO. Errors read as the IoEngine's.
+Status ReadFullyAt(int fd, void* buffer, size_t length, uint64_t offset, const std::string& path);
+Status WriteFullyAt(int fd, const void* buffer, size_t length, uint64_t offset, const std::string& path);
+// The same loop with `after_each` seeing every transfer of *moved bytes: it may fail it or lower
+// *moved (the IoEngine's completion failpoints and short-transfer simulation).
+Status TransferFullyAt(bool write, int fd, void* buffer, size_t length, uint64_t offset,
+                       const std::string& path, const std::function<Status(size_t* moved)>& after_each);
+// The messages of that loop, for the io_uring engine's own completions.
+Status TransferError(bool write, const std::string& path, uint64_t offset, size_t length, int err);
+Status UnexpectedEndOfFile(const std::string& path, uint64_t at);
 
 // Reads a whole file, refusing files larger than max_bytes before allocating anything.
 Result<std::string> ReadFileLimited(const std::string& path, uint64_t max_bytes);

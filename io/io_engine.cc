@@ -77,15 +77,12 @@ Status IoEngine::Sync(File* file) {
 }
 
 Status IoEngine::OpError(const File& file, const IoOp& op, int err) {
-  return ErrnoStatus(err, std::string(op.kind == IoKind::kRead ? "read " : "write ") +
-                              file.path() + " at offset " + std::to_string(op.offset) +
-                              " length " + std::to_string(op.length));
+  return TransferError(op.kind == IoKind::kWrite, file.path(), op.offset, op.length, err);
 }
 
 Status IoEngine::NothingTransferred(const File& file, const IoOp& op, size_t done) {
   if (op.kind == IoKind::kWrite) return OpError(file, op, EIO);
-  return DataLoss("read " + file.path() + ": unexpected end of file at offset " +
-                  std::to_string(op.offset + done) + " (file truncated?)");
+  return UnexpectedEndOfFile(file.path(), op.offset + done);
 }
 
 Status IoEngine::CheckSubmit(const File& file, const IoOp& op) {

@@ -27,6 +27,7 @@
 #include <memory>
 #include <string>
 
+#include "shardckpt/io/fs.h"  // kMaxTransferBytes, the pread/pwrite loop
 #include "shardckpt/io/status.h"
 
 namespace shardckpt {
@@ -41,10 +42,6 @@ struct IoOptions {
 };
 
 enum class IoKind { kRead, kWrite };
-
-// The most one kernel request carries: below the 32-bit length of an SQE and Linux's 2 GiB
-// per-call cap, and a multiple of the O_DIRECT alignment so every piece stays aligned.
-inline constexpr size_t kMaxTransferBytes = size_t{1} << 30;
 
 struct IoOp {
   IoKind kind = IoKind::kRead;

@@ -1,10 +1,6 @@
-// pread/pwrite engine: each operation runs to completion inside Submit, and Reap hands the
-// results back in order. It is the fallback, so it keeps the exact semantics of the io_uring
+// pread/pwrite engine: each operation runs to completion inside Submit (through the library's one
+// pread/pwrite loop, io/fs.h), and Reap hands the results back in order. It is the fallback, so it keeps the exact semantics of the io_uring
 // engine (per-operation errors, short transfers resumed, EOF on read is DataLoss).
-#include <unistd.h>
-
-#include <algorithm>
-#include <cerrno>
 #include <deque>
 #include <utility>
 
@@ -36,24 +32,9 @@ class PosixEngine final : public IoEngine {
 
  private:
   Status Run(const File& file, const IoOp& op) {
-    auto* bytes = static_cast<unsigned char*>(op.buffer);
-    size_t done = 0;
     bool cut = options_.simulate_short_transfers;
-    while (done < op.length) {
-      size_t want = std::min(op.length - done, kMaxTransferBytes);
-      ssize_t n = op.kind == IoKind::kRead
-                      ? ::pread(file.fd(), bytes + done, want, op.offset + done)
-                      : ::pwrite(file.fd(), bytes + done, want, op.offset + done);
-      if (n < 0) {
-        if (errno == EINTR || errno == EAGAIN) continue;
-        return OpError(file, op, errno);
-      }
-      if (n == 0) return NothingTransferred(file, op, done);
-      size_t got = static_cast<size_t>(n);
-      SC_RETURN_IF_ERROR(Completed(file, op, &got, &cut));
-      done += got;
-    }
-    return Status::Ok();
+    return TransferFullyAt(op.kind == IoKind::kWrite, file.fd(), op.buffer, op.length, op.offset, file.path(),
+                           [&](size_t* moved) { return Completed(file, op, moved, &cut); });
   }
 
   std::deque<std::pair<uint64_t, Status>> done_;

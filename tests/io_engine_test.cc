@@ -6,15 +6,20 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <set>
 #include <tuple>
 
 #include "shardckpt/io/aligned_buffer.h"
+#include "shardckpt/io/checksum.h"
 #include "shardckpt/io/failpoint.h"
 #include "shardckpt/io/fs.h"
+#include "shardckpt/io/read_ring.h"
+#include "shardckpt/io/sequential_writer.h"
 #include "tests/test_util.h"
 
 namespace shardckpt {
@@ -318,6 +323,93 @@ TEST(CreateIoEngine, PicksIoUringWhereItWorks) {
   std::string why;
   if (!UringAvailable(&why)) GTEST_SKIP() << why;
   EXPECT_STREQ(CreateIoEngine()->name(), "io_uring");
+}
+
+// The library's one pread/pwrite loop (io/fs.h), used outside the engines: every transfer cut
+// short resumes where it stopped; a read past the end names the file and where the data stopped.
+TEST(FullyAt, ShortTransfersResumeAndEndOfFileIsDataLossNamingTheOffset) {
+  testing::TempDir dir;
+  const std::string path = JoinPath(dir.path(), "f");
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
+  ASSERT_GE(fd, 0);
+  std::string out(10000, '\0');
+  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<char>(i * 7);
+  int transfers = 0;
+  auto halve = [&](size_t* moved) {
+    transfers++;
+    if (*moved > 1) *moved /= 2;
+    return Status::Ok();
+  };
+  ASSERT_TRUE(TransferFullyAt(true, fd, out.data(), out.size(), 100, path, halve).ok());
+  EXPECT_GT(transfers, 10) << "every transfer halved: many calls to write 10000 bytes";
+  std::string in(out.size(), '\0');
+  ASSERT_TRUE(ReadFullyAt(fd, in.data(), in.size(), 100, path).ok());
+  EXPECT_EQ(in, out);
+  Status past = ReadFullyAt(fd, in.data(), in.size(), 5000, path);
+  EXPECT_EQ(past.code(), Code::kDataLoss);
+  EXPECT_THAT(past.message(), HasSubstr("read " + path + ": unexpected end of file at offset 10100"));
+  Status failing = TransferFullyAt(false, fd, in.data(), 10, 0, path, [](size_t*) { return DataLoss("hook"); });
+  EXPECT_EQ(failing.message(), "hook");
+  ::close(fd);
+  Status closed = WriteFullyAt(fd, out.data(), 10, 0, path);
+  EXPECT_FALSE(closed.ok());
+  EXPECT_THAT(closed.message(), HasSubstr("write " + path + " at offset 0 length 10"));
+}
+
+// The aligned sequential writer and the read ring (both engines): staged bytes of odd sizes,
+// in-place writes, the tail cut to the exact size; read back through the ring in order.
+TEST(SequentialWriterAndReadRing, WriteStagedAndInPlaceThenReadBack) {
+  for (bool uring : {false, true}) {
+    SCOPED_TRACE(uring ? "io_uring" : "posix");
+    testing::TempDir dir;
+    const std::string path = JoinPath(dir.path(), "seq");
+    IoOptions options;
+    options.use_io_uring = uring;
+    options.queue_depth = 3;
+    std::unique_ptr<IoEngine> io = CreateIoEngine(options);
+    auto pool = BufferPool::Create(3, 16384).value();
+    std::string expected;
+    std::vector<size_t> seen;
+    {
+      SequentialWriter writer(io.get(), pool.get(), [&](size_t buffer, const unsigned char*, size_t length) {
+        seen.push_back(length);
+        EXPECT_LT(buffer, 3u);
+        return Status::Ok();
+      });
+      ASSERT_TRUE(writer.Open(path).ok());
+      std::string staged(50000, '\0');
+      for (size_t i = 0; i < staged.size(); ++i) staged[i] = static_cast<char>(i * 13 + 1);
+      ASSERT_TRUE(writer.Stage(staged.data(), staged.size()).ok());
+      expected = staged;
+      ASSERT_TRUE(writer.FlushStaged().ok());
+      EXPECT_EQ(writer.position(), AlignUp(50000, kBlockSize));
+      expected.resize(writer.position(), '\0');
+      AlignedBuffer in_place = AlignedBuffer::Allocate(8192).value();
+      std::memset(in_place.data(), 0x5a, 8192);
+      ASSERT_TRUE(writer.WriteInPlace(in_place.data(), writer.position(), 8192).ok());
+      writer.Reserve(8192);
+      expected += std::string(8192, '\x5a');
+      ASSERT_TRUE(writer.Stage("tail", 4).ok());
+      expected += "tail";
+      ASSERT_TRUE(writer.Finish(expected.size()).ok());
+    }
+    EXPECT_EQ(seen, (std::vector<size_t>{16384, 16384, 16384, 4096, 4096}));
+    EXPECT_EQ(ReadFileLimited(path, 1 << 20).value(), expected);
+    auto file = io->Open(path, OpenMode::kRead).value();
+    std::string back(4 * 16384, '\0');
+    std::vector<size_t> order;
+    ReadRing ring(io.get(), pool.get(), [&](size_t request, const unsigned char* data) {
+      order.push_back(request);
+      std::memcpy(&back[request * 16384], data, 16384);
+      return Status::Ok();
+    });
+    // 61444 bytes: the fourth read of 16384 runs past the end and fails; the first three land.
+    for (size_t r = 0; r < 4; ++r) ASSERT_TRUE(ring.Read(file.get(), r * 16384, 16384, r).ok());
+    Status finished = ring.Finish();
+    EXPECT_FALSE(finished.ok()) << "the last read runs past the cut end";
+    EXPECT_EQ(back.substr(0, 16384 * 3), expected.substr(0, 16384 * 3));
+    EXPECT_EQ(order, (std::vector<size_t>{0, 1, 2}));
+  }
 }
 
 TEST(Failpoints, RejectUnknownActions) {

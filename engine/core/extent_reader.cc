@@ -7,6 +7,7 @@
 
 #include "shardckpt/io/checksum.h"
 #include "shardckpt/io/fs.h"
+#include "shardckpt/io/read_ring.h"
 
 namespace shardckpt {
 namespace {
@@ -88,14 +89,10 @@ Status ExecuteReadPlan(IoEngine* io, BufferPool* pool, const std::string& dir,
       }
     }
   }
-  // Level 2: the data, through the staging ring.
-  // Each read in flight owns a staging slot (its tag), even when it lands in place.
-  std::vector<size_t> extent_in(pool->count(), SIZE_MAX);
-  std::vector<unsigned char*> in_place(pool->count(), nullptr);
-  size_t next_buffer = 0;
-  auto complete = [&](size_t buffer) -> Status {
-    const ReadExtent& e = plan.extents[extent_in[buffer]];
-    const unsigned char* data = in_place[buffer] != nullptr ? in_place[buffer] : pool->at(buffer).data();
+  // Level 2: the data, through the read ring (io/read_ring.h); in-place extents land in the target.
+  std::vector<bool> read_in_place(plan.extents.size(), false);
+  auto complete = [&](size_t extent, const unsigned char* data) -> Status {
+    const ReadExtent& e = plan.extents[extent];
     if (verify) {
       for (uint64_t at = 0; at < e.length; at += kBlockSize) {
         uint64_t block = (e.offset + at) / kBlockSize;
@@ -106,9 +103,7 @@ Status ExecuteReadPlan(IoEngine* io, BufferPool* pool, const std::string& dir,
         }
       }
     }
-    if (in_place[buffer] != nullptr) {
-      in_place[buffer] = nullptr;
-      extent_in[buffer] = SIZE_MAX;
+    if (read_in_place[extent]) {
       stats->bytes_read_in_place += e.length;
       return Status::Ok();
     }
@@ -127,37 +122,18 @@ Status ExecuteReadPlan(IoEngine* io, BufferPool* pool, const std::string& dir,
     }
     // The buffer is read again by the next extent; its host-to-device copies must have landed.
     if (device_copies != nullptr) SC_RETURN_IF_ERROR(device_copies->Synchronize());
-    extent_in[buffer] = SIZE_MAX;
     return Status::Ok();
   };
-  Status failure;
-  for (size_t i = 0; i < plan.extents.size() && failure.ok(); ++i) {
+  ReadRing ring(io, pool, complete);
+  for (size_t i = 0; i < plan.extents.size(); ++i) {
     const ReadExtent& e = plan.extents[i];
-    size_t buffer = next_buffer;
-    next_buffer = (next_buffer + 1) % pool->count();
-    while (extent_in[buffer] != SIZE_MAX && failure.ok()) {
-      Result<uint64_t> tag = io->Reap();
-      failure = tag.ok() ? complete(*tag) : tag.status();
-    }
-    if (!failure.ok()) break;
-    if (e.length > pool->buffer_bytes()) return Internal("read extent larger than a staging buffer");
-    extent_in[buffer] = i;
-    in_place[buffer] = InPlaceTarget(plan, e, targets, *files[e.file]);
-    unsigned char* into = in_place[buffer] != nullptr ? in_place[buffer] : pool->at(buffer).data();
-    failure = io->Submit(files[e.file].get(), IoOp{IoKind::kRead, e.offset, into, e.length}, buffer);
-    if (!failure.ok()) {
-      extent_in[buffer] = SIZE_MAX;
-      in_place[buffer] = nullptr;
-    }
+    unsigned char* into = InPlaceTarget(plan, e, targets, *files[e.file]);
+    read_in_place[i] = into != nullptr;
+    if (!ring.Read(files[e.file].get(), e.offset, e.length, i, into).ok()) break;
     stats->data_bytes_read += e.length;
     stats->extents++;
   }
-  while (io->in_flight() > 0) {
-    Result<uint64_t> tag = io->Reap();
-    Status status = tag.ok() ? (failure.ok() ? complete(*tag) : Status::Ok()) : tag.status();
-    if (failure.ok()) failure = status;
-  }
-  return failure;
+  return ring.Finish();
 }
 
 }  // namespace shardckpt

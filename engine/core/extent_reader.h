@@ -1,5 +1,5 @@
-// Executes a ReadPlan: reads extents into staging buffers with up to pool.count() reads in
-// flight, verifies every 4096-byte block against the checksum table (whose pages are verified
+// Executes a ReadPlan: reads extents through the read ring (io/read_ring.h: staging buffers, up
+// to pool.count() reads in flight), verifies every 4096-byte block against the checksum table (whose pages are verified
 // against the manifest first), and scatters the bytes into the targets. An extent that is one
 // whole copy into host memory is read straight into the target instead (aligned targets under
 // O_DIRECT; any target on memory-backed file systems, which are opened without O_DIRECT).

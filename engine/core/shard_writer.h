@@ -1,6 +1,8 @@
 // Streams one rank's data file: chunks at 4096-aligned offsets, then the checksum table
 // (see manifest.h for the layout), then fdatasync.
 //
+// The file goes through the library's aligned sequential writer (io/sequential_writer.h); what
+// is this file's own is the checksums, the runs of padded memory and the device copies.
 // Bytes are copied into the staging ring (the BufferPool), checksummed block by block while hot
 // in cache, and written from there with up to pool.count() writes in flight, so copying the next
 // buffer overlaps the writes of the previous ones. A chunk of at least one buffer whose memory is
@@ -26,15 +28,13 @@
 #include "shardckpt/io/aligned_buffer.h"
 #include "shardckpt/io/device_memory.h"
 #include "shardckpt/io/io_engine.h"
+#include "shardckpt/io/sequential_writer.h"
 
 namespace shardckpt {
 
 class ShardFileWriter {
  public:
-  ShardFileWriter(IoEngine* io, BufferPool* pool, bool always_stage, bool padded = false)
-      : io_(io), pool_(pool), always_stage_(always_stage), padded_(padded), busy_(pool->count(), false),
-        copying_(pool->count()) {}
-  ~ShardFileWriter();
+  ShardFileWriter(IoEngine* io, BufferPool* pool, bool always_stage, bool padded = false);
 
   Status Open(const std::string& dir, const std::string& name);
   // Appends a chunk at the next aligned offset and returns that offset. `data` must stay valid
@@ -47,28 +47,18 @@ class ShardFileWriter {
 
  private:
   Status PadToBlock();
-  Status CopyIn(const unsigned char* data, size_t bytes);
-  Status FlushCurrent();
+  // Each staged buffer, before it is written: its device copies waited for, its blocks summed.
+  Status BeforeWrite(size_t buffer, const unsigned char* data, size_t length);
+  void Sum(const unsigned char* data, size_t length);
   Status AppendInPlace(const unsigned char* data, size_t bytes);
   Status FlushRun();
-  Status WriteInPlace(const unsigned char* data, uint64_t offset, size_t length);
-  Status ReapWhileFull();
-  Status WaitForBuffer(size_t index);
-  Status HandleCompletion(uint64_t tag);
 
-  static constexpr uint64_t kDirectTag = ~uint64_t{0};
-
-  IoEngine* io_;
   BufferPool* pool_;
   bool always_stage_;
   bool padded_;
-  std::vector<bool> busy_;
   std::vector<std::vector<DeviceCopier*>> copying_;  // per buffer: copiers with copies not waited for
-  std::unique_ptr<File> file_;
+  SequentialWriter writer_;  // after copying_: its destructor waits for writes that may still use them
   std::string name_;
-  size_t current_ = 0;       // buffer being filled
-  size_t fill_ = 0;          // bytes in it
-  uint64_t position_ = 0;    // file offset of the next byte appended
   bool checksumming_ = true; // off while the table itself is written
   // Padded bytes checksummed and placed but not yet submitted: run_bytes_ at run_, for the file
   // at run_offset_, grown while the next chunk is adjacent in memory.

@@ -10,6 +10,7 @@
 #include "shardckpt/io/checksum.h"
 #include "shardckpt/io/fs.h"
 #include "shardckpt/io/io_engine.h"
+#include "shardckpt/io/read_ring.h"
 
 namespace shardckpt {
 namespace {
@@ -51,7 +52,19 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::functi
   io_options.queue_depth = 4;
   std::unique_ptr<IoEngine> io = CreateIoEngine(io_options);
   constexpr uint64_t kExtent = 8u << 20;
-  SC_ASSIGN_OR_RETURN(AlignedBuffer buffer, AlignedBuffer::Allocate(kExtent));
+  // The load's reader, one read at a time: a failed read comes back without its tag, and each
+  // problem must name where it is.
+  SC_ASSIGN_OR_RETURN(std::unique_ptr<BufferPool> pool, BufferPool::Create(1, kExtent));
+  const unsigned char* data = nullptr;
+  ReadRing ring(io.get(), pool.get(), [&](size_t, const unsigned char* read) {
+    data = read;
+    return Status::Ok();
+  });
+  auto read_now = [&](File* file, uint64_t offset, uint64_t length) {
+    Status read = ring.Read(file, offset, length, 0);
+    Status finished = ring.Finish();
+    return read.ok() ? finished : read;
+  };
   uint64_t done = 0;
   for (size_t fi = 0; fi < m.files.size(); ++fi) {
     const FileRecord& f = m.files[fi];
@@ -82,12 +95,11 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::functi
     std::vector<uint64_t> table(TablePages(f.table_offset) * kSumsPerTablePage);
     std::vector<bool> page_ok(TablePages(f.table_offset), true);
     for (uint64_t page = 0; page < page_ok.size(); ++page) {
-      Status read = io->Submit(file->get(), IoOp{IoKind::kRead, f.table_offset + page * kBlockSize, buffer.data(), kBlockSize}, 0);
-      if (read.ok()) read = io->Reap().status();
+      Status read = read_now(file->get(), f.table_offset + page * kBlockSize, kBlockSize);
       std::string wrong;
       if (!read.ok()) {
         wrong = "checksum table page " + std::to_string(page) + " cannot be read: " + read.message();
-      } else if (Checksum64(buffer.data(), kBlockSize) != f.table_page_sums[page]) {
+      } else if (Checksum64(data, kBlockSize) != f.table_page_sums[page]) {
         wrong = "checksum table page " + std::to_string(page) + " does not match the manifest";
       }
       if (!wrong.empty()) {
@@ -98,12 +110,11 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::functi
                 Holders(spans[fi], first, std::min(f.table_offset, first + kSumsPerTablePage * kBlockSize)), wrong);
         continue;
       }
-      std::memcpy(table.data() + page * kSumsPerTablePage, buffer.data(), kBlockSize);
+      std::memcpy(table.data() + page * kSumsPerTablePage, data, kBlockSize);
     }
     for (uint64_t at = 0; at < f.table_offset; at += kExtent) {
       uint64_t length = std::min(kExtent, f.table_offset - at);
-      Status read = io->Submit(file->get(), IoOp{IoKind::kRead, at, buffer.data(), length}, 0);
-      if (read.ok()) read = io->Reap().status();
+      Status read = read_now(file->get(), at, length);
       if (!read.ok()) {
         problem(at, Holders(spans[fi], at, at + length), read.message());
         break;
@@ -112,7 +123,7 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::functi
         uint64_t block = (at + b) / kBlockSize;
         report.blocks_checked++;
         if (!page_ok[block / kSumsPerTablePage]) continue;  // reported once, above
-        if (Checksum64(buffer.data() + b, kBlockSize) != table[block]) {
+        if (Checksum64(data + b, kBlockSize) != table[block]) {
           problem(at + b, Holders(spans[fi], at + b, at + b + kBlockSize), "checksum mismatch in a 4096-byte block");
         }
       }

@@ -12,70 +12,42 @@
 
 namespace shardckpt {
 namespace {
-constexpr size_t kBufferBytes = 8u << 20;
+constexpr size_t kBuffers = 2;
+constexpr size_t kBufferBytes = 4u << 20;
 }  // namespace
 
 Result<std::unique_ptr<OutputFile>> OutputFile::Create(const std::string& path) {
   std::unique_ptr<OutputFile> out(new OutputFile());
   out->path_ = path;
   out->temp_ = path + ".partial";
-  const int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
-  out->fd_ = ::open(out->temp_.c_str(), flags | O_DIRECT, 0644);
-  out->direct_ = out->fd_ >= 0;
-  if (out->fd_ < 0) out->fd_ = ::open(out->temp_.c_str(), flags, 0644);  // no O_DIRECT here (tmpfs)
-  if (out->fd_ < 0) return ErrnoStatus(errno, "create " + out->temp_);
-  SC_ASSIGN_OR_RETURN(out->buffer_, AlignedBuffer::Allocate(kBufferBytes));
+  IoOptions options;
+  options.queue_depth = kBuffers;
+  out->io_ = CreateIoEngine(options);
+  SC_ASSIGN_OR_RETURN(out->pool_, BufferPool::Create(kBuffers, kBufferBytes));
+  out->writer_ = std::make_unique<SequentialWriter>(out->io_.get(), out->pool_.get());
+  SC_RETURN_IF_ERROR(out->writer_->Open(out->temp_));
   out->sha_ = EVP_MD_CTX_new();
   EVP_DigestInit_ex(out->sha_, EVP_sha256(), nullptr);
   return out;
 }
 
 OutputFile::~OutputFile() {
-  if (fd_ >= 0) {
-    ::close(fd_);
+  if (writer_ != nullptr) {
+    writer_.reset();
     ::unlink(temp_.c_str());  // not closed: an abandoned export
   }
   if (sha_ != nullptr) EVP_MD_CTX_free(sha_);
 }
 
-Status OutputFile::Flush() {
-  // Direct writes need whole blocks: a partial tail is zero-padded here and cut off by the
-  // ftruncate in Close (Flush with a partial buffer happens only there).
-  size_t length = direct_ ? AlignUp(fill_, kDirectIoAlignment) : fill_;
-  std::memset(buffer_.data() + fill_, 0, length - fill_);
-  const uint64_t at = position_ - fill_;
-  size_t done = 0;
-  while (done < length) {
-    ssize_t n = ::pwrite(fd_, buffer_.data() + done, length - done, static_cast<off_t>(at + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoStatus(errno, "write " + temp_);
-    done += static_cast<size_t>(n);
-  }
-  fill_ = 0;
-  return Status::Ok();
-}
-
 Status OutputFile::Write(const void* data, size_t bytes) {
   EVP_DigestUpdate(sha_, data, bytes);
-  const char* p = static_cast<const char*>(data);
-  while (bytes > 0) {
-    size_t n = std::min(bytes, kBufferBytes - fill_);
-    std::memcpy(buffer_.data() + fill_, p, n);
-    fill_ += n;
-    position_ += n;
-    p += n;
-    bytes -= n;
-    if (fill_ == kBufferBytes) SC_RETURN_IF_ERROR(Flush());
-  }
-  return Status::Ok();
+  position_ += bytes;
+  return writer_->Stage(data, bytes);
 }
 
 Status OutputFile::Close() {
-  SC_RETURN_IF_ERROR(Flush());
-  if (::ftruncate(fd_, static_cast<off_t>(position_)) != 0) return ErrnoStatus(errno, "truncate " + temp_);
-  if (::fsync(fd_) != 0) return ErrnoStatus(errno, "fsync " + temp_);
-  ::close(fd_);
-  fd_ = -1;
+  SC_RETURN_IF_ERROR(writer_->Finish(position_));
+  writer_.reset();
   SC_RETURN_IF_ERROR(Rename(temp_, path_));
   unsigned char digest[32];
   unsigned int length = 0;

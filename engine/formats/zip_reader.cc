@@ -55,15 +55,7 @@ Status ByteSource::ReadAt(uint64_t offset, void* buffer, size_t bytes) const {
     if (bytes > 0) std::memcpy(buffer, bytes_->data() + offset, bytes);
     return Status::Ok();
   }
-  size_t done = 0;
-  while (done < bytes) {
-    ssize_t n = ::pread(fd_->fd, static_cast<char*>(buffer) + done, bytes - done, static_cast<off_t>(offset + done));
-    if (n < 0 && errno == EINTR) continue;  // a signal, not a fault of the file: read on
-    if (n < 0) return ErrnoStatus(errno, "read " + name_ + " at " + std::to_string(offset + done));
-    if (n == 0) return DataLoss(name_ + ": short read at " + std::to_string(offset + done) + ": truncated?");
-    done += static_cast<size_t>(n);
-  }
-  return Status::Ok();
+  return ReadFullyAt(fd_->fd, buffer, bytes, offset, name_);
 }
 
 Result<ZipReader> ZipReader::Open(const std::string& path) {
