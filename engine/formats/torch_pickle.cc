@@ -1,5 +1,6 @@
 #include "shardckpt/engine/formats/torch_pickle.h"
 
+#include <array>
 #include <cstdio>
 #include <cstring>
 #include <deque>
@@ -347,7 +348,8 @@ class Unpickler {
     return Push(tensor);
   }
 
-  Status Reduce() {
+  // REDUCE, interpreted only for the allowed callables (see OpGlobal).
+  Status OpReduce(unsigned char) {
     SC_ASSIGN_OR_RETURN(Value* args, Pop());
     SC_ASSIGN_OR_RETURN(Value* callable, Pop());
     if (callable->kind != Value::kGlobal || args->kind != Value::kTuple) return DataLoss("REDUCE of a non-callable");
@@ -372,147 +374,204 @@ class Unpickler {
                            " is not supported (only OrderedDict, the tensor rebuilds and _rebuild_parameter are called)");
   }
 
-  Status Step(unsigned char op) {
-    switch (op) {
-      case 0x80: {  // PROTO
-        if (!Need(1)) return DataLoss("truncated");
-        unsigned proto = static_cast<unsigned char>(data_[pos_++]);
-        if (proto < 2 || proto > 5) {
-          return InvalidArgument("pickle protocol " + std::to_string(proto) + " is not supported (2 to 5 are; torch.save writes 2)");
-        }
-        return Status::Ok();
-      }
-      case 0x95: if (!Need(8)) return DataLoss("truncated"); pos_ += 8; return Status::Ok();  // FRAME
-      case '.': done_ = true; return Status::Ok();
-      case '(': marks_.push_back(stack_.size()); return Charge(sizeof(size_t));
-      case 'N': return PushNew(Value::kNone);
-      case 0x88: case 0x89: return PushNew(Value::kBool, op == 0x88);
-      case ')': return PushTuple({});
-      case ']': return PushNew(Value::kList);
-      case '}': return PushNew(Value::kDict);
-      case 't': { SC_ASSIGN_OR_RETURN(auto items, PopToMark()); return PushTuple(std::move(items)); }
-      case 0x85: case 0x86: case 0x87: {
-        size_t n = op - 0x84u;
-        std::vector<Value*> items(n);
-        for (size_t k = n; k-- > 0;) { SC_ASSIGN_OR_RETURN(items[k], Pop()); }
-        return PushTuple(std::move(items));
-      }
-      case 'K': case 'M': case 'J': {
-        size_t n = op == 'K' ? 1 : op == 'M' ? 2 : 4;
-        if (!Need(n)) return DataLoss("truncated integer");
-        uint64_t raw = ReadLe(n);
-        return PushNew(Value::kInt, op == 'J' ? static_cast<int32_t>(raw) : static_cast<int64_t>(raw));
-      }
-      case 0x8a: {  // LONG1
-        if (!Need(1)) return DataLoss("truncated LONG1");
-        size_t n = static_cast<unsigned char>(data_[pos_++]);
-        if (!Need(n)) return DataLoss("truncated LONG1");
-        // torch.load takes any width; one past 64 bits can be a leaf (a seed), never a tensor field.
-        if (n > 8) {
-          pos_ += n;
-          return PushNew(Value::kBigInt);
-        }
-        uint64_t raw = ReadLe(n);
-        if (n > 0 && n < 8 && (raw >> (8 * n - 1)) & 1) raw |= ~uint64_t{0} << (8 * n);  // sign-extend
-        return PushNew(Value::kInt, static_cast<int64_t>(raw));
-      }
-      case 'G': {
-        if (!Need(8)) return DataLoss("truncated float");
-        pos_ += 8;
-        return PushNew(Value::kFloat);
-      }
-      case 'X': case 0x8c: {
-        size_t width = op == 'X' ? 4 : 1;
-        if (!Need(width)) return DataLoss("truncated string");
-        uint64_t n = ReadLe(width);
-        if (!Need(n)) return DataLoss("string runs past the end");
-        SC_ASSIGN_OR_RETURN(Value* v, New(Value::kString));
-        v->s = std::string_view(data_).substr(pos_, n);
-        pos_ += n;
-        return Push(v);
-      }
-      case 'q': case 'r': case 0x94: {  // BINPUT, LONG_BINPUT, MEMOIZE
-        size_t width = op == 'q' ? 1 : op == 'r' ? 4 : 0;
-        if (!Need(width)) return DataLoss("truncated memo put");
-        uint64_t key = width ? ReadLe(width) : memo_count_;
-        SC_ASSIGN_OR_RETURN(Value* top, Top("memo put"));
-        return MemoPut(key, top);
-      }
-      case 'h': case 'j': {
-        size_t width = op == 'h' ? 1 : 4;
-        if (!Need(width)) return DataLoss("truncated memo get");
-        Value* v = MemoGet(ReadLe(width));
-        if (!v) return DataLoss("memo get of an unknown key");
-        return Push(v);
-      }
-      case 'c': {
-        SC_ASSIGN_OR_RETURN(std::string module, Line());
-        SC_ASSIGN_OR_RETURN(std::string name, Line());
-        return PushGlobal(module, name);
-      }
-      case 0x93: {  // STACK_GLOBAL (protocol 4): module and name from the stack
-        SC_ASSIGN_OR_RETURN(Value* name, Pop());
-        SC_ASSIGN_OR_RETURN(Value* module, Pop());
-        if (module->kind != Value::kString || name->kind != Value::kString) return DataLoss("STACK_GLOBAL of non-strings");
-        // As GLOBAL's lines: no allowed name is longer, and the refusal quotes it.
-        if (module->s.size() > 256 || name->s.size() > 256) return InvalidArgument("STACK_GLOBAL of a name over 256 bytes");
-        return PushGlobal(std::string(module->s), std::string(name->s));
-      }
-      case 'Q': {  // BINPERSID: ('storage', StorageType, key, location, numel)
-        SC_ASSIGN_OR_RETURN(Value* pid, Pop());
-        if (pid->kind != Value::kTuple || pid->items.size() != 5 || pid->items[0]->kind != Value::kString ||
-            pid->items[0]->s != "storage" || pid->items[1]->kind != Value::kGlobal ||
-            pid->items[2]->kind != Value::kString || pid->items[4]->kind != Value::kInt) {
-          return DataLoss("unsupported persistent id");
-        }
-        SC_ASSIGN_OR_RETURN(Value* v, New(Value::kStorage));
-        v->unsupported = UnsupportedStorageDType(pid->items[1]->s);
-        if (pid->items[1]->s == "torch.UntypedStorage") {
-          v->dtype = DType::kUInt8;  // as torch.load types it, until _rebuild_tensor_v3 names a dtype
-        } else if (!v->unsupported) {
-          SC_ASSIGN_OR_RETURN(v->dtype, ParseTorchStorageName(std::string(pid->items[1]->s.substr(std::strlen("torch.")))));
-        }
-        v->s = pid->items[2]->s;
-        v->i = pid->items[4]->i;
-        return Push(v);
-      }
-      case 'R': return Reduce();
-      case 's': {
-        SC_ASSIGN_OR_RETURN(Value* value, Pop());
-        SC_ASSIGN_OR_RETURN(Value* key, Pop());
-        return SetItems("SETITEM", {key, value});
-      }
-      case 'u': { SC_ASSIGN_OR_RETURN(auto kv, PopToMark()); return SetItems("SETITEMS", kv); }
-      case 'a': case 'e': {
-        std::vector<Value*> items;
-        if (op == 'a') {
-          SC_ASSIGN_OR_RETURN(Value* v, Pop());
-          items.push_back(v);
-        } else {
-          SC_ASSIGN_OR_RETURN(items, PopToMark());
-        }
-        SC_ASSIGN_OR_RETURN(Value* list, Top(op == 'a' ? "APPEND" : "APPENDS"));
-        if (list->kind != Value::kList) return Refused(std::string("APPEND on a ") + KindName(list->kind));
-        SC_RETURN_IF_ERROR(Charge(items.size() * sizeof(Value*)));
-        list->items.insert(list->items.end(), items.begin(), items.end());
-        return Status::Ok();
-      }
-      case 'b': {  // BUILD: an OrderedDict's attributes (state_dict's _metadata) carry no tensors
-        SC_ASSIGN_OR_RETURN(Value* state, Pop());
-        SC_ASSIGN_OR_RETURN(Value* target, Top("BUILD"));
-        if (target->kind != Value::kDict || !target->ordered) {
-          return Refused(std::string("BUILD on a ") + (target->kind == Value::kDict ? "plain dict" : KindName(target->kind)));
-        }
-        if (state->kind != Value::kDict) return Refused(std::string("BUILD of an OrderedDict with a ") + KindName(state->kind));
-        return Status::Ok();
-      }
-      default: {
-        char hex[8];
-        std::snprintf(hex, sizeof(hex), "0x%02x", op);
-        return InvalidArgument(std::string("pickle opcode ") + hex + " is not allowed");
-      }
+  // ---- opcode handlers, one per opcode family; Table() maps each allowed opcode to one.
+  using Handler = Status (Unpickler::*)(unsigned char op);
+
+  // Framing: the protocol header, FRAME lengths (read whole, so skipped), STOP.
+  Status OpProto(unsigned char) {
+    if (!Need(1)) return DataLoss("truncated");
+    unsigned proto = static_cast<unsigned char>(data_[pos_++]);
+    if (proto < 2 || proto > 5) {
+      return InvalidArgument("pickle protocol " + std::to_string(proto) + " is not supported (2 to 5 are; torch.save writes 2)");
     }
+    return Status::Ok();
   }
+  Status OpFrame(unsigned char) {
+    if (!Need(8)) return DataLoss("truncated");
+    pos_ += 8;
+    return Status::Ok();
+  }
+  Status OpStop(unsigned char) {
+    done_ = true;
+    return Status::Ok();
+  }
+
+  // Constants: None, booleans, integers, floats (kept only as leaves), strings.
+  Status OpNone(unsigned char) { return PushNew(Value::kNone); }
+  Status OpBool(unsigned char op) { return PushNew(Value::kBool, op == 0x88); }
+  Status OpInt(unsigned char op) {  // BININT1, BININT2, BININT
+    size_t n = op == 'K' ? 1 : op == 'M' ? 2 : 4;
+    if (!Need(n)) return DataLoss("truncated integer");
+    uint64_t raw = ReadLe(n);
+    return PushNew(Value::kInt, op == 'J' ? static_cast<int32_t>(raw) : static_cast<int64_t>(raw));
+  }
+  Status OpLong1(unsigned char) {
+    if (!Need(1)) return DataLoss("truncated LONG1");
+    size_t n = static_cast<unsigned char>(data_[pos_++]);
+    if (!Need(n)) return DataLoss("truncated LONG1");
+    // torch.load takes any width; one past 64 bits can be a leaf (a seed), never a tensor field.
+    if (n > 8) {
+      pos_ += n;
+      return PushNew(Value::kBigInt);
+    }
+    uint64_t raw = ReadLe(n);
+    if (n > 0 && n < 8 && (raw >> (8 * n - 1)) & 1) raw |= ~uint64_t{0} << (8 * n);  // sign-extend
+    return PushNew(Value::kInt, static_cast<int64_t>(raw));
+  }
+  Status OpFloat(unsigned char) {  // BINFLOAT
+    if (!Need(8)) return DataLoss("truncated float");
+    pos_ += 8;
+    return PushNew(Value::kFloat);
+  }
+  Status OpString(unsigned char op) {  // BINUNICODE, SHORT_BINUNICODE
+    size_t width = op == 'X' ? 4 : 1;
+    if (!Need(width)) return DataLoss("truncated string");
+    uint64_t n = ReadLe(width);
+    if (!Need(n)) return DataLoss("string runs past the end");
+    SC_ASSIGN_OR_RETURN(Value* v, New(Value::kString));
+    v->s = std::string_view(data_).substr(pos_, n);
+    pos_ += n;
+    return Push(v);
+  }
+
+  // Memo: BINPUT, LONG_BINPUT, MEMOIZE store the top of the stack; BINGET, LONG_BINGET push it again.
+  Status OpMemoPut(unsigned char op) {
+    size_t width = op == 'q' ? 1 : op == 'r' ? 4 : 0;
+    if (!Need(width)) return DataLoss("truncated memo put");
+    uint64_t key = width ? ReadLe(width) : memo_count_;
+    SC_ASSIGN_OR_RETURN(Value* top, Top("memo put"));
+    return MemoPut(key, top);
+  }
+  Status OpMemoGet(unsigned char op) {
+    size_t width = op == 'h' ? 1 : 4;
+    if (!Need(width)) return DataLoss("truncated memo get");
+    Value* v = MemoGet(ReadLe(width));
+    if (!v) return DataLoss("memo get of an unknown key");
+    return Push(v);
+  }
+
+  // Containers: MARK, empty ones, tuples, and filling the dict or list on top of the stack.
+  Status OpMark(unsigned char) {
+    marks_.push_back(stack_.size());
+    return Charge(sizeof(size_t));
+  }
+  Status OpEmptyTuple(unsigned char) { return PushTuple({}); }
+  Status OpEmptyList(unsigned char) { return PushNew(Value::kList); }
+  Status OpEmptyDict(unsigned char) { return PushNew(Value::kDict); }
+  Status OpTuple(unsigned char) {
+    SC_ASSIGN_OR_RETURN(auto items, PopToMark());
+    return PushTuple(std::move(items));
+  }
+  Status OpTupleN(unsigned char op) {  // TUPLE1, TUPLE2, TUPLE3
+    size_t n = op - 0x84u;
+    std::vector<Value*> items(n);
+    for (size_t k = n; k-- > 0;) {
+      SC_ASSIGN_OR_RETURN(items[k], Pop());
+    }
+    return PushTuple(std::move(items));
+  }
+  Status OpSetItem(unsigned char) {
+    SC_ASSIGN_OR_RETURN(Value* value, Pop());
+    SC_ASSIGN_OR_RETURN(Value* key, Pop());
+    return SetItems("SETITEM", {key, value});
+  }
+  Status OpSetItems(unsigned char) {
+    SC_ASSIGN_OR_RETURN(auto kv, PopToMark());
+    return SetItems("SETITEMS", kv);
+  }
+  Status OpAppend(unsigned char op) {  // APPEND, APPENDS
+    std::vector<Value*> items;
+    if (op == 'a') {
+      SC_ASSIGN_OR_RETURN(Value* v, Pop());
+      items.push_back(v);
+    } else {
+      SC_ASSIGN_OR_RETURN(items, PopToMark());
+    }
+    SC_ASSIGN_OR_RETURN(Value* list, Top(op == 'a' ? "APPEND" : "APPENDS"));
+    if (list->kind != Value::kList) return Refused(std::string("APPEND on a ") + KindName(list->kind));
+    SC_RETURN_IF_ERROR(Charge(items.size() * sizeof(Value*)));
+    list->items.insert(list->items.end(), items.begin(), items.end());
+    return Status::Ok();
+  }
+
+  // Globals and calls, the weights_only rules: GLOBAL and STACK_GLOBAL only from the allowlist,
+  // persistent ids only as torch's storages, REDUCE only of the allowed callables, BUILD only of
+  // an OrderedDict's attributes.
+  Status OpGlobal(unsigned char) {
+    SC_ASSIGN_OR_RETURN(std::string module, Line());
+    SC_ASSIGN_OR_RETURN(std::string name, Line());
+    return PushGlobal(module, name);
+  }
+  Status OpStackGlobal(unsigned char) {  // protocol 4: module and name from the stack
+    SC_ASSIGN_OR_RETURN(Value* name, Pop());
+    SC_ASSIGN_OR_RETURN(Value* module, Pop());
+    if (module->kind != Value::kString || name->kind != Value::kString) return DataLoss("STACK_GLOBAL of non-strings");
+    // As GLOBAL's lines: no allowed name is longer, and the refusal quotes it.
+    if (module->s.size() > 256 || name->s.size() > 256) return InvalidArgument("STACK_GLOBAL of a name over 256 bytes");
+    return PushGlobal(std::string(module->s), std::string(name->s));
+  }
+  Status OpPersistentId(unsigned char) {  // BINPERSID: ('storage', StorageType, key, location, numel)
+    SC_ASSIGN_OR_RETURN(Value* pid, Pop());
+    if (pid->kind != Value::kTuple || pid->items.size() != 5 || pid->items[0]->kind != Value::kString ||
+        pid->items[0]->s != "storage" || pid->items[1]->kind != Value::kGlobal ||
+        pid->items[2]->kind != Value::kString || pid->items[4]->kind != Value::kInt) {
+      return DataLoss("unsupported persistent id");
+    }
+    SC_ASSIGN_OR_RETURN(Value* v, New(Value::kStorage));
+    v->unsupported = UnsupportedStorageDType(pid->items[1]->s);
+    if (pid->items[1]->s == "torch.UntypedStorage") {
+      v->dtype = DType::kUInt8;  // as torch.load types it, until _rebuild_tensor_v3 names a dtype
+    } else if (!v->unsupported) {
+      SC_ASSIGN_OR_RETURN(v->dtype, ParseTorchStorageName(std::string(pid->items[1]->s.substr(std::strlen("torch.")))));
+    }
+    v->s = pid->items[2]->s;
+    v->i = pid->items[4]->i;
+    return Push(v);
+  }
+  Status OpBuild(unsigned char) {  // an OrderedDict's attributes (state_dict's _metadata) carry no tensors
+    SC_ASSIGN_OR_RETURN(Value* state, Pop());
+    SC_ASSIGN_OR_RETURN(Value* target, Top("BUILD"));
+    if (target->kind != Value::kDict || !target->ordered) {
+      return Refused(std::string("BUILD on a ") + (target->kind == Value::kDict ? "plain dict" : KindName(target->kind)));
+    }
+    if (state->kind != Value::kDict) return Refused(std::string("BUILD of an OrderedDict with a ") + KindName(state->kind));
+    return Status::Ok();
+  }
+
+  // Every opcode not in the table, whatever torch.load would do with it.
+  Status OpNotAllowed(unsigned char op) {
+    char hex[8];
+    std::snprintf(hex, sizeof(hex), "0x%02x", op);
+    return InvalidArgument(std::string("pickle opcode ") + hex + " is not allowed");
+  }
+
+  // The opcodes this reader takes, by family; any other byte is refused by OpNotAllowed.
+  static const std::array<Handler, 256>& Table() {
+    static const std::array<Handler, 256> kTable = [] {
+      std::array<Handler, 256> t;
+      t.fill(&Unpickler::OpNotAllowed);
+      const std::pair<unsigned char, Handler> kOps[] = {
+          {0x80, &Unpickler::OpProto}, {0x95, &Unpickler::OpFrame}, {'.', &Unpickler::OpStop},
+          {'N', &Unpickler::OpNone}, {0x88, &Unpickler::OpBool}, {0x89, &Unpickler::OpBool},
+          {'K', &Unpickler::OpInt}, {'M', &Unpickler::OpInt}, {'J', &Unpickler::OpInt},
+          {0x8a, &Unpickler::OpLong1}, {'G', &Unpickler::OpFloat}, {'X', &Unpickler::OpString},
+          {0x8c, &Unpickler::OpString},
+          {'q', &Unpickler::OpMemoPut}, {'r', &Unpickler::OpMemoPut}, {0x94, &Unpickler::OpMemoPut},
+          {'h', &Unpickler::OpMemoGet}, {'j', &Unpickler::OpMemoGet},
+          {'(', &Unpickler::OpMark}, {')', &Unpickler::OpEmptyTuple}, {']', &Unpickler::OpEmptyList},
+          {'}', &Unpickler::OpEmptyDict}, {'t', &Unpickler::OpTuple}, {0x85, &Unpickler::OpTupleN},
+          {0x86, &Unpickler::OpTupleN}, {0x87, &Unpickler::OpTupleN}, {'s', &Unpickler::OpSetItem},
+          {'u', &Unpickler::OpSetItems}, {'a', &Unpickler::OpAppend}, {'e', &Unpickler::OpAppend},
+          {'c', &Unpickler::OpGlobal}, {0x93, &Unpickler::OpStackGlobal}, {'Q', &Unpickler::OpPersistentId},
+          {'R', &Unpickler::OpReduce}, {'b', &Unpickler::OpBuild},
+      };
+      for (const auto& [op, handler] : kOps) t[op] = handler;
+      return t;
+    }();
+    return kTable;
+  }
+
+  Status Step(unsigned char op) { return (this->*Table()[op])(op); }
 
   const std::string& data_;
   const uint64_t budget_;
