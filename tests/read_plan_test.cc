@@ -5,7 +5,9 @@
 
 #include <cstring>
 #include <random>
+#include <tuple>
 
+#include "shardckpt/engine/model/entry_wants.h"
 #include "shardckpt/io/checksum.h"
 #include "tests/test_util.h"
 
@@ -173,6 +175,41 @@ TEST(ReadPlanProperty, AnyLayoutAtNLoadsIntoAnyLayoutAtM) {
       EXPECT_EQ(plan.bytes_wanted, expected.size());
       EXPECT_GE(plan.bytes_read, plan.bytes_wanted);
     }
+  }
+}
+
+// Load step 2: each rank's pieces per entry, all-gathered, decide who loads what.
+TEST(EntryWantsTest, CombinesEveryRanksPieces) {
+  struct Piece { int rank; size_t entry; bool whole; bool on_device; };
+  struct Case { const char* what; std::vector<Piece> pieces; bool any, whole_by_all, on_device_everywhere; };
+  const Case cases[] = {
+      {"nobody", {}, false, false, false},
+      {"both whole, host", {{0, 0, true, false}, {1, 0, true, false}}, true, true, false},
+      {"both whole, device", {{0, 0, true, true}, {1, 0, true, true}}, true, true, true},
+      {"one rank a part", {{0, 0, true, true}, {1, 0, false, true}}, true, false, false},
+      {"a rank whole and a part", {{0, 0, true, false}, {0, 0, false, false}, {1, 0, true, false}}, true, false, false},
+      {"one rank only", {{1, 0, true, true}}, true, false, false},
+      // The first whole piece is the one a broadcast fills: a later device piece does not count.
+      {"host then device", {{0, 0, true, false}, {0, 0, true, true}, {1, 0, true, true}}, true, true, false},
+      {"device then host", {{0, 0, true, true}, {0, 0, true, false}, {1, 0, true, true}}, true, true, true},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::vector<EntryWant>> ranks(2, std::vector<EntryWant>(2));
+    for (const Piece& p : c.pieces) ranks[p.rank][p.entry].Add(p.whole, p.on_device);
+    std::vector<std::string> wire;
+    for (const auto& r : ranks) wire.push_back(EncodeEntryWants(r));
+    for (const auto& r : ranks) {
+      for (const EntryWant& w : r) {
+        const EntryWant back = EntryWant::Decode(w.Encode());
+        EXPECT_EQ(std::make_tuple(back.wanted, back.whole, back.part, back.whole_on_device),
+                  std::make_tuple(w.wanted, w.whole, w.part, w.whole_on_device)) << c.what;
+      }
+    }
+    const AllRanksWant all = CombineEntryWants(wire, 2);
+    EXPECT_EQ(all.any[0], c.any) << c.what;
+    EXPECT_EQ(all.whole_by_all[0] && all.any[0], c.whole_by_all) << c.what;
+    EXPECT_EQ(all.whole_on_device_everywhere[0], c.on_device_everywhere) << c.what;
+    EXPECT_FALSE(all.any[1]) << c.what;  // entry 1: no piece on any rank
   }
 }
 

@@ -117,7 +117,7 @@ LocalMatch MatchPieces(const Manifest& manifest, const ShardedState& targets, co
     by_name.emplace(std::move(name), i);
   }
   LocalMatch match;
-  match.wants.assign(manifest.entries.size(), '\0');
+  match.wants.assign(manifest.entries.size(), EntryWant());
   match.entry_of_piece.assign(targets.pieces().size(), -1);
   for (size_t p = 0; p < targets.pieces().size(); ++p) {
     const TensorPiece& piece = targets.pieces()[p];
@@ -138,27 +138,14 @@ LocalMatch MatchPieces(const Manifest& manifest, const ShardedState& targets, co
                                      " in the checkpoint but " + ShapeString(piece.global_shape) + " in the target");
     }
     match.entry_of_piece[p] = static_cast<long>(it->second);
-    char& wants = match.wants[it->second];
-    const bool whole = IsWhole(piece);
-    if (whole && !(wants & kWantedWhole) && piece.space == MemorySpace::kCuda) wants |= kWholeOnDevice;
-    wants |= whole ? (kWanted | kWantedWhole) : (kWanted | kWantedPart);
+    match.wants[it->second].Add(IsWhole(piece), piece.space == MemorySpace::kCuda);
   }
   return match;
 }
 
 Demand CombineWants(const std::vector<std::string>& all_wants, size_t entries) {
-  Demand d;
-  d.wanted_any.assign(entries, false);
-  d.wanted_whole_by_all.assign(entries, true);
-  d.whole_on_device_everywhere.assign(entries, true);
-  for (const std::string& w : all_wants) {
-    for (size_t i = 0; i < entries; ++i) {
-      if (w[i] & kWanted) d.wanted_any[i] = true;
-      if (!(w[i] & kWantedWhole) || (w[i] & kWantedPart)) d.wanted_whole_by_all[i] = false;
-      if (!(w[i] & kWholeOnDevice)) d.whole_on_device_everywhere[i] = false;
-    }
-  }
-  return d;
+  AllRanksWant all = CombineEntryWants(all_wants, entries);
+  return Demand{std::move(all.any), std::move(all.whole_by_all), std::move(all.whole_on_device_everywhere)};
 }
 
 std::vector<std::string> UnwantedEntries(const Manifest& manifest, const Demand& demand) {
@@ -205,7 +192,7 @@ Result<Match> MatchEntries(Communicator& comm, const Manifest& manifest, const s
   match.local = MatchPieces(manifest, targets, options);
   report->missing = match.local.missing;
   std::vector<std::string> all_wants;
-  SC_RETURN_IF_ERROR(comm.AllGather(match.local.wants, &all_wants));
+  SC_RETURN_IF_ERROR(comm.AllGather(EncodeEntryWants(match.local.wants), &all_wants));
   match.demand = CombineWants(all_wants, manifest.entries.size());
   report->unexpected = UnwantedEntries(manifest, match.demand);
   SC_RETURN_IF_ERROR(AgreeOnStatus(

@@ -13,13 +13,9 @@
 #include "shardckpt/collectives/communicator.h"
 #include "shardckpt/engine/core/checkpoint_dir.h"
 #include "shardckpt/engine/core/load.h"
+#include "shardckpt/engine/model/entry_wants.h"
 
 namespace shardckpt::load_phases {
-
-// Per-entry flags a rank sends in the wants exchange: one byte per manifest entry.
-constexpr unsigned char kWanted = 1, kWantedWhole = 2, kWantedPart = 4;
-// This rank's first whole piece of the entry is in device memory (the one a broadcast fills).
-constexpr unsigned char kWholeOnDevice = 8;
 
 // Up to 20 quoted names, then "and N more".
 std::string NameList(const std::vector<std::string>& names);
@@ -46,13 +42,13 @@ Result<Manifest> ParseSharedManifest(const std::string& dir, const std::string& 
 // first dtype or shape mismatch.
 struct LocalMatch {
   std::vector<long> entry_of_piece;  // by piece; -1 where the name is not in the checkpoint
-  std::string wants;                 // by entry: k* flags
+  std::vector<EntryWant> wants;      // by entry
   std::vector<std::string> missing;  // wanted here, not in the checkpoint (each name once)
   Status status;                     // dtype or shape mismatch
 };
 LocalMatch MatchPieces(const Manifest& manifest, const ShardedState& targets, const LoadOptions& options);
 
-// Every rank's wants combined, by entry.
+// Every rank's wants combined, by entry (CombineEntryWants, with the names the phases use).
 struct Demand {
   std::vector<bool> wanted_any;                  // some rank reads it
   std::vector<bool> wanted_whole_by_all;         // every rank wants it whole, none a part
