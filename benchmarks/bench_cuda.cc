@@ -76,7 +76,7 @@ int main(int argc, char** argv) {
     Check(cudaMalloc(&device[t], per), "cudaMalloc");
     Check(cudaMemset(device[t], t + 1, per), "cudaMemset");
     Check(state.AddDeviceTensor("t" + std::to_string(t), DType::kFloat32, {static_cast<int64_t>(per / 4)},
-                                Layout::Replicated(), device[t], 0),
+                                Layout::Whole(), device[t], 0),
           "AddDeviceTensor");
   }
   Check(MakeDirs(dir), "mkdir");

@@ -32,7 +32,7 @@ namespace {
 float Value(int tensor, int64_t index) { return static_cast<float>(tensor * 1000003 + index % 999983); }
 
 void Fill(std::vector<float>& out, int tensor, const Shape& shape, const Layout& layout) {
-  std::vector<Region> whole = LayoutRegions(Layout::Replicated(), shape);
+  std::vector<Region> whole = LayoutRegions(Layout::Whole(), shape);
   for (const Region& r : LayoutRegions(layout, shape)) {
     ForEachCopy(whole[0], r, [&](int64_t g, int64_t l, int64_t n) {
       for (int64_t i = 0; i < n; ++i) out[l + i] = Value(tensor, g + i);

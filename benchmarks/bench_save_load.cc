@@ -64,7 +64,7 @@ Workload MakeWorkload(uint64_t bytes_per_rank, int tensors, const std::string& l
     Shape global = layout == "replicated" ? Shape{local_rows, cols} : Shape{local_rows * world, cols};
     Layout l = layout == "flat" ? FlatShardLayout(global, world, rank)
                : layout == "dim0" ? ChunkLayout(global, 0, world, rank)
-                                  : Layout::Replicated();
+                                  : Layout::Whole();
     Shape local_shape = LocalShape(l, global);
     std::vector<int64_t> sizes(local_shape.begin(), local_shape.end());
     at::Tensor tensor = zeroed ? at::zeros(sizes) : at::rand(sizes);
@@ -79,7 +79,7 @@ Workload MakeWorkload(uint64_t bytes_per_rank, int tensors, const std::string& l
 ShardedState StateOf(Workload& w) {
   ShardedState state;
   for (size_t t = 0; t < w.local.size(); ++t) {
-    AddTensor(state, "layer." + std::to_string(t) + ".weight", w.local[t], w.layouts[t], w.global[t]).IgnoreError();
+    AddTorchTensor(state, "layer." + std::to_string(t) + ".weight", w.local[t], w.layouts[t], w.global[t]).IgnoreError();
   }
   return state;
 }

@@ -47,7 +47,7 @@ py::tuple Reply(const Status& status, py::object value = py::none()) {
 }
 
 Result<Layout> ParseLayout(const std::string& kind, const py::object& a, const py::object& b) {
-  if (kind == "replicated") return Layout::Replicated();
+  if (kind == "replicated") return Layout::Whole();
   if (kind == "flat") return Layout::FlatRange(a.cast<int64_t>(), b.cast<int64_t>());
   if (kind == "box") return Layout::Box(a.cast<std::vector<int64_t>>(), b.cast<std::vector<int64_t>>());
   return InvalidArgument("unknown layout kind '" + kind + "'");

@@ -50,12 +50,12 @@ struct Tensors {
     for (size_t i = 0; i < kinds.size(); ++i) {
       std::string name = std::string("model.") + DTypeName(kinds[i].first);
       all.push_back(T{name, kinds[i].first, kinds[i].second,
-                      testing::PieceBytes(seed + name, kinds[i].first, kinds[i].second, Layout::Replicated())});
+                      testing::PieceBytes(seed + name, kinds[i].first, kinds[i].second, Layout::Whole())});
     }
   }
   ShardedState State() {
     ShardedState state;
-    for (T& t : all) EXPECT_TRUE(state.AddTensor(t.name, t.dtype, t.shape, Layout::Replicated(), t.bytes.data()).ok());
+    for (T& t : all) EXPECT_TRUE(state.AddTensor(t.name, t.dtype, t.shape, Layout::Whole(), t.bytes.data()).ok());
     EXPECT_TRUE(state.AddBlob("step", "1234").ok());
     EXPECT_TRUE(state.AddBlob("rng", "rank0-rng", BlobScope::kPerRank).ok());
     return state;
@@ -75,7 +75,7 @@ class CheckpointTest : public ::testing::Test {
     Tensors got("none");
     for (auto& t : got.all) std::fill(t.bytes.begin(), t.bytes.end(), 0xAB);
     ShardedState targets;
-    for (auto& t : got.all) ASSERT_TRUE(targets.AddTensor(t.name, t.dtype, t.shape, Layout::Replicated(), t.bytes.data()).ok());
+    for (auto& t : got.all) ASSERT_TRUE(targets.AddTensor(t.name, t.dtype, t.shape, Layout::Whole(), t.bytes.data()).ok());
     Result<LoadReport> report = Load(*comm_, path, targets);
     ASSERT_TRUE(report.ok()) << report.status().ToString();
     EXPECT_EQ(report->step, step);
@@ -112,7 +112,7 @@ TEST_F(CheckpointTest, DevicePiecesWithoutADeviceAreRefusedByName) {
   if (CudaDevicePresent()) GTEST_SKIP() << "a CUDA device is present; cuda_test covers this path";
   std::vector<float> host(64, 1.0f);
   ShardedState state;
-  ASSERT_TRUE(state.AddDeviceTensor("layer.weight", DType::kFloat32, {64}, Layout::Replicated(), host.data(), 0).ok());
+  ASSERT_TRUE(state.AddDeviceTensor("layer.weight", DType::kFloat32, {64}, Layout::Whole(), host.data(), 0).ok());
   Result<SaveResult> saved = Save(*comm_, root(), 1, state);
   ASSERT_FALSE(saved.ok());
   EXPECT_THAT(saved.status().ToString(), HasSubstr("tensor 'layer.weight'"));
@@ -120,7 +120,7 @@ TEST_F(CheckpointTest, DevicePiecesWithoutADeviceAreRefusedByName) {
   EXPECT_FALSE(FileSize(JoinPath(root(), kLatestName)).ok());
   ASSERT_TRUE(SaveStep(2).ok());
   ShardedState targets;
-  ASSERT_TRUE(targets.AddDeviceTensor("model.float32", DType::kFloat32, {64, 33}, Layout::Replicated(), host.data(), 0).ok());
+  ASSERT_TRUE(targets.AddDeviceTensor("model.float32", DType::kFloat32, {64, 33}, Layout::Whole(), host.data(), 0).ok());
   LoadOptions options;
   options.strict = false;
   Result<LoadReport> loaded = Load(*comm_, root(), targets, options);
@@ -294,7 +294,7 @@ TEST_F(CheckpointTest, MemoryBackedFileSystemWritesTheSameBytes) {
   const Tensors::T& big = tensors.all[1];
   std::vector<uint8_t> unaligned(big.bytes.size() + 1);
   ShardedState want;
-  ASSERT_TRUE(want.AddTensor(big.name, big.dtype, big.shape, Layout::Replicated(), unaligned.data() + 1).ok());
+  ASSERT_TRUE(want.AddTensor(big.name, big.dtype, big.shape, Layout::Whole(), unaligned.data() + 1).ok());
   LoadOptions options;
   options.strict = false;
   options.plan.max_extent = 4096;
@@ -390,7 +390,7 @@ class DamagedCheckpointTest : public CheckpointTest {
   Status LoadStatus() {
     Tensors got("x");
     ShardedState targets;
-    for (auto& t : got.all) EXPECT_TRUE(targets.AddTensor(t.name, t.dtype, t.shape, Layout::Replicated(), t.bytes.data()).ok());
+    for (auto& t : got.all) EXPECT_TRUE(targets.AddTensor(t.name, t.dtype, t.shape, Layout::Whole(), t.bytes.data()).ok());
     return Load(*comm_, root(), targets).status();
   }
   void Patch(const std::string& file, uint64_t offset, uint8_t xor_mask) {
@@ -431,7 +431,7 @@ TEST_F(DamagedCheckpointTest, AlignedTargetsAreReadInPlaceAndVerifiedThere) {
   options.strict = false;
   options.plan.max_extent = 4096;  // one extent per block: the whole ones go in place
   ShardedState want;
-  ASSERT_TRUE(want.AddTensor(big.name, big.dtype, big.shape, Layout::Replicated(), target.data()).ok());
+  ASSERT_TRUE(want.AddTensor(big.name, big.dtype, big.shape, Layout::Whole(), target.data()).ok());
   Result<LoadReport> report = Load(*comm_, root(), want, options);
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   EXPECT_EQ(report->stats.bytes_read_in_place, 2u * 4096);
@@ -505,8 +505,8 @@ TEST_F(CheckpointTest, StrictLoadNamesMissingAndUnexpectedEntries) {
   ASSERT_TRUE(SaveStep(1).ok());
   std::vector<float> buffer(64 * 33);
   ShardedState targets;
-  ASSERT_TRUE(targets.AddTensor("model.float32", DType::kFloat32, {64, 33}, Layout::Replicated(), buffer.data()).ok());
-  ASSERT_TRUE(targets.AddTensor("model.extra", DType::kFloat32, {2}, Layout::Replicated(), buffer.data()).ok());
+  ASSERT_TRUE(targets.AddTensor("model.float32", DType::kFloat32, {64, 33}, Layout::Whole(), buffer.data()).ok());
+  ASSERT_TRUE(targets.AddTensor("model.extra", DType::kFloat32, {2}, Layout::Whole(), buffer.data()).ok());
   Result<LoadReport> strict = Load(*comm_, root(), targets);
   ASSERT_FALSE(strict.ok());
   EXPECT_THAT(strict.status().message(), HasSubstr("not in checkpoint"));
@@ -535,8 +535,8 @@ TEST_F(CheckpointTest, RenameDtypeAndShapeChecks) {
     Tensors expected("step1");
     std::vector<int8_t> int8(9, 0);
     ShardedState targets;
-    ASSERT_TRUE(targets.AddTensor("float64", DType::kFloat64, {3, 5}, Layout::Replicated(), buffer.data()).ok());
-    ASSERT_TRUE(targets.AddTensor("int8", DType::kInt8, {9}, Layout::Replicated(), int8.data()).ok());
+    ASSERT_TRUE(targets.AddTensor("float64", DType::kFloat64, {3, 5}, Layout::Whole(), buffer.data()).ok());
+    ASSERT_TRUE(targets.AddTensor("int8", DType::kInt8, {9}, Layout::Whole(), int8.data()).ok());
     options.rename = StripPrefix("model.");
     Result<LoadReport> report = Load(*comm_, root(), targets, options);
     ASSERT_TRUE(report.ok()) << report.status().ToString();
@@ -552,14 +552,14 @@ TEST_F(CheckpointTest, RenameDtypeAndShapeChecks) {
   options.rename = nullptr;
   {
     ShardedState targets;
-    ASSERT_TRUE(targets.AddTensor("model.float64", DType::kFloat32, {3, 5}, Layout::Replicated(), buffer.data()).ok());
+    ASSERT_TRUE(targets.AddTensor("model.float64", DType::kFloat32, {3, 5}, Layout::Whole(), buffer.data()).ok());
     Result<LoadReport> report = Load(*comm_, root(), targets, options);
     ASSERT_FALSE(report.ok());
     EXPECT_THAT(report.status().message(), HasSubstr("'model.float64' is float64 in the checkpoint but float32"));
   }
   {
     ShardedState targets;
-    ASSERT_TRUE(targets.AddTensor("model.float64", DType::kFloat64, {5, 3}, Layout::Replicated(), buffer.data()).ok());
+    ASSERT_TRUE(targets.AddTensor("model.float64", DType::kFloat64, {5, 3}, Layout::Whole(), buffer.data()).ok());
     Result<LoadReport> report = Load(*comm_, root(), targets, options);
     ASSERT_FALSE(report.ok());
     EXPECT_THAT(report.status().message(), HasSubstr("shape [3, 5] in the checkpoint but [5, 3]"));

@@ -74,8 +74,8 @@ TEST_F(CudaTest, SavesFromDeviceAndLoadsReshardedIntoDeviceAndHost) {
     saved.push_back(std::make_unique<DeviceBytes>(testing::PieceBytes("w", DType::kFloat32, kShape, rows)));
     ASSERT_TRUE(state.AddDeviceTensor("w", DType::kFloat32, kShape, rows, saved.back()->ptr, 0).ok());
   }
-  DeviceBytes bias(testing::PieceBytes("b", DType::kBFloat16, {333}, Layout::Replicated()));
-  ASSERT_TRUE(state.AddDeviceTensor("b", DType::kBFloat16, {333}, Layout::Replicated(), bias.ptr, 0).ok());
+  DeviceBytes bias(testing::PieceBytes("b", DType::kBFloat16, {333}, Layout::Whole()));
+  ASSERT_TRUE(state.AddDeviceTensor("b", DType::kBFloat16, {333}, Layout::Whole(), bias.ptr, 0).ok());
   SaveOptions save_options;
   save_options.staging_buffer_bytes = 64 << 10;
   save_options.staging_buffers = 4;
@@ -92,22 +92,22 @@ TEST_F(CudaTest, SavesFromDeviceAndLoadsReshardedIntoDeviceAndHost) {
     loaded.push_back(std::make_unique<DeviceBytes>(poison));
     ASSERT_TRUE(targets.AddDeviceTensor("w", DType::kFloat32, kShape, cols, loaded.back()->ptr, 0).ok());
   }
-  ASSERT_TRUE(targets.AddTensor("b", DType::kBFloat16, {333}, Layout::Replicated(), host_bias.data()).ok());
+  ASSERT_TRUE(targets.AddTensor("b", DType::kBFloat16, {333}, Layout::Whole(), host_bias.data()).ok());
   Result<LoadReport> report = Load(*comm_, root(), targets);
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   for (int i = 0; i < 4; ++i) {
     EXPECT_EQ(loaded[i]->Read(), testing::PieceBytes("w", DType::kFloat32, kShape, ChunkLayout(kShape, 1, 4, i)))
         << "column chunk " << i;
   }
-  EXPECT_EQ(host_bias, testing::PieceBytes("b", DType::kBFloat16, {333}, Layout::Replicated()));
+  EXPECT_EQ(host_bias, testing::PieceBytes("b", DType::kBFloat16, {333}, Layout::Whole()));
 }
 
 TEST_F(CudaTest, AsyncSnapshotOfDeviceTensorsIsTakenBeforeSaveReturns) {
   REQUIRE_DEVICE();
-  std::vector<uint8_t> before = testing::PieceBytes("w", DType::kFloat32, kShape, Layout::Replicated());
+  std::vector<uint8_t> before = testing::PieceBytes("w", DType::kFloat32, kShape, Layout::Whole());
   DeviceBytes tensor(before);
   ShardedState state;
-  ASSERT_TRUE(state.AddDeviceTensor("w", DType::kFloat32, kShape, Layout::Replicated(), tensor.ptr, 0).ok());
+  ASSERT_TRUE(state.AddDeviceTensor("w", DType::kFloat32, kShape, Layout::Whole(), tensor.ptr, 0).ok());
   auto saver = AsyncSaver::Create(*comm_);
   ASSERT_TRUE(saver.ok());
   auto handle = (*saver)->Save(root(), 1, state);
@@ -118,7 +118,7 @@ TEST_F(CudaTest, AsyncSnapshotOfDeviceTensorsIsTakenBeforeSaveReturns) {
   ASSERT_TRUE((*handle)->Wait().ok());
   std::vector<uint8_t> got(before.size(), 0);
   ShardedState targets;
-  ASSERT_TRUE(targets.AddTensor("w", DType::kFloat32, kShape, Layout::Replicated(), got.data()).ok());
+  ASSERT_TRUE(targets.AddTensor("w", DType::kFloat32, kShape, Layout::Whole(), got.data()).ok());
   ASSERT_TRUE(Load(*comm_, root(), targets).ok());
   EXPECT_EQ(got, before);
 }

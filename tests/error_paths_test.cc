@@ -54,7 +54,7 @@ TEST_F(ErrorPaths, NegativeStepsAreRefusedBeforeTheRootIsTouched) {
   const std::string root = JoinPath(dir_.path(), "root");
   std::vector<float> values(6, 1.0f);
   ShardedState state;
-  ASSERT_TRUE(state.AddTensor("w", DType::kFloat32, {2, 3}, Layout::Replicated(), values.data()).ok());
+  ASSERT_TRUE(state.AddTensor("w", DType::kFloat32, {2, 3}, Layout::Whole(), values.data()).ok());
   std::unique_ptr<Communicator> comm = CreateSingleProcessCommunicator();
   Result<SaveResult> saved = Save(*comm, root, -1, state);
   ASSERT_FALSE(saved.ok());

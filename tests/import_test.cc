@@ -128,7 +128,7 @@ TEST_F(ImportTest, ViewsIntoSharedStoragesImportElementByElement) {
       EXPECT_EQ(e.dtype, t.dtype);
       EXPECT_EQ(e.shape, t.sizes);
       std::vector<uint8_t> expected = Gather(t), got(expected.size() + 1, 0xAB);
-      ASSERT_TRUE(reader->ReadPiece(index, Layout::Replicated(), got.data()).ok());
+      ASSERT_TRUE(reader->ReadPiece(index, Layout::Whole(), got.data()).ok());
       EXPECT_EQ(got.back(), 0xAB);
       got.pop_back();
       EXPECT_EQ(got, expected);
@@ -158,7 +158,7 @@ TEST_F(ImportTest, Float8IsWrittenAsTorch2WritesItAndReadBack) {
     EXPECT_EQ(e.dtype, t.dtype);
     EXPECT_EQ(e.shape, t.sizes);
     std::vector<uint8_t> got(static_cast<size_t>(t.storage_numel) * DTypeSize(t.dtype));
-    ASSERT_TRUE(reader->ReadPiece(i, Layout::Replicated(), got.data()).ok());
+    ASSERT_TRUE(reader->ReadPiece(i, Layout::Whole(), got.data()).ok());
     for (size_t k = 0; k < got.size(); ++k) EXPECT_EQ(got[k], testing::RecordByte(t.storage_key, k)) << e.name << " byte " << k;
   }
 }
@@ -237,7 +237,7 @@ TEST_F(ImportTest, InterruptedReadsAreRetriedNotReportedAsDataLoss) {
   EXPECT_GT(g_interrupted.load(), 4) << "the wrapper never interrupted a read: the test proves nothing";
   auto reader = CheckpointReader::Open(Path("root-st")).value();
   std::vector<uint8_t> b(5);
-  ASSERT_TRUE(reader->ReadPiece(1, Layout::Replicated(), b.data()).ok());
+  ASSERT_TRUE(reader->ReadPiece(1, Layout::Whole(), b.data()).ok());
   EXPECT_EQ(b, (std::vector<uint8_t>{36, 39, 42, 45, 48}));
 }
 

@@ -48,9 +48,9 @@ TEST(LayoutRegions, FlatRangeIn3DUsesAtMostTwoNMinusOneBoxes) {
 }
 
 TEST(LayoutRegions, ScalarAndEmpty) {
-  EXPECT_EQ(LayoutRegions(Layout::Replicated(), {}).size(), 1u);
+  EXPECT_EQ(LayoutRegions(Layout::Whole(), {}).size(), 1u);
   EXPECT_EQ(LayoutRegions(Layout::FlatRange(0, 1), {}).size(), 1u);
-  EXPECT_TRUE(LayoutRegions(Layout::Replicated(), {0, 4}).empty());
+  EXPECT_TRUE(LayoutRegions(Layout::Whole(), {0, 4}).empty());
   EXPECT_TRUE(LayoutRegions(Layout::Box({2, 0}, {0, 3}), {4, 3}).empty());
 }
 

@@ -66,19 +66,19 @@ TEST(MatchPieces, FlagsMissingAndMismatches) {
     std::vector<std::string> missing;
     std::string error;  // substring; "" for Ok
   } cases[] = {
-      {"whole", {{"a", DType::kFloat32, {4}, Layout::Replicated()}}, nullptr, {0}, {char(kWanted | kWantedWhole), 0}, {}, ""},
+      {"whole", {{"a", DType::kFloat32, {4}, Layout::Whole()}}, nullptr, {0}, {char(kWanted | kWantedWhole), 0}, {}, ""},
       {"part", {{"a", DType::kFloat32, {4}, half}}, nullptr, {0}, {char(kWanted | kWantedPart), 0}, {}, ""},
       {"whole and part",
-       {{"b", DType::kFloat32, {2, 2}, Layout::Replicated()}, {"a", DType::kFloat32, {4}, half},
-        {"a", DType::kFloat32, {4}, Layout::Replicated()}},
+       {{"b", DType::kFloat32, {2, 2}, Layout::Whole()}, {"a", DType::kFloat32, {4}, half},
+        {"a", DType::kFloat32, {4}, Layout::Whole()}},
        nullptr, {1, 0, 0}, {char(kWanted | kWantedWhole | kWantedPart), char(kWanted | kWantedWhole)}, {}, ""},
       {"missing once", {{"c", DType::kFloat32, {4}, half}, {"c", DType::kFloat32, {4}, half}}, nullptr, {-1, -1},
        {0, 0}, {"c"}, ""},
-      {"dtype", {{"a", DType::kInt32, {4}, Layout::Replicated()}}, nullptr, {0}, {char(kWanted | kWantedWhole), 0},
+      {"dtype", {{"a", DType::kInt32, {4}, Layout::Whole()}}, nullptr, {0}, {char(kWanted | kWantedWhole), 0},
        {}, "entry 'a' is float32 in the checkpoint but int32 in the target (no silent casts)"},
-      {"shape", {{"b", DType::kFloat32, {4}, Layout::Replicated()}}, nullptr, {1}, {0, char(kWanted | kWantedWhole)},
+      {"shape", {{"b", DType::kFloat32, {4}, Layout::Whole()}}, nullptr, {1}, {0, char(kWanted | kWantedWhole)},
        {}, "entry 'b' has shape [2, 2] in the checkpoint but [4] in the target"},
-      {"renamed", {{"m.a", DType::kFloat32, {4}, Layout::Replicated()}}, AddPrefix("m."), {0},
+      {"renamed", {{"m.a", DType::kFloat32, {4}, Layout::Whole()}}, AddPrefix("m."), {0},
        {char(kWanted | kWantedWhole), 0}, {}, ""},
   };
   for (const Case& c : cases) {
@@ -182,14 +182,14 @@ TEST(PlanReads, SkipsEntriesAnotherRankReadsAndPerRankBlobsOfAnotherWorld) {
   Manifest m = TwoEntries();
   m.world_size = 2;
   m.files.push_back(FileRecord{"rank-00000.bin", 8192, 4096, {0}});
-  m.entries[0].chunks.push_back(ChunkRecord{0, 0, 16, Layout::Replicated()});
-  m.entries[1].chunks.push_back(ChunkRecord{0, 16, 16, Layout::Replicated()});
+  m.entries[0].chunks.push_back(ChunkRecord{0, 0, 16, Layout::Whole()});
+  m.entries[1].chunks.push_back(ChunkRecord{0, 16, 16, Layout::Whole()});
   m.blobs.push_back(BlobRecord{"step", BlobScope::kGlobal, 0, 0, 32, 4});
   m.blobs.push_back(BlobRecord{"rng", BlobScope::kPerRank, 1, 0, 36, 3});
   float a[4], b[4];
   ShardedState targets;
-  ASSERT_TRUE(targets.AddTensor("a", DType::kFloat32, {4}, Layout::Replicated(), a).ok());
-  ASSERT_TRUE(targets.AddTensor("b", DType::kFloat32, {2, 2}, Layout::Replicated(), b).ok());
+  ASSERT_TRUE(targets.AddTensor("a", DType::kFloat32, {4}, Layout::Whole(), a).ok());
+  ASSERT_TRUE(targets.AddTensor("b", DType::kFloat32, {2, 2}, Layout::Whole(), b).ok());
   Match match;
   match.local.entry_of_piece = {0, 1};
   match.reader_of = {1, -1};  // rank 1 reads "a" for everyone
@@ -216,7 +216,7 @@ class LoadPhasesOnDisk : public ::testing::Test {
  protected:
   void SetUp() override {
     ShardedState state;
-    ASSERT_TRUE(state.AddTensor("a", DType::kFloat32, {4}, Layout::Replicated(), saved_).ok());
+    ASSERT_TRUE(state.AddTensor("a", DType::kFloat32, {4}, Layout::Whole(), saved_).ok());
     ASSERT_TRUE(Save(*comm_, root(), 3, state).ok());
   }
   void TearDown() override { SetFailpoints("").IgnoreError(); }
@@ -271,8 +271,8 @@ TEST_F(LoadPhasesOnDisk, MatchEntriesFillsTheReportAndAgrees) {
   ManifestRead read = ReadManifestOnRoot(0, root());
   float a[4] = {}, extra[2] = {};
   ShardedState targets;
-  ASSERT_TRUE(targets.AddTensor("a", DType::kFloat32, {4}, Layout::Replicated(), a).ok());
-  ASSERT_TRUE(targets.AddTensor("extra", DType::kFloat32, {2}, Layout::Replicated(), extra).ok());
+  ASSERT_TRUE(targets.AddTensor("a", DType::kFloat32, {4}, Layout::Whole(), a).ok());
+  ASSERT_TRUE(targets.AddTensor("extra", DType::kFloat32, {2}, Layout::Whole(), extra).ok());
   LoadReport report;
   Result<Match> strict = MatchEntries(*comm_, read.manifest, read.dir, targets, LoadOptions{}, &report);
   EXPECT_EQ(strict.status().code(), Code::kNotFound);
@@ -298,8 +298,8 @@ TEST_F(LoadPhasesOnDisk, MatchEntriesFillsTheReportAndAgrees) {
 TEST(CopyPiece, HostToHost) {
   float from[3] = {1, 2, 3}, to[3] = {};
   ShardedState state;
-  ASSERT_TRUE(state.AddTensor("x", DType::kFloat32, {3}, Layout::Replicated(), from).ok());
-  ASSERT_TRUE(state.AddTensor("x", DType::kFloat32, {3}, Layout::Replicated(), to).ok());
+  ASSERT_TRUE(state.AddTensor("x", DType::kFloat32, {3}, Layout::Whole(), from).ok());
+  ASSERT_TRUE(state.AddTensor("x", DType::kFloat32, {3}, Layout::Whole(), to).ok());
   ASSERT_TRUE(CopyPiece(state.pieces()[1], state.pieces()[0]).ok());
   EXPECT_EQ(std::vector<float>(to, to + 3), (std::vector<float>{1, 2, 3}));
 }

@@ -24,10 +24,10 @@ Manifest Sample() {
   w.chunks.push_back(ChunkRecord{1, 0, 64, Layout::FlatRange(16, 32)});
   m.entries.push_back(w);
   EntryRecord b{"model.b", DType::kBFloat16, {2, 3}, {}};
-  b.chunks.push_back(ChunkRecord{0, 4096, 12, Layout::Replicated()});
+  b.chunks.push_back(ChunkRecord{0, 4096, 12, Layout::Whole()});
   m.entries.push_back(b);
   EntryRecord s{"step", DType::kInt64, {}, {}};
-  s.chunks.push_back(ChunkRecord{0, 8192, 8, Layout::Replicated()});
+  s.chunks.push_back(ChunkRecord{0, 8192, 8, Layout::Whole()});
   m.entries.push_back(s);
   m.blobs.push_back(BlobRecord{"rng", BlobScope::kPerRank, 1, 1, 2048 * 2, 0});
   return m;
@@ -45,7 +45,7 @@ TEST(Manifest, RoundTrips) {
   EXPECT_EQ(back->created.user.at("run"), "demo");
   ASSERT_EQ(back->entries.size(), 3u);
   EXPECT_EQ(back->entries[0].chunks[1].layout, Layout::FlatRange(16, 32));
-  // Replicated is stored as the full box.
+  // Whole is stored as the full box.
   EXPECT_EQ(back->entries[1].chunks[0].layout, Layout::Box({0, 0}, {2, 3}));
   EXPECT_EQ(back->entries[2].shape, Shape{});
   EXPECT_EQ(back->files[1].table_page_sums[0], 0xabcdu);

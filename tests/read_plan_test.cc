@@ -90,7 +90,7 @@ TEST(ReadPlan, ColumnHalfOfWideRowsReadsHalfTheBytes) {
 TEST(ReadPlan, LargeExtentsAreCutAndCopiesSplitAtTheCuts) {
   // One 1 MiB chunk read whole with 256 KiB staging buffers: 4 extents, each with a quarter.
   Manifest m = RowSaved(256, 1024, 256);
-  ReadPlan plan = Plan(m, {WantedPiece{0, Layout::Replicated(), 7}}, {0, 256 << 10});
+  ReadPlan plan = Plan(m, {WantedPiece{0, Layout::Whole(), 7}}, {0, 256 << 10});
   ASSERT_EQ(plan.extents.size(), 4u);
   for (size_t i = 0; i < 4; ++i) {
     ASSERT_EQ(plan.extents[i].copy_count, 1u);
@@ -108,7 +108,7 @@ Layout RandomLayout(std::mt19937& rng, const Shape& shape, int parts, int index,
     case 0: return FlatShardLayout(shape, parts, index);
     case 1:
       if (!shape.empty()) return ChunkLayout(shape, static_cast<int>(rng() % shape.size()), parts, index);
-      return index == 0 ? Layout::Replicated() : Layout::FlatRange(1, 1);
+      return index == 0 ? Layout::Whole() : Layout::FlatRange(1, 1);
     default: {
       if (shape.size() < 2) return FlatShardLayout(shape, parts, index);
       // A p x q grid over dims 0 and 1 (q = parts / p), torch.chunk style on each.
@@ -154,7 +154,7 @@ TEST(ReadPlanProperty, AnyLayoutAtNLoadsIntoAnyLayoutAtM) {
     ASSERT_TRUE(ValidateManifest(manifest).ok()) << ValidateManifest(manifest).ToString();
     ChunkIndex index(&manifest);
     for (int r = 0; r < m; ++r) {
-      Layout want = wanted_family == 3 ? Layout::Replicated() : RandomLayout(rng, shape, m, r, wanted_family);
+      Layout want = wanted_family == 3 ? Layout::Whole() : RandomLayout(rng, shape, m, r, wanted_family);
       std::vector<CopyRequest> copies;
       PlanPieceCopies(manifest, index, {WantedPiece{0, want, 0}}, &copies);
       ReadPlanOptions options{(rng() % 2) * 4096, kBlockSize * (1 + rng() % 4)};

@@ -118,7 +118,7 @@ class RetentionTest : public ::testing::Test {
     ShardedState state;
     explicit State(int64_t step) : bytes(40000) {
       for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 7 + step);
-      EXPECT_TRUE(state.AddTensor("w", DType::kUInt8, {40000}, Layout::Replicated(), bytes.data()).ok());
+      EXPECT_TRUE(state.AddTensor("w", DType::kUInt8, {40000}, Layout::Whole(), bytes.data()).ok());
       EXPECT_TRUE(state.AddBlob("step", std::to_string(step)).ok());
     }
   };
@@ -132,7 +132,7 @@ class RetentionTest : public ::testing::Test {
   Result<int64_t> LoadStep(const std::string& path, Communicator* comm = nullptr) {
     std::vector<uint8_t> got(40000, 0xAB);
     ShardedState targets;
-    SC_RETURN_IF_ERROR(targets.AddTensor("w", DType::kUInt8, {40000}, Layout::Replicated(), got.data()));
+    SC_RETURN_IF_ERROR(targets.AddTensor("w", DType::kUInt8, {40000}, Layout::Whole(), got.data()));
     SC_ASSIGN_OR_RETURN(LoadReport report, Load(comm ? *comm : *comm_, path, targets));
     State expected(report.step);
     if (got != expected.bytes) return DataLoss("bytes of step " + std::to_string(report.step) + " differ");

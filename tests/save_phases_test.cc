@@ -18,7 +18,7 @@ using ::testing::HasSubstr;
 
 ShardedState OneTensor(float* data) {
   ShardedState state;
-  EXPECT_TRUE(state.AddTensor("w", DType::kFloat32, {4}, Layout::Replicated(), data).ok());
+  EXPECT_TRUE(state.AddTensor("w", DType::kFloat32, {4}, Layout::Whole(), data).ok());
   EXPECT_TRUE(state.AddBlob("rng", "seed", BlobScope::kPerRank).ok());
   return state;
 }
@@ -147,10 +147,10 @@ TEST(BuildManifest, EntriesByNameChunksOfNonEmptyPiecesAndBlobs) {
   described.hosts = {"h0", "h1"};
   described.ranks.resize(3);
   described.ranks[0].pieces = {{"z", DType::kFloat32, {4}, Layout::Box({0}, {2}), 8},
-                               {"a", DType::kInt64, {1}, Layout::Replicated(), 8}};
+                               {"a", DType::kInt64, {1}, Layout::Whole(), 8}};
   described.ranks[0].blobs = {{"step", BlobScope::kGlobal, 4}};
   described.ranks[1].pieces = {{"z", DType::kFloat32, {4}, Layout::Box({2}, {2}), 8},
-                               {"e", DType::kFloat32, {0}, Layout::Replicated(), 0}};
+                               {"e", DType::kFloat32, {0}, Layout::Whole(), 0}};
   std::vector<WriteReport> reports(3);
   reports[0].wrote_file = true;
   reports[0].file = FileRecord{"rank-00000.bin", 8192, 4096, {1}};

@@ -31,8 +31,8 @@ TEST(PlanSave, ReplicasAreWrittenOnceAndSpreadAcrossRanks) {
   // first, each goes to the rank with the fewest bytes so far: one tensor per rank.
   std::vector<RankDescription> ranks(4);
   for (auto& r : ranks) {
-    r.pieces = {Piece("a", {100}, Layout::Replicated()), Piece("b", {75}, Layout::Replicated()),
-                Piece("c", {50}, Layout::Replicated()), Piece("d", {25}, Layout::Box({0}, {25}))};
+    r.pieces = {Piece("a", {100}, Layout::Whole()), Piece("b", {75}, Layout::Whole()),
+                Piece("c", {50}, Layout::Whole()), Piece("d", {25}, Layout::Box({0}, {25}))};
   }
   Result<SavePlan> plan = PlanSave(ranks);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
@@ -109,8 +109,8 @@ TEST(PlanSave, RejectsInconsistentOrIncompleteStates) {
 
 TEST(PlanSave, EncodesAndDecodes) {
   std::vector<RankDescription> ranks(2);
-  ranks[0].pieces = {Piece("w", {4}, Layout::Replicated())};
-  ranks[1].pieces = {Piece("w", {4}, Layout::Replicated())};
+  ranks[0].pieces = {Piece("w", {4}, Layout::Whole())};
+  ranks[1].pieces = {Piece("w", {4}, Layout::Whole())};
   ranks[1].blobs = {BlobDescription{"x", BlobScope::kGlobal, 1}};
   SavePlan plan = PlanSave(ranks).value();
   SavePlan back = DecodeSavePlan(EncodeSavePlan(plan), 2).value();

@@ -31,7 +31,7 @@ std::vector<uint8_t> PieceBytes(const std::string& name, DType dtype, const Shap
   Shape local = LocalShape(layout, shape);
   std::vector<uint8_t> bytes(static_cast<size_t>(NumElements(local).value()) * element);
   // The whole tensor as a region whose local offset is the global linear index.
-  std::vector<Region> whole = LayoutRegions(Layout::Replicated(), shape);
+  std::vector<Region> whole = LayoutRegions(Layout::Whole(), shape);
   if (whole.empty()) return bytes;
   for (const Region& piece : LayoutRegions(layout, shape)) {
     ForEachCopy(whole[0], piece, [&](int64_t global, int64_t at, int64_t count) {

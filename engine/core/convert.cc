@@ -19,9 +19,9 @@ Status WriteTensor(OfflineCheckpointWriter& out, const std::string& policy, int 
                    const std::string& name, DType dtype, const Shape& shape, const std::vector<unsigned char>& full) {
   const size_t element = DTypeSize(dtype);
   if (policy == "replicated") {
-    return out.AddPiece(static_cast<int>(index % world), name, dtype, shape, Layout::Replicated(), full.data(), full.size());
+    return out.AddPiece(static_cast<int>(index % world), name, dtype, shape, Layout::Whole(), full.data(), full.size());
   }
-  std::vector<Region> whole = LayoutRegions(Layout::Replicated(), shape);
+  std::vector<Region> whole = LayoutRegions(Layout::Whole(), shape);
   std::vector<unsigned char> piece;
   for (int r = 0; r < world; ++r) {
     SC_ASSIGN_OR_RETURN(Layout layout, PolicyLayout(policy, shape, world, r));
@@ -40,9 +40,9 @@ Status WriteTensor(OfflineCheckpointWriter& out, const std::string& policy, int 
 }  // namespace
 
 Result<Layout> PolicyLayout(const std::string& policy, const Shape& shape, int world, int rank) {
-  if (policy == "replicated") return Layout::Replicated();
+  if (policy == "replicated") return Layout::Whole();
   if (policy == "flat") return FlatShardLayout(shape, world, rank);
-  if (policy == "dim0") return shape.empty() ? (rank == 0 ? Layout::Replicated() : Layout::FlatRange(1, 1))
+  if (policy == "dim0") return shape.empty() ? (rank == 0 ? Layout::Whole() : Layout::FlatRange(1, 1))
                                              : ChunkLayout(shape, 0, world, rank);
   return InvalidArgument("unknown layout '" + policy + "' (flat, dim0 or replicated)");
 }
@@ -129,7 +129,7 @@ Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::stri
     const size_t element = DTypeSize(e.dtype);
     // Each new piece is read exactly (the planner reads only its bytes): memory is one piece.
     for (int r = 0; r < world; ++r) {
-      Layout layout = Layout::Replicated();
+      Layout layout = Layout::Whole();
       int writer = static_cast<int>(i % world);
       if (options.layout != "replicated") {
         SC_ASSIGN_OR_RETURN(layout, PolicyLayout(options.layout, e.shape, world, r));

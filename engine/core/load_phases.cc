@@ -31,7 +31,7 @@ Status BroadcastPiece(Communicator& comm, Communicator* device_comm, bool all_on
 }
 
 bool IsWhole(const TensorPiece& piece) {
-  return Normalize(piece.layout, piece.global_shape).kind == LayoutKind::kReplicated;
+  return Normalize(piece.layout, piece.global_shape).kind == LayoutKind::kWhole;
 }
 
 }  // namespace

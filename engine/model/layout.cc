@@ -35,7 +35,7 @@ Layout Layout::FlatRange(int64_t begin, int64_t end) {
 bool Layout::operator==(const Layout& other) const {
   if (kind != other.kind) return false;
   switch (kind) {
-    case LayoutKind::kReplicated: return true;
+    case LayoutKind::kWhole: return true;
     case LayoutKind::kBox: return offsets == other.offsets && sizes == other.sizes;
     case LayoutKind::kFlatRange: return begin == other.begin && end == other.end;
   }
@@ -52,7 +52,7 @@ std::string ShapeString(const Shape& shape) {
 
 std::string Layout::ToString() const {
   switch (kind) {
-    case LayoutKind::kReplicated: return "replicated";
+    case LayoutKind::kWhole: return "replicated";
     case LayoutKind::kBox: return "box(offsets=" + ShapeString(offsets) + ", sizes=" + ShapeString(sizes) + ")";
     case LayoutKind::kFlatRange:
       return "flat[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
@@ -87,7 +87,7 @@ Result<int64_t> NumBytes(const Shape& shape, size_t element_size) {
 Result<int64_t> ValidateLayout(const Layout& layout, const Shape& global) {
   SC_ASSIGN_OR_RETURN(int64_t numel, NumElements(global));
   switch (layout.kind) {
-    case LayoutKind::kReplicated: return numel;
+    case LayoutKind::kWhole: return numel;
     case LayoutKind::kFlatRange:
       if (layout.begin < 0 || layout.end < layout.begin || layout.end > numel) {
         return InvalidArgument(layout.ToString() + " is outside a tensor of " +
@@ -113,7 +113,7 @@ Result<int64_t> ValidateLayout(const Layout& layout, const Shape& global) {
 
 Shape LocalShape(const Layout& layout, const Shape& global) {
   switch (layout.kind) {
-    case LayoutKind::kReplicated: return global;
+    case LayoutKind::kWhole: return global;
     case LayoutKind::kBox: return layout.sizes;
     case LayoutKind::kFlatRange: return {layout.end - layout.begin};
   }
@@ -121,10 +121,10 @@ Shape LocalShape(const Layout& layout, const Shape& global) {
 }
 
 Layout Normalize(const Layout& layout, const Shape& global) {
-  if (layout.kind == LayoutKind::kBox && layout.sizes == global) return Layout::Replicated();
+  if (layout.kind == LayoutKind::kBox && layout.sizes == global) return Layout::Whole();
   if (layout.kind == LayoutKind::kFlatRange && layout.begin == 0) {
     Result<int64_t> numel = NumElements(global);
-    if (numel.ok() && layout.end == *numel && numel.value() > 0) return Layout::Replicated();
+    if (numel.ok() && layout.end == *numel && numel.value() > 0) return Layout::Whole();
   }
   return layout;
 }

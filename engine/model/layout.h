@@ -20,16 +20,16 @@ namespace shardckpt {
 
 using Shape = std::vector<int64_t>;
 
-enum class LayoutKind : uint8_t { kReplicated, kBox, kFlatRange };
+enum class LayoutKind : uint8_t { kWhole, kBox, kFlatRange };
 
 struct Layout {
-  LayoutKind kind = LayoutKind::kReplicated;
+  LayoutKind kind = LayoutKind::kWhole;
   std::vector<int64_t> offsets;  // kBox
   std::vector<int64_t> sizes;    // kBox
   int64_t begin = 0;             // kFlatRange, in elements
   int64_t end = 0;
 
-  static Layout Replicated() { return Layout{}; }
+  static Layout Whole() { return Layout{}; }
   static Layout Box(std::vector<int64_t> offsets, std::vector<int64_t> sizes);
   static Layout FlatRange(int64_t begin, int64_t end);
 
@@ -51,7 +51,7 @@ std::string ShapeString(const Shape& shape);
 Result<int64_t> ValidateLayout(const Layout& layout, const Shape& global);
 // The local shape a piece's buffer has: the box sizes, [end-begin] for a flat range.
 Shape LocalShape(const Layout& layout, const Shape& global);
-// Turns a full-tensor Box into Replicated so that equal pieces compare equal.
+// Turns a full-tensor Box into Whole so that equal pieces compare equal.
 Layout Normalize(const Layout& layout, const Shape& global);
 
 // torch.chunk(global, parts, dim)[index] as a Box: chunks of ceil(n/parts); trailing ones may be

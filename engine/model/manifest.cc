@@ -28,7 +28,7 @@ json EncodeLayout(const ChunkRecord& chunk, const Shape& shape) {
       out.push_back(chunk.layout.offsets);
       out.push_back(chunk.layout.sizes);
       break;
-    case LayoutKind::kReplicated:
+    case LayoutKind::kWhole:
       out.push_back(std::vector<int64_t>(shape.size(), 0));
       out.push_back(shape);
       break;

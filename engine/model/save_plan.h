@@ -2,7 +2,7 @@
 // descriptions of every rank's pieces and blobs.
 //
 // * Every entry must agree on dtype and global shape across ranks.
-// * Equal pieces (replicas: Replicated, or the same Box/FlatRange on several data-parallel ranks)
+// * Equal pieces (replicas: Whole, or the same Box/FlatRange on several data-parallel ranks)
 //   are written once, by the holder with the fewest bytes assigned so far; largest first, so the
 //   write volume ends up balanced across ranks.
 // * The distinct pieces of each entry must cover it exactly once.

@@ -46,7 +46,7 @@ Result<at::ScalarType> ToTorchDType(DType dtype) {
   }
 }
 
-Status AddTensor(ShardedState& state, const std::string& name, const at::Tensor& local,
+Status AddTorchTensor(ShardedState& state, const std::string& name, const at::Tensor& local,
                  const Layout& layout, const Shape& global_shape) {
   if (!local.is_contiguous()) {
     return InvalidArgument("tensor '" + name + "' is not contiguous; pass .contiguous() (shardckpt does not copy)");
@@ -56,7 +56,7 @@ Status AddTensor(ShardedState& state, const std::string& name, const at::Tensor&
                            "; shardckpt saves CPU and CUDA tensors");
   }
   SC_ASSIGN_OR_RETURN(DType dtype, FromTorchDType(local.scalar_type()));
-  Shape global = layout.kind == LayoutKind::kReplicated && global_shape.empty()
+  Shape global = layout.kind == LayoutKind::kWhole && global_shape.empty()
                      ? Shape(local.sizes().begin(), local.sizes().end())
                      : global_shape;
   Shape expected = LocalShape(layout, global);

@@ -14,10 +14,10 @@ namespace shardckpt {
 Result<DType> FromTorchDType(at::ScalarType type);
 Result<at::ScalarType> ToTorchDType(DType dtype);
 
-// Adds `local` (the piece this rank holds) under `name`. For Replicated, the global shape is the
+// Adds `local` (the piece this rank holds) under `name`. For Whole, the global shape is the
 // tensor's own; otherwise pass the global shape.
-Status AddTensor(ShardedState& state, const std::string& name, const at::Tensor& local,
-                 const Layout& layout = Layout::Replicated(), const Shape& global_shape = {});
+Status AddTorchTensor(ShardedState& state, const std::string& name, const at::Tensor& local,
+                 const Layout& layout = Layout::Whole(), const Shape& global_shape = {});
 
 // The torch version this binary was built against, for the manifest's creation facts.
 std::string TorchVersion();

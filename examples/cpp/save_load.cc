@@ -26,7 +26,7 @@ std::vector<float> Expected(const Shape& global, const shardckpt::Layout& layout
   int64_t columns = global[1];
   for (int64_t i = 0; i < global[0] * columns; ++i) {
     int64_t row = i / columns;
-    bool mine = true;  // kReplicated: the whole tensor
+    bool mine = true;  // kWhole: the whole tensor
     if (layout.kind == shardckpt::LayoutKind::kFlatRange)
       mine = i >= layout.begin && i < layout.end;
     if (layout.kind == shardckpt::LayoutKind::kBox)

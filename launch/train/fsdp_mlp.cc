@@ -117,12 +117,12 @@ Status FsdpMlp::AddToState(ShardedState& state, bool model_only) {
     Layout layout = Layout::FlatRange(lo - p.offset, hi - p.offset);
     Shape shape(p.shape.begin(), p.shape.end());
     auto piece = [&](const at::Tensor& t) { return empty ? t.slice(0, 0, 0) : t.slice(0, lo - begin_, hi - begin_); };
-    SC_RETURN_IF_ERROR(AddTensor(state, "model." + p.name, piece(shard_), layout, shape));
+    SC_RETURN_IF_ERROR(AddTorchTensor(state, "model." + p.name, piece(shard_), layout, shape));
     if (model_only) continue;
-    SC_RETURN_IF_ERROR(AddTensor(state, "optim." + p.name + ".exp_avg", piece(exp_avg_), layout, shape));
-    SC_RETURN_IF_ERROR(AddTensor(state, "optim." + p.name + ".exp_avg_sq", piece(exp_avg_sq_), layout, shape));
+    SC_RETURN_IF_ERROR(AddTorchTensor(state, "optim." + p.name + ".exp_avg", piece(exp_avg_), layout, shape));
+    SC_RETURN_IF_ERROR(AddTorchTensor(state, "optim." + p.name + ".exp_avg_sq", piece(exp_avg_sq_), layout, shape));
   }
-  if (!model_only) SC_RETURN_IF_ERROR(AddTensor(state, "optim.step", optimizer_step_tensor_));
+  if (!model_only) SC_RETURN_IF_ERROR(AddTorchTensor(state, "optim.step", optimizer_step_tensor_));
   return Status::Ok();
 }
 

@@ -26,7 +26,7 @@ Status LoadEverything(const std::string& root) {
   const Manifest& m = reader->manifest();
   for (size_t i = 0; i < m.entries.size(); ++i) {
     std::vector<unsigned char> out(static_cast<size_t>(NumBytes(m.entries[i].shape, DTypeSize(m.entries[i].dtype)).value()));
-    SC_RETURN_IF_ERROR(reader->ReadPiece(i, Layout::Replicated(), out.data()));
+    SC_RETURN_IF_ERROR(reader->ReadPiece(i, Layout::Whole(), out.data()));
   }
   for (const BlobRecord& b : m.blobs) SC_RETURN_IF_ERROR(reader->ReadBlob(b).status());
   return Status::Ok();

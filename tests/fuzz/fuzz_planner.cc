@@ -27,9 +27,9 @@ Layout FuzzLayout(FuzzedDataProvider& in, const Shape& shape, int parts, int ind
   switch (in.ConsumeIntegralInRange<int>(0, 5)) {
     case 0: return FlatShardLayout(shape, parts, index);
     case 1:
-      if (shape.empty()) return Layout::Replicated();
+      if (shape.empty()) return Layout::Whole();
       return ChunkLayout(shape, in.ConsumeIntegralInRange<int>(0, static_cast<int>(shape.size()) - 1), parts, index);
-    case 2: return Layout::Replicated();
+    case 2: return Layout::Whole();
     case 3: {
       int64_t begin = in.ConsumeIntegralInRange<int64_t>(-2, 5000);
       return Layout::FlatRange(begin, begin + in.ConsumeIntegralInRange<int64_t>(-2, 5000));

@@ -39,7 +39,7 @@ Manifest SampleManifest(int world, bool with_blobs) {
     w.chunks.push_back(ChunkRecord{static_cast<uint32_t>(r), 0, bytes, rows});
     uint64_t end = AlignUp(bytes, kBlockSize);
     if (r == 0) {
-      b.chunks.push_back(ChunkRecord{0, end, 48 * 4, Layout::Replicated()});
+      b.chunks.push_back(ChunkRecord{0, end, 48 * 4, Layout::Whole()});
       end = AlignUp(end + 48 * 4, kBlockSize);
     }
     if (with_blobs) {

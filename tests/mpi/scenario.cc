@@ -29,9 +29,9 @@ bool IsKnownFamily(const std::string& family) {
 
 std::vector<Layout> ScenarioLayouts(const ScenarioEntry& entry, const std::string& family, int world, int rank) {
   const Shape& shape = entry.shape;
-  if (family == "replicated") return {Layout::Replicated()};
+  if (family == "replicated") return {Layout::Whole()};
   if (family == "flat") return {FlatShardLayout(shape, world, rank)};
-  if (family == "dim0") return {shape.empty() ? Layout::Replicated() : ChunkLayout(shape, 0, world, rank)};
+  if (family == "dim0") return {shape.empty() ? Layout::Whole() : ChunkLayout(shape, 0, world, rank)};
   // mixed
   if (entry.name == "model.rows") {
     std::vector<Layout> rows;  // row i lives on rank i % world: several pieces per rank
@@ -45,8 +45,8 @@ std::vector<Layout> ScenarioLayouts(const ScenarioEntry& entry, const std::strin
   }
   switch (index % 5) {
     case 0: return {FlatShardLayout(shape, world, rank)};
-    case 1: return {shape.empty() ? Layout::Replicated() : ChunkLayout(shape, 0, world, rank)};
-    case 2: return {shape.empty() ? Layout::Replicated() : ChunkLayout(shape, static_cast<int>(shape.size()) - 1, world, rank)};
+    case 1: return {shape.empty() ? Layout::Whole() : ChunkLayout(shape, 0, world, rank)};
+    case 2: return {shape.empty() ? Layout::Whole() : ChunkLayout(shape, static_cast<int>(shape.size()) - 1, world, rank)};
     case 3: {
       if (shape.size() < 2) return {FlatShardLayout(shape, world, rank)};
       int p = world % 2 == 0 ? 2 : 1, q = world / p;
@@ -56,7 +56,7 @@ std::vector<Layout> ScenarioLayouts(const ScenarioEntry& entry, const std::strin
       box.sizes[1] = cols.sizes[1];
       return {box};
     }
-    default: return {Layout::Replicated()};
+    default: return {Layout::Whole()};
   }
 }
 
