@@ -16,8 +16,14 @@
 
 #include "shardckpt/collectives/communicator.h"
 #include "shardckpt/collectives/mpi_communicator.h"
+#include "shardckpt/engine/core/async_save.h"
+#include "shardckpt/engine/core/checkpoint_dir.h"
+#include "shardckpt/engine/core/consolidate.h"
+#include "shardckpt/engine/core/convert.h"
 #include "shardckpt/engine/core/load.h"
 #include "shardckpt/engine/core/save.h"
+#include "shardckpt/engine/core/verify.h"
+#include "shardckpt/io/failpoint.h"
 
 namespace py = pybind11;
 
@@ -270,6 +276,196 @@ py::tuple AgreeCall(Comm& comm, const std::string& code, const std::string& mess
   return Reply(agreed);
 }
 
+// ---- Async save: one AsyncSaver per communicator (Python keeps it on the Comm), so staging is
+// reused by every later save. The pieces' memory is only read during Save (the snapshot).
+class Saver {
+ public:
+  std::unique_ptr<AsyncSaver> saver;
+};
+
+class Handle {
+ public:
+  std::shared_ptr<SaveHandle> handle;
+  py::tuple Wait() {
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = handle->Wait();
+    }
+    return Reply(s);
+  }
+  bool Done() const { return handle->Done(); }
+  int64_t step() const { return handle->step(); }
+};
+
+py::tuple CreateSaverCall(Comm& comm) {
+  Result<std::unique_ptr<AsyncSaver>> made = Status(Code::kInternal, "not run");
+  {
+    py::gil_scoped_release release;
+    made = AsyncSaver::Create(comm.get());
+  }
+  if (!made.ok()) return Reply(made.status());
+  auto saver = std::make_unique<Saver>();
+  saver->saver = std::move(made).value();
+  return Reply(Status::Ok(), py::cast(std::move(saver)));
+}
+
+py::tuple AsyncSaveCall(Comm& comm, Saver& saver, const std::string& root, int64_t step,
+                        const std::vector<PieceTuple>& pieces, const std::vector<BlobTuple>& blobs,
+                        const std::map<std::string, double>& metrics, const LocalError& error) {
+  ShardedState state;
+  Status built = FromPython(error);
+  if (built.ok()) built = BuildState(pieces, blobs, &state);
+  Result<std::shared_ptr<SaveHandle>> handle = Status(Code::kInternal, "not run");
+  {
+    py::gil_scoped_release release;
+    Status agreed = AgreeOnStatus(comm.get(), built);
+    handle = agreed.ok() ? saver.saver->Save(root, step, state, metrics)
+                         : Result<std::shared_ptr<SaveHandle>>(agreed);
+  }
+  if (!handle.ok()) return Reply(handle.status());
+  auto out = std::make_unique<Handle>();
+  out->handle = std::move(handle).value();
+  return Reply(Status::Ok(), py::cast(std::move(out)));
+}
+
+// ---- The command line's verbs (tools/shardckpt_main.cc), single process.
+py::tuple InspectCall(const std::string& path) {
+  Result<CheckpointHold> hold = HoldCheckpoint(path);
+  if (!hold.ok()) return Reply(hold.status());
+  Result<Manifest> m = ReadManifest(hold->dir());
+  if (!m.ok()) return Reply(m.status());
+  py::list entries;
+  uint64_t total = 0;
+  for (const EntryRecord& e : m->entries) {
+    uint64_t bytes = static_cast<uint64_t>(NumBytes(e.shape, DTypeSize(e.dtype)).value());
+    total += bytes;
+    py::dict d;
+    d["name"] = e.name;
+    d["dtype"] = DTypeName(e.dtype);
+    d["shape"] = e.shape;
+    d["bytes"] = bytes;
+    d["chunks"] = e.chunks.size();
+    entries.append(d);
+  }
+  py::list blobs;
+  for (const BlobRecord& b : m->blobs) {
+    py::dict d;
+    d["name"] = b.name;
+    d["scope"] = b.scope == BlobScope::kGlobal ? "global" : "per_rank";
+    d["rank"] = b.rank;
+    d["bytes"] = b.bytes;
+    blobs.append(d);
+  }
+  uint64_t file_bytes = 0;
+  for (const FileRecord& f : m->files) file_bytes += f.size;
+  py::dict out;
+  out["checkpoint"] = hold->dir();
+  out["format_version"] = std::to_string(m->format_major) + "." + std::to_string(m->format_minor);
+  out["step"] = m->step;
+  out["world_size"] = m->world_size;
+  py::dict created;
+  created["time"] = m->created.time;
+  created["shardckpt_version"] = m->created.shardckpt_version;
+  created["torch_version"] = m->created.torch_version;
+  created["hosts"] = m->created.hosts;
+  created["git_commit"] = m->created.git_commit;
+  created["user"] = m->created.user;
+  out["created"] = created;
+  out["metrics"] = m->metrics;
+  out["entries"] = entries;
+  out["blobs"] = blobs;
+  out["tensor_bytes"] = total;
+  out["files"] = m->files.size();
+  out["file_bytes"] = file_bytes;
+  return Reply(Status::Ok(), out);
+}
+
+py::tuple VerifyCall(const std::string& path) {
+  Result<VerifyReport> r = Status(Code::kInternal, "not run");
+  {
+    py::gil_scoped_release release;
+    r = VerifyCheckpoint(path);
+  }
+  if (!r.ok()) return Reply(r.status());
+  py::list problems;
+  for (const VerifyProblem& p : r->problems) {
+    problems.append(py::make_tuple(p.file, p.offset, p.entries, p.what));
+  }
+  py::dict out;
+  out["checkpoint"] = r->checkpoint;
+  out["files"] = r->files;
+  out["bytes_checked"] = r->bytes_checked;
+  out["blocks_checked"] = r->blocks_checked;
+  out["problems"] = problems;
+  return Reply(Status::Ok(), out);
+}
+
+py::tuple ConsolidateCall(const std::string& path, const std::string& out_file, const std::string& format,
+                          const std::vector<std::string>& include, const std::vector<std::string>& exclude,
+                          const std::string& strip_prefix, const std::string& dtype, uint64_t max_shard_bytes) {
+  ConsolidateOptions options;
+  if (format.empty()) {
+    Result<ExportFormat> f = FormatFromPath(out_file);
+    if (!f.ok()) return Reply(f.status());
+    options.format = *f;
+  } else if (format == "torch" || format == "safetensors") {
+    options.format = format == "torch" ? ExportFormat::kTorch : ExportFormat::kSafetensors;
+  } else {
+    return Reply(InvalidArgument("format must be 'torch' or 'safetensors', not '" + format + "'"));
+  }
+  options.include = include;
+  options.exclude = exclude;
+  options.strip_prefix = strip_prefix;
+  if (!dtype.empty()) {
+    const std::map<std::string, DType> casts = {{"bf16", DType::kBFloat16}, {"fp16", DType::kFloat16},
+                                                {"fp32", DType::kFloat32}};
+    auto it = casts.find(dtype);
+    if (it == casts.end()) return Reply(InvalidArgument("dtype must be bf16, fp16 or fp32, not '" + dtype + "'"));
+    options.cast = it->second;
+  }
+  if (max_shard_bytes != 0) {
+    if (options.format != ExportFormat::kSafetensors) {
+      return Reply(InvalidArgument("max_shard_bytes applies to safetensors output"));
+    }
+    options.max_shard_bytes = max_shard_bytes;
+  }
+  Result<ConsolidateReport> r = Status(Code::kInternal, "not run");
+  {
+    py::gil_scoped_release release;
+    r = Consolidate(path, out_file, options);
+  }
+  if (!r.ok()) return Reply(r.status());
+  py::dict out;
+  out["checkpoint"] = r->checkpoint;
+  out["files"] = r->files;
+  out["sha256"] = r->sha256;
+  out["entries"] = r->entries;
+  out["tensor_bytes"] = r->tensor_bytes;
+  out["bytes_read"] = r->bytes_read;
+  return Reply(Status::Ok(), out);
+}
+
+py::tuple ConvertCall(bool import, const std::string& input, const std::string& root, int world_size,
+                      const std::string& layout) {
+  if (world_size < 1) return Reply(InvalidArgument("world_size must be at least 1"));
+  ConvertOptions options;
+  options.world_size = world_size;
+  options.layout = layout;
+  Result<ConvertReport> r = Status(Code::kInternal, "not run");
+  {
+    py::gil_scoped_release release;
+    r = import ? ImportFile(input, root, options) : Reshard(input, root, options);
+  }
+  if (!r.ok()) return Reply(r.status());
+  py::dict out;
+  out["path"] = r->path;
+  out["tensors"] = r->tensors;
+  out["bytes"] = r->bytes;
+  out["skipped"] = r->skipped;
+  return Reply(Status::Ok(), out);
+}
+
 }  // namespace
 }  // namespace shardckpt
 
@@ -290,6 +486,19 @@ PYBIND11_MODULE(_core, m) {
   m.def("mpi_finalize", &MpiFinalize);
   m.def("save", &SaveCall);
   m.def("load", &LoadCall);
+  py::class_<Saver>(m, "AsyncSaver");
+  py::class_<Handle>(m, "SaveHandle")
+      .def("wait", &Handle::Wait)
+      .def("done", &Handle::Done)
+      .def_property_readonly("step", &Handle::step);
+  m.def("create_saver", &CreateSaverCall);
+  m.def("async_save", &AsyncSaveCall);
+  m.def("inspect", &InspectCall);
+  m.def("verify", &VerifyCall);
+  m.def("consolidate", &ConsolidateCall);
+  m.def("convert", &ConvertCall);
+  // Tests: arms io/failpoint.h's failpoints in this process ("" disarms them all).
+  m.def("set_failpoints", [](const std::string& spec) { return Reply(SetFailpoints(spec)); });
   m.def("dtypes", [] {
     std::vector<std::string> names;
     for (int d = 0; d < kNumDTypes; ++d) names.push_back(DTypeName(static_cast<DType>(d)));

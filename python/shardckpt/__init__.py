@@ -21,8 +21,10 @@ The extension links no libtorch: one build serves torch 1.13 and 2.x.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+import threading
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -33,7 +35,8 @@ from .errors import (Aborted, AlreadyExists, DataLoss, DeadlineExceeded, FailedP
                      Unimplemented, raise_for)
 
 __all__ = [
-    "save", "load", "SaveResult", "LoadReport", "FlatShard", "PerRank", "world", "from_process_group",
+    "save", "load", "async_save", "AsyncSaveHandle", "inspect", "verify", "VerifyReport",
+    "VerifyProblem", "consolidate", "import_checkpoint", "reshard", "SaveResult", "LoadReport", "FlatShard", "PerRank", "world", "from_process_group",
     "single_process", "launched_by_mpi", "ShardckptError", "InvalidArgument", "NotFound",
     "AlreadyExists", "DataLoss", "IoError", "NoSpace", "FailedPrecondition", "Unimplemented",
     "Internal", "Aborted", "DeadlineExceeded",
@@ -226,3 +229,194 @@ def load(state_dict: Dict[str, Any], path: str, *, strict: bool = True, strip_pr
                       missing=missing, unexpected=unexpected, unavailable=unavailable,
                       bytes_read=raw["bytes_read"], bytes_wanted=raw["bytes_wanted"],
                       bytes_received=raw["bytes_received"])
+
+
+
+# ---- Async save -----------------------------------------------------------------------------
+
+class AsyncSaveHandle:
+    """A save in flight, from :func:`async_save`.
+
+    ``wait()`` blocks until the checkpoint is committed (or failed) and raises the save's error,
+    the same :class:`ShardckptError` subclass on every rank; it may be called many times and
+    raises each time. ``done()`` says whether the persist has finished, without blocking.
+    """
+
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle
+
+    @property
+    def step(self) -> int:
+        """The step this save writes."""
+        return int(self._handle.step)
+
+    def done(self) -> bool:
+        """Whether the background persist has finished (successfully or not)."""
+        return bool(self._handle.done())
+
+    def wait(self) -> None:
+        """Waits for the persist (collective in effect: every rank gets the same outcome)."""
+        code, message, _ = self._handle.wait()
+        raise_for(code, message)
+
+
+_savers_lock = threading.Lock()
+_savers: Dict[int, Tuple[Any, Any]] = {}  # id(comm) -> (comm, engine AsyncSaver)
+_savers_atexit = False
+
+
+def _drop_savers() -> None:
+    """At exit, before MPI is finalized (registered after world()): ends each saver, which
+    waits for its persist in flight."""
+    with _savers_lock:
+        _savers.clear()
+
+
+def _saver_for(comm: Any) -> Any:
+    """One engine AsyncSaver per communicator, kept across calls so its staging is reused."""
+    global _savers_atexit
+    from . import _core
+    with _savers_lock:
+        held = _savers.get(id(comm))
+        if held is not None and held[0] is comm:
+            return held[1]
+    code, message, saver = _core.create_saver(comm)  # collective (duplicates the communicator)
+    raise_for(code, message)
+    with _savers_lock:
+        _savers[id(comm)] = (comm, saver)
+        if not _savers_atexit:
+            atexit.register(_drop_savers)
+            _savers_atexit = True
+    return saver
+
+
+def async_save(state_dict: Mapping[str, Any], root: str, step: int, *,
+               metrics: Optional[Mapping[str, float]] = None,
+               comm: Any = None) -> AsyncSaveHandle:
+    """Starts saving ``state_dict`` as checkpoint ``step`` under ``root`` and returns once a
+    snapshot is taken (collective: every rank calls it).
+
+    The tensors may be changed as soon as this returns: the engine copied them into a staging
+    area that it keeps, per communicator, for every later async save (so only the first one
+    allocates). The files are written by a background thread; call
+    :meth:`AsyncSaveHandle.wait` before relying on the checkpoint. One save is in flight at a
+    time: a second ``async_save`` first waits for the previous one. Errors describing the state
+    (an unsupported value) raise here; errors writing it raise from ``wait()``, on every rank.
+
+    Under mpirun MPI must provide MPI_THREAD_MULTIPLE (shardckpt asks for it when it
+    initializes MPI); a communicator over torch.distributed is not thread-safe, so there this
+    raises :class:`FailedPrecondition` (use :func:`save`). Retention options are not supported
+    here; ``metrics`` are recorded in the manifest.
+    """
+    from . import _core
+    comm = resolve(comm)
+    saver = _saver_for(comm)
+    keep: List[torch.Tensor] = []
+    error = ("OK", "")
+    pieces: list = []
+    blobs: list = []
+    try:
+        pieces, blobs = _describe_save(state_dict, keep)
+    except ShardckptError as failure:
+        error = (failure.code, failure.message)
+    code, message, handle = _core.async_save(comm, saver, str(root), int(step), pieces, blobs,
+                                             dict(metrics or {}), error)
+    raise_for(code, message)
+    return AsyncSaveHandle(handle)
+
+
+# ---- The command line's verbs, single process ----------------------------------------------
+
+@dataclasses.dataclass
+class VerifyProblem:
+    """One damaged block: ``file`` (relative to the checkpoint), byte ``offset``, the
+    ``entries`` stored there, and ``what`` is wrong."""
+    file: str
+    offset: int
+    entries: str
+    what: str
+
+
+@dataclasses.dataclass
+class VerifyReport:
+    """What :func:`verify` checked; ``problems`` is always empty when it returns (a damaged
+    checkpoint raises :class:`DataLoss`)."""
+    checkpoint: str
+    files: int
+    bytes_checked: int
+    blocks_checked: int
+    problems: List[VerifyProblem]
+
+
+def inspect(path: str) -> Dict[str, Any]:
+    """What a checkpoint holds (``shardckpt inspect --json``): a dict with ``checkpoint``,
+    ``step``, ``world_size``, ``format_version``, ``created``, ``metrics``, ``entries`` (each
+    ``{"name", "dtype", "shape", "bytes", "chunks"}``), ``blobs``, ``tensor_bytes``, ``files``
+    and ``file_bytes``. ``path``: a checkpoint folder or a root (its newest checkpoint)."""
+    from . import _core
+    code, message, out = _core.inspect(str(path))
+    raise_for(code, message)
+    return dict(out)
+
+
+def verify(path: str) -> VerifyReport:
+    """Reads every byte of a checkpoint and checks every checksum (``shardckpt verify``).
+
+    Returns the report when the checkpoint is sound. A damaged one raises :class:`DataLoss`
+    whose message names each damaged file, offset and entries (``problems`` on the exception
+    holds the :class:`VerifyProblem` list); one that cannot be examined at all (no manifest)
+    raises what the engine reports (:class:`NotFound`, :class:`DataLoss`...).
+    """
+    from . import _core
+    code, message, raw = _core.verify(str(path))
+    raise_for(code, message)
+    problems = [VerifyProblem(*p) for p in raw["problems"]]
+    report = VerifyReport(checkpoint=raw["checkpoint"], files=raw["files"],
+                          bytes_checked=raw["bytes_checked"], blocks_checked=raw["blocks_checked"],
+                          problems=problems)
+    if problems:
+        error = DataLoss("checkpoint %s is damaged: %s" % (report.checkpoint, "; ".join(
+            "%s/%s at offset %d (%s): %s" % (report.checkpoint, p.file, p.offset, p.entries, p.what)
+            for p in problems)))
+        error.problems = problems  # type: ignore[attr-defined]
+        error.report = report  # type: ignore[attr-defined]
+        raise error
+    return report
+
+
+def consolidate(path: str, out: str, format: Optional[str] = None, *,
+                include: Sequence[str] = (), exclude: Sequence[str] = (), strip_prefix: str = "",
+                dtype: Optional[str] = None, max_shard_bytes: int = 0) -> Dict[str, Any]:
+    """One state-dict file from a sharded checkpoint (``shardckpt consolidate``).
+
+    ``format``: ``"torch"`` (a .pt that ``torch.load(weights_only=True)`` reads) or
+    ``"safetensors"``; None picks it from ``out``'s extension. ``include``/``exclude``: globs
+    of entry names; ``dtype``: cast floating tensors to ``"bf16"``, ``"fp16"`` or ``"fp32"``;
+    ``max_shard_bytes``: split safetensors output. Returns ``{"checkpoint", "files", "sha256",
+    "entries", "tensor_bytes", "bytes_read"}``."""
+    from . import _core
+    code, message, result = _core.consolidate(str(path), str(out), format or "", list(include),
+                                              list(exclude), strip_prefix, dtype or "",
+                                              int(max_shard_bytes))
+    raise_for(code, message)
+    return dict(result)
+
+
+def import_checkpoint(src: str, out_root: str, world_size: int, layout: str = "flat") -> Dict[str, Any]:
+    """A .pt or .safetensors file as a sharded checkpoint under ``out_root`` for ``world_size``
+    ranks (``shardckpt import``); ``layout``: ``"flat"``, ``"dim0"`` or ``"replicated"``.
+    Returns ``{"path", "tensors", "bytes", "skipped"}`` (skipped: values that are not tensors)."""
+    from . import _core
+    code, message, result = _core.convert(True, str(src), str(out_root), int(world_size), layout)
+    raise_for(code, message)
+    return dict(result)
+
+
+def reshard(path: str, out_root: str, world_size: int, layout: str = "flat") -> Dict[str, Any]:
+    """A checkpoint rewritten for ``world_size`` ranks under ``out_root``, without a job
+    (``shardckpt reshard``). Returns ``{"path", "tensors", "bytes", "skipped"}`` (skipped:
+    per-rank blobs, which have no meaning at another world size)."""
+    from . import _core
+    code, message, result = _core.convert(False, str(path), str(out_root), int(world_size), layout)
+    raise_for(code, message)
+    return dict(result)
