@@ -1,0 +1,157 @@
+"""async_save: the snapshot is taken at call time, and a failed persist raises the same typed
+exception on every rank from wait(). Under mpirun (MPI_THREAD_MULTIPLE); under torchrun the
+communicator is not thread-safe, so async_save refuses plainly."""
+
+import hashlib
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("shardckpt._core")  # not built: skipped, exit 77 (conftest.py)
+import shardckpt  # noqa: E402
+from shardckpt import _core  # noqa: E402
+from conftest import barrier
+
+UNDER_MPI = shardckpt.launched_by_mpi()
+mpi_only = pytest.mark.skipif(not UNDER_MPI, reason="async save needs a thread-safe communicator")
+
+
+def state_at(comm, seed):
+    """Replicated tensors drawn first (the same on every rank), then this rank's flat shard."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(64, 33, generator=g)
+    i = torch.randint(0, 1000, (17,), generator=g)
+    local = torch.randn(1000 + comm.rank, generator=g) + comm.rank
+    total = sum(1000 + r for r in range(comm.size))
+    begin = sum(1000 + r for r in range(comm.rank))
+    return {"w": w, "i": i, "shard": shardckpt.FlatShard(local, [total], begin), "step": seed}
+
+
+def clone(state):
+    out = {}
+    for k, v in state.items():
+        if isinstance(v, torch.Tensor):
+            out[k] = v.clone()
+        elif isinstance(v, shardckpt.FlatShard):
+            out[k] = shardckpt.FlatShard(v.local.clone(), v.global_shape, v.begin)
+        else:
+            out[k] = v
+    return out
+
+
+def zeroed(state):
+    out = clone(state)
+    for k, v in out.items():
+        if isinstance(v, torch.Tensor):
+            v.zero_()
+        elif isinstance(v, shardckpt.FlatShard):
+            v.local.zero_()
+        else:
+            out[k] = -1
+    return out
+
+
+def assert_same(a, b):
+    for k in a:
+        x, y = a[k], b[k]
+        if isinstance(x, shardckpt.FlatShard):
+            x, y = x.local, y.local
+        if isinstance(x, torch.Tensor):
+            assert torch.equal(x, y), k
+        else:
+            assert x == y, k
+
+
+@mpi_only
+def test_values_at_call_time(comm, root):
+    state = state_at(comm, 5)
+    expected = clone(state)
+    handle = shardckpt.async_save(state, root, 5, comm=comm)
+    assert handle.step == 5
+    # The training loop changes every tensor in place right away (DCP issue 144657).
+    with torch.no_grad():
+        for v in state.values():
+            t = v.local if isinstance(v, shardckpt.FlatShard) else v
+            if isinstance(t, torch.Tensor):
+                t.fill_(7)
+    handle.wait()
+    assert handle.done()
+    handle.wait()  # callable again
+    into = zeroed(expected)
+    report = shardckpt.load(into, root, comm=comm)
+    assert report.step == 5
+    assert_same(into, expected)
+
+
+@mpi_only
+def test_saver_reused_across_saves(comm, root):
+    handles = []
+    states = []
+    for step in (1, 2, 3):
+        state = state_at(comm, step)
+        states.append(clone(state))
+        handles.append(shardckpt.async_save(state, root, step, comm=comm))
+    for h in handles:
+        h.wait()
+    for step, expected in zip((1, 2, 3), states):
+        into = zeroed(expected)
+        path = [c for c in os.listdir(root) if c.startswith("step-") and int(c[5:]) == step]
+        shardckpt.load(into, os.path.join(root, path[0]), comm=comm)
+        assert_same(into, expected)
+
+
+def assert_same_everywhere(comm, error):
+    """The same exception class and message on every rank (agree() carries failures only, so
+    each rank sends a short token of its own and counts the copies in what every rank got)."""
+    token = "%s/%s" % (type(error).__name__, hashlib.sha1(error.message.encode()).hexdigest()[:16])
+    code, message, _ = comm.agree("Internal", token)
+    assert message.count(token) == comm.size, message
+
+
+@mpi_only
+def test_injected_failure_raises_everywhere(comm, root):
+    code, message, _ = _core.set_failpoints("save.write_data@%d=EIO" % (comm.size - 1))
+    assert code == "OK", message
+    try:
+        handle = shardckpt.async_save(state_at(comm, 9), root, 9, comm=comm)
+        with pytest.raises(shardckpt.IoError) as first:
+            handle.wait()
+        with pytest.raises(shardckpt.IoError) as again:
+            handle.wait()
+        assert str(first.value) == str(again.value)
+        assert "rank-%05d.bin" % (comm.size - 1) in first.value.message
+        assert handle.done()
+    finally:
+        _core.set_failpoints("")
+    assert_same_everywhere(comm, first.value)
+    # The next save through the same saver works.
+    state = state_at(comm, 10)
+    expected = clone(state)
+    shardckpt.async_save(state, root, 10, comm=comm).wait()
+    into = zeroed(expected)
+    shardckpt.load(into, root, comm=comm)
+    assert_same(into, expected)
+
+
+@mpi_only
+def test_unwritable_root_raises_everywhere(comm, root):
+    blocker = root + "-file"  # a file where the root's parent folder should be
+    if comm.rank == 0:
+        os.makedirs(os.path.dirname(blocker), exist_ok=True)
+        with open(blocker, "w") as f:
+            f.write("not a folder")
+    barrier(comm)
+    handle = shardckpt.async_save(state_at(comm, 1), os.path.join(blocker, "ckpt"), 1, comm=comm)
+    with pytest.raises(shardckpt.ShardckptError) as caught:
+        handle.wait()
+    assert blocker in caught.value.message
+    assert_same_everywhere(comm, caught.value)
+
+
+@pytest.mark.skipif(UNDER_MPI, reason="torch.distributed only")
+def test_refused_over_torch_distributed(comm, root):
+    if comm.size == 1 and "TORCHELASTIC_RUN_ID" not in os.environ:
+        pytest.skip("single process")
+    with pytest.raises(shardckpt.FailedPrecondition):
+        shardckpt.async_save(state_at(comm, 1), root, 1, comm=comm)

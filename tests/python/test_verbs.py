@@ -1,0 +1,120 @@
+"""The command line's verbs from Python: inspect, verify, consolidate, import_checkpoint and
+reshard. They are single-process functions; each rank works in a folder of its own, except the
+reshard test, which loads the resharded checkpoint collectively at the job's world size."""
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("shardckpt._core")  # not built: skipped, exit 77 (conftest.py)
+import shardckpt  # noqa: E402
+from conftest import barrier
+
+
+def sample():
+    g = torch.Generator().manual_seed(3)
+    return {
+        "model": {"w": torch.randn(40, 30, generator=g), "b": torch.randn(30, generator=g),
+                  "h": torch.randn(8, 4, generator=g).to(torch.bfloat16),
+                  "n": torch.randint(0, 9, (6,), generator=g)},
+        "epoch": 4,
+    }
+
+
+def mine(root, comm):
+    """A checkpoint root of this rank's own, saved by this process alone."""
+    path = os.path.join(root, "rank%d" % comm.rank)
+    shardckpt.save(sample(), path, 1, comm=shardckpt.single_process())
+    return path
+
+
+def test_inspect_lists_entries(comm, root):
+    info = shardckpt.inspect(mine(root, comm))
+    assert info["step"] == 1 and info["world_size"] == 1
+    entries = {e["name"]: e for e in info["entries"]}
+    assert entries["model.w"]["dtype"] == "float32" and entries["model.w"]["shape"] == [40, 30]
+    assert entries["model.h"]["dtype"] == "bfloat16" and entries["model.h"]["shape"] == [8, 4]
+    assert entries["model.n"]["dtype"] == "int64"
+    assert entries["model.w"]["bytes"] == 40 * 30 * 4
+    assert [b["name"] for b in info["blobs"]] == ["epoch"]
+    assert os.path.basename(info["checkpoint"]).startswith("step-")
+
+
+def test_inspect_missing_raises_not_found(comm, root):
+    with pytest.raises(shardckpt.NotFound):
+        shardckpt.inspect(os.path.join(root, "nothing-here"))
+
+
+def test_verify_good_and_flipped_byte(comm, root):
+    path = mine(root, comm)
+    report = shardckpt.verify(path)
+    assert report.problems == [] and report.files >= 1 and report.bytes_checked > 0
+    data = os.path.join(report.checkpoint, "rank-00000.bin")
+    with open(data, "r+b") as f:
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 0x40]))
+    with pytest.raises(shardckpt.DataLoss) as caught:
+        shardckpt.verify(path)
+    assert "rank-00000.bin" in caught.value.message
+    assert caught.value.problems and caught.value.problems[0].file == "rank-00000.bin"
+
+
+def test_consolidate_to_pt(comm, root, tmp_path):
+    path = mine(root, comm)
+    out = os.path.join(root, "rank%d.pt" % comm.rank)
+    result = shardckpt.consolidate(path, out)
+    assert result["files"] == [out] and result["entries"] == 4
+    try:
+        loaded = torch.load(out, weights_only=True)
+    except TypeError:  # torch before 1.13 has no weights_only
+        loaded = torch.load(out)
+    for name, tensor in sample()["model"].items():
+        assert torch.equal(loaded["model." + name], tensor), name
+    with pytest.raises(shardckpt.InvalidArgument):
+        shardckpt.consolidate(path, out, format="numpy")
+
+
+def test_import_then_load(comm, root):
+    os.makedirs(root, exist_ok=True)
+    src = os.path.join(root, "rank%d-src.pt" % comm.rank)
+    tensors = {k: v for k, v in sample()["model"].items()}
+    torch.save(tensors, src)
+    out = os.path.join(root, "rank%d-imported" % comm.rank)
+    result = shardckpt.import_checkpoint(src, out, 1, layout="replicated")
+    assert result["tensors"] == 4
+    into = {k: torch.zeros_like(v) for k, v in tensors.items()}
+    shardckpt.load(into, out, comm=shardckpt.single_process())
+    for k in tensors:
+        assert torch.equal(into[k], tensors[k]), k
+
+
+def test_reshard_then_load_at_new_world_size(comm, root):
+    """Saved by one process, resharded (flat) for the job's world size, loaded by every rank
+    into FlatShards of that layout."""
+    src = os.path.join(root, "single")
+    out = os.path.join(root, "resharded")
+    state = sample()
+    if comm.rank == 0:
+        shardckpt.save(state, src, 1, comm=shardckpt.single_process())
+        result = shardckpt.reshard(src, out, comm.size, layout="flat")
+        assert result["tensors"] == 4 and result["skipped"] == []
+    barrier(comm)
+    info = shardckpt.inspect(out)
+    assert info["world_size"] == comm.size
+    into = {"model": {}, "epoch": -1}
+    for name, tensor in state["model"].items():
+        flat = tensor.reshape(-1)
+        per = -(-flat.numel() // comm.size)
+        begin = min(comm.rank * per, flat.numel())
+        end = min(begin + per, flat.numel())
+        into["model"][name] = shardckpt.FlatShard(torch.zeros(end - begin, dtype=tensor.dtype),
+                                                  list(tensor.shape), begin)
+    shardckpt.load(into, out, comm=comm)
+    assert into["epoch"] == 4
+    for name, tensor in state["model"].items():
+        shard = into["model"][name]
+        expected = tensor.reshape(-1)[shard.begin:shard.begin + shard.local.numel()]
+        assert torch.equal(shard.local, expected), name
