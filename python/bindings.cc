@@ -24,6 +24,7 @@
 #include "shardckpt/engine/core/save.h"
 #include "shardckpt/engine/core/verify.h"
 #include "shardckpt/io/failpoint.h"
+#include "shardckpt/io/log.h"
 
 namespace py = pybind11;
 
@@ -100,6 +101,7 @@ class PyCommunicator : public Communicator {
   explicit PyCommunicator(py::object impl) : impl_(std::move(impl)) {
     rank_ = impl_.attr("rank").cast<int>();
     size_ = impl_.attr("size").cast<int>();
+    SetProcessRank(rank_);  // as the MPI communicator does: log lines and failpoints `@rank`
   }
   ~PyCommunicator() override {
     py::gil_scoped_acquire gil;
@@ -108,7 +110,9 @@ class PyCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* name() const override { return "torch.distributed"; }
-  bool thread_safe() const override { return false; }
+  // Each call takes the GIL, and Duplicate() makes a gloo group of its own, so an async save's
+  // persist thread runs its collectives on that group beside the training thread's.
+  bool thread_safe() const override { return true; }
 
   Status Barrier() override {
     return Call("barrier", [&](py::object f) { f(); });

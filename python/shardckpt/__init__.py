@@ -304,8 +304,9 @@ def async_save(state_dict: Mapping[str, Any], root: str, step: int, *,
     (an unsupported value) raise here; errors writing it raise from ``wait()``, on every rank.
 
     Under mpirun MPI must provide MPI_THREAD_MULTIPLE (shardckpt asks for it when it
-    initializes MPI); a communicator over torch.distributed is not thread-safe, so there this
-    raises :class:`FailedPrecondition` (use :func:`save`). Retention options are not supported
+    initializes MPI; else this raises :class:`FailedPrecondition`); over torch.distributed the
+    persist runs on a gloo group of its own, made here on the first call (collective: every rank
+    of the world calls it, as ``dist.new_group`` requires). Retention options are not supported
     here; ``metrics`` are recorded in the manifest.
     """
     from . import _core
