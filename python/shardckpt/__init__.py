@@ -270,6 +270,26 @@ def _drop_savers() -> None:
     waits for its persist in flight."""
     with _savers_lock:
         _savers.clear()
+        _groups.clear()
+
+
+_groups: Dict[int, Tuple[Any, Any]] = {}  # id(process group) -> (group, communicator over it)
+
+
+def _resolve_for_async(comm: Any) -> Any:
+    """As resolve(), but a torch.distributed process group maps to the same communicator on
+    every call, so its saver (and the saver's own gloo group) is made once, not per save."""
+    from . import _core
+    if comm is None or isinstance(comm, _core.Comm):
+        return resolve(comm)
+    with _savers_lock:
+        held = _groups.get(id(comm))
+        if held is not None and held[0] is comm:
+            return held[1]
+    made = resolve(comm)
+    with _savers_lock:
+        _groups[id(comm)] = (comm, made)
+    return made
 
 
 def _saver_for(comm: Any) -> Any:
@@ -310,7 +330,7 @@ def async_save(state_dict: Mapping[str, Any], root: str, step: int, *,
     here; ``metrics`` are recorded in the manifest.
     """
     from . import _core
-    comm = resolve(comm)
+    comm = _resolve_for_async(comm)
     saver = _saver_for(comm)
     keep: List[torch.Tensor] = []
     error = ("OK", "")

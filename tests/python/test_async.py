@@ -141,3 +141,15 @@ def test_unwritable_root_raises_everywhere(comm, root):
         handle.wait()
     assert blocker in caught.value.message
     assert_same_everywhere(comm, caught.value)
+
+
+def test_process_group_gets_one_saver(comm, root):
+    """Under torchrun, passing the process group itself reuses one saver across calls."""
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        pytest.skip("torch.distributed only")
+    from shardckpt import _savers
+    shardckpt.async_save(state_at(comm, 1), root, 1, comm=dist.group.WORLD).wait()
+    before = len(_savers)
+    shardckpt.async_save(state_at(comm, 2), root, 2, comm=dist.group.WORLD).wait()
+    assert len(_savers) == before
