@@ -107,6 +107,16 @@ def _describe_save(state: Mapping[str, Any], keep: List[torch.Tensor]) -> Tuple[
             blobs.append((name, encode_blob(value, name), False))
     return pieces, blobs
 
+def _describe_for_collective(state: Mapping[str, Any],
+                             keep: List[torch.Tensor]) -> Tuple[list, list, Tuple[str, str]]:
+    """_describe_save, with a refusal returned as (code, message) instead of raised: the engine
+    tells it to every rank, so a rank whose state is refused does not leave the others waiting."""
+    try:
+        pieces, blobs = _describe_save(state, keep)
+        return pieces, blobs, ("OK", "")
+    except ShardckptError as failure:
+        return [], [], (failure.code, failure.message)
+
 
 def save(state_dict: Mapping[str, Any], root: str, step: int, *, keep_last: int = 0,
          keep_best: int = 0, best_metric: str = "", best_higher_is_better: bool = False,
@@ -124,13 +134,7 @@ def save(state_dict: Mapping[str, Any], root: str, step: int, *, keep_last: int 
     from . import _core
     comm = resolve(comm)
     keep: List[torch.Tensor] = []
-    error = ("OK", "")
-    pieces: list = []
-    blobs: list = []
-    try:
-        pieces, blobs = _describe_save(state_dict, keep)
-    except ShardckptError as failure:  # told to every rank by the engine, so none waits
-        error = (failure.code, failure.message)
+    pieces, blobs, error = _describe_for_collective(state_dict, keep)
     code, message, result = _core.save(
         comm, str(root), int(step), pieces, blobs, int(keep_last), int(keep_best), best_metric,
         bool(best_higher_is_better), dict(metrics or {}), dict(user_metadata or {}),
@@ -333,13 +337,7 @@ def async_save(state_dict: Mapping[str, Any], root: str, step: int, *,
     comm = _resolve_for_async(comm)
     saver = _saver_for(comm)
     keep: List[torch.Tensor] = []
-    error = ("OK", "")
-    pieces: list = []
-    blobs: list = []
-    try:
-        pieces, blobs = _describe_save(state_dict, keep)
-    except ShardckptError as failure:
-        error = (failure.code, failure.message)
+    pieces, blobs, error = _describe_for_collective(state_dict, keep)
     code, message, handle = _core.async_save(comm, saver, str(root), int(step), pieces, blobs,
                                              dict(metrics or {}), error)
     raise_for(code, message)
