@@ -4,6 +4,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash launch/install_deps.sh
 bash launch/build.sh
+# torch 2.x from PyPI for the DTensor/FSDP2/DCP/GGUF tests: created once, cached outside the clone.
+bash launch/torch2_venv.sh > /dev/null
+export SHARDCKPT_REQUIRE_TORCH2=1
 (cd build && ctest -j2 --output-on-failure --timeout 600)
 # The same suite (libtorch-free targets) under AddressSanitizer and UBSan. OpenMPI's own
 # allocations outlive MPI_Finalize, so leak reports are off; any other report fails its test.

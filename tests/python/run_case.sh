@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # One pytest run under mpirun: run_case.sh PYTHON MODULE_DIR WORK_DIR NP PYTEST_ARGS...
+# (PYTHON torch2: the cached torch 2.x environment of launch/torch2_venv.sh; skipped when it is
+# missing, failed instead when SHARDCKPT_REQUIRE_TORCH2=1, as the README's test command sets.)
 # (NP torchrun:N: under torchrun instead, N processes over a gloo process group.)
 # MODULE_DIR holds the built package (build/python). The work dir is emptied first, except for
 # SHARDCKPT_PY_PHASE=load, which reads what the save phase left there; collectives
@@ -7,6 +9,13 @@
 set -euo pipefail
 py=$1 module_dir=$2 work=$3 np=$4
 shift 4
+if [ "$py" = torch2 ]; then
+  if ! py=$(bash "$(dirname "$0")/../../launch/torch2_venv.sh" --find); then
+    [ "${SHARDCKPT_REQUIRE_TORCH2:-0}" = 1 ] && { echo "the torch 2.x environment is required"; exit 1; }
+    echo "skipped: no torch 2.x environment"
+    exit 77
+  fi
+fi
 if ! "$py" -c 'import pytest' 2> /dev/null; then
   echo "skipped: $py has no pytest (Debian: apt-get install python3-pytest)"
   exit 77
