@@ -11,7 +11,7 @@ pytest.importorskip("torch.distributed.tensor")
 pytest.importorskip("shardckpt._core")  # not built: skipped, exit 77 (conftest.py)
 import shardckpt  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from conftest import barrier  # noqa: E402
+from conftest import flip_byte  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor  # noqa: E402
 
@@ -183,13 +183,7 @@ def test_missing_key_is_named(comm, mesh, root):
 def test_corrupt_data_file_is_data_loss_on_every_rank(comm, mesh, root):
     shardckpt.save(dtensors(mesh, {"big": ((64, 64), [Shard(0)])}), root, step=1)
     data = os.path.join(root, "step-000000001", "rank-00000.bin")
-    if comm.rank == 0:
-        with open(data, "r+b") as f:
-            f.seek(100)
-            byte = f.read(1)
-            f.seek(100)
-            f.write(bytes([byte[0] ^ 0x40]))
-    barrier(comm)
+    flip_byte(comm, data)
     # Every rank loads the whole tensor, so every rank reads the damaged block.
     target = dtensors(mesh, {"big": ((64, 64), [Replicate()])}, fill=False)
     with pytest.raises(shardckpt.DataLoss) as error:
