@@ -173,6 +173,10 @@ class PyCommunicator : public Communicator {
       body(impl_.attr(method));
       return Status::Ok();
     } catch (py::error_already_set& error) {
+      // A shardckpt error (a collective's deadline) keeps its kind and message.
+      if (py::hasattr(error.value(), "code") && py::hasattr(error.value(), "message")) {
+        return FromPython({py::str(error.value().attr("code")), py::str(error.value().attr("message"))});
+      }
       return Status(Code::kAborted, std::string("torch.distributed ") + method + ": " + error.what());
     } catch (const std::exception& error) {
       return Status(Code::kAborted, std::string("torch.distributed ") + method + ": " + error.what());

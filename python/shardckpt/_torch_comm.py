@@ -3,14 +3,31 @@
 Metadata and replicated entries travel over gloo: a gloo group over the same ranks is made when
 the group given is not gloo (nccl). The engine calls these methods from C++ (bindings.cc,
 PyCommunicator); ranks are the group's own, translated to global ranks where torch wants them.
+
+Every collective waits at most SHARDCKPT_COLLECTIVE_TIMEOUT_S seconds (default 1800, 0: forever),
+as the MPI communicator does: a rank that never joins makes the others raise
+:class:`shardckpt.DeadlineExceeded` instead of hanging. The group is then out of step (the
+timed-out operation is still queued), so this communicator refuses every later call.
 """
 
 from __future__ import annotations
 
+import datetime
+import os
 from typing import Any, List, Optional
 
 import torch
 import torch.distributed as dist
+
+from .errors import DeadlineExceeded
+
+
+def _timeout_s() -> float:
+    try:
+        value = float(os.environ.get("SHARDCKPT_COLLECTIVE_TIMEOUT_S", "1800"))
+    except ValueError:
+        return 1800.0
+    return value if value >= 0 else 1800.0
 
 
 def _global_rank(group: Any, rank: int) -> int:
@@ -32,9 +49,28 @@ class TorchGroupComm:
         self.group = group
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
+        self.timeout_s = _timeout_s()
+        self.broken = ""  # what timed out, once something did
+
+    def _wait(self, work: Any, what: str) -> None:
+        if self.broken:
+            raise DeadlineExceeded("rank %d: torch.distributed %s refused: an earlier %s" % (
+                self.rank, what, self.broken))
+        if self.timeout_s <= 0:
+            work.wait()
+            return
+        try:
+            work.wait(timeout=datetime.timedelta(seconds=self.timeout_s))
+        except RuntimeError as error:
+            if "timed out" not in str(error).lower():
+                raise
+            self.broken = ("%s timed out after %g s (SHARDCKPT_COLLECTIVE_TIMEOUT_S) on rank %d "
+                           "of a group of %d: another rank never joined it" % (
+                               what, self.timeout_s, self.rank, self.size))
+            raise DeadlineExceeded("torch.distributed " + self.broken) from None
 
     def barrier(self) -> None:
-        dist.barrier(group=self.group)
+        self._wait(dist.barrier(group=self.group, async_op=True), "barrier")
 
     def broadcast(self, buffer: memoryview, root: int) -> None:
         if len(buffer) == 0:  # every rank passes the same length
@@ -43,14 +79,15 @@ class TorchGroupComm:
         # Python object with it) on a gloo worker thread, which can end the process at exit.
         view = torch.frombuffer(buffer, dtype=torch.uint8)
         tensor = view.clone() if self.rank == root else torch.empty_like(view)
-        dist.broadcast(tensor, src=_global_rank(self.group, root), group=self.group)
+        self._wait(dist.broadcast(tensor, src=_global_rank(self.group, root), group=self.group,
+                                  async_op=True), "broadcast")
         if self.rank != root:
             view.copy_(tensor)
 
     def allgather(self, mine: bytes) -> List[bytes]:
         length = torch.tensor([len(mine)], dtype=torch.int64)
         lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(self.size)]
-        dist.all_gather(lengths, length, group=self.group)
+        self._wait(dist.all_gather(lengths, length, group=self.group, async_op=True), "all_gather")
         longest = max(int(n) for n in lengths)
         if longest == 0:
             return [b""] * self.size
@@ -58,7 +95,7 @@ class TorchGroupComm:
         if mine:
             padded[:len(mine)] = torch.frombuffer(bytearray(mine), dtype=torch.uint8)  # a copy
         parts = [torch.empty(longest, dtype=torch.uint8) for _ in range(self.size)]
-        dist.all_gather(parts, padded, group=self.group)
+        self._wait(dist.all_gather(parts, padded, group=self.group, async_op=True), "all_gather")
         return [parts[r][:int(lengths[r])].numpy().tobytes() for r in range(self.size)]
 
     def gather(self, mine: bytes, root: int) -> List[bytes]:
@@ -67,12 +104,14 @@ class TorchGroupComm:
 
     def allreduce_max_int64(self, values: List[int]) -> List[int]:
         tensor = torch.tensor(values, dtype=torch.int64)
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group)
+        self._wait(dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group, async_op=True),
+                   "all_reduce")
         return tensor.tolist()
 
     def allreduce_sum_double(self, values: List[float]) -> List[float]:
         tensor = torch.tensor(values, dtype=torch.float64)
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
+        self._wait(dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group, async_op=True),
+                   "all_reduce")
         return tensor.tolist()
 
     def duplicate(self) -> "TorchGroupComm":

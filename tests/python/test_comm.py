@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("shardckpt._core")  # not built: skipped, exit 77 (conftest.py)
 import shardckpt  # noqa: E402
 from shardckpt import _core  # noqa: E402
+from conftest import barrier  # noqa: E402
 
 if shardckpt.launched_by_mpi():
     MPI = pytest.importorskip("mpi4py.MPI")  # initializes MPI here, before shardckpt.world()
@@ -116,3 +117,27 @@ def test_a_process_group_is_wrapped_once(comm):
         pytest.skip("torch.distributed only")
     group = dist.new_group(backend="gloo")
     assert shardckpt._comm.resolve(group) is shardckpt._comm.resolve(group)
+
+
+def test_a_rank_that_never_joins_is_a_deadline_not_a_hang(comm, root, monkeypatch):
+    import time
+    import torch.distributed as dist
+    if not dist.is_initialized() or comm.size < 2:
+        pytest.skip("torch.distributed with 2 ranks or more")
+    monkeypatch.setenv("SHARDCKPT_COLLECTIVE_TIMEOUT_S", "3")
+    group = dist.new_group(backend="gloo")  # its own: a timed-out group stays out of step
+    late = shardckpt.from_process_group(group)
+    if comm.rank == comm.size - 1:
+        time.sleep(6)  # busy elsewhere: never joins this save
+    else:
+        started = time.time()
+        with pytest.raises(shardckpt.DeadlineExceeded) as error:
+            shardckpt.save({"w": torch.ones(2)}, root, step=1, comm=late)
+        assert "SHARDCKPT_COLLECTIVE_TIMEOUT_S" in error.value.message
+        assert "another rank never joined" in error.value.message
+        assert time.time() - started < 6  # gave up at the deadline
+        # The group is out of step now: later calls refuse at once rather than mismatch.
+        with pytest.raises(shardckpt.DeadlineExceeded):
+            shardckpt.save({"w": torch.ones(2)}, root, step=2, comm=late)
+    barrier(comm)
+    assert not os.path.exists(os.path.join(root, "step-000000001"))
