@@ -165,8 +165,15 @@ def test_wrong_dtype_or_shape_into_a_dtensor(comm, mesh, root, wrong):
                       torch.float32)
     with pytest.raises(shardckpt.InvalidArgument) as error:
         shardckpt.load(target, root)
-    assert "'w'" in error.value.message or "w:" in error.value.message or " w " in \
-        error.value.message, error.value.message
+    assert "entry 'w'" in error.value.message
+    assert ("float64" if wrong == "dtype" else "[6, 3]") in error.value.message
+
+
+def test_a_per_rank_dtensor_is_refused_by_name(comm, mesh, root):
+    value = dtensors(mesh, {"w": ((4,), [Shard(0)])})["w"]
+    with pytest.raises(shardckpt.InvalidArgument) as error:
+        shardckpt.save({"rng": shardckpt.PerRank(value)}, root, step=1)
+    assert "'rng'" in error.value.message and "to_local()" in error.value.message
 
 
 def test_missing_key_is_named(comm, mesh, root):
