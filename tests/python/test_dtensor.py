@@ -235,3 +235,50 @@ def test_async_save_keeps_the_values_at_call_time(comm, mesh, root):
     assert "optim.state.0.exp_avg" not in report.missing
     assert torch.equal(avg, expected["avg"]) and torch.equal(step, expected["step"])
     assert "optim.param_groups" in report.unexpected
+
+
+def test_fsdp2_over_tensor_parallel_model(comm, mesh, root):
+    """fully_shard over a TP-parallelized model on a 2x2 mesh: FSDP2 gives the column-parallel
+    weights (_StridedShard(0), Shard(0)), uneven (5 rows per TP rank over 2 DP ranks); they load into a plain model and into
+    a 1-D FSDP2 model, with the optimizer state."""
+    if comm.size != 4:
+        pytest.skip("a 2x2 mesh needs 4 ranks")
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+    def build():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.ReLU(), torch.nn.Linear(10, 5))
+
+    mesh2 = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    model = build()
+    parallelize_module(model, mesh2["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    fully_shard(model, mesh=mesh2["dp"])
+    optim = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model(torch.ones(2, 6)).sum().backward()
+    optim.step()
+    assert "_StridedShard" in repr(model.state_dict()["0.weight"].placements)
+    model_sd, optim_sd = get_state_dict(model, optim)
+    shardckpt.save({"model": model_sd, "optim": optim_sd}, root, step=1)
+    expected = {k: v.full_tensor() for k, v in model_sd.items()}
+    expected_avg = {k: s["exp_avg"].full_tensor() for k, s in optim_sd["state"].items()}
+
+    plain = build()
+    plain_optim = torch.optim.AdamW(plain.parameters(), lr=0.5)
+    p_model, p_optim = get_state_dict(plain, plain_optim)
+    shardckpt.load({"model": p_model, "optim": p_optim}, root)
+    set_state_dict(plain, plain_optim, model_state_dict=p_model, optim_state_dict=p_optim)
+    for k, v in plain.state_dict().items():
+        assert torch.equal(v, expected[k]), k
+    for k, s in get_state_dict(plain, plain_optim)[1]["state"].items():
+        assert torch.equal(s["exp_avg"], expected_avg[k]), k
+    assert plain_optim.param_groups[0]["lr"] == 0.01
+
+    flat = build()
+    fully_shard(flat, mesh=mesh)
+    target = {k: v for k, v in flat.state_dict().items()}
+    shardckpt.load({"model": target}, root, strict=False)
+    for k, v in target.items():
+        assert torch.equal(v.full_tensor(), expected[k]), k
