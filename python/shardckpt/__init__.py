@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import sys
 import threading
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -317,6 +318,10 @@ def _saver_for(comm: Any, options: Tuple[int, int, str, bool],
         _core.saver_wait(other)
     code, message, saver = _core.create_saver(comm, *options, dict(user_metadata),
                                               torch.__version__)  # collective (duplicates comm)
+    if code == "FailedPrecondition" and "MPI_THREAD_MULTIPLE" in message and \
+            "mpi4py" in sys.modules:
+        message += ("; mpi4py initialized MPI here: set mpi4py.rc.thread_level = 'multiple' "
+                    "(its default) before 'from mpi4py import MPI'")
     raise_for(code, message)
     with _savers_lock:
         _savers[key] = (comm, saver)
