@@ -20,6 +20,7 @@
 #include "shardckpt/engine/core/checkpoint_dir.h"
 #include "shardckpt/engine/core/consolidate.h"
 #include "shardckpt/engine/core/convert.h"
+#include "shardckpt/engine/core/dcp_export.h"
 #include "shardckpt/engine/core/load.h"
 #include "shardckpt/engine/core/save.h"
 #include "shardckpt/engine/core/verify.h"
@@ -473,6 +474,34 @@ py::tuple ConvertCall(bool import, const std::string& input, const std::string& 
 }  // namespace
 }  // namespace shardckpt
 
+// ---- export (engine/core/dcp_export.h)
+namespace shardckpt {
+namespace {
+
+py::tuple ExportCall(const std::string& path, const std::string& out, const std::string& format) {
+  if (format != "dcp") return Reply(InvalidArgument("format must be 'dcp', not '" + format + "'"));
+  Result<DcpExportReport> r = Status(Code::kInternal, "not run");
+  {
+    py::gil_scoped_release release;
+    r = ExportDcp(path, out, DcpExportOptions{});
+  }
+  if (!r.ok()) return Reply(r.status());
+  py::dict d;
+  d["checkpoint"] = r->checkpoint;
+  d["out"] = r->out;
+  d["files"] = r->files;
+  d["tensors"] = r->tensors;
+  d["chunks"] = r->chunks;
+  d["byte_items"] = r->byte_items;
+  d["tensor_bytes"] = r->tensor_bytes;
+  d["bytes_read"] = r->bytes_read;
+  d["skipped"] = r->skipped;
+  return Reply(Status::Ok(), d);
+}
+
+}  // namespace
+}  // namespace shardckpt
+
 PYBIND11_MODULE(_core, m) {
   using namespace shardckpt;
   m.doc() = "shardckpt engine bindings (internal: use the shardckpt package)";
@@ -508,4 +537,5 @@ PYBIND11_MODULE(_core, m) {
     for (int d = 0; d < kNumDTypes; ++d) names.push_back(DTypeName(static_cast<DType>(d)));
     return names;
   });
+  m.def("export", &ExportCall);
 }

@@ -439,3 +439,18 @@ def reshard(path: str, out_root: str, world_size: int, layout: str = "flat") -> 
     code, message, result = _core.convert(False, str(path), str(out_root), int(world_size), layout)
     raise_for(code, message)
     return dict(result)
+
+
+def export(path: str, out: str, format: str = "dcp") -> Dict[str, Any]:
+    """A checkpoint as a PyTorch Distributed Checkpoint folder ``out`` (``shardckpt export
+    --format dcp``): ``torch.distributed.checkpoint.load`` reads it at any world size, into
+    DTensors or plain tensors, and ``dcp_to_torch_save`` converts it. Streams with bounded memory.
+    Returns ``{"checkpoint", "out", "files", "tensors", "chunks", "byte_items", "tensor_bytes",
+    "bytes_read", "skipped"}`` (skipped: values a DCP folder has no place for, with why)."""
+    from . import _core
+    code, message, result = _core.export(str(path), str(out), format)
+    raise_for(code, message)
+    return dict(result)
+
+
+__all__.append("export")

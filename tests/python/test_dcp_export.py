@@ -1,0 +1,197 @@
+"""Our checkpoints exported to PyTorch DCP folders and read back by torch 2.x itself, and
+consolidated to GGUF and read back by the gguf package (run_case.sh phases, torch2 venv):
+SHARDCKPT_PY_PHASE=save at 2 torchrun ranks saves (flat shards through the Python package; boxes
+through the C++ importer) and exports; =load at 3 torchrun ranks dcp.loads into DTensor Shard(0)
+targets and plain tensors, converts with dcp_to_torch_save, and checks the GGUF files."""
+
+import glob
+import json
+import math
+import os
+import subprocess
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("shardckpt._core")  # not built: skipped, exit 77 (conftest.py)
+import shardckpt  # noqa: E402
+
+PHASE = os.environ.get("SHARDCKPT_PY_PHASE", "")
+WORK = os.environ.get("SHARDCKPT_PY_WORK", "/tmp/shardckpt-pytest")
+# name -> (shape, dtype): flat shards saved by the Python package at 2 ranks (uneven splits),
+# and a replicated tensor.
+FLAT = {"params.w": ((13, 7), torch.bfloat16), "params.b": ((5,), torch.float32),
+        "params.e": ((4, 3, 5), torch.float32)}
+REPLICATED = {"idx": ((6,), torch.int64)}
+# Boxes: a .pt imported at 2 ranks with the dim-0 layout (7 rows: 4 + 3), and a 0-d tensor.
+BOX = {"w": ((7, 3), torch.bfloat16), "b": ((5,), torch.float32), "i": ((5, 2), torch.int64),
+       "s": ((), torch.float32)}
+META = {"lr": 0.5, "name": "run-1", "sizes": (1, 2), "tags": ["a", None, True], "raw": b"\x00\xff"}
+
+
+def full(name, shape, dtype):
+    """Distinct values, exact in every dtype used (bf16 has 8 significant bits)."""
+    numel = math.prod(shape)
+    base = sum(map(ord, name)) % 17
+    if dtype == torch.int64:
+        return ((torch.arange(numel, dtype=torch.int64) + base) * 1000000007 * 1000).reshape(shape)
+    return (((torch.arange(numel) + base) % 200 - 100) * 0.5).to(dtype).reshape(shape)
+
+
+def same(a, b):
+    return a.dtype == b.dtype and tuple(a.shape) == tuple(b.shape) and torch.equal(
+        a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+
+
+def cli():
+    """The command-line tool built next to the extension (build/bin/shardckpt)."""
+    core = os.path.dirname(os.path.dirname(os.path.abspath(shardckpt._core.__file__)))
+    path = os.path.join(os.path.dirname(core), "bin", "shardckpt")
+    assert os.path.exists(path), path
+    return path
+
+
+def expected_flat():
+    out = {n: full(n, s, d) for n, (s, d) in {**FLAT, **REPLICATED}.items()}
+    return out
+
+
+@pytest.mark.skipif(PHASE != "save", reason="save phase only")
+def test_save_and_export(comm):
+    params = {}
+    for name, (shape, dtype) in FLAT.items():
+        flat = full(name, shape, dtype).reshape(-1)
+        per = -(-flat.numel() // comm.size)
+        begin = min(comm.rank * per, flat.numel())
+        end = min(begin + per, flat.numel())
+        params[name.split(".", 1)[1]] = shardckpt.FlatShard(flat[begin:end].clone(), shape, begin)
+    state = {"params": params, "idx": full("idx", *REPLICATED["idx"]), "step": 42, "meta": META,
+             "rng": shardckpt.PerRank(torch.full((3,), comm.rank, dtype=torch.uint8))}
+    saved = shardckpt.save(state, os.path.join(WORK, "flat"), step=42)
+    if comm.rank == 0:
+        pt = os.path.join(WORK, "box.pt")
+        torch.save({n: full(n, s, d) for n, (s, d) in BOX.items()}, pt)
+        box = shardckpt.import_checkpoint(pt, os.path.join(WORK, "box"), 2, "dim0")
+        report = shardckpt.export(saved.path, os.path.join(WORK, "dcp_flat"))
+        assert report["tensors"] == 4 and report["byte_items"] == 2, report
+        assert [s[:39] for s in report["skipped"]] == ["rng: a per-rank value (saved by rank %d)" % r
+                                                       for r in (0, 1)], report["skipped"]
+        # Flat shards become the boxes they cover: (13, 7) split 46 + 45 is 3 + 2 boxes.
+        assert report["chunks"] >= 7, report
+        report = shardckpt.export(box["path"], os.path.join(WORK, "dcp_box"))
+        assert report["tensors"] == 4 and report["chunks"] == 7 and report["skipped"] == [], report
+        # An existing, non-empty folder is never written into.
+        with pytest.raises(shardckpt.InvalidArgument, match="is not empty"):
+            shardckpt.export(box["path"], os.path.join(WORK, "dcp_box"))
+
+
+def dcp_load_cases():
+    return [("dcp_flat", expected_flat()), ("dcp_box", {n: full(n, s, d) for n, (s, d) in BOX.items()})]
+
+
+@pytest.mark.skipif(PHASE != "load", reason="load phase only")
+def test_dcp_load_into_dtensors_and_plain_tensors(comm):
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    assert dist.is_initialized() and dist.get_world_size() == 3
+    mesh = init_device_mesh("cpu", (3,))
+    for folder, expected in dcp_load_cases():
+        sharded = {n: distribute_tensor(torch.zeros_like(v), mesh, [Shard(0)]) if v.dim() > 0
+                   else torch.zeros_like(v) for n, v in expected.items()}
+        nested = {}  # DCP flattens nesting to dotted names, as our names are
+        for n, v in sharded.items():
+            head, _, tail = n.partition(".")
+            if tail:
+                nested.setdefault(head, {})[tail] = v
+            else:
+                nested[n] = v
+        if folder == "dcp_flat":
+            nested["step"], nested["meta"] = 0, {}
+        dcp.load(nested, checkpoint_id=os.path.join(WORK, folder))
+        for n, v in expected.items():
+            got = sharded[n]
+            if hasattr(got, "to_local"):
+                local = got.to_local()
+                rows = torch.chunk(v, 3, dim=0)
+                want = rows[comm.rank] if comm.rank < len(rows) else v[0:0]
+                assert same(local, want), (folder, n, comm.rank)
+                assert same(got.full_tensor(), v), (folder, n)
+            else:
+                assert same(got, v), (folder, n)
+        if folder == "dcp_flat":
+            assert nested["step"] == 42 and nested["meta"] == META
+        plain = {n: torch.zeros_like(v) for n, v in expected.items()}
+        dcp.load(plain, checkpoint_id=os.path.join(WORK, folder))
+        for n, v in expected.items():
+            assert same(plain[n], v), (folder, n, "plain")
+
+
+@pytest.mark.skipif(PHASE != "load", reason="load phase only")
+def test_dcp_to_torch_save(comm):
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    if comm.rank != 0:
+        return
+    for folder, expected in dcp_load_cases():
+        out = os.path.join(WORK, folder + ".pt")
+        dcp_to_torch_save(os.path.join(WORK, folder), out)
+        got = torch.load(out, weights_only=folder == "dcp_box")
+        extra = {"step": 42, "meta": META} if folder == "dcp_flat" else {}
+        assert sorted(got) == sorted(list(expected) + list(extra)), (folder, sorted(got))
+        for n, v in expected.items():
+            assert same(got[n], v), (folder, n)
+        for n, v in extra.items():
+            assert got[n] == v, (folder, n)
+
+
+def consolidate(*args):
+    return subprocess.run([cli(), "consolidate", *args], capture_output=True, text=True)
+
+
+@pytest.mark.skipif(PHASE != "load", reason="load phase only")
+def test_gguf_read_back_by_gguf_package(comm):
+    gguf = pytest.importorskip("gguf")
+    if comm.rank != 0:
+        return
+    box = glob.glob(os.path.join(WORK, "box", "step-*"))[0]
+    meta = os.path.join(WORK, "gguf_meta.json")
+    with open(meta, "w") as f:
+        json.dump({"general.name": "from-file", "llama.context_length": 2048,
+                   "llama.rope.freq_base": 10000.0, "x.flag": True, "x.neg": -3}, f)
+    expected = {n: full(n, s, d) for n, (s, d) in BOX.items() if n != "i"}
+    for cast, types in ((None, {torch.bfloat16: 30, torch.float32: 0}),
+                        ("fp16", {torch.bfloat16: 1, torch.float32: 1})):
+        out = os.path.join(WORK, "model-%s.gguf" % cast)
+        flags = ["--dtype", cast] if cast else []
+        r = consolidate(box, "--out", out, "--exclude", "i", "--gguf-arch", "llama", "--gguf-name",
+                        "tiny", "--gguf-metadata", meta, *flags)
+        assert r.returncode == 0, r.stderr
+        reader = gguf.GGUFReader(out)
+        fields = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+        assert fields == {"general.architecture": "llama", "general.name": "tiny",
+                          "llama.context_length": 2048, "llama.rope.freq_base": 10000.0,
+                          "x.flag": True, "x.neg": -3, "general.alignment": 32}, fields
+        assert reader.fields["GGUF.version"].contents() == 3
+        assert sorted(t.name for t in reader.tensors) == sorted(expected)
+        for t in reader.tensors:
+            want = expected[t.name]
+            if cast:
+                want = want.to(torch.float16)
+            shape = list(want.shape)[::-1] or [1]  # GGUF lists dims innermost first; 0-d as [1]
+            assert [int(d) for d in t.shape] == shape, t.name
+            assert int(t.tensor_type) == types[expected[t.name].dtype], t.name
+            assert t.data_offset % 32 == 0
+            assert t.data.tobytes() == want.reshape(-1).view(torch.uint8).numpy().tobytes(), t.name
+    # int64 has no place in GGUF output: refused by name, and no file is left.
+    out = os.path.join(WORK, "refused.gguf")
+    r = consolidate(box, "--out", out, "--gguf-arch", "llama")
+    assert r.returncode == 1 and "tensor 'i' is int64" in r.stderr and "GGUF" in r.stderr, r.stderr
+    assert not os.path.exists(out) and not os.path.exists(out + ".partial")
+    r = consolidate(box, "--out", out, "--exclude", "i")
+    assert r.returncode == 1 and "general.architecture" in r.stderr, r.stderr
+    bad = os.path.join(WORK, "bad_meta.json")
+    with open(bad, "w") as f:
+        json.dump({"llama.layers": [1, 2]}, f)
+    r = consolidate(box, "--out", out, "--exclude", "i", "--gguf-arch", "llama", "--gguf-metadata", bad)
+    assert r.returncode == 1 and "'llama.layers'" in r.stderr, r.stderr
