@@ -478,12 +478,15 @@ py::tuple ConvertCall(bool import, const std::string& input, const std::string& 
 namespace shardckpt {
 namespace {
 
-py::tuple ExportCall(const std::string& path, const std::string& out, const std::string& format) {
+py::tuple ExportCall(const std::string& path, const std::string& out, const std::string& format, uint64_t window_bytes) {
   if (format != "dcp") return Reply(InvalidArgument("format must be 'dcp', not '" + format + "'"));
+  if (window_bytes == 0) return Reply(InvalidArgument("window_bytes must be at least 1"));
+  DcpExportOptions options;
+  options.window_bytes = window_bytes;
   Result<DcpExportReport> r = Status(Code::kInternal, "not run");
   {
     py::gil_scoped_release release;
-    r = ExportDcp(path, out, DcpExportOptions{});
+    r = ExportDcp(path, out, options);
   }
   if (!r.ok()) return Reply(r.status());
   py::dict d;

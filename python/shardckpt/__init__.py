@@ -441,14 +441,15 @@ def reshard(path: str, out_root: str, world_size: int, layout: str = "flat") -> 
     return dict(result)
 
 
-def export(path: str, out: str, format: str = "dcp") -> Dict[str, Any]:
+def export(path: str, out: str, format: str = "dcp", *, window_bytes: int = 32 << 20) -> Dict[str, Any]:
     """A checkpoint as a PyTorch Distributed Checkpoint folder ``out`` (``shardckpt export
     --format dcp``): ``torch.distributed.checkpoint.load`` reads it at any world size, into
-    DTensors or plain tensors, and ``dcp_to_torch_save`` converts it. Streams with bounded memory.
+    DTensors or plain tensors, and ``dcp_to_torch_save`` converts it. Streams with bounded memory
+    (``window_bytes`` of tensor data read at a time).
     Returns ``{"checkpoint", "out", "files", "tensors", "chunks", "byte_items", "tensor_bytes",
     "bytes_read", "skipped"}`` (skipped: values a DCP folder has no place for, with why)."""
     from . import _core
-    code, message, result = _core.export(str(path), str(out), format)
+    code, message, result = _core.export(str(path), str(out), format, int(window_bytes))
     raise_for(code, message)
     return dict(result)
 
