@@ -193,6 +193,22 @@ def test_gguf_read_back_by_gguf_package(comm):
             assert int(t.tensor_type) == types[expected[t.name].dtype], t.name
             assert t.data_offset % 32 == 0
             assert t.data.tobytes() == want.reshape(-1).view(torch.uint8).numpy().tobytes(), t.name
+    # Flat shards, selected and renamed as for the other outputs.
+    flat = glob.glob(os.path.join(WORK, "flat", "step-*"))[0]
+    out = os.path.join(WORK, "flat.gguf")
+    r = consolidate(flat, "--out", out, "--include", "params.[wbe]", "--strip-prefix", "params.",
+                    "--gguf-arch", "llama")
+    assert r.returncode == 0, r.stderr
+    reader = gguf.GGUFReader(out)
+    assert reader.fields["general.architecture"].contents() == "llama"
+    assert "general.name" not in reader.fields
+    got = {t.name: t for t in reader.tensors}
+    assert sorted(got) == ["b", "e", "w"]
+    for name in got:
+        shape, dtype = FLAT["params." + name]
+        want = full("params." + name, shape, dtype)
+        assert [int(d) for d in got[name].shape] == list(shape)[::-1], name
+        assert got[name].data.tobytes() == want.reshape(-1).view(torch.uint8).numpy().tobytes(), name
     # int64 has no place in GGUF output: refused by name, and no file is left.
     out = os.path.join(WORK, "refused.gguf")
     r = consolidate(box, "--out", out, "--gguf-arch", "llama")
