@@ -502,6 +502,41 @@ py::tuple ExportCall(const std::string& path, const std::string& out, const std:
   return Reply(Status::Ok(), d);
 }
 
+// GGUF output (engine/formats/gguf_writer.h): `metadata_json` is a JSON object of the other keys.
+py::tuple ConsolidateGgufCall(const std::string& path, const std::string& out, const std::string& architecture,
+                              const std::string& name, const std::string& metadata_json,
+                              const std::vector<std::string>& include, const std::vector<std::string>& exclude,
+                              const std::string& strip_prefix, const std::string& dtype) {
+  Result<std::vector<GgufKeyValue>> others = ParseGgufMetadataJson(metadata_json, "metadata");
+  if (!others.ok()) return Reply(others.status());
+  ConsolidateOptions options;
+  options.format = ExportFormat::kGguf;
+  options.gguf_metadata = GgufMetadataWith(architecture, name, *others);
+  options.include = include;
+  options.exclude = exclude;
+  options.strip_prefix = strip_prefix;
+  if (!dtype.empty()) {
+    if (dtype != "bfloat16" && dtype != "float16" && dtype != "float32") {
+      return Reply(InvalidArgument("dtype must be bfloat16, float16 or float32, not '" + dtype + "'"));
+    }
+    options.cast = ParseDType(dtype).value();
+  }
+  Result<ConsolidateReport> r = Status(Code::kInternal, "not run");
+  {
+    py::gil_scoped_release release;
+    r = Consolidate(path, out, options);
+  }
+  if (!r.ok()) return Reply(r.status());
+  py::dict d;
+  d["checkpoint"] = r->checkpoint;
+  d["files"] = r->files;
+  d["sha256"] = r->sha256;
+  d["entries"] = r->entries;
+  d["tensor_bytes"] = r->tensor_bytes;
+  d["bytes_read"] = r->bytes_read;
+  return Reply(Status::Ok(), d);
+}
+
 }  // namespace
 }  // namespace shardckpt
 
@@ -541,4 +576,5 @@ PYBIND11_MODULE(_core, m) {
     return names;
   });
   m.def("export", &ExportCall);
+  m.def("consolidate_gguf", &ConsolidateGgufCall);
 }

@@ -15,7 +15,6 @@
 // 1 on a failed check or error (with a message on stderr), 2 on bad usage.
 #include <boost/program_options.hpp>
 
-#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -186,31 +185,16 @@ int Verify(int argc, char** argv) {
   return r->problems.empty() ? 0 : 1;
 }
 
-// general.architecture and general.name from the flags, which win over the same keys in the
-// --gguf-metadata file; the file's other keys follow in its order.
+// --gguf-arch and --gguf-name win over the same keys of the --gguf-metadata file.
 Result<std::vector<GgufKeyValue>> GgufMetadataFrom(const po::variables_map& vm) {
-  std::vector<GgufKeyValue> file_keys, out;
+  std::vector<GgufKeyValue> file_keys;
   if (vm.count("gguf-metadata")) {
     const std::string path = vm["gguf-metadata"].as<std::string>();
     SC_ASSIGN_OR_RETURN(std::string text, ReadFileLimited(path, 1u << 20));
     SC_ASSIGN_OR_RETURN(file_keys, ParseGgufMetadataJson(text, path));
   }
-  for (const char* key : {"general.architecture", "general.name"}) {
-    const char* flag = std::string(key) == "general.name" ? "gguf-name" : "gguf-arch";
-    GgufKeyValue kv{key, {}};
-    if (vm.count(flag)) {
-      kv.value.text = vm[flag].as<std::string>();
-    } else {
-      auto it = std::find_if(file_keys.begin(), file_keys.end(), [&](const GgufKeyValue& f) { return f.key == key; });
-      if (it == file_keys.end()) continue;
-      kv = *it;
-    }
-    out.push_back(kv);
-  }
-  for (const GgufKeyValue& kv : file_keys) {
-    if (kv.key != "general.architecture" && kv.key != "general.name") out.push_back(kv);
-  }
-  return out;
+  auto flag = [&](const char* name) { return vm.count(name) ? vm[name].as<std::string>() : std::string(); };
+  return GgufMetadataWith(flag("gguf-arch"), flag("gguf-name"), file_keys);
 }
 
 int ConsolidateCommand(int argc, char** argv) {

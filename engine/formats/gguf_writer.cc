@@ -1,5 +1,6 @@
 #include "shardckpt/engine/formats/gguf_writer.h"
 
+#include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -82,6 +83,26 @@ Result<std::vector<GgufKeyValue>> ParseGgufMetadataJson(const std::string& json,
                              " " + v.dump() + "; only strings, integers (64-bit), floats and bools are written");
     }
     out.push_back(std::move(kv));
+  }
+  return out;
+}
+
+std::vector<GgufKeyValue> GgufMetadataWith(const std::string& architecture, const std::string& name,
+                                           const std::vector<GgufKeyValue>& others) {
+  std::vector<GgufKeyValue> out;
+  for (const auto& [key, given] : {std::pair<std::string, std::string>{"general.architecture", architecture},
+                                   std::pair<std::string, std::string>{"general.name", name}}) {
+    auto it = std::find_if(others.begin(), others.end(), [&](const GgufKeyValue& kv) { return kv.key == key; });
+    if (!given.empty()) {
+      GgufKeyValue kv{key, {}};
+      kv.value.text = given;
+      out.push_back(kv);
+    } else if (it != others.end()) {
+      out.push_back(*it);
+    }
+  }
+  for (const GgufKeyValue& kv : others) {
+    if (kv.key != "general.architecture" && kv.key != "general.name") out.push_back(kv);
   }
   return out;
 }

@@ -44,6 +44,11 @@ struct GgufTensorInfo {
 // A flat JSON object of string, integer, float and bool values (--gguf-metadata FILE).
 Result<std::vector<GgufKeyValue>> ParseGgufMetadataJson(const std::string& json, const std::string& origin);
 
+// general.architecture and general.name (when given: empty means not given) first, winning over
+// the same keys of `others`, then the other keys of `others` in their order.
+std::vector<GgufKeyValue> GgufMetadataWith(const std::string& architecture, const std::string& name,
+                                           const std::vector<GgufKeyValue>& others);
+
 // Refuses a dtype GGUF output does not hold, a name ggml cannot take, or more dims than ggml has,
 // naming the tensor.
 Status CheckGgufTensor(const GgufTensorInfo& tensor);

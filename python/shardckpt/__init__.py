@@ -454,4 +454,23 @@ def export(path: str, out: str, format: str = "dcp", *, window_bytes: int = 32 <
     return dict(result)
 
 
-__all__.append("export")
+def consolidate_gguf(path: str, out: str, architecture: str, *, name: str = "",
+                     metadata: Optional[Mapping[str, Any]] = None, include: Sequence[str] = (),
+                     exclude: Sequence[str] = (), strip_prefix: str = "",
+                     dtype: Optional[str] = None) -> Dict[str, Any]:
+    """One GGUF (version 3) file from a checkpoint (``shardckpt consolidate --format gguf``):
+    ``general.architecture`` and ``general.name`` from ``architecture`` and ``name``, then the
+    ``metadata`` keys (str, int, float and bool values); float32, float16 and bfloat16 tensors as
+    they are (other dtypes are refused naming the tensor: ``exclude`` them, or cast floating ones
+    with ``dtype="bfloat16"``, ``"float16"`` or ``"float32"``). Streams with bounded memory.
+    Returns ``{"checkpoint", "files", "sha256", "entries", "tensor_bytes", "bytes_read"}``."""
+    import json
+    from . import _core
+    code, message, result = _core.consolidate_gguf(
+        str(path), str(out), str(architecture), str(name), json.dumps(dict(metadata or {})),
+        list(include), list(exclude), strip_prefix, dtype or "")
+    raise_for(code, message)
+    return dict(result)
+
+
+__all__ += ["export", "consolidate_gguf"]

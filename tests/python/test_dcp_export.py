@@ -209,6 +209,17 @@ def test_gguf_read_back_by_gguf_package(comm):
         want = full("params." + name, shape, dtype)
         assert [int(d) for d in got[name].shape] == list(shape)[::-1], name
         assert got[name].data.tobytes() == want.reshape(-1).view(torch.uint8).numpy().tobytes(), name
+    # From Python: the same writer.
+    out = os.path.join(WORK, "py.gguf")
+    report = shardckpt.consolidate_gguf(box, out, "llama", name="t", metadata={"x.k": 1, "x.on": False},
+                                        exclude=["i"], dtype="float16")
+    assert report["entries"] == 3 and report["files"] == [out], report
+    reader = gguf.GGUFReader(out)
+    assert reader.fields["general.name"].contents() == "t" and reader.fields["x.k"].contents() == 1
+    assert reader.fields["x.on"].contents() is False
+    assert {int(t.tensor_type) for t in reader.tensors} == {1}
+    with pytest.raises(shardckpt.InvalidArgument, match="tensor 'i' is int64"):
+        shardckpt.consolidate_gguf(box, out, "llama")
     # int64 has no place in GGUF output: refused by name, and no file is left.
     out = os.path.join(WORK, "refused.gguf")
     r = consolidate(box, "--out", out, "--gguf-arch", "llama")
