@@ -112,5 +112,17 @@ TEST(GgufMetadataJson, TypedValuesInFileOrder) {
   }
 }
 
+TEST(GgufMetadataWith, FlagsWinAndComeFirst) {
+  std::vector<GgufKeyValue> file = {Text("x.a", "1"), Text("general.name", "file"), Text("general.architecture", "gpt2")};
+  std::vector<GgufKeyValue> merged = GgufMetadataWith("llama", "", file);
+  ASSERT_EQ(merged.size(), 3u);
+  EXPECT_EQ(merged[0].key, "general.architecture");
+  EXPECT_EQ(merged[0].value.text, "llama");
+  EXPECT_EQ(merged[1].key, "general.name");
+  EXPECT_EQ(merged[1].value.text, "file");
+  EXPECT_EQ(merged[2].key, "x.a");
+  EXPECT_EQ(GgufMetadataWith("", "", {}).size(), 0u);
+}
+
 }  // namespace
 }  // namespace shardckpt
