@@ -2,7 +2,8 @@
 consolidated to GGUF and read back by the gguf package (run_case.sh phases, torch2 venv):
 SHARDCKPT_PY_PHASE=save at 2 torchrun ranks saves (flat shards through the Python package; boxes
 through the C++ importer) and exports; =load at 3 torchrun ranks dcp.loads into DTensor Shard(0)
-targets and plain tensors, converts with dcp_to_torch_save, and checks the GGUF files."""
+and Shard(1) targets and plain tensors, converts with dcp_to_torch_save, and checks the GGUF
+files."""
 
 import glob
 import json
@@ -109,6 +110,10 @@ def test_dcp_load_into_dtensors_and_plain_tensors(comm):
         rows = torch.chunk(v, 3, dim=0)
         return rows[comm.rank] if comm.rank < len(rows) else v[0:0]
 
+    def cols_of(v):
+        cols = torch.chunk(v, 3, dim=1)
+        return (cols[comm.rank] if comm.rank < len(cols) else v[:, 0:0]).contiguous()
+
     for folder, expected in dcp_load_cases():
         # from_local: no collective to build them (gloo has no float8).
         sharded = {n: DTensor.from_local(torch.zeros_like(rows_of(v)), mesh, [Shard(0)], run_check=False,
@@ -132,6 +137,13 @@ def test_dcp_load_into_dtensors_and_plain_tensors(comm):
                 assert same(got, v), (folder, n)
         if folder.startswith("dcp_flat"):
             assert nested["step"] == 42 and nested["meta"] == META
+        # Shard(1) targets of the tensors of 2 or more dims: every chunk cut across its rows.
+        cols = {n: DTensor.from_local(torch.zeros_like(cols_of(v)), mesh, [Shard(1)], run_check=False,
+                                      shape=v.shape, stride=v.stride())
+                for n, v in expected.items() if v.dim() >= 2}
+        dcp.load(cols, checkpoint_id=os.path.join(WORK, folder))
+        for n, got in cols.items():
+            assert same(got.to_local(), cols_of(expected[n])), (folder, n, "Shard(1)", comm.rank)
         plain = {n: torch.zeros_like(v) for n, v in expected.items()}
         dcp.load(plain, checkpoint_id=os.path.join(WORK, folder))
         for n, v in expected.items():
