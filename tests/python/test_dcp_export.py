@@ -86,6 +86,19 @@ def test_save_and_export(comm):
         report = shardckpt.export(box["path"], os.path.join(WORK, "dcp_box_small"), window_bytes=8)
         assert report["chunks"] == 7, report
         report = shardckpt.export(saved.path, os.path.join(WORK, "dcp_flat_small"), window_bytes=8)
+        # A damaged checkpoint is refused naming the entry (every block read is checked), and
+        # the folder has no .metadata: DCP sees no checkpoint there.
+        import shutil
+        damaged = os.path.join(WORK, "damaged")
+        shutil.copytree(box["path"], damaged)
+        with open(os.path.join(damaged, "rank-00001.bin"), "r+b") as f:
+            f.seek(5)
+            byte = f.read(1)
+            f.seek(5)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        with pytest.raises(shardckpt.DataLoss, match=r"entry '\w+': .*checksum mismatch"):
+            shardckpt.export(damaged, os.path.join(WORK, "dcp_damaged"))
+        assert not os.path.exists(os.path.join(WORK, "dcp_damaged", ".metadata"))
         # An existing, non-empty folder is never written into.
         with pytest.raises(shardckpt.InvalidArgument, match="is not empty"):
             shardckpt.export(box["path"], os.path.join(WORK, "dcp_box"))
