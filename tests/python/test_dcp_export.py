@@ -104,6 +104,24 @@ def test_save_and_export(comm):
             shardckpt.export(box["path"], os.path.join(WORK, "dcp_box"))
 
 
+@pytest.mark.skipif(PHASE != "save", reason="save phase only")
+def test_every_dtype_exports(comm):
+    """The dtypes the .pt importer takes, each as a typed storage DCP's torch.load rebuilds."""
+    import torch.distributed.checkpoint as dcp
+    if comm.rank != 0:
+        return
+    dtypes = [torch.float64, torch.float16, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool]
+    ref = {str(d).split(".")[1]: (torch.arange(12) % 5 - 2).to(d).reshape(4, 3) for d in dtypes}
+    pt = os.path.join(WORK, "dtypes.pt")
+    torch.save(ref, pt)
+    ck = shardckpt.import_checkpoint(pt, os.path.join(WORK, "dtypes"), 2, "dim0")
+    shardckpt.export(ck["path"], os.path.join(WORK, "dcp_dtypes"))
+    got = {k: torch.ones_like(v) for k, v in ref.items()}
+    dcp.load(got, checkpoint_id=os.path.join(WORK, "dcp_dtypes"), no_dist=True)
+    for k, v in ref.items():
+        assert same(got[k], v), k
+
+
 def dcp_load_cases():
     box = {n: full(n, s, d) for n, (s, d) in BOX.items()}
     return [("dcp_flat", expected_flat()), ("dcp_box", box), ("dcp_flat_small", expected_flat()),
