@@ -100,7 +100,7 @@ Result<DcpExportReport> ExportDcp(const std::string& checkpoint, const std::stri
     const EntryRecord& entry = m.entries[e];
     for (const ChunkRecord& c : entry.chunks) {
       for (const Region& r : LayoutRegions(c.layout, entry.shape)) {
-        if (!seen.emplace(e, r.lo, r.size).second) continue;
+        if (NumElements(r.size).value() == 0 || !seen.emplace(e, r.lo, r.size).second) continue;
         files[c.file].push_back(Item{false, e, r.lo, r.size});
         report.tensor_bytes += static_cast<uint64_t>(NumBytes(r.size, DTypeSize(entry.dtype)).value());
       }
