@@ -130,7 +130,8 @@ Result<std::string> EncodeGgufHeader(const std::vector<GgufKeyValue>& metadata, 
     if (!keys.insert(kv.key).second) return InvalidArgument("GGUF metadata key '" + kv.key + "' is given twice");
   }
   if (!keys.count("general.architecture")) {
-    return InvalidArgument("GGUF output needs general.architecture (--gguf-arch, or in --gguf-metadata)");
+    return InvalidArgument("GGUF output needs general.architecture (--gguf-arch or --gguf-metadata on the command "
+                           "line; the architecture argument of shardckpt.consolidate_gguf in Python)");
   }
   if (keys.count("general.alignment")) return InvalidArgument("general.alignment is set by the writer (32)");
   std::string s = "GGUF";
