@@ -20,6 +20,7 @@
 #include "shardckpt/engine/core/checkpoint_dir.h"
 #include "shardckpt/engine/core/consolidate.h"
 #include "shardckpt/engine/core/convert.h"
+#include "shardckpt/engine/core/dcp_export.h"
 #include "shardckpt/engine/core/load.h"
 #include "shardckpt/engine/core/save.h"
 #include "shardckpt/engine/core/verify.h"
@@ -525,6 +526,72 @@ py::tuple ConvertCall(bool import, const std::string& input, const std::string& 
 }  // namespace
 }  // namespace shardckpt
 
+// ---- export (engine/core/dcp_export.h)
+namespace shardckpt {
+namespace {
+
+py::tuple ExportCall(const std::string& path, const std::string& out, const std::string& format, uint64_t window_bytes) {
+  if (format != "dcp") return Reply(InvalidArgument("format must be 'dcp', not '" + format + "'"));
+  if (window_bytes == 0) return Reply(InvalidArgument("window_bytes must be at least 1"));
+  DcpExportOptions options;
+  options.window_bytes = window_bytes;
+  Result<DcpExportReport> r = Status(Code::kInternal, "not run");
+  {
+    py::gil_scoped_release release;
+    r = ExportDcp(path, out, options);
+  }
+  if (!r.ok()) return Reply(r.status());
+  py::dict d;
+  d["checkpoint"] = r->checkpoint;
+  d["out"] = r->out;
+  d["files"] = r->files;
+  d["tensors"] = r->tensors;
+  d["chunks"] = r->chunks;
+  d["byte_items"] = r->byte_items;
+  d["tensor_bytes"] = r->tensor_bytes;
+  d["bytes_read"] = r->bytes_read;
+  d["skipped"] = r->skipped;
+  return Reply(Status::Ok(), d);
+}
+
+// GGUF output (engine/formats/gguf_writer.h): `metadata_json` is a JSON object of the other keys.
+py::tuple ConsolidateGgufCall(const std::string& path, const std::string& out, const std::string& architecture,
+                              const std::string& name, const std::string& metadata_json,
+                              const std::vector<std::string>& include, const std::vector<std::string>& exclude,
+                              const std::string& strip_prefix, const std::string& dtype) {
+  Result<std::vector<GgufKeyValue>> others = ParseGgufMetadataJson(metadata_json, "metadata");
+  if (!others.ok()) return Reply(others.status());
+  ConsolidateOptions options;
+  options.format = ExportFormat::kGguf;
+  options.gguf_metadata = GgufMetadataWith(architecture, name, *others);
+  options.include = include;
+  options.exclude = exclude;
+  options.strip_prefix = strip_prefix;
+  if (!dtype.empty()) {
+    if (dtype != "bfloat16" && dtype != "float16" && dtype != "float32") {
+      return Reply(InvalidArgument("dtype must be bfloat16, float16 or float32, not '" + dtype + "'"));
+    }
+    options.cast = ParseDType(dtype).value();
+  }
+  Result<ConsolidateReport> r = Status(Code::kInternal, "not run");
+  {
+    py::gil_scoped_release release;
+    r = Consolidate(path, out, options);
+  }
+  if (!r.ok()) return Reply(r.status());
+  py::dict d;
+  d["checkpoint"] = r->checkpoint;
+  d["files"] = r->files;
+  d["sha256"] = r->sha256;
+  d["entries"] = r->entries;
+  d["tensor_bytes"] = r->tensor_bytes;
+  d["bytes_read"] = r->bytes_read;
+  return Reply(Status::Ok(), d);
+}
+
+}  // namespace
+}  // namespace shardckpt
+
 PYBIND11_MODULE(_core, m) {
   using namespace shardckpt;
   m.doc() = "shardckpt engine bindings (internal: use the shardckpt package)";
@@ -571,4 +638,6 @@ PYBIND11_MODULE(_core, m) {
     for (int d = 0; d < kNumDTypes; ++d) names.push_back(DTypeName(static_cast<DType>(d)));
     return names;
   });
+  m.def("export", &ExportCall);
+  m.def("consolidate_gguf", &ConsolidateGgufCall);
 }

@@ -4,6 +4,8 @@
 //   shardckpt verify CHECKPOINT [--json]
 //   shardckpt consolidate CHECKPOINT --out FILE [--format torch|safetensors] [--include GLOB]...
 //             [--exclude GLOB]... [--strip-prefix P] [--dtype bf16|fp16|fp32] [--max-shard-size SIZE]
+//             [--gguf-arch A --gguf-name N --gguf-metadata FILE]   (--format gguf)
+//   shardckpt export CHECKPOINT --format dcp --out DIR
 //   shardckpt import FILE --out ROOT --world-size N [--layout flat|dim0|replicated]
 //   shardckpt reshard CHECKPOINT --out ROOT --world-size M [--layout flat|dim0|replicated]
 //   shardckpt list ROOT [--json] [--keep-last K --keep-best K --metric NAME --mode min|max]
@@ -21,6 +23,7 @@
 
 #include "shardckpt/engine/core/consolidate.h"
 #include "shardckpt/engine/core/convert.h"
+#include "shardckpt/engine/core/dcp_export.h"
 #include "shardckpt/engine/core/load.h"
 #include "shardckpt/engine/core/verify.h"
 #include "shardckpt/engine/core/checkpoint_dir.h"
@@ -182,23 +185,38 @@ int Verify(int argc, char** argv) {
   return r->problems.empty() ? 0 : 1;
 }
 
+// --gguf-arch and --gguf-name win over the same keys of the --gguf-metadata file.
+Result<std::vector<GgufKeyValue>> GgufMetadataFrom(const po::variables_map& vm) {
+  std::vector<GgufKeyValue> file_keys;
+  if (vm.count("gguf-metadata")) {
+    const std::string path = vm["gguf-metadata"].as<std::string>();
+    SC_ASSIGN_OR_RETURN(std::string text, ReadFileLimited(path, 1u << 20));
+    SC_ASSIGN_OR_RETURN(file_keys, ParseGgufMetadataJson(text, path));
+  }
+  auto flag = [&](const char* name) { return vm.count(name) ? vm[name].as<std::string>() : std::string(); };
+  return GgufMetadataWith(flag("gguf-arch"), flag("gguf-name"), file_keys);
+}
+
 int ConsolidateCommand(int argc, char** argv) {
   po::options_description flags("consolidate: one state-dict file from a sharded checkpoint");
-  flags.add_options()("out", po::value<std::string>()->required(), "output file (.pt, .pth or .safetensors)")
-      ("format", po::value<std::string>(), "torch | safetensors (default: from the extension)")
+  flags.add_options()("out", po::value<std::string>()->required(), "output file (.pt, .pth, .safetensors or .gguf)")
+      ("format", po::value<std::string>(), "torch | safetensors | gguf (default: from the extension)")
       ("include", po::value<std::vector<std::string>>()->composing(), "keep entries matching this glob (repeatable)")
       ("exclude", po::value<std::vector<std::string>>()->composing(), "drop entries matching this glob (repeatable)")
       ("strip-prefix", po::value<std::string>(), "remove this prefix from names")
       ("dtype", po::value<std::string>(), "cast floating tensors: bf16 | fp16 | fp32")
       ("max-shard-size", po::value<std::string>(), "safetensors: split into shards of at most SIZE (e.g. 5GB)")
+      ("gguf-arch", po::value<std::string>(), "gguf: general.architecture (e.g. llama); required unless in --gguf-metadata")
+      ("gguf-name", po::value<std::string>(), "gguf: general.name")
+      ("gguf-metadata", po::value<std::string>(), "gguf: a JSON object of string/int/float/bool metadata values")
       ("json", "machine-readable summary");
   po::variables_map vm = Parse("consolidate", flags, "CHECKPOINT", argc, argv);
   const std::string out = vm["out"].as<std::string>();
   ConsolidateOptions options;
   if (vm.count("format")) {
     std::string f = vm["format"].as<std::string>();
-    if (f != "torch" && f != "safetensors") throw Usage{"--format must be torch or safetensors"};
-    options.format = f == "torch" ? ExportFormat::kTorch : ExportFormat::kSafetensors;
+    if (f != "torch" && f != "safetensors" && f != "gguf") throw Usage{"--format must be torch, safetensors or gguf"};
+    options.format = f == "torch" ? ExportFormat::kTorch : f == "gguf" ? ExportFormat::kGguf : ExportFormat::kSafetensors;
   } else {
     Result<ExportFormat> f = FormatFromPath(out);
     if (!f.ok()) throw Usage{f.status().message()};
@@ -216,6 +234,13 @@ int ConsolidateCommand(int argc, char** argv) {
   if (vm.count("max-shard-size")) {
     if (options.format != ExportFormat::kSafetensors) throw Usage{"--max-shard-size applies to safetensors output"};
     options.max_shard_bytes = ParseSize(vm["max-shard-size"].as<std::string>());
+  }
+  if (options.format == ExportFormat::kGguf) {
+    Result<std::vector<GgufKeyValue>> metadata = GgufMetadataFrom(vm);
+    if (!metadata.ok()) return Fail(metadata.status());
+    options.gguf_metadata = std::move(*metadata);
+  } else if (vm.count("gguf-arch") || vm.count("gguf-name") || vm.count("gguf-metadata")) {
+    throw Usage{"--gguf-arch, --gguf-name and --gguf-metadata apply to gguf output"};
   }
   ProgressBar bar("consolidate", !vm.count("json"));
   options.progress = [&](uint64_t d, uint64_t t) { bar.Update(d, t); };
@@ -267,6 +292,36 @@ int Convert(bool import, int argc, char** argv) {
                 static_cast<unsigned long long>(r->tensors), static_cast<unsigned long long>(r->bytes), options.world_size,
                 options.layout.c_str());
     for (const std::string& s : r->skipped) std::printf("skipped (not a tensor, or a per-rank blob): %s\n", s.c_str());
+  }
+  return 0;
+}
+
+int ExportCommand(int argc, char** argv) {
+  po::options_description flags("export: a checkpoint as another framework's sharded format (streaming)");
+  flags.add_options()("format", po::value<std::string>()->required(),
+                      "dcp: a PyTorch Distributed Checkpoint folder (dcp.load at any world size, dcp_to_torch_save)")
+      ("out", po::value<std::string>()->required(), "the folder to write (new or empty)")
+      ("json", "machine-readable summary");
+  po::variables_map vm = Parse("export", flags, "CHECKPOINT", argc, argv);
+  if (vm["format"].as<std::string>() != "dcp") throw Usage{"--format must be dcp"};
+  DcpExportOptions options;
+  ProgressBar bar("export", !vm.count("json"));
+  options.progress = [&](uint64_t d, uint64_t t) { bar.Update(d, t); };
+  Result<DcpExportReport> r = ExportDcp(vm["CHECKPOINT"].as<std::string>(), vm["out"].as<std::string>(), options);
+  bar.Finish();
+  if (!r.ok()) return Fail(r.status());
+  if (vm.count("json")) {
+    std::cout << json{{"checkpoint", r->checkpoint}, {"out", r->out}, {"files", r->files}, {"tensors", r->tensors},
+                      {"chunks", r->chunks}, {"byte_items", r->byte_items}, {"tensor_bytes", r->tensor_bytes},
+                      {"bytes_read", r->bytes_read}, {"skipped", r->skipped}}
+                     .dump(2)
+              << "\n";
+  } else {
+    std::printf("wrote %s: %llu tensors in %llu chunks, %llu byte items, %llu tensor bytes, %zu files\n", r->out.c_str(),
+                static_cast<unsigned long long>(r->tensors), static_cast<unsigned long long>(r->chunks),
+                static_cast<unsigned long long>(r->byte_items), static_cast<unsigned long long>(r->tensor_bytes),
+                r->files.size());
+    for (const std::string& s : r->skipped) std::printf("skipped: %s\n", s.c_str());
   }
   return 0;
 }
@@ -408,7 +463,8 @@ const char* kUsage =
     "usage: shardckpt COMMAND [options]   (COMMAND --help for each)\n"
     "  inspect CHECKPOINT       what a checkpoint holds\n"
     "  verify CHECKPOINT        read everything, check every checksum\n"
-    "  consolidate CHECKPOINT   one .pt or .safetensors file (streaming)\n"
+    "  consolidate CHECKPOINT   one .pt, .safetensors or .gguf file (streaming)\n"
+    "  export CHECKPOINT        a PyTorch DCP folder (--format dcp, streaming)\n"
     "  import FILE              a .pt or .safetensors file into a sharded checkpoint\n"
     "  reshard CHECKPOINT       a checkpoint for another world size\n"
     "  list ROOT                every checkpoint of a root, and what retention keeps\n"
@@ -427,6 +483,7 @@ int main(int argc, char** argv) {
     if (command == "verify") return Verify(argc - 1, argv + 1);
     if (command == "consolidate") return ConsolidateCommand(argc - 1, argv + 1);
     if (command == "import") return Convert(true, argc - 1, argv + 1);
+    if (command == "export") return ExportCommand(argc - 1, argv + 1);
     if (command == "reshard") return Convert(false, argc - 1, argv + 1);
     if (command == "list") return List(argc - 1, argv + 1);
     if (command == "prune") return Prune(argc - 1, argv + 1);

@@ -101,7 +101,8 @@ std::string Stem(const std::string& path) {
 Result<ExportFormat> FormatFromPath(const std::string& path) {
   if (EndsWith(path, ".pt") || EndsWith(path, ".pth")) return ExportFormat::kTorch;
   if (EndsWith(path, ".safetensors")) return ExportFormat::kSafetensors;
-  return InvalidArgument("cannot tell the format of '" + path + "' (use .pt, .pth or .safetensors, or --format)");
+  if (EndsWith(path, ".gguf")) return ExportFormat::kGguf;
+  return InvalidArgument("cannot tell the format of '" + path + "' (use .pt, .pth, .safetensors or .gguf, or --format)");
 }
 
 Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::string& out,
@@ -163,6 +164,27 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
         [&](size_t) { return zip.EndRecord(); }));
     SC_RETURN_IF_ERROR(zip.AddRecord(root + "version", "3\n"));
     SC_RETURN_IF_ERROR(zip.Finish());
+    SC_RETURN_IF_ERROR(file->Close());
+    report.files.push_back(out);
+    report.sha256.push_back(file->sha256());
+  } else if (options.format == ExportFormat::kGguf) {
+    // Header first (it refuses a dtype or name GGUF cannot hold before a byte is written), then
+    // each tensor's bytes padded to the alignment.
+    std::vector<GgufTensorInfo> infos;
+    for (const Selected& s : selected) infos.push_back(GgufTensorInfo{s.name, s.dtype, s.shape});
+    SC_ASSIGN_OR_RETURN(std::string header, EncodeGgufHeader(options.gguf_metadata, infos));
+    SC_ASSIGN_OR_RETURN(std::unique_ptr<OutputFile> file, OutputFile::Create(out));
+    SC_RETURN_IF_ERROR(file->Write(header.data(), header.size()));
+    std::vector<size_t> all(selected.size());
+    for (size_t k = 0; k < all.size(); ++k) all[k] = k;
+    static const char kZeros[kGgufAlignment] = {};
+    SC_RETURN_IF_ERROR(StreamEntries(
+        *reader, selected, all, options.window_bytes, [&](size_t) { return Status::Ok(); },
+        [&](const void* p, size_t n) {
+          progress(n);
+          return file->Write(p, n);
+        },
+        [&](size_t k) { return file->Write(kZeros, GgufPadding(selected[k].bytes)); }));
     SC_RETURN_IF_ERROR(file->Close());
     report.files.push_back(out);
     report.sha256.push_back(file->sha256());

@@ -1,6 +1,6 @@
 // Streams a sharded checkpoint into one state-dict file (docs/architecture.md): PyTorch's zip
-// format (torch.load(weights_only=True), mmap=True) or safetensors (sharded with the Hugging
-// Face index when a size limit is given). Headers first, then each tensor's bytes window by
+// format (torch.load(weights_only=True), mmap=True), safetensors (sharded with the Hugging
+// Face index when a size limit is given) or GGUF (float tensors as they are). Headers first, then each tensor's bytes window by
 // window, so memory stays bounded by the window and the I/O buffers whatever the model size
 // (DCP's dcp_to_torch_save and DeepSpeed's zero_to_fp32 hold the whole model).
 #pragma once
@@ -10,12 +10,13 @@
 #include <string>
 #include <vector>
 
+#include "shardckpt/engine/formats/gguf_writer.h"
 #include "shardckpt/engine/model/dtype.h"
 #include "shardckpt/io/status.h"
 
 namespace shardckpt {
 
-enum class ExportFormat { kTorch, kSafetensors };
+enum class ExportFormat { kTorch, kSafetensors, kGguf };
 
 struct ConsolidateOptions {
   ExportFormat format = ExportFormat::kTorch;
@@ -25,6 +26,8 @@ struct ConsolidateOptions {
   std::optional<DType> cast;         // floating entries only
   uint64_t max_shard_bytes = 0;      // safetensors: split into model-0000k-of-0000n files
   uint64_t window_bytes = 32u << 20;
+  // gguf: general.architecture (required), general.name and any other keys, in this order.
+  std::vector<GgufKeyValue> gguf_metadata;
   std::function<void(uint64_t done, uint64_t total)> progress;
 };
 
@@ -37,7 +40,7 @@ struct ConsolidateReport {
   uint64_t bytes_read = 0;           // from the checkpoint
 };
 
-// Format from the extension: .pt/.pth -> torch, .safetensors -> safetensors.
+// Format from the extension: .pt/.pth -> torch, .safetensors -> safetensors, .gguf -> gguf.
 Result<ExportFormat> FormatFromPath(const std::string& path);
 Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::string& out,
                                       const ConsolidateOptions& options);

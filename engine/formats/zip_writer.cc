@@ -25,7 +25,7 @@ void Put64(std::string& s, uint64_t v) {
 
 Status ZipWriter::BeginRecord(const std::string& name, uint64_t size) {
   if (open_) return Internal("zip: record still open");
-  Record record{name, out_->position(), 0, static_cast<uint32_t>(crc32(0L, Z_NULL, 0)), false};
+  Record record{name, out_->position() - base_, 0, static_cast<uint32_t>(crc32(0L, Z_NULL, 0)), false};
   record.zip64 = size >= kMax32 || record.header_offset >= kMax32;
   std::string zip64_extra;
   if (record.zip64) {  // sizes are in the descriptor; the extra marks the entry as zip64
@@ -95,7 +95,7 @@ Status ZipWriter::AddRecord(const std::string& name, const std::string& bytes) {
 }
 
 Status ZipWriter::Finish() {
-  const uint64_t directory_offset = out_->position();
+  const uint64_t directory_offset = out_->position() - base_;
   std::string dir;
   for (const Record& r : records_) {
     bool big = r.size >= kMax32 || r.header_offset >= kMax32;

@@ -17,7 +17,9 @@ namespace shardckpt {
 
 class ZipWriter {
  public:
-  explicit ZipWriter(OutputFile* out) : out_(out) {}
+  // `base`: where the zip starts in `out` (a DCP .distcp file holds zips back to back); every
+  // offset the zip records, and the 64-byte alignment of its data, are relative to it.
+  explicit ZipWriter(OutputFile* out, uint64_t base = 0) : out_(out), base_(base) {}
   // `size` is the record's length, known in advance (it decides the zip64 form).
   Status BeginRecord(const std::string& name, uint64_t size);
   Status Append(const void* data, size_t bytes);
@@ -35,6 +37,7 @@ class ZipWriter {
     bool zip64 = false;
   };
   OutputFile* out_;
+  uint64_t base_ = 0;
   std::vector<Record> records_;
   bool open_ = false;
 };

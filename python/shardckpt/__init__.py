@@ -460,3 +460,38 @@ def reshard(path: str, out_root: str, world_size: int, layout: str = "flat") -> 
     code, message, result = _core.convert(False, str(path), str(out_root), int(world_size), layout)
     raise_for(code, message)
     return dict(result)
+
+
+def export(path: str, out: str, format: str = "dcp", *, window_bytes: int = 32 << 20) -> Dict[str, Any]:
+    """A checkpoint as a PyTorch Distributed Checkpoint folder ``out`` (``shardckpt export
+    --format dcp``): ``torch.distributed.checkpoint.load`` reads it at any world size, into
+    DTensors or plain tensors, and ``dcp_to_torch_save`` converts it. Streams with bounded memory
+    (``window_bytes`` of tensor data read at a time).
+    Returns ``{"checkpoint", "out", "files", "tensors", "chunks", "byte_items", "tensor_bytes",
+    "bytes_read", "skipped"}`` (skipped: values a DCP folder has no place for, with why)."""
+    from . import _core
+    code, message, result = _core.export(str(path), str(out), format, int(window_bytes))
+    raise_for(code, message)
+    return dict(result)
+
+
+def consolidate_gguf(path: str, out: str, architecture: str, *, name: str = "",
+                     metadata: Optional[Mapping[str, Any]] = None, include: Sequence[str] = (),
+                     exclude: Sequence[str] = (), strip_prefix: str = "",
+                     dtype: Optional[str] = None) -> Dict[str, Any]:
+    """One GGUF (version 3) file from a checkpoint (``shardckpt consolidate --format gguf``):
+    ``general.architecture`` and ``general.name`` from ``architecture`` and ``name``, then the
+    ``metadata`` keys (str, int, float and bool values); float32, float16 and bfloat16 tensors as
+    they are (other dtypes are refused naming the tensor: ``exclude`` them, or cast floating ones
+    with ``dtype="bfloat16"``, ``"float16"`` or ``"float32"``). Streams with bounded memory.
+    Returns ``{"checkpoint", "files", "sha256", "entries", "tensor_bytes", "bytes_read"}``."""
+    import json
+    from . import _core
+    code, message, result = _core.consolidate_gguf(
+        str(path), str(out), str(architecture), str(name), json.dumps(dict(metadata or {})),
+        list(include), list(exclude), strip_prefix, dtype or "")
+    raise_for(code, message)
+    return dict(result)
+
+
+__all__ += ["export", "consolidate_gguf"]

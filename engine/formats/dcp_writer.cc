@@ -1,0 +1,307 @@
+#include "shardckpt/engine/formats/dcp_writer.h"
+
+#include <openssl/evp.h>
+
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+
+#include "shardckpt/engine/formats/pickle_writer.h"
+
+namespace shardckpt {
+namespace {
+
+constexpr const char* kMetadataModule = "torch.distributed.checkpoint.metadata";
+constexpr const char* kFilesystemModule = "torch.distributed.checkpoint.filesystem";
+
+void TorchSize(PickleWriter& p, const std::vector<int64_t>& dims) {
+  p.Global("torch", "Size");
+  p.Mark();  // torch.Size((d0, d1, ...)): the dims tuple is the one argument
+  p.IntTuple(dims);
+  p.Tuple();
+  p.Reduce();
+}
+
+// TensorProperties' state is the 5-tuple every torch 2.x reads (the 6th field, strides, is
+// optional and only recorded, never needed to load).
+void TensorProperties(PickleWriter& p, DType dtype) {
+  p.NewObject(kMetadataModule, "TensorProperties");
+  p.Mark();
+  p.Global("torch", DTypeName(dtype));
+  p.Global("torch.serialization", "_get_layout");
+  p.Mark();
+  p.String("torch.strided");
+  p.Tuple();
+  p.Reduce();
+  p.Bool(false);  // requires_grad
+  p.Global("builtins", "getattr");
+  p.Mark();
+  p.Global(kMetadataModule, "_MEM_FORMAT_ENCODING");
+  p.String("TORCH_CONTIGUOUS_FORMAT");
+  p.Tuple();
+  p.Reduce();
+  p.Bool(false);  // pin_memory
+  p.Tuple();
+  p.Build();
+}
+
+// A dataclass instance whose __dict__ the caller fills: NewObject, EmptyDict, Mark, then
+// key/value pairs, then EndObject.
+void BeginObject(PickleWriter& p, const char* module, const char* name) {
+  p.NewObject(module, name);
+  p.EmptyDict();
+  p.Mark();
+}
+void EndObject(PickleWriter& p) {
+  p.SetItems();
+  p.Build();
+}
+
+void StorageInfo(PickleWriter& p, const DcpStorage& s) {
+  BeginObject(p, kFilesystemModule, "_StorageInfo");
+  p.String("relative_path");
+  p.String(s.file);
+  p.String("offset");
+  p.UInt(s.offset);
+  p.String("length");
+  p.UInt(s.length);
+  EndObject(p);
+}
+
+void MetadataIndex(PickleWriter& p, const std::string& fqn, const std::vector<int64_t>* offset, int64_t index) {
+  BeginObject(p, kMetadataModule, "MetadataIndex");
+  p.String("fqn");
+  p.String(fqn);
+  p.String("offset");
+  if (offset) {
+    TorchSize(p, *offset);
+  } else {
+    p.None();
+  }
+  p.String("index");
+  if (offset) {
+    p.Int(index);
+  } else {
+    p.None();
+  }
+  EndObject(p);
+}
+
+// ---- blobs: the Python package's typed JSON (python/shardckpt/_state.py) as a pickle
+
+constexpr const char* kTag = "__shardckpt__";
+
+Result<std::string> Base64Decode(const std::string& text) {
+  if (text.size() % 4 != 0) return InvalidArgument("bad base64 length");
+  std::string out(text.size() / 4 * 3, '\0');
+  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()), reinterpret_cast<const unsigned char*>(text.data()),
+                          static_cast<int>(text.size()));
+  if (n < 0) return InvalidArgument("bad base64");
+  size_t pad = 0;
+  if (!text.empty() && text.back() == '=') pad = text.size() >= 2 && text[text.size() - 2] == '=' ? 2 : 1;
+  out.resize(static_cast<size_t>(n) - pad);
+  return out;
+}
+
+Status PickleJson(PickleWriter& p, const nlohmann::json& v, int depth) {
+  if (depth > 200) return InvalidArgument("nested more than 200 deep");
+  switch (v.type()) {
+    case nlohmann::json::value_t::null: p.None(); return Status::Ok();
+    case nlohmann::json::value_t::boolean: p.Bool(v.get<bool>()); return Status::Ok();
+    case nlohmann::json::value_t::number_integer: p.Int(v.get<int64_t>()); return Status::Ok();
+    case nlohmann::json::value_t::number_unsigned: p.UInt(v.get<uint64_t>()); return Status::Ok();
+    case nlohmann::json::value_t::number_float: p.Float(v.get<double>()); return Status::Ok();
+    case nlohmann::json::value_t::string: p.String(v.get<std::string>()); return Status::Ok();
+    case nlohmann::json::value_t::array:
+      p.EmptyList();
+      if (!v.empty()) {
+        p.Mark();
+        for (const nlohmann::json& item : v) SC_RETURN_IF_ERROR(PickleJson(p, item, depth + 1));
+        p.Appends();
+      }
+      return Status::Ok();
+    case nlohmann::json::value_t::object: break;
+    default: return InvalidArgument("a JSON value of an unknown kind");
+  }
+  auto tag = v.find(kTag);
+  if (tag == v.end()) {
+    p.EmptyDict();
+    if (!v.empty()) {
+      p.Mark();
+      for (auto it = v.begin(); it != v.end(); ++it) {
+        p.String(it.key());
+        SC_RETURN_IF_ERROR(PickleJson(p, it.value(), depth + 1));
+      }
+      p.SetItems();
+    }
+    return Status::Ok();
+  }
+  if (!tag->is_string() || !v.contains("v")) return InvalidArgument("a malformed tagged value");
+  const std::string kind = tag->get<std::string>();
+  const nlohmann::json& value = v["v"];
+  if (kind == "float" && value.is_string()) {
+    p.Float(std::strtod(value.get<std::string>().c_str(), nullptr));  // inf, -inf, nan
+    return Status::Ok();
+  }
+  if (kind == "bytes" && value.is_string()) {
+    SC_ASSIGN_OR_RETURN(std::string bytes, Base64Decode(value.get<std::string>()));
+    p.Bytes(bytes);
+    return Status::Ok();
+  }
+  if (kind == "tuple" && value.is_array()) {
+    p.Mark();
+    for (const nlohmann::json& item : value) SC_RETURN_IF_ERROR(PickleJson(p, item, depth + 1));
+    p.Tuple();
+    return Status::Ok();
+  }
+  if (kind == "dict" && value.is_array()) {
+    p.EmptyDict();
+    if (!value.empty()) {
+      p.Mark();
+      for (const nlohmann::json& pair : value) {
+        if (!pair.is_array() || pair.size() != 2) return InvalidArgument("a malformed dict item");
+        SC_RETURN_IF_ERROR(PickleJson(p, pair[0], depth + 1));
+        SC_RETURN_IF_ERROR(PickleJson(p, pair[1], depth + 1));
+      }
+      p.SetItems();
+    }
+    return Status::Ok();
+  }
+  return InvalidArgument("an unknown tagged value '" + kind + "'");
+}
+
+}  // namespace
+
+std::string EncodeDcpMetadata(const DcpMetadata& m) {
+  PickleWriter p(3);
+  BeginObject(p, kMetadataModule, "Metadata");
+  p.String("state_dict_metadata");
+  p.EmptyDict();
+  p.Mark();
+  for (const DcpTensor& t : m.tensors) {
+    p.String(t.fqn);
+    BeginObject(p, kMetadataModule, "TensorStorageMetadata");
+    p.String("properties");
+    TensorProperties(p, t.dtype);
+    p.String("size");
+    TorchSize(p, t.shape);
+    p.String("chunks");
+    p.EmptyList();
+    if (!t.chunks.empty()) {
+      p.Mark();
+      for (const DcpChunk& c : t.chunks) {
+        BeginObject(p, kMetadataModule, "ChunkStorageMetadata");
+        p.String("offsets");
+        TorchSize(p, c.offsets);
+        p.String("sizes");
+        TorchSize(p, c.sizes);
+        EndObject(p);
+      }
+      p.Appends();
+    }
+    EndObject(p);
+  }
+  for (const DcpBytes& b : m.bytes) {
+    p.String(b.fqn);
+    p.NewObject(kMetadataModule, "BytesStorageMetadata");
+  }
+  p.SetItems();
+  p.String("planner_data");
+  p.EmptyDict();
+  p.Mark();
+  auto flat = [&](const std::string& fqn) {
+    p.String(fqn);
+    p.Mark();
+    p.String(fqn);
+    p.Tuple();
+  };
+  for (const DcpTensor& t : m.tensors) flat(t.fqn);
+  for (const DcpBytes& b : m.bytes) flat(b.fqn);
+  p.SetItems();
+  p.String("storage_data");
+  p.EmptyDict();
+  p.Mark();
+  for (const DcpBytes& b : m.bytes) {
+    MetadataIndex(p, b.fqn, nullptr, 0);
+    StorageInfo(p, b.storage);
+  }
+  for (const DcpTensor& t : m.tensors) {
+    for (size_t i = 0; i < t.chunks.size(); ++i) {
+      MetadataIndex(p, t.fqn, &t.chunks[i].offsets, static_cast<int64_t>(i));
+      StorageInfo(p, t.chunks[i].storage);
+    }
+  }
+  p.SetItems();
+  p.String("storage_meta");
+  BeginObject(p, kMetadataModule, "StorageMeta");
+  p.String("checkpoint_id");
+  p.String(m.checkpoint_id);
+  p.String("save_id");
+  p.String("shardckpt-export");
+  p.String("load_id");
+  p.None();
+  p.String("modules");
+  p.EmptyList();
+  EndObject(p);
+  p.String("version");
+  p.String(kDcpVersion);
+  EndObject(p);
+  return p.Finish();
+}
+
+std::string PickleContiguousTensor(DType dtype, const Shape& sizes) {
+  // torch 2.x has no storage class for float8: it writes an UntypedStorage (counted in bytes)
+  // that _rebuild_tensor_v3 views as the dtype it names.
+  const bool v3 = dtype == DType::kFloat8E4M3 || dtype == DType::kFloat8E5M2;
+  const int64_t numel = NumElements(sizes).value();
+  std::vector<int64_t> strides(sizes.size(), 1);
+  for (size_t d = sizes.size(); d-- > 1;) strides[d - 1] = strides[d] * sizes[d];
+  PickleWriter p(2);
+  p.Global("torch._utils", v3 ? "_rebuild_tensor_v3" : "_rebuild_tensor_v2");
+  p.Mark();
+  p.Mark();
+  p.String("storage");
+  if (v3) {
+    p.Global("torch.storage", "UntypedStorage");
+  } else {
+    p.Global("torch", TorchStorageName(dtype));
+  }
+  p.String("0");
+  p.String("cpu");
+  p.Int(v3 ? numel * static_cast<int64_t>(DTypeSize(dtype)) : numel);
+  p.Tuple();
+  p.PersistentId();
+  p.Int(0);  // storage_offset
+  p.IntTuple(sizes);
+  p.IntTuple(strides);
+  p.Bool(false);  // requires_grad
+  p.Global("collections", "OrderedDict");
+  p.EmptyTuple();
+  p.Reduce();  // backward hooks
+  if (v3) p.Global("torch", DTypeName(dtype));
+  p.Tuple();
+  p.Reduce();
+  return p.Finish();
+}
+
+Result<std::string> PickleBlobValue(const std::string& blob) {
+  PickleWriter p(3);
+  if (blob.size() >= 2 && blob[0] == '\0') {
+    const char tag = blob[1];
+    if (tag == 'B') {
+      p.Bytes(blob.substr(2));
+    } else if (tag == 'J') {
+      nlohmann::json value = nlohmann::json::parse(blob.begin() + 2, blob.end(), nullptr, false);
+      if (value.is_discarded()) return InvalidArgument("its JSON does not parse");
+      SC_RETURN_IF_ERROR(PickleJson(p, value, 0));
+    } else if (tag == 'T') {
+      return Status(Code::kUnimplemented, "it is a per-rank tensor, which a DCP folder has no place for");
+    } else {
+      return InvalidArgument("its tag \\x00" + std::string(1, tag) + " is unknown");
+    }
+  } else {
+    p.Bytes(blob);  // the C++ API's blobs are bytes
+  }
+  return p.Finish();
+}
+
+}  // namespace shardckpt

@@ -1,0 +1,165 @@
+#include "shardckpt/engine/formats/gguf_writer.h"
+
+#include <algorithm>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <set>
+
+namespace shardckpt {
+namespace {
+
+// gguf_type and ggml_type numbers (ggml/include/gguf.h, ggml.h).
+enum : uint32_t { kUInt32 = 4, kInt32 = 5, kFloat32 = 6, kBool = 7, kString = 8, kInt64 = 11 };
+enum : uint32_t { kGgmlF32 = 0, kGgmlF16 = 1, kGgmlBF16 = 30 };
+
+template <typename T>
+void Put(std::string& s, T v) {
+  s.append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+void PutString(std::string& s, const std::string& text) {
+  Put<uint64_t>(s, text.size());
+  s += text;
+}
+
+void PutValue(std::string& s, const GgufValue& v) {
+  switch (v.kind) {
+    case GgufValue::Kind::kString:
+      Put<uint32_t>(s, kString);
+      PutString(s, v.text);
+      return;
+    case GgufValue::Kind::kInt:
+      if (v.integer >= 0 && v.integer <= static_cast<int64_t>(UINT32_MAX)) {
+        Put<uint32_t>(s, kUInt32);
+        Put<uint32_t>(s, static_cast<uint32_t>(v.integer));
+      } else if (v.integer >= INT32_MIN && v.integer < 0) {
+        Put<uint32_t>(s, kInt32);
+        Put<int32_t>(s, static_cast<int32_t>(v.integer));
+      } else {
+        Put<uint32_t>(s, kInt64);
+        Put<int64_t>(s, v.integer);
+      }
+      return;
+    case GgufValue::Kind::kFloat:
+      Put<uint32_t>(s, kFloat32);
+      Put<float>(s, static_cast<float>(v.real));
+      return;
+    case GgufValue::Kind::kBool:
+      Put<uint32_t>(s, kBool);
+      Put<uint8_t>(s, v.flag ? 1 : 0);
+      return;
+  }
+}
+
+uint32_t GgmlType(DType dtype) {
+  return dtype == DType::kFloat16 ? kGgmlF16 : dtype == DType::kBFloat16 ? kGgmlBF16 : kGgmlF32;
+}
+
+}  // namespace
+
+Result<std::vector<GgufKeyValue>> ParseGgufMetadataJson(const std::string& json, const std::string& origin) {
+  nlohmann::ordered_json doc = nlohmann::ordered_json::parse(json, nullptr, false);
+  if (doc.is_discarded() || !doc.is_object()) {
+    return InvalidArgument(origin + ": GGUF metadata must be one JSON object of string, integer, float and bool values");
+  }
+  std::vector<GgufKeyValue> out;
+  for (auto it = doc.begin(); it != doc.end(); ++it) {
+    GgufKeyValue kv{it.key(), {}};
+    const auto& v = it.value();
+    if (it.key().empty()) return InvalidArgument(origin + ": a GGUF metadata key is empty");
+    if (v.is_string()) {
+      kv.value.kind = GgufValue::Kind::kString;
+      kv.value.text = v.get<std::string>();
+    } else if (v.is_boolean()) {
+      kv.value.kind = GgufValue::Kind::kBool;
+      kv.value.flag = v.get<bool>();
+    } else if (v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))) {
+      kv.value.kind = GgufValue::Kind::kInt;
+      kv.value.integer = v.get<int64_t>();
+    } else if (v.is_number_float()) {
+      kv.value.kind = GgufValue::Kind::kFloat;
+      kv.value.real = v.get<double>();
+    } else {
+      return InvalidArgument(origin + ": GGUF metadata key '" + it.key() + "' holds " + std::string(v.type_name()) +
+                             " " + v.dump() + "; only strings, integers (64-bit), floats and bools are written");
+    }
+    out.push_back(std::move(kv));
+  }
+  return out;
+}
+
+std::vector<GgufKeyValue> GgufMetadataWith(const std::string& architecture, const std::string& name,
+                                           const std::vector<GgufKeyValue>& others) {
+  std::vector<GgufKeyValue> out;
+  for (const auto& [key, given] : {std::pair<std::string, std::string>{"general.architecture", architecture},
+                                   std::pair<std::string, std::string>{"general.name", name}}) {
+    auto it = std::find_if(others.begin(), others.end(), [&](const GgufKeyValue& kv) { return kv.key == key; });
+    if (!given.empty()) {
+      GgufKeyValue kv{key, {}};
+      kv.value.text = given;
+      out.push_back(kv);
+    } else if (it != others.end()) {
+      out.push_back(*it);
+    }
+  }
+  for (const GgufKeyValue& kv : others) {
+    if (kv.key != "general.architecture" && kv.key != "general.name") out.push_back(kv);
+  }
+  return out;
+}
+
+Status CheckGgufTensor(const GgufTensorInfo& t) {
+  if (t.dtype != DType::kFloat32 && t.dtype != DType::kFloat16 && t.dtype != DType::kBFloat16) {
+    return InvalidArgument("tensor '" + t.name + "' is " + DTypeName(t.dtype) +
+                           ": GGUF output holds float32, float16 and bfloat16 tensors as they are (no quantization); "
+                           "--exclude it, or --dtype to cast floating tensors");
+  }
+  if (t.name.empty() || t.name.size() > kGgufMaxName) {
+    return InvalidArgument("tensor '" + t.name + "': a GGUF tensor name has 1 to " + std::to_string(kGgufMaxName) +
+                           " bytes (ggml's limit); use --strip-prefix or --exclude");
+  }
+  if (t.shape.size() > kGgufMaxDims) {
+    return InvalidArgument("tensor '" + t.name + "' has " + std::to_string(t.shape.size()) + " dims " + ShapeString(t.shape) +
+                           "; ggml tensors have at most " + std::to_string(kGgufMaxDims));
+  }
+  return Status::Ok();
+}
+
+Result<std::string> EncodeGgufHeader(const std::vector<GgufKeyValue>& metadata, const std::vector<GgufTensorInfo>& tensors) {
+  std::set<std::string> keys;
+  for (const GgufKeyValue& kv : metadata) {
+    if (!keys.insert(kv.key).second) return InvalidArgument("GGUF metadata key '" + kv.key + "' is given twice");
+  }
+  if (!keys.count("general.architecture")) {
+    return InvalidArgument("GGUF output needs general.architecture (--gguf-arch or --gguf-metadata on the command "
+                           "line; the architecture argument of shardckpt.consolidate_gguf in Python)");
+  }
+  if (keys.count("general.alignment")) return InvalidArgument("general.alignment is set by the writer (32)");
+  std::string s = "GGUF";
+  Put<uint32_t>(s, 3);
+  Put<uint64_t>(s, tensors.size());
+  Put<uint64_t>(s, metadata.size() + 1);
+  for (const GgufKeyValue& kv : metadata) {
+    PutString(s, kv.key);
+    PutValue(s, kv.value);
+  }
+  PutString(s, "general.alignment");
+  Put<uint32_t>(s, kUInt32);
+  Put<uint32_t>(s, static_cast<uint32_t>(kGgufAlignment));
+  uint64_t offset = 0;
+  for (const GgufTensorInfo& t : tensors) {
+    SC_RETURN_IF_ERROR(CheckGgufTensor(t));
+    PutString(s, t.name);
+    // ggml tensors have at least one dim: a 0-d tensor is written as [1].
+    Shape dims = t.shape.empty() ? Shape{1} : t.shape;
+    Put<uint32_t>(s, static_cast<uint32_t>(dims.size()));
+    for (size_t d = dims.size(); d-- > 0;) Put<uint64_t>(s, static_cast<uint64_t>(dims[d]));
+    Put<uint32_t>(s, GgmlType(t.dtype));
+    Put<uint64_t>(s, offset);
+    const uint64_t bytes = static_cast<uint64_t>(NumBytes(t.shape, DTypeSize(t.dtype)).value());
+    offset += bytes + GgufPadding(bytes);
+  }
+  s.append(GgufPadding(s.size()), '\0');
+  return s;
+}
+
+}  // namespace shardckpt

@@ -1,0 +1,47 @@
+// An append-only pickle encoder (protocol 2 or 3) for the few shapes of object torch's readers
+// unpickle from files shardckpt writes: DCP's .metadata dataclasses, the tensor inside a DCP
+// chunk's torch.save zip, and plain Python values (DCP byte items). It emits opcodes only; what
+// they build is the caller's business. No memo: every object is written where it is used.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace shardckpt {
+
+class PickleWriter {
+ public:
+  explicit PickleWriter(int protocol = 2);
+  void None() { s_ += 'N'; }
+  void Bool(bool v) { s_ += v ? '\x88' : '\x89'; }
+  void Int(int64_t v);
+  void UInt(uint64_t v);
+  void Float(double v);
+  void String(const std::string& utf8);
+  // Protocol 3 and later: a `bytes` object.
+  void Bytes(const std::string& bytes);
+  void Global(const std::string& module, const std::string& name);
+  void Mark() { s_ += '('; }
+  void Tuple() { s_ += 't'; }  // the items since the last Mark
+  void EmptyTuple() { s_ += ')'; }
+  void IntTuple(const std::vector<int64_t>& values);
+  void EmptyList() { s_ += ']'; }
+  void Appends() { s_ += 'e'; }  // the items since the last Mark, onto the list below it
+  void EmptyDict() { s_ += '}'; }
+  void SetItems() { s_ += 'u'; }  // key, value pairs since the last Mark, into the dict below it
+  void Reduce() { s_ += 'R'; }    // callable(*args)
+  void NewObj() { s_ += '\x81'; }  // cls.__new__(cls, *args)
+  void Build() { s_ += 'b'; }     // obj.__setstate__(state), or its __dict__ updated
+  void PersistentId() { s_ += 'Q'; }
+  // An object of `module.name` made without calling its constructor, then given `state` by the
+  // caller (which pushes the state and calls Build): what pickle writes for a dataclass.
+  void NewObject(const std::string& module, const std::string& name);
+  // STOP; the writer is done.
+  std::string Finish();
+
+ private:
+  std::string s_;
+};
+
+}  // namespace shardckpt

@@ -1,0 +1,128 @@
+#include "shardckpt/engine/formats/gguf_writer.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+namespace shardckpt {
+namespace {
+
+// Little-endian fields, spelled out independently of the writer.
+struct Bytes {
+  std::string s;
+  Bytes& u32(uint32_t v) {
+    for (int i = 0; i < 4; ++i) s += static_cast<char>((v >> (8 * i)) & 0xFF);
+    return *this;
+  }
+  Bytes& u64(uint64_t v) {
+    for (int i = 0; i < 8; ++i) s += static_cast<char>((v >> (8 * i)) & 0xFF);
+    return *this;
+  }
+  Bytes& str(const std::string& text) {
+    u64(text.size());
+    s += text;
+    return *this;
+  }
+};
+
+GgufKeyValue Text(const std::string& key, const std::string& value) {
+  GgufKeyValue kv{key, {}};
+  kv.value.text = value;
+  return kv;
+}
+
+TEST(GgufHeader, BytesAsTheSpecLaysThemOut) {
+  GgufKeyValue layers{"llama.block_count", {}};
+  layers.value.kind = GgufValue::Kind::kInt;
+  layers.value.integer = 2;
+  GgufKeyValue eps{"llama.eps", {}};
+  eps.value.kind = GgufValue::Kind::kFloat;
+  eps.value.real = 0.5;
+  GgufKeyValue neg{"x.neg", {}};
+  neg.value.kind = GgufValue::Kind::kInt;
+  neg.value.integer = -3;
+  GgufKeyValue flag{"x.flag", {}};
+  flag.value.kind = GgufValue::Kind::kBool;
+  flag.value.flag = true;
+  std::vector<GgufKeyValue> meta = {Text("general.architecture", "llama"), Text("general.name", "t"), layers, eps, neg, flag};
+  std::vector<GgufTensorInfo> tensors = {{"a.weight", DType::kBFloat16, {3, 5}},  // 30 bytes, padded to 32
+                                         {"b", DType::kFloat32, {}},              // 0-d: [1], 4 bytes
+                                         {"c", DType::kFloat16, {2, 1, 3}}};
+  Result<std::string> header = EncodeGgufHeader(meta, tensors);
+  ASSERT_TRUE(header.ok()) << header.status().ToString();
+
+  Bytes want;
+  want.s = "GGUF";
+  want.u32(3).u64(3).u64(7);
+  want.str("general.architecture").u32(8).str("llama");
+  want.str("general.name").u32(8).str("t");
+  want.str("llama.block_count").u32(4).u32(2);  // UINT32
+  float half = 0.5f;
+  uint32_t half_bits;
+  std::memcpy(&half_bits, &half, 4);
+  want.str("llama.eps").u32(6).u32(half_bits);  // FLOAT32
+  want.str("x.neg").u32(5).u32(static_cast<uint32_t>(-3));  // INT32
+  want.str("x.flag").u32(7);
+  want.s += '\x01';                                  // BOOL
+  want.str("general.alignment").u32(4).u32(32);
+  want.str("a.weight").u32(2).u64(5).u64(3).u32(30).u64(0);  // dims innermost first, BF16
+  want.str("b").u32(1).u64(1).u32(0).u64(32);                 // F32 at 32
+  want.str("c").u32(3).u64(3).u64(1).u64(2).u32(1).u64(64);   // F16 at 32 + 32
+  want.s.append((32 - want.s.size() % 32) % 32, '\0');
+  EXPECT_EQ(*header, want.s);
+  EXPECT_EQ(header->size() % 32, 0u);
+  EXPECT_EQ(GgufPadding(30), 2u);
+  EXPECT_EQ(GgufPadding(64), 0u);
+}
+
+TEST(GgufHeader, RefusesWhatGgufOutputCannotHoldByName) {
+  std::vector<GgufKeyValue> meta = {Text("general.architecture", "llama")};
+  auto refused = [&](const GgufTensorInfo& t) {
+    Result<std::string> r = EncodeGgufHeader(meta, {t});
+    EXPECT_FALSE(r.ok()) << t.name;
+    return r.ok() ? std::string() : r.status().message();
+  };
+  EXPECT_NE(refused({"idx", DType::kInt64, {4}}).find("tensor 'idx' is int64"), std::string::npos);
+  EXPECT_NE(refused({"q", DType::kFloat8E4M3, {4}}).find("tensor 'q' is float8_e4m3fn"), std::string::npos);
+  EXPECT_NE(refused({std::string(64, 'n'), DType::kFloat32, {4}}).find("1 to 63 bytes"), std::string::npos);
+  EXPECT_NE(refused({"deep", DType::kFloat32, {1, 1, 1, 1, 1}}).find("tensor 'deep' has 5 dims"), std::string::npos);
+  Result<std::string> no_arch = EncodeGgufHeader({Text("general.name", "x")}, {});
+  ASSERT_FALSE(no_arch.ok());
+  EXPECT_NE(no_arch.status().message().find("general.architecture"), std::string::npos);
+  Result<std::string> twice = EncodeGgufHeader({Text("general.architecture", "a"), Text("general.architecture", "b")}, {});
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(twice.status().message().find("given twice"), std::string::npos);
+}
+
+TEST(GgufMetadataJson, TypedValuesInFileOrder) {
+  Result<std::vector<GgufKeyValue>> kv =
+      ParseGgufMetadataJson(R"({"z.s": "v", "a.i": 7, "m.f": 1.5, "b.b": false})", "meta.json");
+  ASSERT_TRUE(kv.ok()) << kv.status().ToString();
+  ASSERT_EQ(kv->size(), 4u);
+  EXPECT_EQ((*kv)[0].key, "z.s");
+  EXPECT_EQ((*kv)[0].value.text, "v");
+  EXPECT_EQ((*kv)[1].value.kind, GgufValue::Kind::kInt);
+  EXPECT_EQ((*kv)[1].value.integer, 7);
+  EXPECT_EQ((*kv)[2].value.kind, GgufValue::Kind::kFloat);
+  EXPECT_EQ((*kv)[3].value.kind, GgufValue::Kind::kBool);
+  for (const char* bad : {R"({"k": [1]})", R"({"k": {"x": 1}})", R"({"k": null})", "[1]", "{"}) {
+    Result<std::vector<GgufKeyValue>> r = ParseGgufMetadataJson(bad, "meta.json");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().message().rfind("meta.json: ", 0), 0u) << r.status().message();
+  }
+}
+
+TEST(GgufMetadataWith, FlagsWinAndComeFirst) {
+  std::vector<GgufKeyValue> file = {Text("x.a", "1"), Text("general.name", "file"), Text("general.architecture", "gpt2")};
+  std::vector<GgufKeyValue> merged = GgufMetadataWith("llama", "", file);
+  ASSERT_EQ(merged.size(), 3u);
+  EXPECT_EQ(merged[0].key, "general.architecture");
+  EXPECT_EQ(merged[0].value.text, "llama");
+  EXPECT_EQ(merged[1].key, "general.name");
+  EXPECT_EQ(merged[1].value.text, "file");
+  EXPECT_EQ(merged[2].key, "x.a");
+  EXPECT_EQ(GgufMetadataWith("", "", {}).size(), 0u);
+}
+
+}  // namespace
+}  // namespace shardckpt
