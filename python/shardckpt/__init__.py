@@ -426,14 +426,21 @@ def verify(path: str) -> VerifyReport:
 
 def consolidate(path: str, out: str, format: Optional[str] = None, *,
                 include: Sequence[str] = (), exclude: Sequence[str] = (), strip_prefix: str = "",
-                dtype: Optional[str] = None, max_shard_bytes: int = 0) -> Dict[str, Any]:
+                dtype: Optional[str] = None, max_shard_bytes: int = 0,
+                gguf_architecture: str = "", gguf_name: str = "",
+                gguf_metadata: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """One state-dict file from a sharded checkpoint (``shardckpt consolidate``).
 
-    ``format``: ``"torch"`` (a .pt that ``torch.load(weights_only=True)`` reads) or
-    ``"safetensors"``; None picks it from ``out``'s extension. ``include``/``exclude``: globs
-    of entry names; ``dtype``: cast floating tensors to ``"bf16"``, ``"fp16"`` or ``"fp32"``;
-    ``max_shard_bytes``: split safetensors output. Returns ``{"checkpoint", "files", "sha256",
-    "entries", "tensor_bytes", "bytes_read"}``."""
+    ``format``: ``"torch"`` (a .pt that ``torch.load(weights_only=True)`` reads),
+    ``"safetensors"`` or ``"gguf"``; None picks it from ``out``'s extension. ``include``/
+    ``exclude``: globs of entry names; ``dtype``: cast floating tensors to ``"bf16"``, ``"fp16"``
+    or ``"fp32"``; ``max_shard_bytes``: split safetensors output. GGUF needs
+    ``gguf_architecture`` (see :func:`consolidate_gguf`). Returns ``{"checkpoint", "files",
+    "sha256", "entries", "tensor_bytes", "bytes_read"}``."""
+    if format == "gguf" or (format is None and str(out).endswith(".gguf")):
+        return consolidate_gguf(path, out, gguf_architecture, name=gguf_name,
+                                metadata=gguf_metadata, include=include, exclude=exclude,
+                                strip_prefix=strip_prefix, dtype=dtype)
     from . import _core
     code, message, result = _core.consolidate(str(path), str(out), format or "", list(include),
                                               list(exclude), strip_prefix, dtype or "",

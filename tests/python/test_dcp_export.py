@@ -263,6 +263,12 @@ def test_gguf_read_back_by_gguf_package(comm):
     assert {int(t.tensor_type) for t in reader.tensors} == {1}
     with pytest.raises(shardckpt.InvalidArgument, match="tensor 'i' is int64"):
         shardckpt.consolidate_gguf(box, out, "llama")
+    # consolidate() picks GGUF from the extension, as the command line does.
+    out2 = os.path.join(WORK, "py2.gguf")
+    report = shardckpt.consolidate(box, out2, exclude=["i"], dtype="float16",
+                                   gguf_architecture="llama", gguf_name="t")
+    assert report["files"] == [out2], report
+    assert gguf.GGUFReader(out2).fields["general.name"].contents() == "t"
     # int64 has no place in GGUF output: refused by name, and no file is left.
     out = os.path.join(WORK, "refused.gguf")
     r = consolidate(box, "--out", out, "--gguf-arch", "llama")
