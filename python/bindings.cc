@@ -197,6 +197,35 @@ py::tuple MpiWorld() {
   return Reply(Status::Ok(), py::cast(std::make_unique<Comm>(std::move(comm).value())));
 }
 
+// A communicator over an MPI_Comm the program made (an mpi4py communicator: its Fortran handle,
+// which MPI_Comm_f2c maps back whatever MPI_Comm is in this MPI). MPI is initialized at
+// MPI_THREAD_MULTIPLE here when nobody did yet; when mpi4py did, its thread level stands and
+// async_save says plainly if it is too low.
+py::tuple MpiComm(int64_t fortran_handle) {
+  std::lock_guard<std::mutex> lock(g_mpi_mutex);
+  if (g_mpi_finalized) return Reply(FailedPrecondition("MPI was finalized already"));
+  if (!g_mpi_session) {
+    Result<std::unique_ptr<MpiSession>> session = MpiSession::Init(nullptr, nullptr);
+    if (!session.ok()) return Reply(session.status());
+    g_mpi_session = std::move(session).value();
+  }
+  MPI_Comm comm = MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_handle));
+  if (comm == MPI_COMM_NULL) return Reply(InvalidArgument("the MPI communicator is MPI_COMM_NULL"));
+  Result<std::unique_ptr<Communicator>> made = CreateMpiCommunicator(comm);
+  if (!made.ok()) return Reply(made.status());
+  return Reply(Status::Ok(), py::cast(std::make_unique<Comm>(std::move(made).value())));
+}
+
+int MpiThreadLevel() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) return -1;
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&provided);
+  return provided == MPI_THREAD_MULTIPLE ? 3 : provided == MPI_THREAD_SERIALIZED ? 2
+         : provided == MPI_THREAD_FUNNELED ? 1 : 0;
+}
+
 void MpiFinalize() {
   std::lock_guard<std::mutex> lock(g_mpi_mutex);
   g_mpi_session.reset();
@@ -302,11 +331,22 @@ class Handle {
   int64_t step() const { return handle->step(); }
 };
 
-py::tuple CreateSaverCall(Comm& comm) {
+// Retention and provenance are the saver's (every save it runs applies them).
+py::tuple CreateSaverCall(Comm& comm, int keep_last, int keep_best, const std::string& best_metric,
+                          bool best_higher_is_better,
+                          const std::map<std::string, std::string>& user_metadata,
+                          const std::string& torch_version) {
+  SaveOptions options;
+  options.keep_last = keep_last;
+  options.keep_best = keep_best;
+  options.best_metric = best_metric;
+  options.best_higher_is_better = best_higher_is_better;
+  options.user_metadata = user_metadata;
+  options.torch_version = torch_version;
   Result<std::unique_ptr<AsyncSaver>> made = Status(Code::kInternal, "not run");
   {
     py::gil_scoped_release release;
-    made = AsyncSaver::Create(comm.get());
+    made = AsyncSaver::Create(comm.get(), options);
   }
   if (!made.ok()) return Reply(made.status());
   auto saver = std::make_unique<Saver>();
@@ -487,6 +527,9 @@ PYBIND11_MODULE(_core, m) {
   m.def("python_comm", [](py::object impl) {
     return std::make_unique<Comm>(std::make_unique<PyCommunicator>(std::move(impl)));
   });
+  m.def("mpi_comm", &MpiComm, "A Comm over an MPI communicator given by its Fortran handle.");
+  m.def("mpi_thread_level", &MpiThreadLevel,
+        "-1 before MPI_Init, else 0 single, 1 funneled, 2 serialized, 3 multiple.");
   m.def("mpi_finalize", &MpiFinalize);
   m.def("save", &SaveCall);
   m.def("load", &LoadCall);
@@ -496,6 +539,14 @@ PYBIND11_MODULE(_core, m) {
       .def("done", &Handle::Done)
       .def_property_readonly("step", &Handle::step);
   m.def("create_saver", &CreateSaverCall);
+  m.def("saver_wait", [](Saver& saver) {
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = saver.saver->Wait();
+    }
+    return Reply(s);
+  });
   m.def("async_save", &AsyncSaveCall);
   m.def("inspect", &InspectCall);
   m.def("verify", &VerifyCall);

@@ -28,7 +28,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from ._comm import from_process_group, launched_by_mpi, resolve, single_process, world
+from ._dtensor import dtensor_piece, is_dtensor
+from ._comm import (forget_foreign, from_mpi4py, from_process_group, launched_by_mpi, resolve,
+                    single_process, world)
 from ._state import DTYPES, FlatShard, PerRank, decode_blob, dtype_name, encode_blob, restore, walk
 from .errors import (Aborted, AlreadyExists, DataLoss, DeadlineExceeded, FailedPrecondition,
                      Internal, InvalidArgument, IoError, NoSpace, NotFound, ShardckptError,
@@ -36,7 +38,8 @@ from .errors import (Aborted, AlreadyExists, DataLoss, DeadlineExceeded, FailedP
 
 __all__ = [
     "save", "load", "async_save", "AsyncSaveHandle", "inspect", "verify", "VerifyReport",
-    "VerifyProblem", "consolidate", "import_checkpoint", "reshard", "SaveResult", "LoadReport", "FlatShard", "PerRank", "world", "from_process_group",
+    "VerifyProblem", "consolidate", "import_checkpoint", "reshard", "SaveResult", "LoadReport",
+    "FlatShard", "PerRank", "world", "from_process_group", "from_mpi4py",
     "single_process", "launched_by_mpi", "ShardckptError", "InvalidArgument", "NotFound",
     "AlreadyExists", "DataLoss", "IoError", "NoSpace", "FailedPrecondition", "Unimplemented",
     "Internal", "Aborted", "DeadlineExceeded",
@@ -73,15 +76,8 @@ def _piece(name: str, tensor: torch.Tensor, shape: List[int], layout: Tuple[str,
             tensor.data_ptr())
 
 
-def _refuse_dtensor(name: str, tensor: torch.Tensor) -> None:
-    if type(tensor).__name__ == "DTensor":
-        raise Unimplemented("'%s': DTensor is not supported yet; pass its full_tensor() or use "
-                            "FlatShard" % name)
-
-
 def _save_view(tensor: torch.Tensor, name: str, keep: List[torch.Tensor]) -> torch.Tensor:
     """A contiguous host tensor with the values of ``tensor`` (itself when it is one)."""
-    _refuse_dtensor(name, tensor)
     view = tensor.detach()
     if view.device.type != "cpu":
         view = view.cpu()
@@ -98,6 +94,9 @@ def _describe_save(state: Mapping[str, Any], keep: List[torch.Tensor]) -> Tuple[
             begin = value.begin
             pieces.append(_piece(name, local, value.global_shape,
                                  ("flat", begin, begin + local.numel())))
+        elif is_dtensor(value):
+            local, global_shape, layout = dtensor_piece(name, value)
+            pieces.append(_piece(name, _save_view(local, name, keep), global_shape, layout))
         elif isinstance(value, torch.Tensor):
             view = _save_view(value, name, keep)
             pieces.append(_piece(name, view, list(view.shape), ("replicated", None, None)))
@@ -150,12 +149,16 @@ def _describe_load(state: Mapping[str, Any]) -> Tuple[list, Dict[str, Any], list
     for name, value in walk(state):
         if isinstance(value, (torch.Tensor, FlatShard)):
             target = value.local if isinstance(value, FlatShard) else value
-            _refuse_dtensor(name, target)
+            layout = None
+            if is_dtensor(value):
+                target, global_shape, layout = dtensor_piece(name, value)
             into = target
             if target.device.type != "cpu" or not target.is_contiguous():
                 into = torch.empty(target.shape, dtype=target.dtype)
                 copies.append((target, into))
-            if isinstance(value, FlatShard):
+            if layout is not None:
+                pieces.append(_piece(name, into, global_shape, layout))
+            elif isinstance(value, FlatShard):
                 pieces.append(_piece(name, into, value.global_shape,
                                      ("flat", value.begin, value.begin + into.numel())))
             else:
@@ -265,57 +268,50 @@ class AsyncSaveHandle:
 
 
 _savers_lock = threading.Lock()
-_savers: Dict[int, Tuple[Any, Any]] = {}  # id(comm) -> (comm, engine AsyncSaver)
+# (id(comm), retention) -> (comm, engine AsyncSaver); retention is the saver's, so another
+# policy gets a saver of its own (after the previous one's persist has finished).
+_savers: Dict[Tuple[Any, ...], Tuple[Any, Any]] = {}
 _savers_atexit = False
 
 
 def _drop_savers() -> None:
     """At exit, before MPI is finalized (registered after world()): ends each saver, which
-    waits for its persist in flight."""
+    waits for its persist in flight, then the communicators made over foreign groups."""
     with _savers_lock:
         _savers.clear()
-        _groups.clear()
+    forget_foreign()
 
 
-_groups: Dict[int, Tuple[Any, Any]] = {}  # id(process group) -> (group, communicator over it)
-
-
-def _resolve_for_async(comm: Any) -> Any:
-    """As resolve(), but a torch.distributed process group maps to the same communicator on
-    every call, so its saver (and the saver's own gloo group) is made once, not per save."""
-    from . import _core
-    if comm is None or isinstance(comm, _core.Comm):
-        return resolve(comm)
-    with _savers_lock:
-        held = _groups.get(id(comm))
-        if held is not None and held[0] is comm:
-            return held[1]
-    made = resolve(comm)
-    with _savers_lock:
-        _groups[id(comm)] = (comm, made)
-    return made
-
-
-def _saver_for(comm: Any) -> Any:
-    """One engine AsyncSaver per communicator, kept across calls so its staging is reused."""
+def _saver_for(comm: Any, options: Tuple[int, int, str, bool],
+               user_metadata: Mapping[str, str]) -> Any:
+    """One engine AsyncSaver per communicator and retention policy, kept across calls so its
+    staging is reused."""
     global _savers_atexit
     from . import _core
+    key = (id(comm),) + options + (tuple(sorted(user_metadata.items())),)
     with _savers_lock:
-        held = _savers.get(id(comm))
+        held = _savers.get(key)
         if held is not None and held[0] is comm:
             return held[1]
-    code, message, saver = _core.create_saver(comm)  # collective (duplicates the communicator)
+        others = [saver for (ident, *_), (c, saver) in _savers.items()
+                  if ident == id(comm) and c is comm]
+    for other in others:  # one persist in flight per communicator
+        _core.saver_wait(other)
+    code, message, saver = _core.create_saver(comm, *options, dict(user_metadata),
+                                              torch.__version__)  # collective (duplicates comm)
     raise_for(code, message)
     with _savers_lock:
-        _savers[id(comm)] = (comm, saver)
+        _savers[key] = (comm, saver)
         if not _savers_atexit:
             atexit.register(_drop_savers)
             _savers_atexit = True
     return saver
 
 
-def async_save(state_dict: Mapping[str, Any], root: str, step: int, *,
+def async_save(state_dict: Mapping[str, Any], root: str, step: int, *, keep_last: int = 0,
+               keep_best: int = 0, best_metric: str = "", best_higher_is_better: bool = False,
                metrics: Optional[Mapping[str, float]] = None,
+               user_metadata: Optional[Mapping[str, str]] = None,
                comm: Any = None) -> AsyncSaveHandle:
     """Starts saving ``state_dict`` as checkpoint ``step`` under ``root`` and returns once a
     snapshot is taken (collective: every rank calls it).
@@ -330,12 +326,14 @@ def async_save(state_dict: Mapping[str, Any], root: str, step: int, *,
     Under mpirun MPI must provide MPI_THREAD_MULTIPLE (shardckpt asks for it when it
     initializes MPI; else this raises :class:`FailedPrecondition`); over torch.distributed the
     persist runs on a gloo group of its own, made here on the first call (collective: every rank
-    of the world calls it, as ``dist.new_group`` requires). Retention options are not supported
-    here; ``metrics`` are recorded in the manifest.
+    of the world calls it, as ``dist.new_group`` requires). ``keep_last``/``keep_best``/
+    ``best_metric``/``user_metadata`` are as for :func:`save` (pruning runs after the commit, in
+    the background); ``metrics`` are recorded in the manifest.
     """
     from . import _core
-    comm = _resolve_for_async(comm)
-    saver = _saver_for(comm)
+    comm = resolve(comm)
+    saver = _saver_for(comm, (int(keep_last), int(keep_best), str(best_metric),
+                              bool(best_higher_is_better)), dict(user_metadata or {}))
     keep: List[torch.Tensor] = []
     pieces, blobs, error = _describe_for_collective(state_dict, keep)
     code, message, handle = _core.async_save(comm, saver, str(root), int(step), pieces, blobs,

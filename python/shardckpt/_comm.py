@@ -7,7 +7,7 @@ import ctypes
 import ctypes.util
 import os
 import threading
-from typing import Any, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from .errors import FailedPrecondition, raise_for
 
@@ -56,7 +56,7 @@ def world() -> Any:
             _promote_libmpi()
             code, message, comm = _core().mpi_world()
             raise_for(code, message)
-            atexit.register(_core().mpi_finalize)
+            _finalize_at_exit()
         elif _torch_distributed_initialized():
             comm = from_process_group(None)
             # Dropped while the interpreter is whole: a gloo group released late in shutdown
@@ -71,6 +71,17 @@ def world() -> Any:
             comm = _core().single()
         _world = comm
         return comm
+
+
+_finalize_registered = False
+
+
+def _finalize_at_exit() -> None:
+    """Finalizes MPI at exit if shardckpt initialized it (mpi4py finalizes what it started)."""
+    global _finalize_registered
+    if not _finalize_registered:
+        _finalize_registered = True
+        atexit.register(_core().mpi_finalize)
 
 
 def _forget_world() -> None:
@@ -91,14 +102,51 @@ def from_process_group(group: Any) -> Any:
     return _core().python_comm(TorchGroupComm(group))
 
 
+_foreign: Dict[int, Tuple[Any, Any]] = {}  # id(group or mpi4py comm) -> (it, our communicator)
+
+
+def _is_mpi4py(comm: Any) -> bool:
+    return type(comm).__module__.startswith("mpi4py") and hasattr(comm, "py2f")
+
+
+def from_mpi4py(comm: Any) -> Any:
+    """A communicator over an mpi4py communicator (``MPI.COMM_WORLD`` or one made by
+    ``Split``/``Create``). Collective over ``comm`` (its ranks duplicate it).
+
+    Whoever initializes MPI first decides the thread level: shardckpt asks for
+    MPI_THREAD_MULTIPLE, and so does mpi4py by default (``mpi4py.rc.thread_level``); with less,
+    :func:`shardckpt.async_save` raises :class:`shardckpt.FailedPrecondition`."""
+    _promote_libmpi()
+    code, message, made = _core().mpi_comm(int(comm.py2f()))
+    raise_for(code, message)
+    _finalize_at_exit()
+    return made
+
+
 def resolve(comm: Any) -> Any:
-    """The communicator a call runs on: ``world()`` for None, a torch ProcessGroup wrapped, a
-    communicator from this module as it is."""
+    """The communicator a call runs on: ``world()`` for None, a communicator from this module
+    as it is, an mpi4py communicator or a torch.distributed process group wrapped, once per
+    object: later calls with the same group reuse it (no new gloo group or MPI duplicate per
+    save)."""
     if comm is None:
         return world()
     if isinstance(comm, _core().Comm):
         return comm
-    return from_process_group(comm)
+    with _lock:
+        held = _foreign.get(id(comm))
+        if held is not None and held[0] is comm:
+            return held[1]
+    made = from_mpi4py(comm) if _is_mpi4py(comm) else from_process_group(comm)
+    with _lock:
+        _foreign[id(comm)] = (comm, made)
+    return made
+
+
+def forget_foreign() -> None:
+    """Drops the communicators made over mpi4py communicators and process groups (at exit,
+    while MPI and torch.distributed are still whole)."""
+    with _lock:
+        _foreign.clear()
 
 
 def single_process() -> Any:
