@@ -153,47 +153,13 @@ def checkpoint_state(model, optim, sched, position: int, step: int) -> dict:
             "data": {"position": position}, "step": step, "rng": rng}
 
 
-def _map_tensors(value, fn):
-    """``value`` with each leaf passed through ``fn``, dicts and lists rebuilt."""
-    if isinstance(value, dict):
-        return {k: _map_tensors(v, fn) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_map_tensors(v, fn) for v in value]
-    return fn(value)
-
-
-def as_flat_shards(state: dict) -> tuple:
-    """INTERIM, until the shardckpt package takes DTensors itself: FSDP2's DTensors (Shard(0) on a
-    1-D mesh, torch.chunk's rows) as shardckpt.FlatShard, which describes the same bytes of the
-    global tensor. Returns the wrapped state and a function that puts the DTensors back."""
-    import shardckpt
-    from torch.distributed.tensor import DTensor, Shard
-    back = {}
-
-    def wrap(v):
-        if not isinstance(v, DTensor):
-            return v
-        if v.device_mesh.ndim != 1 or v.placements != (Shard(0),):
-            raise ValueError("only FSDP2's Shard(0) on a 1-D mesh, not %s" % (v.placements,))
-        rows, row_numel = v.shape[0], math.prod(v.shape[1:])
-        per_rank = -(-rows // v.device_mesh.size())
-        first = min(rows, v.device_mesh.get_local_rank() * per_rank)
-        flat = shardckpt.FlatShard(v.to_local(), list(v.shape), first * row_numel)
-        back[id(flat)] = v
-        return flat
-
-    return _map_tensors(state, wrap), lambda s: _map_tensors(s, lambda v: back.get(id(v), v))
-
-
 def resume(args, model, optim, sched, rank: int) -> tuple:
     """Loads --resume-from or the newest checkpoint under --ckpt into the job (collective); returns (step,
     data position)."""
     import shardckpt
     from torch.distributed.checkpoint.state_dict import set_state_dict
     state = checkpoint_state(model, optim, sched, 0, 0)  # initializes AdamW's state to load into
-    state, unwrap = as_flat_shards(state)
-    report = shardckpt.load(state, args.resume_from or args.ckpt)
-    state = unwrap(state)
+    report = shardckpt.load(state, args.resume_from or args.ckpt)  # into the DTensor shards
     set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
     sched.load_state_dict(state["sched"])
     rng = state["rng"]
@@ -292,8 +258,8 @@ def main() -> int:
         if step % args.save_every == 0 or step == args.steps:
             # Returns once the state is copied: training goes on while it is written; the next
             # async_save (or the wait below) waits for this one.
-            state, _ = as_flat_shards(checkpoint_state(model, optim, sched, position, step))
-            handle = shardckpt.async_save(state, args.ckpt, step)
+            handle = shardckpt.async_save(checkpoint_state(model, optim, sched, position, step),
+                                          args.ckpt, step)
             if rank == 0:
                 print("checkpoint step %d started" % step, flush=True)
     if handle is not None:
