@@ -202,14 +202,18 @@ class Worker:
             del folders["dcp_cached"]
         else:
             writer = FileSystemWriter(folders["dcp_cached"], cache_staged_state_dict=True)
+        # DCP's upload thread runs collectives: on a group of its own (as DCP advises), since this
+        # thread's barriers on the default group would otherwise interleave with them (a hang).
+        group = self.dist.new_group(backend="gloo")
         out = {}
 
         def start(who: str, step: int):
             if who == "ours":
                 return sck.async_save(state, folders["ours"], step=step)
             if who == "dcp":
-                return dcp.async_save(state, checkpoint_id=folders["dcp"])
-            return dcp.async_save(state, checkpoint_id=folders["dcp_cached"], storage_writer=writer)
+                return dcp.async_save(state, checkpoint_id=folders["dcp"], process_group=group)
+            return dcp.async_save(state, checkpoint_id=folders["dcp_cached"], storage_writer=writer,
+                                  process_group=group)
 
         def finish(who: str, pending) -> None:
             if who == "ours":

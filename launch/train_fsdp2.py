@@ -154,8 +154,8 @@ def checkpoint_state(model, optim, sched, position: int, step: int) -> dict:
 
 
 def resume(args, model, optim, sched, rank: int) -> tuple:
-    """Loads --resume-from or the newest checkpoint under --ckpt into the job (collective); returns (step,
-    data position)."""
+    """Loads --resume-from, or the newest checkpoint under --ckpt, into the job (collective);
+    returns (step, data position)."""
     import shardckpt
     from torch.distributed.checkpoint.state_dict import set_state_dict
     state = checkpoint_state(model, optim, sched, 0, 0)  # initializes AdamW's state to load into
@@ -163,13 +163,11 @@ def resume(args, model, optim, sched, rank: int) -> tuple:
     set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
     sched.load_state_dict(state["sched"])
     rng = state["rng"]
-    if report.unavailable:
-        # Another world size: per-rank RNG states have no meaning here; the job uses none that
-        # the loss depends on, so it goes on with its fresh seeds.
-        pass
-    else:
+    # At another world size the per-rank RNG states come back unavailable (they have no meaning
+    # there): each rank goes on with its fresh seed. The loss depends on no random draw.
+    if not report.unavailable:
         torch.set_rng_state(rng["torch"].value)
-        random.setstate(_as_tuple(rng["python"].value))
+        random.setstate(rng["python"].value)  # a tuple again: blobs keep their types
         if "cuda" in rng:
             torch.cuda.set_rng_state(rng["cuda"].value)
     if rank == 0:
@@ -178,10 +176,6 @@ def resume(args, model, optim, sched, rank: int) -> tuple:
             "; per-rank values not restored: " + ", ".join(sorted(report.unavailable))
             if report.unavailable else ""), flush=True)
     return int(state["step"]), int(state["data"]["position"])
-
-
-def _as_tuple(value):
-    return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
 # ---- Main -----------------------------------------------------------------------------------
