@@ -173,6 +173,10 @@ class PyCommunicator : public Communicator {
       body(impl_.attr(method));
       return Status::Ok();
     } catch (py::error_already_set& error) {
+      // A shardckpt error (a collective's deadline) keeps its kind and message.
+      if (py::hasattr(error.value(), "code") && py::hasattr(error.value(), "message")) {
+        return FromPython({py::str(error.value().attr("code")), py::str(error.value().attr("message"))});
+      }
       return Status(Code::kAborted, std::string("torch.distributed ") + method + ": " + error.what());
     } catch (const std::exception& error) {
       return Status(Code::kAborted, std::string("torch.distributed ") + method + ": " + error.what());
@@ -184,14 +188,21 @@ class PyCommunicator : public Communicator {
   int size_ = 1;
 };
 
+// MPI initialized (at MPI_THREAD_MULTIPLE, unless the program or mpi4py did it already) and not
+// finalized. Called with g_mpi_mutex held.
+Status EnsureMpiSession() {
+  if (g_mpi_finalized) return FailedPrecondition("MPI was finalized already");
+  if (g_mpi_session) return Status::Ok();
+  Result<std::unique_ptr<MpiSession>> session = MpiSession::Init(nullptr, nullptr);
+  if (!session.ok()) return session.status();
+  g_mpi_session = std::move(session).value();
+  return Status::Ok();
+}
+
 py::tuple MpiWorld() {
   std::lock_guard<std::mutex> lock(g_mpi_mutex);
-  if (g_mpi_finalized) return Reply(FailedPrecondition("MPI was finalized already"));
-  if (!g_mpi_session) {
-    Result<std::unique_ptr<MpiSession>> session = MpiSession::Init(nullptr, nullptr);
-    if (!session.ok()) return Reply(session.status());
-    g_mpi_session = std::move(session).value();
-  }
+  Status ready = EnsureMpiSession();
+  if (!ready.ok()) return Reply(ready);
   Result<std::unique_ptr<Communicator>> comm = CreateMpiCommunicator(MPI_COMM_WORLD);
   if (!comm.ok()) return Reply(comm.status());
   return Reply(Status::Ok(), py::cast(std::make_unique<Comm>(std::move(comm).value())));
@@ -203,12 +214,8 @@ py::tuple MpiWorld() {
 // async_save says plainly if it is too low.
 py::tuple MpiComm(int64_t fortran_handle) {
   std::lock_guard<std::mutex> lock(g_mpi_mutex);
-  if (g_mpi_finalized) return Reply(FailedPrecondition("MPI was finalized already"));
-  if (!g_mpi_session) {
-    Result<std::unique_ptr<MpiSession>> session = MpiSession::Init(nullptr, nullptr);
-    if (!session.ok()) return Reply(session.status());
-    g_mpi_session = std::move(session).value();
-  }
+  Status ready = EnsureMpiSession();
+  if (!ready.ok()) return Reply(ready);
   MPI_Comm comm = MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_handle));
   if (comm == MPI_COMM_NULL) return Reply(InvalidArgument("the MPI communicator is MPI_COMM_NULL"));
   Result<std::unique_ptr<Communicator>> made = CreateMpiCommunicator(comm);
@@ -232,6 +239,21 @@ void MpiFinalize() {
   g_mpi_finalized = true;
 }
 
+// Retention and provenance, as save() and async_save() take them.
+SaveOptions SaveOptionsFrom(int keep_last, int keep_best, const std::string& best_metric,
+                            bool best_higher_is_better,
+                            const std::map<std::string, std::string>& user_metadata,
+                            const std::string& torch_version) {
+  SaveOptions options;
+  options.keep_last = keep_last;
+  options.keep_best = keep_best;
+  options.best_metric = best_metric;
+  options.best_higher_is_better = best_higher_is_better;
+  options.user_metadata = user_metadata;
+  options.torch_version = torch_version;
+  return options;
+}
+
 py::tuple SaveCall(Comm& comm, const std::string& root, int64_t step,
                    const std::vector<PieceTuple>& pieces, const std::vector<BlobTuple>& blobs,
                    int keep_last, int keep_best, const std::string& best_metric,
@@ -241,14 +263,9 @@ py::tuple SaveCall(Comm& comm, const std::string& root, int64_t step,
   ShardedState state;
   Status built = FromPython(error);
   if (built.ok()) built = BuildState(pieces, blobs, &state);
-  SaveOptions options;
-  options.keep_last = keep_last;
-  options.keep_best = keep_best;
-  options.best_metric = best_metric;
-  options.best_higher_is_better = best_higher_is_better;
+  SaveOptions options = SaveOptionsFrom(keep_last, keep_best, best_metric, best_higher_is_better,
+                                        user_metadata, torch_version);
   options.metrics = metrics;
-  options.user_metadata = user_metadata;
-  options.torch_version = torch_version;
   Result<SaveResult> saved = Status(Code::kInternal, "not run");
   {
     py::gil_scoped_release release;
@@ -336,13 +353,8 @@ py::tuple CreateSaverCall(Comm& comm, int keep_last, int keep_best, const std::s
                           bool best_higher_is_better,
                           const std::map<std::string, std::string>& user_metadata,
                           const std::string& torch_version) {
-  SaveOptions options;
-  options.keep_last = keep_last;
-  options.keep_best = keep_best;
-  options.best_metric = best_metric;
-  options.best_higher_is_better = best_higher_is_better;
-  options.user_metadata = user_metadata;
-  options.torch_version = torch_version;
+  SaveOptions options = SaveOptionsFrom(keep_last, keep_best, best_metric, best_higher_is_better,
+                                        user_metadata, torch_version);
   Result<std::unique_ptr<AsyncSaver>> made = Status(Code::kInternal, "not run");
   {
     py::gil_scoped_release release;

@@ -9,12 +9,25 @@
     report = shardckpt.load(sd, "/ckpt/run1")                   # in place, at any world size
 
 Under ``mpirun`` every rank of MPI_COMM_WORLD takes part; under ``torchrun`` (once
-torch.distributed is initialized) its default group, over gloo; with no launcher, one process.
+torch.distributed is initialized) its default group, over gloo; with no launcher, one process;
+``comm=`` takes a process group or an mpi4py communicator too.
 A state dict may hold, nested in dicts, lists and tuples: tensors (replicated: each rank holds
-the whole tensor, written once), :class:`FlatShard` (a rank's flat range, FSDP1/ZeRO),
+the whole tensor, written once), DTensors with ``Shard(d)``/``Replicate()`` placements on 1-D or
+2-D meshes (FSDP2, TP; saved from and loaded into their local tensors, at any world size and
+placement), :class:`FlatShard` (a rank's flat range, FSDP1/ZeRO),
 :class:`PerRank` values, and int/float/str/bool/None/bytes with lists, tuples and dicts of them
 (stored as typed JSON or raw bytes, never pickled). Anything else is refused, naming its key.
 Errors are :class:`ShardckptError` subclasses, the same on every rank.
+
+FSDP2 model and optimizer, at any world size::
+
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    model_sd, optim_sd = get_state_dict(model, optim)
+    shardckpt.save({"model": model_sd, "optim": optim_sd}, "/ckpt/run1", step=step)
+    ...
+    model_sd, optim_sd = get_state_dict(model, optim)   # targets (optimizer state created)
+    shardckpt.load({"model": model_sd, "optim": optim_sd}, "/ckpt/run1")
+    set_state_dict(model, optim, model_state_dict=model_sd, optim_state_dict=optim_sd)
 
 The extension links no libtorch: one build serves torch 1.13 and 2.x.
 """
@@ -23,6 +36,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import sys
 import threading
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -126,9 +140,13 @@ def save(state_dict: Mapping[str, Any], root: str, step: int, *, keep_last: int 
 
     The checkpoint is committed atomically as ``root/step-N`` and ``root/latest`` names it.
     ``keep_last``/``keep_best`` (by ``best_metric`` among ``metrics``) prune older checkpoints;
-    0 keeps all. ``comm``: a communicator from :func:`world`, :func:`single_process` or
-    :func:`from_process_group`, or a torch.distributed process group; the default is
-    :func:`world` (MPI_COMM_WORLD under mpirun, the default process group under torchrun). Tensors may be non-contiguous or on a GPU (copied to host first).
+    0 keeps all. ``comm``: a communicator from :func:`world`, :func:`single_process`,
+    :func:`from_process_group` or :func:`from_mpi4py`, a torch.distributed process group or an
+    mpi4py communicator; the default is :func:`world` (MPI_COMM_WORLD under mpirun, the default
+    process group under torchrun). Tensors may be non-contiguous or on a GPU (copied to host
+    first). A DTensor is saved from its local tensor as the box of the global tensor its
+    placements give this rank; replicas (``Replicate()`` mesh dims) are written once. A
+    ``Partial`` placement raises :class:`Unimplemented` naming the key.
     """
     from . import _core
     comm = resolve(comm)
@@ -176,8 +194,9 @@ def load(state_dict: Dict[str, Any], path: str, *, strict: bool = True, strip_pr
          verify_checksums: bool = True, comm: Any = None) -> LoadReport:
     """Loads a checkpoint into ``state_dict`` in place (collective).
 
-    ``path`` is a checkpoint folder or a root (then its newest committed checkpoint). Tensors
-    and FlatShard locals are overwritten in place, whatever world size or layout saved them;
+    ``path`` is a checkpoint folder or a root (then its newest committed checkpoint). Tensors,
+    DTensor local tensors and FlatShard locals are overwritten in place, whatever world size,
+    layout or placements saved them;
     other values are replaced in their dicts and lists with the saved values and types; PerRank
     values are restored at the saved world size and reported unavailable at another.
     ``strict``: a name missing from the checkpoint raises :class:`NotFound`, a checkpoint entry
@@ -299,6 +318,10 @@ def _saver_for(comm: Any, options: Tuple[int, int, str, bool],
         _core.saver_wait(other)
     code, message, saver = _core.create_saver(comm, *options, dict(user_metadata),
                                               torch.__version__)  # collective (duplicates comm)
+    if code == "FailedPrecondition" and "MPI_THREAD_MULTIPLE" in message and \
+            "mpi4py" in sys.modules:
+        message += ("; mpi4py initialized MPI here: set mpi4py.rc.thread_level = 'multiple' "
+                    "(its default) before 'from mpi4py import MPI'")
     raise_for(code, message)
     with _savers_lock:
         _savers[key] = (comm, saver)

@@ -138,6 +138,10 @@ def resolve(comm: Any) -> Any:
             return held[1]
     made = from_mpi4py(comm) if _is_mpi4py(comm) else from_process_group(comm)
     with _lock:
+        if not _foreign:
+            # Dropped while the interpreter (and MPI, torch.distributed) is whole: registered
+            # after MPI's finalization, so it runs before it.
+            atexit.register(forget_foreign)
         _foreign[id(comm)] = (comm, made)
     return made
 

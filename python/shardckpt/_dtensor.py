@@ -92,7 +92,8 @@ def local_box(name: str, global_shape: Sequence[int], mesh_shape: Sequence[int],
             rows[dim] = _strided(name, placement, rows[dim], parts, index)
     offsets, sizes = [], []
     for dim, kept in enumerate(rows):
-        if len(kept) and list(kept) != list(range(kept[0], kept[0] + len(kept))):
+        contiguous = isinstance(kept, range) and kept.step == 1  # Shard only: no list built
+        if len(kept) and not contiguous and list(kept) != list(range(kept[0], kept[0] + len(kept))):
             raise Unimplemented("'%s': its placements %r give this rank rows of dim %d that are "
                                 "not contiguous; only contiguous local shards are supported" % (
                                     name, tuple(placements), dim))

@@ -181,6 +181,9 @@ def _hashable(key: Any) -> Any:
 def encode_blob(value: Any, name: str) -> bytes:
     """The stored bytes of a non-tensor value (or of a PerRank tensor)."""
     if isinstance(value, torch.Tensor):
+        if type(value).__name__ == "DTensor":  # its bytes are this rank's part, not the value
+            raise InvalidArgument("'%s': a DTensor inside PerRank cannot be saved; pass its "
+                                  "to_local() (or save the DTensor itself)" % name)
         tensor = value.detach().cpu().contiguous()
         header = json.dumps({"dtype": dtype_name(tensor, name), "shape": list(tensor.shape)})
         raw = tensor.view(torch.uint8).numpy().tobytes() if tensor.dim() > 0 else \

@@ -3,14 +3,32 @@
 Metadata and replicated entries travel over gloo: a gloo group over the same ranks is made when
 the group given is not gloo (nccl). The engine calls these methods from C++ (bindings.cc,
 PyCommunicator); ranks are the group's own, translated to global ranks where torch wants them.
+
+Every collective waits at most SHARDCKPT_COLLECTIVE_TIMEOUT_S seconds (default 1800, 0: forever),
+as the MPI communicator does: a rank that never joins makes the others raise
+:class:`shardckpt.DeadlineExceeded`, naming it, instead of hanging. The group is then out of step (the
+timed-out operation is still queued), so this communicator refuses every later call.
 """
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+import datetime
+import hashlib
+import os
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
+
+from .errors import DeadlineExceeded
+
+
+def _timeout_s() -> float:
+    try:
+        value = float(os.environ.get("SHARDCKPT_COLLECTIVE_TIMEOUT_S", "1800"))
+    except ValueError:
+        return 1800.0
+    return value if value >= 0 else 1800.0
 
 
 def _global_rank(group: Any, rank: int) -> int:
@@ -21,20 +39,100 @@ def _global_rank(group: Any, rank: int) -> int:
     return dist.distributed_c10d._get_global_rank(group, rank)  # torch 1.13
 
 
+class _Census:
+    """Who reached each collective, in the job's c10d store: a rank marks its arrival before
+    the operation and clears it after, so a timed-out rank can name those that never came.
+    Without a store (or a torch that lacks the calls) the names are left out."""
+    _made: Dict[Tuple[int, ...], int] = {}
+
+    def __init__(self, ranks: List[int]) -> None:
+        # Communicators over the same ranks are made in the same order on every rank.
+        count = _Census._made.get(tuple(ranks), 0)
+        _Census._made[tuple(ranks)] = count + 1
+        digest = hashlib.sha1(repr(ranks).encode()).hexdigest()[:12]
+        self.prefix = "shardckpt/census/%s/%d" % (digest, count)
+        self.ranks = ranks
+        self.sequence = 0
+        try:
+            self.store = dist.distributed_c10d._get_default_store()
+        except Exception:  # noqa: BLE001 (no default store: no census)
+            self.store = None
+
+    def _key(self, rank: int) -> str:
+        return "%s/%d/%d" % (self.prefix, self.sequence, rank)
+
+    def arrive(self, rank: int) -> None:
+        self.sequence += 1
+        if self.store is not None:
+            self.store.set(self._key(rank), b"1")
+
+    def leave(self, rank: int) -> None:
+        if self.store is not None:
+            self.store.delete_key(self._key(rank))
+
+    def absent(self) -> List[int]:
+        """Ranks of the group (global numbering) that have not reached this collective."""
+        if self.store is None:
+            return []
+        missing = []
+        for rank in range(len(self.ranks)):
+            try:
+                if hasattr(self.store, "check"):
+                    present = self.store.check([self._key(rank)])
+                else:  # torch 1.13
+                    self.store.wait([self._key(rank)], datetime.timedelta(milliseconds=10))
+                    present = True
+            except Exception:  # noqa: BLE001 (not there: wait timed out)
+                present = False
+            if not present:
+                missing.append(self.ranks[rank])
+        return missing
+
+
 class TorchGroupComm:
     """Collectives for the engine over ``group`` (the default group when None)."""
 
     def __init__(self, group: Optional[Any] = None) -> None:
         group = dist.group.WORLD if group is None else group
+        ranks = [_global_rank(group, r) for r in range(dist.get_world_size(group))]
         if dist.get_backend(group) != "gloo":
-            ranks = [_global_rank(group, r) for r in range(dist.get_world_size(group))]
             group = dist.new_group(ranks=ranks, backend="gloo")  # collective, as this call is
         self.group = group
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
+        self.timeout_s = _timeout_s()
+        self.broken = ""  # what timed out, once something did
+        self.census = _Census(ranks)
+
+    def _run(self, what: str, launch: Callable[[], Any]) -> None:
+        """Launches one collective (async) and waits for it, at most timeout_s."""
+        if self.broken:
+            raise DeadlineExceeded("rank %d: torch.distributed %s refused: an earlier %s" % (
+                self.rank, what, self.broken))
+        self.census.arrive(self.rank)
+        work = launch()
+        if self.timeout_s <= 0:
+            work.wait()
+            self.census.leave(self.rank)
+            return
+        try:
+            work.wait(timeout=datetime.timedelta(seconds=self.timeout_s))
+        except RuntimeError as error:
+            if "timed out" not in str(error).lower():
+                raise
+            absent = self.census.absent()
+            who = ("rank%s %s never joined it" % ("s" if len(absent) > 1 else "",
+                                                 ", ".join(map(str, absent))) if absent else
+                   "another rank never joined it")
+            self.broken = ("%s timed out after %g s (SHARDCKPT_COLLECTIVE_TIMEOUT_S) on rank %d "
+                           "of a group of %d: %s" % (what, self.timeout_s,
+                                                     _global_rank(self.group, self.rank),
+                                                     self.size, who))
+            raise DeadlineExceeded("torch.distributed " + self.broken) from None
+        self.census.leave(self.rank)
 
     def barrier(self) -> None:
-        dist.barrier(group=self.group)
+        self._run("barrier", lambda: dist.barrier(group=self.group, async_op=True))
 
     def broadcast(self, buffer: memoryview, root: int) -> None:
         if len(buffer) == 0:  # every rank passes the same length
@@ -43,14 +141,17 @@ class TorchGroupComm:
         # Python object with it) on a gloo worker thread, which can end the process at exit.
         view = torch.frombuffer(buffer, dtype=torch.uint8)
         tensor = view.clone() if self.rank == root else torch.empty_like(view)
-        dist.broadcast(tensor, src=_global_rank(self.group, root), group=self.group)
+        source = _global_rank(self.group, root)
+        self._run("broadcast", lambda: dist.broadcast(tensor, src=source, group=self.group,
+                                                      async_op=True))
         if self.rank != root:
             view.copy_(tensor)
 
     def allgather(self, mine: bytes) -> List[bytes]:
         length = torch.tensor([len(mine)], dtype=torch.int64)
         lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(self.size)]
-        dist.all_gather(lengths, length, group=self.group)
+        self._run("all_gather", lambda: dist.all_gather(lengths, length, group=self.group,
+                                                        async_op=True))
         longest = max(int(n) for n in lengths)
         if longest == 0:
             return [b""] * self.size
@@ -58,7 +159,8 @@ class TorchGroupComm:
         if mine:
             padded[:len(mine)] = torch.frombuffer(bytearray(mine), dtype=torch.uint8)  # a copy
         parts = [torch.empty(longest, dtype=torch.uint8) for _ in range(self.size)]
-        dist.all_gather(parts, padded, group=self.group)
+        self._run("all_gather", lambda: dist.all_gather(parts, padded, group=self.group,
+                                                        async_op=True))
         return [parts[r][:int(lengths[r])].numpy().tobytes() for r in range(self.size)]
 
     def gather(self, mine: bytes, root: int) -> List[bytes]:
@@ -67,12 +169,14 @@ class TorchGroupComm:
 
     def allreduce_max_int64(self, values: List[int]) -> List[int]:
         tensor = torch.tensor(values, dtype=torch.int64)
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group)
+        self._run("all_reduce", lambda: dist.all_reduce(tensor, op=dist.ReduceOp.MAX,
+                                                        group=self.group, async_op=True))
         return tensor.tolist()
 
     def allreduce_sum_double(self, values: List[float]) -> List[float]:
         tensor = torch.tensor(values, dtype=torch.float64)
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
+        self._run("all_reduce", lambda: dist.all_reduce(tensor, op=dist.ReduceOp.SUM,
+                                                        group=self.group, async_op=True))
         return tensor.tolist()
 
     def duplicate(self) -> "TorchGroupComm":

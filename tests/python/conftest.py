@@ -42,3 +42,14 @@ def root(request, comm):
 def barrier(comm):
     code, message, _ = comm.agree("OK", "")
     assert code == "OK", message
+
+
+def flip_byte(comm, path, offset=100):
+    """Rank 0 damages one byte of ``path`` (a data file); every rank returns once it is done."""
+    if comm.rank == 0:
+        with open(path, "r+b") as f:
+            f.seek(offset)
+            byte = f.read(1)
+            f.seek(offset)
+            f.write(bytes([byte[0] ^ 0x40]))
+    barrier(comm)

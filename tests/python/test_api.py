@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("shardckpt._core")  # not built: skipped, exit 77 (conftest.py)
 import shardckpt  # noqa: E402
-from conftest import barrier
+from conftest import flip_byte
 
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
           torch.int16, torch.int8, torch.uint8, torch.bool]
@@ -195,13 +195,7 @@ def test_wrong_dtype_or_shape_names_the_tensor(root, wrong):
 def test_corrupt_data_file_is_data_loss_on_every_rank(comm, root):
     shardckpt.save({"w": make(torch.float32, (64, 64), 9)}, root, step=1)
     data = os.path.join(root, "step-000000001", "rank-00000.bin")
-    if comm.rank == 0:
-        with open(data, "r+b") as f:
-            f.seek(100)
-            byte = f.read(1)
-            f.seek(100)
-            f.write(bytes([byte[0] ^ 0x40]))
-    barrier(comm)
+    flip_byte(comm, data)
     with pytest.raises(shardckpt.DataLoss) as error:
         shardckpt.load({"w": torch.zeros(64, 64)}, root)
     assert "rank-00000.bin" in error.value.message

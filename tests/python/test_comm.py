@@ -1,0 +1,158 @@
+"""Communicators: mpi4py's (COMM_WORLD and a split) under mpirun, a torch.distributed group whose
+default backend is not gloo under torchrun, retention on async_save, and one communicator per
+foreign group. Runs under mpirun (with mpi4py imported first, so mpi4py initializes MPI) and
+under torchrun, in the torch 2.x environment (which has mpi4py)."""
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("shardckpt._core")  # not built: skipped, exit 77 (conftest.py)
+import shardckpt  # noqa: E402
+from shardckpt import _core  # noqa: E402
+from conftest import barrier  # noqa: E402
+
+# SHARDCKPT_PY_PHASE=serialized: mpi4py initializes MPI below MPI_THREAD_MULTIPLE.
+SERIALIZED = os.environ.get("SHARDCKPT_PY_PHASE") == "serialized"
+if shardckpt.launched_by_mpi():
+    mpi4py = pytest.importorskip("mpi4py")
+    mpi4py.rc.thread_level = "serialized" if SERIALIZED else "multiple"
+    from mpi4py import MPI  # initializes MPI here, before shardckpt.world()
+else:
+    MPI = None
+needs_mpi = pytest.mark.skipif(MPI is None, reason="under mpirun only")
+needs_async = pytest.mark.skipif(SERIALIZED, reason="MPI below MPI_THREAD_MULTIPLE")
+
+
+def flat_state(size, rank, value):
+    total = 10 * size + 3
+    per = -(-total // size)
+    begin, end = min(rank * per, total), min(rank * per + per, total)
+    local = torch.arange(begin, end, dtype=torch.float32) + value
+    return {"w": shardckpt.FlatShard(local, [total], begin), "tag": "v%d" % value}
+
+
+@needs_mpi
+def test_mpi_initialized_by_mpi4py_at_thread_multiple(comm, root):
+    assert comm.size == MPI.COMM_WORLD.Get_size() and comm.rank == MPI.COMM_WORLD.Get_rank()
+    if not SERIALIZED:
+        assert MPI.Is_initialized() and MPI.Query_thread() == MPI.THREAD_MULTIPLE
+        assert _core.mpi_thread_level() == 3
+        return
+    assert _core.mpi_thread_level() == 2
+    # Too low for an async save's persist thread: refused on every rank, saying what to set.
+    with pytest.raises(shardckpt.FailedPrecondition) as error:
+        shardckpt.async_save({"w": torch.ones(2)}, root, step=1, comm=MPI.COMM_WORLD)
+    assert "mpi4py.rc.thread_level" in error.value.message
+    shardckpt.save({"w": torch.ones(2)}, root, step=1, comm=MPI.COMM_WORLD)  # sync saves work
+
+
+@needs_mpi
+def test_comm_world_of_mpi4py(comm, root):
+    world = MPI.COMM_WORLD
+    assert shardckpt._comm.resolve(world) is shardckpt._comm.resolve(world)  # made once
+    shardckpt.save(flat_state(comm.size, comm.rank, 5), root, step=1, comm=world)
+    target = {"w": torch.zeros(10 * comm.size + 3), "tag": ""}
+    report = shardckpt.load(target, root, comm=world)
+    assert report.saved_world_size == comm.size and target["tag"] == "v5"
+    assert torch.equal(target["w"], torch.arange(10 * comm.size + 3, dtype=torch.float32) + 5)
+
+
+@needs_mpi
+def test_a_split_communicator_saves_on_its_own(comm, root):
+    color = comm.rank % 2
+    half = MPI.COMM_WORLD.Split(color, comm.rank)
+    try:
+        mine = os.path.join(root, "group%d" % color)
+        shardckpt.save(flat_state(half.Get_size(), half.Get_rank(), color), mine, step=1,
+                       comm=half)
+        target = {"w": torch.zeros(10 * half.Get_size() + 3), "tag": ""}
+        report = shardckpt.load(target, mine, comm=half)
+        assert report.saved_world_size == half.Get_size() and target["tag"] == "v%d" % color
+        assert torch.equal(target["w"],
+                           torch.arange(10 * half.Get_size() + 3, dtype=torch.float32) + color)
+        # An error on one rank of the split is raised on every rank of the split.
+        bad = {"w": torch.ones(2), "x": object() if half.Get_rank() == 0 else 1}
+        with pytest.raises(shardckpt.InvalidArgument) as error:
+            shardckpt.save(bad, mine, step=2, comm=half)
+        assert "'x'" in error.value.message
+    finally:
+        shardckpt._comm.forget_foreign()
+        half.Free()
+
+
+@needs_mpi
+@needs_async
+def test_async_save_over_mpi4py_comm(comm, root):
+    handle = shardckpt.async_save(flat_state(comm.size, comm.rank, 7), root, step=1,
+                                  comm=MPI.COMM_WORLD)
+    handle.wait()
+    target = {"w": torch.zeros(10 * comm.size + 3), "tag": ""}
+    shardckpt.load(target, root, comm=MPI.COMM_WORLD)
+    assert target["tag"] == "v7" and float(target["w"][0]) == 7.0
+
+
+@needs_async
+def test_async_save_keeps_the_last_k(comm, root):
+    for step in range(4):
+        shardckpt.async_save({"w": torch.full((3,), float(step))}, root, step=step,
+                             keep_last=2, user_metadata={"run": "r1"}).wait()
+    kept = sorted(n for n in os.listdir(root) if n.startswith("step-"))
+    assert kept == ["step-000000002", "step-000000003"]
+    target = {"w": torch.zeros(3)}
+    assert shardckpt.load(target, root).step == 3 and torch.equal(target["w"], torch.full((3,), 3.0))
+    with pytest.raises(shardckpt.InvalidArgument):  # keep_best needs a metric to rank by
+        shardckpt.async_save({"w": torch.zeros(3)}, root, step=9, keep_best=1).wait()
+
+
+def test_a_non_gloo_default_group_gets_a_gloo_group(comm, root, monkeypatch):
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        pytest.skip("torch.distributed only")
+    from shardckpt._torch_comm import TorchGroupComm
+    real = dist.get_backend
+    # As under nccl (no GPU here): the default group's backend is not gloo.
+    monkeypatch.setattr(dist, "get_backend",
+                        lambda group=None: "nccl" if group in (None, dist.group.WORLD) else real(group))
+    made = TorchGroupComm(None)
+    assert made.group is not dist.group.WORLD and real(made.group) == "gloo"
+    assert (made.rank, made.size) == (dist.get_rank(), dist.get_world_size())
+    wrapped = shardckpt.from_process_group(None)
+    monkeypatch.undo()
+    shardckpt.save({"w": torch.full((4,), 2.0)}, root, step=1, comm=wrapped)
+    target = {"w": torch.zeros(4)}
+    shardckpt.load(target, root, comm=wrapped)
+    assert torch.equal(target["w"], torch.full((4,), 2.0))
+
+
+def test_a_process_group_is_wrapped_once(comm):
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        pytest.skip("torch.distributed only")
+    group = dist.new_group(backend="gloo")
+    assert shardckpt._comm.resolve(group) is shardckpt._comm.resolve(group)
+
+
+def test_a_rank_that_never_joins_is_a_deadline_not_a_hang(comm, root, monkeypatch):
+    import time
+    import torch.distributed as dist
+    if not dist.is_initialized() or comm.size < 2:
+        pytest.skip("torch.distributed with 2 ranks or more")
+    monkeypatch.setenv("SHARDCKPT_COLLECTIVE_TIMEOUT_S", "3")
+    group = dist.new_group(backend="gloo")  # its own: a timed-out group stays out of step
+    late = shardckpt.from_process_group(group)
+    if comm.rank == comm.size - 1:
+        time.sleep(6)  # busy elsewhere: never joins this save
+    else:
+        started = time.time()
+        with pytest.raises(shardckpt.DeadlineExceeded) as error:
+            shardckpt.save({"w": torch.ones(2)}, root, step=1, comm=late)
+        assert "SHARDCKPT_COLLECTIVE_TIMEOUT_S" in error.value.message
+        assert "rank %d never joined" % (comm.size - 1) in error.value.message
+        assert time.time() - started < 6  # gave up at the deadline
+        # The group is out of step now: later calls refuse at once rather than mismatch.
+        with pytest.raises(shardckpt.DeadlineExceeded):
+            shardckpt.save({"w": torch.ones(2)}, root, step=2, comm=late)
+    barrier(comm)
+    assert not os.path.exists(os.path.join(root, "step-000000001"))
