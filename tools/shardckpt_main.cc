@@ -239,7 +239,8 @@ int ConsolidateCommand(int argc, char** argv) {
 }
 
 int Convert(bool import, int argc, char** argv) {
-  po::options_description flags(import ? "import: a .pt or .safetensors file into a sharded checkpoint"
+  po::options_description flags(import ? "import: a .pt, a .safetensors file or a Hugging Face sharded set (its "
+                                         "*.safetensors.index.json or folder) into a sharded checkpoint"
                                        : "reshard: a checkpoint for another world size, without a job");
   flags.add_options()("out", po::value<std::string>()->required(), "checkpoint root to write into")
       ("world-size", po::value<int>()->required(), "ranks of the new checkpoint")
@@ -259,7 +260,7 @@ int Convert(bool import, int argc, char** argv) {
   if (!r.ok()) return Fail(r.status());
   if (vm.count("json")) {
     std::cout << json{{"checkpoint", r->path}, {"tensors", r->tensors}, {"bytes", r->bytes}, {"world_size", options.world_size},
-                      {"layout", options.layout}, {"skipped", r->skipped}}
+                      {"layout", options.layout}, {"skipped", r->skipped}, {"values", r->values}}
                      .dump(2)
               << "\n";
   } else {
@@ -267,6 +268,7 @@ int Convert(bool import, int argc, char** argv) {
                 static_cast<unsigned long long>(r->tensors), static_cast<unsigned long long>(r->bytes), options.world_size,
                 options.layout.c_str());
     for (const std::string& s : r->skipped) std::printf("skipped (not a tensor, or a per-rank blob): %s\n", s.c_str());
+    for (const std::string& s : r->values) std::printf("kept as a blob (not a tensor): %s\n", s.c_str());
   }
   return 0;
 }

@@ -59,7 +59,7 @@ Status ValidateTorchTensor(const PickleTensor& t, uint64_t record_bytes) {
                            ShapeString(t.sizes) + ", strides " + ShapeString(t.strides) + ") reaches element " +
                            std::to_string(end - 1) + " of a storage of " + std::to_string(capacity) + " elements");
   }
-  // numel <= 2^50 (NumElements) and element <= 8: the product cannot overflow.
+  // numel <= 2^50 (NumElements) and element <= 16: the product cannot overflow.
   const uint64_t bytes = static_cast<uint64_t>(*numel) * element;
   if (bytes > storage_bytes && bytes > kMaxExpandedTensorBytes) {
     return InvalidArgument(where + ": sizes " + ShapeString(t.sizes) + " with strides " + ShapeString(t.strides) +

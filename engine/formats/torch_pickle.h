@@ -29,9 +29,21 @@ struct PickleTensor {
 // An OrderedDict of name -> tensor; tensor i uses storage key std::to_string(i), contiguous.
 Result<std::string> PickleStateDict(const std::vector<PickleTensor>& tensors);
 
+// A non-tensor value of the state dict (an int, a string, None, a list of them ...), as the
+// Python package stores it in a blob: kPickleValueTag, then its typed JSON.
+inline constexpr const char kPickleValueTag[] = "\0J";
+struct PickleValue {
+  std::string name;
+  std::string blob;
+};
+
 struct UnpickledStateDict {
-  std::vector<PickleTensor> tensors;  // nested dicts flattened to dotted names
-  std::vector<std::string> skipped;   // non-tensor leaves (numbers, strings, lists), by name
+  // Nested dicts flattened to dotted names; lists and tuples holding tensors by index ("lst.0").
+  std::vector<PickleTensor> tensors;
+  std::vector<PickleValue> values;   // non-tensor leaves, in the state dict's order
+  std::vector<std::string> skipped;  // leaves the blob encoding cannot hold (integers past 64 bits)
+  // The lists and tuples walked for their tensors: (dotted path, "list" or "tuple").
+  std::vector<std::pair<std::string, std::string>> containers;
 };
 
 // Tensor records are returned as the pickle states them: their sizes, strides and offsets are
