@@ -224,7 +224,8 @@ int ConsolidateCommand(int argc, char** argv) {
   if (!r.ok()) return Fail(r.status());
   if (vm.count("json")) {
     std::cout << json{{"checkpoint", r->checkpoint}, {"files", r->files}, {"sha256", r->sha256}, {"entries", r->entries},
-                      {"tensor_bytes", r->tensor_bytes}, {"bytes_read", r->bytes_read}}
+                      {"tensor_bytes", r->tensor_bytes}, {"bytes_read", r->bytes_read}, {"aliases", r->aliases},
+                      {"values", r->values}, {"skipped", r->skipped}}
                      .dump(2)
               << "\n";
   } else {
@@ -234,6 +235,9 @@ int ConsolidateCommand(int argc, char** argv) {
     }
     std::printf("%llu entries, %llu tensor bytes from %s\n", static_cast<unsigned long long>(r->entries),
                 static_cast<unsigned long long>(r->tensor_bytes), r->checkpoint.c_str());
+    if (r->aliases) std::printf("%llu tied entries stored once\n", static_cast<unsigned long long>(r->aliases));
+    for (const std::string& v : r->values) std::printf("value (not a tensor): %s\n", v.c_str());
+    for (const std::string& v : r->skipped) std::printf("not written: %s\n", v.c_str());
   }
   return 0;
 }

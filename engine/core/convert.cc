@@ -7,6 +7,7 @@
 #include "shardckpt/engine/core/commit.h"
 #include "shardckpt/engine/core/offline_writer.h"
 #include "shardckpt/engine/formats/safetensors.h"
+#include "shardckpt/engine/formats/state_tree.h"
 #include "shardckpt/engine/formats/torch_file.h"
 #include "shardckpt/engine/formats/zip_reader.h"
 #include "shardckpt/engine/model/entry_alias.h"

@@ -30,10 +30,6 @@ struct ConvertReport {
   std::vector<std::string> values;   // import: non-tensor values of a .pt, kept as blobs
 };
 
-// The manifest's creation info key (user metadata) under which import records the lists and
-// tuples of a .pt it flattened to "name.0", "name.1", ...: a JSON object {path: "list"|"tuple"},
-// so consolidation to .pt can restore them.
-inline constexpr const char* kTorchContainersKey = "torch_containers";
 
 Result<ConvertReport> ImportFile(const std::string& file, const std::string& root, const ConvertOptions& options);
 Result<ConvertReport> Reshard(const std::string& checkpoint, const std::string& root, const ConvertOptions& options);

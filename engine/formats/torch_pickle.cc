@@ -65,46 +65,167 @@ void PutGlobal(std::string& s, const char* module, const char* name) {
 
 }  // namespace
 
-Result<std::string> PickleStateDict(const std::vector<PickleTensor>& tensors) {
-  std::string s = "\x80\x02";
-  PutGlobal(s, "collections", "OrderedDict");
-  s += ")R";
-  if (!tensors.empty()) {
-    s += '(';
-    for (const PickleTensor& t : tensors) {
-      // dtypes without a legacy storage class (float8, uint16/32/64) are written as torch 2.x
-      // writes them: an UntypedStorage (counted in bytes) that _rebuild_tensor_v3 views as the
-      // dtype it names. The others keep the typed storage and _rebuild_tensor_v2 torch 1.13 reads.
-      const char* storage_class = TorchStorageName(t.dtype);
-      const bool v3 = storage_class == nullptr;
-      PutString(s, t.name);
-      PutGlobal(s, "torch._utils", v3 ? "_rebuild_tensor_v3" : "_rebuild_tensor_v2");
-      s += '(';
-      s += '(';
-      PutString(s, "storage");
-      // torch.storage.UntypedStorage: the name torch.load(weights_only=True) allows.
-      if (v3) {
-        PutGlobal(s, "torch.storage", "UntypedStorage");
-      } else {
-        PutGlobal(s, "torch", storage_class);
-      }
-      PutString(s, t.storage_key);
-      PutString(s, "cpu");
-      PutInt(s, v3 ? t.storage_numel * static_cast<int64_t>(DTypeSize(t.dtype)) : t.storage_numel);
-      s += "tQ";  // TUPLE, BINPERSID
-      PutInt(s, t.storage_offset);
-      PutTuple(s, t.sizes);
-      PutTuple(s, t.strides);
-      s += '\x89';  // NEWFALSE: requires_grad
-      PutGlobal(s, "collections", "OrderedDict");
-      s += ")R";  // backward hooks
-      if (v3) PutGlobal(s, "torch", DTypeName(t.dtype));
-      s += "tR";
-    }
-    s += 'u';  // SETITEMS
+namespace {
+
+void PutTensor(std::string& s, const PickleTensor& t) {
+  // dtypes without a legacy storage class (float8, uint16/32/64) are written as torch 2.x
+  // writes them: an UntypedStorage (counted in bytes) that _rebuild_tensor_v3 views as the
+  // dtype it names. The others keep the typed storage and _rebuild_tensor_v2 torch 1.13 reads.
+  const char* storage_class = TorchStorageName(t.dtype);
+  const bool v3 = storage_class == nullptr;
+  PutGlobal(s, "torch._utils", v3 ? "_rebuild_tensor_v3" : "_rebuild_tensor_v2");
+  s += '(';
+  s += '(';
+  PutString(s, "storage");
+  // torch.storage.UntypedStorage: the name torch.load(weights_only=True) allows.
+  if (v3) {
+    PutGlobal(s, "torch.storage", "UntypedStorage");
+  } else {
+    PutGlobal(s, "torch", storage_class);
   }
+  PutString(s, t.storage_key);
+  PutString(s, "cpu");
+  PutInt(s, v3 ? t.storage_numel * static_cast<int64_t>(DTypeSize(t.dtype)) : t.storage_numel);
+  s += "tQ";  // TUPLE, BINPERSID
+  PutInt(s, t.storage_offset);
+  PutTuple(s, t.sizes);
+  PutTuple(s, t.strides);
+  s += '\x89';  // NEWFALSE: requires_grad
+  PutGlobal(s, "collections", "OrderedDict");
+  s += ")R";  // backward hooks
+  if (v3) PutGlobal(s, "torch", DTypeName(t.dtype));
+  s += "tR";
+}
+
+void PutFloat(std::string& s, double v) {
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, 8);
+  s += 'G';  // BINFLOAT, big-endian
+  for (int k = 7; k >= 0; --k) s += static_cast<char>(bits >> (8 * k));
+}
+
+// The typed JSON of a blob (python/shardckpt/_state.py) as pickle opcodes torch's weights_only
+// unpickler accepts: None, booleans, ints, floats, str, list, tuple and dict.
+Status PutJson(std::string& s, const nlohmann::ordered_json& v, int depth) {
+  if (depth > 64) return InvalidArgument("a value nested more than 64 deep");
+  static constexpr const char* kTag = "__shardckpt__";
+  switch (v.type()) {
+    case nlohmann::ordered_json::value_t::null: s += 'N'; return Status::Ok();
+    case nlohmann::ordered_json::value_t::boolean: s += v.get<bool>() ? '\x88' : '\x89'; return Status::Ok();
+    case nlohmann::ordered_json::value_t::number_integer: PutInt(s, v.get<int64_t>()); return Status::Ok();
+    case nlohmann::ordered_json::value_t::number_unsigned: {
+      uint64_t u = v.get<uint64_t>();
+      if (u <= static_cast<uint64_t>(INT64_MAX)) {
+        PutInt(s, static_cast<int64_t>(u));
+      } else {  // LONG1 of 9 bytes: the value, then a zero sign byte
+        s += "\x8a\x09";
+        s.append(reinterpret_cast<const char*>(&u), 8);
+        s += '\0';
+      }
+      return Status::Ok();
+    }
+    case nlohmann::ordered_json::value_t::number_float: PutFloat(s, v.get<double>()); return Status::Ok();
+    case nlohmann::ordered_json::value_t::string: PutString(s, v.get<std::string>()); return Status::Ok();
+    case nlohmann::ordered_json::value_t::array:
+      s += "](";  // EMPTY_LIST, MARK, items, APPENDS
+      for (const auto& item : v) SC_RETURN_IF_ERROR(PutJson(s, item, depth + 1));
+      s += 'e';
+      return Status::Ok();
+    case nlohmann::ordered_json::value_t::object: {
+      if (v.contains(kTag)) {
+        const std::string tag = v[kTag].is_string() ? v[kTag].get<std::string>() : "";
+        const nlohmann::ordered_json& items = v.contains("v") ? v["v"] : nlohmann::ordered_json();
+        if (tag == "float" && items.is_string()) {
+          const std::string text = items.get<std::string>();
+          PutFloat(s, text == "nan" ? std::nan("") : text == "inf" ? HUGE_VAL : -HUGE_VAL);
+          return Status::Ok();
+        }
+        if (tag == "tuple" && items.is_array()) {
+          s += '(';
+          for (const auto& item : items) SC_RETURN_IF_ERROR(PutJson(s, item, depth + 1));
+          s += 't';
+          return Status::Ok();
+        }
+        if (tag == "dict" && items.is_array()) {
+          s += "}(";
+          for (const auto& pair : items) {
+            if (!pair.is_array() || pair.size() != 2) return InvalidArgument("a tagged dict item is not a [key, value] pair");
+            SC_RETURN_IF_ERROR(PutJson(s, pair[0], depth + 1));
+            SC_RETURN_IF_ERROR(PutJson(s, pair[1], depth + 1));
+          }
+          s += 'u';
+          return Status::Ok();
+        }
+        return InvalidArgument("a value tagged '" + tag + "' (bytes are not written into a .pt)");
+      }
+      s += "}(";
+      for (const auto& [key, item] : v.items()) {
+        PutString(s, key);
+        SC_RETURN_IF_ERROR(PutJson(s, item, depth + 1));
+      }
+      s += 'u';
+      return Status::Ok();
+    }
+    default: return InvalidArgument("a JSON value pickle cannot hold");
+  }
+}
+
+Status PutNode(std::string& s, const std::vector<PickleTensor>& tensors, const PickleNode& node, int depth) {
+  if (depth > 64) return InvalidArgument("a state dict nested more than 64 deep");
+  switch (node.kind) {
+    case PickleNode::kTensor:
+      if (node.tensor >= tensors.size()) return Internal("a pickle node names tensor " + std::to_string(node.tensor));
+      PutTensor(s, tensors[node.tensor]);
+      return Status::Ok();
+    case PickleNode::kValue: {
+      nlohmann::ordered_json v = nlohmann::ordered_json::parse(node.json, nullptr, false);
+      if (v.is_discarded()) return InvalidArgument("a value's JSON does not parse");
+      return PutJson(s, v, depth);
+    }
+    case PickleNode::kDict:
+      if (depth == 0) {
+        PutGlobal(s, "collections", "OrderedDict");
+        s += ")R";
+      } else {
+        s += '}';
+      }
+      if (node.items.empty()) return Status::Ok();
+      s += '(';
+      for (const auto& [key, child] : node.items) {
+        PutString(s, key);
+        SC_RETURN_IF_ERROR(PutNode(s, tensors, child, depth + 1));
+      }
+      s += 'u';
+      return Status::Ok();
+    case PickleNode::kList:
+    case PickleNode::kTuple:
+      s += node.kind == PickleNode::kList ? "](" : "(";
+      for (const auto& item : node.items) SC_RETURN_IF_ERROR(PutNode(s, tensors, item.second, depth + 1));
+      s += node.kind == PickleNode::kList ? 'e' : 't';
+      return Status::Ok();
+  }
+  return Internal("unknown pickle node kind");
+}
+
+}  // namespace
+
+Result<std::string> PickleTree(const std::vector<PickleTensor>& tensors, const PickleNode& root) {
+  if (root.kind != PickleNode::kDict) return InvalidArgument("a state dict's root must be a dict");
+  std::string s = "\x80\x02";
+  SC_RETURN_IF_ERROR(PutNode(s, tensors, root, 0));
   s += '.';
   return s;
+}
+
+Result<std::string> PickleStateDict(const std::vector<PickleTensor>& tensors) {
+  PickleNode root;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    PickleNode leaf;
+    leaf.kind = PickleNode::kTensor;
+    leaf.tensor = i;
+    root.items.emplace_back(tensors[i].name, std::move(leaf));
+  }
+  return PickleTree(tensors, root);
 }
 
 // ---------------------------------------------------------------- restricted reader

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shardckpt/engine/model/dtype.h"
@@ -26,8 +27,21 @@ struct PickleTensor {
   size_t storage_element_size = 0;
 };
 
-// An OrderedDict of name -> tensor; tensor i uses storage key std::to_string(i), contiguous.
+// An OrderedDict of name -> tensor, each as its storage_key, sizes, strides and offset say (two
+// tensors naming one key share one storage, as tied weights do in torch).
 Result<std::string> PickleStateDict(const std::vector<PickleTensor>& tensors);
+
+// A value of a state dict to pickle: a tensor (by index), a plain value (the typed JSON of a
+// PickleValue blob, after its tag), or a dict, list or tuple of nodes.
+struct PickleNode {
+  enum Kind : uint8_t { kTensor, kValue, kDict, kList, kTuple };
+  Kind kind = kDict;
+  size_t tensor = 0;
+  std::string json;
+  std::vector<std::pair<std::string, PickleNode>> items;  // dict: key, value; list, tuple: items in order
+};
+// `root` (a dict) as an OrderedDict; values in opcodes torch's weights_only unpickler accepts.
+Result<std::string> PickleTree(const std::vector<PickleTensor>& tensors, const PickleNode& root);
 
 // A non-tensor value of the state dict (an int, a string, None, a list of them ...), as the
 // Python package stores it in a blob: kPickleValueTag, then its typed JSON.
