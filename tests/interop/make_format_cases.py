@@ -1,12 +1,13 @@
 """Writes the files of tests/interop/formats_case.sh with whichever torch runs it (Debian's 1.13
 or the cached torch 2.x environment), plus a JSON of what each must hold.
 
-usage: make_format_cases.py OUT_DIR
+usage: make_format_cases.py OUT_DIR [pt|hf]   (pt: all but hf/; hf: only hf/; default both)
   dtypes.pt        every dtype this torch has and shardckpt supports (float8 and uint16/32/64
                    only from torch 2.1 on), written by torch.save
   lists.pt         tensors inside lists and tuples, and ints, strings, floats, None beside them
   legacy.pt        the pre-1.6 format (_use_new_zipfile_serialization=False)
   tied.pt          two names sharing one tensor (tied embeddings), keys in an unsorted order
+  proto1.pt, proto4.pt   torch.save with pickle_protocol 1 (refused by name) and 4
   empty_name.safetensors, u16.safetensors, c64.safetensors   (torch 2.x only: safetensors)
   hf/              a tiny randomly initialised Llama save_pretrained in shards (torch 2.x only)
 """
@@ -71,7 +72,28 @@ def tied():
 
 def main():
     out = sys.argv[1]
+    part = sys.argv[2] if len(sys.argv) > 2 else "all"
     os.makedirs(out, exist_ok=True)
+    info = {"torch": torch.__version__, "float8": hasattr(torch, "float8_e4m3fn")}
+    if part != "hf":
+        write_files(out, info)
+    if part != "pt":
+        try:
+            import transformers
+            config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                                              tie_word_embeddings=False)
+            torch.manual_seed(0)
+            model = transformers.LlamaForCausalLM(config)
+            model.save_pretrained(os.path.join(out, "hf"), max_shard_size="20KB")
+            info["transformers"] = transformers.__version__
+        except ImportError:
+            pass
+    json.dump(info, open(os.path.join(out, "info.json"), "w"))
+    print("wrote format cases with torch", torch.__version__)
+
+
+def write_files(out, info):
     torch.save(dtypes(), os.path.join(out, "dtypes.pt"))
     torch.save(lists(), os.path.join(out, "lists.pt"))
     torch.save(tied(), os.path.join(out, "tied.pt"))
@@ -81,7 +103,8 @@ def main():
     legacy["view.base"] = base
     legacy["epoch"] = 3
     torch.save(legacy, os.path.join(out, "legacy.pt"), _use_new_zipfile_serialization=False)
-    info = {"torch": torch.__version__, "float8": hasattr(torch, "float8_e4m3fn")}
+    torch.save(tied(), os.path.join(out, "proto1.pt"), pickle_protocol=1)
+    torch.save(lists(), os.path.join(out, "proto4.pt"), pickle_protocol=4)
     try:
         import safetensors.torch
         safetensors.torch.save_file({"": torch.ones(2), "b": torch.zeros(3)}, os.path.join(out, "empty_name.safetensors"))
@@ -91,19 +114,6 @@ def main():
         info["safetensors"] = safetensors.__version__
     except ImportError:
         pass
-    try:
-        import transformers
-        config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-                                          tie_word_embeddings=False)
-        torch.manual_seed(0)
-        model = transformers.LlamaForCausalLM(config)
-        model.save_pretrained(os.path.join(out, "hf"), max_shard_size="20KB")
-        info["transformers"] = transformers.__version__
-    except ImportError:
-        pass
-    json.dump(info, open(os.path.join(out, "info.json"), "w"))
-    print("wrote format cases with torch", torch.__version__)
 
 
 if __name__ == "__main__":
