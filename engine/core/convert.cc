@@ -182,6 +182,8 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
   std::vector<SafetensorsInput> shards;
   std::vector<std::pair<size_t, size_t>> order;  // (shard, entry) in output order
   std::optional<ZipReader> zip;
+  std::optional<ByteSource> legacy_source;
+  LegacyTorchFile legacy;
   UnpickledStateDict dict;
   std::vector<int64_t> tied;
   nlohmann::ordered_json containers = nlohmann::ordered_json::object();
@@ -193,8 +195,14 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
     shards.push_back(std::move(in));
   } else {
     SC_ASSIGN_OR_RETURN(ByteSource source, ByteSource::OpenFile(file));
-    SC_ASSIGN_OR_RETURN(zip, ZipReader::Open(source));
-    SC_ASSIGN_OR_RETURN(dict, ReadTorchStateDict(*zip));
+    if (IsLegacyTorchFile(source)) {  // torch.save before 1.6, or _use_new_zipfile_serialization=False
+      SC_ASSIGN_OR_RETURN(legacy, ReadLegacyTorchFile(source));
+      dict = std::move(legacy.dict);
+      legacy_source = std::move(source);
+    } else {
+      SC_ASSIGN_OR_RETURN(zip, ZipReader::Open(source));
+      SC_ASSIGN_OR_RETURN(dict, ReadTorchStateDict(*zip));
+    }
     report.skipped = dict.skipped;
     tied = TiedTensors(dict.tensors);
     for (const auto& [path, kind] : dict.containers) containers[path] = kind;
@@ -215,7 +223,7 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
       continue;
     } else {
       const PickleTensor& t = dict.tensors[i];
-      Status read = ReadTorchTensor(*zip, t, &full);
+      Status read = zip ? ReadTorchTensor(*zip, t, &full) : ReadTorchTensor(*legacy_source, legacy, t, &full);
       if (!read.ok()) return read.WithContext(file);
       SC_RETURN_IF_ERROR(WriteTensor(*out, options.layout, options.world_size, i, t.name, t.dtype, t.sizes, full));
     }

@@ -305,6 +305,12 @@ Status Refused(const std::string& what) {
 class Unpickler {
  public:
   explicit Unpickler(const std::string& data) : data_(data), budget_(UnpickleMemoryBudget(data.size())) {}
+  // One pickle of several back to back in `data` (the legacy format), from `start`; persistent
+  // ids then carry legacy's sixth field (view metadata, None).
+  Unpickler(const std::string& data, size_t start) : Unpickler(data) {
+    pos_ = start_ = start;
+    legacy_ = true;
+  }
 
   Result<Value*> Run() {
     while (pos_ < data_.size()) {
@@ -320,8 +326,14 @@ class Unpickler {
         return stack_.back();
       }
     }
+    ran_out_ = true;
     return DataLoss("pickle is truncated (no STOP)");
   }
+  size_t end() const { return pos_; }
+  // The last Run stopped at the end of the data: more bytes of the same file may complete it.
+  bool ran_out() const { return ran_out_; }
+  // Every storage a persistent id named: key -> bytes per element (1 for an UntypedStorage).
+  const std::map<std::string, size_t>& storages() const { return storages_; }
 
   // Every allocation is charged here first, so a hostile pickle stops at the budget.
   Status Charge(uint64_t bytes) {
@@ -334,7 +346,11 @@ class Unpickler {
   std::vector<PickleTensor>& tensors() { return tensors_; }
 
  private:
-  bool Need(size_t n) { return n <= data_.size() - pos_; }
+  bool Need(size_t n) {
+    if (n <= data_.size() - pos_) return true;
+    ran_out_ = true;
+    return false;
+  }
   uint64_t ReadLe(size_t n) {
     uint64_t v = 0;
     for (size_t k = 0; k < n; ++k) v |= static_cast<uint64_t>(static_cast<unsigned char>(data_[pos_ + k])) << (8 * k);
@@ -541,8 +557,10 @@ class Unpickler {
     if (!Need(n)) return DataLoss("truncated LONG1");
     // torch.load takes any width; one past 64 bits can be a leaf (a seed), never a tensor field.
     if (n > 8) {
+      SC_ASSIGN_OR_RETURN(Value* v, New(Value::kBigInt));
+      v->s = std::string_view(data_).substr(pos_, n);  // little-endian two's complement
       pos_ += n;
-      return PushNew(Value::kBigInt);
+      return Push(v);
     }
     uint64_t raw = ReadLe(n);
     if (n > 0 && n < 8 && (raw >> (8 * n - 1)) & 1) raw |= ~uint64_t{0} << (8 * n);  // sign-extend
@@ -646,9 +664,12 @@ class Unpickler {
   }
   Status OpPersistentId(unsigned char) {  // BINPERSID: ('storage', StorageType, key, location, numel)
     SC_ASSIGN_OR_RETURN(Value* pid, Pop());
-    if (pid->kind != Value::kTuple || pid->items.size() != 5 || pid->items[0]->kind != Value::kString ||
+    // Legacy files add view metadata, None unless a storage was a view of another (torch < 1.0).
+    const size_t fields = legacy_ ? 6 : 5;
+    if (pid->kind != Value::kTuple || pid->items.size() != fields || pid->items[0]->kind != Value::kString ||
         pid->items[0]->s != "storage" || pid->items[1]->kind != Value::kGlobal ||
-        pid->items[2]->kind != Value::kString || pid->items[4]->kind != Value::kInt) {
+        pid->items[2]->kind != Value::kString || pid->items[4]->kind != Value::kInt ||
+        (legacy_ && pid->items[5]->kind != Value::kNone)) {
       return DataLoss("unsupported persistent id");
     }
     SC_ASSIGN_OR_RETURN(Value* v, New(Value::kStorage));
@@ -660,6 +681,12 @@ class Unpickler {
     }
     v->s = pid->items[2]->s;
     v->i = pid->items[4]->i;
+    if (legacy_) {
+      size_t element = DTypeSize(v->dtype);
+      if (v->unsupported) element = std::string_view(v->unsupported) == "complex32" || v->unsupported == std::string_view("qint32") ? 4 : 1;
+      SC_RETURN_IF_ERROR(Charge(64 + v->s.size()));
+      storages_.emplace(std::string(v->s), element);
+    }
     return Push(v);
   }
   Status OpBuild(unsigned char) {  // an OrderedDict's attributes (state_dict's _metadata) carry no tensors
@@ -708,7 +735,7 @@ class Unpickler {
   Status Step(unsigned char op) {
     // Protocols 2 and up open with PROTO; 0 and 1 have none, and their text opcodes would
     // otherwise be refused one by one, naming an opcode instead of the protocol.
-    if (pos_ == 1 && op != 0x80) {
+    if (pos_ == start_ + 1 && op != 0x80) {
       return InvalidArgument("a pickle of protocol 0 or 1 (no PROTO opcode) is not supported (2 to 5 are; "
                              "torch.save writes 2)");
     }
@@ -719,6 +746,10 @@ class Unpickler {
   const uint64_t budget_;
   uint64_t used_ = 0;
   size_t pos_ = 0;
+  size_t start_ = 0;
+  bool legacy_ = false;
+  bool ran_out_ = false;
+  std::map<std::string, size_t> storages_;
   bool done_ = false;
   std::deque<Value> arena_;
   std::vector<PickleTensor> tensors_;
@@ -918,6 +949,59 @@ Result<UnpickledStateDict> UnpickleStateDict(const std::string& pickle) {
   if (root->kind != Value::kDict) return InvalidArgument("the pickle holds a " + std::string(KindName(root->kind)) + ", not a dict (not a state dict)");
   UnpickledStateDict out;
   SC_RETURN_IF_ERROR(Flattener(&unpickler, &out).Visit(root, "", 0));
+  return out;
+}
+
+Result<LegacyHead> UnpickleLegacyHead(const std::string& head, bool* need_more) {
+  LegacyHead out;
+  *need_more = false;
+  size_t pos = 0;
+  // Each pickle in turn; a run that stops at the end of `head` asks for more.
+  auto next = [&](Unpickler& u, const char* what) -> Result<Value*> {
+    Result<Value*> v = u.Run();
+    if (!v.ok() && u.ran_out()) {
+      *need_more = true;
+      return DataLoss(std::string("the legacy file ends inside its ") + what + " pickle");
+    }
+    if (!v.ok()) return v.status().WithContext(std::string("legacy ") + what + " pickle");
+    pos = u.end();
+    return v;
+  };
+  Unpickler magic(head, pos);
+  SC_ASSIGN_OR_RETURN(Value* m, next(magic, "magic number"));
+  static const char kMagic[] = "\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19";  // 0x1950a86a20f9469cfc6c
+  if (m->kind != Value::kBigInt || m->s != std::string_view(kMagic, 10)) {
+    return DataLoss("not a legacy torch.save file: wrong magic number");
+  }
+  Unpickler version(head, pos);
+  SC_ASSIGN_OR_RETURN(Value* v, next(version, "protocol version"));
+  if (v->kind != Value::kInt || v->i != 1001) {
+    return Status(Code::kUnimplemented, "legacy torch.save protocol version " + (v->kind == Value::kInt ? std::to_string(v->i) : std::string("?")) +
+                                            " is not supported (1001 is)");
+  }
+  Unpickler info(head, pos);
+  SC_ASSIGN_OR_RETURN(Value* sys, next(info, "system info"));
+  if (sys->kind != Value::kDict) return DataLoss("legacy system info is not a dict");
+  for (size_t k = 0; k + 1 < sys->items.size(); k += 2) {
+    if (sys->items[k]->kind == Value::kString && sys->items[k]->s == "little_endian" &&
+        (sys->items[k + 1]->kind != Value::kBool || sys->items[k + 1]->i == 0)) {
+      return Status(Code::kUnimplemented, "a big-endian legacy torch.save file is not supported; load and save it again on "
+                                          "a little-endian host");
+    }
+  }
+  Unpickler state(head, pos);
+  SC_ASSIGN_OR_RETURN(Value* root, next(state, "state dict"));
+  if (root->kind != Value::kDict) return InvalidArgument("the pickle holds a " + std::string(KindName(root->kind)) + ", not a dict (not a state dict)");
+  SC_RETURN_IF_ERROR(Flattener(&state, &out.dict).Visit(root, "", 0));
+  out.element_size = state.storages();
+  Unpickler keys(head, pos);
+  SC_ASSIGN_OR_RETURN(Value* list, next(keys, "storage keys"));
+  if (list->kind != Value::kList) return DataLoss("the legacy storage keys are not a list");
+  for (const Value* key : list->items) {
+    if (key->kind != Value::kString) return DataLoss("a legacy storage key is not a string");
+    out.storage_keys.emplace_back(key->s);
+  }
+  out.data_offset = pos;
   return out;
 }
 

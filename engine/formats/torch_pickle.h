@@ -5,6 +5,7 @@
 // argument types torch's own calls take. Its memory is bounded by UnpickleMemoryBudget.
 #pragma once
 
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -63,6 +64,19 @@ struct UnpickledStateDict {
 // Tensor records are returned as the pickle states them: their sizes, strides and offsets are
 // checked against the storage records by the reader of the zip (torch_file.h), not here.
 Result<UnpickledStateDict> UnpickleStateDict(const std::string& pickle);
+
+// The pickles at the start of a legacy (pre-1.6, _use_new_zipfile_serialization=False) torch.save
+// file, read from its first bytes `head`: the magic number, protocol version 1001, the system info
+// (little-endian only), the state dict (its persistent ids ('storage', class, key, location,
+// numel, None)), the storage keys. After them each storage follows in key order as an 8-byte
+// little-endian element count and its elements. `need_more`: `head` ended first (read more).
+struct LegacyHead {
+  UnpickledStateDict dict;
+  std::vector<std::string> storage_keys;
+  std::map<std::string, size_t> element_size;  // bytes per element of each storage named, by key
+  uint64_t data_offset = 0;                    // of the first storage's element count
+};
+Result<LegacyHead> UnpickleLegacyHead(const std::string& head, bool* need_more);
 
 // The most memory the reader may use (objects, stack, memo, flattened names) for a pickle of
 // `pickle_bytes`; past it the pickle is refused with an error saying so.
