@@ -527,6 +527,7 @@ class Unpickler {
   Status OpProto(unsigned char) {
     if (!Need(1)) return DataLoss("truncated");
     unsigned proto = static_cast<unsigned char>(data_[pos_++]);
+    proto_ = proto;
     if (proto < 2 || proto > 5) {
       return InvalidArgument("pickle protocol " + std::to_string(proto) + " is not supported (2 to 5 are; torch.save writes 2)");
     }
@@ -703,7 +704,8 @@ class Unpickler {
   Status OpNotAllowed(unsigned char op) {
     char hex[8];
     std::snprintf(hex, sizeof(hex), "0x%02x", op);
-    return InvalidArgument(std::string("pickle opcode ") + hex + " is not allowed");
+    return InvalidArgument(std::string("pickle opcode ") + hex + " (in a protocol " + std::to_string(proto_) +
+                           " pickle) is not allowed: shardckpt reads the opcodes torch.save writes");
   }
 
   // The opcodes this reader takes, by family; any other byte is refused by OpNotAllowed.
@@ -747,6 +749,7 @@ class Unpickler {
   uint64_t used_ = 0;
   size_t pos_ = 0;
   size_t start_ = 0;
+  unsigned proto_ = 0;
   bool legacy_ = false;
   bool ran_out_ = false;
   std::map<std::string, size_t> storages_;
