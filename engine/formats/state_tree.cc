@@ -71,7 +71,11 @@ Status StateTreeBuilder::Add(const std::string& name, PickleNode leaf) {
     rest = rest.substr(dot + 1);
     SC_ASSIGN_OR_RETURN(node, node->Child(key, kind_of(path), path));
   }
-  if (node->children.count(rest)) return InvalidArgument("'" + name + "' is both a value and a container of others");
+  auto taken = node->children.find(rest);
+  if (taken != node->children.end()) {
+    return InvalidArgument("'" + name + (taken->second->is_leaf ? "' names two values (an entry and a blob?)"
+                                                                 : "' is both a value and a container of others"));
+  }
   node->keys.push_back(rest);
   auto& slot = node->children[rest];
   slot = std::make_unique<Tree>();
