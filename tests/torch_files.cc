@@ -28,12 +28,12 @@ std::string Storage(const std::string& type) {
 }
 const std::string kStorage = Storage("FloatStorage");
 
-// What torch 2.x writes for float8 and the unsigned types: _rebuild_tensor_v3 over an
-// UntypedStorage (its element count in bytes), the tensor's dtype named by a global.
+// What torch 2.x writes for float8 and the unsigned types: _rebuild_tensor_v3 over a
+// torch.storage.UntypedStorage (its element count in bytes), the tensor's dtype named by a global.
 std::string TensorV3(const std::string& dtype, uint8_t storage_bytes, uint8_t offset, uint8_t size, uint8_t stride,
                      int args = 7) {
   const std::string storage =
-      "(" + Str("storage") + Global("torch", "UntypedStorage") + Str("0") + Str("cpu") + Int(storage_bytes) + "tQ";
+      "(" + Str("storage") + Global("torch.storage", "UntypedStorage") + Str("0") + Str("cpu") + Int(storage_bytes) + "tQ";
   const std::string all[] = {storage, Int(offset), "(" + Int(size) + "t", "(" + Int(stride) + "t", "\x89", kOrderedDict,
                              Global("torch", dtype)};
   std::string out = Global("torch._utils", "_rebuild_tensor_v3") + "(";
@@ -187,9 +187,23 @@ std::vector<PickleCase> WeightsOnlyCases() {
       {"complex64_storage",
        DictOf(Global("torch._utils", "_rebuild_tensor_v2") + "(" + Storage("ComplexFloatStorage") + Int(0) + "(" + Int(2) +
               "t(" + Int(1) + "t\x89" + kOrderedDict + "tR"),
-       "tensor 'w': dtype complex64 is not supported by shardckpt"},
+       ""},
+      {"complex32_storage",
+       DictOf(Global("torch._utils", "_rebuild_tensor_v2") + "(" + Storage("ComplexHalfStorage") + Int(0) + "(" + Int(2) +
+              "t(" + Int(1) + "t\x89" + kOrderedDict + "tR"),
+       "tensor 'w': dtype complex32 is not supported by shardckpt"},
       {"rebuild_tensor_v3_6_args", DictOf(TensorV3("float8_e5m2", 2, 0, 2, 1, 6)), "_rebuild_tensor_v3 with 6 arguments"},
-      {"uint16_v3", DictOf(TensorV3("uint16", 4, 0, 2, 1)), "tensor 'w': dtype uint16 is not supported by shardckpt"},
+      {"uint16_v3", DictOf(TensorV3("uint16", 4, 0, 2, 1)), ""},
+      {"uint64_v3", DictOf(TensorV3("uint64", 16, 0, 2, 1)), ""},
+      {"e8m0_v3", DictOf(TensorV3("float8_e8m0fnu", 2, 0, 2, 1)), "tensor 'w': dtype float8_e8m0fnu is not supported by shardckpt"},
+      // What shardckpt wrote before it named the class as torch does: still read.
+      {"bare_untyped_storage",
+       DictOf(Global("torch._utils", "_rebuild_tensor_v3") + "((" + Str("storage") + Global("torch", "UntypedStorage") +
+              Str("0") + Str("cpu") + Int(2) + "tQ" + Int(0) + "(" + Int(2) + "t(" + Int(1) + "t\x89" + kOrderedDict +
+              Global("torch", "float8_e5m2") + "tR"),
+       ""},
+      // Protocol 1 has no PROTO opcode: named as the protocol, not as its first opcode.
+      {"protocol_1", "}(" + Str("w") + Tensor() + "u.", "a pickle of protocol 0 or 1 (no PROTO opcode) is not supported"},
       // 2^64 - 5, as pickle writes a uint64 seed (9 bytes, LONG1): torch.load takes it as a leaf.
       {"uint64_leaf", kProto + "}(" + Str("seed") + std::string("\x8a\x09\xfb\xff\xff\xff\xff\xff\xff\xff\x00", 11) +
                           Str("w") + Tensor() + "u.", ""},
@@ -203,7 +217,7 @@ std::vector<PickleCase> WeightsOnlyCases() {
          return open + Int(1) + close + ".";
        }(),
        "'d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d.d."
-       "d.d.d.d.d.d.d.d' is nested in more than 64 dicts, more than shardckpt imports"},
+       "d.d.d.d.d.d.d.d' is nested in more than 64 containers, more than shardckpt imports"},
       {"stack_global_long_name", std::string("\x80\x04") + Str("collections") + Str(std::string(1 << 20, 'x')) + "\x93.",
        "STACK_GLOBAL of a name over 256 bytes"},
       {"empty_key", kProto + "}" + Str("") + Int(1) + "s.", "a key in the state dict is empty"},

@@ -249,7 +249,8 @@ int ConsolidateCommand(int argc, char** argv) {
   if (!r.ok()) return Fail(r.status());
   if (vm.count("json")) {
     std::cout << json{{"checkpoint", r->checkpoint}, {"files", r->files}, {"sha256", r->sha256}, {"entries", r->entries},
-                      {"tensor_bytes", r->tensor_bytes}, {"bytes_read", r->bytes_read}}
+                      {"tensor_bytes", r->tensor_bytes}, {"bytes_read", r->bytes_read}, {"aliases", r->aliases},
+                      {"values", r->values}, {"skipped", r->skipped}}
                      .dump(2)
               << "\n";
   } else {
@@ -259,12 +260,16 @@ int ConsolidateCommand(int argc, char** argv) {
     }
     std::printf("%llu entries, %llu tensor bytes from %s\n", static_cast<unsigned long long>(r->entries),
                 static_cast<unsigned long long>(r->tensor_bytes), r->checkpoint.c_str());
+    if (r->aliases) std::printf("%llu tied entries stored once\n", static_cast<unsigned long long>(r->aliases));
+    for (const std::string& v : r->values) std::printf("value (not a tensor): %s\n", v.c_str());
+    for (const std::string& v : r->skipped) std::printf("not written: %s\n", v.c_str());
   }
   return 0;
 }
 
 int Convert(bool import, int argc, char** argv) {
-  po::options_description flags(import ? "import: a .pt or .safetensors file into a sharded checkpoint"
+  po::options_description flags(import ? "import: a .pt, a .safetensors file or a Hugging Face sharded set (its "
+                                         "*.safetensors.index.json or folder) into a sharded checkpoint"
                                        : "reshard: a checkpoint for another world size, without a job");
   flags.add_options()("out", po::value<std::string>()->required(), "checkpoint root to write into")
       ("world-size", po::value<int>()->required(), "ranks of the new checkpoint")
@@ -284,7 +289,7 @@ int Convert(bool import, int argc, char** argv) {
   if (!r.ok()) return Fail(r.status());
   if (vm.count("json")) {
     std::cout << json{{"checkpoint", r->path}, {"tensors", r->tensors}, {"bytes", r->bytes}, {"world_size", options.world_size},
-                      {"layout", options.layout}, {"skipped", r->skipped}}
+                      {"layout", options.layout}, {"skipped", r->skipped}, {"values", r->values}}
                      .dump(2)
               << "\n";
   } else {
@@ -292,6 +297,7 @@ int Convert(bool import, int argc, char** argv) {
                 static_cast<unsigned long long>(r->tensors), static_cast<unsigned long long>(r->bytes), options.world_size,
                 options.layout.c_str());
     for (const std::string& s : r->skipped) std::printf("skipped (not a tensor, or a per-rank blob): %s\n", s.c_str());
+    for (const std::string& s : r->values) std::printf("kept as a blob (not a tensor): %s\n", s.c_str());
   }
   return 0;
 }

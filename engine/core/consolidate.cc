@@ -6,12 +6,15 @@
 #include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <set>
 
 #include "shardckpt/engine/core/checkpoint_reader.h"
 #include "shardckpt/engine/model/float_convert.h"
 #include "shardckpt/engine/formats/output_file.h"
 #include "shardckpt/engine/formats/safetensors.h"
+#include "shardckpt/engine/formats/state_tree.h"
+#include "shardckpt/engine/model/entry_alias.h"
 #include "shardckpt/engine/formats/torch_pickle.h"
 #include "shardckpt/engine/formats/zip_writer.h"
 #include "shardckpt/io/fs.h"
@@ -32,6 +35,7 @@ struct Selected {
   DType dtype;       // in the output
   Shape shape;
   uint64_t bytes;    // in the output
+  int64_t alias = -1;  // the selected entry this one is a second name of (tied weights), or -1
 };
 
 struct Window {
@@ -91,6 +95,69 @@ Status StreamEntries(CheckpointReader& reader, const std::vector<Selected>& sele
   return Status::Ok();
 }
 
+// The name in the output: `name` after --strip-prefix, "" when it is not selected.
+std::string OutputName(const ConsolidateOptions& options, const std::string& name) {
+  if (!options.include.empty() && !Matches(options.include, name)) return "";
+  if (Matches(options.exclude, name)) return "";
+  if (!options.strip_prefix.empty() && name.compare(0, options.strip_prefix.size(), options.strip_prefix) == 0) {
+    return name.substr(options.strip_prefix.size());
+  }
+  return name;
+}
+
+// The .pt's state dict: tensors (tied ones as one storage under two names), the checkpoint's
+// global blobs that hold plain values (import's, the Python package's), and the lists and tuples
+// import recorded, restored.
+Result<std::string> TorchStateDictPickle(CheckpointReader& reader, const ConsolidateOptions& options,
+                                         const std::vector<Selected>& selected, ConsolidateReport* report) {
+  const Manifest& m = reader.manifest();
+  std::map<std::string, std::string> containers;
+  auto recorded = m.created.user.find(kTorchContainersKey);
+  if (recorded != m.created.user.end()) {
+    nlohmann::json json = nlohmann::json::parse(recorded->second, nullptr, false);
+    if (json.is_object()) {
+      for (const auto& [path, kind] : json.items()) {
+        std::string out = options.strip_prefix.empty() || path.compare(0, options.strip_prefix.size(), options.strip_prefix)
+                              ? path
+                              : path.substr(options.strip_prefix.size());
+        if (kind.is_string() && !out.empty()) containers[out] = kind.get<std::string>();
+      }
+    }
+  }
+  StateTreeBuilder tree(containers);
+  std::vector<PickleTensor> tensors;
+  for (size_t k = 0; k < selected.size(); ++k) {
+    const Selected& s = selected[k];
+    std::vector<int64_t> strides(s.shape.size(), 1);
+    for (size_t d = s.shape.size(); d-- > 1;) strides[d - 1] = strides[d] * s.shape[d];
+    const size_t key = s.alias >= 0 ? static_cast<size_t>(s.alias) : k;
+    tensors.push_back(PickleTensor{s.name, s.dtype, s.shape, strides, 0, std::to_string(key), NumElements(s.shape).value()});
+    PickleNode leaf;
+    leaf.kind = PickleNode::kTensor;
+    leaf.tensor = k;
+    SC_RETURN_IF_ERROR(tree.Add(s.name, std::move(leaf)));
+  }
+  for (const BlobRecord& b : m.blobs) {
+    const std::string name = OutputName(options, b.name);
+    if (name.empty()) continue;
+    if (b.scope != BlobScope::kGlobal) {
+      report->skipped.push_back(b.name + "@rank" + std::to_string(b.rank) + " (a per-rank value)");
+      continue;
+    }
+    SC_ASSIGN_OR_RETURN(std::string bytes, reader.ReadBlob(b));
+    if (bytes.compare(0, 2, std::string(kPickleValueTag, 2)) != 0) {
+      report->skipped.push_back(b.name + " (bytes or a tensor blob, not a plain value)");
+      continue;
+    }
+    PickleNode leaf;
+    leaf.kind = PickleNode::kValue;
+    leaf.json = bytes.substr(2);
+    SC_RETURN_IF_ERROR(tree.Add(name, std::move(leaf)));
+    report->values.push_back(name);
+  }
+  return PickleTree(tensors, tree.Finish());
+}
+
 std::string Stem(const std::string& path) {
   std::string base = BaseName(path);
   return EndsWith(base, ".safetensors") ? base.substr(0, base.size() - 12) : base;
@@ -118,10 +185,7 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
     const EntryRecord& e = m.entries[i];
     if (!options.include.empty() && !Matches(options.include, e.name)) continue;
     if (Matches(options.exclude, e.name)) continue;
-    std::string name = e.name;
-    if (!options.strip_prefix.empty() && name.compare(0, options.strip_prefix.size(), options.strip_prefix) == 0) {
-      name = name.substr(options.strip_prefix.size());
-    }
+    const std::string name = OutputName(options, e.name);
     if (name.empty() || !names.insert(name).second) {
       return InvalidArgument("entry '" + e.name + "' becomes '" + name + "', which is empty or taken, after --strip-prefix");
     }
@@ -129,6 +193,22 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
     uint64_t bytes = static_cast<uint64_t>(NumBytes(e.shape, DTypeSize(dtype)).value());
     selected.push_back(Selected{i, name, dtype, e.shape, bytes});
     report.tensor_bytes += bytes;
+  }
+  // Tied weights: in a .pt, one storage under both names (as torch.save writes them).
+  if (options.format == ExportFormat::kTorch) {
+    const std::vector<int64_t> aliases = EntryAliases(m);
+    std::map<size_t, size_t> selected_of;
+    for (size_t k = 0; k < selected.size(); ++k) {
+      Selected& s = selected[k];
+      auto canonical = aliases[s.entry] >= 0 ? selected_of.find(static_cast<size_t>(aliases[s.entry])) : selected_of.end();
+      if (canonical != selected_of.end() && selected[canonical->second].dtype == s.dtype) {
+        s.alias = static_cast<int64_t>(canonical->second);
+        report.tensor_bytes -= s.bytes;
+        report.aliases++;
+      } else {
+        selected_of[s.entry] = k;
+      }
+    }
   }
   if (selected.empty()) return InvalidArgument("no entry of " + reader->dir() + " is selected");
   report.entries = selected.size();
@@ -141,19 +221,14 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
   if (options.format == ExportFormat::kTorch) {
     SC_ASSIGN_OR_RETURN(std::unique_ptr<OutputFile> file, OutputFile::Create(out));
     ZipWriter zip(file.get());
-    std::vector<PickleTensor> tensors;
-    for (size_t k = 0; k < selected.size(); ++k) {
-      const Selected& s = selected[k];
-      std::vector<int64_t> strides(s.shape.size(), 1);
-      for (size_t d = s.shape.size(); d-- > 1;) strides[d - 1] = strides[d] * s.shape[d];
-      tensors.push_back(PickleTensor{s.name, s.dtype, s.shape, strides, 0, std::to_string(k), NumElements(s.shape).value()});
-    }
-    SC_ASSIGN_OR_RETURN(std::string pickle, PickleStateDict(tensors));
+    SC_ASSIGN_OR_RETURN(std::string pickle, TorchStateDictPickle(*reader, options, selected, &report));
     const std::string root = "archive/";
     SC_RETURN_IF_ERROR(zip.AddRecord(root + "data.pkl", pickle));
     SC_RETURN_IF_ERROR(zip.AddRecord(root + "byteorder", "little"));
-    std::vector<size_t> all(selected.size());
-    for (size_t k = 0; k < all.size(); ++k) all[k] = k;
+    std::vector<size_t> all;  // each storage once
+    for (size_t k = 0; k < selected.size(); ++k) {
+      if (selected[k].alias < 0) all.push_back(k);
+    }
     SC_RETURN_IF_ERROR(StreamEntries(
         *reader, selected, all, options.window_bytes,
         [&](size_t k) { return zip.BeginRecord(root + "data/" + std::to_string(k), selected[k].bytes); },
@@ -201,6 +276,9 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
       in_shard += selected[k].bytes;
     }
     const bool sharded = options.max_shard_bytes > 0;
+    for (const BlobRecord& b : m.blobs) {
+      if (!OutputName(options, b.name).empty()) report.skipped.push_back(b.name + " (safetensors holds tensors only)");
+    }
     nlohmann::ordered_json weight_map;
     for (size_t s = 0; s < shards.size(); ++s) {
       std::string path = out;

@@ -38,6 +38,9 @@ struct ConsolidateReport {
   uint64_t entries = 0;
   uint64_t tensor_bytes = 0;         // written
   uint64_t bytes_read = 0;           // from the checkpoint
+  uint64_t aliases = 0;              // .pt: entries written as a second name of one storage (tied)
+  std::vector<std::string> values;   // .pt: non-tensor values (blobs) written into the state dict
+  std::vector<std::string> skipped;  // blobs not written (safetensors holds tensors only; per-rank)
 };
 
 // Format from the extension: .pt/.pth -> torch, .safetensors -> safetensors, .gguf -> gguf.

@@ -7,9 +7,14 @@
 #include "shardckpt/engine/core/commit.h"
 #include "shardckpt/engine/core/offline_writer.h"
 #include "shardckpt/engine/formats/safetensors.h"
+#include "shardckpt/engine/formats/state_tree.h"
 #include "shardckpt/engine/formats/torch_file.h"
 #include "shardckpt/engine/formats/zip_reader.h"
+#include "shardckpt/engine/model/entry_alias.h"
 #include "shardckpt/io/fs.h"
+
+#include <map>
+#include <nlohmann/json.hpp>
 
 namespace shardckpt {
 namespace {
@@ -64,45 +69,161 @@ Result<std::vector<SafetensorsEntry>> ReadSafetensorsIndex(const ByteSource& sou
   return ParseSafetensorsHeader(header, source.size() - 8 - n, file);
 }
 
-Result<ConvertReport> ImportInto(const std::string& file, const std::string& root, const ConvertOptions& options) {
+// One safetensors file of an import: its entries, checked against the file's size.
+struct SafetensorsInput {
+  ByteSource source;
+  uint64_t data_start = 0;
+  std::vector<SafetensorsEntry> entries;
+};
+
+Result<SafetensorsInput> OpenSafetensors(const std::string& file) {
+  SC_ASSIGN_OR_RETURN(ByteSource source, ByteSource::OpenFile(file));
+  SafetensorsInput in{std::move(source), 0, {}};
+  SC_ASSIGN_OR_RETURN(in.entries, ReadSafetensorsIndex(in.source, &in.data_start));
+  for (const SafetensorsEntry& e : in.entries) {
+    if (e.name.empty()) {
+      return InvalidArgument(file + ": a tensor has an empty name (valid in safetensors, but a checkpoint entry "
+                                    "needs a name): rename it before importing");
+    }
+  }
+  return in;
+}
+
+// A Hugging Face sharded set: FOLDER/model.safetensors.index.json (or the index itself) maps each
+// tensor to its shard file in the folder. The tensors come in the index's order; every shard's
+// tensors must be exactly those the index gives it.
+Result<std::vector<SafetensorsInput>> OpenShardedSafetensors(const std::string& index_path,
+                                                             std::vector<std::pair<size_t, size_t>>* order) {
+  SC_ASSIGN_OR_RETURN(std::string text, ReadFileLimited(index_path, uint64_t{256} << 20));
+  nlohmann::ordered_json index = nlohmann::ordered_json::parse(text, nullptr, false);
+  auto bad = [&](const std::string& what) { return DataLoss(index_path + ": invalid safetensors index: " + what); };
+  if (index.is_discarded() || !index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
+    return bad("not a JSON object with a \"weight_map\" object");
+  }
+  std::vector<SafetensorsInput> inputs;
+  std::map<std::string, size_t> file_index;
+  std::vector<std::map<std::string, size_t>> by_name;
+  for (const auto& [name, value] : index["weight_map"].items()) {
+    if (!value.is_string()) return bad("tensor '" + name + "' maps to a non-string");
+    const std::string file = value.get<std::string>();
+    if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..") {
+      return bad("tensor '" + name + "' maps to '" + file + "', not a file name in the index's folder");
+    }
+    auto [it, fresh] = file_index.try_emplace(file, inputs.size());
+    if (fresh) {
+      SC_ASSIGN_OR_RETURN(SafetensorsInput in, OpenSafetensors(JoinPath(DirName(index_path), file)));
+      by_name.emplace_back();
+      for (size_t k = 0; k < in.entries.size(); ++k) by_name.back()[in.entries[k].name] = k;
+      inputs.push_back(std::move(in));
+    }
+    auto found = by_name[it->second].find(name);
+    if (found == by_name[it->second].end()) return bad("tensor '" + name + "' is not in " + file);
+    order->emplace_back(it->second, found->second);
+  }
+  size_t listed = order->size(), held = 0;
+  for (const SafetensorsInput& in : inputs) held += in.entries.size();
+  if (held != listed) {
+    return bad("the shard files hold " + std::to_string(held) + " tensors but the index lists " + std::to_string(listed));
+  }
+  return inputs;
+}
+
+// What `import` is given: a folder (a Hugging Face set, or one model.safetensors), an index
+// file, a .safetensors file or a torch.save file.
+Result<std::string> ResolveImportInput(const std::string& input) {
+  if (!IsDirectory(input)) return input;
+  for (const char* name : {"model.safetensors.index.json", "model.safetensors"}) {
+    if (PathExists(JoinPath(input, name))) return JoinPath(input, name);
+  }
+  SC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(input));
+  std::vector<std::string> indexes;
+  for (const std::string& n : names) {
+    if (EndsWith(n, ".safetensors.index.json")) indexes.push_back(n);
+  }
+  if (indexes.size() == 1) return JoinPath(input, indexes[0]);
+  return InvalidArgument("cannot import the folder '" + input + "': it holds " +
+                         (indexes.empty() ? std::string("no model.safetensors or *.safetensors.index.json")
+                                          : std::to_string(indexes.size()) + " *.safetensors.index.json files; name one"));
+}
+
+// Tensors of a .pt that are one tensor under two names (the same storage, offset, sizes and
+// strides): for each, the index of the first, or -1.
+std::vector<int64_t> TiedTensors(const std::vector<PickleTensor>& tensors) {
+  std::vector<int64_t> tied(tensors.size(), -1);
+  std::map<std::string, std::vector<size_t>> by_storage;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const PickleTensor& t = tensors[i];
+    std::vector<size_t>& seen = by_storage[t.storage_key];
+    for (size_t j : seen) {
+      const PickleTensor& u = tensors[j];
+      if (u.dtype == t.dtype && u.sizes == t.sizes && u.strides == t.strides && u.storage_offset == t.storage_offset &&
+          !t.sizes.empty() && NumElements(t.sizes).value() > 0) {
+        tied[i] = static_cast<int64_t>(j);
+        break;
+      }
+    }
+    if (tied[i] < 0) seen.push_back(i);
+  }
+  return tied;
+}
+
+Result<ConvertReport> ImportInto(const std::string& input, const std::string& root, const ConvertOptions& options) {
   SC_RETURN_IF_ERROR(PolicyLayout(options.layout, {1}, 1, 0).status());
   ConvertReport report;
-  const bool safetensors = EndsWith(file, ".safetensors");
+  SC_ASSIGN_OR_RETURN(const std::string file, ResolveImportInput(input));
+  const bool index = EndsWith(file, ".safetensors.index.json");
+  const bool safetensors = index || EndsWith(file, ".safetensors");
   if (!safetensors && !EndsWith(file, ".pt") && !EndsWith(file, ".pth") && !EndsWith(file, ".bin")) {
-    return InvalidArgument("cannot import '" + file + "': expected .pt, .pth or .safetensors");
+    return InvalidArgument("cannot import '" + file +
+                           "': expected .pt, .pth, .bin, .safetensors, a *.safetensors.index.json or a folder holding one");
   }
   // The whole input is read and checked before the output root is touched, so a refused file
   // leaves nothing behind.
-  SC_ASSIGN_OR_RETURN(ByteSource source, ByteSource::OpenFile(file));
-  std::vector<SafetensorsEntry> entries;
-  uint64_t data_start = 0;
+  std::vector<SafetensorsInput> shards;
+  std::vector<std::pair<size_t, size_t>> order;  // (shard, entry) in output order
   std::optional<ZipReader> zip;
+  std::optional<ByteSource> legacy_source;
+  LegacyTorchFile legacy;
   UnpickledStateDict dict;
-  if (safetensors) {
-    SC_ASSIGN_OR_RETURN(entries, ReadSafetensorsIndex(source, &data_start));
-    for (const SafetensorsEntry& e : entries) {
-      if (e.name.empty()) {
-        return InvalidArgument(file + ": a tensor has an empty name (valid in safetensors, but a checkpoint entry "
-                                      "needs a name): rename it before importing");
-      }
-    }
+  std::vector<int64_t> tied;
+  nlohmann::ordered_json containers = nlohmann::ordered_json::object();
+  if (index) {
+    SC_ASSIGN_OR_RETURN(shards, OpenShardedSafetensors(file, &order));
+  } else if (safetensors) {
+    SC_ASSIGN_OR_RETURN(SafetensorsInput in, OpenSafetensors(file));
+    for (size_t k = 0; k < in.entries.size(); ++k) order.emplace_back(0, k);
+    shards.push_back(std::move(in));
   } else {
-    SC_ASSIGN_OR_RETURN(zip, ZipReader::Open(source));
-    SC_ASSIGN_OR_RETURN(dict, ReadTorchStateDict(*zip));
+    SC_ASSIGN_OR_RETURN(ByteSource source, ByteSource::OpenFile(file));
+    if (IsLegacyTorchFile(source)) {  // torch.save before 1.6, or _use_new_zipfile_serialization=False
+      SC_ASSIGN_OR_RETURN(legacy, ReadLegacyTorchFile(source));
+      dict = std::move(legacy.dict);
+      legacy_source = std::move(source);
+    } else {
+      SC_ASSIGN_OR_RETURN(zip, ZipReader::Open(source));
+      SC_ASSIGN_OR_RETURN(dict, ReadTorchStateDict(*zip));
+    }
     report.skipped = dict.skipped;
+    tied = TiedTensors(dict.tensors);
+    for (const auto& [path, kind] : dict.containers) containers[path] = kind;
   }
   SC_ASSIGN_OR_RETURN(std::unique_ptr<OfflineCheckpointWriter> out, OfflineCheckpointWriter::Begin(root, 0, options.world_size));
   std::vector<unsigned char> full;
-  const size_t count = safetensors ? entries.size() : dict.tensors.size();
+  const size_t count = safetensors ? order.size() : dict.tensors.size();
   for (size_t i = 0; i < count; ++i) {
     if (safetensors) {
-      const SafetensorsEntry& e = entries[i];
+      const SafetensorsInput& in = shards[order[i].first];
+      const SafetensorsEntry& e = in.entries[order[i].second];
       full.resize(e.end - e.begin);
-      SC_RETURN_IF_ERROR(source.ReadAt(data_start + e.begin, full.data(), full.size()));
+      SC_RETURN_IF_ERROR(in.source.ReadAt(in.data_start + e.begin, full.data(), full.size()));
       SC_RETURN_IF_ERROR(WriteTensor(*out, options.layout, options.world_size, i, e.name, e.dtype, e.shape, full));
+    } else if (tied[i] >= 0) {  // stored once; the manifest names it twice
+      SC_RETURN_IF_ERROR(out->AddAlias(dict.tensors[i].name, dict.tensors[static_cast<size_t>(tied[i])].name));
+      report.tensors++;
+      continue;
     } else {
       const PickleTensor& t = dict.tensors[i];
-      Status read = ReadTorchTensor(*zip, t, &full);
+      Status read = zip ? ReadTorchTensor(*zip, t, &full) : ReadTorchTensor(*legacy_source, legacy, t, &full);
       if (!read.ok()) return read.WithContext(file);
       SC_RETURN_IF_ERROR(WriteTensor(*out, options.layout, options.world_size, i, t.name, t.dtype, t.sizes, full));
     }
@@ -110,7 +231,13 @@ Result<ConvertReport> ImportInto(const std::string& file, const std::string& roo
     report.bytes += full.size();
     if (options.progress) options.progress(i + 1, count);
   }
-  SC_ASSIGN_OR_RETURN(report.path, out->Commit(MakeCreationInfo(1, "", "", {{"imported_from", file}})));
+  for (const PickleValue& v : dict.values) {
+    SC_RETURN_IF_ERROR(out->AddBlob(0, v.name, BlobScope::kGlobal, v.blob));
+    report.values.push_back(v.name);
+  }
+  std::map<std::string, std::string> user = {{"imported_from", input}};
+  if (!containers.empty()) user[kTorchContainersKey] = containers.dump();
+  SC_ASSIGN_OR_RETURN(report.path, out->Commit(MakeCreationInfo(1, "", "", user)));
   return report;
 }
 
@@ -124,9 +251,15 @@ Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::stri
   uint64_t total = 0;
   for (const EntryRecord& e : m.entries) total += static_cast<uint64_t>(NumBytes(e.shape, DTypeSize(e.dtype)).value());
   std::vector<unsigned char> piece;
+  const std::vector<int64_t> aliases = EntryAliases(m);
   for (size_t i = 0; i < m.entries.size(); ++i) {
     const EntryRecord& e = m.entries[i];
     const size_t element = DTypeSize(e.dtype);
+    if (aliases[i] >= 0) {  // tied weights stay stored once
+      SC_RETURN_IF_ERROR(out->AddAlias(e.name, m.entries[static_cast<size_t>(aliases[i])].name));
+      report.tensors++;
+      continue;
+    }
     // Each new piece is read exactly (the planner reads only its bytes): memory is one piece.
     for (int r = 0; r < world; ++r) {
       Layout layout = Layout::Whole();

@@ -1,5 +1,6 @@
 // Offline conversions into sharded checkpoints (docs/architecture.md):
-//   import:  a .pt (torch.save) or .safetensors file -> a checkpoint for N ranks
+//   import:  a .pt (torch.save), a .safetensors file or a Hugging Face sharded set (its
+//            *.safetensors.index.json or the folder holding it) -> a checkpoint for N ranks
 //   reshard: a checkpoint saved by any N -> a checkpoint for M ranks, without a job
 // Layout policies: flat (FSDP/ZeRO flat shards), dim0 (torch.chunk along dim 0; 0-d tensors
 // replicated) and replicated (each tensor written once, spread over the ranks' files).
@@ -25,8 +26,10 @@ struct ConvertReport {
   std::string path;  // the committed checkpoint
   uint64_t tensors = 0;
   uint64_t bytes = 0;
-  std::vector<std::string> skipped;  // non-tensor values (import) or per-rank blobs (reshard)
+  std::vector<std::string> skipped;  // values import cannot keep, or per-rank blobs (reshard)
+  std::vector<std::string> values;   // import: non-tensor values of a .pt, kept as blobs
 };
+
 
 Result<ConvertReport> ImportFile(const std::string& file, const std::string& root, const ConvertOptions& options);
 Result<ConvertReport> Reshard(const std::string& checkpoint, const std::string& root, const ConvertOptions& options);

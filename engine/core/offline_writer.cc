@@ -48,6 +48,7 @@ Result<ShardFileWriter*> OfflineCheckpointWriter::Writer(int rank) {
 Status OfflineCheckpointWriter::AddPiece(int rank, const std::string& name, DType dtype, const Shape& shape,
                                          const Layout& layout, const void* data, size_t bytes) {
   auto [it, fresh] = entries_.try_emplace(name, EntryRecord{name, dtype, shape, {}});
+  if (fresh) order_.push_back(name);
   if (!fresh && (it->second.dtype != dtype || it->second.shape != shape)) {
     return InvalidArgument("entry '" + name + "' added with two dtypes or shapes");
   }
@@ -62,6 +63,17 @@ Status OfflineCheckpointWriter::AddBlob(int rank, const std::string& name, BlobS
   SC_ASSIGN_OR_RETURN(ShardFileWriter * writer, Writer(rank));
   SC_ASSIGN_OR_RETURN(uint64_t offset, writer->Append(bytes.data(), bytes.size()));
   ranks_[rank].blobs.push_back(BlobRecord{name, scope, rank, 0, offset, bytes.size()});
+  return Status::Ok();
+}
+
+Status OfflineCheckpointWriter::AddAlias(const std::string& name, const std::string& target) {
+  auto it = entries_.find(target);
+  if (it == entries_.end()) return InvalidArgument("alias '" + name + "' of '" + target + "', which is not an entry");
+  if (!entries_.try_emplace(name, EntryRecord{name, it->second.dtype, it->second.shape, {}}).second) {
+    return InvalidArgument("entry '" + name + "' added twice");
+  }
+  order_.push_back(name);
+  aliases_.emplace_back(name, target);
   return Status::Ok();
 }
 
@@ -83,7 +95,8 @@ Result<std::string> OfflineCheckpointWriter::Commit(const CreationInfo& created,
       m.blobs.push_back(b);
     }
   }
-  for (auto& [name, e] : entries_) m.entries.push_back(std::move(e));
+  for (const auto& [name, target] : aliases_) entries_[name].chunks = entries_[target].chunks;
+  for (const std::string& name : order_) m.entries.push_back(std::move(entries_[name]));
   RetentionPolicy retention;
   retention.keep_last = keep_last;
   SC_RETURN_IF_ERROR(CommitCheckpoint(root_, temp_name_, m, retention));

@@ -22,6 +22,9 @@ class OfflineCheckpointWriter {
   Status AddPiece(int rank, const std::string& name, DType dtype, const Shape& shape, const Layout& layout,
                   const void* data, size_t bytes);
   Status AddBlob(int rank, const std::string& name, BlobScope scope, const std::string& bytes);
+  // `name` is the entry `target` under a second name (tied weights): its manifest entry points at
+  // the same chunks, so the bytes are stored once. `target` must be added (before Commit).
+  Status AddAlias(const std::string& name, const std::string& target);
   // Returns the committed folder.
   Result<std::string> Commit(const CreationInfo& created, int keep_last = 0);
 
@@ -43,6 +46,8 @@ class OfflineCheckpointWriter {
   bool committed_ = false;
   std::map<int, RankFile> ranks_;
   std::map<std::string, EntryRecord> entries_;
+  std::vector<std::string> order_;  // entry names as first added: the manifest keeps the caller's order
+  std::vector<std::pair<std::string, std::string>> aliases_;  // name, target
 };
 
 }  // namespace shardckpt

@@ -249,9 +249,9 @@ std::string EncodeDcpMetadata(const DcpMetadata& m) {
 }
 
 std::string PickleContiguousTensor(DType dtype, const Shape& sizes) {
-  // torch 2.x has no storage class for float8: it writes an UntypedStorage (counted in bytes)
-  // that _rebuild_tensor_v3 views as the dtype it names.
-  const bool v3 = dtype == DType::kFloat8E4M3 || dtype == DType::kFloat8E5M2;
+  // torch 2.x has no storage class for float8 or uint16/32/64 (TorchStorageName is null): it
+  // writes an UntypedStorage (counted in bytes) that _rebuild_tensor_v3 views as the dtype.
+  const bool v3 = TorchStorageName(dtype) == nullptr;
   const int64_t numel = NumElements(sizes).value();
   std::vector<int64_t> strides(sizes.size(), 1);
   for (size_t d = sizes.size(); d-- > 1;) strides[d - 1] = strides[d] * sizes[d];

@@ -15,6 +15,10 @@ Result<std::string> EncodeSafetensorsHeader(std::vector<SafetensorsEntry>& entri
   uint64_t offset = 0;
   for (SafetensorsEntry& e : entries) {
     SC_ASSIGN_OR_RETURN(int64_t bytes, NumBytes(e.shape, DTypeSize(e.dtype)));
+    if (!SafetensorsDTypeName(e.dtype)) {
+      return InvalidArgument("tensor '" + e.name + "': dtype " + DTypeName(e.dtype) +
+                             " has no safetensors type (safetensors defines no 128-bit complex); write a .pt instead");
+    }
     e.begin = offset;
     e.end = offset + static_cast<uint64_t>(bytes);
     offset = e.end;
@@ -49,7 +53,8 @@ bool IsSafetensorsDTypeName(const std::string& name) {
 Result<std::vector<SafetensorsEntry>> ParseSafetensorsHeader(const std::string& text, uint64_t data_bytes,
                                                              const std::string& origin) {
   auto bad = [&](const std::string& what) { return DataLoss(origin + ": invalid safetensors: " + what); };
-  nlohmann::json header = nlohmann::json::parse(text, nullptr, false);
+  // Ordered: import keeps the file's order of tensors.
+  nlohmann::ordered_json header = nlohmann::ordered_json::parse(text, nullptr, false);
   if (header.is_discarded() || !header.is_object()) return bad("the header is not a JSON object");
   std::vector<SafetensorsEntry> entries;
   for (auto& [name, value] : header.items()) {

@@ -1,6 +1,8 @@
 #include "shardckpt/engine/formats/torch_file.h"
 
+#include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <utility>
 
@@ -23,6 +25,63 @@ Result<int64_t> ViewEnd(const PickleTensor& t, int64_t numel, const std::string&
 }
 
 std::string RecordName(const PickleTensor& t) { return "data/" + t.storage_key; }
+
+}  // namespace
+
+namespace {
+
+// Every tensor against its storage's record, and all tensors naming one storage agreeing on it.
+Status CheckTensorRecords(const std::string& path, const UnpickledStateDict& dict,
+                          const std::function<const ZipRecord*(const PickleTensor&)>& record_of) {
+  // torch.load builds each storage once, from its first reference; a later one that disagrees
+  // would be read differently here, so it is refused.
+  std::map<std::string, const PickleTensor*> first;
+  for (const PickleTensor& t : dict.tensors) {
+    const ZipRecord* record = record_of(t);
+    if (!record) return DataLoss(path + ": tensor '" + t.name + "': storage record " + RecordName(t) + " is missing");
+    Status valid = ValidateTorchTensor(t, record->size);
+    if (!valid.ok()) return valid.WithContext(path);
+    // A typed storage is its dtype; an untyped one (torch 2.x) may be viewed as several.
+    auto [it, fresh] = first.emplace(t.storage_key, &t);
+    const PickleTensor& f = *it->second;
+    if (!fresh && (f.storage_numel != t.storage_numel || f.storage_element_size != t.storage_element_size ||
+                   (!t.storage_element_size && f.dtype != t.dtype))) {
+      auto claim = [](const PickleTensor& x) {
+        return std::to_string(x.storage_numel) + " " + (x.storage_element_size ? "untyped" : DTypeName(x.dtype)) + " elements";
+      };
+      return InvalidArgument(path + ": tensor '" + t.name + "': storage " + RecordName(t) + " is " + claim(t) +
+                             " here but " + claim(f) + " for tensor '" + f.name + "'");
+    }
+  }
+  return Status::Ok();
+}
+
+// A validated tensor's elements from its record at `data_offset` of `record_bytes`.
+Status ReadTensorFrom(const std::function<Status(uint64_t, void*, size_t)>& read_at, const ZipRecord& record,
+                      const PickleTensor& t, std::vector<unsigned char>* out) {
+  // Checked again here: this function is public, and a check costs nothing next to the read.
+  SC_RETURN_IF_ERROR(ValidateTorchTensor(t, record.size));
+  const size_t element = DTypeSize(t.dtype);
+  const int64_t numel = NumElements(t.sizes).value();
+  out->resize(static_cast<size_t>(numel) * element);
+  if (numel == 0) return Status::Ok();
+  const int64_t end = ViewEnd(t, numel, t.name).value();
+  std::vector<unsigned char> span(static_cast<size_t>(end - t.storage_offset) * element);
+  SC_RETURN_IF_ERROR(read_at(record.data_offset + static_cast<uint64_t>(t.storage_offset) * element, span.data(), span.size()));
+  // Odometer over the view's indices, gathering element by element.
+  const size_t n = t.sizes.size();
+  std::vector<int64_t> index(n, 0);
+  for (int64_t i = 0; i < numel; ++i) {
+    int64_t at = 0;
+    for (size_t d = 0; d < n; ++d) at += index[d] * t.strides[d];
+    std::memcpy(out->data() + static_cast<size_t>(i) * element, span.data() + static_cast<size_t>(at) * element, element);
+    for (size_t d = n; d-- > 0;) {
+      if (++index[d] < t.sizes[d]) break;
+      index[d] = 0;
+    }
+  }
+  return Status::Ok();
+}
 
 }  // namespace
 
@@ -59,7 +118,7 @@ Status ValidateTorchTensor(const PickleTensor& t, uint64_t record_bytes) {
                            ShapeString(t.sizes) + ", strides " + ShapeString(t.strides) + ") reaches element " +
                            std::to_string(end - 1) + " of a storage of " + std::to_string(capacity) + " elements");
   }
-  // numel <= 2^50 (NumElements) and element <= 8: the product cannot overflow.
+  // numel <= 2^50 (NumElements) and element <= 16: the product cannot overflow.
   const uint64_t bytes = static_cast<uint64_t>(*numel) * element;
   if (bytes > storage_bytes && bytes > kMaxExpandedTensorBytes) {
     return InvalidArgument(where + ": sizes " + ShapeString(t.sizes) + " with strides " + ShapeString(t.strides) +
@@ -83,57 +142,75 @@ Result<UnpickledStateDict> ReadTorchStateDict(const ZipReader& zip) {
   SC_ASSIGN_OR_RETURN(std::string pickle, zip.ReadRecord(zip.prefix() + "data.pkl", 256u << 20));
   Result<UnpickledStateDict> dict = UnpickleStateDict(pickle);
   if (!dict.ok()) return dict.status().WithContext(zip.path());
-  // torch.load builds each storage once, from its first reference; a later one that disagrees
-  // would be read differently here, so it is refused.
-  std::map<std::string, const PickleTensor*> first;
-  for (const PickleTensor& t : dict->tensors) {
+  SC_RETURN_IF_ERROR(CheckTensorRecords(zip.path(), dict.value(), [&](const PickleTensor& t) -> const ZipRecord* {
     auto record = zip.records().find(zip.prefix() + RecordName(t));
-    if (record == zip.records().end()) {
-      return DataLoss(zip.path() + ": tensor '" + t.name + "': storage record " + RecordName(t) + " is missing");
-    }
-    Status valid = ValidateTorchTensor(t, record->second.size);
-    if (!valid.ok()) return valid.WithContext(zip.path());
-    // A typed storage is its dtype; an untyped one (torch 2.x) may be viewed as several.
-    auto [it, fresh] = first.emplace(t.storage_key, &t);
-    const PickleTensor& f = *it->second;
-    if (!fresh && (f.storage_numel != t.storage_numel || f.storage_element_size != t.storage_element_size ||
-                   (!t.storage_element_size && f.dtype != t.dtype))) {
-      auto claim = [](const PickleTensor& x) {
-        return std::to_string(x.storage_numel) + " " + (x.storage_element_size ? "untyped" : DTypeName(x.dtype)) + " elements";
-      };
-      return InvalidArgument(zip.path() + ": tensor '" + t.name + "': storage " + RecordName(t) + " is " + claim(t) +
-                             " here but " + claim(f) + " for tensor '" + f.name + "'");
-    }
-  }
+    return record == zip.records().end() ? nullptr : &record->second;
+  }));
   return dict;
 }
+
 
 Status ReadTorchTensor(const ZipReader& zip, const PickleTensor& t, std::vector<unsigned char>* out) {
   auto record = zip.records().find(zip.prefix() + RecordName(t));
   if (record == zip.records().end()) return DataLoss(zip.path() + ": storage record " + RecordName(t) + " is missing");
-  // Checked again here: this function is public, and a check costs nothing next to the read.
-  SC_RETURN_IF_ERROR(ValidateTorchTensor(t, record->second.size));
-  const size_t element = DTypeSize(t.dtype);
-  const int64_t numel = NumElements(t.sizes).value();
-  out->resize(static_cast<size_t>(numel) * element);
-  if (numel == 0) return Status::Ok();
-  const int64_t end = ViewEnd(t, numel, t.name).value();
-  std::vector<unsigned char> span(static_cast<size_t>(end - t.storage_offset) * element);
-  SC_RETURN_IF_ERROR(zip.ReadAt(record->second.data_offset + static_cast<uint64_t>(t.storage_offset) * element,
-                                span.data(), span.size()));
-  // Odometer over the view's indices, gathering element by element.
-  const size_t n = t.sizes.size();
-  std::vector<int64_t> index(n, 0);
-  for (int64_t i = 0; i < numel; ++i) {
-    int64_t at = 0;
-    for (size_t d = 0; d < n; ++d) at += index[d] * t.strides[d];
-    std::memcpy(out->data() + static_cast<size_t>(i) * element, span.data() + static_cast<size_t>(at) * element, element);
-    for (size_t d = n; d-- > 0;) {
-      if (++index[d] < t.sizes[d]) break;
-      index[d] = 0;
+  return ReadTensorFrom([&](uint64_t at, void* p, size_t n) { return zip.ReadAt(at, p, n); }, record->second, t, out);
+}
+
+bool IsLegacyTorchFile(const ByteSource& source) {
+  // PROTO 2, LONG1 of 10 bytes: the magic number 0x1950a86a20f9469cfc6c.
+  static const unsigned char kLegacyMagic[] = {0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46,
+                                               0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19};
+  unsigned char head[sizeof(kLegacyMagic)];
+  return source.size() >= sizeof(head) && source.ReadAt(0, head, sizeof(head)).ok() &&
+         std::memcmp(head, kLegacyMagic, sizeof(head)) == 0;
+}
+
+Result<LegacyTorchFile> ReadLegacyTorchFile(const ByteSource& source) {
+  const std::string& path = source.name();
+  // The pickles' length is known only by reading them: a window that grows until they fit,
+  // bounded as data.pkl is.
+  constexpr uint64_t kMaxPickles = uint64_t{256} << 20;
+  LegacyHead head;
+  for (uint64_t window = uint64_t{1} << 20;; window *= 4) {
+    std::string bytes(std::min({window, source.size(), kMaxPickles}), '\0');
+    SC_RETURN_IF_ERROR(source.ReadAt(0, bytes.data(), bytes.size()));
+    bool need_more = false;
+    Result<LegacyHead> r = UnpickleLegacyHead(bytes, &need_more);
+    if (r.ok()) {
+      head = std::move(*r);
+      break;
     }
+    if (!need_more || bytes.size() == source.size()) return r.status().WithContext(path);
+    if (bytes.size() == kMaxPickles) return InvalidArgument(path + ": the legacy file's pickles exceed 256 MiB");
   }
-  return Status::Ok();
+  LegacyTorchFile file{std::move(head.dict), {}};
+  uint64_t at = head.data_offset;
+  for (const std::string& key : head.storage_keys) {
+    auto element = head.element_size.find(key);
+    if (element == head.element_size.end()) return DataLoss(path + ": storage '" + key + "' is listed but no tensor names it");
+    int64_t count = 0;
+    if (at > source.size() || source.size() - at < 8) return DataLoss(path + ": truncated before storage '" + key + "'");
+    SC_RETURN_IF_ERROR(source.ReadAt(at, &count, 8));
+    uint64_t bytes = 0;
+    if (count < 0 || __builtin_mul_overflow(static_cast<uint64_t>(count), element->second, &bytes) ||
+        bytes > source.size() - at - 8) {
+      return DataLoss(path + ": storage '" + key + "' claims " + std::to_string(count) + " elements, past the end of the file");
+    }
+    if (!file.storages.emplace(key, ZipRecord{at + 8, bytes}).second) return DataLoss(path + ": storage '" + key + "' is listed twice");
+    at += 8 + bytes;
+  }
+  SC_RETURN_IF_ERROR(CheckTensorRecords(path, file.dict, [&](const PickleTensor& t) -> const ZipRecord* {
+    auto record = file.storages.find(t.storage_key);
+    return record == file.storages.end() ? nullptr : &record->second;
+  }));
+  return file;
+}
+
+Status ReadTorchTensor(const ByteSource& source, const LegacyTorchFile& file, const PickleTensor& t,
+                       std::vector<unsigned char>* out) {
+  auto record = file.storages.find(t.storage_key);
+  if (record == file.storages.end()) return DataLoss(source.name() + ": storage '" + t.storage_key + "' is missing");
+  return ReadTensorFrom([&](uint64_t at, void* p, size_t n) { return source.ReadAt(at, p, n); }, record->second, t, out);
 }
 
 }  // namespace shardckpt

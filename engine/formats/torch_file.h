@@ -4,6 +4,8 @@
 // Nothing is read by a number the file states before that number is checked.
 #pragma once
 
+#include <map>
+#include <string>
 #include <vector>
 
 #include "shardckpt/engine/formats/torch_pickle.h"
@@ -26,5 +28,17 @@ Status ValidateTorchTensor(const PickleTensor& t, uint64_t record_bytes);
 
 // A validated tensor's elements, row-major and contiguous, into `out`.
 Status ReadTorchTensor(const ZipReader& zip, const PickleTensor& t, std::vector<unsigned char>* out);
+
+// The legacy (pre-1.6, non-zip) format: the state dict (UnpickleLegacyHead) and each storage's
+// bytes located as a record, every element count checked against the file's size and against
+// what the state dict says of that storage, every tensor record validated as for a zip.
+bool IsLegacyTorchFile(const ByteSource& source);
+struct LegacyTorchFile {
+  UnpickledStateDict dict;
+  std::map<std::string, ZipRecord> storages;  // by storage key
+};
+Result<LegacyTorchFile> ReadLegacyTorchFile(const ByteSource& source);
+Status ReadTorchTensor(const ByteSource& source, const LegacyTorchFile& file, const PickleTensor& t,
+                       std::vector<unsigned char>* out);
 
 }  // namespace shardckpt

@@ -3,11 +3,14 @@
 #include <array>
 #include <cstdio>
 #include <cstring>
+#include <cmath>
 #include <deque>
 #include <map>
 #include <set>
 #include <string_view>
 #include <unordered_set>
+
+#include <nlohmann/json.hpp>
 
 namespace shardckpt {
 
@@ -62,39 +65,167 @@ void PutGlobal(std::string& s, const char* module, const char* name) {
 
 }  // namespace
 
-Result<std::string> PickleStateDict(const std::vector<PickleTensor>& tensors) {
-  std::string s = "\x80\x02";
-  PutGlobal(s, "collections", "OrderedDict");
-  s += ")R";
-  if (!tensors.empty()) {
-    s += '(';
-    for (const PickleTensor& t : tensors) {
-      // torch 2.x has no storage class for float8: it writes an UntypedStorage (counted in
-      // bytes) rebuilt by _rebuild_tensor_v3 with the dtype named, and so does this writer.
-      const bool v3 = t.dtype == DType::kFloat8E4M3 || t.dtype == DType::kFloat8E5M2;
-      PutString(s, t.name);
-      PutGlobal(s, "torch._utils", v3 ? "_rebuild_tensor_v3" : "_rebuild_tensor_v2");
-      s += '(';
-      s += '(';
-      PutString(s, "storage");
-      PutGlobal(s, "torch", v3 ? "UntypedStorage" : TorchStorageName(t.dtype));
-      PutString(s, t.storage_key);
-      PutString(s, "cpu");
-      PutInt(s, v3 ? t.storage_numel * static_cast<int64_t>(DTypeSize(t.dtype)) : t.storage_numel);
-      s += "tQ";  // TUPLE, BINPERSID
-      PutInt(s, t.storage_offset);
-      PutTuple(s, t.sizes);
-      PutTuple(s, t.strides);
-      s += '\x89';  // NEWFALSE: requires_grad
-      PutGlobal(s, "collections", "OrderedDict");
-      s += ")R";  // backward hooks
-      if (v3) PutGlobal(s, "torch", DTypeName(t.dtype));
-      s += "tR";
-    }
-    s += 'u';  // SETITEMS
+namespace {
+
+void PutTensor(std::string& s, const PickleTensor& t) {
+  // dtypes without a legacy storage class (float8, uint16/32/64) are written as torch 2.x
+  // writes them: an UntypedStorage (counted in bytes) that _rebuild_tensor_v3 views as the
+  // dtype it names. The others keep the typed storage and _rebuild_tensor_v2 torch 1.13 reads.
+  const char* storage_class = TorchStorageName(t.dtype);
+  const bool v3 = storage_class == nullptr;
+  PutGlobal(s, "torch._utils", v3 ? "_rebuild_tensor_v3" : "_rebuild_tensor_v2");
+  s += '(';
+  s += '(';
+  PutString(s, "storage");
+  // torch.storage.UntypedStorage: the name torch.load(weights_only=True) allows.
+  if (v3) {
+    PutGlobal(s, "torch.storage", "UntypedStorage");
+  } else {
+    PutGlobal(s, "torch", storage_class);
   }
+  PutString(s, t.storage_key);
+  PutString(s, "cpu");
+  PutInt(s, v3 ? t.storage_numel * static_cast<int64_t>(DTypeSize(t.dtype)) : t.storage_numel);
+  s += "tQ";  // TUPLE, BINPERSID
+  PutInt(s, t.storage_offset);
+  PutTuple(s, t.sizes);
+  PutTuple(s, t.strides);
+  s += '\x89';  // NEWFALSE: requires_grad
+  PutGlobal(s, "collections", "OrderedDict");
+  s += ")R";  // backward hooks
+  if (v3) PutGlobal(s, "torch", DTypeName(t.dtype));
+  s += "tR";
+}
+
+void PutFloat(std::string& s, double v) {
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, 8);
+  s += 'G';  // BINFLOAT, big-endian
+  for (int k = 7; k >= 0; --k) s += static_cast<char>(bits >> (8 * k));
+}
+
+// The typed JSON of a blob (python/shardckpt/_state.py) as pickle opcodes torch's weights_only
+// unpickler accepts: None, booleans, ints, floats, str, list, tuple and dict.
+Status PutJson(std::string& s, const nlohmann::ordered_json& v, int depth) {
+  if (depth > 64) return InvalidArgument("a value nested more than 64 deep");
+  static constexpr const char* kTag = "__shardckpt__";
+  switch (v.type()) {
+    case nlohmann::ordered_json::value_t::null: s += 'N'; return Status::Ok();
+    case nlohmann::ordered_json::value_t::boolean: s += v.get<bool>() ? '\x88' : '\x89'; return Status::Ok();
+    case nlohmann::ordered_json::value_t::number_integer: PutInt(s, v.get<int64_t>()); return Status::Ok();
+    case nlohmann::ordered_json::value_t::number_unsigned: {
+      uint64_t u = v.get<uint64_t>();
+      if (u <= static_cast<uint64_t>(INT64_MAX)) {
+        PutInt(s, static_cast<int64_t>(u));
+      } else {  // LONG1 of 9 bytes: the value, then a zero sign byte
+        s += "\x8a\x09";
+        s.append(reinterpret_cast<const char*>(&u), 8);
+        s += '\0';
+      }
+      return Status::Ok();
+    }
+    case nlohmann::ordered_json::value_t::number_float: PutFloat(s, v.get<double>()); return Status::Ok();
+    case nlohmann::ordered_json::value_t::string: PutString(s, v.get<std::string>()); return Status::Ok();
+    case nlohmann::ordered_json::value_t::array:
+      s += "](";  // EMPTY_LIST, MARK, items, APPENDS
+      for (const auto& item : v) SC_RETURN_IF_ERROR(PutJson(s, item, depth + 1));
+      s += 'e';
+      return Status::Ok();
+    case nlohmann::ordered_json::value_t::object: {
+      if (v.contains(kTag)) {
+        const std::string tag = v[kTag].is_string() ? v[kTag].get<std::string>() : "";
+        const nlohmann::ordered_json& items = v.contains("v") ? v["v"] : nlohmann::ordered_json();
+        if (tag == "float" && items.is_string()) {
+          const std::string text = items.get<std::string>();
+          PutFloat(s, text == "nan" ? std::nan("") : text == "inf" ? HUGE_VAL : -HUGE_VAL);
+          return Status::Ok();
+        }
+        if (tag == "tuple" && items.is_array()) {
+          s += '(';
+          for (const auto& item : items) SC_RETURN_IF_ERROR(PutJson(s, item, depth + 1));
+          s += 't';
+          return Status::Ok();
+        }
+        if (tag == "dict" && items.is_array()) {
+          s += "}(";
+          for (const auto& pair : items) {
+            if (!pair.is_array() || pair.size() != 2) return InvalidArgument("a tagged dict item is not a [key, value] pair");
+            SC_RETURN_IF_ERROR(PutJson(s, pair[0], depth + 1));
+            SC_RETURN_IF_ERROR(PutJson(s, pair[1], depth + 1));
+          }
+          s += 'u';
+          return Status::Ok();
+        }
+        return InvalidArgument("a value tagged '" + tag + "' (bytes are not written into a .pt)");
+      }
+      s += "}(";
+      for (const auto& [key, item] : v.items()) {
+        PutString(s, key);
+        SC_RETURN_IF_ERROR(PutJson(s, item, depth + 1));
+      }
+      s += 'u';
+      return Status::Ok();
+    }
+    default: return InvalidArgument("a JSON value pickle cannot hold");
+  }
+}
+
+Status PutNode(std::string& s, const std::vector<PickleTensor>& tensors, const PickleNode& node, int depth) {
+  if (depth > 64) return InvalidArgument("a state dict nested more than 64 deep");
+  switch (node.kind) {
+    case PickleNode::kTensor:
+      if (node.tensor >= tensors.size()) return Internal("a pickle node names tensor " + std::to_string(node.tensor));
+      PutTensor(s, tensors[node.tensor]);
+      return Status::Ok();
+    case PickleNode::kValue: {
+      nlohmann::ordered_json v = nlohmann::ordered_json::parse(node.json, nullptr, false);
+      if (v.is_discarded()) return InvalidArgument("a value's JSON does not parse");
+      return PutJson(s, v, depth);
+    }
+    case PickleNode::kDict:
+      if (depth == 0) {
+        PutGlobal(s, "collections", "OrderedDict");
+        s += ")R";
+      } else {
+        s += '}';
+      }
+      if (node.items.empty()) return Status::Ok();
+      s += '(';
+      for (const auto& [key, child] : node.items) {
+        PutString(s, key);
+        SC_RETURN_IF_ERROR(PutNode(s, tensors, child, depth + 1));
+      }
+      s += 'u';
+      return Status::Ok();
+    case PickleNode::kList:
+    case PickleNode::kTuple:
+      s += node.kind == PickleNode::kList ? "](" : "(";
+      for (const auto& item : node.items) SC_RETURN_IF_ERROR(PutNode(s, tensors, item.second, depth + 1));
+      s += node.kind == PickleNode::kList ? 'e' : 't';
+      return Status::Ok();
+  }
+  return Internal("unknown pickle node kind");
+}
+
+}  // namespace
+
+Result<std::string> PickleTree(const std::vector<PickleTensor>& tensors, const PickleNode& root) {
+  if (root.kind != PickleNode::kDict) return InvalidArgument("a state dict's root must be a dict");
+  std::string s = "\x80\x02";
+  SC_RETURN_IF_ERROR(PutNode(s, tensors, root, 0));
   s += '.';
   return s;
+}
+
+Result<std::string> PickleStateDict(const std::vector<PickleTensor>& tensors) {
+  PickleNode root;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    PickleNode leaf;
+    leaf.kind = PickleNode::kTensor;
+    leaf.tensor = i;
+    root.items.emplace_back(tensors[i].name, std::move(leaf));
+  }
+  return PickleTree(tensors, root);
 }
 
 // ---------------------------------------------------------------- restricted reader
@@ -118,6 +249,7 @@ struct Value {
   bool on_path = false;  // the flattening is inside this dict: meeting it again is a cycle
   DType dtype = DType::kFloat32;  // storage
   int64_t i = 0;                  // int, bool, storage element count, tensor index
+  double f = 0;                   // float
   std::string_view s;             // string and storage key (into the pickle), global (into the allowlist)
   const char* unsupported = nullptr;  // storage, tensor: the torch dtype shardckpt has no type for
   std::vector<Value*> items;      // tuple, list; dict as key, value, key, value, ...
@@ -130,22 +262,21 @@ const char* KindName(Value::Kind kind) {
 }
 
 // torch dtypes (as torch 2.x's _rebuild_tensor_v3 names them) that shardckpt has no type for.
-const char* const kUnsupportedDTypes[] = {"uint16",    "uint32",     "uint64",          "complex32",
-                                          "complex64", "complex128", "float8_e4m3fnuz", "float8_e5m2fnuz",
-                                          "float8_e8m0fnu"};
+const char* const kUnsupportedDTypes[] = {"complex32", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu",
+                                          "float4_e2m1fn_x2", "bits8", "bits16"};
 
 const std::set<std::string>& AllowedGlobals() {
   static const std::set<std::string> kAllowed = [] {
     std::set<std::string> s = {"collections.OrderedDict", "torch._utils._rebuild_tensor_v2",
                                "torch._utils._rebuild_tensor_v3", "torch._utils._rebuild_parameter",
-                               "torch.UntypedStorage"};
+                               // torch 2.x's name for it; the bare one is what shardckpt <= 0.x wrote.
+                               "torch.storage.UntypedStorage", "torch.UntypedStorage"};
     for (int d = 0; d < kNumDTypes; ++d) {
-      s.insert(std::string("torch.") + TorchStorageName(static_cast<DType>(d)));
+      if (const char* storage = TorchStorageName(static_cast<DType>(d))) s.insert(std::string("torch.") + storage);
       s.insert(std::string("torch.") + DTypeName(static_cast<DType>(d)));  // torch.float8_e4m3fn: the same names
     }
     for (const char* name : kUnsupportedDTypes) s.insert(std::string("torch.") + name);
-    for (const char* name : {"torch.ComplexHalfStorage", "torch.ComplexFloatStorage", "torch.ComplexDoubleStorage",
-                             "torch.QInt8Storage", "torch.QUInt8Storage", "torch.QInt32Storage", "torch.QUInt4x2Storage",
+    for (const char* name : {"torch.ComplexHalfStorage", "torch.QInt8Storage", "torch.QUInt8Storage", "torch.QInt32Storage", "torch.QUInt4x2Storage",
                              "torch.QUInt2x4Storage"}) {
       s.insert(name);
     }
@@ -158,8 +289,7 @@ const std::set<std::string>& AllowedGlobals() {
 // allowed as globals, so the refusal can name the tensor and its dtype instead of the class.
 const char* UnsupportedStorageDType(std::string_view global) {
   static const std::pair<const char*, const char*> kUnsupported[] = {
-      {"torch.ComplexHalfStorage", "complex32"}, {"torch.ComplexFloatStorage", "complex64"},
-      {"torch.ComplexDoubleStorage", "complex128"}, {"torch.QInt8Storage", "qint8"},
+      {"torch.ComplexHalfStorage", "complex32"}, {"torch.QInt8Storage", "qint8"},
       {"torch.QUInt8Storage", "quint8"}, {"torch.QInt32Storage", "qint32"},
       {"torch.QUInt4x2Storage", "quint4x2"}, {"torch.QUInt2x4Storage", "quint2x4"}};
   for (const auto& [name, dtype] : kUnsupported) {
@@ -175,6 +305,12 @@ Status Refused(const std::string& what) {
 class Unpickler {
  public:
   explicit Unpickler(const std::string& data) : data_(data), budget_(UnpickleMemoryBudget(data.size())) {}
+  // One pickle of several back to back in `data` (the legacy format), from `start`; persistent
+  // ids then carry legacy's sixth field (view metadata, None).
+  Unpickler(const std::string& data, size_t start) : Unpickler(data) {
+    pos_ = start_ = start;
+    legacy_ = true;
+  }
 
   Result<Value*> Run() {
     while (pos_ < data_.size()) {
@@ -190,8 +326,14 @@ class Unpickler {
         return stack_.back();
       }
     }
+    ran_out_ = true;
     return DataLoss("pickle is truncated (no STOP)");
   }
+  size_t end() const { return pos_; }
+  // The last Run stopped at the end of the data: more bytes of the same file may complete it.
+  bool ran_out() const { return ran_out_; }
+  // Every storage a persistent id named: key -> bytes per element (1 for an UntypedStorage).
+  const std::map<std::string, size_t>& storages() const { return storages_; }
 
   // Every allocation is charged here first, so a hostile pickle stops at the budget.
   Status Charge(uint64_t bytes) {
@@ -204,7 +346,11 @@ class Unpickler {
   std::vector<PickleTensor>& tensors() { return tensors_; }
 
  private:
-  bool Need(size_t n) { return n <= data_.size() - pos_; }
+  bool Need(size_t n) {
+    if (n <= data_.size() - pos_) return true;
+    ran_out_ = true;
+    return false;
+  }
   uint64_t ReadLe(size_t n) {
     uint64_t v = 0;
     for (size_t k = 0; k < n; ++k) v |= static_cast<uint64_t>(static_cast<unsigned char>(data_[pos_ + k])) << (8 * k);
@@ -292,8 +438,8 @@ class Unpickler {
     auto it = AllowedGlobals().find(module + "." + name);
     if (it == AllowedGlobals().end()) {
       return InvalidArgument("global '" + module + "." + name +
-                             "' is not allowed (only what torch.load(weights_only=True) accepts; "
-                             "nothing in the file is executed)");
+                             "' is not allowed (shardckpt reads tensors, dicts, lists and plain values, a subset "
+                             "of what torch.load(weights_only=True) accepts; nothing in the file is executed)");
     }
     SC_ASSIGN_OR_RETURN(Value* v, New(Value::kGlobal));
     v->s = *it;
@@ -381,6 +527,7 @@ class Unpickler {
   Status OpProto(unsigned char) {
     if (!Need(1)) return DataLoss("truncated");
     unsigned proto = static_cast<unsigned char>(data_[pos_++]);
+    proto_ = proto;
     if (proto < 2 || proto > 5) {
       return InvalidArgument("pickle protocol " + std::to_string(proto) + " is not supported (2 to 5 are; torch.save writes 2)");
     }
@@ -411,17 +558,23 @@ class Unpickler {
     if (!Need(n)) return DataLoss("truncated LONG1");
     // torch.load takes any width; one past 64 bits can be a leaf (a seed), never a tensor field.
     if (n > 8) {
+      SC_ASSIGN_OR_RETURN(Value* v, New(Value::kBigInt));
+      v->s = std::string_view(data_).substr(pos_, n);  // little-endian two's complement
       pos_ += n;
-      return PushNew(Value::kBigInt);
+      return Push(v);
     }
     uint64_t raw = ReadLe(n);
     if (n > 0 && n < 8 && (raw >> (8 * n - 1)) & 1) raw |= ~uint64_t{0} << (8 * n);  // sign-extend
     return PushNew(Value::kInt, static_cast<int64_t>(raw));
   }
-  Status OpFloat(unsigned char) {  // BINFLOAT
+  Status OpFloat(unsigned char) {  // BINFLOAT: big-endian IEEE double
     if (!Need(8)) return DataLoss("truncated float");
+    uint64_t bits = 0;
+    for (int k = 0; k < 8; ++k) bits = bits << 8 | static_cast<unsigned char>(data_[pos_ + k]);
     pos_ += 8;
-    return PushNew(Value::kFloat);
+    SC_ASSIGN_OR_RETURN(Value* v, New(Value::kFloat));
+    std::memcpy(&v->f, &bits, 8);
+    return Push(v);
   }
   Status OpString(unsigned char op) {  // BINUNICODE, SHORT_BINUNICODE
     size_t width = op == 'X' ? 4 : 1;
@@ -512,20 +665,29 @@ class Unpickler {
   }
   Status OpPersistentId(unsigned char) {  // BINPERSID: ('storage', StorageType, key, location, numel)
     SC_ASSIGN_OR_RETURN(Value* pid, Pop());
-    if (pid->kind != Value::kTuple || pid->items.size() != 5 || pid->items[0]->kind != Value::kString ||
+    // Legacy files add view metadata, None unless a storage was a view of another (torch < 1.0).
+    const size_t fields = legacy_ ? 6 : 5;
+    if (pid->kind != Value::kTuple || pid->items.size() != fields || pid->items[0]->kind != Value::kString ||
         pid->items[0]->s != "storage" || pid->items[1]->kind != Value::kGlobal ||
-        pid->items[2]->kind != Value::kString || pid->items[4]->kind != Value::kInt) {
+        pid->items[2]->kind != Value::kString || pid->items[4]->kind != Value::kInt ||
+        (legacy_ && pid->items[5]->kind != Value::kNone)) {
       return DataLoss("unsupported persistent id");
     }
     SC_ASSIGN_OR_RETURN(Value* v, New(Value::kStorage));
     v->unsupported = UnsupportedStorageDType(pid->items[1]->s);
-    if (pid->items[1]->s == "torch.UntypedStorage") {
+    if (pid->items[1]->s == "torch.storage.UntypedStorage" || pid->items[1]->s == "torch.UntypedStorage") {
       v->dtype = DType::kUInt8;  // as torch.load types it, until _rebuild_tensor_v3 names a dtype
     } else if (!v->unsupported) {
       SC_ASSIGN_OR_RETURN(v->dtype, ParseTorchStorageName(std::string(pid->items[1]->s.substr(std::strlen("torch.")))));
     }
     v->s = pid->items[2]->s;
     v->i = pid->items[4]->i;
+    if (legacy_) {
+      size_t element = DTypeSize(v->dtype);
+      if (v->unsupported) element = std::string_view(v->unsupported) == "complex32" || v->unsupported == std::string_view("qint32") ? 4 : 1;
+      SC_RETURN_IF_ERROR(Charge(64 + v->s.size()));
+      storages_.emplace(std::string(v->s), element);
+    }
     return Push(v);
   }
   Status OpBuild(unsigned char) {  // an OrderedDict's attributes (state_dict's _metadata) carry no tensors
@@ -542,7 +704,8 @@ class Unpickler {
   Status OpNotAllowed(unsigned char op) {
     char hex[8];
     std::snprintf(hex, sizeof(hex), "0x%02x", op);
-    return InvalidArgument(std::string("pickle opcode ") + hex + " is not allowed");
+    return InvalidArgument(std::string("pickle opcode ") + hex + " (in a protocol " + std::to_string(proto_) +
+                           " pickle) is not allowed: shardckpt reads the opcodes torch.save writes");
   }
 
   // The opcodes this reader takes, by family; any other byte is refused by OpNotAllowed.
@@ -571,12 +734,25 @@ class Unpickler {
     return kTable;
   }
 
-  Status Step(unsigned char op) { return (this->*Table()[op])(op); }
+  Status Step(unsigned char op) {
+    // Protocols 2 and up open with PROTO; 0 and 1 have none, and their text opcodes would
+    // otherwise be refused one by one, naming an opcode instead of the protocol.
+    if (pos_ == start_ + 1 && op != 0x80) {
+      return InvalidArgument("a pickle of protocol 0 or 1 (no PROTO opcode) is not supported (2 to 5 are; "
+                             "torch.save writes 2)");
+    }
+    return (this->*Table()[op])(op);
+  }
 
   const std::string& data_;
   const uint64_t budget_;
   uint64_t used_ = 0;
   size_t pos_ = 0;
+  size_t start_ = 0;
+  unsigned proto_ = 0;
+  bool legacy_ = false;
+  bool ran_out_ = false;
+  std::map<std::string, size_t> storages_;
   bool done_ = false;
   std::deque<Value> arena_;
   std::vector<PickleTensor> tensors_;
@@ -588,56 +764,173 @@ class Unpickler {
   uint64_t memo_count_ = 0;
 };
 
-// Nested dicts to dotted names. A dict shared by two keys is flattened under both (torch.load
-// gives both), charged to the unpickler's budget, so a fan-out of shared references stops there;
-// a dict inside itself is refused.
+// Nested dicts, and lists and tuples holding tensors, to dotted names (list items by index, as
+// DCP and the Python package name them: "lst.0"). A dict, list or tuple holding no tensor is one
+// value, encoded as the Python package's typed JSON blob. A container shared by two keys is
+// visited under both (torch.load gives both), charged to the unpickler's budget, so a fan-out of
+// shared references stops there; a container inside itself is refused.
 class Flattener {
  public:
   Flattener(Unpickler* unpickler, UnpickledStateDict* out) : unpickler_(unpickler), out_(out) {}
 
-  Status Visit(Value* dict, const std::string& prefix, int depth) {
+  Status Visit(Value* container, const std::string& prefix, int depth) {
     // torch.load takes any depth: a deeper file is valid, just not one this reader takes.
     if (depth > 64) {
-      return Status(Code::kUnimplemented, Where(prefix) + " is nested in more than 64 dicts, more than shardckpt imports");
+      return Status(Code::kUnimplemented, Where(prefix) + " is nested in more than 64 containers, more than shardckpt imports");
     }
-    if (dict->on_path) return InvalidArgument(Where(prefix) + " contains itself (a state dict cannot)");
-    dict->on_path = true;
-    Status status = VisitItems(dict, prefix, depth);
-    dict->on_path = false;
+    if (container->on_path) return InvalidArgument(Where(prefix) + " contains itself (a state dict cannot)");
+    container->on_path = true;
+    Status status = VisitItems(container, prefix, depth);
+    container->on_path = false;
     return status;
   }
 
  private:
-  Status VisitItems(Value* dict, const std::string& prefix, int depth) {
-    for (size_t k = 0; k + 1 < dict->items.size(); k += 2) {
-      const Value* key = dict->items[k];
-      Value* value = dict->items[k + 1];
-      if (key->kind != Value::kString && key->kind != Value::kInt) {
-        return InvalidArgument("a key in " + Where(prefix) + " is a " + KindName(key->kind) + ", not a string or integer");
+  bool IsContainer(const Value* v) const { return v->kind == Value::kDict || v->kind == Value::kList || v->kind == Value::kTuple; }
+
+  // Whether a tensor is anywhere inside `v` (a container on the current path counts as none: the
+  // visit refuses the cycle). Charged per node, so shared references cannot make it explode.
+  Result<bool> HoldsTensor(Value* v, int depth) {
+    if (v->kind == Value::kTensor) return true;
+    if (!IsContainer(v) || v->on_path || depth > 64) return false;
+    SC_RETURN_IF_ERROR(unpickler_->Charge(16));
+    v->on_path = true;
+    bool found = false;
+    for (size_t k = v->kind == Value::kDict ? 1 : 0; k < v->items.size() && !found; k += v->kind == Value::kDict ? 2 : 1) {
+      Result<bool> inner = HoldsTensor(v->items[k], depth + 1);
+      if (!inner.ok()) {
+        v->on_path = false;
+        return inner.status();
       }
-      std::string name = key->kind == Value::kString ? std::string(key->s) : std::to_string(key->i);
-      if (name.empty()) return InvalidArgument("a key in " + Where(prefix) + " is empty: it cannot name an entry");
+      found = *inner;
+    }
+    v->on_path = false;
+    return found;
+  }
+
+  static constexpr const char* kTag = "__shardckpt__";
+
+  // The Python package's typed JSON (python/shardckpt/_state.py): None, bool, int, str, float
+  // (non-finite ones tagged), list, {tag: tuple}, dicts with string keys as objects and others
+  // tagged. False for what it cannot hold (an integer past 64 bits).
+  Result<bool> ToJson(Value* v, int depth, nlohmann::ordered_json* out) {
+    SC_RETURN_IF_ERROR(unpickler_->Charge(64 + v->s.size()));
+    if (depth > 64 || v->on_path) return false;
+    switch (v->kind) {
+      case Value::kNone: *out = nullptr; return true;
+      case Value::kBool: *out = v->i != 0; return true;
+      case Value::kInt: *out = v->i; return true;
+      case Value::kString: *out = std::string(v->s); return true;
+      case Value::kFloat:
+        if (std::isfinite(v->f)) {
+          *out = v->f;
+        } else {
+          *out = {{kTag, "float"}, {"v", std::isnan(v->f) ? "nan" : v->f > 0 ? "inf" : "-inf"}};
+        }
+        return true;
+      case Value::kList:
+      case Value::kTuple:
+      case Value::kDict: {
+        v->on_path = true;
+        nlohmann::ordered_json items = nlohmann::ordered_json::array();
+        bool string_keys = true;
+        bool ok = true;
+        for (size_t k = 0; k < v->items.size() && ok; ++k) {
+          nlohmann::ordered_json item;
+          Result<bool> done = ToJson(v->items[k], depth + 1, &item);
+          if (!done.ok()) {
+            v->on_path = false;
+            return done.status();
+          }
+          ok = *done;
+          if (v->kind == Value::kDict && k % 2 == 0 && (v->items[k]->kind != Value::kString || v->items[k]->s == kTag)) {
+            string_keys = false;
+          }
+          items.push_back(std::move(item));
+        }
+        v->on_path = false;
+        if (!ok) return false;
+        if (v->kind == Value::kList) {
+          *out = std::move(items);
+        } else if (v->kind == Value::kTuple) {
+          *out = {{kTag, "tuple"}, {"v", std::move(items)}};
+        } else if (string_keys) {
+          *out = nlohmann::ordered_json::object();
+          for (size_t k = 0; k + 1 < items.size(); k += 2) (*out)[items[k].get<std::string>()] = std::move(items[k + 1]);
+        } else {
+          nlohmann::ordered_json pairs = nlohmann::ordered_json::array();
+          for (size_t k = 0; k + 1 < items.size(); k += 2) pairs.push_back({std::move(items[k]), std::move(items[k + 1])});
+          *out = {{kTag, "dict"}, {"v", std::move(pairs)}};
+        }
+        return true;
+      }
+      default: return false;
+    }
+  }
+
+  Status Leaf(std::string name, Value* value, int depth) {
+    if (!names_.insert(name).second) {
+      return InvalidArgument("the name '" + name + "' occurs twice (a dotted key and a nested dict, or 1 and \"1\")");
+    }
+    if (value->kind == Value::kTensor && value->unsupported) {
+      return Status(Code::kUnimplemented, "tensor '" + name + "': dtype " + value->unsupported +
+                                              " is not supported by shardckpt (convert the tensor before importing)");
+    }
+    if (value->kind == Value::kTensor) {
+      const PickleTensor& t = unpickler_->tensors()[static_cast<size_t>(value->i)];
+      SC_RETURN_IF_ERROR(unpickler_->Charge(sizeof(PickleTensor) + 16 * t.sizes.size()));
+      out_->tensors.push_back(t);
+      out_->tensors.back().name = std::move(name);
+      return Status::Ok();
+    }
+    nlohmann::ordered_json json;
+    SC_ASSIGN_OR_RETURN(bool encoded, ToJson(value, depth, &json));
+    if (!encoded) {
+      out_->skipped.push_back(std::move(name));
+      return Status::Ok();
+    }
+    std::string text = std::string(kPickleValueTag, 2) + json.dump();
+    SC_RETURN_IF_ERROR(unpickler_->Charge(2 * text.size()));
+    out_->values.push_back(PickleValue{std::move(name), std::move(text)});
+    return Status::Ok();
+  }
+
+  Status VisitItems(Value* container, const std::string& prefix, int depth) {
+    const bool dict = container->kind == Value::kDict;
+    for (size_t k = 0, index = 0; k < container->items.size(); k += dict ? 2 : 1, ++index) {
+      if (dict && k + 1 >= container->items.size()) break;
+      std::string name;
+      if (dict) {
+        const Value* key = container->items[k];
+        if (key->kind != Value::kString && key->kind != Value::kInt) {
+          return InvalidArgument("a key in " + Where(prefix) + " is a " + KindName(key->kind) + ", not a string or integer");
+        }
+        name = key->kind == Value::kString ? std::string(key->s) : std::to_string(key->i);
+        if (name.empty()) return InvalidArgument("a key in " + Where(prefix) + " is empty: it cannot name an entry");
+      } else {
+        name = std::to_string(index);
+      }
       name = prefix + name;
+      Value* value = container->items[dict ? k + 1 : k];
       SC_RETURN_IF_ERROR(unpickler_->Charge(2 * name.size() + 64));
-      if (value->kind == Value::kDict) {
-        SC_RETURN_IF_ERROR(Visit(value, name + ".", depth + 1));
+      // The root's nested dicts are walked even without tensors, as before; lists and tuples,
+      // and dicts inside them, only when they hold one (else they are one value).
+      bool walk = value->kind == Value::kDict && !in_sequence_;
+      if (!walk && IsContainer(value)) {
+        SC_ASSIGN_OR_RETURN(walk, HoldsTensor(value, depth));
+      }
+      if (walk && IsContainer(value)) {
+        if (value->kind != Value::kDict) {
+          out_->containers.emplace_back(name, value->kind == Value::kList ? "list" : "tuple");
+        }
+        const bool was = in_sequence_;
+        in_sequence_ = in_sequence_ || value->kind != Value::kDict;
+        Status visited = Visit(value, name + ".", depth + 1);
+        in_sequence_ = was;
+        SC_RETURN_IF_ERROR(visited);
         continue;
       }
-      if (!names_.insert(name).second) {
-        return InvalidArgument("the name '" + name + "' occurs twice (a dotted key and a nested dict, or 1 and \"1\")");
-      }
-      if (value->kind == Value::kTensor && value->unsupported) {
-        return Status(Code::kUnimplemented, "tensor '" + name + "': dtype " + value->unsupported +
-                                                " is not supported by shardckpt (convert the tensor before importing)");
-      }
-      if (value->kind == Value::kTensor) {
-        const PickleTensor& t = unpickler_->tensors()[static_cast<size_t>(value->i)];
-        SC_RETURN_IF_ERROR(unpickler_->Charge(sizeof(PickleTensor) + 16 * t.sizes.size()));
-        out_->tensors.push_back(t);
-        out_->tensors.back().name = std::move(name);
-      } else {
-        out_->skipped.push_back(std::move(name));
-      }
+      SC_RETURN_IF_ERROR(Leaf(std::move(name), value, depth));
     }
     return Status::Ok();
   }
@@ -647,6 +940,7 @@ class Flattener {
 
   Unpickler* unpickler_;
   UnpickledStateDict* out_;
+  bool in_sequence_ = false;  // inside a list or tuple: dicts there are walked only for tensors
   std::unordered_set<std::string> names_;
 };
 
@@ -658,6 +952,59 @@ Result<UnpickledStateDict> UnpickleStateDict(const std::string& pickle) {
   if (root->kind != Value::kDict) return InvalidArgument("the pickle holds a " + std::string(KindName(root->kind)) + ", not a dict (not a state dict)");
   UnpickledStateDict out;
   SC_RETURN_IF_ERROR(Flattener(&unpickler, &out).Visit(root, "", 0));
+  return out;
+}
+
+Result<LegacyHead> UnpickleLegacyHead(const std::string& head, bool* need_more) {
+  LegacyHead out;
+  *need_more = false;
+  size_t pos = 0;
+  // Each pickle in turn; a run that stops at the end of `head` asks for more.
+  auto next = [&](Unpickler& u, const char* what) -> Result<Value*> {
+    Result<Value*> v = u.Run();
+    if (!v.ok() && u.ran_out()) {
+      *need_more = true;
+      return DataLoss(std::string("the legacy file ends inside its ") + what + " pickle");
+    }
+    if (!v.ok()) return v.status().WithContext(std::string("legacy ") + what + " pickle");
+    pos = u.end();
+    return v;
+  };
+  Unpickler magic(head, pos);
+  SC_ASSIGN_OR_RETURN(Value* m, next(magic, "magic number"));
+  static const char kMagic[] = "\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19";  // 0x1950a86a20f9469cfc6c
+  if (m->kind != Value::kBigInt || m->s != std::string_view(kMagic, 10)) {
+    return DataLoss("not a legacy torch.save file: wrong magic number");
+  }
+  Unpickler version(head, pos);
+  SC_ASSIGN_OR_RETURN(Value* v, next(version, "protocol version"));
+  if (v->kind != Value::kInt || v->i != 1001) {
+    return Status(Code::kUnimplemented, "legacy torch.save protocol version " + (v->kind == Value::kInt ? std::to_string(v->i) : std::string("?")) +
+                                            " is not supported (1001 is)");
+  }
+  Unpickler info(head, pos);
+  SC_ASSIGN_OR_RETURN(Value* sys, next(info, "system info"));
+  if (sys->kind != Value::kDict) return DataLoss("legacy system info is not a dict");
+  for (size_t k = 0; k + 1 < sys->items.size(); k += 2) {
+    if (sys->items[k]->kind == Value::kString && sys->items[k]->s == "little_endian" &&
+        (sys->items[k + 1]->kind != Value::kBool || sys->items[k + 1]->i == 0)) {
+      return Status(Code::kUnimplemented, "a big-endian legacy torch.save file is not supported; load and save it again on "
+                                          "a little-endian host");
+    }
+  }
+  Unpickler state(head, pos);
+  SC_ASSIGN_OR_RETURN(Value* root, next(state, "state dict"));
+  if (root->kind != Value::kDict) return InvalidArgument("the pickle holds a " + std::string(KindName(root->kind)) + ", not a dict (not a state dict)");
+  SC_RETURN_IF_ERROR(Flattener(&state, &out.dict).Visit(root, "", 0));
+  out.element_size = state.storages();
+  Unpickler keys(head, pos);
+  SC_ASSIGN_OR_RETURN(Value* list, next(keys, "storage keys"));
+  if (list->kind != Value::kList) return DataLoss("the legacy storage keys are not a list");
+  for (const Value* key : list->items) {
+    if (key->kind != Value::kString) return DataLoss("a legacy storage key is not a string");
+    out.storage_keys.emplace_back(key->s);
+  }
+  out.data_offset = pos;
   return out;
 }
 

@@ -5,7 +5,9 @@
 // argument types torch's own calls take. Its memory is bounded by UnpickleMemoryBudget.
 #pragma once
 
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shardckpt/engine/model/dtype.h"
@@ -26,17 +28,55 @@ struct PickleTensor {
   size_t storage_element_size = 0;
 };
 
-// An OrderedDict of name -> tensor; tensor i uses storage key std::to_string(i), contiguous.
+// An OrderedDict of name -> tensor, each as its storage_key, sizes, strides and offset say (two
+// tensors naming one key share one storage, as tied weights do in torch).
 Result<std::string> PickleStateDict(const std::vector<PickleTensor>& tensors);
 
+// A value of a state dict to pickle: a tensor (by index), a plain value (the typed JSON of a
+// PickleValue blob, after its tag), or a dict, list or tuple of nodes.
+struct PickleNode {
+  enum Kind : uint8_t { kTensor, kValue, kDict, kList, kTuple };
+  Kind kind = kDict;
+  size_t tensor = 0;
+  std::string json;
+  std::vector<std::pair<std::string, PickleNode>> items;  // dict: key, value; list, tuple: items in order
+};
+// `root` (a dict) as an OrderedDict; values in opcodes torch's weights_only unpickler accepts.
+Result<std::string> PickleTree(const std::vector<PickleTensor>& tensors, const PickleNode& root);
+
+// A non-tensor value of the state dict (an int, a string, None, a list of them ...), as the
+// Python package stores it in a blob: kPickleValueTag, then its typed JSON.
+inline constexpr const char kPickleValueTag[] = "\0J";
+struct PickleValue {
+  std::string name;
+  std::string blob;
+};
+
 struct UnpickledStateDict {
-  std::vector<PickleTensor> tensors;  // nested dicts flattened to dotted names
-  std::vector<std::string> skipped;   // non-tensor leaves (numbers, strings, lists), by name
+  // Nested dicts flattened to dotted names; lists and tuples holding tensors by index ("lst.0").
+  std::vector<PickleTensor> tensors;
+  std::vector<PickleValue> values;   // non-tensor leaves, in the state dict's order
+  std::vector<std::string> skipped;  // leaves the blob encoding cannot hold (integers past 64 bits)
+  // The lists and tuples walked for their tensors: (dotted path, "list" or "tuple").
+  std::vector<std::pair<std::string, std::string>> containers;
 };
 
 // Tensor records are returned as the pickle states them: their sizes, strides and offsets are
 // checked against the storage records by the reader of the zip (torch_file.h), not here.
 Result<UnpickledStateDict> UnpickleStateDict(const std::string& pickle);
+
+// The pickles at the start of a legacy (pre-1.6, _use_new_zipfile_serialization=False) torch.save
+// file, read from its first bytes `head`: the magic number, protocol version 1001, the system info
+// (little-endian only), the state dict (its persistent ids ('storage', class, key, location,
+// numel, None)), the storage keys. After them each storage follows in key order as an 8-byte
+// little-endian element count and its elements. `need_more`: `head` ended first (read more).
+struct LegacyHead {
+  UnpickledStateDict dict;
+  std::vector<std::string> storage_keys;
+  std::map<std::string, size_t> element_size;  // bytes per element of each storage named, by key
+  uint64_t data_offset = 0;                    // of the first storage's element count
+};
+Result<LegacyHead> UnpickleLegacyHead(const std::string& head, bool* need_more);
 
 // The most memory the reader may use (objects, stack, memo, flattened names) for a pickle of
 // `pickle_bytes`; past it the pickle is refused with an error saying so.

@@ -69,13 +69,14 @@ Result<ZipReader> ZipReader::Open(ByteSource source) {
   const uint64_t size = z.file_size();
   auto bad = [&](const std::string& what) { return DataLoss(path + ": not a valid torch.save zip: " + what); };
   // torch.save before 1.6 (or with _use_new_zipfile_serialization=False) wrote a pickled magic
-  // number and raw storages, no zip: a valid file in a format this reader does not take.
+  // number and raw storages, no zip: a valid file in a format this reader does not take
+  // (torch_file.h's ReadLegacyTorchFile does).
   static const unsigned char kLegacyMagic[] = {0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46,
                                                0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19};
   unsigned char head[sizeof(kLegacyMagic)];
   if (size >= sizeof(head) && z.ReadAt(0, head, sizeof(head)).ok() && !std::memcmp(head, kLegacyMagic, sizeof(head))) {
-    return Status(Code::kUnimplemented, path + ": the legacy (pre-1.6, non-zip) torch.save format is not supported; "
-                                               "load it in torch and torch.save it again to get the zip format");
+    return Status(Code::kUnimplemented, path + ": a legacy (pre-1.6, non-zip) torch.save file, not a zip (import reads "
+                                               "it through ReadLegacyTorchFile; torch.save it again for the zip format)");
   }
   if (size < 22) return bad("too short");
   // End of central directory: in the last 22 + 65535 bytes.

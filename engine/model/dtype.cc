@@ -22,8 +22,13 @@ constexpr DTypeInfo kInfo[kNumDTypes] = {
     {DType::kInt8, 1, "int8", "I8", "CharStorage"},
     {DType::kUInt8, 1, "uint8", "U8", "ByteStorage"},
     {DType::kBool, 1, "bool", "BOOL", "BoolStorage"},
-    {DType::kFloat8E4M3, 1, "float8_e4m3fn", "F8_E4M3", "Float8_e4m3fnStorage"},
-    {DType::kFloat8E5M2, 1, "float8_e5m2", "F8_E5M2", "Float8_e5m2Storage"},
+    {DType::kFloat8E4M3, 1, "float8_e4m3fn", "F8_E4M3", nullptr},
+    {DType::kFloat8E5M2, 1, "float8_e5m2", "F8_E5M2", nullptr},
+    {DType::kUInt16, 2, "uint16", "U16", nullptr},
+    {DType::kUInt32, 4, "uint32", "U32", nullptr},
+    {DType::kUInt64, 8, "uint64", "U64", nullptr},
+    {DType::kComplex64, 8, "complex64", "C64", "ComplexFloatStorage"},
+    {DType::kComplex128, 16, "complex128", nullptr, "ComplexDoubleStorage"},
 };
 
 const DTypeInfo& Info(DType dtype) { return kInfo[static_cast<int>(dtype)]; }
@@ -44,14 +49,14 @@ Result<DType> ParseDType(const std::string& name) {
 
 Result<DType> ParseSafetensorsDType(const std::string& name) {
   for (const DTypeInfo& info : kInfo) {
-    if (name == info.safetensors) return info.dtype;
+    if (info.safetensors && name == info.safetensors) return info.dtype;
   }
   return InvalidArgument("unsupported safetensors dtype '" + name + "'");
 }
 
 Result<DType> ParseTorchStorageName(const std::string& name) {
   for (const DTypeInfo& info : kInfo) {
-    if (name == info.torch_storage) return info.dtype;
+    if (info.torch_storage && name == info.torch_storage) return info.dtype;
   }
   return InvalidArgument("unsupported torch storage type '" + name + "'");
 }

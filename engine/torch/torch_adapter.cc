@@ -16,6 +16,13 @@ Result<DType> FromTorchDType(at::ScalarType type) {
     case at::kChar: return DType::kInt8;
     case at::kByte: return DType::kUInt8;
     case at::kBool: return DType::kBool;
+    case at::kComplexFloat: return DType::kComplex64;
+    case at::kComplexDouble: return DType::kComplex128;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+    case at::kUInt16: return DType::kUInt16;
+    case at::kUInt32: return DType::kUInt32;
+    case at::kUInt64: return DType::kUInt64;
+#endif
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
     case at::kFloat8_e4m3fn: return DType::kFloat8E4M3;
     case at::kFloat8_e5m2: return DType::kFloat8E5M2;
@@ -36,6 +43,13 @@ Result<at::ScalarType> ToTorchDType(DType dtype) {
     case DType::kInt8: return at::kChar;
     case DType::kUInt8: return at::kByte;
     case DType::kBool: return at::kBool;
+    case DType::kComplex64: return at::kComplexFloat;
+    case DType::kComplex128: return at::kComplexDouble;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+    case DType::kUInt16: return at::kUInt16;
+    case DType::kUInt32: return at::kUInt32;
+    case DType::kUInt64: return at::kUInt64;
+#endif
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
     case DType::kFloat8E4M3: return at::kFloat8_e4m3fn;
     case DType::kFloat8E5M2: return at::kFloat8_e5m2;

@@ -58,12 +58,17 @@ def bits(t):
 
 
 def main():
-    original = flatten(torch.load(sys.argv[1], weights_only=True))
+    raw = torch.load(sys.argv[1], weights_only=True)
+    original = flatten(raw)
     path = sys.argv[2]
     if path.endswith(".safetensors"):
         got = read_safetensors(path)
     else:
         got = torch.load(path, weights_only=True)
+        # Non-tensor values come back as values beside the tensors (unless the checkpoint went
+        # through safetensors on the way, which holds tensors only).
+        if "not_a_tensor" in got:
+            assert got.pop("not_a_tensor") == raw["not_a_tensor"], got
     assert isinstance(got, dict), type(got)
     assert set(got) == set(original), (sorted(set(got) ^ set(original)))
     for name, want in original.items():

@@ -18,7 +18,7 @@ case "$case" in
     PYTHONPATH=$here $py "$here/make_state_dict.py" original.pt
     for layout in flat dim0 replicated; do
       "$cli" import original.pt --out "root-$layout" --world-size 3 --layout "$layout" | tee import.txt
-      grep -q "skipped (not a tensor, or a per-rank blob): not_a_tensor" import.txt
+      grep -q "kept as a blob (not a tensor): not_a_tensor" import.txt
       "$cli" verify "root-$layout"
       "$cli" consolidate "root-$layout" --out "$layout.pt"
       "$cli" consolidate "root-$layout" --out "$layout.safetensors"

@@ -1,0 +1,89 @@
+#include "shardckpt/engine/formats/state_tree.h"
+
+#include <vector>
+
+namespace shardckpt {
+
+struct StateTreeBuilder::Tree {
+  PickleNode::Kind kind = PickleNode::kDict;
+  PickleNode leaf;  // when is_leaf
+  bool is_leaf = false;
+  std::vector<std::string> keys;  // in insertion order
+  std::map<std::string, std::unique_ptr<Tree>> children;
+
+  Result<Tree*> Child(const std::string& key, PickleNode::Kind child_kind, const std::string& path) {
+    auto it = children.find(key);
+    if (it == children.end()) {
+      keys.push_back(key);
+      it = children.emplace(key, std::make_unique<Tree>()).first;
+      it->second->kind = child_kind;
+    } else if (it->second->is_leaf) {
+      return InvalidArgument("'" + path + "' is both a value and a container of others");
+    }
+    return it->second.get();
+  }
+
+  PickleNode Take() {
+    if (is_leaf) return std::move(leaf);
+    PickleNode node;
+    node.kind = kind;
+    if (kind != PickleNode::kDict) {  // items exactly 0..n-1, else a dict of those there are
+      bool dense = true;
+      for (size_t i = 0; i < keys.size() && dense; ++i) dense = children.count(std::to_string(i)) == 1;
+      if (dense) {
+        for (size_t i = 0; i < keys.size(); ++i) node.items.emplace_back("", children[std::to_string(i)]->Take());
+        return node;
+      }
+      node.kind = PickleNode::kDict;
+    }
+    for (const std::string& key : keys) node.items.emplace_back(key, children[key]->Take());
+    return node;
+  }
+};
+
+StateTreeBuilder::StateTreeBuilder(std::map<std::string, std::string> containers)
+    : containers_(std::move(containers)), root_(std::make_unique<Tree>()) {}
+StateTreeBuilder::~StateTreeBuilder() = default;
+
+Status StateTreeBuilder::Add(const std::string& name, PickleNode leaf) {
+  auto kind_of = [&](const std::string& path) {
+    auto it = containers_.find(path);
+    if (it == containers_.end()) return PickleNode::kDict;
+    return it->second == "tuple" ? PickleNode::kTuple : PickleNode::kList;
+  };
+  // At the top, the shortest dotted prefix that is a recorded container is the key.
+  Tree* node = root_.get();
+  std::string path, rest = name;
+  for (size_t dot = name.find('.'); dot != std::string::npos; dot = name.find('.', dot + 1)) {
+    if (containers_.count(name.substr(0, dot))) {
+      path = name.substr(0, dot);
+      rest = name.substr(dot + 1);
+      SC_ASSIGN_OR_RETURN(node, root_->Child(path, kind_of(path), path));
+      break;
+    }
+  }
+  // Below it, every component is a level.
+  while (!path.empty()) {
+    const size_t dot = rest.find('.');
+    if (dot == std::string::npos) break;
+    const std::string key = rest.substr(0, dot);
+    path += "." + key;
+    rest = rest.substr(dot + 1);
+    SC_ASSIGN_OR_RETURN(node, node->Child(key, kind_of(path), path));
+  }
+  auto taken = node->children.find(rest);
+  if (taken != node->children.end()) {
+    return InvalidArgument("'" + name + (taken->second->is_leaf ? "' names two values (an entry and a blob?)"
+                                                                 : "' is both a value and a container of others"));
+  }
+  node->keys.push_back(rest);
+  auto& slot = node->children[rest];
+  slot = std::make_unique<Tree>();
+  slot->is_leaf = true;
+  slot->leaf = std::move(leaf);
+  return Status::Ok();
+}
+
+PickleNode StateTreeBuilder::Finish() { return root_->Take(); }
+
+}  // namespace shardckpt

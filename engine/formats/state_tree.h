@@ -1,0 +1,34 @@
+// Rebuilds, for a .pt, the nesting that import flattened to dotted names: the lists and tuples it
+// recorded (path -> "list" | "tuple") come back as lists and tuples, dicts inside them as dicts.
+// Keys at the top stay dotted, as state_dict() names them ("layers.0.weight" is one key).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "shardckpt/engine/formats/torch_pickle.h"
+
+namespace shardckpt {
+
+// The manifest's creation info key (user metadata) under which import records the lists and
+// tuples of a .pt it flattened to "name.0", "name.1", ...: a JSON object {path: "list"|"tuple"}.
+inline constexpr const char* kTorchContainersKey = "torch_containers";
+
+class StateTreeBuilder {
+ public:
+  explicit StateTreeBuilder(std::map<std::string, std::string> containers);
+  ~StateTreeBuilder();
+  // Adds a leaf (a tensor or a value node) under its dotted name; errors name a clash.
+  Status Add(const std::string& name, PickleNode leaf);
+  // The root dict. A list whose items are not exactly 0..n-1 (some were not selected) becomes a
+  // dict keyed by the indices that are there.
+  PickleNode Finish();
+
+ private:
+  struct Tree;
+  std::map<std::string, std::string> containers_;
+  std::unique_ptr<Tree> root_;
+};
+
+}  // namespace shardckpt

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Files written by real torch (1.13 or 2.x), safetensors and transformers through the command
+# line: every dtype, lists and values, tied weights and key order, legacy and protocol-1 files,
+# Hugging Face sharded sets, names safetensors allows and a checkpoint cannot hold.
+#   bash formats_case.sh SHARDCKPT_BINARY WORKDIR torch1|torch2 [pt|hf]
+# (pt: .pt and single safetensors files; hf: Hugging Face sharded sets, torch2 only; default pt)
+# torch2: the cached environment of launch/torch2_venv.sh (exit 77, skipped, when it is missing,
+# unless SHARDCKPT_REQUIRE_TORCH2=1); torch1: Debian's /usr/bin/python3 with python3-torch.
+set -euo pipefail
+cli=$1; work=$2; which=$3; part=${4:-pt}
+here=$(cd "$(dirname "$0")" && pwd)
+py1=/usr/bin/python3
+if [ "$which" = torch2 ]; then
+  if ! py=$(bash "$here/../../launch/torch2_venv.sh" --find); then
+    [ "${SHARDCKPT_REQUIRE_TORCH2:-0}" = 1 ] && { echo "the torch 2.x environment is required"; exit 1; }
+    echo "skipped: no torch 2.x environment"; exit 77
+  fi
+else
+  py=$py1
+fi
+rm -rf "$work"; mkdir -p "$work"; cd "$work"
+expect_fail() {  # expect_fail TEXT command...: must exit non-zero and print TEXT on stderr
+  local text=$1; shift
+  if "$@" > out.txt 2> err.txt; then echo "expected failure: $*"; cat out.txt; exit 1; fi
+  grep -qF -- "$text" err.txt || { echo "error of '$*' lacks '$text':"; cat err.txt; exit 1; }
+  ! grep -qiE "internal|a bug" err.txt || { echo "an input error reported as a bug:"; cat err.txt; exit 1; }
+  echo "refused as expected: $(head -c 300 err.txt)"
+}
+check() { "$py" "$here/check_formats.py" "$@"; }
+"$py" "$here/make_format_cases.py" in "$part" > /dev/null 2>&1 || "$py" "$here/make_format_cases.py" in "$part"
+if [ "$part" = hf ]; then
+  # 5: a Hugging Face sharded set, by folder and by index; our own sharded output imports back.
+  "$cli" import in/hf --out hf1 --world-size 3
+  "$cli" import in/hf/model.safetensors.index.json --out hf2 --world-size 2 --layout dim0
+  "$cli" consolidate hf1 --out out/model.safetensors --max-shard-size 30KB
+  cp in/hf/config.json out/
+  check hf in/hf out
+  "$cli" import out --out hf3 --world-size 1
+  "$cli" consolidate hf3 --out again/model.safetensors
+  cp in/hf/config.json again/
+  check hf in/hf again
+  cmp <("$cli" inspect hf1 --json | "$py1" -c "import json,sys; print([e['name'] for e in json.load(sys.stdin)['entries']])") \
+      <("$py1" -c "import json; print(list(json.load(open('in/hf/model.safetensors.index.json'))['weight_map']))")
+  # An index naming a tensor its shard lacks is refused by name.
+  mkdir bad && cp in/hf/*.safetensors bad/ && "$py1" -c "import json; d = json.load(open('in/hf/model.safetensors.index.json')); \
+d['weight_map']['ghost.weight'] = 'model-00001-of-00006.safetensors'; json.dump(d, open('bad/model.safetensors.index.json', 'w'))"
+  expect_fail "tensor 'ghost.weight' is not in model-00001-of-00006.safetensors" "$cli" import bad --out hfbad --world-size 2
+  [ ! -e hfbad ] || { echo "a failed import left hfbad behind"; exit 1; }
+  echo "formats case $which hf: passed"
+  exit 0
+fi
+float8=$("$py1" -c "import json; print(int(json.load(open('in/info.json'))['float8']))")
+
+# 1, 2: every dtype this torch writes, through import, reshard and consolidation to .pt.
+"$cli" import in/dtypes.pt --out dt --world-size 3
+"$cli" reshard dt --out dt2 --world-size 2 --layout dim0
+"$cli" consolidate dt2 --out dtypes.pt
+check same in/dtypes.pt dtypes.pt
+# safetensors holds every dtype but complex128, which is refused by tensor and dtype.
+expect_fail "tensor 'c128': dtype complex128 has no safetensors type" "$cli" consolidate dt --out all.safetensors
+if [ "$float8" = 1 ]; then
+  "$cli" consolidate dt --out dtypes.safetensors --exclude c128
+  check safetensors in/dtypes.pt dtypes.safetensors c64 f8e4m3 f8e5m2 u16 u32 u64 bf16 f8view
+  # Without float8 and the unsigned types, torch 1.13 reads what consolidation writes.
+  "$cli" consolidate dt --out for113.pt --exclude 'f8*' --exclude 'u[136]*'
+  "$py" -c "import sys, torch; sd = torch.load(sys.argv[1], weights_only=True); \
+torch.save({k: v for k, v in sd.items() if not k.startswith(('f8', 'u16', 'u32', 'u64'))}, sys.argv[2])" in/dtypes.pt ref113.pt
+  "$py1" "$here/check_formats.py" same ref113.pt for113.pt
+  for f in u16 c64; do
+    "$cli" import in/$f.safetensors --out st-$f --world-size 2
+    "$cli" consolidate st-$f --out $f.safetensors
+    "$py" -c "import sys, torch, safetensors.torch as s; a = s.load_file(sys.argv[1]); b = s.load_file(sys.argv[2]); \
+assert list(a) == list(b) and all(torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)) for k in a); print('safetensors', sys.argv[1], 'round trip OK')" in/$f.safetensors $f.safetensors
+  done
+fi
+
+# 3: tensors in lists and tuples are entries by index; other values are blobs, restored in the .pt.
+"$cli" import in/lists.pt --out ls --world-size 2 > import-lists.txt
+cat import-lists.txt
+for v in opt.lr epoch name nothing flags; do grep -qx "kept as a blob (not a tensor): $v" import-lists.txt; done
+"$cli" inspect ls --json | "$py1" -c "import json, sys; d = json.load(sys.stdin); \
+names = [e['name'] for e in d['entries']]; assert names == ['w', 'lst.0', 'lst.1', 'opt.steps.0', 'opt.steps.1.m', 'tup.0', 'tup.1'], names; \
+assert [b['name'] for b in d['blobs']] == ['opt.lr', 'epoch', 'name', 'nothing', 'flags'], d['blobs']; print('lists: entries and blobs named')"
+"$cli" consolidate ls --out lists.pt
+check lists in/lists.pt lists.pt
+"$cli" import in/proto4.pt --out p4 --world-size 1
+"$cli" consolidate p4 --out proto4.pt
+check lists in/proto4.pt proto4.pt
+
+# 4: the legacy (pre-1.6) format is read; protocol 1 is named as such and leaves nothing behind.
+"$cli" import in/legacy.pt --out lg --world-size 2 | grep -qx "kept as a blob (not a tensor): epoch"
+"$cli" consolidate lg --out legacy.pt
+"$py" -c "import sys, torch; a = torch.load(sys.argv[1], weights_only=False); b = torch.load(sys.argv[2], weights_only=True); \
+assert list(a) == list(b) and b['epoch'] == 3, list(b); \
+assert all(torch.equal(a[k], b[k]) and a[k].dtype == b[k].dtype for k in a if k != 'epoch'); print('legacy read')" in/legacy.pt legacy.pt
+expect_fail "a pickle of protocol 0 or 1 (no PROTO opcode) is not supported" "$cli" import in/proto1.pt --out p1 --world-size 2
+[ ! -e p1 ] || { echo "a failed import left p1 behind"; ls -la p1; exit 1; }
+
+# 6: tied weights are stored once, kept tied through reshard and .pt, and the key order is kept.
+"$cli" import in/tied.pt --out td --world-size 2 --json > tied.json
+"$py1" -c "import json; d = json.load(open('tied.json')); assert d['tensors'] == 4 and d['bytes'] == 192, d; print('tied: stored once')"
+"$cli" reshard td --out td3 --world-size 3 --json > tied3.json
+"$py1" -c "import json; d = json.load(open('tied3.json')); assert d['bytes'] == 192, d"
+"$cli" consolidate td3 --out tied.pt --json > tied-out.json
+"$py1" -c "import json; d = json.load(open('tied-out.json')); assert d['aliases'] == 1 and d['tensor_bytes'] == 192, d"
+check tied tied.pt
+check same in/tied.pt tied.pt
+
+# 7: a failed import into an existing root leaves it as it was.
+"$cli" import in/tied.pt --out keep --world-size 1 > /dev/null
+before=$(cd keep && find . | sort)
+expect_fail "protocol 0 or 1" "$cli" import in/proto1.pt --out keep --world-size 1
+[ "$before" = "$(cd keep && find . | sort)" ] || { echo "a failed import changed an existing root"; exit 1; }
+
+if [ "$which" = torch2 ]; then
+  # 8: an empty tensor name (safetensors allows it) is refused plainly.
+  expect_fail "a tensor has an empty name" "$cli" import in/empty_name.safetensors --out en --world-size 2
+  [ ! -e en ] || { echo "a failed import left en behind"; exit 1; }
+fi
+echo "formats case $which: passed"

@@ -1,0 +1,120 @@
+"""Writes the files of tests/interop/formats_case.sh with whichever torch runs it (Debian's 1.13
+or the cached torch 2.x environment), plus a JSON of what each must hold.
+
+usage: make_format_cases.py OUT_DIR [pt|hf]   (pt: all but hf/; hf: only hf/; default both)
+  dtypes.pt        every dtype this torch has and shardckpt supports (float8 and uint16/32/64
+                   only from torch 2.1 on), written by torch.save
+  lists.pt         tensors inside lists and tuples, and ints, strings, floats, None beside them
+  legacy.pt        the pre-1.6 format (_use_new_zipfile_serialization=False)
+  tied.pt          two names sharing one tensor (tied embeddings), keys in an unsorted order
+  proto1.pt, proto4.pt   torch.save with pickle_protocol 1 (refused by name) and 4
+  empty_name.safetensors, u16.safetensors, c64.safetensors   (torch 2.x only: safetensors)
+  hf/              a tiny randomly initialised Llama save_pretrained in shards (torch 2.x only)
+"""
+import collections
+import json
+import os
+import sys
+
+import torch
+
+
+def dtypes():
+    g = torch.Generator().manual_seed(11)
+    sd = collections.OrderedDict()
+    sd["zf32"] = torch.randn(7, 5, generator=g)
+    sd["f64"] = torch.randn(3, 4, generator=g, dtype=torch.float64)
+    sd["f16"] = torch.randn(9, generator=g).half()
+    sd["bf16"] = torch.randn(2, 6, generator=g).bfloat16()
+    sd["i64"] = torch.randint(-2**40, 2**40, (5,), generator=g)
+    sd["i32"] = torch.randint(-2**30, 2**30, (4,), generator=g, dtype=torch.int32)
+    sd["i16"] = torch.randint(-2**14, 2**14, (4,), generator=g, dtype=torch.int16)
+    sd["i8"] = torch.randint(-128, 127, (6,), generator=g, dtype=torch.int8)
+    sd["u8"] = torch.randint(0, 255, (6,), generator=g, dtype=torch.uint8)
+    sd["mask"] = torch.rand(5, generator=g) > 0.5
+    sd["c64"] = torch.complex(torch.randn(3, 2, generator=g), torch.randn(3, 2, generator=g))
+    sd["c128"] = torch.complex(torch.randn(4, generator=g, dtype=torch.float64), torch.randn(4, generator=g, dtype=torch.float64))
+    if hasattr(torch, "float8_e4m3fn"):
+        sd["f8e4m3"] = torch.randn(4, 8, generator=g).to(torch.float8_e4m3fn)
+        sd["f8e5m2"] = torch.randn(4, 8, generator=g).to(torch.float8_e5m2)
+        # The unsigned types have few kernels: built from int64 bit patterns.
+        sd["u16"] = torch.tensor([0, 1, 40000, 65535], dtype=torch.int32).to(torch.uint16)
+        sd["u32"] = torch.tensor([0, 1, 2**31 + 5, 2**32 - 1], dtype=torch.int64).to(torch.uint32)
+        sd["u64"] = torch.tensor([0, 1, 2**40, -1], dtype=torch.int64).view(torch.uint64)
+        sd["f8view"] = sd["f8e4m3"][1:3, ::2]  # a strided view into a float8 UntypedStorage
+    return sd
+
+
+def lists():
+    g = torch.Generator().manual_seed(12)
+    sd = collections.OrderedDict()
+    sd["w"] = torch.randn(3, generator=g)
+    sd["lst"] = [torch.randn(2, 2, generator=g), torch.arange(5)]
+    sd["opt"] = {"steps": [torch.tensor(1.0), {"m": torch.ones(3)}], "lr": 0.125}
+    sd["tup"] = (torch.zeros(2, dtype=torch.int32), torch.ones(1))
+    sd["epoch"] = 42
+    sd["name"] = "run-7"
+    sd["nothing"] = None
+    sd["flags"] = [1, 2, "x"]
+    return sd
+
+
+def tied():
+    g = torch.Generator().manual_seed(13)
+    emb = torch.randn(10, 4, generator=g)
+    sd = collections.OrderedDict()
+    sd["model.embed.weight"] = emb
+    sd["model.norm.weight"] = torch.ones(4)
+    sd["lm_head.weight"] = emb  # tied: the same tensor under a second name
+    sd["a.bias"] = torch.zeros(4)
+    return sd
+
+
+def main():
+    out = sys.argv[1]
+    part = sys.argv[2] if len(sys.argv) > 2 else "all"
+    os.makedirs(out, exist_ok=True)
+    info = {"torch": torch.__version__, "float8": hasattr(torch, "float8_e4m3fn")}
+    if part != "hf":
+        write_files(out, info)
+    if part != "pt":
+        try:
+            import transformers
+            config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                                              tie_word_embeddings=False)
+            torch.manual_seed(0)
+            model = transformers.LlamaForCausalLM(config)
+            model.save_pretrained(os.path.join(out, "hf"), max_shard_size="20KB")
+            info["transformers"] = transformers.__version__
+        except ImportError:
+            pass
+    json.dump(info, open(os.path.join(out, "info.json"), "w"))
+    print("wrote format cases with torch", torch.__version__)
+
+
+def write_files(out, info):
+    torch.save(dtypes(), os.path.join(out, "dtypes.pt"))
+    torch.save(lists(), os.path.join(out, "lists.pt"))
+    torch.save(tied(), os.path.join(out, "tied.pt"))
+    legacy = collections.OrderedDict((k, v) for k, v in dtypes().items() if k in ("zf32", "f64", "bf16", "i64", "mask"))
+    base = torch.arange(12, dtype=torch.float32).view(3, 4)
+    legacy["view.t"] = base.t()
+    legacy["view.base"] = base
+    legacy["epoch"] = 3
+    torch.save(legacy, os.path.join(out, "legacy.pt"), _use_new_zipfile_serialization=False)
+    torch.save(tied(), os.path.join(out, "proto1.pt"), pickle_protocol=1)
+    torch.save(lists(), os.path.join(out, "proto4.pt"), pickle_protocol=4)
+    try:
+        import safetensors.torch
+        safetensors.torch.save_file({"": torch.ones(2), "b": torch.zeros(3)}, os.path.join(out, "empty_name.safetensors"))
+        safetensors.torch.save_file({"u": torch.tensor([1, 65535], dtype=torch.int32).to(torch.uint16)},
+                                    os.path.join(out, "u16.safetensors"))
+        safetensors.torch.save_file({"c": torch.complex(torch.ones(2), torch.zeros(2))}, os.path.join(out, "c64.safetensors"))
+        info["safetensors"] = safetensors.__version__
+    except ImportError:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,307 @@
+// Interchange with torch as it is today (issue 13): the dtypes torch 2.x writes, tensors inside
+// lists and the values beside them, tied weights and key order, Hugging Face sharded sets. The
+// same cases against files real torch writes are in tests/interop/formats_case.sh.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "shardckpt/engine/core/consolidate.h"
+#include "shardckpt/engine/core/convert.h"
+#include "shardckpt/engine/core/load.h"
+#include "shardckpt/engine/formats/safetensors.h"
+#include "shardckpt/engine/formats/state_tree.h"
+#include "shardckpt/engine/formats/torch_file.h"
+#include "shardckpt/engine/formats/torch_pickle.h"
+#include "shardckpt/engine/model/entry_alias.h"
+#include "shardckpt/io/fs.h"
+#include "shardckpt/io/log.h"
+#include "tests/test_util.h"
+#include "tests/torch_files.h"
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+namespace shardckpt {
+namespace {
+
+using testing::TempDir;
+
+PickleTensor Contiguous(const std::string& name, DType dtype, const Shape& shape, const std::string& key) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (size_t d = shape.size(); d-- > 1;) strides[d - 1] = strides[d] * shape[d];
+  return PickleTensor{name, dtype, shape, strides, 0, key, NumElements(shape).value()};
+}
+
+PickleNode Leaf(size_t tensor) {
+  PickleNode n;
+  n.kind = PickleNode::kTensor;
+  n.tensor = tensor;
+  return n;
+}
+PickleNode Value(const std::string& json) {
+  PickleNode n;
+  n.kind = PickleNode::kValue;
+  n.json = json;
+  return n;
+}
+
+std::vector<std::string> EntryNames(const Manifest& m) {
+  std::vector<std::string> names;
+  for (const EntryRecord& e : m.entries) names.push_back(e.name);
+  return names;
+}
+
+TEST(TorchDTypes, TheTypesTorchHasAreNamedInEveryFormat) {
+  struct Row {
+    DType dtype;
+    size_t size;
+    const char* name;
+    const char* safetensors;
+    const char* storage;
+  } rows[] = {{DType::kUInt16, 2, "uint16", "U16", nullptr},
+              {DType::kUInt32, 4, "uint32", "U32", nullptr},
+              {DType::kUInt64, 8, "uint64", "U64", nullptr},
+              {DType::kComplex64, 8, "complex64", "C64", "ComplexFloatStorage"},
+              {DType::kComplex128, 16, "complex128", nullptr, "ComplexDoubleStorage"},
+              // torch has no Float8 storage classes: naming one made torch 2.x refuse the file.
+              {DType::kFloat8E4M3, 1, "float8_e4m3fn", "F8_E4M3", nullptr},
+              {DType::kFloat32, 4, "float32", "F32", "FloatStorage"}};
+  for (const Row& r : rows) {
+    SCOPED_TRACE(r.name);
+    EXPECT_EQ(DTypeSize(r.dtype), r.size);
+    EXPECT_EQ(ParseDType(r.name).value(), r.dtype);
+    if (r.safetensors) {
+      EXPECT_STREQ(SafetensorsDTypeName(r.dtype), r.safetensors);
+      EXPECT_EQ(ParseSafetensorsDType(r.safetensors).value(), r.dtype);
+    } else {
+      EXPECT_EQ(SafetensorsDTypeName(r.dtype), nullptr);
+    }
+    if (r.storage) {
+      EXPECT_STREQ(TorchStorageName(r.dtype), r.storage);
+      EXPECT_EQ(ParseTorchStorageName(r.storage).value(), r.dtype);
+    } else {
+      EXPECT_EQ(TorchStorageName(r.dtype), nullptr);
+    }
+  }
+  std::vector<SafetensorsEntry> entries = {{"w", DType::kComplex128, {2}, 0, 0}};
+  Result<std::string> header = EncodeSafetensorsHeader(entries, {});
+  ASSERT_FALSE(header.ok());
+  EXPECT_THAT(header.status().message(), HasSubstr("tensor 'w': dtype complex128 has no safetensors type"));
+}
+
+TEST(TorchPickle, DTypesWithoutAStorageClassAreWrittenAsTorch2WritesThem) {
+  std::vector<PickleTensor> tensors = {Contiguous("f8", DType::kFloat8E5M2, {4}, "0"),
+                                       Contiguous("u32", DType::kUInt32, {2}, "1"),
+                                       Contiguous("c64", DType::kComplex64, {3}, "2")};
+  const std::string pickle = PickleStateDict(tensors).value();
+  // The global torch.load(weights_only=True) allows, with the element count in bytes.
+  EXPECT_THAT(pickle, HasSubstr("ctorch.storage\nUntypedStorage\n"));
+  EXPECT_THAT(pickle, Not(HasSubstr("Float8")));
+  EXPECT_THAT(pickle, HasSubstr("ctorch\nuint32\n"));
+  EXPECT_THAT(pickle, HasSubstr("ctorch\nComplexFloatStorage\n"));
+  Result<UnpickledStateDict> back = UnpickleStateDict(pickle);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ASSERT_EQ(back->tensors.size(), 3u);
+  EXPECT_EQ(back->tensors[0].dtype, DType::kFloat8E5M2);
+  EXPECT_EQ(back->tensors[1].dtype, DType::kUInt32);
+  EXPECT_EQ(back->tensors[1].storage_numel, 8);  // bytes of the untyped storage
+  EXPECT_EQ(back->tensors[1].storage_element_size, 1u);
+  EXPECT_EQ(back->tensors[2].dtype, DType::kComplex64);
+  EXPECT_EQ(back->tensors[2].storage_numel, 3);
+}
+
+TEST(TorchPickle, TensorsInListsAreEntriesByIndexAndValuesAreBlobs) {
+  std::vector<PickleTensor> tensors = {Contiguous("a", DType::kFloat32, {2}, "0"), Contiguous("b", DType::kInt64, {1}, "1"),
+                                       Contiguous("c", DType::kFloat32, {1}, "2")};
+  PickleNode root;
+  PickleNode list;
+  list.kind = PickleNode::kList;
+  list.items.emplace_back("", Leaf(0));
+  PickleNode inner;  // a dict inside the list
+  inner.items.emplace_back("m", Leaf(1));
+  inner.items.emplace_back("lr", Value("0.5"));
+  list.items.emplace_back("", std::move(inner));
+  root.items.emplace_back("lst", std::move(list));
+  PickleNode tuple;
+  tuple.kind = PickleNode::kTuple;
+  tuple.items.emplace_back("", Leaf(2));
+  root.items.emplace_back("tup", std::move(tuple));
+  root.items.emplace_back("epoch", Value("42"));
+  root.items.emplace_back("name", Value("\"run\""));
+  root.items.emplace_back("none", Value("null"));
+  root.items.emplace_back("flags", Value(R"([1,{"__shardckpt__":"tuple","v":[true,"x"]},{"__shardckpt__":"float","v":"inf"}])"));
+  const std::string pickle = PickleTree(tensors, root).value();
+  Result<UnpickledStateDict> r = UnpickleStateDict(pickle);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  std::vector<std::string> names;
+  for (const PickleTensor& t : r->tensors) names.push_back(t.name);
+  EXPECT_THAT(names, ElementsAre("lst.0", "lst.1.m", "tup.0"));
+  std::vector<std::pair<std::string, std::string>> values;
+  for (const PickleValue& v : r->values) values.emplace_back(v.name, v.blob);
+  const std::string j(kPickleValueTag, 2);
+  EXPECT_THAT(values, ElementsAre(std::make_pair("lst.1.lr", j + "0.5"), std::make_pair("epoch", j + "42"),
+                                  std::make_pair("name", j + "\"run\""), std::make_pair("none", j + "null"),
+                                  std::make_pair("flags", j + R"([1,{"__shardckpt__":"tuple","v":[true,"x"]},{"__shardckpt__":"float","v":"inf"}])")));
+  EXPECT_THAT(r->containers, ElementsAre(std::make_pair(std::string("lst"), std::string("list")),
+                                         std::make_pair(std::string("tup"), std::string("tuple"))));
+  EXPECT_TRUE(r->skipped.empty());
+}
+
+TEST(StateTree, RestoresRecordedListsAndKeepsTopLevelKeysDotted) {
+  StateTreeBuilder tree({{"opt.steps", "list"}, {"t", "tuple"}});
+  ASSERT_TRUE(tree.Add("layers.0.w", Leaf(0)).ok());
+  ASSERT_TRUE(tree.Add("opt.steps.1", Leaf(1)).ok());
+  ASSERT_TRUE(tree.Add("opt.steps.0.m", Leaf(2)).ok());
+  ASSERT_TRUE(tree.Add("t.0", Leaf(3)).ok());
+  ASSERT_TRUE(tree.Add("t.2", Leaf(4)).ok());  // t.1 not selected: a dict of those there are
+  EXPECT_THAT(tree.Add("layers.0.w", Leaf(5)).message(), HasSubstr("'layers.0.w'"));
+  PickleNode root = tree.Finish();
+  ASSERT_EQ(root.items.size(), 3u);
+  EXPECT_EQ(root.items[0].first, "layers.0.w");
+  EXPECT_EQ(root.items[1].first, "opt.steps");
+  const PickleNode& steps = root.items[1].second;
+  ASSERT_EQ(steps.kind, PickleNode::kList);
+  ASSERT_EQ(steps.items.size(), 2u);
+  EXPECT_EQ(steps.items[0].second.kind, PickleNode::kDict);  // index 0 first, whatever the order added
+  EXPECT_EQ(steps.items[0].second.items[0].first, "m");
+  EXPECT_EQ(steps.items[1].second.tensor, 1u);
+  const PickleNode& t = root.items[2].second;
+  EXPECT_EQ(t.kind, PickleNode::kDict);
+  EXPECT_EQ(t.items[1].first, "2");
+}
+
+TEST(EntryAliasTest, EntriesSharingEveryChunkAreAliases) {
+  Manifest m;
+  const ChunkRecord c0{0, 0, 16, Layout::FlatRange(0, 4)}, c1{0, 4096, 16, Layout::FlatRange(4, 8)};
+  m.entries = {{"embed", DType::kFloat32, {8}, {c0, c1}},
+               {"other", DType::kFloat32, {8}, {c0}},          // one chunk in common: not an alias
+               {"head", DType::kFloat32, {8}, {c0, c1}},       // tied to embed
+               {"as_int", DType::kInt32, {8}, {c0, c1}},       // same bytes, another dtype
+               {"empty", DType::kFloat32, {0}, {}},
+               {"empty2", DType::kFloat32, {0}, {}}};
+  EXPECT_THAT(EntryAliases(m), ElementsAre(-1, -1, 0, -1, -1, -1));
+}
+
+class TorchFormatsTest : public ::testing::Test {
+ protected:
+  void SetUp() override { SetLogLevel(LogLevel::kWarn); }
+  std::string Path(const std::string& name) const { return JoinPath(dir_.path(), name); }
+  TempDir dir_;
+};
+
+TEST_F(TorchFormatsTest, TiedWeightsAreStoredOnceInStateDictOrderAndStayTied) {
+  // "z.embed" and "head" name one storage, keys unsorted.
+  testing::TorchFileCase c;
+  c.name = "tied";
+  std::vector<PickleTensor> tensors = {Contiguous("z.embed", DType::kFloat32, {4, 2}, "0"),
+                                       Contiguous("b.norm", DType::kFloat32, {2}, "1"),
+                                       Contiguous("head", DType::kFloat32, {4, 2}, "0")};
+  c.pickle = PickleStateDict(tensors).value();
+  c.records = {{"0", 32}, {"1", 8}};
+  ASSERT_TRUE(testing::WriteTorchFile(Path("tied.pt"), c).ok());
+  ConvertOptions options;
+  options.world_size = 2;
+  Result<ConvertReport> r = ImportFile(Path("tied.pt"), Path("root"), options);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->tensors, 3u);
+  EXPECT_EQ(r->bytes, 40u);  // the tied tensor once
+  Manifest m = ReadManifest(r->path).value();
+  EXPECT_THAT(EntryNames(m), ElementsAre("z.embed", "b.norm", "head"));
+  EXPECT_THAT(EntryAliases(m), ElementsAre(-1, -1, 0));
+  options.world_size = 3;
+  Result<ConvertReport> resharded = Reshard(r->path, Path("root3"), options);
+  ASSERT_TRUE(resharded.ok()) << resharded.status().ToString();
+  EXPECT_EQ(resharded->bytes, 40u);
+  Manifest m3 = ReadManifest(resharded->path).value();
+  EXPECT_THAT(EntryNames(m3), ElementsAre("z.embed", "b.norm", "head"));
+  EXPECT_THAT(EntryAliases(m3), ElementsAre(-1, -1, 0));
+  Result<ConsolidateReport> out = Consolidate(resharded->path, Path("out.pt"), ConsolidateOptions{});
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_EQ(out->aliases, 1u);
+  ZipReader zip = ZipReader::Open(Path("out.pt")).value();
+  UnpickledStateDict back = ReadTorchStateDict(zip).value();
+  ASSERT_EQ(back.tensors.size(), 3u);
+  EXPECT_EQ(back.tensors[0].name, "z.embed");
+  EXPECT_EQ(back.tensors[2].name, "head");
+  EXPECT_EQ(back.tensors[2].storage_key, back.tensors[0].storage_key);
+  EXPECT_EQ(zip.records().count(zip.prefix() + "data/2"), 0u) << "the tied tensor's bytes written twice";
+  std::vector<unsigned char> a, b;
+  ASSERT_TRUE(ReadTorchTensor(zip, back.tensors[0], &a).ok());
+  ASSERT_TRUE(ReadTorchTensor(zip, back.tensors[2], &b).ok());
+  EXPECT_EQ(a, b);
+  for (size_t k = 0; k < a.size(); ++k) EXPECT_EQ(a[k], testing::RecordByte("0", k));
+}
+
+TEST_F(TorchFormatsTest, ValuesAndListsSurviveImportAndConsolidation) {
+  testing::TorchFileCase c;
+  c.name = "lists";
+  std::vector<PickleTensor> tensors = {Contiguous("w", DType::kFloat32, {2}, "0"), Contiguous("x", DType::kInt32, {1}, "1")};
+  PickleNode root;
+  PickleNode list;
+  list.kind = PickleNode::kList;
+  list.items.emplace_back("", Leaf(0));
+  list.items.emplace_back("", Leaf(1));
+  root.items.emplace_back("lst", std::move(list));
+  root.items.emplace_back("epoch", Value("7"));
+  c.pickle = PickleTree(tensors, root).value();
+  c.records = {{"0", 8}, {"1", 4}};
+  ASSERT_TRUE(testing::WriteTorchFile(Path("lists.pt"), c).ok());
+  Result<ConvertReport> r = ImportFile(Path("lists.pt"), Path("root"), ConvertOptions{});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_THAT(r->values, ElementsAre("epoch"));
+  Manifest m = ReadManifest(r->path).value();
+  EXPECT_THAT(EntryNames(m), ElementsAre("lst.0", "lst.1"));
+  ASSERT_EQ(m.blobs.size(), 1u);
+  EXPECT_EQ(m.created.user.at(kTorchContainersKey), R"({"lst":"list"})");
+  ASSERT_TRUE(Consolidate(r->path, Path("out.pt"), ConsolidateOptions{}).ok());
+  ZipReader zip = ZipReader::Open(Path("out.pt")).value();
+  const std::string pickle = zip.ReadRecord(zip.prefix() + "data.pkl", 1 << 20).value();
+  // The same pickle a list of two tensors and an int make.
+  Result<UnpickledStateDict> back = UnpickleStateDict(pickle);
+  ASSERT_TRUE(back.ok());
+  EXPECT_THAT(back->containers, ElementsAre(std::make_pair(std::string("lst"), std::string("list"))));
+  ASSERT_EQ(back->values.size(), 1u);
+  EXPECT_EQ(back->values[0].blob, std::string(kPickleValueTag, 2) + "7");
+}
+
+TEST_F(TorchFormatsTest, HuggingFaceShardedSetsImportInTheIndexOrder) {
+  auto write_shard = [&](const std::string& name, std::vector<SafetensorsEntry> entries) {
+    std::string header = EncodeSafetensorsHeader(entries, {}).value();
+    std::ofstream f(Path("hf/" + name), std::ios::binary);
+    f << header;
+    for (const SafetensorsEntry& e : entries) f << std::string(e.end - e.begin, static_cast<char>(e.name[0]));
+  };
+  ASSERT_TRUE(MakeDirs(Path("hf")).ok());
+  write_shard("m-1.safetensors", {{"b", DType::kFloat32, {2}, 0, 0}, {"a", DType::kBFloat16, {3}, 0, 0}});
+  write_shard("m-2.safetensors", {{"c", DType::kUInt16, {1}, 0, 0}});
+  auto index = [&](const std::string& text) { std::ofstream(Path("hf/model.safetensors.index.json")) << text; };
+  index(R"({"metadata": {}, "weight_map": {"c": "m-2.safetensors", "a": "m-1.safetensors", "b": "m-1.safetensors"}})");
+  for (const std::string& input : {Path("hf"), Path("hf/model.safetensors.index.json")}) {
+    Result<ConvertReport> r = ImportFile(input, Path("root"), ConvertOptions{});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    Manifest m = ReadManifest(r->path).value();
+    EXPECT_THAT(EntryNames(m), ElementsAre("c", "a", "b"));
+    EXPECT_EQ(m.entries[0].dtype, DType::kUInt16);
+    ASSERT_TRUE(RemoveTree(Path("root")).ok());
+  }
+  struct Bad {
+    std::string index, refusal;
+  } bad[] = {
+      {R"({"weight_map": {"a": "m-1.safetensors", "c": "m-1.safetensors"}})", "tensor 'c' is not in m-1.safetensors"},
+      {R"({"weight_map": {"a": "m-1.safetensors"}})", "the shard files hold 2 tensors but the index lists 1"},
+      {R"({"weight_map": {"a": "../m-1.safetensors"}})", "not a file name in the index's folder"},
+      {R"({"weights": {}})", "not a JSON object with a \"weight_map\" object"},
+  };
+  for (const Bad& b : bad) {
+    SCOPED_TRACE(b.index);
+    index(b.index);
+    Result<ConvertReport> r = ImportFile(Path("hf"), Path("root"), ConvertOptions{});
+    ASSERT_FALSE(r.ok());
+    EXPECT_THAT(r.status().message(), HasSubstr(b.refusal));
+    EXPECT_FALSE(PathExists(Path("root")));
+  }
+}
+
+}  // namespace
+}  // namespace shardckpt
