@@ -55,10 +55,12 @@ class PerRank:
 def _dtype_names() -> Dict[torch.dtype, str]:
     names = {torch.float64: "float64", torch.float32: "float32", torch.float16: "float16",
              torch.bfloat16: "bfloat16", torch.int64: "int64", torch.int32: "int32",
-             torch.int16: "int16", torch.int8: "int8", torch.uint8: "uint8", torch.bool: "bool"}
-    for attr, name in (("float8_e4m3fn", "float8_e4m3fn"), ("float8_e5m2", "float8_e5m2")):
-        if hasattr(torch, attr):  # torch >= 2.1
-            names[getattr(torch, attr)] = name
+             torch.int16: "int16", torch.int8: "int8", torch.uint8: "uint8", torch.bool: "bool",
+             torch.complex64: "complex64", torch.complex128: "complex128"}
+    # float8 since torch 2.1, uint16/32/64 since 2.3: the engine's names are torch's.
+    for attr in ("float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64"):
+        if hasattr(torch, attr):
+            names[getattr(torch, attr)] = attr
     return names
 
 

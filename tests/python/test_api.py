@@ -11,7 +11,11 @@ import shardckpt  # noqa: E402
 from conftest import flip_byte
 
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
-          torch.int16, torch.int8, torch.uint8, torch.bool]
+          torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128]
+# torch 2.3 and later: unsigned types with few kernels (compared through a signed view).
+UNSIGNED = {getattr(torch, n): getattr(torch, "int" + n[4:]) for n in ("uint16", "uint32", "uint64")
+            if hasattr(torch, n)}
+DTYPES += list(UNSIGNED)
 
 
 def make(dtype, shape, seed):
@@ -19,8 +23,10 @@ def make(dtype, shape, seed):
     g = torch.Generator().manual_seed(seed)
     if dtype == torch.bool:
         return torch.rand(shape, generator=g) > 0.5
-    if dtype.is_floating_point:
-        return (torch.randn(shape, generator=g) * 100).to(dtype)
+    if dtype.is_floating_point or dtype.is_complex:
+        return (torch.randn(shape, generator=g, dtype=dtype if dtype.is_complex else None) * 100).to(dtype)
+    if dtype in UNSIGNED:
+        return torch.randint(0, 1 << 14, shape, generator=g).to(UNSIGNED[dtype]).view(dtype)
     return torch.randint(-100 if dtype != torch.uint8 else 0, 100, shape, generator=g).to(dtype)
 
 
@@ -46,6 +52,8 @@ def zeros_like(state):
 def assert_same(expected, actual, name=""):
     if isinstance(expected, torch.Tensor):
         assert actual.dtype == expected.dtype and actual.shape == expected.shape, name
+        if expected.dtype in UNSIGNED:
+            expected, actual = expected.view(UNSIGNED[expected.dtype]), actual.view(UNSIGNED[actual.dtype])
         assert torch.equal(actual, expected), name
     elif isinstance(expected, dict):
         assert expected.keys() == actual.keys(), name
