@@ -6,6 +6,7 @@
 #include "shardckpt/engine/core/checkpoint_reader.h"
 #include "shardckpt/engine/core/commit.h"
 #include "shardckpt/engine/core/offline_writer.h"
+#include "shardckpt/engine/formats/dcp_read.h"
 #include "shardckpt/engine/formats/safetensors.h"
 #include "shardckpt/engine/formats/torch_file.h"
 #include "shardckpt/engine/formats/zip_reader.h"
@@ -179,7 +180,8 @@ Result<ConvertReport> IntoRoot(const std::string& root,
 }  // namespace
 
 Result<ConvertReport> ImportFile(const std::string& file, const std::string& root, const ConvertOptions& options) {
-  return IntoRoot(root, ImportInto, file, options);
+  // A DCP folder is read in place like a checkpoint: importing it is a reshard that adds checksums.
+  return IntoRoot(root, IsDcpFolder(file) ? ReshardInto : ImportInto, file, options);
 }
 
 Result<ConvertReport> Reshard(const std::string& checkpoint, const std::string& root, const ConvertOptions& options) {

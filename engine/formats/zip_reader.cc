@@ -52,10 +52,22 @@ Status ByteSource::ReadAt(uint64_t offset, void* buffer, size_t bytes) const {
                     " runs past the end of the file (" + std::to_string(size_) + " bytes): truncated?");
   }
   if (bytes_) {
-    if (bytes > 0) std::memcpy(buffer, bytes_->data() + offset, bytes);
+    if (bytes > 0) std::memcpy(buffer, bytes_->data() + base_ + offset, bytes);
     return Status::Ok();
   }
-  return ReadFullyAt(fd_->fd, buffer, bytes, offset, name_);
+  return ReadFullyAt(fd_->fd, buffer, bytes, base_ + offset, name_);
+}
+
+Result<ByteSource> ByteSource::Slice(uint64_t offset, uint64_t size, const std::string& name) const {
+  if (offset > size_ || size > size_ - offset) {
+    return DataLoss(name + ": bytes [" + std::to_string(offset) + ", +" + std::to_string(size) + ") run past the end of " +
+                    name_ + " (" + std::to_string(size_) + " bytes): truncated?");
+  }
+  ByteSource s = *this;
+  s.name_ = name;
+  s.base_ = base_ + offset;
+  s.size_ = size;
+  return s;
 }
 
 Result<ZipReader> ZipReader::Open(const std::string& path) {
