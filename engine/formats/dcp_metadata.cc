@@ -127,7 +127,8 @@ class Machine {
     return v;
   }
   Status Global(const std::string& module, const std::string& name) {
-    const std::string full = module + "." + name;
+    // Protocols below 3 name Python 3's builtins module as Python 2 did (pickle's fix_imports).
+    const std::string full = (module == "__builtin__" ? std::string("builtins") : module) + "." + name;
     if (!allow_globals_ || (!Classes().count(full) && !OtherGlobals().count(full))) {
       return InvalidArgument("global '" + full + "' is not allowed (only the classes DCP's metadata pickles are; "
                              "nothing in the file is executed)");

@@ -60,7 +60,7 @@ Status ByteSource::ReadAt(uint64_t offset, void* buffer, size_t bytes) const {
 
 Result<ByteSource> ByteSource::Slice(uint64_t offset, uint64_t size, const std::string& name) const {
   if (offset > size_ || size > size_ - offset) {
-    return DataLoss(name + ": bytes [" + std::to_string(offset) + ", +" + std::to_string(size) + ") run past the end of " +
+    return DataLoss("bytes [" + std::to_string(offset) + ", +" + std::to_string(size) + ") run past the end of " +
                     name_ + " (" + std::to_string(size_) + " bytes): truncated?");
   }
   ByteSource s = *this;
