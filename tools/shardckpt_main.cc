@@ -286,6 +286,10 @@ int Convert(bool import, int argc, char** argv) {
                 static_cast<unsigned long long>(r->tensors), static_cast<unsigned long long>(r->bytes), options.world_size,
                 options.layout.c_str());
     for (const std::string& s : r->skipped) std::printf("skipped (not a tensor, or a per-rank blob): %s\n", s.c_str());
+    if (IsDcpFolder(input)) {
+      std::printf("the DCP folder %s stores no checksums; this checkpoint has them: `shardckpt verify %s` checks every byte\n",
+                  input.c_str(), r->path.c_str());
+    }
   }
   return 0;
 }

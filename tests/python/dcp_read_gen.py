@@ -76,7 +76,7 @@ def big_state(rank, world, gib):
     rows, cols = 4099, 8192  # an uneven row count: 3 ranks split it into unequal pieces
     per = rows * cols * 4
     sd = {}
-    for i in range(max(1, total // per)):
+    for i in range(max(1, -(-total // per))):  # at least `gib`
         # Each rank builds only its own rows (the full tensor would double the memory).
         local = torch.full(((rows + world - 1) // world if rank == 0 else rows - (rows + world - 1) // world, cols),
                            float(i + 1) + rank * 0.5)
