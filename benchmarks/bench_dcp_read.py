@@ -118,7 +118,8 @@ def worker_dcp_load(folder):
 
 
 def ranks_json(stdout):
-    out = [json.loads(line[line.index("{"):]) for line in stdout.splitlines() if '"rank"' in line]
+    # torchrun interleaves its workers' lines: pick the objects out wherever they are.
+    out = [json.loads(m) for m in re.findall(r'\{"rank": [^{}]*\}', stdout)]
     assert len(out) == 3, stdout
     return out
 
