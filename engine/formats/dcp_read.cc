@@ -1,6 +1,7 @@
 #include "shardckpt/engine/formats/dcp_read.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <optional>
 
@@ -30,6 +31,14 @@ int RankOfFile(const std::string& name) {
 Status LocateChunk(const ByteSource& file, const DcpStorage& s, DType dtype, const Shape& sizes, ChunkRecord* chunk) {
   SC_ASSIGN_OR_RETURN(ByteSource slice, file.Slice(s.offset_in_file, s.length, file.name() + " [" +
                                                    std::to_string(s.offset_in_file) + ", +" + std::to_string(s.length) + ")"));
+  // torch 2.x's serialization_format=SAFETENSORS records only sizes here and appends one
+  // safetensors blob per file: a different layout, named rather than reported as damage.
+  char magic[4] = {0};
+  if (s.length >= 4) SC_RETURN_IF_ERROR(slice.ReadAt(0, magic, 4));
+  if (s.length < 4 || std::memcmp(magic, "PK\x03\x04", 4) != 0) {
+    return DataLoss("no torch.save zip starts there: the file is damaged, or the folder was saved with "
+                    "serialization_format=SAFETENSORS, which shardckpt does not read (save with the default, torch_save)");
+  }
   SC_ASSIGN_OR_RETURN(ZipReader zip, ZipReader::Open(slice));
   SC_ASSIGN_OR_RETURN(std::string pickle, zip.ReadRecord(zip.prefix() + "data.pkl", kMaxChunkPickleBytes));
   SC_ASSIGN_OR_RETURN(PickleTensor t, UnpickleTensor(pickle));

@@ -182,6 +182,16 @@ def test_hostile_metadata_values_are_refused(edit, message, tmp_path):
     assert verify.returncode == 1
 
 
+def test_the_safetensors_variant_is_refused_by_name(tmp_path):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.filesystem import SerializationFormat
+    folder = str(tmp_path / "st")
+    writer = dcp.FileSystemWriter(folder, serialization_format=SerializationFormat.SAFETENSORS)
+    dcp.save({"w": torch.ones(3, 4)}, storage_writer=writer, no_dist=True)
+    run = cli("consolidate", folder, "--out", str(tmp_path / "o.pt"))
+    assert run.returncode == 1 and "serialization_format=SAFETENSORS" in run.stderr, run.stderr
+
+
 def test_load_resharded_at_three_ranks(comm):
     """Saved by 2 ranks in Shard(0)/Shard(1) boxes, loaded as flat ranges at 3."""
     expected = full_tensors("dist")
