@@ -44,6 +44,10 @@ TEST(DcpMetadata, ProtocolsAndOpcodesOutsideTheSetAreRefused) {
   EXPECT_NE(Message(ParseDcpMetadata(std::string("\x80\x02") + "(iposix\nsystem\n.", "m").status()).find("opcode 0x69"),
             std::string::npos);
   EXPECT_NE(Message(ParseDcpMetadata("\x80\x02N", "m").status()).find("truncated"), std::string::npos);
+  // A string claiming 2^60 bytes: refused before anything is allocated by it.
+  EXPECT_NE(Message(ParseDcpMetadata(P("\x80\x04\x8d\x00\x00\x00\x00\x00\x00\x00\x10xy."), "m").status())
+                .find("runs past the end"),
+            std::string::npos);
   EXPECT_NE(Message(ParseDcpMetadata("\x80\x02N.", "m").status()).find("not a Metadata"), std::string::npos);
 }
 

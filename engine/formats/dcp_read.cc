@@ -50,8 +50,15 @@ Status LocateChunk(const ByteSource& file, const DcpStorage& s, DType dtype, con
   }
   if (t.sizes != sizes) return DataLoss("the record's shape is " + ShapeString(t.sizes) + ", .metadata says " + ShapeString(sizes));
   int64_t expect = 1;
-  for (size_t d = sizes.size(); d-- > 0;) {
-    if (sizes[d] != 1 && t.strides[d] != expect) return DataLoss("the record is not a contiguous tensor");
+  const bool empty = std::find(sizes.begin(), sizes.end(), 0) != sizes.end();  // strides mean nothing
+  for (size_t d = empty ? 0 : sizes.size(); d-- > 0;) {
+    if (sizes[d] != 1 && t.strides[d] != expect) {
+      // dcp.save keeps a view's strides (a transposed weight): valid, but not a row-major chunk.
+      std::string strides;
+      for (int64_t v : t.strides) strides += (strides.empty() ? "" : ", ") + std::to_string(v);
+      return Status(Code::kUnimplemented, "the chunk was saved non-contiguous (strides (" + strides +
+                                              ")), which shardckpt does not read; save .contiguous() tensors");
+    }
     expect *= sizes[d];
   }
   const uint64_t element = DTypeSize(dtype);
@@ -121,7 +128,10 @@ Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* 
   auto problem = [&](const DcpStorage& s, const std::string& name, const Status& st) -> Status {
     const std::string what = "'" + name + "' at [" + std::to_string(s.offset_in_file) + ", +" + std::to_string(s.length) +
                              ") of " + s.relative_path + ": " + st.message();
-    if (!problems) return DataLoss(JoinPath(dir, s.relative_path) + ": " + what);
+    // Damage is a problem to list; a valid chunk this reader does not take is not.
+    if (!problems || st.code() == Code::kUnimplemented) {
+      return Status(st.code() == Code::kUnimplemented ? st.code() : Code::kDataLoss, JoinPath(dir, s.relative_path) + ": " + what);
+    }
     problems->push_back(DcpProblem{s.relative_path, s.offset_in_file, name, st.message()});
     return Status::Ok();
   };

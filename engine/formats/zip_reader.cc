@@ -90,18 +90,25 @@ Result<ZipReader> ZipReader::Open(ByteSource source) {
                                                "load it in torch and torch.save it again to get the zip format");
   }
   if (size < 22) return bad("too short");
-  // End of central directory: in the last 22 + 65535 bytes.
-  uint64_t tail = std::min<uint64_t>(size, 22 + 65535);
-  std::string buf(tail, '\0');
-  SC_RETURN_IF_ERROR(z.ReadAt(size - tail, buf.data(), tail));
-  const auto* b = reinterpret_cast<const unsigned char*>(buf.data());
+  // End of central directory: in the last 22 + 65535 bytes. torch.save writes no zip comment,
+  // so it is the last 22 (after a zip64 locator's 20): those are read alone first, which keeps
+  // opening one embedded zip per chunk of a DCP folder cheap; a comment sends the search back.
+  uint64_t tail = std::min<uint64_t>(size, 22 + 20);
+  std::string buf;
   long eocd = -1;
-  for (long i = static_cast<long>(tail) - 22; i >= 0; --i) {
-    if (Le(b + i, 4) == 0x06054b50) {
-      eocd = i;
-      break;
+  for (int attempt = 0; attempt < 2 && eocd < 0; ++attempt) {
+    if (attempt == 1) tail = std::min<uint64_t>(size, 22 + 65535);
+    buf.assign(tail, '\0');
+    SC_RETURN_IF_ERROR(z.ReadAt(size - tail, buf.data(), tail));
+    const auto* p = reinterpret_cast<const unsigned char*>(buf.data());
+    for (long i = static_cast<long>(tail) - 22; i >= 0; --i) {
+      if (Le(p + i, 4) == 0x06054b50) {
+        eocd = i;
+        break;
+      }
     }
   }
+  const auto* b = reinterpret_cast<const unsigned char*>(buf.data());
   if (eocd < 0) return bad("no end-of-central-directory record");
   uint64_t count = Le(b + eocd + 10, 2), dir_size = Le(b + eocd + 12, 4), dir_offset = Le(b + eocd + 16, 4);
   if (count == 0xFFFF || dir_size == 0xFFFFFFFF || dir_offset == 0xFFFFFFFF) {

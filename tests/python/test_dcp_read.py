@@ -192,6 +192,18 @@ def test_the_safetensors_variant_is_refused_by_name(tmp_path):
     assert run.returncode == 1 and "serialization_format=SAFETENSORS" in run.stderr, run.stderr
 
 
+def test_empty_and_bool_tensors_read_and_strided_ones_are_refused_by_name(tmp_path):
+    import torch.distributed.checkpoint as dcp
+    state = {"e": torch.empty(0, 5), "z": torch.zeros(3, 0), "b": torch.tensor([True, False, True])}
+    dcp.save(state, checkpoint_id=str(tmp_path / "ok"), no_dist=True)
+    shardckpt.consolidate(str(tmp_path / "ok"), str(tmp_path / "ok.pt"))
+    assert_equal_state(state, torch.load(tmp_path / "ok.pt", weights_only=True))
+    # dcp.save keeps a view's strides: valid DCP, refused as such (not as damage).
+    dcp.save({"t": torch.arange(6.0).reshape(2, 3).t()}, checkpoint_id=str(tmp_path / "strided"), no_dist=True)
+    run = cli("consolidate", str(tmp_path / "strided"), "--out", str(tmp_path / "s.pt"))
+    assert run.returncode == 1 and "Unimplemented" in run.stderr and "'t'" in run.stderr and "non-contiguous" in run.stderr
+
+
 def test_load_resharded_at_three_ranks(comm):
     """Saved by 2 ranks in Shard(0)/Shard(1) boxes, loaded as flat ranges at 3."""
     expected = full_tensors("dist")
