@@ -1,6 +1,7 @@
 #include "shardckpt/engine/core/convert.h"
 
 #include <cstring>
+#include <map>
 #include <optional>
 
 #include "shardckpt/engine/core/checkpoint_reader.h"
@@ -147,7 +148,18 @@ Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::stri
     }
     report.tensors++;
   }
+  // A DCP folder's byte items whose pickle holds more than plain values are reported, not carried:
+  // restoring them would mean running their pickle.
+  std::map<std::string, std::string> opaque;
+  if (IsDcpFolder(reader->dir())) {
+    SC_ASSIGN_OR_RETURN(auto items, DcpOpaqueByteItems(reader->dir(), m));
+    opaque.insert(items.begin(), items.end());
+  }
   for (const BlobRecord& b : m.blobs) {
+    if (opaque.count(b.name)) {
+      report.skipped.push_back(b.name + " (a DCP byte item that is not plain values: " + opaque[b.name] + ")");
+      continue;
+    }
     if (b.scope == BlobScope::kPerRank && m.world_size != world) {
       report.skipped.push_back(b.name + "@rank" + std::to_string(b.rank));
       continue;

@@ -133,6 +133,23 @@ def test_hostile_metadata_executing_code_is_refused_by_name(tmp_path):
     assert not os.path.exists(marker)
 
 
+def test_byte_items_that_are_not_plain_are_reported_never_run(tmp_path):
+    import torch.distributed.checkpoint as dcp
+    marker = str(tmp_path / "ran")
+    folder = str(tmp_path / "f")
+    dcp.save({"w": torch.ones(2), "n": 5, "dt": torch.float16, "evil": RunsAShell(marker)}, checkpoint_id=folder,
+             no_dist=True)
+    run = cli("inspect", folder, "--json")
+    assert run.returncode == 0, run.stderr
+    blobs = {b["name"]: b for b in json.loads(run.stdout)["blobs"]}
+    assert blobs["n"]["plain"] and not blobs["dt"]["plain"] and not blobs["evil"]["plain"]
+    assert "posix.system" in blobs["evil"]["not_plain_because"]
+    report = shardckpt.import_checkpoint(folder, str(tmp_path / "root"), 2)
+    assert sorted(s.split(" ")[0] for s in report["skipped"]) == ["dt", "evil"]
+    assert {b["name"] for b in shardckpt.inspect(report["path"])["blobs"]} == {"n"}
+    assert not os.path.exists(marker)
+
+
 @pytest.mark.parametrize("protocol", [2, 3, 4, 5])
 def test_every_pickle_protocol_reads(protocol, tmp_path):
     folder = copy_folder("single", tmp_path)
