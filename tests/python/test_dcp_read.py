@@ -80,6 +80,8 @@ def test_verify_checks_structure_and_says_bytes_are_unverified():
     out = json.loads(run.stdout)
     assert out["ok"] and out["checksums"] is False and out["files"] == 2
     assert "cannot be verified" in out["note"] and "shardckpt import" in out["note"]
+    report = shardckpt.verify(os.path.join(DATA, "dist"))
+    assert report.checksums is False and "cannot be verified" in report.note
 
 
 def copy_folder(name, tmp_path):
