@@ -17,10 +17,10 @@ std::string P(const char (&bytes)[N]) {
   return std::string(bytes, N - 1);
 }
 
-TEST(DcpMetadata, AGlobalOutsideTheListIsRefusedByNameAndNotRun) {
+TEST(ParsedDcpMetadata, AGlobalOutsideTheListIsRefusedByNameAndNotRun) {
   // protocol 2: GLOBAL posix.system, ("touch x",), REDUCE, STOP: what pickle writes for os.system.
   const std::string p = P("\x80\x02" "cposix\nsystem\nX\x07\x00\x00\x00touch x\x85R.");
-  Result<DcpMetadata> r = ParseDcpMetadata(p, "m/.metadata");
+  Result<ParsedDcpMetadata> r = ParseDcpMetadata(p, "m/.metadata");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(Message(r.status()).find("global 'posix.system' is not allowed"), std::string::npos) << Message(r.status());
   EXPECT_NE(Message(r.status()).find("m/.metadata"), std::string::npos);
@@ -29,7 +29,7 @@ TEST(DcpMetadata, AGlobalOutsideTheListIsRefusedByNameAndNotRun) {
   EXPECT_NE(Message(ParseDcpMetadata(p4, "m").status()).find("'posix.system'"), std::string::npos);
 }
 
-TEST(DcpMetadata, AllowedCallablesOnlyWithTheirOwnArguments) {
+TEST(ParsedDcpMetadata, AllowedCallablesOnlyWithTheirOwnArguments) {
   // getattr is allowed only to name a member of _MEM_FORMAT_ENCODING.
   const std::string p = P("\x80\x02" "cbuiltins\ngetattr\ncbuiltins\ngetattr\nX\x01\x00\x00\x00x\x86R.");
   EXPECT_NE(Message(ParseDcpMetadata(p, "m").status()).find("getattr is allowed only"), std::string::npos);
@@ -38,7 +38,7 @@ TEST(DcpMetadata, AllowedCallablesOnlyWithTheirOwnArguments) {
   EXPECT_NE(Message(ParseDcpMetadata(n, "m").status()).find("NEWOBJ of 'torch.Size' is not allowed"), std::string::npos);
 }
 
-TEST(DcpMetadata, ProtocolsAndOpcodesOutsideTheSetAreRefused) {
+TEST(ParsedDcpMetadata, ProtocolsAndOpcodesOutsideTheSetAreRefused) {
   EXPECT_NE(Message(ParseDcpMetadata("\x80\x01N.", "m").status()).find("pickle protocol 1 is not supported"),
             std::string::npos);
   EXPECT_NE(Message(ParseDcpMetadata(std::string("\x80\x02") + "(iposix\nsystem\n.", "m").status()).find("opcode 0x69"),
@@ -51,7 +51,7 @@ TEST(DcpMetadata, ProtocolsAndOpcodesOutsideTheSetAreRefused) {
   EXPECT_NE(Message(ParseDcpMetadata("\x80\x02N.", "m").status()).find("not a Metadata"), std::string::npos);
 }
 
-TEST(DcpMetadata, PlainPicklesOnly) {
+TEST(ParsedDcpMetadata, PlainPicklesOnly) {
   EXPECT_TRUE(CheckPlainPickle("\x80\x02K\x03.").ok());
   EXPECT_TRUE(CheckPlainPickle(P("\x80\x02](X\x01\x00\x00\x00" "aX\x01\x00\x00\x00" "be.")).ok());
   EXPECT_FALSE(CheckPlainPickle(std::string("\x80\x02") + "ctorch\nSize\n.").ok());

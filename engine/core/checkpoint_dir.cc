@@ -157,7 +157,7 @@ Result<CheckpointHold> HoldCheckpoint(const std::string& path) {
       // manifest seen under the shared lock means every data file is there and stays. Reads go
       // by path: the path must still name the locked folder (a removed link does not).
       struct stat by_path, locked;
-      if ((::faccessat(hold.fd_, kManifestName, F_OK, 0) == 0 || ::faccessat(hold.fd_, kDcpMetadataName, F_OK, 0) == 0) &&
+      if ((::faccessat(hold.fd_, kManifestName, F_OK, 0) == 0 || ::faccessat(hold.fd_, kDcpMetadataFile, F_OK, 0) == 0) &&
           ::stat(dir->c_str(), &by_path) == 0 &&
           ::fstat(hold.fd_, &locked) == 0 && by_path.st_dev == locked.st_dev && by_path.st_ino == locked.st_ino) {
         return hold;

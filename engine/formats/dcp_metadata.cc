@@ -347,7 +347,7 @@ class Machine {
   std::unordered_map<uint64_t, Value*> memo_;
 };
 
-// ---- the tree to DcpMetadata
+// ---- the tree to ParsedDcpMetadata
 
 Status Bad(const std::string& what) { return DataLoss("DCP metadata: " + what); }
 
@@ -384,7 +384,7 @@ Result<uint64_t> U64(const Value* v, const std::string& what) {
   return static_cast<uint64_t>(v->i);
 }
 
-Status Tensor(const Value* md, DcpItem* item) {
+Status Tensor(const Value* md, ParsedDcpItem* item) {
   const std::string& n = item->name;
   const Value* props = Field(md, "properties");
   if (!IsObject(props, "TensorProperties")) return Bad("'" + n + "': properties is not a TensorProperties");
@@ -405,7 +405,7 @@ Status Tensor(const Value* md, DcpItem* item) {
   if (!chunks || chunks->kind != Value::kList) return Bad("'" + n + "': chunks is not a list");
   for (const Value* c : chunks->items) {
     if (!IsObject(c, "ChunkStorageMetadata")) return Bad("'" + n + "': a chunk is not a ChunkStorageMetadata");
-    DcpChunk chunk;
+    ParsedDcpChunk chunk;
     SC_ASSIGN_OR_RETURN(chunk.offsets, Ints(Field(c, "offsets"), "'" + n + "' chunk offsets"));
     SC_ASSIGN_OR_RETURN(chunk.sizes, Ints(Field(c, "sizes"), "'" + n + "' chunk sizes"));
     item->chunks.push_back(std::move(chunk));
@@ -413,7 +413,7 @@ Status Tensor(const Value* md, DcpItem* item) {
   return Status::Ok();
 }
 
-Status Storage(const Value* key, const Value* info, DcpStorage* s) {
+Status Storage(const Value* key, const Value* info, ParsedDcpStorage* s) {
   if (!IsObject(key, "MetadataIndex")) return Bad("a storage_data key is not a MetadataIndex");
   if (!info || info->kind != Value::kObject || info->s != "torch.distributed.checkpoint.filesystem._StorageInfo") {
     return Bad("a storage_data value is not a _StorageInfo");
@@ -440,17 +440,17 @@ Status Storage(const Value* key, const Value* info, DcpStorage* s) {
 
 }  // namespace
 
-Result<DcpMetadata> ParseDcpMetadata(const std::string& pickle, const std::string& origin) {
-  auto run = [&]() -> Result<DcpMetadata> {
+Result<ParsedDcpMetadata> ParseDcpMetadata(const std::string& pickle, const std::string& origin) {
+  auto run = [&]() -> Result<ParsedDcpMetadata> {
     Machine machine(pickle, true);
     SC_ASSIGN_OR_RETURN(const Value* root, machine.Run());
     if (!IsObject(root, "Metadata")) return Bad("the pickle holds a " + std::string(KindName(root->kind)) + ", not a Metadata");
-    DcpMetadata out;
+    ParsedDcpMetadata out;
     const Value* sdm = Field(root, "state_dict_metadata");
     if (!sdm || sdm->kind != Value::kDict) return Bad("state_dict_metadata is not a dict");
     std::set<std::string> names;
     for (size_t k = 0; k + 1 < sdm->items.size(); k += 2) {
-      DcpItem item;
+      ParsedDcpItem item;
       SC_ASSIGN_OR_RETURN(item.name, Str(sdm->items[k], "a state_dict_metadata key"));
       if (!names.insert(item.name).second) return Bad("'" + item.name + "' is listed twice");
       const Value* md = sdm->items[k + 1];
@@ -466,7 +466,7 @@ Result<DcpMetadata> ParseDcpMetadata(const std::string& pickle, const std::strin
     const Value* sd = Field(root, "storage_data");
     if (!sd || sd->kind != Value::kDict) return Bad("storage_data is not a dict (a storage layout other than the file system's)");
     for (size_t k = 0; k + 1 < sd->items.size(); k += 2) {
-      DcpStorage s;
+      ParsedDcpStorage s;
       SC_RETURN_IF_ERROR(Storage(sd->items[k], sd->items[k + 1], &s));
       out.storage.push_back(std::move(s));
     }
@@ -474,7 +474,7 @@ Result<DcpMetadata> ParseDcpMetadata(const std::string& pickle, const std::strin
     if (version && version->kind == Value::kString) out.version = version->s;
     return out;
   };
-  Result<DcpMetadata> out = run();
+  Result<ParsedDcpMetadata> out = run();
   if (!out.ok()) return out.status().WithContext(origin);
   return out;
 }

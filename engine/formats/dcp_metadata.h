@@ -18,24 +18,26 @@
 
 namespace shardckpt {
 
-struct DcpChunk {
+// What the reader found, as stated in the file (named apart from the writer's DcpMetadata in
+// dcp_writer.h, which describes a folder about to be written).
+struct ParsedDcpChunk {
   std::vector<int64_t> offsets;
   std::vector<int64_t> sizes;
 };
 
-struct DcpItem {
+struct ParsedDcpItem {
   std::string name;  // the flattened key (DCP's fqn)
   bool is_bytes = false;
   // Tensors: the dtype, or the torch dtype name shardckpt has no type for (then `unsupported`).
   DType dtype = DType::kFloat32;
   std::string unsupported;
   Shape size;
-  std::vector<DcpChunk> chunks;
+  std::vector<ParsedDcpChunk> chunks;
 };
 
 // One storage_data record: the chunk (fqn, chunk offsets; no offsets for a byte item) and where
 // its bytes are.
-struct DcpStorage {
+struct ParsedDcpStorage {
   std::string fqn;
   std::optional<std::vector<int64_t>> offset;
   std::string relative_path;
@@ -44,15 +46,15 @@ struct DcpStorage {
   std::vector<std::string> transforms;  // transform_descriptors (compression extensions)
 };
 
-struct DcpMetadata {
-  std::vector<DcpItem> items;  // in the file's order
-  std::vector<DcpStorage> storage;
+struct ParsedDcpMetadata {
+  std::vector<ParsedDcpItem> items;  // in the file's order
+  std::vector<ParsedDcpStorage> storage;
   std::string version;  // Metadata.version ("1.0.0"), empty when absent
 };
 
 // Parses and checks the shape of what is there (types, arities); `origin` prefixes messages.
 // Values are returned as stated: offsets and sizes are checked against the files by dcp_read.h.
-Result<DcpMetadata> ParseDcpMetadata(const std::string& pickle, const std::string& origin);
+Result<ParsedDcpMetadata> ParseDcpMetadata(const std::string& pickle, const std::string& origin);
 
 // A byte item's torch.save pickle (data.pkl) holds only plain values (None, bool, int, float,
 // string, tuple, list, dict), so restoring it runs nothing: OK, or why not.

@@ -28,7 +28,7 @@ int RankOfFile(const std::string& name) {
 
 // The chunk's torch.save zip inside its .distcp: its one storage record, checked against the
 // chunk (dtype, shape, a contiguous view); returns the record's bytes as [offset, +bytes) of the file.
-Status LocateChunk(const ByteSource& file, const DcpStorage& s, DType dtype, const Shape& sizes, ChunkRecord* chunk) {
+Status LocateChunk(const ByteSource& file, const ParsedDcpStorage& s, DType dtype, const Shape& sizes, ChunkRecord* chunk) {
   SC_ASSIGN_OR_RETURN(ByteSource slice, file.Slice(s.offset_in_file, s.length, file.name() + " [" +
                                                    std::to_string(s.offset_in_file) + ", +" + std::to_string(s.length) + ")"));
   // torch 2.x's serialization_format=SAFETENSORS records only sizes here and appends one
@@ -72,13 +72,13 @@ Status LocateChunk(const ByteSource& file, const DcpStorage& s, DType dtype, con
 }  // namespace
 
 bool IsDcpFolder(const std::string& path) {
-  return PathExists(JoinPath(path, kDcpMetadataName)) && !PathExists(JoinPath(path, kManifestName));
+  return PathExists(JoinPath(path, kDcpMetadataFile)) && !PathExists(JoinPath(path, kManifestName));
 }
 
 Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* problems) {
-  const std::string meta_path = JoinPath(dir, kDcpMetadataName);
+  const std::string meta_path = JoinPath(dir, kDcpMetadataFile);
   SC_ASSIGN_OR_RETURN(std::string pickle, ReadFileLimited(meta_path, kMaxMetadataBytes));
-  SC_ASSIGN_OR_RETURN(DcpMetadata md, ParseDcpMetadata(pickle, meta_path));
+  SC_ASSIGN_OR_RETURN(ParsedDcpMetadata md, ParseDcpMetadata(pickle, meta_path));
   auto bad = [&](const std::string& what) { return DataLoss(meta_path + ": " + what); };
 
   Manifest m;
@@ -88,7 +88,7 @@ Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* 
   std::map<std::string, uint32_t> file_index;
   std::vector<std::optional<ByteSource>> sources;
   int max_rank = -1;
-  for (const DcpStorage& s : md.storage) {
+  for (const ParsedDcpStorage& s : md.storage) {
     if (!IsPlainFileName(s.relative_path)) {
       return bad("'" + s.fqn + "' is stored in '" + s.relative_path + "', not a plain file name in the folder (refused)");
     }
@@ -119,13 +119,13 @@ Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* 
   m.world_size = max_rank >= 0 ? max_rank + 1 : std::max<int>(1, static_cast<int>(m.files.size()));
 
   // storage_data by (fqn, chunk offsets); byte items by fqn alone.
-  std::map<std::pair<std::string, std::vector<int64_t>>, const DcpStorage*> tensor_at;
-  std::map<std::string, const DcpStorage*> bytes_at;
-  for (const DcpStorage& s : md.storage) {
+  std::map<std::pair<std::string, std::vector<int64_t>>, const ParsedDcpStorage*> tensor_at;
+  std::map<std::string, const ParsedDcpStorage*> bytes_at;
+  for (const ParsedDcpStorage& s : md.storage) {
     bool fresh = s.offset ? tensor_at.emplace(std::make_pair(s.fqn, *s.offset), &s).second : bytes_at.emplace(s.fqn, &s).second;
     if (!fresh) return bad("'" + s.fqn + "' has two storage records for one chunk");
   }
-  auto problem = [&](const DcpStorage& s, const std::string& name, const Status& st) -> Status {
+  auto problem = [&](const ParsedDcpStorage& s, const std::string& name, const Status& st) -> Status {
     const std::string what = "'" + name + "' at [" + std::to_string(s.offset_in_file) + ", +" + std::to_string(s.length) +
                              ") of " + s.relative_path + ": " + st.message();
     // Damage is a problem to list; a valid chunk this reader does not take is not.
@@ -135,11 +135,11 @@ Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* 
     problems->push_back(DcpProblem{s.relative_path, s.offset_in_file, name, st.message()});
     return Status::Ok();
   };
-  for (const DcpItem& item : md.items) {
+  for (const ParsedDcpItem& item : md.items) {
     if (item.is_bytes) {
       auto it = bytes_at.find(item.name);
       if (it == bytes_at.end()) return bad("byte item '" + item.name + "' has no storage record");
-      const DcpStorage& s = *it->second;
+      const ParsedDcpStorage& s = *it->second;
       const uint32_t file = file_index.at(s.relative_path);
       if (!sources[file]) continue;
       if (s.offset_in_file > m.files[file].size || s.length > m.files[file].size - s.offset_in_file) {
@@ -159,14 +159,14 @@ Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* 
     e.dtype = item.dtype;
     e.shape = item.size;
     SC_RETURN_IF_ERROR(NumBytes(e.shape, DTypeSize(e.dtype)).status().WithContext(meta_path + ": tensor '" + e.name + "'"));
-    for (const DcpChunk& c : item.chunks) {
+    for (const ParsedDcpChunk& c : item.chunks) {
       ChunkRecord chunk;
       chunk.layout = Layout::Box(c.offsets, c.sizes);
       Result<int64_t> count = ValidateLayout(chunk.layout, e.shape);
       if (!count.ok()) return bad("tensor '" + e.name + "' chunk at " + OffsetsText(c.offsets) + ": " + count.status().message());
       auto it = tensor_at.find({item.name, c.offsets});
       if (it == tensor_at.end()) return bad("tensor '" + e.name + "' chunk at " + OffsetsText(c.offsets) + " has no storage record");
-      const DcpStorage& s = *it->second;
+      const ParsedDcpStorage& s = *it->second;
       chunk.file = file_index.at(s.relative_path);
       if (!sources[chunk.file]) continue;
       Status located = LocateChunk(*sources[chunk.file], s, e.dtype, c.sizes, &chunk);

@@ -17,7 +17,7 @@
 
 namespace shardckpt {
 
-inline constexpr const char* kDcpMetadataName = ".metadata";
+inline constexpr const char* kDcpMetadataFile = ".metadata";
 
 // A folder holding `.metadata` and no manifest.json.
 bool IsDcpFolder(const std::string& path);
