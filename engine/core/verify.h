@@ -27,7 +27,8 @@ struct VerifyReport {
   std::vector<VerifyProblem> problems;
   // False for a PyTorch DCP folder, which stores no checksums: only its structure was checked
   // (every file present, every chunk's record inside its file, parsed and sized to shape times
-  // dtype, coverage exact, no overlaps); `note` says so, and how to gain checksums.
+  // dtype, coverage exact, no overlaps); `note` says so, and how to gain checksums. True again
+  // when every file had a .sha256 beside it (shardckpt export writes them) that was checked.
   bool checksums = true;
   std::string note;
 };

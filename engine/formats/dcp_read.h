@@ -35,6 +35,11 @@ struct DcpProblem {
 // itself always fail.
 Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* problems = nullptr);
 
+// Files of the folder that have a `<file>.sha256` beside them (`sha256sum` form, as
+// `shardckpt export --format dcp` writes them): each read whole and compared; a mismatch or an
+// unreadable .sha256 is a problem. `checked` gets how many files had one, `bytes` their size.
+std::vector<DcpProblem> CheckDcpSha256Files(const std::string& dir, const Manifest& m, uint64_t* checked, uint64_t* bytes);
+
 // Byte items whose torch.save pickle holds anything but plain values (refused by
 // CheckPlainPickle), each with the reason: listed by inspect, restored by nobody.
 Result<std::vector<std::pair<std::string, std::string>>> DcpOpaqueByteItems(const std::string& dir, const Manifest& m);

@@ -90,6 +90,31 @@ def copy_folder(name, tmp_path):
     return dst
 
 
+def test_verify_checks_sha256_files_where_every_file_has_one(tmp_path):
+    import hashlib
+    folder = copy_folder("dist", tmp_path)
+    names = sorted(n for n in os.listdir(folder) if n.endswith(".distcp"))
+    for n in names:  # sha256sum's form, as shardckpt export writes it
+        digest = hashlib.sha256((folder / n).read_bytes()).hexdigest()
+        (folder / (n + ".sha256")).write_text("%s  %s\n" % (digest, n))
+    out = json.loads(cli("verify", str(folder), "--json").stdout)
+    assert out["ok"] and out["checksums"] is True and out["bytes_checked"] == sum((folder / n).stat().st_size for n in names)
+    assert ".sha256" in out["note"]
+    # A flipped byte inside a chunk's data: structure alone cannot see it, the .sha256 does.
+    victim = folder / names[1]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    victim.write_bytes(bytes(data))
+    run = cli("verify", str(folder), "--json")
+    assert run.returncode == 1
+    problems = json.loads(run.stdout)["problems"]
+    assert [p["file"] for p in problems] == [names[1]] and "does not match" in problems[0]["problem"]
+    os.remove(folder / (names[0] + ".sha256"))  # some files without one: structure only, said so
+    (folder / (names[1] + ".sha256")).unlink()
+    out = json.loads(cli("verify", str(folder), "--json").stdout)
+    assert out["checksums"] is False and "cannot be verified" in out["note"]
+
+
 def test_truncated_distcp_is_found_by_verify(tmp_path):
     folder = copy_folder("dist", tmp_path)
     victim = folder / "__1_0.distcp"
