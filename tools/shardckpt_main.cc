@@ -276,6 +276,10 @@ int Convert(bool import, int argc, char** argv) {
                                    : Reshard(input, vm["out"].as<std::string>(), options);
   bar.Finish();
   if (!r.ok()) return Fail(r.status());
+  if (!vm.count("json") && IsDcpFolder(input)) {
+    std::printf("the DCP folder %s stores no checksums; the checkpoint written has them: `shardckpt verify %s` checks every byte\n",
+                input.c_str(), r->path.c_str());
+  }
   if (vm.count("json")) {
     std::cout << json{{"checkpoint", r->path}, {"tensors", r->tensors}, {"bytes", r->bytes}, {"world_size", options.world_size},
                       {"layout", options.layout}, {"skipped", r->skipped}}
@@ -286,10 +290,6 @@ int Convert(bool import, int argc, char** argv) {
                 static_cast<unsigned long long>(r->tensors), static_cast<unsigned long long>(r->bytes), options.world_size,
                 options.layout.c_str());
     for (const std::string& s : r->skipped) std::printf("skipped (not a tensor, or a per-rank blob): %s\n", s.c_str());
-    if (IsDcpFolder(input)) {
-      std::printf("the DCP folder %s stores no checksums; this checkpoint has them: `shardckpt verify %s` checks every byte\n",
-                  input.c_str(), r->path.c_str());
-    }
   }
   return 0;
 }

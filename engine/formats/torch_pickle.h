@@ -38,12 +38,12 @@ struct UnpickledStateDict {
 // checked against the storage records by the reader of the zip (torch_file.h), not here.
 Result<UnpickledStateDict> UnpickleStateDict(const std::string& pickle);
 
-// The pickle of torch.save(tensor) (one bare tensor, as each chunk of a DCP folder holds), by
-// the same rules.
-Result<PickleTensor> UnpickleTensor(const std::string& pickle);
-
 // The most memory the reader may use (objects, stack, memo, flattened names) for a pickle of
 // `pickle_bytes`; past it the pickle is refused with an error saying so.
 uint64_t UnpickleMemoryBudget(size_t pickle_bytes);
+
+// The pickle of torch.save(tensor) (one bare tensor, as each chunk of a DCP folder holds), by
+// the same rules.
+Result<PickleTensor> UnpickleTensor(const std::string& pickle);
 
 }  // namespace shardckpt
