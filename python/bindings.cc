@@ -455,6 +455,8 @@ py::tuple VerifyCall(const std::string& path) {
   out["bytes_checked"] = r->bytes_checked;
   out["blocks_checked"] = r->blocks_checked;
   out["problems"] = problems;
+  out["checksums"] = r->checksums;  // false for a DCP folder: structure only, `note` says so
+  out["note"] = r->note;
   return Reply(Status::Ok(), out);
 }
 

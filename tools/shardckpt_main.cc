@@ -28,6 +28,7 @@
 #include "shardckpt/engine/core/verify.h"
 #include "shardckpt/engine/core/checkpoint_dir.h"
 #include "shardckpt/engine/core/retention.h"
+#include "shardckpt/engine/formats/dcp_read.h"
 #include "shardckpt/io/fs.h"
 #include "shardckpt/io/size_text.h"
 #include "tools/progress.h"
@@ -106,16 +107,29 @@ int Inspect(int argc, char** argv) {
     entries.push_back({{"name", e.name}, {"dtype", DTypeName(e.dtype)}, {"shape", e.shape}, {"bytes", bytes},
                        {"chunks", e.chunks.size()}, {"layouts", LayoutsOf(e)}});
   }
+  // A DCP folder's byte items are torch.save files: those holding more than plain values are
+  // named (restoring them would run their pickle), never unpickled here.
+  const bool dcp = IsDcpFolder(*dir);
+  std::map<std::string, std::string> opaque;
+  if (dcp) {
+    Result<std::vector<std::pair<std::string, std::string>>> items = DcpOpaqueByteItems(*dir, *m);
+    if (!items.ok()) return Fail(items.status());
+    opaque.insert(items->begin(), items->end());
+  }
   json blobs = json::array();
   for (const BlobRecord& b : m->blobs) {
     blobs.push_back({{"name", b.name}, {"scope", b.scope == BlobScope::kGlobal ? "global" : "per_rank"}, {"rank", b.rank},
                      {"bytes", b.bytes}});
+    if (dcp) blobs.back()["plain"] = !opaque.count(b.name);
+    if (opaque.count(b.name)) blobs.back()["not_plain_because"] = opaque[b.name];
   }
   uint64_t file_bytes = 0;
   for (const FileRecord& f : m->files) file_bytes += f.size;
   if (vm.count("json")) {
     json out = {{"checkpoint", *dir},
-                {"format_version", std::to_string(m->format_major) + "." + std::to_string(m->format_minor)},
+                {"format", dcp ? "dcp" : "shardckpt"},
+                {"format_version", dcp ? m->created.user["dcp_version"]
+                                       : std::to_string(m->format_major) + "." + std::to_string(m->format_minor)},
                 {"step", m->step},
                 {"world_size", m->world_size},
                 {"created", {{"time", m->created.time}, {"shardckpt_version", m->created.shardckpt_version},
@@ -130,9 +144,11 @@ int Inspect(int argc, char** argv) {
     std::cout << out.dump(2) << "\n";
     return 0;
   }
-  std::printf("checkpoint  %s\nformat      shardckpt %d.%d\nstep        %lld\nsaved by    %d ranks on %d host(s)\n",
+  if (dcp) std::printf("checkpoint  %s\nformat      PyTorch DCP (read in place; no checksums)\n", dir->c_str());
+  if (!dcp) std::printf("checkpoint  %s\nformat      shardckpt %d.%d\nstep        %lld\nsaved by    %d ranks on %d host(s)\n",
               dir->c_str(), m->format_major, m->format_minor, static_cast<long long>(m->step), m->world_size, m->created.hosts);
-  std::printf("created     %s by shardckpt %s%s%s\n", m->created.time.c_str(), m->created.shardckpt_version.c_str(),
+  if (dcp) std::printf("saved by    %d ranks\n", m->world_size);
+  if (!dcp) std::printf("created     %s by shardckpt %s%s%s\n", m->created.time.c_str(), m->created.shardckpt_version.c_str(),
               m->created.torch_version.empty() ? "" : ", torch ", m->created.torch_version.c_str());
   for (const auto& [k, v] : m->created.user) std::printf("meta        %s = %s\n", k.c_str(), v.c_str());
   for (const auto& [k, v] : m->metrics) std::printf("metric      %s = %.17g\n", k.c_str(), v);
@@ -144,8 +160,9 @@ int Inspect(int argc, char** argv) {
                 e["layouts"].get<std::string>().c_str());
   }
   for (const json& b : blobs) {
-    std::printf("blob %-43s %-14s rank %-15d %12llu\n", b["name"].get<std::string>().c_str(), b["scope"].get<std::string>().c_str(),
-                b["rank"].get<int>(), static_cast<unsigned long long>(b["bytes"].get<uint64_t>()));
+    std::printf("blob %-43s %-14s rank %-15d %12llu%s\n", b["name"].get<std::string>().c_str(), b["scope"].get<std::string>().c_str(),
+                b["rank"].get<int>(), static_cast<unsigned long long>(b["bytes"].get<uint64_t>()),
+                b.contains("not_plain_because") ? ("  (not plain, not restored: " + b["not_plain_because"].get<std::string>() + ")").c_str() : "");
   }
   std::printf("\n%zu entries, %zu blobs, %llu tensor bytes in %zu files (%llu bytes on disk)\n", m->entries.size(),
               m->blobs.size(), static_cast<unsigned long long>(total), m->files.size(),
@@ -169,7 +186,8 @@ int Verify(int argc, char** argv) {
       problems.push_back({{"file", p.file}, {"offset", p.offset}, {"entries", p.entries}, {"problem", p.what}});
     }
     std::cout << json{{"checkpoint", r->checkpoint}, {"ok", r->problems.empty()}, {"files", r->files},
-                      {"bytes_checked", r->bytes_checked}, {"blocks_checked", r->blocks_checked}, {"problems", problems}}
+                      {"bytes_checked", r->bytes_checked}, {"blocks_checked", r->blocks_checked}, {"problems", problems},
+                      {"checksums", r->checksums}, {"note", r->note}}
                      .dump(2)
               << "\n";
   } else {
@@ -181,6 +199,7 @@ int Verify(int argc, char** argv) {
                 r->problems.empty() ? "OK" : "DAMAGED", static_cast<unsigned long long>(r->files),
                 static_cast<unsigned long long>(r->bytes_checked), static_cast<unsigned long long>(r->blocks_checked),
                 r->problems.size());
+    if (!r->note.empty()) std::printf("note: %s\n", r->note.c_str());
   }
   return r->problems.empty() ? 0 : 1;
 }
@@ -287,6 +306,10 @@ int Convert(bool import, int argc, char** argv) {
                                    : Reshard(input, vm["out"].as<std::string>(), options);
   bar.Finish();
   if (!r.ok()) return Fail(r.status());
+  if (!vm.count("json") && IsDcpFolder(input)) {
+    std::printf("the DCP folder %s stores no checksums; the checkpoint written has them: `shardckpt verify %s` checks every byte\n",
+                input.c_str(), r->path.c_str());
+  }
   if (vm.count("json")) {
     std::cout << json{{"checkpoint", r->path}, {"tensors", r->tensors}, {"bytes", r->bytes}, {"world_size", options.world_size},
                       {"layout", options.layout}, {"skipped", r->skipped}, {"values", r->values}}

@@ -1,5 +1,7 @@
 #include "shardckpt/engine/core/checkpoint_dir.h"
 
+#include "shardckpt/engine/formats/dcp_read.h"
+
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -86,6 +88,7 @@ Result<std::vector<std::pair<int64_t, std::string>>> ListCommitted(const std::st
 
 Result<std::string> ResolveCheckpoint(const std::string& path) {
   if (PathExists(JoinPath(path, kManifestName))) return path;
+  if (IsDcpFolder(path)) return path;  // a PyTorch DCP folder, read in place (engine/formats/dcp_read.h)
   if (!PathExists(path)) return NotFound(path + " does not exist");
   const std::string latest = JoinPath(path, kLatestName);
   Result<std::vector<std::pair<int64_t, std::string>>> committed =
@@ -154,7 +157,8 @@ Result<CheckpointHold> HoldCheckpoint(const std::string& path) {
       // manifest seen under the shared lock means every data file is there and stays. Reads go
       // by path: the path must still name the locked folder (a removed link does not).
       struct stat by_path, locked;
-      if (::faccessat(hold.fd_, kManifestName, F_OK, 0) == 0 && ::stat(dir->c_str(), &by_path) == 0 &&
+      if ((::faccessat(hold.fd_, kManifestName, F_OK, 0) == 0 || ::faccessat(hold.fd_, kDcpMetadataFile, F_OK, 0) == 0) &&
+          ::stat(dir->c_str(), &by_path) == 0 &&
           ::fstat(hold.fd_, &locked) == 0 && by_path.st_dev == locked.st_dev && by_path.st_ino == locked.st_ino) {
         return hold;
       }

@@ -1,11 +1,13 @@
 #include "shardckpt/engine/core/convert.h"
 
 #include <cstring>
+#include <map>
 #include <optional>
 
 #include "shardckpt/engine/core/checkpoint_reader.h"
 #include "shardckpt/engine/core/commit.h"
 #include "shardckpt/engine/core/offline_writer.h"
+#include "shardckpt/engine/formats/dcp_read.h"
 #include "shardckpt/engine/formats/safetensors.h"
 #include "shardckpt/engine/formats/state_tree.h"
 #include "shardckpt/engine/formats/torch_file.h"
@@ -279,7 +281,18 @@ Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::stri
     }
     report.tensors++;
   }
+  // A DCP folder's byte items whose pickle holds more than plain values are reported, not carried:
+  // restoring them would mean running their pickle.
+  std::map<std::string, std::string> opaque;
+  if (IsDcpFolder(reader->dir())) {
+    SC_ASSIGN_OR_RETURN(auto items, DcpOpaqueByteItems(reader->dir(), m));
+    opaque.insert(items.begin(), items.end());
+  }
   for (const BlobRecord& b : m.blobs) {
+    if (opaque.count(b.name)) {
+      report.skipped.push_back(b.name + " (a DCP byte item that is not plain values: " + opaque[b.name] + ")");
+      continue;
+    }
     if (b.scope == BlobScope::kPerRank && m.world_size != world) {
       report.skipped.push_back(b.name + "@rank" + std::to_string(b.rank));
       continue;
@@ -312,7 +325,8 @@ Result<ConvertReport> IntoRoot(const std::string& root,
 }  // namespace
 
 Result<ConvertReport> ImportFile(const std::string& file, const std::string& root, const ConvertOptions& options) {
-  return IntoRoot(root, ImportInto, file, options);
+  // A DCP folder is read in place like a checkpoint: importing it is a reshard that adds checksums.
+  return IntoRoot(root, IsDcpFolder(file) ? ReshardInto : ImportInto, file, options);
 }
 
 Result<ConvertReport> Reshard(const std::string& checkpoint, const std::string& root, const ConvertOptions& options) {

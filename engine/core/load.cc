@@ -2,6 +2,7 @@
 
 #include "shardckpt/engine/core/checkpoint_dir.h"
 #include "shardckpt/engine/core/load_phases.h"
+#include "shardckpt/engine/formats/dcp_read.h"
 #include "shardckpt/io/fs.h"
 
 namespace shardckpt {
@@ -22,6 +23,13 @@ std::function<std::string(const std::string&)> AddPrefix(const std::string& pref
 }
 
 Result<Manifest> ReadManifest(const std::string& dir, std::string* text_out) {
+  if (IsDcpFolder(dir)) {  // built from .metadata; other ranks of a load decode this text
+    SC_ASSIGN_OR_RETURN(Manifest m, ReadDcpFolder(dir));
+    if (text_out != nullptr) {
+      SC_ASSIGN_OR_RETURN(*text_out, EncodeManifest(m));
+    }
+    return m;
+  }
   const std::string path = JoinPath(dir, kManifestName);
   SC_ASSIGN_OR_RETURN(std::string text, ReadFileLimited(path, kMaxManifestBytes));
   SC_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(text, path));

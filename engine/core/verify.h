@@ -25,6 +25,12 @@ struct VerifyReport {
   uint64_t bytes_checked = 0;
   uint64_t blocks_checked = 0;
   std::vector<VerifyProblem> problems;
+  // False for a PyTorch DCP folder, which stores no checksums: only its structure was checked
+  // (every file present, every chunk's record inside its file, parsed and sized to shape times
+  // dtype, coverage exact, no overlaps); `note` says so, and how to gain checksums. True again
+  // when every file had a .sha256 beside it (shardckpt export writes them) that was checked.
+  bool checksums = true;
+  std::string note;
 };
 
 // An error Status only when the checkpoint cannot be examined at all (no manifest, bad manifest);

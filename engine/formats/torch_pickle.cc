@@ -946,6 +946,14 @@ class Flattener {
 
 }  // namespace
 
+Result<PickleTensor> UnpickleTensor(const std::string& pickle) {
+  Unpickler unpickler(pickle);
+  SC_ASSIGN_OR_RETURN(Value* root, unpickler.Run());
+  if (root->kind != Value::kTensor) return InvalidArgument("the pickle holds a " + std::string(KindName(root->kind)) + ", not a tensor");
+  if (root->unsupported) return Status(Code::kUnimplemented, std::string("dtype ") + root->unsupported + " is not supported by shardckpt");
+  return unpickler.tensors()[static_cast<size_t>(root->i)];
+}
+
 Result<UnpickledStateDict> UnpickleStateDict(const std::string& pickle) {
   Unpickler unpickler(pickle);
   SC_ASSIGN_OR_RETURN(Value* root, unpickler.Run());

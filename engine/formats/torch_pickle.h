@@ -82,4 +82,8 @@ Result<LegacyHead> UnpickleLegacyHead(const std::string& head, bool* need_more);
 // `pickle_bytes`; past it the pickle is refused with an error saying so.
 uint64_t UnpickleMemoryBudget(size_t pickle_bytes);
 
+// The pickle of torch.save(tensor) (one bare tensor, as each chunk of a DCP folder holds), by
+// the same rules.
+Result<PickleTensor> UnpickleTensor(const std::string& pickle);
+
 }  // namespace shardckpt

@@ -52,10 +52,22 @@ Status ByteSource::ReadAt(uint64_t offset, void* buffer, size_t bytes) const {
                     " runs past the end of the file (" + std::to_string(size_) + " bytes): truncated?");
   }
   if (bytes_) {
-    if (bytes > 0) std::memcpy(buffer, bytes_->data() + offset, bytes);
+    if (bytes > 0) std::memcpy(buffer, bytes_->data() + base_ + offset, bytes);
     return Status::Ok();
   }
-  return ReadFullyAt(fd_->fd, buffer, bytes, offset, name_);
+  return ReadFullyAt(fd_->fd, buffer, bytes, base_ + offset, name_);
+}
+
+Result<ByteSource> ByteSource::Slice(uint64_t offset, uint64_t size, const std::string& name) const {
+  if (offset > size_ || size > size_ - offset) {
+    return DataLoss("bytes [" + std::to_string(offset) + ", +" + std::to_string(size) + ") run past the end of " +
+                    name_ + " (" + std::to_string(size_) + " bytes): truncated?");
+  }
+  ByteSource s = *this;
+  s.name_ = name;
+  s.base_ = base_ + offset;
+  s.size_ = size;
+  return s;
 }
 
 Result<ZipReader> ZipReader::Open(const std::string& path) {
@@ -79,18 +91,25 @@ Result<ZipReader> ZipReader::Open(ByteSource source) {
                                                "it through ReadLegacyTorchFile; torch.save it again for the zip format)");
   }
   if (size < 22) return bad("too short");
-  // End of central directory: in the last 22 + 65535 bytes.
-  uint64_t tail = std::min<uint64_t>(size, 22 + 65535);
-  std::string buf(tail, '\0');
-  SC_RETURN_IF_ERROR(z.ReadAt(size - tail, buf.data(), tail));
-  const auto* b = reinterpret_cast<const unsigned char*>(buf.data());
+  // End of central directory: in the last 22 + 65535 bytes. torch.save writes no zip comment,
+  // so it is the last 22 (after a zip64 locator's 20): those are read alone first, which keeps
+  // opening one embedded zip per chunk of a DCP folder cheap; a comment sends the search back.
+  uint64_t tail = std::min<uint64_t>(size, 22 + 20);
+  std::string buf;
   long eocd = -1;
-  for (long i = static_cast<long>(tail) - 22; i >= 0; --i) {
-    if (Le(b + i, 4) == 0x06054b50) {
-      eocd = i;
-      break;
+  for (int attempt = 0; attempt < 2 && eocd < 0; ++attempt) {
+    if (attempt == 1) tail = std::min<uint64_t>(size, 22 + 65535);
+    buf.assign(tail, '\0');
+    SC_RETURN_IF_ERROR(z.ReadAt(size - tail, buf.data(), tail));
+    const auto* p = reinterpret_cast<const unsigned char*>(buf.data());
+    for (long i = static_cast<long>(tail) - 22; i >= 0; --i) {
+      if (Le(p + i, 4) == 0x06054b50) {
+        eocd = i;
+        break;
+      }
     }
   }
+  const auto* b = reinterpret_cast<const unsigned char*>(buf.data());
   if (eocd < 0) return bad("no end-of-central-directory record");
   uint64_t count = Le(b + eocd + 10, 2), dir_size = Le(b + eocd + 12, 4), dir_offset = Le(b + eocd + 16, 4);
   if (count == 0xFFFF || dir_size == 0xFFFFFFFF || dir_offset == 0xFFFFFFFF) {

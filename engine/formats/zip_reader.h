@@ -18,6 +18,9 @@ class ByteSource {
  public:
   static Result<ByteSource> OpenFile(const std::string& path);
   static ByteSource FromBytes(std::string bytes, const std::string& name);
+  // `size` bytes of this source from `offset` (a zip embedded in a bigger file, as DCP writes),
+  // checked against this source's size; reads past the slice are refused like reads past a file.
+  Result<ByteSource> Slice(uint64_t offset, uint64_t size, const std::string& name) const;
   Status ReadAt(uint64_t offset, void* buffer, size_t bytes) const;
   uint64_t size() const { return size_; }
   const std::string& name() const { return name_; }
@@ -26,6 +29,7 @@ class ByteSource {
   struct Fd;
   std::string name_;
   uint64_t size_ = 0;
+  uint64_t base_ = 0;  // where a slice starts in the underlying file or bytes
   std::shared_ptr<const Fd> fd_;
   std::shared_ptr<const std::string> bytes_;
 };

@@ -166,6 +166,7 @@ Result<std::string> EncodeManifest(const Manifest& m) {
                        {"size", f.size},
                        {"table_offset", f.table_offset},
                        {"table_sums", SumsToHex(f.table_page_sums)}});
+      if (!f.checksums) files.back()["checksums"] = false;
     }
     root["files"] = std::move(files);
     root["chunk_fields"] = "[file, offset, bytes, begin|box_offsets, end|box_sizes]";
@@ -253,6 +254,14 @@ Result<Manifest> Decode(const std::string& text, const std::string& origin, bool
       f.size = U64(Field(files[i], "size"), "size");
       f.table_offset = U64(Field(files[i], "table_offset"), "table_offset");
       f.table_page_sums = HexToSums(Str(Field(files[i], "table_sums"), "table_sums"));
+      if (files[i].contains("checksums")) {
+        // Only a manifest built in memory from a DCP folder (broadcast to the other ranks of a
+        // load) has files without checksums; one on disk that claims so would skip verification.
+        if (check || !files[i]["checksums"].is_boolean() || files[i]["checksums"].get<bool>()) {
+          throw std::runtime_error("'checksums' is not allowed in a manifest on disk");
+        }
+        f.checksums = false;
+      }
       m.files.push_back(std::move(f));
     }
     const json& entries = Field(root, "entries");
@@ -325,6 +334,10 @@ Status ValidateManifest(const Manifest& m) {
   for (const FileRecord& f : m.files) {
     if (!IsPlainFileName(f.name)) return bad("file name '" + f.name + "' is not a plain file name");
     if (!file_names.insert(f.name).second) return bad("file '" + f.name + "' is listed twice");
+    if (!f.checksums) {
+      if (f.table_offset != f.size || !f.table_page_sums.empty()) return bad("file '" + f.name + "' without checksums has a table");
+      continue;
+    }
     if (f.table_offset % kBlockSize != 0 || f.table_offset > static_cast<uint64_t>(kMaxBytes)) {
       return bad("file '" + f.name + "' has a misaligned or huge table_offset");
     }
@@ -341,7 +354,7 @@ Status ValidateManifest(const Manifest& m) {
                           const std::string& what) -> Status {
     if (file >= m.files.size()) return bad(what + " names file index " + std::to_string(file) + " out of range");
     const FileRecord& f = m.files[file];
-    if (offset % kBlockSize != 0) return bad(what + " offset " + std::to_string(offset) + " is not 4096-aligned");
+    if (f.checksums && offset % kBlockSize != 0) return bad(what + " offset " + std::to_string(offset) + " is not 4096-aligned");
     if (offset > f.table_offset || bytes > f.table_offset - offset) {
       return bad(what + " [" + std::to_string(offset) + ", +" + std::to_string(bytes) +
                  ") runs past the data in '" + f.name + "' (" + std::to_string(f.table_offset) + " bytes)");

@@ -32,6 +32,10 @@ struct FileRecord {
   uint64_t size = 0;
   uint64_t table_offset = 0;  // end of the data area, start of the checksum table
   std::vector<uint64_t> table_page_sums;
+  // False only for a file of another format read in place (a DCP folder's .distcp, see
+  // engine/formats/dcp_read.h): no checksum table (table_offset == size), chunks at any offset.
+  // Never true of a manifest.json on disk: decoding one that says so is refused.
+  bool checksums = true;
 };
 
 struct ChunkRecord {

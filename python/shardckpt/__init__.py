@@ -386,6 +386,10 @@ class VerifyReport:
     bytes_checked: int
     blocks_checked: int
     problems: List[VerifyProblem]
+    # False for a PyTorch DCP folder, which stores no checksums: only its structure was checked,
+    # and ``note`` says so (``import_checkpoint`` of the folder gains checksums).
+    checksums: bool = True
+    note: str = ""
 
 
 def inspect(path: str) -> Dict[str, Any]:
@@ -413,7 +417,7 @@ def verify(path: str) -> VerifyReport:
     problems = [VerifyProblem(*p) for p in raw["problems"]]
     report = VerifyReport(checkpoint=raw["checkpoint"], files=raw["files"],
                           bytes_checked=raw["bytes_checked"], blocks_checked=raw["blocks_checked"],
-                          problems=problems)
+                          problems=problems, checksums=raw.get("checksums", True), note=raw.get("note", ""))
     if problems:
         error = DataLoss("checkpoint %s is damaged: %s" % (report.checkpoint, "; ".join(
             "%s/%s at offset %d (%s): %s" % (report.checkpoint, p.file, p.offset, p.entries, p.what)

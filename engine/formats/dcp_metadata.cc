@@ -1,0 +1,484 @@
+#include "shardckpt/engine/formats/dcp_metadata.h"
+
+#include <cstdio>
+#include <deque>
+#include <set>
+#include <unordered_map>
+
+#include "shardckpt/engine/formats/torch_pickle.h"
+
+namespace shardckpt {
+namespace {
+
+constexpr const char* kMeta = "torch.distributed.checkpoint.metadata.";
+
+// One unpickled value, owned by the machine's arena. kObject is a class instance as data: the
+// class's name, NEWOBJ's arguments and BUILD's state; nothing of the class runs.
+struct Value {
+  enum Kind : uint8_t { kNone, kBool, kInt, kBigInt, kFloat, kString, kTuple, kList, kDict, kGlobal, kObject };
+  Kind kind = kNone;
+  bool is_size = false;  // a torch.Size (a tuple of ints)
+  int64_t i = 0;
+  std::string s;              // string, global name, object class
+  std::vector<Value*> items;  // tuple, list, dict as key, value, ...; object: [args, state]
+};
+
+const char* KindName(Value::Kind k) {
+  static const char* const kNames[] = {"None", "bool", "int", "big int", "float", "string",
+                                       "tuple", "list", "dict", "global", "object"};
+  return kNames[k];
+}
+
+// Classes DCP's metadata pickles as instances (NEWOBJ + BUILD).
+const std::set<std::string>& Classes() {
+  static const std::set<std::string> k = [] {
+    std::set<std::string> s;
+    for (const char* c : {"Metadata", "TensorStorageMetadata", "TensorProperties", "ChunkStorageMetadata",
+                          "BytesStorageMetadata", "MetadataIndex", "StorageMeta"}) {
+      s.insert(std::string(kMeta) + c);
+    }
+    s.insert("torch.distributed.checkpoint.filesystem._StorageInfo");
+    return s;
+  }();
+  return k;
+}
+
+// Callables REDUCE may name, each interpreted below; and dtypes, which pickle as globals.
+const std::set<std::string>& OtherGlobals() {
+  static const std::set<std::string> k = [] {
+    std::set<std::string> s = {"torch.Size", "torch.serialization._get_layout", "builtins.getattr",
+                               "pathlib.PosixPath", "pathlib.PurePosixPath", "pathlib.WindowsPath",
+                               "pathlib.PureWindowsPath", "collections.OrderedDict",
+                               std::string(kMeta) + "_MEM_FORMAT_ENCODING"};
+    for (int d = 0; d < kNumDTypes; ++d) s.insert(std::string("torch.") + DTypeName(static_cast<DType>(d)));
+    for (const char* name : {"uint16", "uint32", "uint64", "complex32", "complex64", "complex128", "float8_e4m3fnuz",
+                             "float8_e5m2fnuz", "float8_e8m0fnu", "qint8", "quint8", "qint32"}) {
+      s.insert(std::string("torch.") + name);
+    }
+    return s;
+  }();
+  return k;
+}
+
+class Machine {
+ public:
+  Machine(const std::string& data, bool allow_globals)
+      : data_(data), allow_globals_(allow_globals), budget_(UnpickleMemoryBudget(data.size())) {}
+
+  Result<Value*> Run() {
+    while (pos_ < data_.size()) {
+      const size_t at = pos_;
+      Status st = Step(static_cast<unsigned char>(data_[pos_++]));
+      if (!st.ok()) return st.WithContext("pickle at offset " + std::to_string(at));
+      if (done_) {
+        if (stack_.size() != 1 || !marks_.empty()) return DataLoss("pickle ended with a malformed stack");
+        return stack_.back();
+      }
+    }
+    return DataLoss("pickle is truncated (no STOP)");
+  }
+
+ private:
+  Status Charge(uint64_t bytes) {
+    used_ += bytes;
+    if (used_ <= budget_) return Status::Ok();
+    return InvalidArgument("the pickle needs more than " + std::to_string(budget_) + " bytes of memory, the budget for " +
+                           std::to_string(data_.size()) + " bytes of pickle; refused");
+  }
+  Result<Value*> New(Value::Kind kind, size_t extra = 0) {
+    SC_RETURN_IF_ERROR(Charge(sizeof(Value) + extra));
+    arena_.emplace_back();
+    arena_.back().kind = kind;
+    return &arena_.back();
+  }
+  Status Push(Value* v) {
+    SC_RETURN_IF_ERROR(Charge(sizeof(Value*)));
+    stack_.push_back(v);
+    return Status::Ok();
+  }
+  Status PushNew(Value::Kind kind, int64_t i = 0) {
+    SC_ASSIGN_OR_RETURN(Value* v, New(kind));
+    v->i = i;
+    return Push(v);
+  }
+  Result<Value*> Pop() {
+    if (stack_.empty() || (!marks_.empty() && stack_.size() <= marks_.back())) return DataLoss("stack underflow");
+    Value* v = stack_.back();
+    stack_.pop_back();
+    return v;
+  }
+  Result<Value*> Top() {
+    if (stack_.empty() || (!marks_.empty() && stack_.size() <= marks_.back())) return DataLoss("stack underflow");
+    return stack_.back();
+  }
+  Result<std::vector<Value*>> PopToMark() {
+    if (marks_.empty()) return DataLoss("no MARK on the stack");
+    size_t mark = marks_.back();
+    marks_.pop_back();
+    std::vector<Value*> items(stack_.begin() + static_cast<long>(mark), stack_.end());
+    stack_.resize(mark);
+    return items;
+  }
+  bool Need(size_t n) const { return n <= data_.size() - pos_; }
+  uint64_t Le(size_t n) {
+    uint64_t v = 0;
+    for (size_t k = 0; k < n; ++k) v |= uint64_t{static_cast<unsigned char>(data_[pos_ + k])} << (8 * k);
+    pos_ += n;
+    return v;
+  }
+  Status Global(const std::string& module, const std::string& name) {
+    // Protocols below 3 name Python 3's builtins module as Python 2 did (pickle's fix_imports).
+    const std::string full = (module == "__builtin__" ? std::string("builtins") : module) + "." + name;
+    if (!allow_globals_ || (!Classes().count(full) && !OtherGlobals().count(full))) {
+      return InvalidArgument("global '" + full + "' is not allowed (only the classes DCP's metadata pickles are; "
+                             "nothing in the file is executed)");
+    }
+    SC_ASSIGN_OR_RETURN(Value* v, New(Value::kGlobal, full.size()));
+    v->s = full;
+    return Push(v);
+  }
+  Result<std::string> Line() {
+    size_t end = data_.find('\n', pos_);
+    if (end == std::string::npos || end - pos_ > 256) return DataLoss("unterminated GLOBAL");
+    std::string s = data_.substr(pos_, end - pos_);
+    pos_ = end + 1;
+    return s;
+  }
+  Status Tuple(std::vector<Value*> items) {
+    SC_ASSIGN_OR_RETURN(Value* t, New(Value::kTuple, items.size() * sizeof(Value*)));
+    t->items = std::move(items);
+    return Push(t);
+  }
+  Status Strings(const std::vector<Value*>& a, std::string* out) {
+    for (const Value* v : a) {
+      if (v->kind != Value::kString) return DataLoss("a path made of a " + std::string(KindName(v->kind)));
+      *out += (out->empty() ? "" : "/") + v->s;
+    }
+    return Status::Ok();
+  }
+  // REDUCE, for the callables DCP's pickles use; each result is plain data.
+  Status Reduce() {
+    SC_ASSIGN_OR_RETURN(Value* args, Pop());
+    SC_ASSIGN_OR_RETURN(Value* fn, Pop());
+    if (fn->kind != Value::kGlobal || args->kind != Value::kTuple) return DataLoss("REDUCE of a non-callable");
+    const std::vector<Value*>& a = args->items;
+    const std::string& name = fn->s;
+    if (name == "torch.Size") {
+      if (a.size() != 1 || (a[0]->kind != Value::kTuple && a[0]->kind != Value::kList)) return DataLoss("torch.Size of a non-tuple");
+      for (const Value* d : a[0]->items) {
+        if (d->kind != Value::kInt) return DataLoss("torch.Size holds a " + std::string(KindName(d->kind)));
+      }
+      SC_ASSIGN_OR_RETURN(Value* v, New(Value::kTuple, a[0]->items.size() * sizeof(Value*)));
+      v->items = a[0]->items;
+      v->is_size = true;
+      return Push(v);
+    }
+    SC_ASSIGN_OR_RETURN(Value* out, New(Value::kString));
+    if (name == "torch.serialization._get_layout" || name == std::string(kMeta) + "_MEM_FORMAT_ENCODING") {
+      if (a.size() != 1 || a[0]->kind != Value::kString) return DataLoss(name + " of a non-string");
+      out->s = a[0]->s;
+    } else if (name == "builtins.getattr") {  // only an enum member: getattr(_MEM_FORMAT_ENCODING, 'NAME')
+      if (a.size() != 2 || a[0]->kind != Value::kGlobal || a[0]->s != std::string(kMeta) + "_MEM_FORMAT_ENCODING" ||
+          a[1]->kind != Value::kString) {
+        return InvalidArgument("getattr is allowed only for a member of _MEM_FORMAT_ENCODING");
+      }
+      out->s = a[1]->s;
+    } else if (name.rfind("pathlib.", 0) == 0) {
+      SC_RETURN_IF_ERROR(Strings(a, &out->s));
+    } else if (name == "collections.OrderedDict" && a.empty()) {
+      out->kind = Value::kDict;
+    } else {
+      return InvalidArgument("REDUCE of '" + name + "' is not supported (nothing in the file is executed)");
+    }
+    SC_RETURN_IF_ERROR(Charge(out->s.size()));
+    return Push(out);
+  }
+
+  Status Step(unsigned char op) {
+    switch (op) {
+      case 0x80: {  // PROTO
+        if (!Need(1)) return DataLoss("truncated");
+        unsigned proto = static_cast<unsigned char>(data_[pos_++]);
+        if (proto < 2 || proto > 5) return InvalidArgument("pickle protocol " + std::to_string(proto) + " is not supported (2 to 5 are)");
+        return Status::Ok();
+      }
+      case 0x95:  // FRAME
+        if (!Need(8)) return DataLoss("truncated");
+        pos_ += 8;
+        return Status::Ok();
+      case '.':
+        done_ = true;
+        return Status::Ok();
+      case 'N': return PushNew(Value::kNone);
+      case 0x88: case 0x89: return PushNew(Value::kBool, op == 0x88);
+      case 'K': case 'M': case 'J': {
+        size_t n = op == 'K' ? 1 : op == 'M' ? 2 : 4;
+        if (!Need(n)) return DataLoss("truncated integer");
+        uint64_t raw = Le(n);
+        return PushNew(Value::kInt, op == 'J' ? static_cast<int32_t>(raw) : static_cast<int64_t>(raw));
+      }
+      case 0x8a: {  // LONG1
+        if (!Need(1)) return DataLoss("truncated LONG1");
+        size_t n = static_cast<unsigned char>(data_[pos_++]);
+        if (!Need(n)) return DataLoss("truncated LONG1");
+        if (n > 8) {
+          pos_ += n;
+          return PushNew(Value::kBigInt);
+        }
+        uint64_t raw = Le(n);
+        if (n > 0 && n < 8 && (raw >> (8 * n - 1)) & 1) raw |= ~uint64_t{0} << (8 * n);
+        return PushNew(Value::kInt, static_cast<int64_t>(raw));
+      }
+      case 'G':
+        if (!Need(8)) return DataLoss("truncated float");
+        pos_ += 8;
+        return PushNew(Value::kFloat);
+      case 'X': case 0x8c: case 0x8d: case 'C': case 'B': case 0x8e: {  // strings and bytes
+        size_t width = (op == 'X' || op == 'B') ? 4 : (op == 0x8d || op == 0x8e) ? 8 : 1;
+        if (!Need(width)) return DataLoss("truncated string");
+        uint64_t n = Le(width);
+        if (!Need(n)) return DataLoss("string runs past the end");
+        SC_ASSIGN_OR_RETURN(Value* v, New(Value::kString, n));
+        v->s = data_.substr(pos_, n);
+        pos_ += n;
+        return Push(v);
+      }
+      case 'q': case 'r': case 0x94: {  // BINPUT, LONG_BINPUT, MEMOIZE
+        size_t width = op == 'q' ? 1 : op == 'r' ? 4 : 0;
+        if (!Need(width)) return DataLoss("truncated memo put");
+        uint64_t key = width ? Le(width) : memo_.size();
+        SC_ASSIGN_OR_RETURN(Value* top, Top());
+        SC_RETURN_IF_ERROR(Charge(64));
+        memo_[key] = top;
+        return Status::Ok();
+      }
+      case 'h': case 'j': {
+        size_t width = op == 'h' ? 1 : 4;
+        if (!Need(width)) return DataLoss("truncated memo get");
+        auto it = memo_.find(Le(width));
+        if (it == memo_.end()) return DataLoss("memo get of an unknown key");
+        return Push(it->second);
+      }
+      case '(':
+        marks_.push_back(stack_.size());
+        return Charge(sizeof(size_t));
+      case ')': return Tuple({});
+      case ']': return PushNew(Value::kList);
+      case '}': return PushNew(Value::kDict);
+      case 't': {
+        SC_ASSIGN_OR_RETURN(auto items, PopToMark());
+        return Tuple(std::move(items));
+      }
+      case 0x85: case 0x86: case 0x87: {
+        std::vector<Value*> items(op - 0x84u);
+        for (size_t k = items.size(); k-- > 0;) {
+          SC_ASSIGN_OR_RETURN(items[k], Pop());
+        }
+        return Tuple(std::move(items));
+      }
+      case 's': case 'u': case 'a': case 'e': {  // SETITEM(S), APPEND(S)
+        std::vector<Value*> items;
+        if (op == 's' || op == 'a') {
+          for (int k = op == 's' ? 2 : 1; k-- > 0;) {
+            SC_ASSIGN_OR_RETURN(Value* v, Pop());
+            items.insert(items.begin(), v);
+          }
+        } else {
+          SC_ASSIGN_OR_RETURN(items, PopToMark());
+        }
+        SC_ASSIGN_OR_RETURN(Value* target, Top());
+        const bool dict = op == 's' || op == 'u';
+        if (target->kind != (dict ? Value::kDict : Value::kList) || (dict && items.size() % 2)) {
+          return DataLoss(std::string(dict ? "SETITEMS" : "APPENDS") + " on a " + KindName(target->kind));
+        }
+        SC_RETURN_IF_ERROR(Charge(items.size() * sizeof(Value*)));
+        target->items.insert(target->items.end(), items.begin(), items.end());
+        return Status::Ok();
+      }
+      case 'c': {
+        SC_ASSIGN_OR_RETURN(std::string module, Line());
+        SC_ASSIGN_OR_RETURN(std::string name, Line());
+        return Global(module, name);
+      }
+      case 0x93: {
+        SC_ASSIGN_OR_RETURN(Value* name, Pop());
+        SC_ASSIGN_OR_RETURN(Value* module, Pop());
+        if (module->kind != Value::kString || name->kind != Value::kString) return DataLoss("STACK_GLOBAL of non-strings");
+        if (module->s.size() > 256 || name->s.size() > 256) return InvalidArgument("STACK_GLOBAL of a name over 256 bytes");
+        return Global(module->s, name->s);
+      }
+      case 0x81: {  // NEWOBJ: an instance of an allowed class, as data
+        SC_ASSIGN_OR_RETURN(Value* args, Pop());
+        SC_ASSIGN_OR_RETURN(Value* cls, Pop());
+        if (cls->kind != Value::kGlobal || !Classes().count(cls->s) || args->kind != Value::kTuple) {
+          return InvalidArgument("NEWOBJ of " + (cls->kind == Value::kGlobal ? "'" + cls->s + "'" : std::string("a ") + KindName(cls->kind)) +
+                                 " is not allowed");
+        }
+        SC_ASSIGN_OR_RETURN(Value* obj, New(Value::kObject, cls->s.size()));
+        obj->s = cls->s;
+        obj->items = {args, nullptr};
+        return Push(obj);
+      }
+      case 'R': return Reduce();
+      case 'b': {  // BUILD: the instance's state, kept as it is
+        SC_ASSIGN_OR_RETURN(Value* state, Pop());
+        SC_ASSIGN_OR_RETURN(Value* obj, Top());
+        if (obj->kind != Value::kObject || obj->items[1] != nullptr) return InvalidArgument("BUILD of a " + std::string(KindName(obj->kind)));
+        obj->items[1] = state;
+        return Status::Ok();
+      }
+      default: {
+        char hex[8];
+        std::snprintf(hex, sizeof(hex), "0x%02x", op);
+        return InvalidArgument(std::string("pickle opcode ") + hex + " is not allowed");
+      }
+    }
+  }
+
+  const std::string& data_;
+  const bool allow_globals_;
+  const uint64_t budget_;
+  uint64_t used_ = 0;
+  size_t pos_ = 0;
+  bool done_ = false;
+  std::deque<Value> arena_;
+  std::vector<Value*> stack_;
+  std::vector<size_t> marks_;
+  std::unordered_map<uint64_t, Value*> memo_;
+};
+
+// ---- the tree to ParsedDcpMetadata
+
+Status Bad(const std::string& what) { return DataLoss("DCP metadata: " + what); }
+
+bool IsObject(const Value* v, const char* cls) { return v && v->kind == Value::kObject && v->s == std::string(kMeta) + cls; }
+
+// An instance's field: BUILD's dict (or the dict of a (dict, slots) pair); null when absent.
+const Value* Field(const Value* obj, const std::string& name) {
+  const Value* state = obj->items[1];
+  if (state && state->kind == Value::kTuple && state->items.size() == 2) state = state->items[0];
+  if (!state || state->kind != Value::kDict) return nullptr;
+  for (size_t k = 0; k + 1 < state->items.size(); k += 2) {
+    if (state->items[k]->kind == Value::kString && state->items[k]->s == name) return state->items[k + 1];
+  }
+  return nullptr;
+}
+
+Result<std::vector<int64_t>> Ints(const Value* v, const std::string& what) {
+  if (!v || v->kind != Value::kTuple) return Bad(what + " is not a torch.Size");
+  std::vector<int64_t> out;
+  for (const Value* d : v->items) {
+    if (d->kind != Value::kInt) return Bad(what + " holds a " + KindName(d->kind));
+    out.push_back(d->i);
+  }
+  return out;
+}
+
+Result<std::string> Str(const Value* v, const std::string& what) {
+  if (!v || v->kind != Value::kString) return Bad(what + " is not a string");
+  return v->s;
+}
+
+Result<uint64_t> U64(const Value* v, const std::string& what) {
+  if (!v || v->kind != Value::kInt || v->i < 0) return Bad(what + " is not a non-negative integer");
+  return static_cast<uint64_t>(v->i);
+}
+
+Status Tensor(const Value* md, ParsedDcpItem* item) {
+  const std::string& n = item->name;
+  const Value* props = Field(md, "properties");
+  if (!IsObject(props, "TensorProperties")) return Bad("'" + n + "': properties is not a TensorProperties");
+  // TensorProperties pickles its state as (dtype, layout, requires_grad, memory_format,
+  // pin_memory[, strides]); older torch as a dict with a dtype field.
+  const Value* dtype = props->items[1] && props->items[1]->kind == Value::kTuple && !props->items[1]->items.empty()
+                           ? props->items[1]->items[0]
+                           : Field(props, "dtype");
+  if (!dtype || dtype->kind != Value::kGlobal || dtype->s.rfind("torch.", 0) != 0) return Bad("'" + n + "': no dtype");
+  Result<DType> parsed = ParseDType(dtype->s.substr(6));
+  if (parsed.ok()) {
+    item->dtype = *parsed;
+  } else {
+    item->unsupported = dtype->s.substr(6);
+  }
+  SC_ASSIGN_OR_RETURN(item->size, Ints(Field(md, "size"), "'" + n + "' size"));
+  const Value* chunks = Field(md, "chunks");
+  if (!chunks || chunks->kind != Value::kList) return Bad("'" + n + "': chunks is not a list");
+  for (const Value* c : chunks->items) {
+    if (!IsObject(c, "ChunkStorageMetadata")) return Bad("'" + n + "': a chunk is not a ChunkStorageMetadata");
+    ParsedDcpChunk chunk;
+    SC_ASSIGN_OR_RETURN(chunk.offsets, Ints(Field(c, "offsets"), "'" + n + "' chunk offsets"));
+    SC_ASSIGN_OR_RETURN(chunk.sizes, Ints(Field(c, "sizes"), "'" + n + "' chunk sizes"));
+    item->chunks.push_back(std::move(chunk));
+  }
+  return Status::Ok();
+}
+
+Status Storage(const Value* key, const Value* info, ParsedDcpStorage* s) {
+  if (!IsObject(key, "MetadataIndex")) return Bad("a storage_data key is not a MetadataIndex");
+  if (!info || info->kind != Value::kObject || info->s != "torch.distributed.checkpoint.filesystem._StorageInfo") {
+    return Bad("a storage_data value is not a _StorageInfo");
+  }
+  SC_ASSIGN_OR_RETURN(s->fqn, Str(Field(key, "fqn"), "MetadataIndex.fqn"));
+  const Value* offset = Field(key, "offset");
+  if (offset && offset->kind != Value::kNone) {
+    SC_ASSIGN_OR_RETURN(s->offset, Ints(offset, "'" + s->fqn + "' MetadataIndex.offset"));
+  }
+  const std::string what = "_StorageInfo of '" + s->fqn + "'";
+  SC_ASSIGN_OR_RETURN(s->relative_path, Str(Field(info, "relative_path"), what + ": relative_path"));
+  SC_ASSIGN_OR_RETURN(s->offset_in_file, U64(Field(info, "offset"), what + ": offset"));
+  SC_ASSIGN_OR_RETURN(s->length, U64(Field(info, "length"), what + ": length"));
+  const Value* transforms = Field(info, "transform_descriptors");
+  if (transforms && transforms->kind != Value::kNone) {
+    if (transforms->kind != Value::kList && transforms->kind != Value::kTuple) return Bad(what + ": transform_descriptors");
+    for (const Value* t : transforms->items) {
+      SC_ASSIGN_OR_RETURN(std::string d, Str(t, what + ": a transform descriptor"));
+      s->transforms.push_back(std::move(d));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<ParsedDcpMetadata> ParseDcpMetadata(const std::string& pickle, const std::string& origin) {
+  auto run = [&]() -> Result<ParsedDcpMetadata> {
+    Machine machine(pickle, true);
+    SC_ASSIGN_OR_RETURN(const Value* root, machine.Run());
+    if (!IsObject(root, "Metadata")) return Bad("the pickle holds a " + std::string(KindName(root->kind)) + ", not a Metadata");
+    ParsedDcpMetadata out;
+    const Value* sdm = Field(root, "state_dict_metadata");
+    if (!sdm || sdm->kind != Value::kDict) return Bad("state_dict_metadata is not a dict");
+    std::set<std::string> names;
+    for (size_t k = 0; k + 1 < sdm->items.size(); k += 2) {
+      ParsedDcpItem item;
+      SC_ASSIGN_OR_RETURN(item.name, Str(sdm->items[k], "a state_dict_metadata key"));
+      if (!names.insert(item.name).second) return Bad("'" + item.name + "' is listed twice");
+      const Value* md = sdm->items[k + 1];
+      if (IsObject(md, "BytesStorageMetadata")) {
+        item.is_bytes = true;
+      } else if (IsObject(md, "TensorStorageMetadata")) {
+        SC_RETURN_IF_ERROR(Tensor(md, &item));
+      } else {
+        return Bad("'" + item.name + "' is neither a TensorStorageMetadata nor a BytesStorageMetadata");
+      }
+      out.items.push_back(std::move(item));
+    }
+    const Value* sd = Field(root, "storage_data");
+    if (!sd || sd->kind != Value::kDict) return Bad("storage_data is not a dict (a storage layout other than the file system's)");
+    for (size_t k = 0; k + 1 < sd->items.size(); k += 2) {
+      ParsedDcpStorage s;
+      SC_RETURN_IF_ERROR(Storage(sd->items[k], sd->items[k + 1], &s));
+      out.storage.push_back(std::move(s));
+    }
+    const Value* version = Field(root, "version");
+    if (version && version->kind == Value::kString) out.version = version->s;
+    return out;
+  };
+  Result<ParsedDcpMetadata> out = run();
+  if (!out.ok()) return out.status().WithContext(origin);
+  return out;
+}
+
+Status CheckPlainPickle(const std::string& pickle) { return Machine(pickle, false).Run().status(); }
+
+}  // namespace shardckpt

@@ -1,0 +1,264 @@
+#include "shardckpt/engine/formats/dcp_read.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <optional>
+
+#include <openssl/evp.h>
+
+#include "shardckpt/engine/formats/dcp_metadata.h"
+#include "shardckpt/engine/formats/torch_file.h"
+#include "shardckpt/engine/formats/zip_reader.h"
+#include "shardckpt/io/fs.h"
+
+namespace shardckpt {
+namespace {
+
+constexpr uint64_t kMaxMetadataBytes = uint64_t{1} << 30;
+constexpr uint64_t kMaxChunkPickleBytes = uint64_t{1} << 20;
+
+std::string OffsetsText(const std::vector<int64_t>& v) { return ShapeString(v); }
+
+// __<rank>_<n>.distcp: the saving rank, or -1 for another name.
+int RankOfFile(const std::string& name) {
+  int rank = -1, n = -1;
+  char tail[8] = {0};
+  if (std::sscanf(name.c_str(), "__%d_%d.%7s", &rank, &n, tail) == 3 && std::string(tail) == "distcp") return rank;
+  return -1;
+}
+
+// The chunk's torch.save zip inside its .distcp: its one storage record, checked against the
+// chunk (dtype, shape, a contiguous view); returns the record's bytes as [offset, +bytes) of the file.
+Status LocateChunk(const ByteSource& file, const ParsedDcpStorage& s, DType dtype, const Shape& sizes, ChunkRecord* chunk) {
+  SC_ASSIGN_OR_RETURN(ByteSource slice, file.Slice(s.offset_in_file, s.length, file.name() + " [" +
+                                                   std::to_string(s.offset_in_file) + ", +" + std::to_string(s.length) + ")"));
+  // torch 2.x's serialization_format=SAFETENSORS records only sizes here and appends one
+  // safetensors blob per file: a different layout, named rather than reported as damage.
+  char magic[4] = {0};
+  if (s.length >= 4) SC_RETURN_IF_ERROR(slice.ReadAt(0, magic, 4));
+  if (s.length < 4 || std::memcmp(magic, "PK\x03\x04", 4) != 0) {
+    return DataLoss("no torch.save zip starts there: the file is damaged, or the folder was saved with "
+                    "serialization_format=SAFETENSORS, which shardckpt does not read (save with the default, torch_save)");
+  }
+  SC_ASSIGN_OR_RETURN(ZipReader zip, ZipReader::Open(slice));
+  SC_ASSIGN_OR_RETURN(std::string pickle, zip.ReadRecord(zip.prefix() + "data.pkl", kMaxChunkPickleBytes));
+  SC_ASSIGN_OR_RETURN(PickleTensor t, UnpickleTensor(pickle));
+  auto record = zip.records().find(zip.prefix() + "data/" + t.storage_key);
+  if (record == zip.records().end()) return DataLoss("its zip has no storage record '" + t.storage_key + "'");
+  SC_RETURN_IF_ERROR(ValidateTorchTensor(t, record->second.size));
+  if (t.dtype != dtype) {
+    return DataLoss(std::string("the record is ") + DTypeName(t.dtype) + ", .metadata says " + DTypeName(dtype));
+  }
+  if (t.sizes != sizes) return DataLoss("the record's shape is " + ShapeString(t.sizes) + ", .metadata says " + ShapeString(sizes));
+  int64_t expect = 1;
+  const bool empty = std::find(sizes.begin(), sizes.end(), 0) != sizes.end();  // strides mean nothing
+  for (size_t d = empty ? 0 : sizes.size(); d-- > 0;) {
+    if (sizes[d] != 1 && t.strides[d] != expect) {
+      // dcp.save keeps a view's strides (a transposed weight): valid, but not a row-major chunk.
+      std::string strides;
+      for (int64_t v : t.strides) strides += (strides.empty() ? "" : ", ") + std::to_string(v);
+      return Status(Code::kUnimplemented, "the chunk was saved non-contiguous (strides (" + strides +
+                                              ")), which shardckpt does not read; save .contiguous() tensors");
+    }
+    expect *= sizes[d];
+  }
+  const uint64_t element = DTypeSize(dtype);
+  SC_ASSIGN_OR_RETURN(int64_t bytes, NumBytes(sizes, element));
+  // ValidateTorchTensor checked the view lies inside the record.
+  chunk->offset = s.offset_in_file + record->second.data_offset + static_cast<uint64_t>(t.storage_offset) * element;
+  chunk->bytes = static_cast<uint64_t>(bytes);
+  return Status::Ok();
+}
+
+}  // namespace
+
+bool IsDcpFolder(const std::string& path) {
+  return PathExists(JoinPath(path, kDcpMetadataFile)) && !PathExists(JoinPath(path, kManifestName));
+}
+
+Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* problems) {
+  const std::string meta_path = JoinPath(dir, kDcpMetadataFile);
+  SC_ASSIGN_OR_RETURN(std::string pickle, ReadFileLimited(meta_path, kMaxMetadataBytes));
+  SC_ASSIGN_OR_RETURN(ParsedDcpMetadata md, ParseDcpMetadata(pickle, meta_path));
+  auto bad = [&](const std::string& what) { return DataLoss(meta_path + ": " + what); };
+
+  Manifest m;
+  m.created.user["source_format"] = "torch.distributed.checkpoint (DCP)";
+  if (!md.version.empty()) m.created.user["dcp_version"] = md.version;
+  // Files first: each named once, a plain name inside the folder, its size as it is now.
+  std::map<std::string, uint32_t> file_index;
+  std::vector<std::optional<ByteSource>> sources;
+  int max_rank = -1;
+  for (const ParsedDcpStorage& s : md.storage) {
+    if (!IsPlainFileName(s.relative_path)) {
+      return bad("'" + s.fqn + "' is stored in '" + s.relative_path + "', not a plain file name in the folder (refused)");
+    }
+    if (!s.transforms.empty()) {
+      std::string list;
+      for (const std::string& t : s.transforms) list += (list.empty() ? "" : ", ") + t;
+      return Status(Code::kUnimplemented, meta_path + ": '" + s.fqn + "' is stored through transform extensions (" +
+                                              list + ", e.g. compression), which shardckpt does not read");
+    }
+    if (file_index.count(s.relative_path)) continue;
+    file_index[s.relative_path] = static_cast<uint32_t>(m.files.size());
+    FileRecord f;
+    f.name = s.relative_path;
+    f.checksums = false;
+    Result<ByteSource> source = ByteSource::OpenFile(JoinPath(dir, f.name));
+    if (source.ok()) {
+      f.size = f.table_offset = source->size();
+      sources.push_back(std::move(source).value());
+    } else if (problems) {
+      problems->push_back(DcpProblem{f.name, 0, "", "missing or unreadable: " + source.status().message()});
+      sources.push_back(std::nullopt);
+    } else {
+      return source.status().WithContext(dir);
+    }
+    max_rank = std::max(max_rank, RankOfFile(f.name));
+    m.files.push_back(std::move(f));
+  }
+  m.world_size = max_rank >= 0 ? max_rank + 1 : std::max<int>(1, static_cast<int>(m.files.size()));
+
+  // storage_data by (fqn, chunk offsets); byte items by fqn alone.
+  std::map<std::pair<std::string, std::vector<int64_t>>, const ParsedDcpStorage*> tensor_at;
+  std::map<std::string, const ParsedDcpStorage*> bytes_at;
+  for (const ParsedDcpStorage& s : md.storage) {
+    bool fresh = s.offset ? tensor_at.emplace(std::make_pair(s.fqn, *s.offset), &s).second : bytes_at.emplace(s.fqn, &s).second;
+    if (!fresh) return bad("'" + s.fqn + "' has two storage records for one chunk");
+  }
+  auto problem = [&](const ParsedDcpStorage& s, const std::string& name, const Status& st) -> Status {
+    const std::string what = "'" + name + "' at [" + std::to_string(s.offset_in_file) + ", +" + std::to_string(s.length) +
+                             ") of " + s.relative_path + ": " + st.message();
+    // Damage is a problem to list; a valid chunk this reader does not take is not.
+    if (!problems || st.code() == Code::kUnimplemented) {
+      return Status(st.code() == Code::kUnimplemented ? st.code() : Code::kDataLoss, JoinPath(dir, s.relative_path) + ": " + what);
+    }
+    problems->push_back(DcpProblem{s.relative_path, s.offset_in_file, name, st.message()});
+    return Status::Ok();
+  };
+  for (const ParsedDcpItem& item : md.items) {
+    if (item.is_bytes) {
+      auto it = bytes_at.find(item.name);
+      if (it == bytes_at.end()) return bad("byte item '" + item.name + "' has no storage record");
+      const ParsedDcpStorage& s = *it->second;
+      const uint32_t file = file_index.at(s.relative_path);
+      if (!sources[file]) continue;
+      if (s.offset_in_file > m.files[file].size || s.length > m.files[file].size - s.offset_in_file) {
+        SC_RETURN_IF_ERROR(problem(s, item.name, DataLoss("runs past the end of the file (" + std::to_string(m.files[file].size) +
+                                                          " bytes): truncated?")));
+        continue;
+      }
+      m.blobs.push_back(BlobRecord{item.name, BlobScope::kGlobal, 0, file, s.offset_in_file, s.length});
+      continue;
+    }
+    if (!item.unsupported.empty()) {
+      return Status(Code::kUnimplemented, meta_path + ": tensor '" + item.name + "': dtype " + item.unsupported +
+                                              " is not supported by shardckpt");
+    }
+    EntryRecord e;
+    e.name = item.name;
+    e.dtype = item.dtype;
+    e.shape = item.size;
+    SC_RETURN_IF_ERROR(NumBytes(e.shape, DTypeSize(e.dtype)).status().WithContext(meta_path + ": tensor '" + e.name + "'"));
+    for (const ParsedDcpChunk& c : item.chunks) {
+      ChunkRecord chunk;
+      chunk.layout = Layout::Box(c.offsets, c.sizes);
+      Result<int64_t> count = ValidateLayout(chunk.layout, e.shape);
+      if (!count.ok()) return bad("tensor '" + e.name + "' chunk at " + OffsetsText(c.offsets) + ": " + count.status().message());
+      auto it = tensor_at.find({item.name, c.offsets});
+      if (it == tensor_at.end()) return bad("tensor '" + e.name + "' chunk at " + OffsetsText(c.offsets) + " has no storage record");
+      const ParsedDcpStorage& s = *it->second;
+      chunk.file = file_index.at(s.relative_path);
+      if (!sources[chunk.file]) continue;
+      Status located = LocateChunk(*sources[chunk.file], s, e.dtype, c.sizes, &chunk);
+      if (!located.ok()) {
+        SC_RETURN_IF_ERROR(problem(s, e.name, located));
+        continue;
+      }
+      e.chunks.push_back(std::move(chunk));
+    }
+    m.entries.push_back(std::move(e));
+  }
+  if (problems && !problems->empty()) return m;  // chunks left out: coverage would only repeat them
+  Status valid = ValidateManifest(m);
+  if (!valid.ok()) return valid.WithContext(dir);
+  // Two records sharing bytes of a file: DCP never writes that; a hand-edited .metadata might.
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> spans(m.files.size());
+  for (const EntryRecord& e : m.entries) {
+    for (const ChunkRecord& c : e.chunks) spans[c.file].push_back({c.offset, c.offset + c.bytes});
+  }
+  for (const BlobRecord& b : m.blobs) spans[b.file].push_back({b.offset, b.offset + b.bytes});
+  for (size_t f = 0; f < spans.size(); ++f) {
+    std::sort(spans[f].begin(), spans[f].end());
+    for (size_t k = 1; k < spans[f].size(); ++k) {
+      if (spans[f][k].first < spans[f][k - 1].second) {
+        return bad("two records overlap in " + m.files[f].name + " at offset " + std::to_string(spans[f][k].first));
+      }
+    }
+  }
+  return m;
+}
+
+std::vector<DcpProblem> CheckDcpSha256Files(const std::string& dir, const Manifest& m, uint64_t* checked, uint64_t* bytes) {
+  std::vector<DcpProblem> problems;
+  for (const FileRecord& f : m.files) {
+    const std::string sum_path = JoinPath(dir, f.name + ".sha256");
+    if (!PathExists(sum_path)) continue;
+    (*checked)++;
+    Result<std::string> line = ReadFileLimited(sum_path, 4096);
+    if (!line.ok() || line->size() < 64) {
+      problems.push_back(DcpProblem{f.name, 0, "", "its .sha256 cannot be read: " +
+                                                       (line.ok() ? std::string("too short") : line.status().message())});
+      continue;
+    }
+    Result<ByteSource> file = ByteSource::OpenFile(JoinPath(dir, f.name));
+    std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+    Status read = file.status();
+    std::vector<unsigned char> buf(8u << 20);
+    if (read.ok() && (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1)) read = Internal("SHA-256 unavailable");
+    for (uint64_t at = 0; read.ok() && at < file->size(); at += buf.size()) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), file->size() - at));
+      read = file->ReadAt(at, buf.data(), n);
+      if (read.ok()) EVP_DigestUpdate(ctx.get(), buf.data(), n);
+    }
+    if (!read.ok()) {
+      problems.push_back(DcpProblem{f.name, 0, "", read.message()});
+      continue;
+    }
+    unsigned char digest[32];
+    unsigned int length = 0;
+    EVP_DigestFinal_ex(ctx.get(), digest, &length);
+    std::string hex;
+    for (unsigned char c : digest) {
+      static const char* const kHex = "0123456789abcdef";
+      hex += kHex[c >> 4];
+      hex += kHex[c & 15];
+    }
+    *bytes += file->size();
+    if (line->compare(0, 64, hex) != 0) {
+      problems.push_back(DcpProblem{f.name, 0, "", "SHA-256 " + hex + " does not match " + f.name + ".sha256 (" +
+                                                       line->substr(0, 64) + "): the file changed since it was written"});
+    }
+  }
+  return problems;
+}
+
+Result<std::vector<std::pair<std::string, std::string>>> DcpOpaqueByteItems(const std::string& dir, const Manifest& m) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const BlobRecord& b : m.blobs) {
+    SC_ASSIGN_OR_RETURN(ByteSource file, ByteSource::OpenFile(JoinPath(dir, m.files[b.file].name)));
+    SC_ASSIGN_OR_RETURN(ByteSource slice, file.Slice(b.offset, b.bytes, "byte item '" + b.name + "'"));
+    Result<ZipReader> zip = ZipReader::Open(slice);
+    Status plain = zip.status();
+    if (plain.ok()) {
+      Result<std::string> pickle = zip->ReadRecord(zip->prefix() + "data.pkl", kMaxChunkPickleBytes);
+      plain = pickle.ok() ? CheckPlainPickle(*pickle) : pickle.status();
+    }
+    if (!plain.ok()) out.push_back({b.name, plain.message()});
+  }
+  return out;
+}
+
+}  // namespace shardckpt

@@ -1,0 +1,47 @@
+// A PyTorch Distributed Checkpoint (DCP) folder, as torch 2.x's dcp.save writes it, read in
+// place as a shardckpt Manifest (docs/format.md, "DCP folders"): every verb and the load then
+// take it. `.metadata` is parsed by dcp_metadata.h; each tensor chunk in a `.distcp` file is a
+// complete torch.save zip at the recorded offset and length, whose one storage record is located
+// by parsing that zip (its central directory and data.pkl) and checked against the file size and
+// the chunk's shape times dtype. Chunks become Box-layout chunks pointing at those records, so a
+// resharded load reads only the bytes it needs. DCP stores no checksums: the files are marked as
+// such (FileRecord::checksums), and the reader skips verification for them.
+// Byte items (non-tensor values, each a torch.save of the object) become global blobs holding
+// that torch.save file; nothing in them is unpickled here.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "shardckpt/engine/model/manifest.h"
+
+namespace shardckpt {
+
+inline constexpr const char* kDcpMetadataFile = ".metadata";
+
+// A folder holding `.metadata` and no manifest.json.
+bool IsDcpFolder(const std::string& path);
+
+struct DcpProblem {
+  std::string file;
+  uint64_t offset = 0;
+  std::string entries;  // the tensor or byte item stored there
+  std::string what;
+};
+
+// Reads and validates the folder. With `problems`, damage in the data files (a missing or
+// truncated file, a chunk whose record is not where or what .metadata says) is collected there,
+// that chunk left out, instead of failing at the first; `verify` uses that. Errors in .metadata
+// itself always fail.
+Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* problems = nullptr);
+
+// Files of the folder that have a `<file>.sha256` beside them (`sha256sum` form, as
+// `shardckpt export --format dcp` writes them): each read whole and compared; a mismatch or an
+// unreadable .sha256 is a problem. `checked` gets how many files had one, `bytes` their size.
+std::vector<DcpProblem> CheckDcpSha256Files(const std::string& dir, const Manifest& m, uint64_t* checked, uint64_t* bytes);
+
+// Byte items whose torch.save pickle holds anything but plain values (refused by
+// CheckPlainPickle), each with the reason: listed by inspect, restored by nobody.
+Result<std::vector<std::pair<std::string, std::string>>> DcpOpaqueByteItems(const std::string& dir, const Manifest& m);
+
+}  // namespace shardckpt

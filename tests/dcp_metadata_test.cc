@@ -1,0 +1,95 @@
+// The DCP .metadata reader's refusals (engine/formats/dcp_metadata.h) and the in-memory-only
+// "checksums": false mark of a DCP folder's files (engine/model/manifest.h). Folders torch 2.x
+// wrote are read in tests/python/test_dcp_read.py.
+#include <gtest/gtest.h>
+
+#include "shardckpt/engine/formats/dcp_metadata.h"
+#include "shardckpt/engine/model/manifest.h"
+
+namespace shardckpt {
+namespace {
+
+std::string Message(const Status& s) { return s.message(); }
+
+// A pickle literal with its NUL bytes (std::string(const char*) would stop at the first).
+template <size_t N>
+std::string P(const char (&bytes)[N]) {
+  return std::string(bytes, N - 1);
+}
+
+TEST(ParsedDcpMetadata, AGlobalOutsideTheListIsRefusedByNameAndNotRun) {
+  // protocol 2: GLOBAL posix.system, ("touch x",), REDUCE, STOP: what pickle writes for os.system.
+  const std::string p = P("\x80\x02" "cposix\nsystem\nX\x07\x00\x00\x00touch x\x85R.");
+  Result<ParsedDcpMetadata> r = ParseDcpMetadata(p, "m/.metadata");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(Message(r.status()).find("global 'posix.system' is not allowed"), std::string::npos) << Message(r.status());
+  EXPECT_NE(Message(r.status()).find("m/.metadata"), std::string::npos);
+  // STACK_GLOBAL (protocol 4) the same.
+  const std::string p4 = P("\x80\x04\x8c\x05posix\x8c\x06system\x93" "X\x07\x00\x00\x00touch x\x85R.");
+  EXPECT_NE(Message(ParseDcpMetadata(p4, "m").status()).find("'posix.system'"), std::string::npos);
+}
+
+TEST(ParsedDcpMetadata, AllowedCallablesOnlyWithTheirOwnArguments) {
+  // getattr is allowed only to name a member of _MEM_FORMAT_ENCODING.
+  const std::string p = P("\x80\x02" "cbuiltins\ngetattr\ncbuiltins\ngetattr\nX\x01\x00\x00\x00x\x86R.");
+  EXPECT_NE(Message(ParseDcpMetadata(p, "m").status()).find("getattr is allowed only"), std::string::npos);
+  // NEWOBJ of a callable that is not one of the metadata classes.
+  const std::string n = std::string("\x80\x02") + "ctorch\nSize\n)\x81.";
+  EXPECT_NE(Message(ParseDcpMetadata(n, "m").status()).find("NEWOBJ of 'torch.Size' is not allowed"), std::string::npos);
+}
+
+TEST(ParsedDcpMetadata, ProtocolsAndOpcodesOutsideTheSetAreRefused) {
+  EXPECT_NE(Message(ParseDcpMetadata("\x80\x01N.", "m").status()).find("pickle protocol 1 is not supported"),
+            std::string::npos);
+  EXPECT_NE(Message(ParseDcpMetadata(std::string("\x80\x02") + "(iposix\nsystem\n.", "m").status()).find("opcode 0x69"),
+            std::string::npos);
+  EXPECT_NE(Message(ParseDcpMetadata("\x80\x02N", "m").status()).find("truncated"), std::string::npos);
+  // A string claiming 2^60 bytes: refused before anything is allocated by it.
+  EXPECT_NE(Message(ParseDcpMetadata(P("\x80\x04\x8d\x00\x00\x00\x00\x00\x00\x00\x10xy."), "m").status())
+                .find("runs past the end"),
+            std::string::npos);
+  EXPECT_NE(Message(ParseDcpMetadata("\x80\x02N.", "m").status()).find("not a Metadata"), std::string::npos);
+}
+
+TEST(ParsedDcpMetadata, PlainPicklesOnly) {
+  EXPECT_TRUE(CheckPlainPickle("\x80\x02K\x03.").ok());
+  EXPECT_TRUE(CheckPlainPickle(P("\x80\x02](X\x01\x00\x00\x00" "aX\x01\x00\x00\x00" "be.")).ok());
+  EXPECT_FALSE(CheckPlainPickle(std::string("\x80\x02") + "ctorch\nSize\n.").ok());
+}
+
+Manifest DcpLikeManifest() {
+  Manifest m;
+  FileRecord f;
+  f.name = "__0_0.distcp";
+  f.size = f.table_offset = 1000;
+  f.checksums = false;
+  m.files.push_back(f);
+  EntryRecord e;
+  e.name = "w";
+  e.shape = {2, 3};
+  e.chunks.push_back(ChunkRecord{0, 123, 24, Layout::Box({0, 0}, {2, 3})});  // unaligned: fine without checksums
+  m.entries.push_back(e);
+  return m;
+}
+
+TEST(DcpManifest, FilesWithoutChecksumsExistOnlyInMemory) {
+  Manifest m = DcpLikeManifest();
+  EXPECT_TRUE(ValidateManifest(m).ok()) << ValidateManifest(m).message();
+  Result<std::string> text = EncodeManifest(m);
+  ASSERT_TRUE(text.ok());
+  // What rank 0 broadcasts to the ranks of a load decodes as it was...
+  Result<Manifest> shared = DecodeValidatedManifest(*text, "broadcast");
+  ASSERT_TRUE(shared.ok()) << shared.status().message();
+  EXPECT_FALSE(shared->files[0].checksums);
+  EXPECT_EQ(shared->entries[0].chunks[0].offset, 123u);
+  // ...but a manifest.json on disk claiming it is refused: it would switch verification off.
+  Result<Manifest> disk = DecodeManifest(*text, "step-1/manifest.json");
+  ASSERT_FALSE(disk.ok());
+  EXPECT_NE(disk.status().message().find("'checksums' is not allowed"), std::string::npos) << disk.status().message();
+  // A chunk past the end of such a file is still refused.
+  m.entries[0].chunks[0].offset = 990;
+  EXPECT_NE(ValidateManifest(m).message().find("runs past the data"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace shardckpt

@@ -1,0 +1,274 @@
+"""shardckpt reading PyTorch DCP folders written by torch 2.x's dcp.save (dcp_read_gen.sh wrote
+them into test-work/dcp_read_data): consolidate, import, verify, inspect and a resharded load
+at 3 ranks, each compared with the full state torch saved; hostile .metadata files refused by
+name with nothing executed; a truncated .distcp found by verify.
+
+The load test runs under mpirun -np 3 (-k load); the rest in one process (-k 'not load')."""
+import copy
+import json
+import os
+import pickle
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+import shardckpt
+
+WORK = os.environ.get("SHARDCKPT_PY_WORK", "/tmp/shardckpt-pytest")
+DATA = os.path.join(os.path.dirname(os.path.abspath(WORK)), "dcp_read_data")
+CLI = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(shardckpt.__file__)))), "bin", "shardckpt")
+
+
+def full_tensors(name):
+    def flat(d, prefix=""):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                yield from flat(v, prefix + k + ".")
+            else:
+                yield prefix + k, v
+    full = torch.load(os.path.join(DATA, name + ".full.pt"), weights_only=True)
+    return {k: v for k, v in flat(full) if isinstance(v, torch.Tensor)}
+
+
+def cli(*args):
+    return subprocess.run([CLI, *args], capture_output=True, text=True)
+
+
+def assert_equal_state(expected, got):
+    assert sorted(expected) == sorted(got)
+    for k, v in expected.items():
+        assert got[k].dtype == v.dtype and got[k].shape == v.shape, k
+        assert torch.equal(got[k], v), k
+
+
+@pytest.mark.parametrize("name", ["single", "dist"])
+def test_consolidate_equals_the_full_state(name, tmp_path):
+    out = tmp_path / (name + ".pt")
+    result = shardckpt.consolidate(os.path.join(DATA, name), str(out))
+    assert result["entries"] == len(full_tensors(name))
+    assert_equal_state(full_tensors(name), torch.load(out, weights_only=True))
+
+
+def test_import_gains_checksums_and_verifies(tmp_path):
+    report = shardckpt.import_checkpoint(os.path.join(DATA, "dist"), str(tmp_path / "root"), 3, "dim0")
+    assert report["tensors"] == len(full_tensors("dist"))
+    verified = shardckpt.verify(report["path"])
+    assert verified.bytes_checked > 0 and verified.problems == []
+    shardckpt.consolidate(report["path"], str(tmp_path / "back.pt"))
+    assert_equal_state(full_tensors("dist"), torch.load(tmp_path / "back.pt", weights_only=True))
+    # The byte items came along as blobs, byte for byte what torch.save wrote.
+    blobs = {b["name"] for b in shardckpt.inspect(report["path"])["blobs"]}
+    assert blobs == {"epoch", "tags"}
+
+
+def test_inspect_lists_tensors_and_byte_items():
+    run = cli("inspect", os.path.join(DATA, "dist"), "--json")
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert out["format"] == "dcp" and out["world_size"] == 2
+    entries = {e["name"]: e for e in out["entries"]}
+    assert entries["rows"]["shape"] == [7, 5] and entries["rows"]["chunks"] == 2
+    assert entries["bf"]["dtype"] == "bfloat16" and entries["tok"]["dtype"] == "int64"
+    assert {b["name"]: b["plain"] for b in out["blobs"]} == {"epoch": True, "tags": True}
+
+
+def test_verify_checks_structure_and_says_bytes_are_unverified():
+    run = cli("verify", os.path.join(DATA, "dist"), "--json")
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert out["ok"] and out["checksums"] is False and out["files"] == 2
+    assert "cannot be verified" in out["note"] and "shardckpt import" in out["note"]
+    report = shardckpt.verify(os.path.join(DATA, "dist"))
+    assert report.checksums is False and "cannot be verified" in report.note
+
+
+def copy_folder(name, tmp_path):
+    dst = tmp_path / name
+    shutil.copytree(os.path.join(DATA, name), dst)
+    return dst
+
+
+def test_verify_checks_sha256_files_where_every_file_has_one(tmp_path):
+    import hashlib
+    folder = copy_folder("dist", tmp_path)
+    names = sorted(n for n in os.listdir(folder) if n.endswith(".distcp"))
+    for n in names:  # sha256sum's form, as shardckpt export writes it
+        digest = hashlib.sha256((folder / n).read_bytes()).hexdigest()
+        (folder / (n + ".sha256")).write_text("%s  %s\n" % (digest, n))
+    out = json.loads(cli("verify", str(folder), "--json").stdout)
+    assert out["ok"] and out["checksums"] is True and out["bytes_checked"] == sum((folder / n).stat().st_size for n in names)
+    assert ".sha256" in out["note"]
+    # A flipped byte inside a chunk's data: structure alone cannot see it, the .sha256 does.
+    victim = folder / names[1]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    victim.write_bytes(bytes(data))
+    run = cli("verify", str(folder), "--json")
+    assert run.returncode == 1
+    problems = json.loads(run.stdout)["problems"]
+    assert [p["file"] for p in problems] == [names[1]] and "does not match" in problems[0]["problem"]
+    os.remove(folder / (names[0] + ".sha256"))  # some files without one: structure only, said so
+    (folder / (names[1] + ".sha256")).unlink()
+    out = json.loads(cli("verify", str(folder), "--json").stdout)
+    assert out["checksums"] is False and "cannot be verified" in out["note"]
+
+
+def test_truncated_distcp_is_found_by_verify(tmp_path):
+    folder = copy_folder("dist", tmp_path)
+    victim = folder / "__1_0.distcp"
+    os.truncate(victim, victim.stat().st_size - 3000)
+    run = cli("verify", str(folder), "--json")
+    assert run.returncode == 1
+    problems = json.loads(run.stdout)["problems"]
+    assert problems and all(p["file"] == "__1_0.distcp" for p in problems)
+    assert any("opt.meta.betas" in p["entries"] for p in problems)
+    assert any("past the end" in p["problem"] or "truncated" in p["problem"] for p in problems)
+    # A load or consolidation refuses it too, naming the file.
+    with pytest.raises(shardckpt.DataLoss, match="__1_0.distcp"):
+        shardckpt.consolidate(str(folder), str(tmp_path / "x.pt"))
+
+
+class RunsAShell:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, ("touch " + self.marker,))
+
+
+def write_metadata(folder, edit):
+    metadata = pickle.load(open(os.path.join(DATA, "single", ".metadata"), "rb"))
+    edit(metadata)
+    with open(folder / ".metadata", "wb") as f:
+        pickle.dump(metadata, f)
+
+
+def storage_of(metadata, fqn):
+    return next(k for k in metadata.storage_data if k.fqn == fqn)
+
+
+def test_hostile_metadata_executing_code_is_refused_by_name(tmp_path):
+    folder = copy_folder("single", tmp_path)
+    marker = str(tmp_path / "ran")
+    write_metadata(folder, lambda m: setattr(m, "planner_data", RunsAShell(marker)))
+    for verb in (["inspect"], ["verify"], ["consolidate", "--out", str(tmp_path / "o.pt")]):
+        run = cli(verb[0], str(folder), *verb[1:])
+        assert run.returncode == 1
+        assert "global 'posix.system' is not allowed" in run.stderr, run.stderr
+    assert not os.path.exists(marker)
+
+
+def test_byte_items_that_are_not_plain_are_reported_never_run(tmp_path):
+    import torch.distributed.checkpoint as dcp
+    marker = str(tmp_path / "ran")
+    folder = str(tmp_path / "f")
+    dcp.save({"w": torch.ones(2), "n": 5, "dt": torch.float16, "evil": RunsAShell(marker)}, checkpoint_id=folder,
+             no_dist=True)
+    run = cli("inspect", folder, "--json")
+    assert run.returncode == 0, run.stderr
+    blobs = {b["name"]: b for b in json.loads(run.stdout)["blobs"]}
+    assert blobs["n"]["plain"] and not blobs["dt"]["plain"] and not blobs["evil"]["plain"]
+    assert "posix.system" in blobs["evil"]["not_plain_because"]
+    report = shardckpt.import_checkpoint(folder, str(tmp_path / "root"), 2)
+    assert sorted(s.split(" ")[0] for s in report["skipped"]) == ["dt", "evil"]
+    assert {b["name"] for b in shardckpt.inspect(report["path"])["blobs"]} == {"n"}
+    assert not os.path.exists(marker)
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+def test_every_pickle_protocol_reads(protocol, tmp_path):
+    folder = copy_folder("single", tmp_path)
+    metadata = pickle.load(open(os.path.join(DATA, "single", ".metadata"), "rb"))
+    with open(folder / ".metadata", "wb") as f:
+        pickle.dump(metadata, f, protocol=protocol)
+    shardckpt.consolidate(str(folder), str(tmp_path / "o.pt"))
+    assert_equal_state(full_tensors("single"), torch.load(tmp_path / "o.pt", weights_only=True))
+
+
+def huge_count(m):
+    md = m.state_dict_metadata["w"]
+    md.size = torch.Size([2 ** 60, 7])
+    md.chunks[0].sizes = torch.Size([2 ** 60, 7])
+
+
+def huge_length(m):
+    m.storage_data[storage_of(m, "w")].length = 2 ** 60
+
+
+def past_the_end(m):
+    info = m.storage_data[storage_of(m, "w")]
+    info.offset = os.path.getsize(os.path.join(DATA, "single", info.relative_path)) + 10
+
+
+def path_with(path):
+    def edit(m):
+        m.storage_data[storage_of(m, "w")].relative_path = path
+    return edit
+
+
+@pytest.mark.parametrize("edit,message", [
+    (huge_count, "'w'"),
+    (huge_length, "past the end"),
+    (past_the_end, "past the end"),
+    (path_with("../__0_0.distcp"), "not a plain file name"),
+    (path_with("/etc/passwd"), "not a plain file name"),
+    (path_with("sub/__0_0.distcp"), "not a plain file name"),
+])
+def test_hostile_metadata_values_are_refused(edit, message, tmp_path):
+    folder = copy_folder("single", tmp_path)
+    write_metadata(folder, edit)
+    run = cli("consolidate", str(folder), "--out", str(tmp_path / "o.pt"))
+    assert run.returncode == 1 and message in run.stderr, run.stderr
+    assert not (tmp_path / "o.pt").exists()
+    verify = cli("verify", str(folder))
+    assert verify.returncode == 1
+
+
+def test_the_safetensors_variant_is_refused_by_name(tmp_path):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.filesystem import SerializationFormat
+    folder = str(tmp_path / "st")
+    writer = dcp.FileSystemWriter(folder, serialization_format=SerializationFormat.SAFETENSORS)
+    dcp.save({"w": torch.ones(3, 4)}, storage_writer=writer, no_dist=True)
+    run = cli("consolidate", folder, "--out", str(tmp_path / "o.pt"))
+    assert run.returncode == 1 and "serialization_format=SAFETENSORS" in run.stderr, run.stderr
+
+
+def test_empty_and_bool_tensors_read_and_strided_ones_are_refused_by_name(tmp_path):
+    import torch.distributed.checkpoint as dcp
+    state = {"e": torch.empty(0, 5), "z": torch.zeros(3, 0), "b": torch.tensor([True, False, True])}
+    dcp.save(state, checkpoint_id=str(tmp_path / "ok"), no_dist=True)
+    shardckpt.consolidate(str(tmp_path / "ok"), str(tmp_path / "ok.pt"))
+    assert_equal_state(state, torch.load(tmp_path / "ok.pt", weights_only=True))
+    # dcp.save keeps a view's strides: valid DCP, refused as such (not as damage).
+    dcp.save({"t": torch.arange(6.0).reshape(2, 3).t()}, checkpoint_id=str(tmp_path / "strided"), no_dist=True)
+    run = cli("consolidate", str(tmp_path / "strided"), "--out", str(tmp_path / "s.pt"))
+    assert run.returncode == 1 and "Unimplemented" in run.stderr and "'t'" in run.stderr and "non-contiguous" in run.stderr
+
+
+def test_load_resharded_at_three_ranks(comm):
+    """Saved by 2 ranks in Shard(0)/Shard(1) boxes, loaded as flat ranges at 3."""
+    expected = full_tensors("dist")
+    target, mine = {}, {}
+    for name, full in expected.items():
+        if full.dim() >= 2:
+            n = full.numel()
+            begin = n * comm.rank // comm.size
+            end = n * (comm.rank + 1) // comm.size
+            local = torch.zeros(end - begin, dtype=full.dtype)
+            target[name] = shardckpt.FlatShard(local, list(full.shape), begin)
+            mine[name] = (local, full.reshape(-1)[begin:end])
+        else:
+            target[name] = torch.zeros_like(full)
+            mine[name] = (target[name], full)
+    # DCP's byte items come back through torch.load(weights_only=True).
+    target["epoch"], target["tags"] = None, None
+    nested = {"opt": {"exp_avg": target.pop("opt.exp_avg"), "meta": {"betas": target.pop("opt.meta.betas")}}}
+    target.update(nested)
+    report = shardckpt.load(target, os.path.join(DATA, "dist"))
+    assert report.saved_world_size == 2 and report.missing == [] and report.unexpected == []
+    assert target["epoch"] == 3 and target["tags"] == ["a", "b"]
+    for name, (got, want) in mine.items():
+        assert torch.equal(got, want), name
