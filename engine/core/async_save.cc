@@ -26,6 +26,7 @@ Result<std::unique_ptr<AsyncSaver>> AsyncSaver::Create(Communicator& comm, SaveO
   saver->options_ = options;
   saver->options_.always_stage = false;  // the staging area is aligned and padded: write straight from it
   saver->options_.pieces_padded = true;
+  if (saver->options_.plan_cache == nullptr) saver->options_.plan_cache = &saver->own_plan_cache_;
   return saver;
 }
 

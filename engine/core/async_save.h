@@ -13,7 +13,9 @@
 // on a duplicate of the communicator, writing every piece, tail included, straight from the
 // staging area with O_DIRECT (no second copy); blobs and the checksum table go through a small
 // ring of buffers that the saver also keeps. So no save after the first allocates or page-faults
-// staging memory. One persist is in flight at a time; Save waits for the previous one.
+// staging memory. The saver also keeps the save plan (save_plan_cache.h): a save of the same
+// layout as the one before skips the gather and planning. One persist is in flight at a time;
+// Save waits for the previous one.
 //
 // MPI: the persist thread calls MPI while the training thread may too, so the communicator must
 // be thread-safe (MPI_THREAD_MULTIPLE); Create says so plainly when it is not.
@@ -25,6 +27,7 @@
 
 #include "shardckpt/collectives/communicator.h"
 #include "shardckpt/engine/core/save.h"
+#include "shardckpt/engine/core/save_plan_cache.h"
 
 namespace shardckpt {
 
@@ -56,6 +59,8 @@ class AsyncSaver {
   // Page-aligned buffers the saver allocated: its staging area and its ring, each buffer counted.
   uint64_t staging_allocations() const { return allocations_; }
   double last_snapshot_seconds() const { return last_snapshot_seconds_; }
+  // Saves that planned and that reused the kept plan (the caller's cache when it gave one).
+  const SavePlanCache& plan_cache() const { return *options_.plan_cache; }
 
  private:
   AsyncSaver() = default;
@@ -67,6 +72,7 @@ class AsyncSaver {
   std::unique_ptr<BufferPool> ring_;  // the persist's buffers for blobs and the checksum table
   bool staging_pinned_ = false;  // pinned once a state with device pieces was snapshotted
   uint64_t allocations_ = 0;
+  SavePlanCache own_plan_cache_;
   ShardedState snapshot_;
   std::shared_ptr<SaveHandle> in_flight_;
   double last_snapshot_seconds_ = 0;

@@ -74,6 +74,8 @@ case "$case" in
     run 2 -- async "$work/root" --step 5 --staging-bytes 65536
     run 2 -x SHARDCKPT_FAILPOINTS="io.write@1=EIO" -- async "$work/failing" --step 5 \
       --expect "rank 1: IoError" --expect "injected at failpoint io.write" ;;
+  plan-cache) # repeat saves reuse the save plan until one rank's layout changes (issue 14 part 6)
+    run 3 -- plan-cache "$work/root" --step 1 ;;
   dead-rank)  # HOW (exit|hang) [async]: rank 2 of 4 never reaches the save's first collective
     # (async: AsyncSaver::Create's duplication of the communicator). Every survivor must fail
     # within the timeout, naming rank 2, and the job must end (the survivors abort it) instead of

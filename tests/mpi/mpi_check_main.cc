@@ -8,6 +8,9 @@
 //   save-fails ROOT --step S --expect TEXT.. a save that must fail on every rank with TEXT
 //   save-loop ROOT --step S --count N --keep-last K   saves steps S..S+N-1 with retention
 //   load-loop ROOT --count N                  loads the root N times; every load must succeed
+//   plan-cache ROOT --step S                 repeat saves with a SavePlanCache: reuse while no
+//                                            rank's layout changes, a fresh plan on every rank
+//                                            when one rank's does
 //   outcome ROOT --op save|load|async --step S  run one operation (failpoints from the
 //                                            environment), print each rank's Status, then clear
 //                                            the failpoints and load ROOT, printing its step
@@ -26,6 +29,7 @@
 #include "shardckpt/engine/core/async_save.h"
 #include "shardckpt/engine/core/load.h"
 #include "shardckpt/engine/core/save.h"
+#include "shardckpt/engine/core/save_plan_cache.h"
 #include "shardckpt/io/failpoint.h"
 #include "shardckpt/io/fs.h"
 #include "tests/mpi/scenario.h"
@@ -175,6 +179,11 @@ int DoAsync(Communicator& comm, const Args& a) {
   if ((*saver)->staging_allocations() != 1 + options.staging_buffers) {
     return Fail(rank, "staging memory allocated " + std::to_string((*saver)->staging_allocations()) + " times, not reused");
   }
+  // The second save's layout is the first's: it reused the saver's plan.
+  if ((*saver)->plan_cache().plans_made != 1 || (*saver)->plan_cache().plans_reused != 1) {
+    return Fail(rank, "async saves planned " + std::to_string((*saver)->plan_cache().plans_made) + " times, reused " +
+                          std::to_string((*saver)->plan_cache().plans_reused) + " times; expected 1 and 1");
+  }
   std::printf("rank %d: OK two async saves, staging %llu bytes allocated once, snapshot %.4fs\n", rank,
               static_cast<unsigned long long>((*saver)->staging_bytes()), (*saver)->last_snapshot_seconds());
   // The first checkpoint holds the values from before the change.
@@ -184,6 +193,110 @@ int DoAsync(Communicator& comm, const Args& a) {
   load.root = JoinPath(a.root, step_dir);
   load.expect_step = a.step;
   return DoLoad(comm, load);
+}
+
+// Repeat saves with a SavePlanCache (save_plan_cache.h). The last rank alone changes the
+// description of its own entry (dtype, shape, a new entry, its layout); every such change must
+// plan afresh on every rank, and an unchanged repeat must reuse the plan on every rank.
+int DoPlanCache(Communicator& comm, const Args& a) {
+  const int rank = comm.rank(), world = comm.size(), changer = world - 1;
+  const std::string own = "own.rank" + std::to_string(changer);
+  struct Variant {
+    const char* what;
+    bool plans;           // expected: a fresh plan (true) or the kept one
+    DType dtype;
+    Shape shape;
+    int pieces;           // the own entry as 1 whole piece or 2 halves
+    bool extra;           // a new entry on the changing rank
+  };
+  const std::vector<Variant> variants = {
+      {"first save", true, DType::kFloat32, {16}, 1, false},
+      {"unchanged", false, DType::kFloat32, {16}, 1, false},
+      {"dtype", true, DType::kInt32, {16}, 1, false},
+      {"unchanged", false, DType::kInt32, {16}, 1, false},
+      {"shape", true, DType::kInt32, {4, 4}, 1, false},
+      {"new entry", true, DType::kInt32, {4, 4}, 1, true},
+      {"layout", true, DType::kInt32, {4, 4}, 2, true},
+      {"unchanged", false, DType::kInt32, {4, 4}, 2, true},
+      {"back to the first", true, DType::kFloat32, {16}, 1, false},
+  };
+  // The scenario's state plus every rank's own entry (and the changer's extra one) as variant
+  // `v` has them; `fill`: the bytes a save of `step` writes, or a poison pattern to load into.
+  struct Built {
+    Held held;
+    std::vector<uint8_t> own = std::vector<uint8_t>(64), extra = std::vector<uint8_t>(16);
+  };
+  auto make = [&](int64_t step, const Variant& v, bool fill) -> Result<std::unique_ptr<Built>> {
+    auto b = std::make_unique<Built>();
+    b->held = Build(a.family, world, rank, step, fill);  // fresh buffers: pointers are not the layout
+    std::fill(b->own.begin(), b->own.end(), fill ? static_cast<uint8_t>(step) : 0xCD);
+    std::fill(b->extra.begin(), b->extra.end(), fill ? 7 : 0xCD);
+    const Variant& mine = rank == changer ? v : variants[0];
+    const std::string name = "own.rank" + std::to_string(rank);
+    ShardedState& state = b->held.state;
+    if (mine.pieces == 1) {
+      SC_RETURN_IF_ERROR(state.AddTensor(name, mine.dtype, mine.shape, Layout::Whole(), b->own.data()));
+    } else {  // two halves along dim 0
+      Shape half = mine.shape, at(mine.shape.size(), 0);
+      half[0] /= 2;
+      SC_RETURN_IF_ERROR(state.AddTensor(name, mine.dtype, mine.shape, Layout::Box(at, half), b->own.data()));
+      at[0] = half[0];
+      SC_RETURN_IF_ERROR(state.AddTensor(name, mine.dtype, mine.shape, Layout::Box(at, half), b->own.data() + 32));
+    }
+    if (mine.extra) {
+      SC_RETURN_IF_ERROR(state.AddTensor("extra.rank" + std::to_string(rank), DType::kUInt8, {16}, Layout::Whole(), b->extra.data()));
+    }
+    return b;
+  };
+  SavePlanCache cache;
+  SaveOptions options;
+  options.plan_cache = &cache;
+  uint64_t made = 0, reused = 0;
+  for (size_t i = 0; i < variants.size(); ++i) {
+    const Variant& v = variants[i];
+    const int64_t step = a.step + static_cast<int64_t>(i);
+    Result<std::unique_ptr<Built>> built = make(step, v, true);
+    if (!built.ok()) return Fail(rank, std::string("building ") + v.what + ": " + built.status().ToString());
+    Result<SaveResult> saved = Save(comm, a.root, step, (*built)->held.state, options);
+    if (!saved.ok()) return Fail(rank, std::string("save (") + v.what + "): " + saved.status().ToString());
+    (v.plans ? made : reused)++;
+    if (cache.plans_made != made || cache.plans_reused != reused) {
+      return Fail(rank, std::string("after the save '") + v.what + "' on rank " + std::to_string(changer) + ": planned " +
+                            std::to_string(cache.plans_made) + ", reused " + std::to_string(cache.plans_reused) +
+                            "; expected " + std::to_string(made) + " and " + std::to_string(reused));
+    }
+    // The manifest describes the changer's entry as it was saved this time, reused plan or not.
+    Result<Manifest> m = ReadManifest(saved->path);
+    if (!m.ok()) return Fail(rank, "manifest: " + m.status().ToString());
+    const EntryRecord* entry = nullptr;
+    bool has_extra = false;
+    for (const EntryRecord& e : m->entries) {
+      if (e.name == own) entry = &e;
+      has_extra |= e.name == "extra.rank" + std::to_string(changer);
+    }
+    if (entry == nullptr || entry->dtype != v.dtype || entry->shape != v.shape ||
+        entry->chunks.size() != static_cast<size_t>(v.pieces) || has_extra != v.extra) {
+      return Fail(rank, std::string("manifest of the save '") + v.what + "' does not describe " + own + " as saved");
+    }
+  }
+  std::printf("rank %d: OK %zu saves planned %llu times and reused the plan %llu times\n", rank, variants.size(),
+              static_cast<unsigned long long>(made), static_cast<unsigned long long>(reused));
+  // A save that reused the plan (the 8th: two-piece layout, extra entry) loads back byte for byte.
+  const size_t reused_save = 7;
+  const int64_t step = a.step + static_cast<int64_t>(reused_save);
+  Result<std::unique_ptr<Built>> target = make(step, variants[reused_save], false);
+  if (!target.ok()) return Fail(rank, "building the load target: " + target.status().ToString());
+  char step_dir[32];
+  std::snprintf(step_dir, sizeof(step_dir), "step-%09lld", static_cast<long long>(step));
+  Result<LoadReport> report = Load(comm, JoinPath(a.root, step_dir), (*target)->held.state);
+  if (!report.ok()) return Fail(rank, "load: " + report.status().ToString());
+  Result<std::unique_ptr<Built>> expected = make(step, variants[reused_save], true);
+  if ((*target)->held.buffers != (*expected)->held.buffers || (*target)->own != (*expected)->own ||
+      (rank == changer && (*target)->extra != (*expected)->extra)) {
+    return Fail(rank, "the checkpoint saved with a reused plan loads back different bytes");
+  }
+  std::printf("rank %d: OK step %lld (reused plan) loads back byte for byte\n", rank, static_cast<long long>(step));
+  return 0;
 }
 
 // Readers against retention (issue 16 part 0): a loop of saves with keep_last while another job
@@ -321,6 +434,7 @@ int main(int argc, char** argv) {
     else if (a.mode == "save-fails") code = DoSaveFails(*comm, a);
     else if (a.mode == "async") code = DoAsync(*comm, a);
     else if (a.mode == "save-loop") code = DoSaveLoop(*comm, a);
+    else if (a.mode == "plan-cache") code = DoPlanCache(*comm, a);
     else if (a.mode == "load-loop") code = DoLoadLoop(*comm, a);
     else if (a.mode == "outcome") code = DoOutcome(*comm, a);
     else if (a.mode == "dead-rank" || a.mode == "dead-rank-async") {
