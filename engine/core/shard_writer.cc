@@ -31,7 +31,36 @@ Status ShardFileWriter::BeforeWrite(size_t buffer, const unsigned char* data, si
     SC_RETURN_IF_ERROR(copier->WaitSlot(buffer).WithContext("writing " + name_));
   }
   copying_[buffer].clear();
-  if (checksumming_) Sum(data, length);
+  // The blocks StageHashed summed as it copied them are done; the rest (zero padding, device
+  // copies, a partial block completed since) are summed here, after them, in file order.
+  if (checksumming_) Sum(data + hashed_, length - hashed_);
+  hashed_ = 0;
+  return Status::Ok();
+}
+
+// One pass over the bytes: each run of blocks is summed right after it is copied into the ring,
+// while it is still in cache, instead of a copy of the whole buffer and then a checksum pass over
+// it from memory. Sums stay in file order: blocks of the buffer staged before and not summed yet
+// are summed first (not while a device copy into the buffer may still be landing: then the
+// bytes are only copied, and BeforeWrite sums the buffer's rest).
+Status ShardFileWriter::StageHashed(const unsigned char* p, size_t bytes) {
+  while (bytes > 0) {
+    const size_t buffer = writer_.current_buffer();
+    const size_t fill = pool_->at(buffer).size() - writer_.room_bytes();
+    if (!copying_[buffer].empty() || fill % kBlockSize != 0) return writer_.Stage(p, bytes);
+    if (hashed_ < fill) {
+      Sum(pool_->at(buffer).data() + hashed_, fill - hashed_);
+      hashed_ = fill;
+    }
+    const size_t n = std::min({bytes, writer_.room_bytes(), kHashRunBytes});
+    std::memcpy(writer_.room(), p, n);
+    const size_t whole = AlignDown(n, kBlockSize);
+    Sum(writer_.room(), whole);
+    hashed_ += whole;
+    p += n;
+    bytes -= n;
+    SC_RETURN_IF_ERROR(writer_.Advance(n));
+  }
   return Status::Ok();
 }
 
@@ -100,7 +129,7 @@ Result<uint64_t> ShardFileWriter::Append(const void* data, size_t bytes) {
     p += direct;
     bytes -= direct;
   }
-  SC_RETURN_IF_ERROR(writer_.Stage(p, bytes));
+  SC_RETURN_IF_ERROR(StageHashed(p, bytes));
   return offset;
 }
 

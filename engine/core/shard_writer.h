@@ -3,8 +3,8 @@
 //
 // The file goes through the library's aligned sequential writer (io/sequential_writer.h); what
 // is this file's own is the checksums, the runs of padded memory and the device copies.
-// Bytes are copied into the staging ring (the BufferPool), checksummed block by block while hot
-// in cache, and written from there with up to pool.count() writes in flight, so copying the next
+// Bytes are copied into the staging ring (the BufferPool) in runs of a few blocks, each run
+// checksummed right after its copy while it is in cache (one pass over the bytes), and written from there with up to pool.count() writes in flight, so copying the next
 // buffer overlaps the writes of the previous ones. A chunk of at least one buffer whose memory is
 // already 4096-aligned (or any such chunk, on a memory-backed file system opened without
 // O_DIRECT) has its whole blocks written straight from the caller's memory in buffer-sized
@@ -50,6 +50,9 @@ class ShardFileWriter {
   // Each staged buffer, before it is written: its device copies waited for, its blocks summed.
   Status BeforeWrite(size_t buffer, const unsigned char* data, size_t length);
   void Sum(const unsigned char* data, size_t length);
+  Status StageHashed(const unsigned char* data, size_t bytes);
+  // Copy-and-sum runs: small enough to stay in a core's cache between the copy and the sums.
+  static constexpr size_t kHashRunBytes = 64u << 10;
   Status AppendInPlace(const unsigned char* data, size_t bytes);
   Status FlushRun();
 
@@ -60,6 +63,7 @@ class ShardFileWriter {
   SequentialWriter writer_;  // after copying_: its destructor waits for writes that may still use them
   std::string name_;
   bool checksumming_ = true; // off while the table itself is written
+  size_t hashed_ = 0;        // bytes at the start of the buffer being filled whose sums are in sums_
   // Padded bytes checksummed and placed but not yet submitted: run_bytes_ at run_, for the file
   // at run_offset_, grown while the next chunk is adjacent in memory.
   const unsigned char* run_ = nullptr;
