@@ -52,6 +52,8 @@ struct Args {
   std::string victim_does;    // exit | hang
   std::string op;             // outcome: save | load | async
   bool tiny = false;          // only the small entries: campaigns run hundreds of jobs
+  std::string replicated_reads = "auto";  // load: auto | broadcast | every-rank
+  uint64_t broadcast_batch = 16u << 20;   // load: LoadOptions::broadcast_batch_bytes
 };
 
 struct Held {
@@ -105,10 +107,21 @@ int DoSave(Communicator& comm, const Args& a) {
   return 0;
 }
 
+int CheckExpected(Communicator& comm, const Args& a, const std::string& message);
+
 int DoLoad(Communicator& comm, const Args& a) {
   const int rank = comm.rank(), world = comm.size();
   Held held = Build(a.family, world, rank, 0, false);
-  Result<LoadReport> report = Load(comm, a.root, held.state);
+  LoadOptions options;
+  options.replicated_reads = a.replicated_reads == "broadcast"    ? ReplicatedReads::kBroadcast
+                             : a.replicated_reads == "every-rank" ? ReplicatedReads::kEveryRank
+                                                                  : ReplicatedReads::kAuto;
+  options.broadcast_batch_bytes = a.broadcast_batch;
+  Result<LoadReport> report = Load(comm, a.root, held.state, options);
+  if (!a.expect.empty()) {  // load-fails
+    if (report.ok()) return Fail(rank, "load succeeded but was expected to fail");
+    return CheckExpected(comm, a, report.status().ToString());
+  }
   if (!report.ok()) return Fail(rank, "load: " + report.status().ToString());
   size_t k = 0;
   uint64_t verified = 0;
@@ -133,10 +146,18 @@ int DoLoad(Communicator& comm, const Args& a) {
   } else if (rng.available || rng.reason.find("saved by " + std::to_string(report->saved_world_size) + " ranks") == std::string::npos) {
     return Fail(rank, "per-rank blob 'rng' should be unavailable with a reason, got '" + rng.reason + "'");
   }
-  // Entries every rank wants whole are read once and broadcast, not read on every rank.
-  // With more entries than ranks, every rank receives some of them from their readers.
-  if (a.family == "replicated" && world > 1 && report->bytes_received == 0) {
+  // Entries every rank wants whole are read once and broadcast when asked (or across hosts):
+  // with more entries than ranks, every rank receives some of them from their readers. On one
+  // host by default every rank reads them itself and receives nothing.
+  const char* env = std::getenv("SHARDCKPT_REPLICATED_READS");
+  const bool broadcast = (env != nullptr && *env ? std::string(env) : a.replicated_reads) == "broadcast";
+  if (a.family == "replicated" && world > 1 && broadcast && report->bytes_received == 0) {
     return Fail(rank, "no replicated entry was received by broadcast");
+  }
+  if (a.family == "replicated" && world > 1 && !broadcast &&
+      report->bytes_received != 0) {
+    return Fail(rank, "every rank should have read the replicated entries itself, but " +
+                          std::to_string(report->bytes_received) + " bytes came by broadcast");
   }
   double amplification = report->bytes_wanted ? double(report->stats.data_bytes_read) / report->bytes_wanted : 1.0;
   std::printf("rank %d/%d: OK loaded step %lld saved by %d ranks (%s layout): verified %llu bytes, read %llu data "
@@ -420,6 +441,8 @@ int main(int argc, char** argv) {
       else if (flag == "--victim-does") a.victim_does = argv[i + 1];
       else if (flag == "--op") a.op = argv[i + 1];
       else if (flag == "--tiny") a.tiny = std::atoi(argv[i + 1]) != 0;
+      else if (flag == "--replicated-reads") a.replicated_reads = argv[i + 1];
+      else if (flag == "--broadcast-batch") a.broadcast_batch = std::strtoull(argv[i + 1], nullptr, 10);
       else if (flag == "--pid-dir") {
         std::ofstream(JoinPath(argv[i + 1], "rank-" + std::to_string(comm->rank()) + ".pid")) << ::getpid() << "\n";
       }
@@ -429,7 +452,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     if (a.mode == "save") code = DoSave(*comm, a);
-    else if (a.mode == "load") code = DoLoad(*comm, a);
+    else if (a.mode == "load" || a.mode == "load-fails") code = DoLoad(*comm, a);
     else if (a.mode == "roundtrip") code = DoSave(*comm, a) || DoLoad(*comm, a);
     else if (a.mode == "save-fails") code = DoSaveFails(*comm, a);
     else if (a.mode == "async") code = DoAsync(*comm, a);
