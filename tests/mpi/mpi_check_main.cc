@@ -54,6 +54,7 @@ struct Args {
   bool tiny = false;          // only the small entries: campaigns run hundreds of jobs
   std::string replicated_reads = "auto";  // load: auto | broadcast | every-rank
   uint64_t broadcast_batch = 16u << 20;   // load: LoadOptions::broadcast_batch_bytes
+  bool deferred = false;                  // async: StartSave + Fence (copy while training)
 };
 
 struct Held {
@@ -180,10 +181,25 @@ int DoAsync(Communicator& comm, const Args& a) {
   options.staging_buffer_bytes = a.staging_bytes;
   Result<std::unique_ptr<AsyncSaver>> saver = AsyncSaver::Create(comm, options);
   if (!saver.ok()) return Fail(rank, "async saver: " + saver.status().ToString());
-  Result<std::shared_ptr<SaveHandle>> first = (*saver)->Save(a.root, a.step, held.state);
+  // Copy while training (--deferred): StartSave returns before the copy; the tensors change
+  // only after Fence, as an optimizer step would.
+  auto save = [&](int64_t step) -> Result<std::shared_ptr<SaveHandle>> {
+    if (!a.deferred) return (*saver)->Save(a.root, step, held.state);
+    SC_ASSIGN_OR_RETURN(std::shared_ptr<SaveHandle> handle, (*saver)->StartSave(a.root, step, held.state));
+    SC_RETURN_IF_ERROR((*saver)->Fence());
+    return handle;
+  };
+  Result<std::shared_ptr<SaveHandle>> first = save(a.step);
+  if (!first.ok() && a.deferred && !a.expect.empty()) {  // a snapshot failure, from the fence on every rank
+    Status waited = (*saver)->Wait();
+    if (waited.ToString() != first.status().ToString()) {
+      return Fail(rank, "the handle says '" + waited.ToString() + "' but the fence said '" + first.status().ToString() + "'");
+    }
+    return CheckExpected(comm, a, first.status().ToString());
+  }
   if (!first.ok()) return Fail(rank, "snapshot: " + first.status().ToString());
   for (auto& buffer : held.buffers) std::fill(buffer.begin(), buffer.end(), 0xEE);  // the loop moves on
-  Result<std::shared_ptr<SaveHandle>> second = (*saver)->Save(a.root, a.step + 1, held.state);
+  Result<std::shared_ptr<SaveHandle>> second = save(a.step + 1);
   if (!second.ok()) return Fail(rank, "second snapshot: " + second.status().ToString());
   Status s1 = (*first)->Wait(), s2 = (*second)->Wait();
   if (!a.expect.empty()) {  // a failure injected in the background must surface here
@@ -442,6 +458,7 @@ int main(int argc, char** argv) {
       else if (flag == "--op") a.op = argv[i + 1];
       else if (flag == "--tiny") a.tiny = std::atoi(argv[i + 1]) != 0;
       else if (flag == "--replicated-reads") a.replicated_reads = argv[i + 1];
+      else if (flag == "--deferred") a.deferred = std::atoi(argv[i + 1]) != 0;
       else if (flag == "--broadcast-batch") a.broadcast_batch = std::strtoull(argv[i + 1], nullptr, 10);
       else if (flag == "--pid-dir") {
         std::ofstream(JoinPath(argv[i + 1], "rank-" + std::to_string(comm->rank()) + ".pid")) << ::getpid() << "\n";
