@@ -29,13 +29,6 @@ using namespace shardckpt;
 using namespace shardckpt::bench;
 namespace po = boost::program_options;
 
-namespace {
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-}  // namespace
-
 int main(int argc, char** argv) {
   po::options_description flags("bench_async_overlap");
   flags.add_options()("help", "this text")

@@ -32,11 +32,6 @@ namespace po = boost::program_options;
 
 namespace {
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // Every data file of the checkpoint, whole, 8 MiB per pread; a short read fails.
 Status ReadEveryFile(const std::string& dir, const Manifest& manifest, AlignedBuffer* buffer) {
   for (const FileRecord& f : manifest.files) {

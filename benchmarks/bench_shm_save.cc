@@ -36,11 +36,6 @@ namespace po = boost::program_options;
 
 namespace {
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // CPU seconds of the whole process (io_uring's workers are its threads): on a machine shared
 // with other work the CPU time per byte moves far less than the wall time.
 double CpuSeconds() {
