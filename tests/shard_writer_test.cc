@@ -179,14 +179,16 @@ TEST(ShardFileWriter, PaddedPiecesAreWrittenInPlaceTailsIncluded) {
 TEST(ShardFileWriter, SumsTakenWhileCopyingMatchTheFileInOrder) {
   testing::TempDir dir;
   std::unique_ptr<IoEngine> io = CreateIoEngine();
-  for (size_t buffer_bytes : {size_t{12} << 10, size_t{64} << 10, size_t{256} << 10}) {
+  // In-place runs of a MiB or more are summed on helper threads (none, one, three) meanwhile.
+  for (auto [buffer_bytes, helpers] : std::vector<std::pair<size_t, size_t>>{
+           {12 << 10, 0}, {64 << 10, 2}, {256 << 10, 0}, {1 << 20, 0}, {1 << 20, 1}, {1 << 20, 3}}) {
     auto pool = BufferPool::Create(3, buffer_bytes).value();
-    ShardFileWriter writer(io.get(), pool.get(), /*always_stage=*/false);
-    const std::string name = "rank-" + std::to_string(buffer_bytes) + ".bin";
+    ShardFileWriter writer(io.get(), pool.get(), /*always_stage=*/false, /*padded=*/false, helpers);
+    const std::string name = "rank-" + std::to_string(buffer_bytes) + "-" + std::to_string(helpers) + ".bin";
     ASSERT_TRUE(writer.Open(dir.path(), name).ok());
     DeferredCopier gpu(0);
-    AlignedBuffer aligned = AlignedBuffer::Allocate(300 << 10).value();
-    std::vector<uint8_t> big = Pattern(300 << 10, 9);
+    AlignedBuffer aligned = AlignedBuffer::Allocate(3300 << 10).value();
+    std::vector<uint8_t> big = Pattern(3300 << 10, 9);
     std::memcpy(aligned.data(), big.data(), big.size());
     std::vector<std::vector<uint8_t>> staged = {Pattern(100, 1), Pattern(4096, 2), Pattern(70000, 3), Pattern(5000, 4),
                                                 Pattern(200000, 5), Pattern(1, 6)};
@@ -201,7 +203,7 @@ TEST(ShardFileWriter, SumsTakenWhileCopyingMatchTheFileInOrder) {
     for (size_t i = 3; i < staged.size(); ++i) add(staged[i], writer.Append(staged[i].data(), staged[i].size()).value());
     Result<FileRecord> record = writer.Finish();
     ASSERT_TRUE(record.ok()) << record.status().ToString();
-    std::string file = ReadFileLimited(JoinPath(dir.path(), name), 4 << 20).value();
+    std::string file = ReadFileLimited(JoinPath(dir.path(), name), 8 << 20).value();
     for (const auto& [at, bytes] : expected) EXPECT_EQ(file.substr(at, bytes.size()), bytes) << "chunk at " << at;
     ExpectTableMatches(file, *record);
   }

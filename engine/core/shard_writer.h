@@ -10,6 +10,10 @@
 // O_DIRECT) has its whole blocks written straight from the caller's memory in buffer-sized
 // pieces, unless `always_stage`; only its last partial block is copied.
 //
+// Memory written in place is summed block by block too; runs of a MiB or more on up to
+// `hash_helpers` helper threads (by default one less than the cores, at most 4) while their writes
+// are in flight, so where a rank has spare cores the checksums cost no time on its own.
+//
 // `padded` memory (AsyncSaver's snapshot area: every chunk starts on a page and the memory up to
 // the next page boundary is readable and zero) is written in place whatever its size, tail
 // included, and chunks adjacent in memory go out together in buffer-sized writes: no copy at all.
@@ -20,6 +24,8 @@
 // overlaps the writes of the ones before.
 #pragma once
 
+#include <deque>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,7 +40,9 @@ namespace shardckpt {
 
 class ShardFileWriter {
  public:
-  ShardFileWriter(IoEngine* io, BufferPool* pool, bool always_stage, bool padded = false);
+  ShardFileWriter(IoEngine* io, BufferPool* pool, bool always_stage, bool padded = false,
+                  size_t hash_helpers = DefaultHashHelpers());
+  static size_t DefaultHashHelpers();
 
   Status Open(const std::string& dir, const std::string& name);
   // Appends a chunk at the next aligned offset and returns that offset. `data` must stay valid
@@ -51,6 +59,9 @@ class ShardFileWriter {
   Status BeforeWrite(size_t buffer, const unsigned char* data, size_t length);
   void Sum(const unsigned char* data, size_t length);
   Status StageHashed(const unsigned char* data, size_t bytes);
+  void SumInPlace(const unsigned char* data, size_t length);
+  void JoinOldestSum();
+  static constexpr size_t kBackgroundSumBytes = 1u << 20;
   // Copy-and-sum runs: small enough to stay in a core's cache between the copy and the sums.
   static constexpr size_t kHashRunBytes = 64u << 10;
   Status AppendInPlace(const unsigned char* data, size_t bytes);
@@ -59,6 +70,13 @@ class ShardFileWriter {
   BufferPool* pool_;
   bool always_stage_;
   bool padded_;
+  size_t hash_helpers_;
+  // Sums of in-place runs being computed: their first slot in sums_ and the result.
+  struct BackgroundSum {
+    size_t first;
+    std::future<std::vector<uint64_t>> sums;
+  };
+  std::deque<BackgroundSum> background_;
   std::vector<std::vector<DeviceCopier*>> copying_;  // per buffer: copiers with copies not waited for
   SequentialWriter writer_;  // after copying_: its destructor waits for writes that may still use them
   std::string name_;
