@@ -77,6 +77,7 @@ class AsyncSaver {
   uint64_t staging_bytes() const { return staging_.size(); }
   // Page-aligned buffers the saver allocated: its staging area and its ring, each buffer counted.
   uint64_t staging_allocations() const { return allocations_; }
+  // After StartSave, read it only once Fence has returned (the copy's thread sets it).
   double last_snapshot_seconds() const { return last_snapshot_seconds_; }
   // How long the last Fence() blocked: the part of a StartSave's copy the loop waited for.
   double last_fence_seconds() const { return last_fence_seconds_; }
