@@ -40,10 +40,6 @@ void Check(const Status& status, const char* what) {
     std::exit(1);
   }
 }
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 }  // namespace
 
 int main(int argc, char** argv) {

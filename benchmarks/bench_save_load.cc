@@ -37,11 +37,6 @@ namespace po = boost::program_options;
 
 namespace {
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // Seed of the generator behind a rank's tensors: replicas must be equal on every rank.
 int SeedOf(const std::string& layout, int rank) { return 1234 + (layout == "replicated" ? 0 : rank); }
 

@@ -112,6 +112,11 @@ std::string DescribeFio(const FioRun& run, const char* what) {
 
 double GiBPerSecond(double bytes, double seconds) { return bytes / double(1ull << 30) / seconds; }
 
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
 std::string Num(double value) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%.4g", value);

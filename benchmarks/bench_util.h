@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "benchmarks/bench_fio.h"
 #include "shardckpt/collectives/communicator.h"
@@ -46,6 +47,8 @@ FioRun FioForRanks(Communicator& comm, const std::string& dir, const std::string
 std::string DescribeFio(const FioRun& run, const char* what);
 
 double GiBPerSecond(double bytes, double seconds);
+// The middle value of repeated timings (the upper middle for an even count).
+double Median(std::vector<double> values);
 // Prints `{"k": v, ...}` on one line (numbers as given, strings quoted).
 void PrintJson(const std::map<std::string, std::string>& fields);
 std::string Num(double value);

@@ -143,6 +143,65 @@ TEST(MatchVerdict, LocalErrorThenMissingThenUnexpected) {
   }
 }
 
+TEST(ChooseBroadcast, OptionEnvironmentAndHosts) {
+  using R = ReplicatedReads;
+  struct Case {
+    bool broadcast_replicated;
+    R mode;
+    const char* env;
+    bool one_host;
+    bool broadcast;
+  } cases[] = {
+      {true, R::kAuto, nullptr, true, false},          // one host: every rank reads
+      {true, R::kAuto, nullptr, false, true},          // across hosts: read once, broadcast
+      {true, R::kAuto, "", false, true},               // empty: unset
+      {true, R::kBroadcast, nullptr, true, true},
+      {true, R::kEveryRank, nullptr, false, false},
+      {false, R::kBroadcast, nullptr, false, false},   // the old switch still turns it off
+      {true, R::kEveryRank, "broadcast", true, true},  // the environment overrides the option
+      {true, R::kBroadcast, "every-rank", false, false},
+      {true, R::kBroadcast, "auto", true, false},
+  };
+  for (const Case& c : cases) {
+    Result<bool> got = ChooseBroadcast(c.broadcast_replicated, c.mode, c.env, c.one_host);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(*got, c.broadcast) << static_cast<int>(c.mode) << " " << (c.env ? c.env : "-") << " " << c.one_host;
+  }
+  Result<bool> bad = ChooseBroadcast(true, R::kAuto, "always", true);
+  EXPECT_EQ(bad.status().message(), "SHARDCKPT_REPLICATED_READS='always': use auto, broadcast or every-rank");
+}
+
+TEST(BatchBroadcasts, SmallEntriesPackedPerReaderLargeOrDeviceOnesAlone) {
+  //                              0    1   2    3    4    5   6    7
+  const std::vector<int> reader = {0, 1, 0, -1, 1, 0, 0, 1};
+  const std::vector<uint64_t> bytes = {10, 20, 30, 0, 100, 50, 15, 5};
+  std::vector<bool> alone(8, false);
+  alone[7] = true;  // device to device
+  auto batches = BatchBroadcasts(reader, bytes, alone, 2, 60);
+  struct Want {
+    int reader;
+    std::vector<size_t> entries;
+    uint64_t bytes;
+    bool packed;
+  };
+  const std::vector<Want> want = {
+      {0, {0, 2}, 40, true},   // 10 + 30; adding 50 would pass 60
+      {0, {5}, 50, true},      // then 50 + 15 would too
+      {0, {6}, 15, true},
+      {1, {4}, 100, false},    // at least the batch size: alone
+      {1, {7}, 5, false},      // marked alone
+      {1, {1}, 20, true},
+  };
+  ASSERT_EQ(batches.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(batches[i].reader, want[i].reader) << i;
+    EXPECT_EQ(batches[i].entries, want[i].entries) << i;
+    EXPECT_EQ(batches[i].bytes, want[i].bytes) << i;
+    EXPECT_EQ(batches[i].packed, want[i].packed) << i;
+  }
+  EXPECT_TRUE(BatchBroadcasts(reader, std::vector<uint64_t>(8, 0), alone, 2, 60).empty());  // all empty
+}
+
 TEST(AssignReaders, RoundRobinOverEntriesEveryoneWantsWhole) {
   Demand d;
   d.wanted_any = {true, true, false, true, true};

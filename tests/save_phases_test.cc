@@ -2,9 +2,13 @@
 // that touch the root with a temp folder and the single-process communicator.
 #include "shardckpt/engine/core/save_phases.h"
 
+#include <tuple>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "shardckpt/engine/core/load.h"
+#include "shardckpt/engine/core/save_plan_cache.h"
 #include "shardckpt/engine/model/wire.h"
 #include "shardckpt/io/failpoint.h"
 #include "shardckpt/io/fs.h"
@@ -103,19 +107,30 @@ TEST_F(PlanMessage, RoundTripsAndNamesItsFailures) {
   plan.writes_piece = {{true, false}, {false, true}};
   plan.writes_blob = {{true}, {false}};
   plan.bytes_per_rank = {16, 32};
-  const std::string bytes = EncodePlanMessage("step-1.tmp-x", plan);
+  const std::string bytes = EncodePlanMessage("step-1.tmp-x", 77, &plan);
   std::string temp_name;
-  SavePlan back;
-  ASSERT_TRUE(DecodePlanMessage(bytes, 2, &temp_name, &back).ok());
+  int64_t plan_id = 0;
+  std::shared_ptr<const SavePlan> back;
+  ASSERT_TRUE(DecodePlanMessage(bytes, 2, &temp_name, &plan_id, &back).ok());
   EXPECT_EQ(temp_name, "step-1.tmp-x");
-  EXPECT_EQ(back.writes_piece, plan.writes_piece);
-  EXPECT_EQ(back.writes_blob, plan.writes_blob);
+  EXPECT_EQ(plan_id, 77);
+  ASSERT_NE(back, nullptr);
+  EXPECT_EQ(back->writes_piece, plan.writes_piece);
+  EXPECT_EQ(back->writes_blob, plan.writes_blob);
 
-  EXPECT_EQ(DecodePlanMessage(bytes.substr(0, 10), 2, &temp_name, &back).message(),
+  // A reused plan travels as its id only.
+  const std::string reused = EncodePlanMessage("step-2.tmp-y", 77, nullptr);
+  EXPECT_LT(reused.size(), bytes.size());
+  ASSERT_TRUE(DecodePlanMessage(reused, 2, &temp_name, &plan_id, &back).ok());
+  EXPECT_EQ(temp_name, "step-2.tmp-y");
+  EXPECT_EQ(plan_id, 77);
+  EXPECT_EQ(back, nullptr);
+
+  EXPECT_EQ(DecodePlanMessage(bytes.substr(0, 10), 2, &temp_name, &plan_id, &back).message(),
             "truncated save plan from rank 0");
-  EXPECT_FALSE(DecodePlanMessage(bytes, 3, &temp_name, &back).ok());  // planned for another world
+  EXPECT_FALSE(DecodePlanMessage(bytes, 3, &temp_name, &plan_id, &back).ok());  // planned for another world
   ASSERT_TRUE(SetFailpoints("save.decode_plan=EIO").ok());
-  Status failed = DecodePlanMessage(bytes, 2, &temp_name, &back);
+  Status failed = DecodePlanMessage(bytes, 2, &temp_name, &plan_id, &back);
   EXPECT_FALSE(failed.ok());
   EXPECT_THAT(failed.ToString(), HasSubstr("save plan from rank 0"));
 }
@@ -207,7 +222,10 @@ TEST_F(SavePhasesOnDisk, PlanOnRootLocksPlansAndCreatesTheTempFolder) {
   EXPECT_NE(planned.lock, nullptr);
   EXPECT_TRUE(IsTempDirName(planned.temp_name));
   EXPECT_TRUE(PathExists(JoinPath(root(), planned.temp_name)));
-  EXPECT_EQ(planned.plan.writes_piece, (std::vector<std::vector<bool>>{{true}}));
+  ASSERT_NE(planned.plan, nullptr);
+  EXPECT_EQ(planned.plan->writes_piece, (std::vector<std::vector<bool>>{{true}}));
+  EXPECT_GT(planned.plan_id, 0);
+  EXPECT_FALSE(planned.reused);
   EXPECT_FALSE(planned.plan_bytes.empty());
 
   // The root is locked while `planned` lives.
@@ -275,6 +293,112 @@ TEST_F(SavePhasesOnDisk, AFailedWriteIsReportedAndTheTempFolderRemoved) {
   WriteReport undecoded = WriteRankFile(1, temp_dir, state_, planned, SaveOptions{});
   EXPECT_EQ(undecoded.status.message(), "truncated save plan from rank 0");
   EXPECT_FALSE(undecoded.wrote_file);
+}
+
+// The digest covers what the plan and manifest are made from, and nothing else.
+TEST(DescriptionDigest, ChangesWithEveryDescribedFieldAndNotWithTheBytes) {
+  float a[8] = {}, b[8] = {1, 2, 3};
+  auto make = [&](auto change) {
+    ShardedState s;
+    EXPECT_TRUE(s.AddTensor("w", DType::kFloat32, {8}, Layout::Box({0}, {8}), a).ok());
+    EXPECT_TRUE(s.AddBlob("rng", "seed", BlobScope::kPerRank).ok());
+    change(s);
+    return DescriptionDigest("h", s);
+  };
+  const uint64_t base = make([](ShardedState&) {});
+  EXPECT_EQ(base, make([](ShardedState&) {}));
+  ShardedState other_data;
+  ASSERT_TRUE(other_data.AddTensor("w", DType::kFloat32, {8}, Layout::Box({0}, {8}), b).ok());
+  ASSERT_TRUE(other_data.AddBlob("rng", "SEED", BlobScope::kPerRank).ok());  // same size, other bytes
+  EXPECT_EQ(DescriptionDigest("h", other_data), base);
+  EXPECT_NE(DescriptionDigest("other-host", other_data), base);
+  // Every field a change of which must plan afresh.
+  std::vector<uint64_t> changed = {
+      make([&](ShardedState& s) { s.AddTensor("x", DType::kFloat32, {8}, Layout::Whole(), a).IgnoreError(); }),
+      make([&](ShardedState& s) { s.AddBlob("extra", "1").IgnoreError(); }),
+      make([&](ShardedState& s) { s.AddBlob("more", "1", BlobScope::kPerRank).IgnoreError(); }),
+  };
+  for (auto [dtype, shape, layout] :
+       {std::tuple{DType::kInt32, Shape{8}, Layout::Box({0}, {8})}, std::tuple{DType::kFloat32, Shape{2, 4}, Layout::Box({0, 0}, {2, 4})},
+        std::tuple{DType::kFloat32, Shape{8}, Layout::FlatRange(0, 8)}, std::tuple{DType::kFloat32, Shape{8}, Layout::Whole()},
+        std::tuple{DType::kFloat32, Shape{16}, Layout::Box({0}, {8})}}) {
+    ShardedState s;
+    ASSERT_TRUE(s.AddTensor("w", dtype, shape, layout, a).ok());
+    ASSERT_TRUE(s.AddBlob("rng", "seed", BlobScope::kPerRank).ok());
+    changed.push_back(DescriptionDigest("h", s));
+  }
+  ShardedState longer_blob;
+  ASSERT_TRUE(longer_blob.AddTensor("w", DType::kFloat32, {8}, Layout::Box({0}, {8}), a).ok());
+  ASSERT_TRUE(longer_blob.AddBlob("rng", "seed2", BlobScope::kPerRank).ok());
+  changed.push_back(DescriptionDigest("h", longer_blob));
+  for (size_t i = 0; i < changed.size(); ++i) {
+    EXPECT_NE(changed[i], base) << "change " << i;
+    for (size_t j = i + 1; j < changed.size(); ++j) EXPECT_NE(changed[i], changed[j]) << i << " vs " << j;
+  }
+  // The digest hashes exactly the description's encoding.
+  ShardedState s;
+  ASSERT_TRUE(s.AddTensor("w", DType::kFloat32, {8}, Layout::Box({0}, {8}), a).ok());
+  EXPECT_EQ(EncodeStateDescription(s), EncodeRankDescription(DescribeState(s)));
+}
+
+// Save with a SavePlanCache on one rank: a repeat of the same layout reuses the plan, any change
+// plans afresh, and each checkpoint's manifest describes what was saved then.
+TEST_F(SavePhasesOnDisk, APlanCacheIsReusedUntilTheLayoutChanges) {
+  SavePlanCache cache;
+  SaveOptions options;
+  options.plan_cache = &cache;
+  ASSERT_TRUE(Save(*comm_, root(), 1, state_, options).ok());
+  EXPECT_EQ(cache.plans_made, 1u);
+  EXPECT_EQ(cache.plans_reused, 0u);
+  const int64_t first_id = cache.plan_id;
+  data_[0] = 9;  // new values, same layout
+  ASSERT_TRUE(Save(*comm_, root(), 2, state_, options).ok());
+  ASSERT_TRUE(Save(*comm_, root(), 3, state_, options).ok());
+  EXPECT_EQ(cache.plans_made, 1u);
+  EXPECT_EQ(cache.plans_reused, 2u);
+  EXPECT_EQ(cache.plan_id, first_id);
+  Result<Manifest> third = ReadManifest(JoinPath(root(), StepDirName(3)));
+  ASSERT_TRUE(third.ok()) << third.status().ToString();
+  ASSERT_EQ(third->entries.size(), 1u);
+  EXPECT_EQ(third->entries[0].name, "w");
+
+  // A new entry: planned afresh, and the manifest holds it.
+  float more[2] = {5, 6};
+  ASSERT_TRUE(state_.AddTensor("b", DType::kFloat32, {2}, Layout::Whole(), more).ok());
+  ASSERT_TRUE(Save(*comm_, root(), 4, state_, options).ok());
+  EXPECT_EQ(cache.plans_made, 2u);
+  EXPECT_EQ(cache.plans_reused, 2u);
+  EXPECT_NE(cache.plan_id, first_id);
+  Result<Manifest> fourth = ReadManifest(JoinPath(root(), StepDirName(4)));
+  ASSERT_TRUE(fourth.ok());
+  EXPECT_EQ(fourth->entries.size(), 2u);
+
+  // Without the cache every save plans; the vote still runs and finds nothing to reuse.
+  ASSERT_TRUE(Save(*comm_, root(), 5, state_, SaveOptions{}).ok());
+  EXPECT_EQ(cache.plans_made, 2u);
+  // A failed save keeps the plan: the next save of the same layout still reuses it.
+  ASSERT_FALSE(Save(*comm_, root(), -1, state_, options).ok());
+  ASSERT_TRUE(Save(*comm_, root(), 6, state_, options).ok());
+  EXPECT_EQ(cache.plans_made, 2u);
+  EXPECT_EQ(cache.plans_reused, 3u);
+}
+
+TEST_F(SavePhasesOnDisk, ReuseNeedsTheSameWorldAndAKeptPlan) {
+  SavePlanCache cache;
+  EXPECT_FALSE(AgreeOnReuse(*comm_, 1, 42, &cache).value());  // nothing kept
+  EXPECT_FALSE(AgreeOnReuse(*comm_, 1, 42, nullptr).value());
+  PlannedSave planned = PlanOnRoot(0, root(), 1, Gathered(1), SaveOptions{});
+  ASSERT_TRUE(planned.status.ok());
+  KeepPlan(&cache, planned, 42, 1);
+  EXPECT_TRUE(AgreeOnReuse(*comm_, 1, 42, &cache).value());
+  EXPECT_FALSE(AgreeOnReuse(*comm_, 1, 43, &cache).value());  // this rank's description changed
+  cache.world = 2;                                            // kept for another world
+  EXPECT_FALSE(AgreeOnReuse(*comm_, 1, 42, &cache).value());
+  cache.world = 1;
+  planned.decoded = Internal("bad plan");  // a rank that could not read a plan drops its own
+  KeepPlan(&cache, planned, 42, 1);
+  EXPECT_EQ(cache.plan_id, 0);
+  EXPECT_FALSE(AgreeOnReuse(*comm_, 1, 42, &cache).value());
 }
 
 }  // namespace

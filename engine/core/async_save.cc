@@ -26,12 +26,14 @@ Result<std::unique_ptr<AsyncSaver>> AsyncSaver::Create(Communicator& comm, SaveO
   saver->options_ = options;
   saver->options_.always_stage = false;  // the staging area is aligned and padded: write straight from it
   saver->options_.pieces_padded = true;
+  if (saver->options_.plan_cache == nullptr) saver->options_.plan_cache = &saver->own_plan_cache_;
   return saver;
 }
 
 AsyncSaver::~AsyncSaver() { Wait().IgnoreError(); }
 
 Status AsyncSaver::Wait() {
+  snapshot_taken_ = {};  // the persist comes after the copy: the copy is done too
   if (!in_flight_) return Status::Ok();
   Status status = in_flight_->Wait();
   in_flight_.reset();
@@ -106,6 +108,45 @@ Result<std::shared_ptr<SaveHandle>> AsyncSaver::Save(const std::string& root, in
                     }).share();
   in_flight_ = handle;
   return handle;
+}
+
+Result<std::shared_ptr<SaveHandle>> AsyncSaver::StartSave(const std::string& root, int64_t step,
+                                                          const ShardedState& state,
+                                                          const std::map<std::string, double>& metrics) {
+  Wait().IgnoreError();  // as in Save: the previous persist reads the staging area
+  auto handle = std::make_shared<SaveHandle>();
+  handle->step_ = step;
+  auto taken = std::make_shared<std::promise<Status>>();
+  snapshot_taken_ = taken->get_future().share();
+  Communicator* comm = comm_.get();
+  const ShardedState* caller = &state;
+  SaveOptions options = options_;
+  if (!metrics.empty()) options.metrics = metrics;
+  // Only this thread touches the staging area, ring and snapshot until Wait: every later call
+  // that could (Save, StartSave) waits for the persist first.
+  handle->result_ = std::async(std::launch::async, [this, comm, root, step, caller, options, taken]() -> Result<SaveResult> {
+                      auto start = std::chrono::steady_clock::now();
+                      Status status = Snapshot(*caller);
+                      if (!status.ok()) status = status.WithContext("snapshot of step " + std::to_string(step));
+                      status = AgreeOnStatus(*comm, status);
+                      last_snapshot_seconds_ =
+                          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+                      taken->set_value(status);
+                      if (!status.ok()) return status;
+                      return shardckpt::Save(*comm, root, step, snapshot_, options);
+                    }).share();
+  in_flight_ = handle;
+  return handle;
+}
+
+Status AsyncSaver::Fence() {
+  last_fence_seconds_ = 0;
+  if (!snapshot_taken_.valid()) return Status::Ok();
+  auto start = std::chrono::steady_clock::now();
+  Status status = snapshot_taken_.get();
+  last_fence_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  snapshot_taken_ = {};
+  return status;
 }
 
 }  // namespace shardckpt

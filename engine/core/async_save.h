@@ -13,7 +13,19 @@
 // on a duplicate of the communicator, writing every piece, tail included, straight from the
 // staging area with O_DIRECT (no second copy); blobs and the checksum table go through a small
 // ring of buffers that the saver also keeps. So no save after the first allocates or page-faults
-// staging memory. One persist is in flight at a time; Save waits for the previous one.
+// staging memory. The saver also keeps the save plan (save_plan_cache.h): a save of the same
+// layout as the one before skips the gather and planning. One persist is in flight at a time;
+// Save waits for the previous one.
+//
+// Copy while training (StartSave + Fence): parameters and optimizer state do not change until
+// the optimizer step, so the snapshot copy can run while the forward and backward passes do.
+// StartSave returns at once and copies in the background; the loop calls Fence() right before
+// the optimizer step and blocks only if the copy is not done yet:
+//
+//   auto handle = saver->StartSave(root, step, state).value();  // returns before the copy
+//   loss = forward(batch); backward(loss);                      // reads the tensors only
+//   SC_RETURN_IF_ERROR(saver->Fence());                         // the copy is done
+//   optimizer.step();                                           // may change them now
 //
 // MPI: the persist thread calls MPI while the training thread may too, so the communicator must
 // be thread-safe (MPI_THREAD_MULTIPLE); Create says so plainly when it is not.
@@ -25,6 +37,7 @@
 
 #include "shardckpt/collectives/communicator.h"
 #include "shardckpt/engine/core/save.h"
+#include "shardckpt/engine/core/save_plan_cache.h"
 
 namespace shardckpt {
 
@@ -49,13 +62,27 @@ class AsyncSaver {
   // `metrics` are recorded in this save's manifest (SaveOptions::metrics of Create otherwise).
   Result<std::shared_ptr<SaveHandle>> Save(const std::string& root, int64_t step, const ShardedState& state,
                                            const std::map<std::string, double>& metrics = {});
+  // Copy while training: starts the snapshot copy of `state` on a background thread and returns
+  // without waiting for it. Until Fence() returns, the caller must not change the tensors (or
+  // blobs) `state` points to, nor destroy `state`; reading them is fine. The persist follows the
+  // copy in the background, as with Save. A previous persist still running is waited for first.
+  Result<std::shared_ptr<SaveHandle>> StartSave(const std::string& root, int64_t step, const ShardedState& state,
+                                                const std::map<std::string, double>& metrics = {});
+  // Waits until the snapshot copy of the last StartSave is done (at once when none is pending)
+  // and returns its status, the same on every rank: after an error no persist runs for it.
+  Status Fence();
   // Waits for the persist in flight, if any.
   Status Wait();
 
   uint64_t staging_bytes() const { return staging_.size(); }
   // Page-aligned buffers the saver allocated: its staging area and its ring, each buffer counted.
   uint64_t staging_allocations() const { return allocations_; }
+  // After StartSave, read it only once Fence has returned (the copy's thread sets it).
   double last_snapshot_seconds() const { return last_snapshot_seconds_; }
+  // How long the last Fence() blocked: the part of a StartSave's copy the loop waited for.
+  double last_fence_seconds() const { return last_fence_seconds_; }
+  // Saves that planned and that reused the kept plan (the caller's cache when it gave one).
+  const SavePlanCache& plan_cache() const { return *options_.plan_cache; }
 
  private:
   AsyncSaver() = default;
@@ -67,9 +94,12 @@ class AsyncSaver {
   std::unique_ptr<BufferPool> ring_;  // the persist's buffers for blobs and the checksum table
   bool staging_pinned_ = false;  // pinned once a state with device pieces was snapshotted
   uint64_t allocations_ = 0;
+  SavePlanCache own_plan_cache_;
   ShardedState snapshot_;
   std::shared_ptr<SaveHandle> in_flight_;
   double last_snapshot_seconds_ = 0;
+  double last_fence_seconds_ = 0;
+  std::shared_future<Status> snapshot_taken_;  // StartSave's copy, until Fence
 };
 
 }  // namespace shardckpt

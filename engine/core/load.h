@@ -8,8 +8,9 @@
 //      which entries they want, so strict mode can name checkpoint entries nobody loads.
 //   3. each rank plans its reads (read_plan.h) and runs them (extent_reader.h), verifying every
 //      block it reads.
-//   4. an entry every rank wants whole is read by one rank (round-robin over such entries) and
-//      broadcast to the rest.
+//   4. an entry every rank wants whole (replicated, DDP-style state) is either read by one rank
+//      (round-robin over such entries) and broadcast to the rest, many small entries per
+//      broadcast, or read by every rank from the files directly: LoadOptions::replicated_reads.
 #pragma once
 
 #include <functional>
@@ -24,6 +25,12 @@
 
 namespace shardckpt {
 
+// How entries every rank wants whole are loaded. kAuto: every rank reads them itself when all
+// ranks run on one host (the reads share the page cache and storage, and a broadcast would only
+// add a copy through the communicator), read once and broadcast when the job spans hosts.
+// The environment variable SHARDCKPT_REPLICATED_READS=auto|broadcast|every-rank overrides it.
+enum class ReplicatedReads { kAuto, kBroadcast, kEveryRank };
+
 struct LoadOptions {
   // Strict: a wanted name missing from the checkpoint, or a checkpoint entry no rank wants, is
   // an error listing them. Not strict: both lists come back in the report.
@@ -31,7 +38,12 @@ struct LoadOptions {
   // Maps a checkpoint name to the name the job uses (e.g. strip "module."); identity when empty.
   std::function<std::string(const std::string&)> rename;
   bool verify_checksums = true;
+  // false: every rank reads replicated entries itself, whatever replicated_reads says.
   bool broadcast_replicated = true;
+  ReplicatedReads replicated_reads = ReplicatedReads::kAuto;
+  // Broadcasts pack replicated entries smaller than this together, up to this many bytes, into
+  // one collective; larger ones go alone, straight from and into their tensors.
+  uint64_t broadcast_batch_bytes = 16u << 20;
   IoOptions io;
   size_t staging_buffers = 8;
   ReadPlanOptions plan;

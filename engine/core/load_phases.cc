@@ -1,9 +1,11 @@
 #include "shardckpt/engine/core/load_phases.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <unordered_map>
 
+#include "shardckpt/engine/core/save_phases.h"
 #include "shardckpt/io/checksum.h"
 #include "shardckpt/io/failpoint.h"
 #include "shardckpt/io/fs.h"
@@ -177,6 +179,66 @@ std::vector<int> AssignReaders(const Demand& demand, bool broadcast_replicated, 
   return reader_of;
 }
 
+Result<bool> ChooseBroadcast(bool broadcast_replicated, ReplicatedReads mode, const char* env, bool one_host) {
+  if (env != nullptr && *env != '\0') {
+    const std::string value = env;
+    if (value == "auto") mode = ReplicatedReads::kAuto;
+    else if (value == "broadcast") mode = ReplicatedReads::kBroadcast;
+    else if (value == "every-rank") mode = ReplicatedReads::kEveryRank;
+    else return InvalidArgument("SHARDCKPT_REPLICATED_READS='" + value + "': use auto, broadcast or every-rank");
+  }
+  if (!broadcast_replicated || mode == ReplicatedReads::kEveryRank) return false;
+  return mode == ReplicatedReads::kBroadcast || !one_host;
+}
+
+Result<bool> AgreeOnBroadcast(Communicator& comm, const LoadOptions& options) {
+  if (comm.size() <= 1) return false;
+  const char* env = std::getenv("SHARDCKPT_REPLICATED_READS");
+  std::vector<std::string> all;
+  // Each rank's own choice as if on one host and as if not, then its host.
+  Result<bool> one = ChooseBroadcast(options.broadcast_replicated, options.replicated_reads, env, true);
+  Result<bool> many = ChooseBroadcast(options.broadcast_replicated, options.replicated_reads, env, false);
+  std::string mine = !one.ok() ? "!" : std::string(*one ? "b" : "r") + (*many ? "b" : "r");
+  SC_RETURN_IF_ERROR(AgreeOnStatus(comm, one.status()));
+  SC_RETURN_IF_ERROR(comm.AllGather(mine + save_phases::HostName(), &all));
+  std::string differ;
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r].compare(0, 2, all[0], 0, 2) != 0) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (!differ.empty()) {
+    return InvalidArgument("ranks " + differ + " chose otherwise than rank 0 between reading replicated entries once "
+                           "and broadcasting them or every rank reading them (SHARDCKPT_REPLICATED_READS or "
+                           "LoadOptions differ)");
+  }
+  bool one_host = true;
+  for (const std::string& host : all) one_host &= host.compare(2, std::string::npos, all[0], 2, std::string::npos) == 0;
+  return (one_host ? mine[0] : mine[1]) == 'b';
+}
+
+std::vector<BroadcastBatch> BatchBroadcasts(const std::vector<int>& reader_of, const std::vector<uint64_t>& entry_bytes,
+                                            const std::vector<bool>& alone, int world, uint64_t batch_bytes) {
+  std::vector<BroadcastBatch> batches;
+  for (int reader = 0; reader < world; ++reader) {
+    BroadcastBatch open{reader, {}, 0, true};
+    auto close = [&] {
+      if (!open.entries.empty()) batches.push_back(std::move(open));
+      open = BroadcastBatch{reader, {}, 0, true};
+    };
+    for (size_t e = 0; e < reader_of.size(); ++e) {
+      if (reader_of[e] != reader || entry_bytes[e] == 0) continue;
+      if (alone[e] || entry_bytes[e] >= batch_bytes) {
+        batches.push_back(BroadcastBatch{reader, {e}, entry_bytes[e], false});
+        continue;
+      }
+      if (open.bytes + entry_bytes[e] > batch_bytes) close();
+      open.entries.push_back(e);
+      open.bytes += entry_bytes[e];
+    }
+    close();
+  }
+  return batches;
+}
+
 Status CheckDevices(const ShardedState& targets) {
   for (const TensorPiece& piece : targets.pieces()) {
     if (piece.space != MemorySpace::kCuda) continue;
@@ -197,7 +259,8 @@ Result<Match> MatchEntries(Communicator& comm, const Manifest& manifest, const s
   report->unexpected = UnwantedEntries(manifest, match.demand);
   SC_RETURN_IF_ERROR(AgreeOnStatus(
       comm, MatchVerdict(match.local.status, options.strict, dir, report->missing, report->unexpected)));
-  match.reader_of = AssignReaders(match.demand, options.broadcast_replicated, comm.size());
+  SC_ASSIGN_OR_RETURN(bool broadcast, AgreeOnBroadcast(comm, options));
+  match.reader_of = AssignReaders(match.demand, broadcast, comm.size());
   // Device pieces need a device this process can use; refuse on every rank before any reads.
   SC_RETURN_IF_ERROR(AgreeOnStatus(comm, CheckDevices(targets)));
   return match;
@@ -280,25 +343,62 @@ Status ReadExtents(const std::string& dir, const Manifest& manifest, const ReadW
 Status ShareReplicated(Communicator& comm, const Manifest& manifest, const ShardedState& targets,
                        const Match& match, const LoadOptions& options, LoadReport* report) {
   const std::vector<long>& entry_of_piece = match.local.entry_of_piece;
+  const size_t entries = manifest.entries.size();
+  // Each replicated entry's first whole piece here: it receives the broadcast (or is read), and
+  // the entry's other pieces on this rank are copied from it. Every rank wants each such entry
+  // whole, so every rank finds one, of the same size.
+  std::vector<const TensorPiece*> first(entries, nullptr);
+  for (size_t p = 0; p < targets.pieces().size(); ++p) {
+    const long entry = entry_of_piece[p];
+    if (entry >= 0 && match.reader_of[entry] >= 0 && first[entry] == nullptr && IsWhole(targets.pieces()[p])) {
+      first[entry] = &targets.pieces()[p];
+    }
+  }
+  std::vector<uint64_t> bytes(entries, 0);
+  std::vector<bool> alone(entries, false);
+  for (size_t e = 0; e < entries; ++e) {
+    if (first[e] != nullptr) bytes[e] = static_cast<uint64_t>(first[e]->bytes);
+    alone[e] = match.demand.whole_on_device_everywhere[e] && options.device_comm != nullptr;
+  }
   // A local copy's failure stops this rank's copies but not its broadcasts.
   Status copied;
-  for (size_t entry = 0; entry < manifest.entries.size(); ++entry) {
-    const int reader = match.reader_of[entry];
-    if (reader < 0) continue;
-    const TensorPiece* first = nullptr;
-    for (size_t p = 0; p < targets.pieces().size() && first == nullptr; ++p) {
-      const TensorPiece& piece = targets.pieces()[p];
-      if (entry_of_piece[p] == static_cast<long>(entry) && IsWhole(piece)) first = &piece;
+  std::vector<unsigned char> packed;
+  for (const BroadcastBatch& batch : BatchBroadcasts(match.reader_of, bytes, alone, comm.size(), std::max<uint64_t>(options.broadcast_batch_bytes, 1))) {
+    const bool reading = comm.rank() == batch.reader;
+    for (size_t e : batch.entries) {
+      if (copied.ok()) copied = Failpoint("load.replicate", "copy of tensor '" + first[e]->name + "'");
     }
-    if (first == nullptr || first->bytes == 0) continue;
-    if (copied.ok()) copied = Failpoint("load.replicate", "copy of tensor '" + first->name + "'");
-    SC_RETURN_IF_ERROR(BroadcastPiece(comm, options.device_comm, match.demand.whole_on_device_everywhere[entry],
-                                      *first, reader, &copied));
-    if (comm.rank() != reader) report->bytes_received += static_cast<uint64_t>(first->bytes);
-    for (size_t p = 0; p < targets.pieces().size() && copied.ok(); ++p) {
-      const TensorPiece& piece = targets.pieces()[p];
-      if (entry_of_piece[p] == static_cast<long>(entry) && &piece != first) {
-        copied = CopyPiece(piece, *first).WithContext("tensor '" + piece.name + "'");
+    if (!batch.packed) {
+      const size_t e = batch.entries[0];
+      SC_RETURN_IF_ERROR(BroadcastPiece(comm, options.device_comm, match.demand.whole_on_device_everywhere[e], *first[e],
+                                        batch.reader, &copied));
+    } else {
+      // Many small entries, one collective: the reader packs them, the others unpack.
+      packed.resize(batch.bytes);
+      auto each = [&](bool into_buffer) {
+        uint64_t at = 0;
+        for (size_t e : batch.entries) {
+          TensorPiece view = *first[e];
+          view.data = packed.data() + at;
+          view.space = MemorySpace::kHost;
+          if (copied.ok()) {
+            copied = (into_buffer ? CopyPiece(view, *first[e]) : CopyPiece(*first[e], view))
+                         .WithContext("tensor '" + first[e]->name + "'");
+          }
+          at += bytes[e];
+        }
+      };
+      if (reading) each(true);
+      SC_RETURN_IF_ERROR(comm.Broadcast(packed.data(), packed.size(), batch.reader));
+      if (!reading) each(false);
+    }
+    if (!reading) report->bytes_received += batch.bytes;
+    for (size_t e : batch.entries) {
+      for (size_t p = 0; p < targets.pieces().size() && copied.ok(); ++p) {
+        const TensorPiece& piece = targets.pieces()[p];
+        if (entry_of_piece[p] == static_cast<long>(e) && &piece != first[e]) {
+          copied = CopyPiece(piece, *first[e]).WithContext("tensor '" + piece.name + "'");
+        }
       }
     }
   }

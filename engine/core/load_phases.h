@@ -66,6 +66,26 @@ Status MatchVerdict(const Status& local, bool strict, const std::string& dir,
 // Entries everyone wants whole: one reader each (round-robin), then a broadcast; -1 elsewhere.
 std::vector<int> AssignReaders(const Demand& demand, bool broadcast_replicated, int world);
 
+// Read once and broadcast (true) or every rank reads (false), from the option, the environment's
+// SHARDCKPT_REPLICATED_READS (null when unset) and whether the job runs on one host. A bad
+// environment value is an error naming it.
+Result<bool> ChooseBroadcast(bool broadcast_replicated, ReplicatedReads mode, const char* env, bool one_host);
+// The same, agreed on by every rank: one allgather of each rank's host and choice; ranks that
+// chose differently (their environments differ) fail alike, naming the ranks.
+Result<bool> AgreeOnBroadcast(Communicator& comm, const LoadOptions& options);
+
+// Replicated entries of one reader sent in one broadcast: small entries are packed together up
+// to `batch_bytes`; an entry of `batch_bytes` or more, or one marked `alone` (device to device),
+// goes by itself, straight from and into its tensor's memory. In the same order on every rank.
+struct BroadcastBatch {
+  int reader = 0;
+  std::vector<size_t> entries;
+  uint64_t bytes = 0;
+  bool packed = false;
+};
+std::vector<BroadcastBatch> BatchBroadcasts(const std::vector<int>& reader_of, const std::vector<uint64_t>& entry_bytes,
+                                            const std::vector<bool>& alone, int world, uint64_t batch_bytes);
+
 struct Match {
   LocalMatch local;
   Demand demand;
@@ -102,8 +122,9 @@ StagingSize SizeStaging(const ReadPlan& plan, size_t staging_buffers, uint64_t m
 Status ReadExtents(const std::string& dir, const Manifest& manifest, const ReadWork& work,
                    const LoadOptions& options, ReadStats* stats);
 
-// ---- 6. Replicated entries: each reader broadcasts; extra whole copies on one rank are local
-// copies [load.replicate]. Ends with the agreement.
+// ---- 6. Replicated entries: each reader broadcasts (BatchBroadcasts: small entries packed,
+// many per collective); extra whole copies on one rank are local copies [load.replicate]. Ends
+// with the agreement.
 Status ShareReplicated(Communicator& comm, const Manifest& manifest, const ShardedState& targets,
                        const Match& match, const LoadOptions& options, LoadReport* report);
 

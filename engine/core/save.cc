@@ -14,12 +14,9 @@ Result<SaveResult> Save(Communicator& comm, const std::string& root, int64_t ste
                         const ShardedState& state, const SaveOptions& options) {
   using namespace save_phases;
   const int rank = comm.rank();
-  // Describe and gather.
-  std::vector<std::string> gathered;
-  SC_RETURN_IF_ERROR(comm.Gather(DescribeRank(step, HostName(), state), &gathered, 0));
-  // 1. Rank 0 locks the root, plans and creates the temp folder; every rank gets the plan.
-  PlannedSave planned = PlanOnRoot(rank, root, step, gathered, options);
-  SC_RETURN_IF_ERROR(SharePlan(comm, &planned));
+  // 1. Rank 0 locks the root, plans (or reuses the kept plan) and creates the temp folder; every
+  //    rank gets the plan.
+  SC_ASSIGN_OR_RETURN(PlannedSave planned, DecidePlan(comm, root, step, state, options));
   // 2. Every rank writes its file.
   const std::string temp_dir = JoinPath(root, planned.temp_name);
   WriteReport report = WriteRankFile(rank, temp_dir, state, planned, options);

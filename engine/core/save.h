@@ -5,7 +5,8 @@
 //   1. rank 0 takes the root lock, removes folders of saves that died, gathers every rank's
 //      description, plans who writes what, creates <root>/step-N.tmp-<id>/, and broadcasts the
 //      plan (or its error). A rank that cannot decode the plan reports that in step 3
-//      [save.decode_plan].
+//      [save.decode_plan]. With SaveOptions::plan_cache, a save whose descriptions did not change
+//      on any rank skips the gather and planning (save_plan_cache.h).
 //   2. every rank writes rank-RRRRR.bin into the temp folder (O_DIRECT, io_uring) and fdatasyncs it
 //      [failpoints save.write_data, io.write, io.fsync].
 //   3. rank 0 gathers the chunk records and each rank's status; if any failed, it removes the
@@ -34,6 +35,8 @@
 
 namespace shardckpt {
 
+struct SavePlanCache;  // save_plan_cache.h
+
 struct SaveOptions {
   // Retention (retention.h): the newest keep_last united with the best keep_best by
   // `best_metric`; both 0 keep every checkpoint. `latest` is never removed.
@@ -58,6 +61,9 @@ struct SaveOptions {
   // Every piece starts on a page and its memory is readable and zero up to the next page
   // boundary (AsyncSaver's snapshot): pieces are written in place, tails too, never copied.
   bool pieces_padded = false;
+  // Keeps the plan for the next save of the same layout (save_plan_cache.h); every rank passes
+  // its own cache, or none does. Null: every save gathers and plans.
+  SavePlanCache* plan_cache = nullptr;
 };
 
 struct SaveResult {

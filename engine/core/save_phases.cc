@@ -6,8 +6,10 @@
 #include <unordered_map>
 
 #include "shardckpt/engine/core/commit.h"
+#include "shardckpt/engine/core/save_plan_cache.h"
 #include "shardckpt/engine/core/shard_writer.h"
 #include "shardckpt/engine/model/wire.h"
+#include "shardckpt/io/checksum.h"
 #include "shardckpt/io/failpoint.h"
 #include "shardckpt/io/fs.h"
 
@@ -85,7 +87,7 @@ std::string DescribeRank(int64_t step, const std::string& host, const ShardedSta
   WireWriter mine;
   mine.U64(static_cast<uint64_t>(step));
   mine.Str(host);
-  mine.Str(EncodeRankDescription(DescribeState(state)));
+  mine.Str(EncodeStateDescription(state));
   return std::move(mine.bytes());
 }
 
@@ -121,69 +123,179 @@ Result<Descriptions> DecodeDescriptions(const std::vector<std::string>& gathered
 
 namespace {
 
-// With the root lock held: clean up, plan, create the temp folder.
+// A plan's id: random, positive (the reuse vote negates it), never 0 (no plan).
+int64_t NewPlanId() {
+  int64_t id = 0;
+  while (id <= 0) {
+    const std::string random = RandomId();
+    id = static_cast<int64_t>(Checksum64(random.data(), random.size()) >> 1);
+  }
+  return id;
+}
+
+// With the root lock held: clean up, plan (unless `cache` gives the plan), create the temp folder.
 Status PrepareLocked(const std::string& root, int64_t step, const std::vector<std::string>& gathered,
-                     PlannedSave* planned) {
+                     const SavePlanCache* cache, PlannedSave* planned) {
   SC_RETURN_IF_ERROR(MakeDirs(root));
   SC_RETURN_IF_ERROR(PrepareRoot(root, step));
-  SC_ASSIGN_OR_RETURN(planned->described, DecodeDescriptions(gathered));
-  SC_ASSIGN_OR_RETURN(planned->plan, PlanSave(planned->described.ranks));
+  if (cache != nullptr) {
+    planned->described = cache->described;
+    planned->plan = cache->plan;
+    planned->plan_id = cache->plan_id;
+    planned->reused = true;
+  } else {
+    SC_ASSIGN_OR_RETURN(Descriptions described, DecodeDescriptions(gathered));
+    planned->described = std::make_shared<const Descriptions>(std::move(described));
+    SC_ASSIGN_OR_RETURN(SavePlan plan, PlanSave(planned->described->ranks));
+    planned->plan = std::make_shared<const SavePlan>(std::move(plan));
+    planned->plan_id = NewPlanId();
+  }
   planned->temp_name = TempDirName(step, RandomId());
   return MakeDir(JoinPath(root, planned->temp_name));
 }
 
 Status PlanLocked(const std::string& root, int64_t step, const std::vector<std::string>& gathered,
-                  const SaveOptions& options, PlannedSave* planned) {
+                  const SaveOptions& options, const SavePlanCache* cache, PlannedSave* planned) {
   // Rank 0 applies retention and records the metrics: a rule or metric it cannot use is
-  // refused now, not after every rank has written (a save would commit, then warn).
-  SC_RETURN_IF_ERROR(CheckSteps(step, gathered));
+  // refused now, not after every rank has written (a save would commit, then warn). A reused
+  // plan's steps were compared by the reuse vote.
+  SC_RETURN_IF_ERROR(cache != nullptr ? ValidateStep(step) : CheckSteps(step, gathered));
   SC_RETURN_IF_ERROR(ValidatePolicy(options.retention()));
   SC_RETURN_IF_ERROR(ValidateMetrics(options.metrics));
   SC_RETURN_IF_ERROR(MakeDirs(root));
   SC_ASSIGN_OR_RETURN(RootLock lock, RootLock::Acquire(root));
   planned->lock = std::make_unique<RootLock>(std::move(lock));
-  SC_RETURN_IF_ERROR(PrepareLocked(root, step, gathered, planned));
-  planned->plan_bytes = EncodePlanMessage(planned->temp_name, planned->plan);
+  SC_RETURN_IF_ERROR(PrepareLocked(root, step, gathered, cache, planned));
+  planned->plan_bytes =
+      EncodePlanMessage(planned->temp_name, planned->plan_id, planned->reused ? nullptr : planned->plan.get());
   return Status::Ok();
+}
+
+PlannedSave PlanOnRootWith(int rank, const std::string& root, int64_t step, const std::vector<std::string>& gathered,
+                           const SaveOptions& options, const SavePlanCache* cache) {
+  PlannedSave planned;
+  if (rank != 0) return planned;
+  Status status = PlanLocked(root, step, gathered, options, cache, &planned);
+  if (!status.ok()) planned.status = status.WithContext(StepFailed(step) + " on rank 0");
+  return planned;
 }
 
 }  // namespace
 
 PlannedSave PlanOnRoot(int rank, const std::string& root, int64_t step, const std::vector<std::string>& gathered,
                        const SaveOptions& options) {
-  PlannedSave planned;
-  if (rank != 0) return planned;
-  Status status = PlanLocked(root, step, gathered, options, &planned);
-  if (!status.ok()) planned.status = status.WithContext(StepFailed(step) + " on rank 0");
-  return planned;
+  return PlanOnRootWith(rank, root, step, gathered, options, nullptr);
+}
+
+// ---- Reuse.
+uint64_t DescriptionDigest(const std::string& host, const ShardedState& state) {
+  const uint64_t parts[2] = {Checksum64(host.data(), host.size()), DigestStateDescription(state)};
+  return Checksum64(parts, sizeof(parts));
+}
+
+Result<bool> AgreeOnReuse(Communicator& comm, int64_t step, uint64_t digest, const SavePlanCache* cache) {
+  const bool mine = cache != nullptr && cache->plan_id > 0 && cache->plan != nullptr && cache->digest == digest &&
+                    cache->world == comm.size() && (comm.rank() != 0 || cache->described != nullptr);
+  const int64_t id = mine ? cache->plan_id : 0;
+  // Maxima of each value and of its negation: every rank learns the least and the greatest.
+  int64_t votes[5] = {id, -id, mine ? 0 : 1, step, -step};
+  SC_RETURN_IF_ERROR(comm.AllReduceMaxInt64(votes, 5));
+  return votes[0] > 0 && votes[0] == -votes[1] && votes[2] == 0 && votes[3] == -votes[4];
+}
+
+PlannedSave PlanOnRootFromCache(int rank, const std::string& root, int64_t step, const SaveOptions& options,
+                                const SavePlanCache& cache) {
+  return PlanOnRootWith(rank, root, step, {}, options, &cache);
+}
+
+void KeepPlan(SavePlanCache* cache, const PlannedSave& planned, uint64_t digest, int world) {
+  if (cache == nullptr) return;
+  if (!planned.decoded.ok()) {
+    cache->Clear();
+    return;
+  }
+  if (planned.reused) {
+    cache->plans_reused++;
+    return;
+  }
+  cache->plans_made++;
+  cache->plan_id = planned.plan_id;
+  cache->digest = digest;
+  cache->world = world;
+  cache->plan = planned.plan;
+  cache->described = planned.described;
 }
 
 // ---- Broadcast the plan.
-std::string EncodePlanMessage(const std::string& temp_name, const SavePlan& plan) {
+std::string EncodePlanMessage(const std::string& temp_name, int64_t plan_id, const SavePlan* plan) {
   WireWriter w;
   w.Str(temp_name);
-  w.Str(EncodeSavePlan(plan));
+  w.I64(plan_id);
+  w.U64(plan != nullptr);
+  if (plan != nullptr) w.Str(EncodeSavePlan(*plan));
   return std::move(w.bytes());
 }
 
-Status DecodePlanMessage(const std::string& bytes, int world, std::string* temp_name, SavePlan* plan) {
+Status DecodePlanMessage(const std::string& bytes, int world, std::string* temp_name, int64_t* plan_id,
+                         std::shared_ptr<const SavePlan>* plan) {
   WireReader reader(bytes);
   *temp_name = reader.Str();
-  std::string encoded = reader.Str();
+  *plan_id = reader.I64();
+  const bool carries_plan = reader.U64() != 0;
+  std::string encoded = carries_plan ? reader.Str() : std::string();
   SC_RETURN_IF_ERROR(Failpoint("save.decode_plan", "save plan from rank 0"));
   if (!reader.ok()) return Internal("truncated save plan from rank 0");
-  SC_ASSIGN_OR_RETURN(*plan, DecodeSavePlan(encoded, world));
+  plan->reset();
+  if (!carries_plan) return Status::Ok();
+  SC_ASSIGN_OR_RETURN(SavePlan decoded, DecodeSavePlan(encoded, world));
+  *plan = std::make_shared<const SavePlan>(std::move(decoded));
   return Status::Ok();
 }
 
-Status SharePlan(Communicator& comm, PlannedSave* planned) {
+namespace {
+
+// A non-root rank's reading of rank 0's broadcast.
+Status ReadPlanMessage(int world, const SavePlanCache* cache, PlannedSave* planned) {
+  SC_RETURN_IF_ERROR(
+      DecodePlanMessage(planned->plan_bytes, world, &planned->temp_name, &planned->plan_id, &planned->plan));
+  if (planned->plan != nullptr) return Status::Ok();
+  // Rank 0 reused the plan only because every rank voted that it keeps this one.
+  if (cache == nullptr || cache->plan == nullptr || cache->plan_id != planned->plan_id) {
+    return Internal("rank 0 reused save plan " + std::to_string(planned->plan_id) + ", which this rank does not keep");
+  }
+  planned->plan = cache->plan;
+  planned->reused = true;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status SharePlan(Communicator& comm, PlannedSave* planned, const SavePlanCache* cache) {
   SC_RETURN_IF_ERROR(BroadcastStatus(comm, planned->status, 0));
   SC_RETURN_IF_ERROR(BroadcastString(comm, &planned->plan_bytes, 0));
   // A rank that cannot read the plan still joins the report gather, with its error as report.
-  if (comm.rank() != 0) {
-    planned->decoded = DecodePlanMessage(planned->plan_bytes, comm.size(), &planned->temp_name, &planned->plan);
-  }
+  if (comm.rank() != 0) planned->decoded = ReadPlanMessage(comm.size(), cache, planned);
   return Status::Ok();
+}
+
+Result<PlannedSave> DecidePlan(Communicator& comm, const std::string& root, int64_t step, const ShardedState& state,
+                               const SaveOptions& options) {
+  const int rank = comm.rank();
+  const std::string host = HostName();
+  SavePlanCache* cache = options.plan_cache;
+  const uint64_t digest = cache != nullptr ? DescriptionDigest(host, state) : 0;
+  SC_ASSIGN_OR_RETURN(bool reuse, AgreeOnReuse(comm, step, digest, cache));
+  PlannedSave planned;
+  if (reuse) {
+    planned = PlanOnRootFromCache(rank, root, step, options, *cache);
+  } else {
+    std::vector<std::string> gathered;
+    SC_RETURN_IF_ERROR(comm.Gather(DescribeRank(step, host, state), &gathered, 0));
+    planned = PlanOnRoot(rank, root, step, gathered, options);
+  }
+  SC_RETURN_IF_ERROR(SharePlan(comm, &planned, cache));
+  KeepPlan(cache, planned, digest, comm.size());
+  return planned;
 }
 
 // ---- Write.
@@ -237,7 +349,7 @@ WriteReport WriteRankFile(int rank, const std::string& temp_dir, const ShardedSt
     report.status = planned.decoded;
     return report;
   }
-  WriteReport report = WriteShard(rank, temp_dir, state, planned.plan, options);
+  WriteReport report = WriteShard(rank, temp_dir, state, *planned.plan, options);
   if (!report.status.ok()) {
     report.status = report.status.WithContext("writing " + JoinPath(temp_dir, RankFileName(rank)));
   }
@@ -302,7 +414,7 @@ Status CommitOnRoot(const std::string& root, int64_t step, const PlannedSave& pl
   Result<std::vector<WriteReport>> reports = CollectReports(step, reports_bytes);
   Status committed = reports.status();
   if (committed.ok()) {
-    Manifest m = BuildManifest(step, planned.described, *reports, options, total_bytes);
+    Manifest m = BuildManifest(step, *planned.described, *reports, options, total_bytes);
     committed = CommitCheckpoint(root, planned.temp_name, m, options.retention());
     if (!committed.ok()) committed = committed.WithContext(StepFailed(step) + " on rank 0 while committing");
   }

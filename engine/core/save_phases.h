@@ -37,14 +37,17 @@ struct Descriptions {
 };
 Result<Descriptions> DecodeDescriptions(const std::vector<std::string>& gathered);
 
-// What rank 0 decides and every rank then shares.
+// What rank 0 decides and every rank then shares. The plan and descriptions are shared, so a
+// SavePlanCache keeps them without copying a million pieces.
 struct PlannedSave {
   Status status;                    // rank 0's planning, with the "failed on rank 0" context
   std::unique_ptr<RootLock> lock;   // rank 0 only, held until Save returns
-  Descriptions described;           // rank 0 only
-  SavePlan plan;
+  std::shared_ptr<const Descriptions> described;  // rank 0 only
+  std::shared_ptr<const SavePlan> plan;
+  int64_t plan_id = 0;              // rank 0's random id for the plan (SavePlanCache)
+  bool reused = false;              // the plan came from the SavePlanCache
   std::string temp_name;            // <root>/<temp_name> receives the data files
-  std::string plan_bytes;           // the broadcast: temp_name and the encoded plan
+  std::string plan_bytes;           // the broadcast: temp_name, plan id and the encoded plan
   Status decoded;                   // a rank's own failure to decode plan_bytes [save.decode_plan]
 };
 // On rank 0: validates the step, retention rule and metrics, takes the root lock, cleans the
@@ -52,11 +55,36 @@ struct PlannedSave {
 PlannedSave PlanOnRoot(int rank, const std::string& root, int64_t step, const std::vector<std::string>& gathered,
                        const SaveOptions& options);
 
+// ---- Reuse (a repeat save with a SavePlanCache, save_plan_cache.h).
+// This rank's description digest, its host included (the manifest counts hosts).
+uint64_t DescriptionDigest(const std::string& host, const ShardedState& state);
+// One allreduce, on every save (with or without a cache, so ranks that differ in that still
+// meet in the same collectives): true on every rank when every rank's cache holds the same plan,
+// made from the description it has now, for this world, and every rank saves the same step.
+Result<bool> AgreeOnReuse(Communicator& comm, int64_t step, uint64_t digest, const SavePlanCache* cache);
+// PlanOnRoot with the cached plan and descriptions (every rank agreed to reuse them): the same
+// checks, lock, cleanup and temp folder, no planning; the broadcast carries no plan.
+PlannedSave PlanOnRootFromCache(int rank, const std::string& root, int64_t step, const SaveOptions& options,
+                                const SavePlanCache& cache);
+// After SharePlan: keeps a fresh plan (or counts a reuse). A rank that could not decode the plan
+// drops its cache, so the next save plans afresh everywhere.
+void KeepPlan(SavePlanCache* cache, const PlannedSave& planned, uint64_t digest, int world);
+
 // ---- Broadcast the plan. Returns rank 0's status (or the collective's); the other ranks decode
-// the plan, keeping a failure in planned->decoded.
-Status SharePlan(Communicator& comm, PlannedSave* planned);
-std::string EncodePlanMessage(const std::string& temp_name, const SavePlan& plan);
-Status DecodePlanMessage(const std::string& bytes, int world, std::string* temp_name, SavePlan* plan);
+// the plan (or take it from `cache` when rank 0 reused it), keeping a failure in
+// planned->decoded.
+Status SharePlan(Communicator& comm, PlannedSave* planned, const SavePlanCache* cache = nullptr);
+// `plan` null: the receivers use their cached plan of id `plan_id`.
+std::string EncodePlanMessage(const std::string& temp_name, int64_t plan_id, const SavePlan* plan);
+// `*plan` is left null when the message carries none (a reused plan).
+Status DecodePlanMessage(const std::string& bytes, int world, std::string* temp_name, int64_t* plan_id,
+                         std::shared_ptr<const SavePlan>* plan);
+
+// ---- Step 1 whole, as Save runs it: the reuse vote, then either the gather and planning or the
+// kept plan, then the broadcast; the plan is kept in options.plan_cache. Returns the
+// collectives' or rank 0's failure; a rank's own decoding failure is in `decoded`.
+Result<PlannedSave> DecidePlan(Communicator& comm, const std::string& root, int64_t step, const ShardedState& state,
+                               const SaveOptions& options);
 
 // ---- Write (step 2, every rank).
 // What a rank reports after writing: its status, its file and where each assigned item landed.

@@ -2,14 +2,15 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "shardckpt/io/checksum.h"
 #include "shardckpt/io/fs.h"
 
 namespace shardckpt {
 
-ShardFileWriter::ShardFileWriter(IoEngine* io, BufferPool* pool, bool always_stage, bool padded)
-    : pool_(pool), always_stage_(always_stage), padded_(padded), copying_(pool->count()),
+ShardFileWriter::ShardFileWriter(IoEngine* io, BufferPool* pool, bool always_stage, bool padded, size_t hash_helpers)
+    : pool_(pool), always_stage_(always_stage), padded_(padded), hash_helpers_(hash_helpers), copying_(pool->count()),
       writer_(io, pool, [this](size_t buffer, const unsigned char* data, size_t length) {
         return BeforeWrite(buffer, data, length);
       }) {}
@@ -17,6 +18,33 @@ ShardFileWriter::ShardFileWriter(IoEngine* io, BufferPool* pool, bool always_sta
 Status ShardFileWriter::Open(const std::string& dir, const std::string& name) {
   name_ = name;
   return writer_.Open(JoinPath(dir, name));
+}
+
+size_t ShardFileWriter::DefaultHashHelpers() {
+  const unsigned cores = std::thread::hardware_concurrency();
+  return cores > 1 ? std::min<size_t>(cores - 1, 4) : 0;
+}
+
+// Memory written in place is never copied by the writer, so the sums are the only pass over it
+// besides the kernel's: large runs are summed on helper threads while their writes go out, each
+// into its own slots of the table, joined in Finish (or sooner when too many are running).
+void ShardFileWriter::SumInPlace(const unsigned char* data, size_t length) {
+  if (hash_helpers_ == 0 || length < kBackgroundSumBytes) return Sum(data, length);
+  const size_t first = sums_.size();
+  sums_.resize(first + length / kBlockSize);
+  while (background_.size() >= hash_helpers_) JoinOldestSum();
+  background_.push_back(BackgroundSum{first, std::async(std::launch::async, [data, length] {
+                                        std::vector<uint64_t> sums(length / kBlockSize);
+                                        ChecksumBlocks(data, length, sums.data());
+                                        return sums;
+                                      })});
+}
+
+void ShardFileWriter::JoinOldestSum() {
+  BackgroundSum oldest = std::move(background_.front());
+  background_.pop_front();
+  std::vector<uint64_t> sums = oldest.sums.get();
+  std::copy(sums.begin(), sums.end(), sums_.begin() + static_cast<std::ptrdiff_t>(oldest.first));
 }
 
 void ShardFileWriter::Sum(const unsigned char* data, size_t length) {
@@ -31,7 +59,36 @@ Status ShardFileWriter::BeforeWrite(size_t buffer, const unsigned char* data, si
     SC_RETURN_IF_ERROR(copier->WaitSlot(buffer).WithContext("writing " + name_));
   }
   copying_[buffer].clear();
-  if (checksumming_) Sum(data, length);
+  // The blocks StageHashed summed as it copied them are done; the rest (zero padding, device
+  // copies, a partial block completed since) are summed here, after them, in file order.
+  if (checksumming_) Sum(data + hashed_, length - hashed_);
+  hashed_ = 0;
+  return Status::Ok();
+}
+
+// One pass over the bytes: each run of blocks is summed right after it is copied into the ring,
+// while it is still in cache, instead of a copy of the whole buffer and then a checksum pass over
+// it from memory. Sums stay in file order: blocks of the buffer staged before and not summed yet
+// are summed first (not while a device copy into the buffer may still be landing: then the
+// bytes are only copied, and BeforeWrite sums the buffer's rest).
+Status ShardFileWriter::StageHashed(const unsigned char* p, size_t bytes) {
+  while (bytes > 0) {
+    const size_t buffer = writer_.current_buffer();
+    const size_t fill = pool_->at(buffer).size() - writer_.room_bytes();
+    if (!copying_[buffer].empty() || fill % kBlockSize != 0) return writer_.Stage(p, bytes);
+    if (hashed_ < fill) {
+      Sum(pool_->at(buffer).data() + hashed_, fill - hashed_);
+      hashed_ = fill;
+    }
+    const size_t n = std::min({bytes, writer_.room_bytes(), kHashRunBytes});
+    std::memcpy(writer_.room(), p, n);
+    const size_t whole = AlignDown(n, kBlockSize);
+    Sum(writer_.room(), whole);
+    hashed_ += whole;
+    p += n;
+    bytes -= n;
+    SC_RETURN_IF_ERROR(writer_.Advance(n));
+  }
   return Status::Ok();
 }
 
@@ -53,7 +110,7 @@ Status ShardFileWriter::FlushRun() {
 Status ShardFileWriter::AppendInPlace(const unsigned char* data, size_t bytes) {
   SC_RETURN_IF_ERROR(writer_.FlushStaged());
   const size_t length = AlignUp(bytes, kBlockSize);
-  Sum(data, length);
+  SumInPlace(data, length);
   const uint64_t position = writer_.position();
   if (run_bytes_ > 0 && (run_ + run_bytes_ != data || run_offset_ + run_bytes_ != position)) {
     SC_RETURN_IF_ERROR(FlushRun());
@@ -93,14 +150,14 @@ Result<uint64_t> ShardFileWriter::Append(const void* data, size_t bytes) {
     size_t direct = AlignDown(bytes, kBlockSize);
     for (size_t done = 0; done < direct; done += chunk) {
       size_t length = std::min(chunk, direct - done);
-      Sum(p + done, length);
+      SumInPlace(p + done, length);
       SC_RETURN_IF_ERROR(writer_.WriteInPlace(p + done, writer_.position(), length));
       writer_.Reserve(length);
     }
     p += direct;
     bytes -= direct;
   }
-  SC_RETURN_IF_ERROR(writer_.Stage(p, bytes));
+  SC_RETURN_IF_ERROR(StageHashed(p, bytes));
   return offset;
 }
 
@@ -126,6 +183,7 @@ Result<FileRecord> ShardFileWriter::Finish() {
   SC_RETURN_IF_ERROR(FlushRun());
   SC_RETURN_IF_ERROR(PadToBlock());
   SC_RETURN_IF_ERROR(writer_.FlushStaged());
+  while (!background_.empty()) JoinOldestSum();
   FileRecord record;
   record.name = name_;
   record.table_offset = writer_.position();

@@ -3,12 +3,16 @@
 //
 // The file goes through the library's aligned sequential writer (io/sequential_writer.h); what
 // is this file's own is the checksums, the runs of padded memory and the device copies.
-// Bytes are copied into the staging ring (the BufferPool), checksummed block by block while hot
-// in cache, and written from there with up to pool.count() writes in flight, so copying the next
+// Bytes are copied into the staging ring (the BufferPool) in runs of a few blocks, each run
+// checksummed right after its copy while it is in cache (one pass over the bytes), and written from there with up to pool.count() writes in flight, so copying the next
 // buffer overlaps the writes of the previous ones. A chunk of at least one buffer whose memory is
 // already 4096-aligned (or any such chunk, on a memory-backed file system opened without
 // O_DIRECT) has its whole blocks written straight from the caller's memory in buffer-sized
 // pieces, unless `always_stage`; only its last partial block is copied.
+//
+// Memory written in place is summed block by block too; runs of a MiB or more on up to
+// `hash_helpers` helper threads (by default one less than the cores, at most 4) while their writes
+// are in flight, so where a rank has spare cores the checksums cost no time on its own.
 //
 // `padded` memory (AsyncSaver's snapshot area: every chunk starts on a page and the memory up to
 // the next page boundary is readable and zero) is written in place whatever its size, tail
@@ -20,6 +24,8 @@
 // overlaps the writes of the ones before.
 #pragma once
 
+#include <deque>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,7 +40,9 @@ namespace shardckpt {
 
 class ShardFileWriter {
  public:
-  ShardFileWriter(IoEngine* io, BufferPool* pool, bool always_stage, bool padded = false);
+  ShardFileWriter(IoEngine* io, BufferPool* pool, bool always_stage, bool padded = false,
+                  size_t hash_helpers = DefaultHashHelpers());
+  static size_t DefaultHashHelpers();
 
   Status Open(const std::string& dir, const std::string& name);
   // Appends a chunk at the next aligned offset and returns that offset. `data` must stay valid
@@ -50,16 +58,30 @@ class ShardFileWriter {
   // Each staged buffer, before it is written: its device copies waited for, its blocks summed.
   Status BeforeWrite(size_t buffer, const unsigned char* data, size_t length);
   void Sum(const unsigned char* data, size_t length);
+  Status StageHashed(const unsigned char* data, size_t bytes);
+  void SumInPlace(const unsigned char* data, size_t length);
+  void JoinOldestSum();
+  static constexpr size_t kBackgroundSumBytes = 1u << 20;
+  // Copy-and-sum runs: small enough to stay in a core's cache between the copy and the sums.
+  static constexpr size_t kHashRunBytes = 64u << 10;
   Status AppendInPlace(const unsigned char* data, size_t bytes);
   Status FlushRun();
 
   BufferPool* pool_;
   bool always_stage_;
   bool padded_;
+  size_t hash_helpers_;
+  // Sums of in-place runs being computed: their first slot in sums_ and the result.
+  struct BackgroundSum {
+    size_t first;
+    std::future<std::vector<uint64_t>> sums;
+  };
+  std::deque<BackgroundSum> background_;
   std::vector<std::vector<DeviceCopier*>> copying_;  // per buffer: copiers with copies not waited for
   SequentialWriter writer_;  // after copying_: its destructor waits for writes that may still use them
   std::string name_;
   bool checksumming_ = true; // off while the table itself is written
+  size_t hashed_ = 0;        // bytes at the start of the buffer being filled whose sums are in sums_
   // Padded bytes checksummed and placed but not yet submitted: run_bytes_ at run_, for the file
   // at run_offset_, grown while the next chunk is adjacent in memory.
   const unsigned char* run_ = nullptr;

@@ -4,6 +4,8 @@
 #include <map>
 #include <unordered_map>
 
+#include <xxhash.h>
+
 #include "shardckpt/engine/model/coverage.h"
 #include "shardckpt/engine/model/wire.h"
 
@@ -20,23 +22,78 @@ RankDescription DescribeState(const ShardedState& state) {
   return d;
 }
 
-std::string EncodeRankDescription(const RankDescription& d) {
-  WireWriter w;
-  w.U64(d.pieces.size());
-  for (const PieceDescription& p : d.pieces) {
+namespace {
+
+// The fields of a piece or blob, whether described (PieceDescription) or held (TensorPiece).
+const Shape& ShapeOf(const PieceDescription& p) { return p.shape; }
+const Shape& ShapeOf(const TensorPiece& p) { return p.global_shape; }
+int64_t SizeOf(const BlobDescription& b) { return b.bytes; }
+int64_t SizeOf(const BlobItem& b) { return static_cast<int64_t>(b.bytes.size()); }
+
+// One encoding for a description and for a state described in place: a state's encoding and
+// digest need no RankDescription built first (a million pieces on a repeat save).
+template <class W, class Pieces, class Blobs>
+void WriteDescription(W& w, const Pieces& pieces, const Blobs& blobs) {
+  w.U64(pieces.size());
+  for (const auto& p : pieces) {
     w.Str(p.name);
     w.U64(static_cast<uint64_t>(p.dtype));
-    w.Ints(p.shape);
+    w.Ints(ShapeOf(p));
     w.Layout(p.layout);
     w.I64(p.bytes);
   }
-  w.U64(d.blobs.size());
-  for (const BlobDescription& b : d.blobs) {
+  w.U64(blobs.size());
+  for (const auto& b : blobs) {
     w.Str(b.name);
     w.U64(static_cast<uint64_t>(b.scope));
-    w.I64(b.bytes);
+    w.I64(SizeOf(b));
   }
+}
+
+// XXH3 of everything appended, fed in 64 KiB runs (a call per 8-byte field would cost more
+// than the hashing).
+class HashSink {
+ public:
+  HashSink() : state_(XXH3_createState()) { XXH3_64bits_reset(state_); }
+  ~HashSink() { XXH3_freeState(state_); }
+  HashSink(const HashSink&) = delete;
+  HashSink& operator=(const HashSink&) = delete;
+  void Append(const void* data, size_t n) {
+    buffer_.append(static_cast<const char*>(data), n);
+    if (buffer_.size() >= (64u << 10)) Flush();
+  }
+  uint64_t Digest() {
+    Flush();
+    return XXH3_64bits_digest(state_);
+  }
+
+ private:
+  void Flush() {
+    XXH3_64bits_update(state_, buffer_.data(), buffer_.size());
+    buffer_.clear();
+  }
+  XXH3_state_t* state_;
+  std::string buffer_;
+};
+
+}  // namespace
+
+std::string EncodeRankDescription(const RankDescription& d) {
+  WireWriter w;
+  WriteDescription(w, d.pieces, d.blobs);
   return std::move(w.bytes());
+}
+
+std::string EncodeStateDescription(const ShardedState& state) {
+  WireWriter w;
+  WriteDescription(w, state.pieces(), state.blobs());
+  return std::move(w.bytes());
+}
+
+uint64_t DigestStateDescription(const ShardedState& state) {
+  BasicWireWriter<HashSink> w;
+  WriteDescription(w, state.pieces(), state.blobs());
+  return w.sink().Digest();
 }
 
 Result<RankDescription> DecodeRankDescription(const std::string& bytes) {

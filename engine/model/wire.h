@@ -11,13 +11,16 @@
 
 namespace shardckpt {
 
-class WireWriter {
+// Writes the encoding into `Sink` (anything with Append(const void*, size_t)): a string for the
+// messages, a hash for a rank's description digest (save_plan.h), so both see the same bytes.
+template <class Sink>
+class BasicWireWriter {
  public:
-  void U64(uint64_t v) { bytes_.append(reinterpret_cast<const char*>(&v), sizeof(v)); }
+  void U64(uint64_t v) { sink_.Append(&v, sizeof(v)); }
   void I64(int64_t v) { U64(static_cast<uint64_t>(v)); }
   void Str(const std::string& s) {
     U64(s.size());
-    bytes_ += s;
+    sink_.Append(s.data(), s.size());
   }
   void Ints(const std::vector<int64_t>& v) {
     U64(v.size());
@@ -30,10 +33,20 @@ class WireWriter {
     I64(l.begin);
     I64(l.end);
   }
-  std::string& bytes() { return bytes_; }
+  Sink& sink() { return sink_; }
 
  private:
-  std::string bytes_;
+  Sink sink_;
+};
+
+struct StringSink {
+  std::string bytes;
+  void Append(const void* data, size_t n) { bytes.append(static_cast<const char*>(data), n); }
+};
+
+class WireWriter : public BasicWireWriter<StringSink> {
+ public:
+  std::string& bytes() { return sink().bytes; }
 };
 
 class WireReader {

@@ -13,7 +13,9 @@ set -uo pipefail
 check=$1; work=$2; deadline=${3:-20}; ops=${4:-"save load async"}
 rm -rf "$work"; mkdir -p "$work"
 root="$work/root"
-run() { mpirun --oversubscribe --allow-run-as-root --mca btl self,vader,tcp -np 3 "$@"; }
+# Replicated entries read once and broadcast (not every rank reading, the default on one host),
+# so load.replicate's broadcasts are on the error paths tried.
+run() { mpirun --oversubscribe --allow-run-as-root --mca btl self,vader,tcp -np 3 -x SHARDCKPT_REPLICATED_READS=broadcast "$@"; }
 
 save_points=(fs.mkdir save.decode_plan save.write_data io.write io.fsync commit.sync_tmp
              commit.manifest.write commit.manifest.fsync commit.manifest.rename commit.manifest.sync_dir

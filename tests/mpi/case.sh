@@ -73,7 +73,24 @@ case "$case" in
   async)      # async save: snapshot semantics, staging reuse, background failures
     run 2 -- async "$work/root" --step 5 --staging-bytes 65536
     run 2 -x SHARDCKPT_FAILPOINTS="io.write@1=EIO" -- async "$work/failing" --step 5 \
-      --expect "rank 1: IoError" --expect "injected at failpoint io.write" ;;
+      --expect "rank 1: IoError" --expect "injected at failpoint io.write"
+    # Copy while training (issue 14 part 7): StartSave, then the fence before the tensors change.
+    run 2 -- async "$work/deferred" --step 5 --staging-bytes 65536 --deferred 1
+    run 2 -x SHARDCKPT_FAILPOINTS="async.snapshot@1=EIO" -- async "$work/deferred-failing" --step 5 --deferred 1 \
+      --expect "rank 1: IoError" --expect "snapshot of step 5" ;;
+  replicated-reads) # issue 14 part 4: replicated state read once and broadcast (batched), or by
+              # every rank; chosen by option or environment, the same on every rank
+    run 3 -- save "$work/root" --family replicated --step 4
+    run 3 -- load "$work/root" --family replicated --expect-step 4 --replicated-reads broadcast
+    run 3 -- load "$work/root" --family replicated --expect-step 4 --replicated-reads broadcast --broadcast-batch 4096
+    run 3 -- load "$work/root" --family replicated --expect-step 4 --replicated-reads every-rank
+    run 3 -- load "$work/root" --family replicated --expect-step 4
+    run 3 -x SHARDCKPT_REPLICATED_READS=broadcast -- load "$work/root" --family replicated --expect-step 4 \
+      --replicated-reads every-rank
+    run 3 -x SHARDCKPT_REPLICATED_READS=sometimes -- load-fails "$work/root" --family replicated \
+      --expect "SHARDCKPT_REPLICATED_READS='sometimes'" --expect "rank 0" ;;
+  plan-cache) # repeat saves reuse the save plan until one rank's layout changes (issue 14 part 6)
+    run 3 -- plan-cache "$work/root" --step 1 ;;
   dead-rank)  # HOW (exit|hang) [async]: rank 2 of 4 never reaches the save's first collective
     # (async: AsyncSaver::Create's duplication of the communicator). Every survivor must fail
     # within the timeout, naming rank 2, and the job must end (the survivors abort it) instead of

@@ -8,6 +8,9 @@
 //   save-fails ROOT --step S --expect TEXT.. a save that must fail on every rank with TEXT
 //   save-loop ROOT --step S --count N --keep-last K   saves steps S..S+N-1 with retention
 //   load-loop ROOT --count N                  loads the root N times; every load must succeed
+//   plan-cache ROOT --step S                 repeat saves with a SavePlanCache: reuse while no
+//                                            rank's layout changes, a fresh plan on every rank
+//                                            when one rank's does
 //   outcome ROOT --op save|load|async --step S  run one operation (failpoints from the
 //                                            environment), print each rank's Status, then clear
 //                                            the failpoints and load ROOT, printing its step
@@ -26,6 +29,7 @@
 #include "shardckpt/engine/core/async_save.h"
 #include "shardckpt/engine/core/load.h"
 #include "shardckpt/engine/core/save.h"
+#include "shardckpt/engine/core/save_plan_cache.h"
 #include "shardckpt/io/failpoint.h"
 #include "shardckpt/io/fs.h"
 #include "tests/mpi/scenario.h"
@@ -48,6 +52,9 @@ struct Args {
   std::string victim_does;    // exit | hang
   std::string op;             // outcome: save | load | async
   bool tiny = false;          // only the small entries: campaigns run hundreds of jobs
+  std::string replicated_reads = "auto";  // load: auto | broadcast | every-rank
+  uint64_t broadcast_batch = 16u << 20;   // load: LoadOptions::broadcast_batch_bytes
+  bool deferred = false;                  // async: StartSave + Fence (copy while training)
 };
 
 struct Held {
@@ -101,10 +108,21 @@ int DoSave(Communicator& comm, const Args& a) {
   return 0;
 }
 
+int CheckExpected(Communicator& comm, const Args& a, const std::string& message);
+
 int DoLoad(Communicator& comm, const Args& a) {
   const int rank = comm.rank(), world = comm.size();
   Held held = Build(a.family, world, rank, 0, false);
-  Result<LoadReport> report = Load(comm, a.root, held.state);
+  LoadOptions options;
+  options.replicated_reads = a.replicated_reads == "broadcast"    ? ReplicatedReads::kBroadcast
+                             : a.replicated_reads == "every-rank" ? ReplicatedReads::kEveryRank
+                                                                  : ReplicatedReads::kAuto;
+  options.broadcast_batch_bytes = a.broadcast_batch;
+  Result<LoadReport> report = Load(comm, a.root, held.state, options);
+  if (!a.expect.empty()) {  // load-fails
+    if (report.ok()) return Fail(rank, "load succeeded but was expected to fail");
+    return CheckExpected(comm, a, report.status().ToString());
+  }
   if (!report.ok()) return Fail(rank, "load: " + report.status().ToString());
   size_t k = 0;
   uint64_t verified = 0;
@@ -129,10 +147,18 @@ int DoLoad(Communicator& comm, const Args& a) {
   } else if (rng.available || rng.reason.find("saved by " + std::to_string(report->saved_world_size) + " ranks") == std::string::npos) {
     return Fail(rank, "per-rank blob 'rng' should be unavailable with a reason, got '" + rng.reason + "'");
   }
-  // Entries every rank wants whole are read once and broadcast, not read on every rank.
-  // With more entries than ranks, every rank receives some of them from their readers.
-  if (a.family == "replicated" && world > 1 && report->bytes_received == 0) {
+  // Entries every rank wants whole are read once and broadcast when asked (or across hosts):
+  // with more entries than ranks, every rank receives some of them from their readers. On one
+  // host by default every rank reads them itself and receives nothing.
+  const char* env = std::getenv("SHARDCKPT_REPLICATED_READS");
+  const bool broadcast = (env != nullptr && *env ? std::string(env) : a.replicated_reads) == "broadcast";
+  if (a.family == "replicated" && world > 1 && broadcast && report->bytes_received == 0) {
     return Fail(rank, "no replicated entry was received by broadcast");
+  }
+  if (a.family == "replicated" && world > 1 && !broadcast &&
+      report->bytes_received != 0) {
+    return Fail(rank, "every rank should have read the replicated entries itself, but " +
+                          std::to_string(report->bytes_received) + " bytes came by broadcast");
   }
   double amplification = report->bytes_wanted ? double(report->stats.data_bytes_read) / report->bytes_wanted : 1.0;
   std::printf("rank %d/%d: OK loaded step %lld saved by %d ranks (%s layout): verified %llu bytes, read %llu data "
@@ -155,10 +181,25 @@ int DoAsync(Communicator& comm, const Args& a) {
   options.staging_buffer_bytes = a.staging_bytes;
   Result<std::unique_ptr<AsyncSaver>> saver = AsyncSaver::Create(comm, options);
   if (!saver.ok()) return Fail(rank, "async saver: " + saver.status().ToString());
-  Result<std::shared_ptr<SaveHandle>> first = (*saver)->Save(a.root, a.step, held.state);
+  // Copy while training (--deferred): StartSave returns before the copy; the tensors change
+  // only after Fence, as an optimizer step would.
+  auto save = [&](int64_t step) -> Result<std::shared_ptr<SaveHandle>> {
+    if (!a.deferred) return (*saver)->Save(a.root, step, held.state);
+    SC_ASSIGN_OR_RETURN(std::shared_ptr<SaveHandle> handle, (*saver)->StartSave(a.root, step, held.state));
+    SC_RETURN_IF_ERROR((*saver)->Fence());
+    return handle;
+  };
+  Result<std::shared_ptr<SaveHandle>> first = save(a.step);
+  if (!first.ok() && a.deferred && !a.expect.empty()) {  // a snapshot failure, from the fence on every rank
+    Status waited = (*saver)->Wait();
+    if (waited.ToString() != first.status().ToString()) {
+      return Fail(rank, "the handle says '" + waited.ToString() + "' but the fence said '" + first.status().ToString() + "'");
+    }
+    return CheckExpected(comm, a, first.status().ToString());
+  }
   if (!first.ok()) return Fail(rank, "snapshot: " + first.status().ToString());
   for (auto& buffer : held.buffers) std::fill(buffer.begin(), buffer.end(), 0xEE);  // the loop moves on
-  Result<std::shared_ptr<SaveHandle>> second = (*saver)->Save(a.root, a.step + 1, held.state);
+  Result<std::shared_ptr<SaveHandle>> second = save(a.step + 1);
   if (!second.ok()) return Fail(rank, "second snapshot: " + second.status().ToString());
   Status s1 = (*first)->Wait(), s2 = (*second)->Wait();
   if (!a.expect.empty()) {  // a failure injected in the background must surface here
@@ -175,6 +216,11 @@ int DoAsync(Communicator& comm, const Args& a) {
   if ((*saver)->staging_allocations() != 1 + options.staging_buffers) {
     return Fail(rank, "staging memory allocated " + std::to_string((*saver)->staging_allocations()) + " times, not reused");
   }
+  // The second save's layout is the first's: it reused the saver's plan.
+  if ((*saver)->plan_cache().plans_made != 1 || (*saver)->plan_cache().plans_reused != 1) {
+    return Fail(rank, "async saves planned " + std::to_string((*saver)->plan_cache().plans_made) + " times, reused " +
+                          std::to_string((*saver)->plan_cache().plans_reused) + " times; expected 1 and 1");
+  }
   std::printf("rank %d: OK two async saves, staging %llu bytes allocated once, snapshot %.4fs\n", rank,
               static_cast<unsigned long long>((*saver)->staging_bytes()), (*saver)->last_snapshot_seconds());
   // The first checkpoint holds the values from before the change.
@@ -184,6 +230,110 @@ int DoAsync(Communicator& comm, const Args& a) {
   load.root = JoinPath(a.root, step_dir);
   load.expect_step = a.step;
   return DoLoad(comm, load);
+}
+
+// Repeat saves with a SavePlanCache (save_plan_cache.h). The last rank alone changes the
+// description of its own entry (dtype, shape, a new entry, its layout); every such change must
+// plan afresh on every rank, and an unchanged repeat must reuse the plan on every rank.
+int DoPlanCache(Communicator& comm, const Args& a) {
+  const int rank = comm.rank(), world = comm.size(), changer = world - 1;
+  const std::string own = "own.rank" + std::to_string(changer);
+  struct Variant {
+    const char* what;
+    bool plans;           // expected: a fresh plan (true) or the kept one
+    DType dtype;
+    Shape shape;
+    int pieces;           // the own entry as 1 whole piece or 2 halves
+    bool extra;           // a new entry on the changing rank
+  };
+  const std::vector<Variant> variants = {
+      {"first save", true, DType::kFloat32, {16}, 1, false},
+      {"unchanged", false, DType::kFloat32, {16}, 1, false},
+      {"dtype", true, DType::kInt32, {16}, 1, false},
+      {"unchanged", false, DType::kInt32, {16}, 1, false},
+      {"shape", true, DType::kInt32, {4, 4}, 1, false},
+      {"new entry", true, DType::kInt32, {4, 4}, 1, true},
+      {"layout", true, DType::kInt32, {4, 4}, 2, true},
+      {"unchanged", false, DType::kInt32, {4, 4}, 2, true},
+      {"back to the first", true, DType::kFloat32, {16}, 1, false},
+  };
+  // The scenario's state plus every rank's own entry (and the changer's extra one) as variant
+  // `v` has them; `fill`: the bytes a save of `step` writes, or a poison pattern to load into.
+  struct Built {
+    Held held;
+    std::vector<uint8_t> own = std::vector<uint8_t>(64), extra = std::vector<uint8_t>(16);
+  };
+  auto make = [&](int64_t step, const Variant& v, bool fill) -> Result<std::unique_ptr<Built>> {
+    auto b = std::make_unique<Built>();
+    b->held = Build(a.family, world, rank, step, fill);  // fresh buffers: pointers are not the layout
+    std::fill(b->own.begin(), b->own.end(), fill ? static_cast<uint8_t>(step) : 0xCD);
+    std::fill(b->extra.begin(), b->extra.end(), fill ? 7 : 0xCD);
+    const Variant& mine = rank == changer ? v : variants[0];
+    const std::string name = "own.rank" + std::to_string(rank);
+    ShardedState& state = b->held.state;
+    if (mine.pieces == 1) {
+      SC_RETURN_IF_ERROR(state.AddTensor(name, mine.dtype, mine.shape, Layout::Whole(), b->own.data()));
+    } else {  // two halves along dim 0
+      Shape half = mine.shape, at(mine.shape.size(), 0);
+      half[0] /= 2;
+      SC_RETURN_IF_ERROR(state.AddTensor(name, mine.dtype, mine.shape, Layout::Box(at, half), b->own.data()));
+      at[0] = half[0];
+      SC_RETURN_IF_ERROR(state.AddTensor(name, mine.dtype, mine.shape, Layout::Box(at, half), b->own.data() + 32));
+    }
+    if (mine.extra) {
+      SC_RETURN_IF_ERROR(state.AddTensor("extra.rank" + std::to_string(rank), DType::kUInt8, {16}, Layout::Whole(), b->extra.data()));
+    }
+    return b;
+  };
+  SavePlanCache cache;
+  SaveOptions options;
+  options.plan_cache = &cache;
+  uint64_t made = 0, reused = 0;
+  for (size_t i = 0; i < variants.size(); ++i) {
+    const Variant& v = variants[i];
+    const int64_t step = a.step + static_cast<int64_t>(i);
+    Result<std::unique_ptr<Built>> built = make(step, v, true);
+    if (!built.ok()) return Fail(rank, std::string("building ") + v.what + ": " + built.status().ToString());
+    Result<SaveResult> saved = Save(comm, a.root, step, (*built)->held.state, options);
+    if (!saved.ok()) return Fail(rank, std::string("save (") + v.what + "): " + saved.status().ToString());
+    (v.plans ? made : reused)++;
+    if (cache.plans_made != made || cache.plans_reused != reused) {
+      return Fail(rank, std::string("after the save '") + v.what + "' on rank " + std::to_string(changer) + ": planned " +
+                            std::to_string(cache.plans_made) + ", reused " + std::to_string(cache.plans_reused) +
+                            "; expected " + std::to_string(made) + " and " + std::to_string(reused));
+    }
+    // The manifest describes the changer's entry as it was saved this time, reused plan or not.
+    Result<Manifest> m = ReadManifest(saved->path);
+    if (!m.ok()) return Fail(rank, "manifest: " + m.status().ToString());
+    const EntryRecord* entry = nullptr;
+    bool has_extra = false;
+    for (const EntryRecord& e : m->entries) {
+      if (e.name == own) entry = &e;
+      has_extra |= e.name == "extra.rank" + std::to_string(changer);
+    }
+    if (entry == nullptr || entry->dtype != v.dtype || entry->shape != v.shape ||
+        entry->chunks.size() != static_cast<size_t>(v.pieces) || has_extra != v.extra) {
+      return Fail(rank, std::string("manifest of the save '") + v.what + "' does not describe " + own + " as saved");
+    }
+  }
+  std::printf("rank %d: OK %zu saves planned %llu times and reused the plan %llu times\n", rank, variants.size(),
+              static_cast<unsigned long long>(made), static_cast<unsigned long long>(reused));
+  // A save that reused the plan (the 8th: two-piece layout, extra entry) loads back byte for byte.
+  const size_t reused_save = 7;
+  const int64_t step = a.step + static_cast<int64_t>(reused_save);
+  Result<std::unique_ptr<Built>> target = make(step, variants[reused_save], false);
+  if (!target.ok()) return Fail(rank, "building the load target: " + target.status().ToString());
+  char step_dir[32];
+  std::snprintf(step_dir, sizeof(step_dir), "step-%09lld", static_cast<long long>(step));
+  Result<LoadReport> report = Load(comm, JoinPath(a.root, step_dir), (*target)->held.state);
+  if (!report.ok()) return Fail(rank, "load: " + report.status().ToString());
+  Result<std::unique_ptr<Built>> expected = make(step, variants[reused_save], true);
+  if ((*target)->held.buffers != (*expected)->held.buffers || (*target)->own != (*expected)->own ||
+      (rank == changer && (*target)->extra != (*expected)->extra)) {
+    return Fail(rank, "the checkpoint saved with a reused plan loads back different bytes");
+  }
+  std::printf("rank %d: OK step %lld (reused plan) loads back byte for byte\n", rank, static_cast<long long>(step));
+  return 0;
 }
 
 // Readers against retention (issue 16 part 0): a loop of saves with keep_last while another job
@@ -307,6 +457,9 @@ int main(int argc, char** argv) {
       else if (flag == "--victim-does") a.victim_does = argv[i + 1];
       else if (flag == "--op") a.op = argv[i + 1];
       else if (flag == "--tiny") a.tiny = std::atoi(argv[i + 1]) != 0;
+      else if (flag == "--replicated-reads") a.replicated_reads = argv[i + 1];
+      else if (flag == "--deferred") a.deferred = std::atoi(argv[i + 1]) != 0;
+      else if (flag == "--broadcast-batch") a.broadcast_batch = std::strtoull(argv[i + 1], nullptr, 10);
       else if (flag == "--pid-dir") {
         std::ofstream(JoinPath(argv[i + 1], "rank-" + std::to_string(comm->rank()) + ".pid")) << ::getpid() << "\n";
       }
@@ -316,11 +469,12 @@ int main(int argc, char** argv) {
       return 2;
     }
     if (a.mode == "save") code = DoSave(*comm, a);
-    else if (a.mode == "load") code = DoLoad(*comm, a);
+    else if (a.mode == "load" || a.mode == "load-fails") code = DoLoad(*comm, a);
     else if (a.mode == "roundtrip") code = DoSave(*comm, a) || DoLoad(*comm, a);
     else if (a.mode == "save-fails") code = DoSaveFails(*comm, a);
     else if (a.mode == "async") code = DoAsync(*comm, a);
     else if (a.mode == "save-loop") code = DoSaveLoop(*comm, a);
+    else if (a.mode == "plan-cache") code = DoPlanCache(*comm, a);
     else if (a.mode == "load-loop") code = DoLoadLoop(*comm, a);
     else if (a.mode == "outcome") code = DoOutcome(*comm, a);
     else if (a.mode == "dead-rank" || a.mode == "dead-rank-async") {
