@@ -58,6 +58,9 @@ struct SaveOptions {
   // Every piece starts on a page and its memory is readable and zero up to the next page
   // boundary (AsyncSaver's snapshot): pieces are written in place, tails too, never copied.
   bool pieces_padded = false;
+  // Chunks under 1 MiB packed at their element size (format 1.1, engine/model/chunk_packing.h);
+  // false puts every chunk on a 4096-byte block, the 1.0 layout older shardckpt reads.
+  bool pack_small_chunks = true;
 };
 
 struct SaveResult {

@@ -40,6 +40,7 @@ WriteReport WriteShard(int rank, const std::string& temp_dir, const ShardedState
     io_options.queue_depth = std::max<size_t>(io_options.queue_depth, pool->count() + 1);
     std::unique_ptr<IoEngine> io = CreateIoEngine(io_options);
     ShardFileWriter writer(io.get(), pool, options.always_stage, options.pieces_padded);
+    writer.set_packing(ChunkPacking{options.pack_small_chunks});
     SC_RETURN_IF_ERROR(writer.Open(temp_dir, RankFileName(rank)));
     std::vector<DeviceCopier*> settled;  // devices whose queued work has finished
     for (size_t i = 0; i < pieces.size(); ++i) {
