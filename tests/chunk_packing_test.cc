@@ -9,7 +9,9 @@
 #include <cstring>
 #include <vector>
 
+#include "shardckpt/engine/core/checkpoint_reader.h"
 #include "shardckpt/engine/core/extent_reader.h"
+#include "shardckpt/engine/core/offline_writer.h"
 #include "shardckpt/engine/core/shard_writer.h"
 #include "shardckpt/engine/model/manifest.h"
 #include "shardckpt/engine/model/read_plan.h"
@@ -174,6 +176,56 @@ TEST(ChunkOffset, PackedFileReadsBackThroughAlignedVerifiedReads) {
   EXPECT_THAT(corrupt.message(), HasSubstr("checksum mismatch in the block at offset 0 holding"));
   EXPECT_THAT(corrupt.message(), HasSubstr("'t1'"));
   EXPECT_THAT(corrupt.message(), HasSubstr("'t2'"));
+}
+
+// The tools read small entries through CheckpointReader's read-ahead windows: many pieces per
+// read, each block verified once; a damaged block fails only the pieces it holds, named.
+TEST(ChunkOffset, ReadAheadServesPackedPiecesAndNamesTheDamagedOne) {
+  testing::TempDir dir;
+  const std::string root = JoinPath(dir.path(), "root");
+  auto out = OfflineCheckpointWriter::Begin(root, 3, 2).value();
+  std::vector<std::vector<uint8_t>> data;
+  for (int i = 0; i < 400; ++i) {
+    data.push_back(Pattern(4 * (1 + i % 50), static_cast<uint32_t>(i)));
+    const int64_t n = static_cast<int64_t>(data.back().size() / 4);
+    ASSERT_TRUE(out->AddPiece(i % 2, "t" + std::to_string(i), DType::kFloat32, {n}, Layout::Whole(),
+                              data.back().data(), data.back().size()).ok());
+  }
+  const std::string folder = out->Commit(CreationInfo{}).value();
+  auto reader = CheckpointReader::Open(root).value();
+  const Manifest m = reader->manifest();  // a copy: the reader is replaced below
+  EXPECT_EQ(m.format_minor, 1);
+  auto read = [&](size_t i, std::vector<uint8_t>* got) {
+    got->assign(data[i].size(), 0xEE);
+    size_t entry = 0;
+    while (m.entries[entry].name != "t" + std::to_string(i)) ++entry;
+    return reader->ReadPiece(entry, Layout::Whole(), got->data());
+  };
+  std::vector<uint8_t> got;
+  for (size_t i = 0; i < data.size(); ++i) {
+    ASSERT_TRUE(read(i, &got).ok()) << i;
+    ASSERT_EQ(got, data[i]) << i;
+  }
+  EXPECT_EQ(reader->stats().data_bytes_read, m.files[0].table_offset + m.files[1].table_offset);  // each block once
+
+  // Damage t200 (file 0): a fresh reader still reads its neighbours, and t200's error names it.
+  uint64_t at = 0;
+  for (const EntryRecord& e : m.entries) {
+    if (e.name == "t200") at = e.chunks[0].offset;
+  }
+  const std::string path = JoinPath(folder, "rank-00000.bin");
+  std::string file = ReadFileLimited(path, 64 << 20).value();
+  file[at] ^= 1;
+  ASSERT_TRUE(WriteFileAtomic(path, file, "test").ok());
+  reader = CheckpointReader::Open(root).value();
+  ASSERT_GE(at, kBlockSize);  // t0 starts file 0, in another block
+  Status neighbour = read(0, &got);
+  ASSERT_TRUE(neighbour.ok()) << neighbour.ToString();
+  EXPECT_EQ(got, data[0]);
+  Status damaged = read(200, &got);
+  EXPECT_EQ(damaged.code(), Code::kDataLoss);
+  EXPECT_THAT(damaged.message(), HasSubstr("'t200'"));
+  EXPECT_THAT(damaged.message(), HasSubstr("checksum mismatch"));
 }
 
 }  // namespace
