@@ -19,6 +19,9 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(const std::stri
   io.queue_depth = std::max<size_t>(io.queue_depth, 5);
   r->io_ = CreateIoEngine(io);
   SC_ASSIGN_OR_RETURN(r->pool_, BufferPool::Create(4, defaults.max_extent));
+  r->windows_.resize(r->manifest_.files.size());
+  const uint64_t share = kWindowBudget / std::max<size_t>(1, r->manifest_.files.size());
+  r->window_bytes_ = AlignDown(std::clamp(share, kMinWindow, kMaxWindow), kBlockSize);
   return r;
 }
 
@@ -28,42 +31,26 @@ Status CheckpointReader::Run(std::vector<CopyRequest> copies, const ReadTargets&
 }
 
 Result<const CheckpointReader::Window*> CheckpointReader::WindowFor(uint32_t file, uint64_t begin, uint64_t end) {
-  for (Window& w : windows_) {
-    if (w.file == file && begin >= w.offset && end <= w.offset + w.bytes.size()) {
-      w.used = reads_;
-      return &w;
-    }
-  }
-  const uint64_t data_end = manifest_.files[file].table_offset;
+  Window& w = windows_[file];
+  if (begin >= w.offset && end <= w.offset + w.bytes.size()) return &w;
   const uint64_t from = AlignDown(begin, kBlockSize);
-  if (AlignUp(end, kBlockSize) - from > kReadAhead) return nullptr;
-  const uint64_t to = std::min(data_end, from + kReadAhead);
-  Window* w = nullptr;
-  if (windows_.size() < kWindows) {
-    w = &windows_.emplace_back();
-  } else {
-    w = &*std::min_element(windows_.begin(), windows_.end(),
-                           [](const Window& a, const Window& b) { return a.used < b.used; });
-  }
-  w->file = file;
-  w->offset = from;
-  w->used = reads_;
-  w->bytes.resize(to - from);
+  if (AlignUp(end, kBlockSize) - from > window_bytes_) return nullptr;
+  const uint64_t to = std::min(manifest_.files[file].table_offset, from + window_bytes_);
+  w.offset = from;
+  w.bytes.resize(to - from);
   Status read = Run({CopyRequest{file, from, to - from, 0, 0}},
-                    ReadTargets{{w->bytes.data()}, {"read-ahead of " + manifest_.files[file].name}});
+                    ReadTargets{{w.bytes.data()}, {"read-ahead of " + manifest_.files[file].name}});
   if (!read.ok()) {
-    w->bytes.clear();  // never serve a window that failed
-    w->offset = 0;
+    w.bytes.clear();  // never serve a window that failed
     // A damaged block elsewhere in the window must not fail a piece that does not touch it, and
     // a damaged block of this piece is reported naming it: the piece is read on its own.
     if (read.code() == Code::kDataLoss) return nullptr;
     return read;
   }
-  return w;
+  return &w;
 }
 
 Status CheckpointReader::ReadPiece(size_t entry, const Layout& layout, void* out) {
-  reads_++;
   std::vector<CopyRequest> copies;
   PlanPieceCopies(manifest_, *index_, {WantedPiece{entry, layout, 0}}, &copies);
   auto* target = static_cast<unsigned char*>(out);
