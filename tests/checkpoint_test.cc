@@ -23,6 +23,7 @@
 #include "shardckpt/engine/core/save.h"
 #include "shardckpt/engine/formats/torch_pickle.h"
 #include "shardckpt/engine/formats/zip_reader.h"
+#include "shardckpt/io/checksum.h"
 #include "shardckpt/io/failpoint.h"
 #include "shardckpt/io/fs.h"
 #include "tests/test_util.h"
@@ -102,6 +103,17 @@ TEST_F(CheckpointTest, RoundTripsEveryDtypeScalarsAndEmptyTensors) {
   EXPECT_EQ(m.world_size, 1);
   EXPECT_EQ(m.entries.size(), 12u);
   for (const EntryRecord& e : m.entries) {
+    // Packed (format 1.1): every chunk here is small, at a multiple of its element size.
+    for (const ChunkRecord& c : e.chunks) EXPECT_EQ(c.offset % DTypeSize(e.dtype), 0u) << e.name;
+  }
+  EXPECT_EQ(m.format_minor, 1);
+  SaveOptions unpacked;
+  unpacked.pack_small_chunks = false;
+  ASSERT_TRUE(SaveStep(8, unpacked).ok());
+  ExpectLoads(root(), 8);
+  Manifest old = ReadManifest(JoinPath(root(), StepDirName(8))).value();
+  EXPECT_EQ(old.format_minor, 0);  // what older shardckpt reads
+  for (const EntryRecord& e : old.entries) {
     for (const ChunkRecord& c : e.chunks) EXPECT_EQ(c.offset % 4096, 0u) << e.name;
   }
 }
@@ -300,7 +312,15 @@ TEST_F(CheckpointTest, MemoryBackedFileSystemWritesTheSameBytes) {
   options.plan.max_extent = 4096;
   Result<LoadReport> report = Load(*comm_, shm, want, options);
   ASSERT_TRUE(report.ok()) << report.status().ToString();
-  EXPECT_EQ(report->stats.bytes_read_in_place, 2u * 4096);
+  // The blocks wholly inside the (packed) chunk are read in place; the partial ones are staged.
+  Manifest m = ReadManifest(JoinPath(shm, "step-000000001")).value();
+  ChunkRecord chunk;
+  for (const EntryRecord& e : m.entries) {
+    if (e.name == big.name) chunk = e.chunks[0];
+  }
+  ASSERT_EQ(chunk.bytes, big.bytes.size());
+  EXPECT_EQ(report->stats.bytes_read_in_place,
+            AlignDown(chunk.offset + chunk.bytes, kBlockSize) - AlignUp(chunk.offset, kBlockSize));
   EXPECT_TRUE(std::equal(big.bytes.begin(), big.bytes.end(), unaligned.begin() + 1));
   ASSERT_TRUE(RemoveTree(shm).ok());
 }
@@ -381,10 +401,14 @@ TEST_F(CheckpointTest, LeftoverTempFoldersAreRemovedByTheNextSave) {
 
 // ---- Damage on disk. ----
 
+// Saved with every chunk on a block (format 1.0's layout): whole blocks of one tensor, read in
+// place. Corruption of blocks packed chunks share: chunk_packing_test.
 class DamagedCheckpointTest : public CheckpointTest {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(SaveStep(1).ok());
+    SaveOptions unpacked;
+    unpacked.pack_small_chunks = false;
+    ASSERT_TRUE(SaveStep(1, unpacked).ok());
     dir1_ = JoinPath(root(), StepDirName(1));
   }
   Status LoadStatus() {

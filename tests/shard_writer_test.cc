@@ -111,8 +111,9 @@ TEST(ShardFileWriter, WaitsForEveryDeviceThatFilledABuffer) {
   ExpectTableMatches(file, *record);
 }
 
-// AsyncSaver's snapshot layout: pieces at page offsets with zeros between. Every piece, however
-// small, and every tail is written from that memory, adjacent pieces in buffer-sized writes; the
+// AsyncSaver's snapshot layout: pieces at page offsets with zeros between. Every piece that goes
+// on a block (here all: packing off, as format 1.0 laid them out; packed small pieces are staged),
+// and every tail, is written from that memory, adjacent pieces in buffer-sized writes; the
 // staging ring only carries what is not a padded piece (a blob, the table).
 TEST(ShardFileWriter, PaddedPiecesAreWrittenInPlaceTailsIncluded) {
   const std::vector<size_t> sizes = {1000, 4096, 20000, 0, 1, 9000};  // an empty piece: no break
@@ -136,6 +137,7 @@ TEST(ShardFileWriter, PaddedPiecesAreWrittenInPlaceTailsIncluded) {
     RecordingEngine io(options);
     auto pool = BufferPool::Create(3, 16 << 10).value();
     ShardFileWriter writer(&io, pool.get(), /*always_stage=*/false, /*padded=*/true);
+    writer.set_packing(ChunkPacking{/*pack=*/false});
     ASSERT_TRUE(writer.Open(dir.path(), "rank-00000.bin").ok());
     std::vector<uint64_t> offsets;
     for (size_t i : chosen) offsets.push_back(writer.Append(area.data() + at[i], sizes[i]).value());

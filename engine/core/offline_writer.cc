@@ -54,7 +54,7 @@ Status OfflineCheckpointWriter::AddPiece(int rank, const std::string& name, DTyp
   }
   if (bytes == 0) return Status::Ok();  // empty pieces need no chunk
   SC_ASSIGN_OR_RETURN(ShardFileWriter * writer, Writer(rank));
-  SC_ASSIGN_OR_RETURN(uint64_t offset, writer->Append(data, bytes));
+  SC_ASSIGN_OR_RETURN(uint64_t offset, writer->Append(data, bytes, DTypeSize(dtype)));
   ranks_[rank].chunks.emplace_back(name, ChunkRecord{0, offset, bytes, Normalize(layout, shape)});
   return Status::Ok();
 }

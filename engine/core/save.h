@@ -64,6 +64,9 @@ struct SaveOptions {
   // Keeps the plan for the next save of the same layout (save_plan_cache.h); every rank passes
   // its own cache, or none does. Null: every save gathers and plans.
   SavePlanCache* plan_cache = nullptr;
+  // Chunks under 1 MiB packed at their element size (format 1.1, engine/model/chunk_packing.h);
+  // false puts every chunk on a 4096-byte block, the 1.0 layout older shardckpt reads.
+  bool pack_small_chunks = true;
 };
 
 struct SaveResult {

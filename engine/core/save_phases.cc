@@ -42,19 +42,20 @@ WriteReport WriteShard(int rank, const std::string& temp_dir, const ShardedState
     io_options.queue_depth = std::max<size_t>(io_options.queue_depth, pool->count() + 1);
     std::unique_ptr<IoEngine> io = CreateIoEngine(io_options);
     ShardFileWriter writer(io.get(), pool, options.always_stage, options.pieces_padded);
+    writer.set_packing(ChunkPacking{options.pack_small_chunks});
     SC_RETURN_IF_ERROR(writer.Open(temp_dir, RankFileName(rank)));
     std::vector<DeviceCopier*> settled;  // devices whose queued work has finished
     for (size_t i = 0; i < pieces.size(); ++i) {
       if (!pieces[i]) continue;
       const TensorPiece& p = state.pieces()[i];
       auto append = [&]() -> Result<uint64_t> {
-        if (p.space == MemorySpace::kHost) return writer.Append(p.data, static_cast<size_t>(p.bytes));
+        if (p.space == MemorySpace::kHost) return writer.Append(p.data, static_cast<size_t>(p.bytes), DTypeSize(p.dtype));
         SC_ASSIGN_OR_RETURN(DeviceCopier * copier, CudaCopier(p.device));
         if (std::find(settled.begin(), settled.end(), copier) == settled.end()) {
           SC_RETURN_IF_ERROR(copier->WaitForDeviceWork());
           settled.push_back(copier);
         }
-        return writer.AppendFromDevice(p.data, static_cast<size_t>(p.bytes), copier);
+        return writer.AppendFromDevice(p.data, static_cast<size_t>(p.bytes), copier, DTypeSize(p.dtype));
       };
       Result<uint64_t> offset = append();
       if (!offset.ok()) return offset.status().WithContext("tensor '" + p.name + "'");

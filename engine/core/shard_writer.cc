@@ -92,12 +92,15 @@ Status ShardFileWriter::StageHashed(const unsigned char* p, size_t bytes) {
   return Status::Ok();
 }
 
-Status ShardFileWriter::PadToBlock() {
-  uint64_t pad = AlignUp(writer_.position(), kBlockSize) - writer_.position();
-  if (pad == 0) return Status::Ok();
+Status ShardFileWriter::PadTo(uint64_t offset) {
   static const unsigned char kZeros[kBlockSize] = {};
-  return writer_.Stage(kZeros, pad);
+  while (writer_.position() < offset) {
+    SC_RETURN_IF_ERROR(writer_.Stage(kZeros, std::min<uint64_t>(kBlockSize, offset - writer_.position())));
+  }
+  return Status::Ok();
 }
+
+Status ShardFileWriter::PadToBlock() { return PadTo(AlignUp(writer_.position(), kBlockSize)); }
 
 Status ShardFileWriter::FlushRun() {
   if (run_bytes_ > 0) SC_RETURN_IF_ERROR(writer_.WriteInPlace(run_, run_offset_, run_bytes_));
@@ -131,21 +134,22 @@ Status ShardFileWriter::AppendInPlace(const unsigned char* data, size_t bytes) {
   return Status::Ok();
 }
 
-Result<uint64_t> ShardFileWriter::Append(const void* data, size_t bytes) {
+Result<uint64_t> ShardFileWriter::Append(const void* data, size_t bytes, size_t element_size) {
   const auto* p = static_cast<const unsigned char*>(data);
   const size_t chunk = pool_->buffer_bytes();
+  const uint64_t offset = ChunkOffset(writer_.position(), bytes, element_size, packing_);
+  if (bytes == 0) return offset;  // holds nothing: no padding, and a run stays unbroken
   // Without O_DIRECT (memory-backed file systems) any address may be written from directly.
   bool aligned = reinterpret_cast<uintptr_t>(p) % kDirectIoAlignment == 0 || !writer_.file().direct();
-  if (padded_ && aligned) {  // empty pieces too: they must not break a run
-    SC_RETURN_IF_ERROR(PadToBlock());
-    const uint64_t offset = writer_.position();
+  const bool on_block = offset % kBlockSize == 0;  // packed chunks are staged
+  if (padded_ && aligned && on_block) {
+    SC_RETURN_IF_ERROR(PadTo(offset));
     SC_RETURN_IF_ERROR(AppendInPlace(p, bytes));
     return offset;
   }
   SC_RETURN_IF_ERROR(FlushRun());
-  SC_RETURN_IF_ERROR(PadToBlock());
-  const uint64_t offset = writer_.position();
-  if (!always_stage_ && aligned && bytes >= chunk) {
+  SC_RETURN_IF_ERROR(PadTo(offset));
+  if (!always_stage_ && aligned && on_block && bytes >= chunk) {
     SC_RETURN_IF_ERROR(writer_.FlushStaged());  // at a block boundary: the position is aligned now
     size_t direct = AlignDown(bytes, kBlockSize);
     for (size_t done = 0; done < direct; done += chunk) {
@@ -161,10 +165,12 @@ Result<uint64_t> ShardFileWriter::Append(const void* data, size_t bytes) {
   return offset;
 }
 
-Result<uint64_t> ShardFileWriter::AppendFromDevice(const void* device_data, size_t bytes, DeviceCopier* copier) {
+Result<uint64_t> ShardFileWriter::AppendFromDevice(const void* device_data, size_t bytes, DeviceCopier* copier,
+                                                   size_t element_size) {
+  const uint64_t offset = ChunkOffset(writer_.position(), bytes, element_size, packing_);
+  if (bytes == 0) return offset;
   SC_RETURN_IF_ERROR(FlushRun());
-  SC_RETURN_IF_ERROR(PadToBlock());
-  const uint64_t offset = writer_.position();
+  SC_RETURN_IF_ERROR(PadTo(offset));
   const auto* p = static_cast<const unsigned char*>(device_data);
   while (bytes > 0) {
     const size_t buffer = writer_.current_buffer();

@@ -1,5 +1,7 @@
-// Streams one rank's data file: chunks at 4096-aligned offsets, then the checksum table
-// (see manifest.h for the layout), then fdatasync.
+// Streams one rank's data file: chunks at the offsets engine/model/chunk_packing.h assigns (small
+// ones packed, large ones on 4096-byte blocks), then the checksum table (see manifest.h for the
+// layout), then fdatasync. Packed chunks are always staged: the ring turns the unaligned layout
+// into whole-block O_DIRECT writes.
 //
 // The file goes through the library's aligned sequential writer (io/sequential_writer.h); what
 // is this file's own is the checksums, the runs of padded memory and the device copies.
@@ -15,8 +17,9 @@
 // are in flight, so where a rank has spare cores the checksums cost no time on its own.
 //
 // `padded` memory (AsyncSaver's snapshot area: every chunk starts on a page and the memory up to
-// the next page boundary is readable and zero) is written in place whatever its size, tail
-// included, and chunks adjacent in memory go out together in buffer-sized writes: no copy at all.
+// the next page boundary is readable and zero): chunks that go on a block (1 MiB or more, or all
+// with packing off) are written in place, tail included, and chunks adjacent in memory go out
+// together in buffer-sized writes; packed (small) chunks are staged like any other.
 //
 // Device chunks (AppendFromDevice) go through the same ring: a device-to-host copy is enqueued
 // into the buffer being filled and only waited for (its buffer's events, one per device copier
@@ -30,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "shardckpt/engine/model/chunk_packing.h"
 #include "shardckpt/engine/model/manifest.h"
 #include "shardckpt/io/aligned_buffer.h"
 #include "shardckpt/io/device_memory.h"
@@ -45,15 +49,19 @@ class ShardFileWriter {
   static size_t DefaultHashHelpers();
 
   Status Open(const std::string& dir, const std::string& name);
-  // Appends a chunk at the next aligned offset and returns that offset. `data` must stay valid
-  // and unchanged until Finish returns.
-  Result<uint64_t> Append(const void* data, size_t bytes);
+  // Where chunks go; packing on by default. Set before the first Append.
+  void set_packing(const ChunkPacking& packing) { packing_ = packing; }
+  // Appends a chunk of `element_size`-byte elements (1 for blobs) at ChunkOffset and returns that
+  // offset. `data` must stay valid and unchanged until Finish returns.
+  Result<uint64_t> Append(const void* data, size_t bytes, size_t element_size = 1);
   // The same for `bytes` of device memory, copied out by `copier` (the pool should be pinned).
-  Result<uint64_t> AppendFromDevice(const void* device_data, size_t bytes, DeviceCopier* copier);
+  Result<uint64_t> AppendFromDevice(const void* device_data, size_t bytes, DeviceCopier* copier,
+                                    size_t element_size = 1);
   // Writes the checksum table, waits for every write and syncs. Returns the file's record.
   Result<FileRecord> Finish();
 
  private:
+  Status PadTo(uint64_t offset);  // zeros up to `offset`
   Status PadToBlock();
   // Each staged buffer, before it is written: its device copies waited for, its blocks summed.
   Status BeforeWrite(size_t buffer, const unsigned char* data, size_t length);
@@ -77,6 +85,7 @@ class ShardFileWriter {
     std::future<std::vector<uint64_t>> sums;
   };
   std::deque<BackgroundSum> background_;
+  ChunkPacking packing_;
   std::vector<std::vector<DeviceCopier*>> copying_;  // per buffer: copiers with copies not waited for
   SequentialWriter writer_;  // after copying_: its destructor waits for writes that may still use them
   std::string name_;

@@ -6,6 +6,7 @@
 
 #include <unordered_set>
 
+#include "shardckpt/engine/model/chunk_packing.h"
 #include "shardckpt/engine/model/coverage.h"
 #include "shardckpt/io/checksum.h"
 
@@ -146,11 +147,25 @@ bool IsPlainFileName(const std::string& name) {
   return true;
 }
 
+bool UsesPackedOffsets(const Manifest& m) {
+  for (const EntryRecord& e : m.entries) {
+    for (const ChunkRecord& c : e.chunks) {
+      if (IsPackedOffset(c.offset)) return true;
+    }
+  }
+  for (const BlobRecord& b : m.blobs) {
+    if (IsPackedOffset(b.offset)) return true;
+  }
+  return false;
+}
+
 Result<std::string> EncodeManifest(const Manifest& m) {
   try {
     json root;
     root["format"] = kFormatName;
-    root["format_version"] = {m.format_major, m.format_minor};
+    // The lowest version that describes the files: 1.0 readers can still read a checkpoint
+    // without packed chunks, and refuse one with them (their validation wants every offset on a block).
+    root["format_version"] = {m.format_major, UsesPackedOffsets(m) ? kFormatMinorPacked : 0};
     root["step"] = m.step;
     root["world_size"] = m.world_size;
     root["created"] = {{"time", m.created.time},
@@ -354,7 +369,11 @@ Status ValidateManifest(const Manifest& m) {
                           const std::string& what) -> Status {
     if (file >= m.files.size()) return bad(what + " names file index " + std::to_string(file) + " out of range");
     const FileRecord& f = m.files[file];
-    if (f.checksums && offset % kBlockSize != 0) return bad(what + " offset " + std::to_string(offset) + " is not 4096-aligned");
+    // Files of a DCP folder (no checksums) place records anywhere; ours keep 4096-aligned offsets
+    // in format 1.0 and pack small chunks in 1.1.
+    if (f.checksums && m.format_minor < kFormatMinorPacked && IsPackedOffset(offset)) {
+      return bad(what + " offset " + std::to_string(offset) + " is not 4096-aligned, as format 1.0 requires");
+    }
     if (offset > f.table_offset || bytes > f.table_offset - offset) {
       return bad(what + " [" + std::to_string(offset) + ", +" + std::to_string(bytes) +
                  ") runs past the data in '" + f.name + "' (" + std::to_string(f.table_offset) + " bytes)");

@@ -2,7 +2,8 @@
 // the validation every reader runs before trusting a single offset in it. Pure: no I/O here.
 //
 // Data file layout, for one writer rank:
-//   [chunk][pad to 4096][chunk][pad]...[blob][pad] | checksum table | pad to 4096
+//   [chunk][chunk][pad to 4096][large chunk][pad]...[blob][pad] | checksum table | pad to 4096
+// (small chunks packed at their element size since 1.1, large ones on blocks: chunk_packing.h).
 // The checksum table holds one little-endian u64 XXH3 per 4096-byte block of the data area
 // [0, table_offset); the manifest holds one XXH3 per 4096-byte page of that table. A reader that
 // needs data block k reads table page k / 512, checks it against the manifest, then checks the
@@ -23,7 +24,10 @@ namespace shardckpt {
 
 inline constexpr const char* kFormatName = "shardckpt";
 inline constexpr int kFormatMajor = 1;
-inline constexpr int kFormatMinor = 0;
+// 1.1: chunks and blobs may start anywhere in the data area (engine/model/chunk_packing.h); a
+// manifest says 1.1 only when one does, so checkpoints without packed chunks stay 1.0.
+inline constexpr int kFormatMinor = 1;
+inline constexpr int kFormatMinorPacked = 1;
 inline constexpr const char* kManifestName = "manifest.json";
 inline constexpr uint64_t kSumsPerTablePage = 4096 / 8;
 
@@ -95,6 +99,8 @@ Result<Manifest> DecodeManifest(const std::string& json, const std::string& orig
 // Parses text another rank of this job already decoded with DecodeManifest (the broadcast on
 // load): the seal and the full validation, a second or more at a million chunks, are not redone.
 Result<Manifest> DecodeValidatedManifest(const std::string& json, const std::string& origin);
+// Whether any chunk or blob starts off a 4096-byte block (format 1.1).
+bool UsesPackedOffsets(const Manifest& manifest);
 // Everything that can be checked without touching the data files: names, bounds, overflow,
 // coverage of every entry, per-file checksum table sizes.
 Status ValidateManifest(const Manifest& manifest);

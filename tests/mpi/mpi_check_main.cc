@@ -55,6 +55,7 @@ struct Args {
   std::string replicated_reads = "auto";  // load: auto | broadcast | every-rank
   uint64_t broadcast_batch = 16u << 20;   // load: LoadOptions::broadcast_batch_bytes
   bool deferred = false;                  // async: StartSave + Fence (copy while training)
+  bool no_rank_blobs = false; // load: a checkpoint written by `shardckpt reshard`
 };
 
 struct Held {
@@ -140,8 +141,14 @@ int DoLoad(Communicator& comm, const Args& a) {
   const auto& blobs = report->blobs;
   if (!blobs.count("step") || blobs.at("step").bytes != std::to_string(report->step)) return Fail(rank, "blob 'step' wrong");
   if (!blobs.count("config") || blobs.at("config").bytes != "{\"scenario\": 1}") return Fail(rank, "blob 'config' wrong");
-  const BlobResult& rng = blobs.at("rng");
-  if (report->saved_world_size == world) {
+  // `shardckpt reshard` writes no per-rank blobs (they belong to the saving ranks).
+  if (blobs.count("rng") == a.no_rank_blobs) {
+    return Fail(rank, std::string("per-rank blob 'rng' ") + (a.no_rank_blobs ? "found where none was saved" : "is missing"));
+  }
+  const BlobResult rng = a.no_rank_blobs ? BlobResult{} : blobs.at("rng");
+  if (a.no_rank_blobs) {
+    // nothing more to check
+  } else if (report->saved_world_size == world) {
     std::string expected = "rng-" + std::to_string(rank) + "-of-" + std::to_string(world);
     if (!rng.available || rng.bytes != expected) return Fail(rank, "per-rank blob 'rng' is '" + rng.bytes + "'");
   } else if (rng.available || rng.reason.find("saved by " + std::to_string(report->saved_world_size) + " ranks") == std::string::npos) {
@@ -460,6 +467,8 @@ int main(int argc, char** argv) {
       else if (flag == "--replicated-reads") a.replicated_reads = argv[i + 1];
       else if (flag == "--deferred") a.deferred = std::atoi(argv[i + 1]) != 0;
       else if (flag == "--broadcast-batch") a.broadcast_batch = std::strtoull(argv[i + 1], nullptr, 10);
+      else if (flag == "--many-small") AddManySmallEntries(std::atoi(argv[i + 1]));
+      else if (flag == "--no-rank-blobs") a.no_rank_blobs = std::atoi(argv[i + 1]) != 0;
       else if (flag == "--pid-dir") {
         std::ofstream(JoinPath(argv[i + 1], "rank-" + std::to_string(comm->rank()) + ".pid")) << ::getpid() << "\n";
       }

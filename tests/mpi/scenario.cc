@@ -2,8 +2,8 @@
 
 namespace shardckpt::testing {
 
-const std::vector<ScenarioEntry>& ScenarioEntries() {
-  static const std::vector<ScenarioEntry> kEntries = {
+static std::vector<ScenarioEntry>& Entries() {
+  static std::vector<ScenarioEntry> kEntries = {
       {"model.w.f32", DType::kFloat32, {37, 19}},
       {"model.w.bf16", DType::kBFloat16, {10, 7}},
       {"model.w.f16", DType::kFloat16, {6, 13}},
@@ -21,6 +21,17 @@ const std::vector<ScenarioEntry>& ScenarioEntries() {
       {"model.rows", DType::kFloat32, {16, 4}},
   };
   return kEntries;
+}
+
+const std::vector<ScenarioEntry>& ScenarioEntries() { return Entries(); }
+
+void AddManySmallEntries(int count) {
+  static const DType kDTypes[] = {DType::kFloat32, DType::kBFloat16, DType::kInt64, DType::kFloat16, DType::kInt8};
+  for (int i = 0; i < count; ++i) {
+    int64_t n = 1 + (i * 37) % 700;  // 1 to 700 elements: 1 byte to 5.6 KiB
+    Shape shape = i % 53 == 0 ? Shape{} : i % 3 == 0 && n >= 8 ? Shape{n / 4, 4} : Shape{n};
+    Entries().push_back(ScenarioEntry{"small." + std::to_string(i), kDTypes[i % 5], shape});
+  }
 }
 
 bool IsKnownFamily(const std::string& family) {

@@ -17,6 +17,9 @@ struct ScenarioEntry {
 };
 
 const std::vector<ScenarioEntry>& ScenarioEntries();
+// Appends `count` tiny entries (biases, norms, step counters: 1 byte to a few KiB, 0-d to 2-d) to
+// the scenario, before any use: the many-small-tensors case of packed chunks (format 1.1).
+void AddManySmallEntries(int count);
 
 // Families: replicated, flat, dim0, mixed (flat, dim0, column, 2-D grid and replicated across
 // entries, plus one entry held as several row pieces per rank).

@@ -1,0 +1,263 @@
+// Packed chunks (format 1.1, engine/model/chunk_packing.h): where offsets go, which manifest
+// version says so, and that a data file of packed chunks reads back through aligned, verified
+// reads of the enclosing blocks.
+#include "shardckpt/engine/model/chunk_packing.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "shardckpt/engine/core/checkpoint_reader.h"
+#include "shardckpt/engine/core/extent_reader.h"
+#include "shardckpt/engine/core/offline_writer.h"
+#include "shardckpt/engine/core/shard_writer.h"
+#include "shardckpt/engine/model/manifest.h"
+#include "shardckpt/engine/model/read_plan.h"
+#include "shardckpt/io/checksum.h"
+#include "shardckpt/io/fs.h"
+#include "tests/test_util.h"
+
+namespace shardckpt {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct OffsetCase {
+  uint64_t position, bytes, element_size;
+  bool pack;
+  uint64_t offset;
+};
+
+TEST(ChunkOffset, PacksSmallChunksAtTheirElementSizeAndLargeOnesOnBlocks) {
+  const std::vector<OffsetCase> cases = {
+      {0, 16, 4, true, 0},                           // the file's start is any chunk's
+      {16, 4, 4, true, 16},                          // float32 after float32: no gap
+      {18, 4, 4, true, 20},                          // after a bf16 tail: next multiple of 4
+      {18, 2, 2, true, 18},                          // bf16: 2 is enough
+      {13, 8, 8, true, 16},                          // float64 / int64
+      {13, 5, 1, true, 13},                          // bytes and blobs: anywhere
+      {13, 5, 0, true, 13},                          // no element size given: as bytes
+      {4095, 8, 8, true, 4096},                      // crosses into the next block: fine
+      {100, 4096, 4, true, 100},                     // a block's worth is still small
+      {100, kPackBelowBytes - 4, 4, true, 100},      // just below the limit: packed
+      {100, kPackBelowBytes, 4, true, 4096},         // at the limit: on a block
+      {8192, kPackBelowBytes, 4, true, 8192},        // already on a block: no padding
+      {100, 16, 4, false, 4096},                     // packing off: format 1.0
+      {0, 16, 4, false, 0},
+      {100, 0, 4, true, 4096},                       // empty: next boundary, never padded to
+      {4096, 0, 4, true, 4096},
+  };
+  for (const OffsetCase& c : cases) {
+    ChunkPacking packing;
+    packing.pack = c.pack;
+    EXPECT_EQ(ChunkOffset(c.position, c.bytes, c.element_size, packing), c.offset)
+        << "position " << c.position << " bytes " << c.bytes << " element " << c.element_size << " pack " << c.pack;
+  }
+}
+
+Manifest OneFile(uint64_t chunk_offset) {
+  Manifest m;
+  m.files.push_back(FileRecord{"rank-00000.bin", 2 * 4096, 4096, {0x1}});
+  EntryRecord e{"model.bias", DType::kFloat32, {4}, {}};
+  e.chunks.push_back(ChunkRecord{0, chunk_offset, 16, Layout::Whole()});
+  m.entries.push_back(e);
+  return m;
+}
+
+// The version a manifest carries is the lowest that describes it, and a 1.0 manifest keeps 1.0's
+// promise: a reader refuses one whose offsets are off a block.
+TEST(ChunkOffset, ManifestSaysOnePointOneOnlyWithPackedOffsets) {
+  Result<Manifest> aligned = DecodeManifest(EncodeManifest(OneFile(0)).value(), "a/manifest.json");
+  ASSERT_TRUE(aligned.ok()) << aligned.status().ToString();
+  EXPECT_EQ(aligned->format_minor, 0);
+  const std::string packed_text = EncodeManifest(OneFile(20)).value();
+  EXPECT_THAT(packed_text, HasSubstr("\"format_version\": [\n  1,\n  1\n ]"));
+  Result<Manifest> packed = DecodeManifest(packed_text, "p/manifest.json");
+  ASSERT_TRUE(packed.ok()) << packed.status().ToString();
+  EXPECT_EQ(packed->format_minor, 1);
+  EXPECT_EQ(packed->entries[0].chunks[0].offset, 20u);
+
+  std::string text = CheckSeal(packed_text, "p").value();
+  const std::string v11 = "\"format_version\": [\n  1,\n  1\n ]";
+  text.replace(text.find(v11), v11.size(), "\"format_version\": [\n  1,\n  0\n ]");
+  Result<Manifest> lying = DecodeManifest(SealManifestText(text), "old/manifest.json");
+  ASSERT_FALSE(lying.ok());
+  EXPECT_THAT(lying.status().message(), HasSubstr("entry 'model.bias' chunk 0 offset 20 is not 4096-aligned, as format 1.0 requires"));
+  // Packed or not, a chunk must lie inside the data area.
+  Result<Manifest> past = DecodeManifest(EncodeManifest(OneFile(4090)).value(), "p/manifest.json");
+  ASSERT_FALSE(past.ok());
+  EXPECT_THAT(past.status().message(), HasSubstr("runs past the data"));
+}
+
+std::vector<uint8_t> Pattern(size_t bytes, uint32_t seed) {
+  std::vector<uint8_t> out(bytes);
+  for (size_t i = 0; i < bytes; ++i) out[i] = static_cast<uint8_t>(seed * 131 + i * 7 + (i >> 9) + 1);
+  return out;
+}
+
+// Thousands of small chunks and two large ones through the writer and the reader: the data area is
+// the chunks' bytes plus at most a few bytes each, large chunks stay on blocks, every chunk reads
+// back exactly, and a flipped byte in a shared block is reported naming the chunks in it.
+TEST(ChunkOffset, PackedFileReadsBackThroughAlignedVerifiedReads) {
+  testing::TempDir dir;
+  std::unique_ptr<IoEngine> io = CreateIoEngine();
+  auto pool = BufferPool::Create(3, 64 << 10).value();
+  std::vector<size_t> sizes, elements;
+  for (size_t i = 0; i < 3000; ++i) {
+    elements.push_back(i % 3 == 0 ? 2 : 4);
+    sizes.push_back(elements.back() * (1 + (i * 37) % 300));
+    if (i == 1000 || i == 2000) {
+      sizes.push_back(kPackBelowBytes + 4 * (i / 1000) + 4);  // large, and not a whole number of blocks
+      elements.push_back(4);
+    }
+  }
+  std::vector<std::vector<uint8_t>> data;
+  AlignedBuffer large_memory = AlignedBuffer::Allocate(2 * kPackBelowBytes + 4 * kBlockSize).value();
+  ShardFileWriter writer(io.get(), pool.get(), /*always_stage=*/false);
+  ASSERT_TRUE(writer.Open(dir.path(), "rank-00000.bin").ok());
+  std::vector<uint64_t> offsets;
+  uint64_t total = 0;
+  size_t large_used = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    data.push_back(Pattern(sizes[i], static_cast<uint32_t>(i)));
+    const void* from = data.back().data();
+    if (sizes[i] >= kPackBelowBytes) {  // aligned memory: the zero-copy path
+      unsigned char* at = large_memory.data() + large_used;
+      std::memcpy(at, data.back().data(), sizes[i]);
+      large_used += AlignUp(sizes[i], kBlockSize);
+      from = at;
+    }
+    offsets.push_back(writer.Append(from, sizes[i], elements[i]).value());
+    total += sizes[i];
+    EXPECT_EQ(offsets.back() % elements[i], 0u) << "chunk " << i;
+    if (sizes[i] >= kPackBelowBytes) {
+      EXPECT_EQ(offsets.back() % kBlockSize, 0u) << "large chunk " << i;
+    }
+  }
+  Result<FileRecord> record = writer.Finish();
+  ASSERT_TRUE(record.ok()) << record.status().ToString();
+  // Padding: at most an element per small chunk, a block per large one, and the last block.
+  EXPECT_LE(record->table_offset, total + 2 * sizes.size() + 3 * kBlockSize);
+
+  Manifest m;
+  m.files.push_back(*record);
+  std::vector<CopyRequest> copies;
+  std::vector<std::vector<uint8_t>> got(sizes.size());
+  ReadTargets targets;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    got[i].assign(sizes[i], 0xEE);
+    copies.push_back(CopyRequest{0, offsets[i], sizes[i], static_cast<uint32_t>(i), 0});
+    targets.base.push_back(got[i].data());
+    targets.names.push_back("t" + std::to_string(i));
+  }
+  ReadPlanOptions options;
+  options.max_extent = pool->buffer_bytes();
+  ReadPlan plan = CoalesceReads(copies, options);
+  for (const ReadExtent& e : plan.extents) {
+    EXPECT_EQ(e.offset % kBlockSize, 0u);
+    EXPECT_EQ(e.length % kBlockSize, 0u);
+  }
+  EXPECT_EQ(plan.bytes_read, record->table_offset);  // every block once, none twice
+  ReadStats stats;
+  Status read = ExecuteReadPlan(io.get(), pool.get(), dir.path(), m, plan, targets, /*verify=*/true, &stats);
+  ASSERT_TRUE(read.ok()) << read.ToString();
+  for (size_t i = 0; i < sizes.size(); ++i) ASSERT_EQ(got[i], data[i]) << "chunk " << i;
+
+  // Chunks 1 and 2 share the file's first block; a flipped byte in chunk 2 names both.
+  ASSERT_LT(offsets[2], kBlockSize);
+  const std::string path = JoinPath(dir.path(), "rank-00000.bin");
+  std::string file = ReadFileLimited(path, 64 << 20).value();
+  file[offsets[2]] ^= 1;
+  ASSERT_TRUE(WriteFileAtomic(path, file, "test").ok());
+  Status corrupt = ExecuteReadPlan(io.get(), pool.get(), dir.path(), m, plan, targets, true, &stats);
+  ASSERT_FALSE(corrupt.ok());
+  EXPECT_THAT(corrupt.message(), HasSubstr("checksum mismatch in the block at offset 0 holding"));
+  EXPECT_THAT(corrupt.message(), HasSubstr("'t1'"));
+  EXPECT_THAT(corrupt.message(), HasSubstr("'t2'"));
+}
+
+// The tools read small entries through CheckpointReader's read-ahead windows: many pieces per
+// read, each block verified once; a damaged block fails only the pieces it holds, named.
+TEST(ChunkOffset, ReadAheadServesPackedPiecesAndNamesTheDamagedOne) {
+  testing::TempDir dir;
+  const std::string root = JoinPath(dir.path(), "root");
+  auto out = OfflineCheckpointWriter::Begin(root, 3, 2).value();
+  std::vector<std::vector<uint8_t>> data;
+  for (int i = 0; i < 400; ++i) {
+    data.push_back(Pattern(4 * (1 + i % 50), static_cast<uint32_t>(i)));
+    const int64_t n = static_cast<int64_t>(data.back().size() / 4);
+    ASSERT_TRUE(out->AddPiece(i % 2, "t" + std::to_string(i), DType::kFloat32, {n}, Layout::Whole(),
+                              data.back().data(), data.back().size()).ok());
+  }
+  const std::string folder = out->Commit(CreationInfo{}).value();
+  auto reader = CheckpointReader::Open(root).value();
+  const Manifest m = reader->manifest();  // a copy: the reader is replaced below
+  EXPECT_EQ(m.format_minor, 1);
+  auto read = [&](size_t i, std::vector<uint8_t>* got) {
+    got->assign(data[i].size(), 0xEE);
+    size_t entry = 0;
+    while (m.entries[entry].name != "t" + std::to_string(i)) ++entry;
+    return reader->ReadPiece(entry, Layout::Whole(), got->data());
+  };
+  std::vector<uint8_t> got;
+  for (size_t i = 0; i < data.size(); ++i) {
+    ASSERT_TRUE(read(i, &got).ok()) << i;
+    ASSERT_EQ(got, data[i]) << i;
+  }
+  EXPECT_EQ(reader->stats().data_bytes_read, m.files[0].table_offset + m.files[1].table_offset);  // each block once
+
+  // Damage t200 (file 0): a fresh reader still reads its neighbours, and t200's error names it.
+  uint64_t at = 0;
+  for (const EntryRecord& e : m.entries) {
+    if (e.name == "t200") at = e.chunks[0].offset;
+  }
+  const std::string path = JoinPath(folder, "rank-00000.bin");
+  std::string file = ReadFileLimited(path, 64 << 20).value();
+  file[at] ^= 1;
+  ASSERT_TRUE(WriteFileAtomic(path, file, "test").ok());
+  reader = CheckpointReader::Open(root).value();
+  ASSERT_GE(at, kBlockSize);  // t0 starts file 0, in another block
+  Status neighbour = read(0, &got);
+  ASSERT_TRUE(neighbour.ok()) << neighbour.ToString();
+  EXPECT_EQ(got, data[0]);
+  Status damaged = read(200, &got);
+  EXPECT_EQ(damaged.code(), Code::kDataLoss);
+  EXPECT_THAT(damaged.message(), HasSubstr("'t200'"));
+  EXPECT_THAT(damaged.message(), HasSubstr("checksum mismatch"));
+}
+
+// An entry cut across every file of a wide checkpoint (a consolidation after a reshard to many
+// ranks): one window per file, so reading entry after entry still reads each block once.
+TEST(ChunkOffset, ReadAheadReadsEachBlockOnceAcrossManyFiles) {
+  testing::TempDir dir;
+  const std::string root = JoinPath(dir.path(), "root");
+  const int world = 70;
+  auto out = OfflineCheckpointWriter::Begin(root, 1, world).value();
+  std::vector<std::vector<uint8_t>> data;
+  for (int i = 0; i < 60; ++i) {
+    data.push_back(Pattern(4 * world * (1 + i % 3), static_cast<uint32_t>(i)));
+    const int64_t n = static_cast<int64_t>(data.back().size() / 4), per = n / world;
+    for (int r = 0; r < world; ++r) {
+      ASSERT_TRUE(out->AddPiece(r, "t" + std::to_string(i), DType::kFloat32, {n}, Layout::FlatRange(r * per, (r + 1) * per),
+                                data.back().data() + r * per * 4, static_cast<size_t>(per) * 4).ok());
+    }
+  }
+  ASSERT_TRUE(out->Commit(CreationInfo{}).ok());
+  auto reader = CheckpointReader::Open(root).value();
+  const Manifest& m = reader->manifest();
+  uint64_t data_bytes = 0;
+  for (const FileRecord& f : m.files) data_bytes += f.table_offset;
+  std::vector<uint8_t> got;
+  for (size_t e = 0; e < m.entries.size(); ++e) {
+    const size_t i = std::stoul(m.entries[e].name.substr(1));
+    got.assign(data[i].size(), 0xEE);
+    ASSERT_TRUE(reader->ReadPiece(e, Layout::Whole(), got.data()).ok());
+    ASSERT_EQ(got, data[i]) << m.entries[e].name;
+  }
+  EXPECT_EQ(reader->stats().data_bytes_read, data_bytes);
+}
+
+}  // namespace
+}  // namespace shardckpt
