@@ -174,6 +174,35 @@ TEST(ShardFileWriter, PaddedPiecesAreWrittenInPlaceTailsIncluded) {
   }
 }
 
+// A blob handed to a padded writer (an async save) from memory that happens to start on a page:
+// only its bytes are copied. Written in place with its "tail", the file got whatever the heap held
+// after it (seen in an FSDP2 resume: heap pointers on disk and a block whose sum no longer matched).
+TEST(ShardFileWriter, BlobsAreNeverWrittenPastTheirEndFromAPaddedWriter) {
+  AlignedBuffer memory = AlignedBuffer::Allocate(2 * kBlockSize).value();
+  std::memset(memory.data(), 0xAB, 2 * kBlockSize);  // what lies past the blob is not zero
+  const std::string blob = "[{\"lr\": 0.001}]";
+  std::memcpy(memory.data(), blob.data(), blob.size());
+  testing::TempDir dir;
+  RecordingEngine io(IoOptions{});
+  auto pool = BufferPool::Create(2, 16 << 10).value();
+  ShardFileWriter writer(&io, pool.get(), /*always_stage=*/false, /*padded=*/true);
+  ASSERT_TRUE(writer.Open(dir.path(), "rank-00000.bin").ok());
+  const uint64_t at = writer.AppendStaged(memory.data(), blob.size()).value();
+  EXPECT_EQ(at % kBlockSize, 0u);  // the first record of the file: on a block, as in the failure
+  Result<FileRecord> record = writer.Finish();
+  ASSERT_TRUE(record.ok()) << record.status().ToString();
+  for (const IoOp& op : io.writes) {
+    auto* from = static_cast<unsigned char*>(op.buffer);
+    EXPECT_FALSE(from >= memory.data() && from < memory.data() + 2 * kBlockSize)
+        << "the blob's memory was written in place";
+  }
+  std::string file = ReadFileLimited(JoinPath(dir.path(), "rank-00000.bin"), 1 << 20).value();
+  EXPECT_EQ(file.substr(at, blob.size()), blob);
+  EXPECT_EQ(file.substr(at + blob.size(), kBlockSize - blob.size()),
+            std::string(kBlockSize - blob.size(), '\0'));
+  ExpectTableMatches(file, *record);
+}
+
 // Staged chunks are summed as they are copied (a run at a time, issue 14 part 3): the table must
 // still hold every block's sum in file order, whatever mix of odd-sized staged chunks (a partial
 // last block completed by padding), runs longer than a buffer, device copies still landing and

@@ -64,7 +64,8 @@ WriteReport WriteShard(int rank, const std::string& temp_dir, const ShardedState
     for (size_t j = 0; j < blobs.size(); ++j) {
       if (!blobs[j]) continue;
       const BlobItem& b = state.blobs()[j];
-      SC_ASSIGN_OR_RETURN(uint64_t offset, writer.Append(b.bytes.data(), b.bytes.size()));
+      // A blob's bytes are not in the snapshot's padded area: what follows them is not ours to write.
+      SC_ASSIGN_OR_RETURN(uint64_t offset, writer.AppendStaged(b.bytes.data(), b.bytes.size()));
       report.blob_offsets.emplace_back(j, offset);
     }
     SC_ASSIGN_OR_RETURN(report.file, writer.Finish());

@@ -165,6 +165,15 @@ Result<uint64_t> ShardFileWriter::Append(const void* data, size_t bytes, size_t 
   return offset;
 }
 
+Result<uint64_t> ShardFileWriter::AppendStaged(const void* data, size_t bytes) {
+  const uint64_t offset = ChunkOffset(writer_.position(), bytes, 1, packing_);
+  if (bytes == 0) return offset;
+  SC_RETURN_IF_ERROR(FlushRun());
+  SC_RETURN_IF_ERROR(PadTo(offset));
+  SC_RETURN_IF_ERROR(StageHashed(static_cast<const unsigned char*>(data), bytes));
+  return offset;
+}
+
 Result<uint64_t> ShardFileWriter::AppendFromDevice(const void* device_data, size_t bytes, DeviceCopier* copier,
                                                    size_t element_size) {
   const uint64_t offset = ChunkOffset(writer_.position(), bytes, element_size, packing_);

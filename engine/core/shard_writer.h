@@ -54,6 +54,9 @@ class ShardFileWriter {
   // Appends a chunk of `element_size`-byte elements (1 for blobs) at ChunkOffset and returns that
   // offset. `data` must stay valid and unchanged until Finish returns.
   Result<uint64_t> Append(const void* data, size_t bytes, size_t element_size = 1);
+  // Memory outside a padded area (a blob's bytes): always copied through the ring, whatever its
+  // address, so nothing past `bytes` is read; otherwise as Append with 1-byte elements.
+  Result<uint64_t> AppendStaged(const void* data, size_t bytes);
   // The same for `bytes` of device memory, copied out by `copier` (the pool should be pinned).
   Result<uint64_t> AppendFromDevice(const void* device_data, size_t bytes, DeviceCopier* copier,
                                     size_t element_size = 1);
