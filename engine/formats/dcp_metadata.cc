@@ -94,13 +94,6 @@ class Machine : public PickleStack<Value> {
     v->s = full;
     return Push(v);
   }
-  Result<std::string> Line() {
-    size_t end = data_.find('\n', pos_);
-    if (end == std::string::npos || end - pos_ > 256) return DataLoss("unterminated GLOBAL");
-    std::string s = data_.substr(pos_, end - pos_);
-    pos_ = end + 1;
-    return s;
-  }
   Status Tuple(std::vector<Value*> items) {
     SC_ASSIGN_OR_RETURN(Value* t, New(Value::kTuple, items.size() * sizeof(Value*)));
     t->items = std::move(items);
@@ -253,8 +246,8 @@ class Machine : public PickleStack<Value> {
         return Status::Ok();
       }
       case 'c': {
-        SC_ASSIGN_OR_RETURN(std::string module, Line());
-        SC_ASSIGN_OR_RETURN(std::string name, Line());
+        SC_ASSIGN_OR_RETURN(std::string module, GlobalLine(data_, &pos_));
+        SC_ASSIGN_OR_RETURN(std::string name, GlobalLine(data_, &pos_));
         return Global(module, name);
       }
       case 0x93: {

@@ -76,6 +76,15 @@ class PickleStack {
     return stack_.back();
   }
 
+  // GLOBAL's module or name: a line of at most 256 bytes from `*pos`, which moves past it.
+  static Result<std::string> GlobalLine(const std::string& data, size_t* pos) {
+    const size_t end = data.find('\n', *pos);
+    if (end == std::string::npos || end - *pos > 256) return DataLoss("unterminated GLOBAL");
+    std::string s = data.substr(*pos, end - *pos);
+    *pos = end + 1;
+    return s;
+  }
+
   std::deque<Value> arena_;  // stable addresses: values point at each other
   std::vector<Value*> stack_;
   std::vector<size_t> marks_;

@@ -54,65 +54,6 @@ void PutTensor(PickleWriter& w, const PickleTensor& t) {
   w.Reduce();
 }
 
-// The typed JSON of a blob (python/shardckpt/_state.py) as pickle opcodes torch's weights_only
-// unpickler accepts: None, booleans, ints, floats, str, list, tuple and dict.
-Status PutJson(PickleWriter& w, const nlohmann::ordered_json& v, int depth) {
-  if (depth > 64) return InvalidArgument("a value nested more than 64 deep");
-  static constexpr const char* kTag = "__shardckpt__";
-  switch (v.type()) {
-    case nlohmann::ordered_json::value_t::null: w.None(); return Status::Ok();
-    case nlohmann::ordered_json::value_t::boolean: w.Bool(v.get<bool>()); return Status::Ok();
-    case nlohmann::ordered_json::value_t::number_integer: w.Int(v.get<int64_t>()); return Status::Ok();
-    case nlohmann::ordered_json::value_t::number_unsigned: w.UInt(v.get<uint64_t>()); return Status::Ok();
-    case nlohmann::ordered_json::value_t::number_float: w.Float(v.get<double>()); return Status::Ok();
-    case nlohmann::ordered_json::value_t::string: w.String(v.get<std::string>()); return Status::Ok();
-    case nlohmann::ordered_json::value_t::array:
-      w.EmptyList();
-      w.Mark();
-      for (const auto& item : v) SC_RETURN_IF_ERROR(PutJson(w, item, depth + 1));
-      w.Appends();
-      return Status::Ok();
-    case nlohmann::ordered_json::value_t::object: {
-      if (v.contains(kTag)) {
-        const std::string tag = v[kTag].is_string() ? v[kTag].get<std::string>() : "";
-        const nlohmann::ordered_json& items = v.contains("v") ? v["v"] : nlohmann::ordered_json();
-        if (tag == "float" && items.is_string()) {
-          const std::string text = items.get<std::string>();
-          w.Float(text == "nan" ? std::nan("") : text == "inf" ? HUGE_VAL : -HUGE_VAL);
-          return Status::Ok();
-        }
-        if (tag == "tuple" && items.is_array()) {
-          w.Mark();
-          for (const auto& item : items) SC_RETURN_IF_ERROR(PutJson(w, item, depth + 1));
-          w.Tuple();
-          return Status::Ok();
-        }
-        if (tag == "dict" && items.is_array()) {
-          w.EmptyDict();
-          w.Mark();
-          for (const auto& pair : items) {
-            if (!pair.is_array() || pair.size() != 2) return InvalidArgument("a tagged dict item is not a [key, value] pair");
-            SC_RETURN_IF_ERROR(PutJson(w, pair[0], depth + 1));
-            SC_RETURN_IF_ERROR(PutJson(w, pair[1], depth + 1));
-          }
-          w.SetItems();
-          return Status::Ok();
-        }
-        return InvalidArgument("a value tagged '" + tag + "' (bytes are not written into a .pt)");
-      }
-      w.EmptyDict();
-      w.Mark();
-      for (const auto& [key, item] : v.items()) {
-        w.String(key);
-        SC_RETURN_IF_ERROR(PutJson(w, item, depth + 1));
-      }
-      w.SetItems();
-      return Status::Ok();
-    }
-    default: return InvalidArgument("a JSON value pickle cannot hold");
-  }
-}
-
 Status PutNode(PickleWriter& w, const std::vector<PickleTensor>& tensors, const PickleNode& node, int depth) {
   if (depth > 64) return InvalidArgument("a state dict nested more than 64 deep");
   switch (node.kind) {
@@ -123,7 +64,7 @@ Status PutNode(PickleWriter& w, const std::vector<PickleTensor>& tensors, const 
     case PickleNode::kValue: {
       nlohmann::ordered_json v = nlohmann::ordered_json::parse(node.json, nullptr, false);
       if (v.is_discarded()) return InvalidArgument("a value's JSON does not parse");
-      return PutJson(w, v, depth);
+      return WriteTypedJson(w, v, false);  // a protocol 2 pickle: no bytes
     }
     case PickleNode::kDict:
       if (depth == 0) {
@@ -323,13 +264,6 @@ class Unpickler : public PickleStack<Value> {
     if (key < memo_dense_.size()) return memo_dense_[key];
     auto it = memo_sparse_.find(key);
     return it == memo_sparse_.end() ? nullptr : it->second;
-  }
-  Result<std::string> Line() {
-    size_t end = data_.find('\n', pos_);
-    if (end == std::string::npos || end - pos_ > 256) return DataLoss("unterminated GLOBAL");
-    std::string s = data_.substr(pos_, end - pos_);
-    pos_ = end + 1;
-    return s;
   }
   Status PushGlobal(const std::string& module, const std::string& name) {
     auto it = AllowedGlobals().find(module + "." + name);
@@ -548,8 +482,8 @@ class Unpickler : public PickleStack<Value> {
   // persistent ids only as torch's storages, REDUCE only of the allowed callables, BUILD only of
   // an OrderedDict's attributes.
   Status OpGlobal(unsigned char) {
-    SC_ASSIGN_OR_RETURN(std::string module, Line());
-    SC_ASSIGN_OR_RETURN(std::string name, Line());
+    SC_ASSIGN_OR_RETURN(std::string module, GlobalLine(data_, &pos_));
+    SC_ASSIGN_OR_RETURN(std::string name, GlobalLine(data_, &pos_));
     return PushGlobal(module, name);
   }
   Status OpStackGlobal(unsigned char) {  // protocol 4: module and name from the stack
