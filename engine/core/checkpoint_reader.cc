@@ -5,6 +5,7 @@
 
 #include "shardckpt/engine/core/checkpoint_dir.h"
 #include "shardckpt/engine/core/load.h"
+#include "shardckpt/engine/formats/dcp_read.h"
 #include "shardckpt/io/checksum.h"
 
 namespace shardckpt {
@@ -13,6 +14,7 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(const std::stri
   std::unique_ptr<CheckpointReader> r(new CheckpointReader());
   SC_ASSIGN_OR_RETURN(r->hold_, HoldCheckpoint(path));
   r->dir_ = r->hold_.dir();
+  r->dcp_ = IsDcpFolder(r->dir_);
   SC_ASSIGN_OR_RETURN(r->manifest_, ReadManifest(r->dir_));
   r->index_ = std::make_unique<ChunkIndex>(&r->manifest_);
   ReadPlanOptions defaults;
@@ -75,6 +77,10 @@ Result<std::string> CheckpointReader::ReadBlob(const BlobRecord& blob) {
   std::string bytes(blob.bytes, '\0');
   SC_RETURN_IF_ERROR(Run({CopyRequest{blob.file, blob.offset, blob.bytes, 0, 0}},
                          ReadTargets{{reinterpret_cast<unsigned char*>(bytes.data())}, {"blob " + blob.name}}));
+  if (dcp_) {
+    Result<std::string> value = DcpByteItemValue(bytes, blob.name);
+    if (value.ok()) return value;
+  }
   return bytes;
 }
 

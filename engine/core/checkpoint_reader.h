@@ -29,6 +29,8 @@ class CheckpointReader {
   Status ReadPiece(size_t entry, const Layout& layout, void* out);
   static constexpr uint64_t kWindowBudget = 64u << 20;
   static constexpr uint64_t kMaxWindow = 1u << 20, kMinWindow = 64u << 10;
+  // A blob's bytes; in a DCP folder a byte item of plain values comes back as a value blob
+  // (DcpByteItemValue), others as their torch.save bytes.
   Result<std::string> ReadBlob(const BlobRecord& blob);
   const ReadStats& stats() const { return stats_; }
 
@@ -47,6 +49,7 @@ class CheckpointReader {
 
   CheckpointHold hold_;  // retention leaves the folder while this reader is open
   std::string dir_;
+  bool dcp_ = false;  // a PyTorch DCP folder read in place
   Manifest manifest_;
   std::unique_ptr<ChunkIndex> index_;
   std::unique_ptr<IoEngine> io_;

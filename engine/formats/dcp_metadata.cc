@@ -5,6 +5,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "shardckpt/engine/formats/pickle_stack.h"
 #include "shardckpt/engine/formats/torch_pickle.h"
 
 namespace shardckpt {
@@ -60,65 +61,21 @@ const std::set<std::string>& OtherGlobals() {
   return k;
 }
 
-class Machine {
+class Machine : public PickleStack<Value> {
  public:
-  Machine(const std::string& data, bool allow_globals)
-      : data_(data), allow_globals_(allow_globals), budget_(UnpickleMemoryBudget(data.size())) {}
+  Machine(const std::string& data, bool allow_globals) : PickleStack(data.size()), data_(data), allow_globals_(allow_globals) {}
 
   Result<Value*> Run() {
     while (pos_ < data_.size()) {
       const size_t at = pos_;
       Status st = Step(static_cast<unsigned char>(data_[pos_++]));
       if (!st.ok()) return st.WithContext("pickle at offset " + std::to_string(at));
-      if (done_) {
-        if (stack_.size() != 1 || !marks_.empty()) return DataLoss("pickle ended with a malformed stack");
-        return stack_.back();
-      }
+      if (done_) return Final();
     }
     return DataLoss("pickle is truncated (no STOP)");
   }
 
  private:
-  Status Charge(uint64_t bytes) {
-    used_ += bytes;
-    if (used_ <= budget_) return Status::Ok();
-    return InvalidArgument("the pickle needs more than " + std::to_string(budget_) + " bytes of memory, the budget for " +
-                           std::to_string(data_.size()) + " bytes of pickle; refused");
-  }
-  Result<Value*> New(Value::Kind kind, size_t extra = 0) {
-    SC_RETURN_IF_ERROR(Charge(sizeof(Value) + extra));
-    arena_.emplace_back();
-    arena_.back().kind = kind;
-    return &arena_.back();
-  }
-  Status Push(Value* v) {
-    SC_RETURN_IF_ERROR(Charge(sizeof(Value*)));
-    stack_.push_back(v);
-    return Status::Ok();
-  }
-  Status PushNew(Value::Kind kind, int64_t i = 0) {
-    SC_ASSIGN_OR_RETURN(Value* v, New(kind));
-    v->i = i;
-    return Push(v);
-  }
-  Result<Value*> Pop() {
-    if (stack_.empty() || (!marks_.empty() && stack_.size() <= marks_.back())) return DataLoss("stack underflow");
-    Value* v = stack_.back();
-    stack_.pop_back();
-    return v;
-  }
-  Result<Value*> Top() {
-    if (stack_.empty() || (!marks_.empty() && stack_.size() <= marks_.back())) return DataLoss("stack underflow");
-    return stack_.back();
-  }
-  Result<std::vector<Value*>> PopToMark() {
-    if (marks_.empty()) return DataLoss("no MARK on the stack");
-    size_t mark = marks_.back();
-    marks_.pop_back();
-    std::vector<Value*> items(stack_.begin() + static_cast<long>(mark), stack_.end());
-    stack_.resize(mark);
-    return items;
-  }
   bool Need(size_t n) const { return n <= data_.size() - pos_; }
   uint64_t Le(size_t n) {
     uint64_t v = 0;
@@ -136,13 +93,6 @@ class Machine {
     SC_ASSIGN_OR_RETURN(Value* v, New(Value::kGlobal, full.size()));
     v->s = full;
     return Push(v);
-  }
-  Result<std::string> Line() {
-    size_t end = data_.find('\n', pos_);
-    if (end == std::string::npos || end - pos_ > 256) return DataLoss("unterminated GLOBAL");
-    std::string s = data_.substr(pos_, end - pos_);
-    pos_ = end + 1;
-    return s;
   }
   Status Tuple(std::vector<Value*> items) {
     SC_ASSIGN_OR_RETURN(Value* t, New(Value::kTuple, items.size() * sizeof(Value*)));
@@ -247,7 +197,7 @@ class Machine {
         size_t width = op == 'q' ? 1 : op == 'r' ? 4 : 0;
         if (!Need(width)) return DataLoss("truncated memo put");
         uint64_t key = width ? Le(width) : memo_.size();
-        SC_ASSIGN_OR_RETURN(Value* top, Top());
+        SC_ASSIGN_OR_RETURN(Value* top, Top("memo put"));
         SC_RETURN_IF_ERROR(Charge(64));
         memo_[key] = top;
         return Status::Ok();
@@ -286,7 +236,7 @@ class Machine {
         } else {
           SC_ASSIGN_OR_RETURN(items, PopToMark());
         }
-        SC_ASSIGN_OR_RETURN(Value* target, Top());
+        SC_ASSIGN_OR_RETURN(Value* target, Top(op == 's' ? "SETITEM" : op == 'u' ? "SETITEMS" : op == 'a' ? "APPEND" : "APPENDS"));
         const bool dict = op == 's' || op == 'u';
         if (target->kind != (dict ? Value::kDict : Value::kList) || (dict && items.size() % 2)) {
           return DataLoss(std::string(dict ? "SETITEMS" : "APPENDS") + " on a " + KindName(target->kind));
@@ -296,8 +246,8 @@ class Machine {
         return Status::Ok();
       }
       case 'c': {
-        SC_ASSIGN_OR_RETURN(std::string module, Line());
-        SC_ASSIGN_OR_RETURN(std::string name, Line());
+        SC_ASSIGN_OR_RETURN(std::string module, GlobalLine(data_, &pos_));
+        SC_ASSIGN_OR_RETURN(std::string name, GlobalLine(data_, &pos_));
         return Global(module, name);
       }
       case 0x93: {
@@ -322,7 +272,7 @@ class Machine {
       case 'R': return Reduce();
       case 'b': {  // BUILD: the instance's state, kept as it is
         SC_ASSIGN_OR_RETURN(Value* state, Pop());
-        SC_ASSIGN_OR_RETURN(Value* obj, Top());
+        SC_ASSIGN_OR_RETURN(Value* obj, Top("BUILD"));
         if (obj->kind != Value::kObject || obj->items[1] != nullptr) return InvalidArgument("BUILD of a " + std::string(KindName(obj->kind)));
         obj->items[1] = state;
         return Status::Ok();
@@ -337,13 +287,8 @@ class Machine {
 
   const std::string& data_;
   const bool allow_globals_;
-  const uint64_t budget_;
-  uint64_t used_ = 0;
   size_t pos_ = 0;
   bool done_ = false;
-  std::deque<Value> arena_;
-  std::vector<Value*> stack_;
-  std::vector<size_t> marks_;
   std::unordered_map<uint64_t, Value*> memo_;
 };
 

@@ -10,6 +10,7 @@
 
 #include "shardckpt/engine/formats/dcp_metadata.h"
 #include "shardckpt/engine/formats/torch_file.h"
+#include "shardckpt/engine/formats/torch_pickle.h"
 #include "shardckpt/engine/formats/zip_reader.h"
 #include "shardckpt/io/fs.h"
 
@@ -29,9 +30,18 @@ int RankOfFile(const std::string& name) {
   return -1;
 }
 
+// The most pieces one chunk saved in a permuted layout is read as (a transposed 4096 x 32000
+// weight takes 4096): past it the chunk is refused rather than described element by element.
+constexpr int64_t kMaxPiecesPerChunk = int64_t{1} << 18;
+
 // The chunk's torch.save zip inside its .distcp: its one storage record, checked against the
-// chunk (dtype, shape, a contiguous view); returns the record's bytes as [offset, +bytes) of the file.
-Status LocateChunk(const ByteSource& file, const ParsedDcpStorage& s, DType dtype, const Shape& sizes, ChunkRecord* chunk) {
+// chunk (dtype, shape, a dense layout), as the chunks of the manifest that address it. A
+// row-major record is one chunk. dcp.save keeps a view's strides (a transposed weight is saved
+// transposed), so a record whose strides permute a row-major layout is cut into the largest
+// boxes that are row-major in it (a transposed matrix: one per column), each its own byte range.
+Status LocateChunk(const ByteSource& file, const ParsedDcpStorage& s, DType dtype, const ParsedDcpChunk& c,
+                   std::vector<ChunkRecord>* out) {
+  const Shape& sizes = c.sizes;
   SC_ASSIGN_OR_RETURN(ByteSource slice, file.Slice(s.offset_in_file, s.length, file.name() + " [" +
                                                    std::to_string(s.offset_in_file) + ", +" + std::to_string(s.length) + ")"));
   // torch 2.x's serialization_format=SAFETENSORS records only sizes here and appends one
@@ -52,24 +62,69 @@ Status LocateChunk(const ByteSource& file, const ParsedDcpStorage& s, DType dtyp
     return DataLoss(std::string("the record is ") + DTypeName(t.dtype) + ", .metadata says " + DTypeName(dtype));
   }
   if (t.sizes != sizes) return DataLoss("the record's shape is " + ShapeString(t.sizes) + ", .metadata says " + ShapeString(sizes));
-  int64_t expect = 1;
-  const bool empty = std::find(sizes.begin(), sizes.end(), 0) != sizes.end();  // strides mean nothing
-  for (size_t d = empty ? 0 : sizes.size(); d-- > 0;) {
-    if (sizes[d] != 1 && t.strides[d] != expect) {
-      // dcp.save keeps a view's strides (a transposed weight): valid, but not a row-major chunk.
-      std::string strides;
-      for (int64_t v : t.strides) strides += (strides.empty() ? "" : ", ") + std::to_string(v);
-      return Status(Code::kUnimplemented, "the chunk was saved non-contiguous (strides (" + strides +
-                                              ")), which shardckpt does not read; save .contiguous() tensors");
-    }
-    expect *= sizes[d];
-  }
   const uint64_t element = DTypeSize(dtype);
-  SC_ASSIGN_OR_RETURN(int64_t bytes, NumBytes(sizes, element));
   // ValidateTorchTensor checked the view lies inside the record.
-  chunk->offset = s.offset_in_file + record->second.data_offset + static_cast<uint64_t>(t.storage_offset) * element;
-  chunk->bytes = static_cast<uint64_t>(bytes);
+  const uint64_t base = s.offset_in_file + record->second.data_offset + static_cast<uint64_t>(t.storage_offset) * element;
+  if (std::find(sizes.begin(), sizes.end(), 0) != sizes.end()) {  // no elements: strides mean nothing
+    out->push_back(ChunkRecord{0, base, 0, Layout::Box(c.offsets, c.sizes)});
+    return Status::Ok();
+  }
+  // The dims that matter (size > 1), outermost in the record first; dense when each stride is
+  // the product of the sizes inside it.
+  std::vector<size_t> dims;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] != 1) dims.push_back(d);
+  }
+  std::stable_sort(dims.begin(), dims.end(), [&](size_t x, size_t y) { return t.strides[x] > t.strides[y]; });
+  int64_t expect = 1;
+  bool dense = true;
+  for (size_t k = dims.size(); k-- > 0;) {
+    dense = dense && t.strides[dims[k]] == expect;
+    expect *= sizes[dims[k]];
+  }
+  // The innermost dims that are also in row-major order form each piece; the others are walked.
+  size_t inner = dims.size();
+  if (inner > 0) {
+    --inner;
+    while (inner > 0 && dims[inner - 1] < dims[inner]) --inner;
+  }
+  int64_t run = 1;
+  for (size_t k = inner; k < dims.size(); ++k) run *= sizes[dims[k]];
+  const int64_t pieces = expect / run;
+  if (!dense || pieces > kMaxPiecesPerChunk) {
+    std::string strides;
+    for (int64_t v : t.strides) strides += (strides.empty() ? "" : ", ") + std::to_string(v);
+    return Status(Code::kUnimplemented,
+                  "the chunk was saved non-contiguous (strides (" + strides + ")" +
+                      (dense ? ", " + std::to_string(pieces) + " separate runs" : ", not a permutation of a dense layout") +
+                      "), which shardckpt does not read; save .contiguous() tensors");
+  }
+  std::vector<int64_t> index(sizes.size(), 0);
+  Shape piece = sizes;
+  for (size_t k = 0; k < inner; ++k) piece[dims[k]] = 1;
+  for (int64_t p = 0; p < pieces; ++p) {
+    std::vector<int64_t> at = c.offsets;
+    int64_t storage = 0;
+    for (size_t k = 0; k < inner; ++k) {
+      at[dims[k]] += index[dims[k]];
+      storage += index[dims[k]] * t.strides[dims[k]];
+    }
+    out->push_back(ChunkRecord{0, base + static_cast<uint64_t>(storage) * element, static_cast<uint64_t>(run) * element,
+                               Layout::Box(std::move(at), piece)});
+    for (size_t k = inner; k-- > 0;) {  // the next outer index, innermost walked fastest
+      if (++index[dims[k]] < sizes[dims[k]]) break;
+      index[dims[k]] = 0;
+    }
+  }
   return Status::Ok();
+}
+
+// The byte item's data.pkl, checked to hold plain values only.
+Result<std::string> PlainByteItemPickle(ByteSource item) {
+  SC_ASSIGN_OR_RETURN(ZipReader zip, ZipReader::Open(std::move(item)));
+  SC_ASSIGN_OR_RETURN(std::string pickle, zip.ReadRecord(zip.prefix() + "data.pkl", kMaxChunkPickleBytes));
+  SC_RETURN_IF_ERROR(CheckPlainPickle(pickle));
+  return pickle;
 }
 
 }  // namespace
@@ -163,21 +218,24 @@ Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* 
     e.shape = item.size;
     SC_RETURN_IF_ERROR(NumBytes(e.shape, DTypeSize(e.dtype)).status().WithContext(meta_path + ": tensor '" + e.name + "'"));
     for (const ParsedDcpChunk& c : item.chunks) {
-      ChunkRecord chunk;
-      chunk.layout = Layout::Box(c.offsets, c.sizes);
-      Result<int64_t> count = ValidateLayout(chunk.layout, e.shape);
+      Layout layout = Layout::Box(c.offsets, c.sizes);
+      Result<int64_t> count = ValidateLayout(layout, e.shape);
       if (!count.ok()) return bad("tensor '" + e.name + "' chunk at " + OffsetsText(c.offsets) + ": " + count.status().message());
       auto it = tensor_at.find({item.name, c.offsets});
       if (it == tensor_at.end()) return bad("tensor '" + e.name + "' chunk at " + OffsetsText(c.offsets) + " has no storage record");
       const ParsedDcpStorage& s = *it->second;
-      chunk.file = file_index.at(s.relative_path);
-      if (!sources[chunk.file]) continue;
-      Status located = LocateChunk(*sources[chunk.file], s, e.dtype, c.sizes, &chunk);
-      if (!located.ok()) {
-        SC_RETURN_IF_ERROR(problem(s, e.name, located));
+      const uint32_t file = file_index.at(s.relative_path);
+      if (!sources[file]) continue;
+      std::vector<ChunkRecord> located;
+      Status status = LocateChunk(*sources[file], s, e.dtype, c, &located);
+      if (!status.ok()) {
+        SC_RETURN_IF_ERROR(problem(s, e.name, status));
         continue;
       }
-      e.chunks.push_back(std::move(chunk));
+      for (ChunkRecord& chunk : located) {
+        chunk.file = file;
+        e.chunks.push_back(std::move(chunk));
+      }
     }
     m.entries.push_back(std::move(e));
   }
@@ -250,15 +308,15 @@ Result<std::vector<std::pair<std::string, std::string>>> DcpOpaqueByteItems(cons
   for (const BlobRecord& b : m.blobs) {
     SC_ASSIGN_OR_RETURN(ByteSource file, ByteSource::OpenFile(JoinPath(dir, m.files[b.file].name)));
     SC_ASSIGN_OR_RETURN(ByteSource slice, file.Slice(b.offset, b.bytes, "byte item '" + b.name + "'"));
-    Result<ZipReader> zip = ZipReader::Open(slice);
-    Status plain = zip.status();
-    if (plain.ok()) {
-      Result<std::string> pickle = zip->ReadRecord(zip->prefix() + "data.pkl", kMaxChunkPickleBytes);
-      plain = pickle.ok() ? CheckPlainPickle(*pickle) : pickle.status();
-    }
+    Status plain = PlainByteItemPickle(std::move(slice)).status();
     if (!plain.ok()) out.push_back({b.name, plain.message()});
   }
   return out;
+}
+
+Result<std::string> DcpByteItemValue(const std::string& item, const std::string& name) {
+  SC_ASSIGN_OR_RETURN(std::string pickle, PlainByteItemPickle(ByteSource::FromBytes(item, "byte item '" + name + "'")));
+  return UnpickleValueBlob(pickle);
 }
 
 }  // namespace shardckpt

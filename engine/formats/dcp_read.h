@@ -7,7 +7,8 @@
 // resharded load reads only the bytes it needs. DCP stores no checksums: the files are marked as
 // such (FileRecord::checksums), and the reader skips verification for them.
 // Byte items (non-tensor values, each a torch.save of the object) become global blobs holding
-// that torch.save file; nothing in them is unpickled here.
+// that torch.save file; nothing in them is unpickled here. Readers of their bytes turn the plain
+// ones into value blobs with DcpByteItemValue.
 #pragma once
 
 #include <string>
@@ -43,5 +44,10 @@ std::vector<DcpProblem> CheckDcpSha256Files(const std::string& dir, const Manife
 // Byte items whose torch.save pickle holds anything but plain values (refused by
 // CheckPlainPickle), each with the reason: listed by inspect, restored by nobody.
 Result<std::vector<std::pair<std::string, std::string>>> DcpOpaqueByteItems(const std::string& dir, const Manifest& m);
+
+// A byte item's bytes (its torch.save zip) as the value blob shardckpt stores plain values in
+// (kPickleValueTag and typed JSON, torch_pickle.h), so consolidate writes it into a .pt and
+// import keeps it typed; an error saying why when its pickle holds more than plain values.
+Result<std::string> DcpByteItemValue(const std::string& item, const std::string& name);
 
 }  // namespace shardckpt

@@ -88,87 +88,6 @@ void MetadataIndex(PickleWriter& p, const std::string& fqn, const std::vector<in
 
 // ---- blobs: the Python package's typed JSON (python/shardckpt/_state.py) as a pickle
 
-constexpr const char* kTag = "__shardckpt__";
-
-Result<std::string> Base64Decode(const std::string& text) {
-  if (text.size() % 4 != 0) return InvalidArgument("bad base64 length");
-  std::string out(text.size() / 4 * 3, '\0');
-  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()), reinterpret_cast<const unsigned char*>(text.data()),
-                          static_cast<int>(text.size()));
-  if (n < 0) return InvalidArgument("bad base64");
-  size_t pad = 0;
-  if (!text.empty() && text.back() == '=') pad = text.size() >= 2 && text[text.size() - 2] == '=' ? 2 : 1;
-  out.resize(static_cast<size_t>(n) - pad);
-  return out;
-}
-
-Status PickleJson(PickleWriter& p, const nlohmann::json& v, int depth) {
-  if (depth > 200) return InvalidArgument("nested more than 200 deep");
-  switch (v.type()) {
-    case nlohmann::json::value_t::null: p.None(); return Status::Ok();
-    case nlohmann::json::value_t::boolean: p.Bool(v.get<bool>()); return Status::Ok();
-    case nlohmann::json::value_t::number_integer: p.Int(v.get<int64_t>()); return Status::Ok();
-    case nlohmann::json::value_t::number_unsigned: p.UInt(v.get<uint64_t>()); return Status::Ok();
-    case nlohmann::json::value_t::number_float: p.Float(v.get<double>()); return Status::Ok();
-    case nlohmann::json::value_t::string: p.String(v.get<std::string>()); return Status::Ok();
-    case nlohmann::json::value_t::array:
-      p.EmptyList();
-      if (!v.empty()) {
-        p.Mark();
-        for (const nlohmann::json& item : v) SC_RETURN_IF_ERROR(PickleJson(p, item, depth + 1));
-        p.Appends();
-      }
-      return Status::Ok();
-    case nlohmann::json::value_t::object: break;
-    default: return InvalidArgument("a JSON value of an unknown kind");
-  }
-  auto tag = v.find(kTag);
-  if (tag == v.end()) {
-    p.EmptyDict();
-    if (!v.empty()) {
-      p.Mark();
-      for (auto it = v.begin(); it != v.end(); ++it) {
-        p.String(it.key());
-        SC_RETURN_IF_ERROR(PickleJson(p, it.value(), depth + 1));
-      }
-      p.SetItems();
-    }
-    return Status::Ok();
-  }
-  if (!tag->is_string() || !v.contains("v")) return InvalidArgument("a malformed tagged value");
-  const std::string kind = tag->get<std::string>();
-  const nlohmann::json& value = v["v"];
-  if (kind == "float" && value.is_string()) {
-    p.Float(std::strtod(value.get<std::string>().c_str(), nullptr));  // inf, -inf, nan
-    return Status::Ok();
-  }
-  if (kind == "bytes" && value.is_string()) {
-    SC_ASSIGN_OR_RETURN(std::string bytes, Base64Decode(value.get<std::string>()));
-    p.Bytes(bytes);
-    return Status::Ok();
-  }
-  if (kind == "tuple" && value.is_array()) {
-    p.Mark();
-    for (const nlohmann::json& item : value) SC_RETURN_IF_ERROR(PickleJson(p, item, depth + 1));
-    p.Tuple();
-    return Status::Ok();
-  }
-  if (kind == "dict" && value.is_array()) {
-    p.EmptyDict();
-    if (!value.empty()) {
-      p.Mark();
-      for (const nlohmann::json& pair : value) {
-        if (!pair.is_array() || pair.size() != 2) return InvalidArgument("a malformed dict item");
-        SC_RETURN_IF_ERROR(PickleJson(p, pair[0], depth + 1));
-        SC_RETURN_IF_ERROR(PickleJson(p, pair[1], depth + 1));
-      }
-      p.SetItems();
-    }
-    return Status::Ok();
-  }
-  return InvalidArgument("an unknown tagged value '" + kind + "'");
-}
-
 }  // namespace
 
 std::string EncodeDcpMetadata(const DcpMetadata& m) {
@@ -290,9 +209,9 @@ Result<std::string> PickleBlobValue(const std::string& blob) {
     if (tag == 'B') {
       p.Bytes(blob.substr(2));
     } else if (tag == 'J') {
-      nlohmann::json value = nlohmann::json::parse(blob.begin() + 2, blob.end(), nullptr, false);
+      nlohmann::ordered_json value = nlohmann::ordered_json::parse(blob.begin() + 2, blob.end(), nullptr, false);
       if (value.is_discarded()) return InvalidArgument("its JSON does not parse");
-      SC_RETURN_IF_ERROR(PickleJson(p, value, 0));
+      SC_RETURN_IF_ERROR(WriteTypedJson(p, value, true));
     } else if (tag == 'T') {
       return Status(Code::kUnimplemented, "it is a per-rank tensor, which a DCP folder has no place for");
     } else {

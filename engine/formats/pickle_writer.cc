@@ -1,8 +1,100 @@
 #include "shardckpt/engine/formats/pickle_writer.h"
 
+#include <cstdlib>
 #include <cstring>
 
+#include <openssl/evp.h>
+
+#include <nlohmann/json.hpp>
+
 namespace shardckpt {
+namespace {
+
+// ---- the Python package's typed JSON (python/shardckpt/_state.py) as a pickle
+
+constexpr const char* kTag = "__shardckpt__";
+
+Result<std::string> Base64Decode(const std::string& text) {
+  if (text.size() % 4 != 0) return InvalidArgument("bad base64 length");
+  std::string out(text.size() / 4 * 3, '\0');
+  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()), reinterpret_cast<const unsigned char*>(text.data()),
+                          static_cast<int>(text.size()));
+  if (n < 0) return InvalidArgument("bad base64");
+  size_t pad = 0;
+  if (!text.empty() && text.back() == '=') pad = text.size() >= 2 && text[text.size() - 2] == '=' ? 2 : 1;
+  out.resize(static_cast<size_t>(n) - pad);
+  return out;
+}
+
+Status TypedJson(PickleWriter& p, const nlohmann::ordered_json& v, bool allow_bytes, int depth) {
+  if (depth > 200) return InvalidArgument("nested more than 200 deep");
+  switch (v.type()) {
+    case nlohmann::ordered_json::value_t::null: p.None(); return Status::Ok();
+    case nlohmann::ordered_json::value_t::boolean: p.Bool(v.get<bool>()); return Status::Ok();
+    case nlohmann::ordered_json::value_t::number_integer: p.Int(v.get<int64_t>()); return Status::Ok();
+    case nlohmann::ordered_json::value_t::number_unsigned: p.UInt(v.get<uint64_t>()); return Status::Ok();
+    case nlohmann::ordered_json::value_t::number_float: p.Float(v.get<double>()); return Status::Ok();
+    case nlohmann::ordered_json::value_t::string: p.String(v.get<std::string>()); return Status::Ok();
+    case nlohmann::ordered_json::value_t::array:
+      p.EmptyList();
+      if (!v.empty()) {
+        p.Mark();
+        for (const nlohmann::ordered_json& item : v) SC_RETURN_IF_ERROR(TypedJson(p, item, allow_bytes, depth + 1));
+        p.Appends();
+      }
+      return Status::Ok();
+    case nlohmann::ordered_json::value_t::object: break;
+    default: return InvalidArgument("a JSON value of an unknown kind");
+  }
+  auto tag = v.find(kTag);
+  if (tag == v.end()) {
+    p.EmptyDict();
+    if (!v.empty()) {
+      p.Mark();
+      for (auto it = v.begin(); it != v.end(); ++it) {
+        p.String(it.key());
+        SC_RETURN_IF_ERROR(TypedJson(p, it.value(), allow_bytes, depth + 1));
+      }
+      p.SetItems();
+    }
+    return Status::Ok();
+  }
+  if (!tag->is_string() || !v.contains("v")) return InvalidArgument("a malformed tagged value");
+  const std::string kind = tag->get<std::string>();
+  const nlohmann::ordered_json& value = v["v"];
+  if (kind == "float" && value.is_string()) {
+    p.Float(std::strtod(value.get<std::string>().c_str(), nullptr));  // inf, -inf, nan
+    return Status::Ok();
+  }
+  if (kind == "bytes" && !allow_bytes) return InvalidArgument("a bytes value (bytes are not written into a .pt)");
+  if (kind == "bytes" && value.is_string()) {
+    SC_ASSIGN_OR_RETURN(std::string bytes, Base64Decode(value.get<std::string>()));
+    p.Bytes(bytes);
+    return Status::Ok();
+  }
+  if (kind == "tuple" && value.is_array()) {
+    p.Mark();
+    for (const nlohmann::ordered_json& item : value) SC_RETURN_IF_ERROR(TypedJson(p, item, allow_bytes, depth + 1));
+    p.Tuple();
+    return Status::Ok();
+  }
+  if (kind == "dict" && value.is_array()) {
+    p.EmptyDict();
+    if (!value.empty()) {
+      p.Mark();
+      for (const nlohmann::ordered_json& pair : value) {
+        if (!pair.is_array() || pair.size() != 2) return InvalidArgument("a malformed dict item");
+        SC_RETURN_IF_ERROR(TypedJson(p, pair[0], allow_bytes, depth + 1));
+        SC_RETURN_IF_ERROR(TypedJson(p, pair[1], allow_bytes, depth + 1));
+      }
+      p.SetItems();
+    }
+    return Status::Ok();
+  }
+  return InvalidArgument("an unknown tagged value '" + kind + "'");
+}
+
+}  // namespace
 
 PickleWriter::PickleWriter(int protocol) {
   s_ += '\x80';
@@ -81,6 +173,10 @@ void PickleWriter::NewObject(const std::string& module, const std::string& name)
 std::string PickleWriter::Finish() {
   s_ += '.';
   return std::move(s_);
+}
+
+Status WriteTypedJson(PickleWriter& w, const nlohmann::ordered_json& value, bool allow_bytes) {
+  return TypedJson(w, value, allow_bytes, 0);
 }
 
 }  // namespace shardckpt

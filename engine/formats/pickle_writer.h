@@ -8,6 +8,10 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
+#include "shardckpt/io/status.h"
+
 namespace shardckpt {
 
 class PickleWriter {
@@ -43,5 +47,11 @@ class PickleWriter {
  private:
   std::string s_;
 };
+
+// The Python package's typed JSON of a value (python/shardckpt/_state.py: None, bool, int, float
+// with non-finite ones tagged, str, list, and tagged tuples, dicts with other keys, and base64
+// bytes) as opcodes building that value. Bytes need protocol 3: without `allow_bytes` (the .pt
+// writer, protocol 2) they are refused.
+Status WriteTypedJson(PickleWriter& w, const nlohmann::ordered_json& value, bool allow_bytes);
 
 }  // namespace shardckpt

@@ -12,196 +12,86 @@
 
 #include <nlohmann/json.hpp>
 
+#include "shardckpt/engine/formats/pickle_stack.h"
+#include "shardckpt/engine/formats/pickle_writer.h"
+
 namespace shardckpt {
 
 // ---------------------------------------------------------------- writer
 
 namespace {
 
-void PutU32(std::string& s, uint32_t v) { s.append(reinterpret_cast<const char*>(&v), 4); }
-
-void PutString(std::string& s, const std::string& text) {
-  s += 'X';  // BINUNICODE
-  PutU32(s, static_cast<uint32_t>(text.size()));
-  s += text;
-}
-
-void PutInt(std::string& s, int64_t v) {
-  if (v >= 0 && v < 256) {
-    s += 'K';
-    s += static_cast<char>(v);
-  } else if (v >= 0 && v < 65536) {
-    s += 'M';
-    s += static_cast<char>(v & 0xFF);
-    s += static_cast<char>(v >> 8);
-  } else if (v >= INT32_MIN && v <= INT32_MAX) {
-    s += 'J';
-    int32_t x = static_cast<int32_t>(v);
-    s.append(reinterpret_cast<const char*>(&x), 4);
-  } else {
-    s += '\x8a';  // LONG1 with exactly 8 bytes (torch 1.13 needs 8)
-    s += '\x08';
-    s.append(reinterpret_cast<const char*>(&v), 8);
-  }
-}
-
-void PutTuple(std::string& s, const std::vector<int64_t>& values) {
-  if (values.empty()) {
-    s += ')';
-    return;
-  }
-  s += '(';
-  for (int64_t v : values) PutInt(s, v);
-  s += 't';
-}
-
-void PutGlobal(std::string& s, const char* module, const char* name) {
-  s += 'c';
-  s += module;
-  s += '\n';
-  s += name;
-  s += '\n';
-}
-
-}  // namespace
-
-namespace {
-
-void PutTensor(std::string& s, const PickleTensor& t) {
+void PutTensor(PickleWriter& w, const PickleTensor& t) {
   // dtypes without a legacy storage class (float8, uint16/32/64) are written as torch 2.x
   // writes them: an UntypedStorage (counted in bytes) that _rebuild_tensor_v3 views as the
   // dtype it names. The others keep the typed storage and _rebuild_tensor_v2 torch 1.13 reads.
   const char* storage_class = TorchStorageName(t.dtype);
   const bool v3 = storage_class == nullptr;
-  PutGlobal(s, "torch._utils", v3 ? "_rebuild_tensor_v3" : "_rebuild_tensor_v2");
-  s += '(';
-  s += '(';
-  PutString(s, "storage");
+  w.Global("torch._utils", v3 ? "_rebuild_tensor_v3" : "_rebuild_tensor_v2");
+  w.Mark();
+  w.Mark();
+  w.String("storage");
   // torch.storage.UntypedStorage: the name torch.load(weights_only=True) allows.
   if (v3) {
-    PutGlobal(s, "torch.storage", "UntypedStorage");
+    w.Global("torch.storage", "UntypedStorage");
   } else {
-    PutGlobal(s, "torch", storage_class);
+    w.Global("torch", storage_class);
   }
-  PutString(s, t.storage_key);
-  PutString(s, "cpu");
-  PutInt(s, v3 ? t.storage_numel * static_cast<int64_t>(DTypeSize(t.dtype)) : t.storage_numel);
-  s += "tQ";  // TUPLE, BINPERSID
-  PutInt(s, t.storage_offset);
-  PutTuple(s, t.sizes);
-  PutTuple(s, t.strides);
-  s += '\x89';  // NEWFALSE: requires_grad
-  PutGlobal(s, "collections", "OrderedDict");
-  s += ")R";  // backward hooks
-  if (v3) PutGlobal(s, "torch", DTypeName(t.dtype));
-  s += "tR";
+  w.String(t.storage_key);
+  w.String("cpu");
+  w.Int(v3 ? t.storage_numel * static_cast<int64_t>(DTypeSize(t.dtype)) : t.storage_numel);
+  w.Tuple();
+  w.PersistentId();
+  w.Int(t.storage_offset);
+  w.IntTuple(t.sizes);
+  w.IntTuple(t.strides);
+  w.Bool(false);  // requires_grad
+  w.Global("collections", "OrderedDict");
+  w.EmptyTuple();
+  w.Reduce();  // backward hooks
+  if (v3) w.Global("torch", DTypeName(t.dtype));
+  w.Tuple();
+  w.Reduce();
 }
 
-void PutFloat(std::string& s, double v) {
-  uint64_t bits = 0;
-  std::memcpy(&bits, &v, 8);
-  s += 'G';  // BINFLOAT, big-endian
-  for (int k = 7; k >= 0; --k) s += static_cast<char>(bits >> (8 * k));
-}
-
-// The typed JSON of a blob (python/shardckpt/_state.py) as pickle opcodes torch's weights_only
-// unpickler accepts: None, booleans, ints, floats, str, list, tuple and dict.
-Status PutJson(std::string& s, const nlohmann::ordered_json& v, int depth) {
-  if (depth > 64) return InvalidArgument("a value nested more than 64 deep");
-  static constexpr const char* kTag = "__shardckpt__";
-  switch (v.type()) {
-    case nlohmann::ordered_json::value_t::null: s += 'N'; return Status::Ok();
-    case nlohmann::ordered_json::value_t::boolean: s += v.get<bool>() ? '\x88' : '\x89'; return Status::Ok();
-    case nlohmann::ordered_json::value_t::number_integer: PutInt(s, v.get<int64_t>()); return Status::Ok();
-    case nlohmann::ordered_json::value_t::number_unsigned: {
-      uint64_t u = v.get<uint64_t>();
-      if (u <= static_cast<uint64_t>(INT64_MAX)) {
-        PutInt(s, static_cast<int64_t>(u));
-      } else {  // LONG1 of 9 bytes: the value, then a zero sign byte
-        s += "\x8a\x09";
-        s.append(reinterpret_cast<const char*>(&u), 8);
-        s += '\0';
-      }
-      return Status::Ok();
-    }
-    case nlohmann::ordered_json::value_t::number_float: PutFloat(s, v.get<double>()); return Status::Ok();
-    case nlohmann::ordered_json::value_t::string: PutString(s, v.get<std::string>()); return Status::Ok();
-    case nlohmann::ordered_json::value_t::array:
-      s += "](";  // EMPTY_LIST, MARK, items, APPENDS
-      for (const auto& item : v) SC_RETURN_IF_ERROR(PutJson(s, item, depth + 1));
-      s += 'e';
-      return Status::Ok();
-    case nlohmann::ordered_json::value_t::object: {
-      if (v.contains(kTag)) {
-        const std::string tag = v[kTag].is_string() ? v[kTag].get<std::string>() : "";
-        const nlohmann::ordered_json& items = v.contains("v") ? v["v"] : nlohmann::ordered_json();
-        if (tag == "float" && items.is_string()) {
-          const std::string text = items.get<std::string>();
-          PutFloat(s, text == "nan" ? std::nan("") : text == "inf" ? HUGE_VAL : -HUGE_VAL);
-          return Status::Ok();
-        }
-        if (tag == "tuple" && items.is_array()) {
-          s += '(';
-          for (const auto& item : items) SC_RETURN_IF_ERROR(PutJson(s, item, depth + 1));
-          s += 't';
-          return Status::Ok();
-        }
-        if (tag == "dict" && items.is_array()) {
-          s += "}(";
-          for (const auto& pair : items) {
-            if (!pair.is_array() || pair.size() != 2) return InvalidArgument("a tagged dict item is not a [key, value] pair");
-            SC_RETURN_IF_ERROR(PutJson(s, pair[0], depth + 1));
-            SC_RETURN_IF_ERROR(PutJson(s, pair[1], depth + 1));
-          }
-          s += 'u';
-          return Status::Ok();
-        }
-        return InvalidArgument("a value tagged '" + tag + "' (bytes are not written into a .pt)");
-      }
-      s += "}(";
-      for (const auto& [key, item] : v.items()) {
-        PutString(s, key);
-        SC_RETURN_IF_ERROR(PutJson(s, item, depth + 1));
-      }
-      s += 'u';
-      return Status::Ok();
-    }
-    default: return InvalidArgument("a JSON value pickle cannot hold");
-  }
-}
-
-Status PutNode(std::string& s, const std::vector<PickleTensor>& tensors, const PickleNode& node, int depth) {
+Status PutNode(PickleWriter& w, const std::vector<PickleTensor>& tensors, const PickleNode& node, int depth) {
   if (depth > 64) return InvalidArgument("a state dict nested more than 64 deep");
   switch (node.kind) {
     case PickleNode::kTensor:
       if (node.tensor >= tensors.size()) return Internal("a pickle node names tensor " + std::to_string(node.tensor));
-      PutTensor(s, tensors[node.tensor]);
+      PutTensor(w, tensors[node.tensor]);
       return Status::Ok();
     case PickleNode::kValue: {
       nlohmann::ordered_json v = nlohmann::ordered_json::parse(node.json, nullptr, false);
       if (v.is_discarded()) return InvalidArgument("a value's JSON does not parse");
-      return PutJson(s, v, depth);
+      return WriteTypedJson(w, v, false);  // a protocol 2 pickle: no bytes
     }
     case PickleNode::kDict:
       if (depth == 0) {
-        PutGlobal(s, "collections", "OrderedDict");
-        s += ")R";
+        w.Global("collections", "OrderedDict");
+        w.EmptyTuple();
+        w.Reduce();
       } else {
-        s += '}';
+        w.EmptyDict();
       }
       if (node.items.empty()) return Status::Ok();
-      s += '(';
+      w.Mark();
       for (const auto& [key, child] : node.items) {
-        PutString(s, key);
-        SC_RETURN_IF_ERROR(PutNode(s, tensors, child, depth + 1));
+        w.String(key);
+        SC_RETURN_IF_ERROR(PutNode(w, tensors, child, depth + 1));
       }
-      s += 'u';
+      w.SetItems();
       return Status::Ok();
     case PickleNode::kList:
     case PickleNode::kTuple:
-      s += node.kind == PickleNode::kList ? "](" : "(";
-      for (const auto& item : node.items) SC_RETURN_IF_ERROR(PutNode(s, tensors, item.second, depth + 1));
-      s += node.kind == PickleNode::kList ? 'e' : 't';
+      if (node.kind == PickleNode::kList) w.EmptyList();
+      w.Mark();
+      for (const auto& item : node.items) SC_RETURN_IF_ERROR(PutNode(w, tensors, item.second, depth + 1));
+      if (node.kind == PickleNode::kList) {
+        w.Appends();
+      } else {
+        w.Tuple();
+      }
       return Status::Ok();
   }
   return Internal("unknown pickle node kind");
@@ -211,10 +101,9 @@ Status PutNode(std::string& s, const std::vector<PickleTensor>& tensors, const P
 
 Result<std::string> PickleTree(const std::vector<PickleTensor>& tensors, const PickleNode& root) {
   if (root.kind != PickleNode::kDict) return InvalidArgument("a state dict's root must be a dict");
-  std::string s = "\x80\x02";
-  SC_RETURN_IF_ERROR(PutNode(s, tensors, root, 0));
-  s += '.';
-  return s;
+  PickleWriter w(2);
+  SC_RETURN_IF_ERROR(PutNode(w, tensors, root, 0));
+  return w.Finish();
 }
 
 Result<std::string> PickleStateDict(const std::vector<PickleTensor>& tensors) {
@@ -302,9 +191,9 @@ Status Refused(const std::string& what) {
   return InvalidArgument(what + " (torch.load(weights_only=True) refuses it too)");
 }
 
-class Unpickler {
+class Unpickler : public PickleStack<Value> {
  public:
-  explicit Unpickler(const std::string& data) : data_(data), budget_(UnpickleMemoryBudget(data.size())) {}
+  explicit Unpickler(const std::string& data) : PickleStack(data.size()), data_(data) {}
   // One pickle of several back to back in `data` (the legacy format), from `start`; persistent
   // ids then carry legacy's sixth field (view metadata, None).
   Unpickler(const std::string& data, size_t start) : Unpickler(data) {
@@ -318,13 +207,7 @@ class Unpickler {
       unsigned char op = static_cast<unsigned char>(data_[pos_++]);
       Status status = Step(op);
       if (!status.ok()) return status.WithContext("pickle at offset " + std::to_string(at));
-      if (done_) {
-        if (stack_.size() != 1 || !marks_.empty()) {
-          return DataLoss("pickle ended with " + std::to_string(stack_.size()) + " values and " +
-                          std::to_string(marks_.size()) + " marks on the stack");
-        }
-        return stack_.back();
-      }
+      if (done_) return Final();
     }
     ran_out_ = true;
     return DataLoss("pickle is truncated (no STOP)");
@@ -335,14 +218,6 @@ class Unpickler {
   // Every storage a persistent id named: key -> bytes per element (1 for an UntypedStorage).
   const std::map<std::string, size_t>& storages() const { return storages_; }
 
-  // Every allocation is charged here first, so a hostile pickle stops at the budget.
-  Status Charge(uint64_t bytes) {
-    used_ += bytes;
-    if (used_ <= budget_) return Status::Ok();
-    return InvalidArgument("the pickle needs more than " + std::to_string(budget_) +
-                           " bytes of memory, the budget for a pickle of " + std::to_string(data_.size()) +
-                           " bytes (a flood of objects, or shared references fanning out); refused");
-  }
   std::vector<PickleTensor>& tensors() { return tensors_; }
 
  private:
@@ -356,43 +231,6 @@ class Unpickler {
     for (size_t k = 0; k < n; ++k) v |= static_cast<uint64_t>(static_cast<unsigned char>(data_[pos_ + k])) << (8 * k);
     pos_ += n;
     return v;
-  }
-  Result<Value*> New(Value::Kind kind) {
-    SC_RETURN_IF_ERROR(Charge(sizeof(Value)));
-    arena_.emplace_back();
-    arena_.back().kind = kind;
-    return &arena_.back();
-  }
-  Status Push(Value* v) {
-    SC_RETURN_IF_ERROR(Charge(sizeof(Value*)));
-    stack_.push_back(v);
-    return Status::Ok();
-  }
-  Status PushNew(Value::Kind kind, int64_t i = 0) {
-    SC_ASSIGN_OR_RETURN(Value* v, New(kind));
-    v->i = i;
-    return Push(v);
-  }
-  // Objects below the innermost MARK are out of reach, as in torch's unpickler (which gives
-  // each MARK a fresh stack): popping, building or filling them is refused.
-  bool Reachable() const { return !stack_.empty() && (marks_.empty() || stack_.size() > marks_.back()); }
-  Result<Value*> Pop() {
-    if (!Reachable()) return DataLoss("stack underflow (nothing above the last MARK)");
-    Value* v = stack_.back();
-    stack_.pop_back();
-    return v;
-  }
-  Result<Value*> Top(const char* op) {
-    if (!Reachable()) return DataLoss(std::string(op) + " with no object above the last MARK");
-    return stack_.back();
-  }
-  Result<std::vector<Value*>> PopToMark() {
-    if (marks_.empty()) return DataLoss("no MARK on the stack");
-    size_t mark = marks_.back();
-    marks_.pop_back();
-    std::vector<Value*> items(stack_.begin() + static_cast<long>(mark), stack_.end());
-    stack_.resize(mark);
-    return items;
   }
   Status PushTuple(std::vector<Value*> items) {
     SC_ASSIGN_OR_RETURN(Value* t, New(Value::kTuple));
@@ -426,13 +264,6 @@ class Unpickler {
     if (key < memo_dense_.size()) return memo_dense_[key];
     auto it = memo_sparse_.find(key);
     return it == memo_sparse_.end() ? nullptr : it->second;
-  }
-  Result<std::string> Line() {
-    size_t end = data_.find('\n', pos_);
-    if (end == std::string::npos || end - pos_ > 256) return DataLoss("unterminated GLOBAL");
-    std::string s = data_.substr(pos_, end - pos_);
-    pos_ = end + 1;
-    return s;
   }
   Status PushGlobal(const std::string& module, const std::string& name) {
     auto it = AllowedGlobals().find(module + "." + name);
@@ -651,8 +482,8 @@ class Unpickler {
   // persistent ids only as torch's storages, REDUCE only of the allowed callables, BUILD only of
   // an OrderedDict's attributes.
   Status OpGlobal(unsigned char) {
-    SC_ASSIGN_OR_RETURN(std::string module, Line());
-    SC_ASSIGN_OR_RETURN(std::string name, Line());
+    SC_ASSIGN_OR_RETURN(std::string module, GlobalLine(data_, &pos_));
+    SC_ASSIGN_OR_RETURN(std::string name, GlobalLine(data_, &pos_));
     return PushGlobal(module, name);
   }
   Status OpStackGlobal(unsigned char) {  // protocol 4: module and name from the stack
@@ -745,8 +576,6 @@ class Unpickler {
   }
 
   const std::string& data_;
-  const uint64_t budget_;
-  uint64_t used_ = 0;
   size_t pos_ = 0;
   size_t start_ = 0;
   unsigned proto_ = 0;
@@ -754,10 +583,7 @@ class Unpickler {
   bool ran_out_ = false;
   std::map<std::string, size_t> storages_;
   bool done_ = false;
-  std::deque<Value> arena_;
   std::vector<PickleTensor> tensors_;
-  std::vector<Value*> stack_;
-  std::vector<size_t> marks_;
   // Pickles number their memo 0, 1, 2, ...: those keys index a vector, any others a map.
   std::vector<Value*> memo_dense_;
   std::map<uint64_t, Value*> memo_sparse_;
@@ -784,6 +610,9 @@ class Flattener {
     container->on_path = false;
     return status;
   }
+
+  // One value as the Python package's typed JSON; false when it cannot be (see ToJson).
+  Result<bool> Encode(Value* v, nlohmann::ordered_json* out) { return ToJson(v, 0, out); }
 
  private:
   bool IsContainer(const Value* v) const { return v->kind == Value::kDict || v->kind == Value::kList || v->kind == Value::kTuple; }
@@ -961,6 +790,20 @@ Result<UnpickledStateDict> UnpickleStateDict(const std::string& pickle) {
   UnpickledStateDict out;
   SC_RETURN_IF_ERROR(Flattener(&unpickler, &out).Visit(root, "", 0));
   return out;
+}
+
+Result<std::string> UnpickleValueBlob(const std::string& pickle) {
+  Unpickler unpickler(pickle);
+  SC_ASSIGN_OR_RETURN(Value* root, unpickler.Run());
+  UnpickledStateDict unused;
+  nlohmann::ordered_json json;
+  SC_ASSIGN_OR_RETURN(bool encoded, Flattener(&unpickler, &unused).Encode(root, &json));
+  if (!encoded) {
+    return InvalidArgument("the pickle holds a " + std::string(KindName(root->kind)) +
+                           " or a part (a tensor, a global, an integer past 64 bits) a value blob cannot hold");
+  }
+  // A str that is not UTF-8 (only a hand-made pickle has one) must not throw out of dump.
+  return std::string(kPickleValueTag, 2) + json.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
 Result<LegacyHead> UnpickleLegacyHead(const std::string& head, bool* need_more) {

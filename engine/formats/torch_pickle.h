@@ -61,6 +61,11 @@ struct UnpickledStateDict {
   std::vector<std::pair<std::string, std::string>> containers;
 };
 
+// The pickle of one plain value (None, bool, int, float, str, and lists, tuples and dicts of
+// them) as a PickleValue blob: kPickleValueTag, then its typed JSON. A pickle holding anything
+// else (a tensor, a global) is refused.
+Result<std::string> UnpickleValueBlob(const std::string& pickle);
+
 // Tensor records are returned as the pickle states them: their sizes, strides and offsets are
 // checked against the storage records by the reader of the zip (torch_file.h), not here.
 Result<UnpickledStateDict> UnpickleStateDict(const std::string& pickle);

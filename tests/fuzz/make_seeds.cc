@@ -9,6 +9,7 @@
 
 #include "shardckpt/engine/model/layout.h"
 #include "shardckpt/engine/model/manifest.h"
+#include "shardckpt/engine/formats/dcp_writer.h"
 #include "shardckpt/engine/formats/safetensors.h"
 #include "shardckpt/engine/formats/torch_pickle.h"
 #include "shardckpt/io/checksum.h"
@@ -61,7 +62,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string root = argv[1];
-  for (const char* target : {"manifest", "unpickle", "import", "safetensors", "planner"}) {
+  for (const char* target : {"manifest", "unpickle", "import", "safetensors", "planner", "dcp_metadata"}) {
     if (!MakeDirs(JoinPath(root, target)).ok()) return 1;
   }
   // Manifests: the unsealed text (the fuzz target seals it), as EncodeManifest writes it.
@@ -105,6 +106,17 @@ int main(int argc, char** argv) {
     for (char& c : bytes) c = static_cast<char>(rng());
     Write(JoinPath(root, "planner"), "random" + std::to_string(i), bytes);
   }
+  // DCP .metadata as `shardckpt export --format dcp` writes it (corpus/dcp_metadata/ holds what
+  // torch 2.x's dcp.save wrote): a sharded tensor, a scalar, an empty one, a byte item.
+  DcpMetadata md;
+  md.checkpoint_id = "seed";
+  md.tensors.push_back(DcpTensor{"w", DType::kBFloat16, {4, 3},
+                                 {DcpChunk{{0, 0}, {2, 3}, DcpStorage{"__0_0.distcp", 0, 900}},
+                                  DcpChunk{{2, 0}, {2, 3}, DcpStorage{"__1_0.distcp", 0, 900}}}});
+  md.tensors.push_back(DcpTensor{"step", DType::kInt64, {}, {DcpChunk{{}, {}, DcpStorage{"__0_0.distcp", 900, 800}}}});
+  md.tensors.push_back(DcpTensor{"empty", DType::kFloat32, {0, 5}, {}});
+  md.bytes.push_back(DcpBytes{"epoch", DcpStorage{"__0_0.distcp", 1700, 700}});
+  Write(JoinPath(root, "dcp_metadata"), "export", EncodeDcpMetadata(md));
   std::printf("seeds written under %s\n", root.c_str());
   return 0;
 }

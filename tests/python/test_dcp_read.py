@@ -36,7 +36,17 @@ def cli(*args):
     return subprocess.run([CLI, *args], capture_output=True, text=True)
 
 
+# The byte items of each folder: consolidate writes them into the .pt with their types.
+VALUES = {"single": {"step": 17, "name": "run-a", "lr": 0.25}, "dist": {"epoch": 3, "tags": ["a", "b"]}}
+
+
+def assert_values(name, got):
+    for k, v in VALUES[name].items():
+        assert k in got and got[k] == v and type(got[k]) is type(v), (k, got.get(k))
+
+
 def assert_equal_state(expected, got):
+    got = {k: v for k, v in got.items() if isinstance(v, torch.Tensor)}
     assert sorted(expected) == sorted(got)
     for k, v in expected.items():
         assert got[k].dtype == v.dtype and got[k].shape == v.shape, k
@@ -48,7 +58,13 @@ def test_consolidate_equals_the_full_state(name, tmp_path):
     out = tmp_path / (name + ".pt")
     result = shardckpt.consolidate(os.path.join(DATA, name), str(out))
     assert result["entries"] == len(full_tensors(name))
-    assert_equal_state(full_tensors(name), torch.load(out, weights_only=True))
+    loaded = torch.load(out, weights_only=True)
+    assert_equal_state(full_tensors(name), loaded)
+    assert_values(name, loaded)
+    run = cli("consolidate", os.path.join(DATA, name), "--out", str(tmp_path / "cli.pt"), "--json")
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    assert sorted(report["values"]) == sorted(VALUES[name]) and report["skipped"] == []
 
 
 def test_import_gains_checksums_and_verifies(tmp_path):
@@ -57,10 +73,12 @@ def test_import_gains_checksums_and_verifies(tmp_path):
     verified = shardckpt.verify(report["path"])
     assert verified.bytes_checked > 0 and verified.problems == []
     shardckpt.consolidate(report["path"], str(tmp_path / "back.pt"))
-    assert_equal_state(full_tensors("dist"), torch.load(tmp_path / "back.pt", weights_only=True))
-    # The byte items came along as blobs, byte for byte what torch.save wrote.
+    back = torch.load(tmp_path / "back.pt", weights_only=True)
+    assert_equal_state(full_tensors("dist"), back)
+    # The byte items came along as value blobs: typed, as the Python package stores values.
     blobs = {b["name"] for b in shardckpt.inspect(report["path"])["blobs"]}
     assert blobs == {"epoch", "tags"}
+    assert_values("dist", back)
 
 
 def test_inspect_lists_tensors_and_byte_items():
@@ -236,16 +254,27 @@ def test_the_safetensors_variant_is_refused_by_name(tmp_path):
     assert run.returncode == 1 and "serialization_format=SAFETENSORS" in run.stderr, run.stderr
 
 
-def test_empty_and_bool_tensors_read_and_strided_ones_are_refused_by_name(tmp_path):
+def test_empty_bool_and_permuted_tensors_read(tmp_path):
     import torch.distributed.checkpoint as dcp
     state = {"e": torch.empty(0, 5), "z": torch.zeros(3, 0), "b": torch.tensor([True, False, True])}
     dcp.save(state, checkpoint_id=str(tmp_path / "ok"), no_dist=True)
     shardckpt.consolidate(str(tmp_path / "ok"), str(tmp_path / "ok.pt"))
     assert_equal_state(state, torch.load(tmp_path / "ok.pt", weights_only=True))
-    # dcp.save keeps a view's strides: valid DCP, refused as such (not as damage).
-    dcp.save({"t": torch.arange(6.0).reshape(2, 3).t()}, checkpoint_id=str(tmp_path / "strided"), no_dist=True)
-    run = cli("consolidate", str(tmp_path / "strided"), "--out", str(tmp_path / "s.pt"))
-    assert run.returncode == 1 and "Unimplemented" in run.stderr and "'t'" in run.stderr and "non-contiguous" in run.stderr
+    # dcp.save keeps a view's strides (a transposed weight is saved transposed): each is read in
+    # the boxes that are row-major in its record.
+    base = torch.arange(2 * 3 * 4 * 5, dtype=torch.float32).reshape(2, 3, 4, 5)
+    permuted = {"t": torch.arange(6.0).reshape(2, 3).t(), "p": base.permute(2, 0, 3, 1), "q": base.permute(0, 2, 1, 3),
+                "ones": torch.arange(6.0).reshape(2, 1, 3).permute(2, 1, 0)}
+    assert all(not v.is_contiguous() for v in permuted.values())
+    dcp.save(permuted, checkpoint_id=str(tmp_path / "strided"), no_dist=True)
+    shardckpt.consolidate(str(tmp_path / "strided"), str(tmp_path / "s.pt"))
+    assert_equal_state({k: v.contiguous() for k, v in permuted.items()}, torch.load(tmp_path / "s.pt", weights_only=True))
+    run = cli("verify", str(tmp_path / "strided"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    # Resharded to 3 ranks and back: the pieces cut across the boxes come out whole.
+    report = shardckpt.import_checkpoint(str(tmp_path / "strided"), str(tmp_path / "root"), 3, "dim0")
+    shardckpt.consolidate(report["path"], str(tmp_path / "back.pt"))
+    assert_equal_state({k: v.contiguous() for k, v in permuted.items()}, torch.load(tmp_path / "back.pt", weights_only=True))
 
 
 def test_load_resharded_at_three_ranks(comm):

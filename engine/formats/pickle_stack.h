@@ -1,0 +1,98 @@
+// The object stack, MARKs, arena and memory budget shared by the restricted unpicklers (the
+// torch.save reader in torch_pickle.cc, the DCP .metadata reader in dcp_metadata.cc): one copy of
+// the bookkeeping a hostile pickle attacks first. Each reader derives from it with its own Value
+// (a struct with a `Kind` enum, `kind` and an int64 `i`) and keeps its own opcodes and globals.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "shardckpt/io/status.h"
+
+namespace shardckpt {
+
+uint64_t UnpickleMemoryBudget(size_t pickle_bytes);  // torch_pickle.h
+
+template <typename Value>
+class PickleStack {
+ public:
+  // Every allocation is charged here first, so a hostile pickle stops at the budget.
+  Status Charge(uint64_t bytes) {
+    used_ += bytes;
+    if (used_ <= budget_) return Status::Ok();
+    return InvalidArgument("the pickle needs more than " + std::to_string(budget_) +
+                           " bytes of memory, the budget for a pickle of " + std::to_string(pickle_bytes_) +
+                           " bytes (a flood of objects, or shared references fanning out); refused");
+  }
+
+ protected:
+  explicit PickleStack(size_t pickle_bytes) : pickle_bytes_(pickle_bytes), budget_(UnpickleMemoryBudget(pickle_bytes)) {}
+
+  Result<Value*> New(typename Value::Kind kind, size_t extra = 0) {
+    SC_RETURN_IF_ERROR(Charge(sizeof(Value) + extra));
+    arena_.emplace_back();
+    arena_.back().kind = kind;
+    return &arena_.back();
+  }
+  Status Push(Value* v) {
+    SC_RETURN_IF_ERROR(Charge(sizeof(Value*)));
+    stack_.push_back(v);
+    return Status::Ok();
+  }
+  Status PushNew(typename Value::Kind kind, int64_t i = 0) {
+    SC_ASSIGN_OR_RETURN(Value* v, New(kind));
+    v->i = i;
+    return Push(v);
+  }
+  // Objects below the innermost MARK are out of reach, as in torch's unpickler (which gives
+  // each MARK a fresh stack): popping, building or filling them is refused.
+  bool Reachable() const { return !stack_.empty() && (marks_.empty() || stack_.size() > marks_.back()); }
+  Result<Value*> Pop() {
+    if (!Reachable()) return DataLoss("stack underflow (nothing above the last MARK)");
+    Value* v = stack_.back();
+    stack_.pop_back();
+    return v;
+  }
+  Result<Value*> Top(const char* op) {
+    if (!Reachable()) return DataLoss(std::string(op) + " with no object above the last MARK");
+    return stack_.back();
+  }
+  Result<std::vector<Value*>> PopToMark() {
+    if (marks_.empty()) return DataLoss("no MARK on the stack");
+    size_t mark = marks_.back();
+    marks_.pop_back();
+    std::vector<Value*> items(stack_.begin() + static_cast<long>(mark), stack_.end());
+    stack_.resize(mark);
+    return items;
+  }
+  // After STOP: exactly the result on the stack, no MARK open.
+  Result<Value*> Final() {
+    if (stack_.size() != 1 || !marks_.empty()) {
+      return DataLoss("pickle ended with " + std::to_string(stack_.size()) + " values and " +
+                      std::to_string(marks_.size()) + " marks on the stack");
+    }
+    return stack_.back();
+  }
+
+  // GLOBAL's module or name: a line of at most 256 bytes from `*pos`, which moves past it.
+  static Result<std::string> GlobalLine(const std::string& data, size_t* pos) {
+    const size_t end = data.find('\n', *pos);
+    if (end == std::string::npos || end - *pos > 256) return DataLoss("unterminated GLOBAL");
+    std::string s = data.substr(*pos, end - *pos);
+    *pos = end + 1;
+    return s;
+  }
+
+  std::deque<Value> arena_;  // stable addresses: values point at each other
+  std::vector<Value*> stack_;
+  std::vector<size_t> marks_;
+
+ private:
+  size_t pickle_bytes_;
+  uint64_t budget_;
+  uint64_t used_ = 0;
+};
+
+}  // namespace shardckpt
