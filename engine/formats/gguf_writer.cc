@@ -90,8 +90,11 @@ Result<std::vector<GgufKeyValue>> ParseGgufMetadataJson(const std::string& json,
 std::vector<GgufKeyValue> GgufMetadataWith(const std::string& architecture, const std::string& name,
                                            const std::vector<GgufKeyValue>& others) {
   std::vector<GgufKeyValue> out;
-  for (const auto& [key, given] : {std::pair<std::string, std::string>{"general.architecture", architecture},
-                                   std::pair<std::string, std::string>{"general.name", name}}) {
+  for (const auto& pair : {std::pair<std::string, std::string>{"general.architecture", architecture},
+                            std::pair<std::string, std::string>{"general.name", name}}) {
+    // Not a structured binding: clang 14 (the sanitizer build) cannot capture one in a lambda.
+    const std::string& key = pair.first;
+    const std::string& given = pair.second;
     auto it = std::find_if(others.begin(), others.end(), [&](const GgufKeyValue& kv) { return kv.key == key; });
     if (!given.empty()) {
       GgufKeyValue kv{key, {}};
