@@ -168,12 +168,21 @@ def saved_steps(root):
 def test_copy_while_training_saves_values_at_call_time(comm, root):
     state = state_at(comm, 21)
     expected = clone(state)
-    handle = shardckpt.async_save(state, root, 21, comm=comm, copy_while_training=True)
-    # The forward/backward pass reads the tensors while the copy runs.
-    total = sum(float(v.sum()) for v in state.values() if isinstance(v, torch.Tensor))
-    assert total == sum(float(v.sum()) for v in expected.values() if isinstance(v, torch.Tensor))
-    waited = handle.fence()
-    assert waited >= 0.0 and handle.fence_seconds == waited
+    # The copy starts 300 ms late: a fence that did not wait for it would let the mutation below
+    # reach the checkpoint.
+    code, message, _ = _core.set_failpoints("async.snapshot=sleep:300")
+    assert code == "OK", message
+    try:
+        handle = shardckpt.async_save(state, root, 21, comm=comm, copy_while_training=True)
+        # The forward/backward pass reads the tensors while the copy runs.
+        total = sum(float(v.sum()) for v in state.values() if isinstance(v, torch.Tensor))
+        assert total == sum(float(v.sum()) for v in expected.values()
+                            if isinstance(v, torch.Tensor))
+        waited = handle.fence()
+    finally:
+        _core.set_failpoints("")
+    assert 0.1 < waited and handle.fence_seconds == waited
+    assert handle.fence() == waited  # again: at once, the same figure
     # The optimizer step changes every tensor in place right after the fence.
     with torch.no_grad():
         for v in state.values():
