@@ -273,26 +273,21 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
     if (!added.ok()) std::fprintf(stderr, "rank %d: checkpoint failed: %s\n", rank, added.ToString().c_str());
     if (!added.ok() || !finish_pending()) return false;
     pending_started = Clock::now();
-    if (config.copy_while_training) {
-      started = std::move(state);
-      Result<std::shared_ptr<SaveHandle>> handle = saver->StartSave(config.ckpt, step, started, loss_metric());
-      if (!handle.ok()) {
-        std::fprintf(stderr, "rank %d: checkpoint failed: %s\n", rank, handle.status().ToString().c_str());
-        return false;
-      }
-      pending = *handle;
-      pending_timed = false;
-      fence_due = true;
-      say("checkpoint copy started: step " + std::to_string(step) + " (copied while the next step trains)");
-      return true;
-    }
-    Result<std::shared_ptr<SaveHandle>> handle = saver->Save(config.ckpt, step, state, loss_metric());
+    if (config.copy_while_training) started = std::move(state);  // read by the copy until Fence
+    Result<std::shared_ptr<SaveHandle>> handle =
+        config.copy_while_training ? saver->StartSave(config.ckpt, step, started, loss_metric())
+                                   : saver->Save(config.ckpt, step, state, loss_metric());
     if (!handle.ok()) {
       std::fprintf(stderr, "rank %d: checkpoint snapshot failed: %s\n", rank, handle.status().ToString().c_str());
       return false;
     }
     pending = *handle;
     pending_timed = false;
+    if (config.copy_while_training) {
+      fence_due = true;
+      say("checkpoint copy started: step " + std::to_string(step) + " (copied while the next step trains)");
+      return true;
+    }
     char msg[256];
     std::snprintf(msg, sizeof(msg), "checkpoint snapshot: step %lld (training blocked %.3fs; persisting in the background)",
                   static_cast<long long>(step), saver->last_snapshot_seconds());
