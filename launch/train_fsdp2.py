@@ -178,6 +178,30 @@ def resume(args, model, optim, sched, rank: int) -> tuple:
     return int(state["step"]), int(state["data"]["position"])
 
 
+def summarize(args, world: int, step_seconds: list, save_waits: list) -> None:
+    """Rank 0's account of what saving cost the loop, per save: building the state dict
+    (get_state_dict), the async_save call, and the fence before the next optimizer step; against
+    the median step (saving steps included). The means leave out the first save, which also
+    creates the saver (a gloo group, the staging area), and the last, which has no step left to
+    copy under (its fence waits for the whole copy)."""
+    import json
+    import statistics
+    later = save_waits[1:-1] or save_waits
+    mean = lambda i: 1e3 * statistics.mean(w[i] for w in later) if later else 0.0  # noqa: E731
+    summary = {"ranks": world, "steps": len(step_seconds), "saves": len(save_waits),
+               "save_mode": args.save_mode,
+               "step_ms_median": 1e3 * statistics.median(step_seconds) if step_seconds else 0.0,
+               "state_ms_mean": mean(0), "call_ms_mean": mean(1), "fence_ms_mean": mean(2),
+               "per_save_ms": [[round(1e3 * x, 3) for x in w] for w in save_waits]}
+    summary["save_wait_ms_mean"] = summary["call_ms_mean"] + summary["fence_ms_mean"]
+    print("save wait per save %.3f ms (async_save %.3f + fence %.3f; get_state_dict %.3f more) "
+          "against a %.3f ms step" % (summary["save_wait_ms_mean"], summary["call_ms_mean"],
+                                      summary["fence_ms_mean"], summary["state_ms_mean"],
+                                      summary["step_ms_median"]), flush=True)
+    if args.json:
+        print(json.dumps(summary), flush=True)
+
+
 # ---- Main -----------------------------------------------------------------------------------
 
 def main() -> int:
@@ -200,6 +224,12 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--total-steps", type=int, default=100, help="length of the cosine schedule")
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--save-mode", choices=("overlap", "snapshot"), default="overlap",
+                   help="overlap: the snapshot copy runs during the next forward and backward "
+                        "passes, fenced before optimizer.step(); snapshot: async_save copies "
+                        "before it returns")
+    p.add_argument("--json", action="store_true",
+                   help="rank 0's last line: a JSON summary of step time and save waits")
     args = p.parse_args()
 
     torch.set_num_threads(1)  # same kernels every run, and polite on a shared machine
@@ -238,11 +268,17 @@ def main() -> int:
 
     handle = None
     started = time.time()
+    step_seconds, save_waits = [], []  # per step; per save: how long the loop was held up
     while step < args.steps:
+        began = time.perf_counter()
         tokens = local_batch(args, position, rank, world).to(device)
         logits = model(tokens[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, args.vocab), tokens[:, 1:].reshape(-1))
         loss.backward()  # FSDP2 averages the gradients over ranks: the global batch's mean
+        if save_waits and save_waits[-1][2] is None:
+            # The last step's save copied the state while this forward and backward ran;
+            # the optimizer may change it once the copy is done.
+            save_waits[-1][2] = handle.fence()
         optim.step()
         optim.zero_grad(set_to_none=True)
         sched.step()
@@ -253,18 +289,27 @@ def main() -> int:
         if rank == 0:
             print("step %d loss %r" % (step, (reported / world).item()), flush=True)
         if step % args.save_every == 0 or step == args.steps:
-            # Returns once the state is copied: training goes on while it is written; the next
-            # async_save (or the wait below) waits for this one.
-            handle = shardckpt.async_save(checkpoint_state(model, optim, sched, position, step),
-                                          args.ckpt, step)
+            # Overlap: returns before the copy (fenced above, in the next step, before
+            # optimizer.step()). Snapshot: returns once the state is copied. Either way the files
+            # are written in the background; the next async_save (or the wait below) waits.
+            overlap = args.save_mode == "overlap"
+            t0 = time.perf_counter()
+            state = checkpoint_state(model, optim, sched, position, step)
+            t1 = time.perf_counter()
+            handle = shardckpt.async_save(state, args.ckpt, step, copy_while_training=overlap)
+            save_waits.append([t1 - t0, time.perf_counter() - t1, None if overlap else 0.0])
             if rank == 0:
                 print("checkpoint step %d started" % step, flush=True)
+        step_seconds.append(time.perf_counter() - began)
     if handle is not None:
+        if save_waits[-1][2] is None:  # no step after the last save: its copy is waited for
+            save_waits[-1][2] = handle.fence()
         handle.wait()
         if rank == 0:
             print("checkpoint step %d committed" % handle.step, flush=True)
     if rank == 0:
         print("done: %d ranks, step %d, %.1f s" % (world, step, time.time() - started), flush=True)
+        summarize(args, world, step_seconds, save_waits)
     dist.destroy_process_group()
     return 0
 

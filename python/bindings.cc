@@ -332,6 +332,10 @@ py::tuple AgreeCall(Comm& comm, const std::string& code, const std::string& mess
 class Saver {
  public:
   std::unique_ptr<AsyncSaver> saver;
+  // StartSave's state: its copy reads it in the background, so it lives here until the next
+  // StartSave (which waits for that copy first). The tensors it points to are kept alive by the
+  // Python handle until fence().
+  ShardedState started;
 };
 
 class Handle {
@@ -378,6 +382,30 @@ py::tuple AsyncSaveCall(Comm& comm, Saver& saver, const std::string& root, int64
     py::gil_scoped_release release;
     Status agreed = AgreeOnStatus(comm.get(), built);
     handle = agreed.ok() ? saver.saver->Save(root, step, state, metrics)
+                         : Result<std::shared_ptr<SaveHandle>>(agreed);
+  }
+  if (!handle.ok()) return Reply(handle.status());
+  auto out = std::make_unique<Handle>();
+  out->handle = std::move(handle).value();
+  return Reply(Status::Ok(), py::cast(std::move(out)));
+}
+
+// Copy while training: returns before the snapshot copy; saver_fence waits for it.
+py::tuple StartSaveCall(Comm& comm, Saver& saver, const std::string& root, int64_t step,
+                        const std::vector<PieceTuple>& pieces, const std::vector<BlobTuple>& blobs,
+                        const std::map<std::string, double>& metrics, const LocalError& error) {
+  {
+    py::gil_scoped_release release;
+    saver.saver->Wait().IgnoreError();  // the previous copy may still read `started`
+  }
+  saver.started = ShardedState();
+  Status built = FromPython(error);
+  if (built.ok()) built = BuildState(pieces, blobs, &saver.started);
+  Result<std::shared_ptr<SaveHandle>> handle = Status(Code::kInternal, "not run");
+  {
+    py::gil_scoped_release release;
+    Status agreed = AgreeOnStatus(comm.get(), built);
+    handle = agreed.ok() ? saver.saver->StartSave(root, step, saver.started, metrics)
                          : Result<std::shared_ptr<SaveHandle>>(agreed);
   }
   if (!handle.ok()) return Reply(handle.status());
@@ -629,6 +657,15 @@ PYBIND11_MODULE(_core, m) {
     return Reply(s);
   });
   m.def("async_save", &AsyncSaveCall);
+  m.def("start_save", &StartSaveCall);
+  m.def("saver_fence", [](Saver& saver) {
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = saver.saver->Fence();
+    }
+    return Reply(s, py::float_(saver.saver->last_fence_seconds()));
+  });
   m.def("inspect", &InspectCall);
   m.def("verify", &VerifyCall);
   m.def("consolidate", &ConsolidateCall);

@@ -77,7 +77,8 @@ Result<std::vector<at::Tensor>> FsdpMlp::GatherParameters() {
   return out;
 }
 
-Result<float> FsdpMlp::TrainStep(const Batch& batch, int64_t global_batch, int64_t step, const AdamWConfig& c) {
+Result<float> FsdpMlp::TrainStep(const Batch& batch, int64_t global_batch, int64_t step, const AdamWConfig& c,
+                                 const std::function<Status()>& before_update) {
   SC_ASSIGN_OR_RETURN(std::vector<at::Tensor> full, GatherParameters());
   for (at::Tensor& p : full) p = p.detach().requires_grad_(true);
   at::Tensor logits = Forward(full, batch);
@@ -93,6 +94,7 @@ Result<float> FsdpMlp::TrainStep(const Batch& batch, int64_t global_batch, int64
   SC_RETURN_IF_ERROR(data_comm_->ReduceScatterSumFloat(grads.data_ptr<float>(), grad.data_ptr<float>(), static_cast<size_t>(chunk_)));
   double loss_sum = loss.item<double>();
   SC_RETURN_IF_ERROR(comm_->AllReduceSumDouble(&loss_sum, 1));
+  if (before_update) SC_RETURN_IF_ERROR(before_update());
 
   // AdamW on this rank's shard; padding elements stay zero (their gradient is zero).
   ++optimizer_step_;

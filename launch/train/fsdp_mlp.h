@@ -14,6 +14,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -46,7 +47,11 @@ class FsdpMlp {
           int64_t classes, double dropout, uint64_t seed);
 
   // One optimizer step on this rank's part of `batch`; returns the global mean loss.
-  Result<float> TrainStep(const Batch& batch, int64_t global_batch, int64_t step, const AdamWConfig& config);
+  // `before_update`, when given, runs after the backward pass and the gradient reduce-scatter,
+  // right before the AdamW update changes the shard, the moments and optim.step (an async save's
+  // Fence: the copy of the state may run until then); its error fails the step unchanged.
+  Result<float> TrainStep(const Batch& batch, int64_t global_batch, int64_t step, const AdamWConfig& config,
+                          const std::function<Status()>& before_update = nullptr);
 
   // Adds this rank's shards: model.<name>, optim.<name>.exp_avg, optim.<name>.exp_avg_sq and
   // optim.step. `model_only` adds just the weights (for --resume-weights-only).

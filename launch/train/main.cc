@@ -82,7 +82,7 @@ struct Config {
   double dropout = 0.1;
   double preempt_grace_s = 60;
   int keep_last = 3, keep_best = 0;
-  bool resume = false, resume_weights_only = false, async_save = false;
+  bool resume = false, resume_weights_only = false, async_save = false, copy_while_training = false;
   std::string device = "cpu";
   std::string dump_params;
   AdamWConfig adamw;
@@ -191,6 +191,10 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
   }
 
   std::unique_ptr<AsyncSaver> saver;
+  // --copy-while-training: the state the copy reads until the next step's Fence, and whether
+  // that Fence is still due.
+  ShardedState started;
+  bool fence_due = false;
   std::shared_ptr<SaveHandle> pending;
   Clock::time_point pending_started;
   bool pending_timed = false;
@@ -269,13 +273,21 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
     if (!added.ok()) std::fprintf(stderr, "rank %d: checkpoint failed: %s\n", rank, added.ToString().c_str());
     if (!added.ok() || !finish_pending()) return false;
     pending_started = Clock::now();
-    Result<std::shared_ptr<SaveHandle>> handle = saver->Save(config.ckpt, step, state, loss_metric());
+    if (config.copy_while_training) started = std::move(state);  // read by the copy until Fence
+    Result<std::shared_ptr<SaveHandle>> handle =
+        config.copy_while_training ? saver->StartSave(config.ckpt, step, started, loss_metric())
+                                   : saver->Save(config.ckpt, step, state, loss_metric());
     if (!handle.ok()) {
       std::fprintf(stderr, "rank %d: checkpoint snapshot failed: %s\n", rank, handle.status().ToString().c_str());
       return false;
     }
     pending = *handle;
     pending_timed = false;
+    if (config.copy_while_training) {
+      fence_due = true;
+      say("checkpoint copy started: step " + std::to_string(step) + " (copied while the next step trains)");
+      return true;
+    }
     char msg[256];
     std::snprintf(msg, sizeof(msg), "checkpoint snapshot: step %lld (training blocked %.3fs; persisting in the background)",
                   static_cast<long long>(step), saver->last_snapshot_seconds());
@@ -348,7 +360,19 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
       return kExitError;
     }
     Batch batch = data.Get(step + 1, config.global_batch, world, rank);
-    Result<float> loss = model.TrainStep(batch, config.global_batch, step + 1, config.adamw);
+    // After a copy-while-training save, the update waits for what is left of the copy.
+    auto fence = [&]() -> Status {
+      fence_due = false;
+      SC_RETURN_IF_ERROR(saver->Fence());
+      char msg[256];
+      std::snprintf(msg, sizeof(msg), "checkpoint snapshot: step %lld (training blocked %.6fs at the fence, "
+                    "copy %.3fs; persisting in the background)", static_cast<long long>(step),
+                    saver->last_fence_seconds(), saver->last_snapshot_seconds());
+      say(msg);
+      return Status::Ok();
+    };
+    Result<float> loss = model.TrainStep(batch, config.global_batch, step + 1, config.adamw,
+                                         fence_due ? std::function<Status()>(fence) : nullptr);
     if (!loss.ok()) {
       std::fprintf(stderr, "rank %d: %s\n", rank, loss.status().ToString().c_str());
       return 1;
@@ -449,6 +473,9 @@ int main(int argc, char** argv) {
       ("resume-weights-only", po::bool_switch(&config.resume_weights_only),
        "load only the model weights; fresh optimizer, scheduler and RNG")
       ("async-save", po::bool_switch(&config.async_save), "snapshot and persist checkpoints in the background")
+      ("copy-while-training", po::bool_switch(&config.copy_while_training),
+       "with --async-save: the snapshot copy runs during the next step's forward and backward "
+       "passes, fenced before its optimizer update")
       ("preempt-grace-s", po::value(&config.preempt_grace_s)->default_value(60),
        "on SIGTERM/SIGUSR1 every rank stops after the same step and saves it if the save can finish "
        "within this many seconds of the signal (see the exit status below)")
@@ -465,6 +492,10 @@ int main(int argc, char** argv) {
     po::notify(vm);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "shardckpt-train: %s\n", e.what());
+    return 2;
+  }
+  if (config.copy_while_training && !config.async_save) {
+    std::fprintf(stderr, "shardckpt-train: --copy-while-training needs --async-save\n");
     return 2;
   }
   if (!(config.preempt_grace_s >= 0)) {

@@ -266,15 +266,36 @@ class AsyncSaveHandle:
     ``wait()`` blocks until the checkpoint is committed (or failed) and raises the save's error,
     the same :class:`ShardckptError` subclass on every rank; it may be called many times and
     raises each time. ``done()`` says whether the persist has finished, without blocking.
+    ``fence()`` matters for ``copy_while_training=True`` saves only (it returns at once for the
+    others): it blocks until the snapshot copy is taken, after which the tensors may change.
     """
 
-    def __init__(self, handle: Any) -> None:
+    def __init__(self, handle: Any, saver: Any = None, keep: Optional[List[Any]] = None) -> None:
         self._handle = handle
+        self._saver = saver  # set while a copy-while-training snapshot is not fenced yet
+        self._keep = keep  # the tensors that copy reads, alive until fence()
+        self._fence: Tuple[str, str] = ("OK", "")
+        self.fence_seconds = 0.0
 
     @property
     def step(self) -> int:
         """The step this save writes."""
         return int(self._handle.step)
+
+    def fence(self) -> float:
+        """Blocks until this save's snapshot copy is done and returns how long it blocked, in
+        seconds (0 when the copy had finished already). Call it right before the state changes
+        (before ``optimizer.step()``). A failed copy raises here, the same
+        :class:`ShardckptError` subclass on every rank (collective in effect: every rank calls
+        it), and again on every later ``fence()`` or ``wait()``; no files are written for it."""
+        if self._saver is not None:
+            from . import _core
+            code, message, seconds = _core.saver_fence(self._saver)
+            self._saver, self._keep = None, None
+            self._fence = (code, message)
+            self.fence_seconds = float(seconds)
+        raise_for(*self._fence)
+        return self.fence_seconds
 
     def done(self) -> bool:
         """Whether the background persist has finished (successfully or not)."""
@@ -282,6 +303,7 @@ class AsyncSaveHandle:
 
     def wait(self) -> None:
         """Waits for the persist (collective in effect: every rank gets the same outcome)."""
+        self.fence()
         code, message, _ = self._handle.wait()
         raise_for(code, message)
 
@@ -291,12 +313,15 @@ _savers_lock = threading.Lock()
 # policy gets a saver of its own (after the previous one's persist has finished).
 _savers: Dict[Tuple[Any, ...], Tuple[Any, Any]] = {}
 _savers_atexit = False
+# id(engine saver) -> the copy-while-training handle whose fence() has not run yet.
+_unfenced: Dict[int, AsyncSaveHandle] = {}
 
 
 def _drop_savers() -> None:
     """At exit, before MPI is finalized (registered after world()): ends each saver, which
     waits for its persist in flight, then the communicators made over foreign groups."""
     with _savers_lock:
+        _unfenced.clear()
         _savers.clear()
     forget_foreign()
 
@@ -335,9 +360,23 @@ def async_save(state_dict: Mapping[str, Any], root: str, step: int, *, keep_last
                keep_best: int = 0, best_metric: str = "", best_higher_is_better: bool = False,
                metrics: Optional[Mapping[str, float]] = None,
                user_metadata: Optional[Mapping[str, str]] = None,
-               comm: Any = None) -> AsyncSaveHandle:
+               comm: Any = None, copy_while_training: bool = False) -> AsyncSaveHandle:
     """Starts saving ``state_dict`` as checkpoint ``step`` under ``root`` and returns once a
     snapshot is taken (collective: every rank calls it).
+
+    ``copy_while_training=True`` returns before the snapshot instead: the copy runs on a
+    background thread while the training loop goes on reading the tensors (a forward and
+    backward pass), and the loop calls :meth:`AsyncSaveHandle.fence` before anything changes
+    them (``optimizer.step()``, ``zero_grad`` of a saved gradient, a load): the values saved
+    are those at this call only if no tensor in ``state_dict`` is written, resized or freed
+    until ``fence()`` returns. ``fence()`` blocks only for what is left of the copy. Plain
+    values (ints, strings, per-rank blobs) are encoded at this call. A second save waits for
+    this one's copy and persist first::
+
+        h = shardckpt.async_save(sd, root, step, copy_while_training=True)
+        loss = model(batch).sum(); loss.backward()   # reads the parameters only
+        h.fence()                                    # the snapshot is taken
+        optimizer.step()
 
     The tensors may be changed as soon as this returns: the engine copied them into a staging
     area that it keeps, per communicator, for every later async save (so only the first one
@@ -359,6 +398,20 @@ def async_save(state_dict: Mapping[str, Any], root: str, step: int, *, keep_last
                               bool(best_higher_is_better)), dict(user_metadata or {}))
     keep: List[torch.Tensor] = []
     pieces, blobs, error = _describe_for_collective(state_dict, keep)
+    if copy_while_training:
+        # A snapshot still unfenced on this saver is taken before the next one starts.
+        previous = _unfenced.pop(id(saver), None)
+        if previous is not None and previous._saver is saver:
+            try:
+                previous.fence()
+            except ShardckptError:
+                pass  # raised again by that handle's fence()/wait()
+        code, message, handle = _core.start_save(comm, saver, str(root), int(step), pieces,
+                                                 blobs, dict(metrics or {}), error)
+        raise_for(code, message)
+        started = AsyncSaveHandle(handle, saver, keep + [state_dict])
+        _unfenced[id(saver)] = started
+        return started
     code, message, handle = _core.async_save(comm, saver, str(root), int(step), pieces, blobs,
                                              dict(metrics or {}), error)
     raise_for(code, message)

@@ -153,3 +153,93 @@ def test_process_group_gets_one_saver(comm, root):
     before = len(_savers)
     shardckpt.async_save(state_at(comm, 2), root, 2, comm=dist.group.WORLD).wait()
     assert len(_savers) == before
+
+
+# ---- Copy while training: async_save(..., copy_while_training=True) returns before the copy;
+# fence() waits for it.
+
+def saved_steps(root):
+    """step -> [folder name] of the checkpoints under root."""
+    if not os.path.isdir(root):
+        return {}
+    return {int(c[5:]): [c] for c in os.listdir(root) if c.startswith("step-")}
+
+
+def test_copy_while_training_saves_values_at_call_time(comm, root):
+    state = state_at(comm, 21)
+    expected = clone(state)
+    # The copy starts 300 ms late: a fence that did not wait for it would let the mutation below
+    # reach the checkpoint.
+    code, message, _ = _core.set_failpoints("async.snapshot=sleep:300")
+    assert code == "OK", message
+    try:
+        handle = shardckpt.async_save(state, root, 21, comm=comm, copy_while_training=True)
+        # The forward/backward pass reads the tensors while the copy runs.
+        total = sum(float(v.sum()) for v in state.values() if isinstance(v, torch.Tensor))
+        assert total == sum(float(v.sum()) for v in expected.values()
+                            if isinstance(v, torch.Tensor))
+        waited = handle.fence()
+    finally:
+        _core.set_failpoints("")
+    assert 0.1 < waited and handle.fence_seconds == waited
+    assert handle.fence() == waited  # again: at once, the same figure
+    # The optimizer step changes every tensor in place right after the fence.
+    with torch.no_grad():
+        for v in state.values():
+            t = v.local if isinstance(v, shardckpt.FlatShard) else v
+            if isinstance(t, torch.Tensor):
+                t.fill_(7)
+    state["step"] = 99
+    handle.wait()
+    assert handle.done()
+    into = zeroed(expected)
+    report = shardckpt.load(into, root, comm=comm)
+    assert report.step == 21
+    assert_same(into, expected)
+
+
+def test_copy_while_training_back_to_back(comm, root):
+    """A second save without a fence first takes the first one's snapshot; both are kept."""
+    states, handles = [], []
+    for step in (31, 32):
+        state = state_at(comm, step)
+        states.append(clone(state))
+        handles.append(shardckpt.async_save(state, root, step, comm=comm,
+                                            copy_while_training=True))
+    handles[1].fence()
+    for h in handles:
+        h.wait()
+        h.fence()  # after wait: returns at once
+    for step, expected in zip((31, 32), states):
+        into = zeroed(expected)
+        shardckpt.load(into, os.path.join(root, *saved_steps(root)[step]), comm=comm)
+        assert_same(into, expected)
+
+
+def test_copy_while_training_failure_raised_by_fence_everywhere(comm, root):
+    # The copy fails on the last rank only; every rank's fence() raises it.
+    code, message, _ = _core.set_failpoints("async.snapshot@%d=EIO" % (comm.size - 1))
+    assert code == "OK", message
+    try:
+        handle = shardckpt.async_save(state_at(comm, 41), root, 41, comm=comm,
+                                      copy_while_training=True)
+        with pytest.raises(shardckpt.IoError) as first:
+            handle.fence()
+        with pytest.raises(shardckpt.IoError) as again:
+            handle.wait()
+        assert str(first.value) == str(again.value)
+        assert "snapshot of step 41" in first.value.message
+        assert "rank %d" % (comm.size - 1) in first.value.message
+    finally:
+        _core.set_failpoints("")
+    assert_same_everywhere(comm, first.value)
+    assert 41 not in saved_steps(root)
+    # The next copy-while-training save through the same saver works.
+    state = state_at(comm, 42)
+    expected = clone(state)
+    h = shardckpt.async_save(state, root, 42, comm=comm, copy_while_training=True)
+    h.fence()
+    h.wait()
+    into = zeroed(expected)
+    assert shardckpt.load(into, root, comm=comm).step == 42
+    assert_same(into, expected)

@@ -116,6 +116,20 @@ case "$case" in
     diff <(losses "$work/full.log" 1 20) <(losses "$work/first.log" 1 20)
     run 2 "$train" "${small[@]}" --ckpt "$work/a" --steps 30 --resume --async-save > "$work/resumed.log"
     diff <(losses "$work/full.log" 21 30) <(losses "$work/resumed.log" 21 30) ;;
+  async-overlap)  # --copy-while-training: the step-10 copy starts 300 ms late, so step 11's
+    # update must wait for it at the fence; losses and the resume from step 10 are exact all the same
+    run 2 "$train" "${small[@]}" --steps 30 > "$work/full.log"
+    run 2 -x SHARDCKPT_FAILPOINTS="async.snapshot=sleep:300" "$train" "${small[@]}" --ckpt "$work/o" --steps 15 \
+      --save-every 10 --async-save --copy-while-training > "$work/first.log"
+    grep -q "checkpoint copy started: step 10" "$work/first.log"
+    grep -Eq "checkpoint snapshot: step 10 \(training blocked 0\.[1-9]" "$work/first.log"
+    grep -q "checkpoint committed: step 10 (async)" "$work/first.log"
+    diff <(losses "$work/full.log" 1 15) <(losses "$work/first.log" 1 15)
+    run 2 "$train" "${small[@]}" --ckpt "$work/o" --steps 30 --resume > "$work/resumed.log"
+    grep -q "at step 10" "$work/resumed.log"
+    diff <(losses "$work/full.log" 11 30) <(losses "$work/resumed.log" 11 30)
+    if run 2 "$train" "${small[@]}" --steps 1 --copy-while-training 2> "$work/flag.err"; then exit 1; fi
+    grep -q "needs --async-save" "$work/flag.err" ;;
   reshard)
     n=$1; m=$2
     run "$n" "$train" "${small[@]}" --steps 30 > "$work/full.log"
