@@ -45,7 +45,8 @@ import torch
 from ._dtensor import dtensor_piece, is_dtensor
 from ._comm import (forget_foreign, from_mpi4py, from_process_group, launched_by_mpi, resolve,
                     single_process, world)
-from ._state import DTYPES, FlatShard, PerRank, decode_blob, dtype_name, encode_blob, restore, walk
+from ._state import (DTYPES, FlatShard, PerRank, dcp_leaves, decode_blob, dtype_name, encode_blob,
+                     regroup, restore, walk)
 from .errors import (Aborted, AlreadyExists, DataLoss, DeadlineExceeded, FailedPrecondition,
                      Internal, InvalidArgument, IoError, NoSpace, NotFound, ShardckptError,
                      Unimplemented, raise_for)
@@ -220,8 +221,16 @@ def load(state_dict: Dict[str, Any], path: str, *, strict: bool = True, strip_pr
     raise_for(code, message)
     # Blobs: matched here, and any failure agreed on, so every rank raises the same.
     saved = {_strip(name, strip_prefix): blob for name, blob in raw["blobs"].items()}
-    missing = list(raw["missing"]) + [n for n in wanted if n not in saved]
-    unexpected = list(raw["unexpected"]) + [n for n in saved if n not in wanted]
+    pieces_of: Dict[str, List[str]] = {}  # a value a DCP folder holds leaf by leaf
+    for name, current in wanted.items():
+        if name not in saved and not isinstance(current, PerRank):
+            leaves = dcp_leaves(name, current, saved)
+            if leaves:
+                pieces_of[name] = leaves
+    regrouped = {leaf for leaves in pieces_of.values() for leaf in leaves}
+    missing = list(raw["missing"]) + [n for n in wanted if n not in saved and n not in pieces_of]
+    unexpected = list(raw["unexpected"]) + [n for n in saved
+                                            if n not in wanted and n not in regrouped]
     values: Dict[str, Any] = {}
     unavailable: Dict[str, str] = {}
     error = ("OK", "")
@@ -232,6 +241,14 @@ def load(state_dict: Dict[str, Any], path: str, *, strict: bool = True, strip_pr
             raise InvalidArgument("checkpoint %s has values nothing loads: %s (load with "
                                   "strict=False to skip them)" % (raw["path"], ", ".join(unexpected)))
         for name, current in wanted.items():
+            if name in pieces_of:
+                lost = [leaf for leaf in pieces_of[name] if not saved[leaf][0]]
+                if lost:
+                    unavailable[name] = saved[lost[0]][2]
+                else:
+                    values[name] = regroup(name, current, saved,
+                                           lambda leaf, old: decode_blob(saved[leaf][1], leaf, old))
+                continue
             if name not in saved:
                 continue
             available, data, reason = saved[name]

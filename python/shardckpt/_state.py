@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import math
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -97,8 +97,9 @@ def walk(state: Any, prefix: str = "") -> List[Tuple[str, Any]]:
     out: List[Tuple[str, Any]] = []
     seen: Dict[str, bool] = {}
 
-    def visit(value: Any, name: str) -> None:
-        if is_tensorish(value) or not _holds_tensors(value):
+    def visit(value: Any, name: str, top: bool = False) -> None:
+        # The state dict itself is always walked, tensors or not: its values have names.
+        if not top and (is_tensorish(value) or not _holds_tensors(value)):
             if name in seen:
                 raise InvalidArgument("two values are named '%s' (keys 0 and '0'?)" % name)
             seen[name] = True
@@ -110,7 +111,7 @@ def walk(state: Any, prefix: str = "") -> List[Tuple[str, Any]]:
                 raise InvalidArgument("'%s': key %r is neither a str nor an int" % (name, key))
             visit(child, "%s.%s" % (name, key) if name else str(key))
 
-    visit(state, prefix)
+    visit(state, prefix, True)
     return out
 
 
@@ -118,8 +119,8 @@ def restore(state: Any, values: Dict[str, Any], prefix: str = "") -> Any:
     """Puts ``values`` (by name) back into the nesting of ``state``, in place where it can
     (dicts, lists); tuples are rebuilt. Returns the new value of ``state``."""
 
-    def visit(value: Any, name: str) -> Any:
-        if is_tensorish(value) or not _holds_tensors(value):
+    def visit(value: Any, name: str, top: bool = False) -> Any:
+        if not top and (is_tensorish(value) or not _holds_tensors(value)):
             return values.get(name, value)
         if isinstance(value, dict):
             for key in list(value.keys()):
@@ -132,7 +133,41 @@ def restore(state: Any, values: Dict[str, Any], prefix: str = "") -> Any:
             return value
         return type(value)(*children) if hasattr(value, "_fields") else type(value)(children)
 
-    return visit(state, prefix)
+    return visit(state, prefix, True)
+
+
+def dcp_leaves(name: str, current: Any, saved: Mapping[str, Any]) -> Optional[List[str]]:
+    """The saved names that hold ``current`` piece by piece, or None.
+
+    PyTorch DCP flattens a list or dict of plain values into one byte item per leaf
+    (``optim.param_groups.0.lr``, ``optim.param_groups.0.betas``) where shardckpt keeps the
+    whole value as one blob (``optim.param_groups``): a DCP folder's items are regrouped along
+    the nesting of the value being loaded, or the value is missing if any leaf is."""
+    if name in saved:
+        return [name]
+    if isinstance(current, dict) and current:
+        items = [("%s.%s" % (name, k), v) for k, v in current.items()]
+    elif isinstance(current, (list, tuple)) and current:
+        items = [("%s.%d" % (name, i), v) for i, v in enumerate(current)]
+    else:
+        return None
+    leaves: List[str] = []
+    for child_name, child in items:
+        found = dcp_leaves(child_name, child, saved)
+        if found is None:
+            return None
+        leaves += found
+    return leaves
+
+
+def regroup(name: str, current: Any, saved: Mapping[str, Any], leaf: Callable[[str, Any], Any]) -> Any:
+    """``current`` rebuilt from the saved leaves dcp_leaves found: leaf(saved name, old value)."""
+    if name in saved:
+        return leaf(name, current)
+    if isinstance(current, dict):
+        return {k: regroup("%s.%s" % (name, k), v, saved, leaf) for k, v in current.items()}
+    children = [regroup("%s.%d" % (name, i), v, saved, leaf) for i, v in enumerate(current)]
+    return tuple(children) if isinstance(current, tuple) else children
 
 
 def _encode_json(value: Any, name: str) -> Any:

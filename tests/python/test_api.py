@@ -124,6 +124,22 @@ def test_blobs_come_back_with_their_types(root):
     assert list(target["cfg"].keys()) == ["layers", 3, "bytes", "t"]
 
 
+def test_a_state_dict_without_tensors_is_saved_and_loaded_by_its_keys(root):
+    # The top-level dict holds no tensor: its values are still blobs named by their keys, not
+    # one blob with an empty name (which save refused as "a blob needs a name" and load
+    # reported as missing [''] while restoring nothing).
+    shardckpt.save({"step": 5, "name": "run", "cfg": {"lr": 0.5}}, root, step=1)
+    assert sorted(b["name"] for b in shardckpt.inspect(root)["blobs"]) == ["cfg", "name", "step"]
+    target = {"step": 0, "name": "", "cfg": {}}
+    report = shardckpt.load(target, root)
+    assert report.missing == [] and report.unexpected == []
+    assert target == {"step": 5, "name": "run", "cfg": {"lr": 0.5}}
+    partial = {"step": 0, "other": 1}
+    report = shardckpt.load(partial, root, strict=False)
+    assert report.missing == ["other"] and sorted(report.unexpected) == ["cfg", "name"]
+    assert partial == {"step": 5, "other": 1}
+
+
 def test_tuples_and_lists_holding_tensors_are_restored(root):
     state = {"pair": (make(torch.float32, (2,), 3), 5), "items": [make(torch.int32, (2,), 4), "s"]}
     shardckpt.save(state, root, step=1)

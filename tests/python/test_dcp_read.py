@@ -195,6 +195,33 @@ def test_byte_items_that_are_not_plain_are_reported_never_run(tmp_path):
     assert not os.path.exists(marker)
 
 
+def test_optimizer_param_groups_that_dcp_flattened_come_back_as_one_value(tmp_path):
+    # DCP writes an optimizer's param_groups leaf by leaf (optim.param_groups.0.lr, ...); the
+    # same state dict handed to shardckpt holds them as one value (a list with no tensor), which
+    # must be regrouped, not reported missing (NotFound under strict) with its leaves unexpected.
+    import torch.distributed.checkpoint as dcp
+    groups = [{"lr": 0.25, "betas": (0.9, 0.95), "params": ["l1.weight", "l1.bias"], "foreach": None},
+              {"lr": 0.5, "betas": (0.8, 0.9), "params": ["l2.weight"], "foreach": True}]
+    folder = str(tmp_path / "f")
+    dcp.save({"optim": {"state": {"l1.weight": {"exp_avg": torch.arange(4.0)}}, "param_groups": groups},
+              "step": 7}, checkpoint_id=folder, no_dist=True)
+    target = {"optim": {"state": {"l1.weight": {"exp_avg": torch.zeros(4)}},
+                        "param_groups": [{"lr": 0.0, "betas": (0.0, 0.0), "params": ["l1.weight", "l1.bias"],
+                                          "foreach": False},
+                                         {"lr": 0.0, "betas": (0.0, 0.0), "params": ["l2.weight"],
+                                          "foreach": False}]},
+              "step": 0}
+    report = shardckpt.load(target, folder)
+    assert report.missing == [] and report.unexpected == []
+    assert target["optim"]["param_groups"] == groups and target["step"] == 7
+    assert torch.equal(target["optim"]["state"]["l1.weight"]["exp_avg"], torch.arange(4.0))
+    # a leaf the folder lacks makes the whole value missing, named as the target names it
+    other = {"optim": {"param_groups": [{"lr": 0.0, "extra": 1}]}}
+    report = shardckpt.load(other, folder, strict=False)
+    assert report.missing == ["optim"] and "optim.param_groups.0.lr" in report.unexpected
+    assert other["optim"]["param_groups"] == [{"lr": 0.0, "extra": 1}]
+
+
 @pytest.mark.parametrize("protocol", [2, 3, 4, 5])
 def test_every_pickle_protocol_reads(protocol, tmp_path):
     folder = copy_folder("single", tmp_path)
