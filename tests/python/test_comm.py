@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("shardckpt._core")  # not built: skipped, exit 77 (conftest.py)
 import shardckpt  # noqa: E402
 from shardckpt import _core  # noqa: E402
+import conftest  # noqa: E402
 from conftest import barrier  # noqa: E402
 
 # SHARDCKPT_PY_PHASE=serialized: mpi4py initializes MPI below MPI_THREAD_MULTIPLE.
@@ -141,6 +142,7 @@ def test_a_rank_that_never_joins_is_a_deadline_not_a_hang(comm, root, monkeypatc
         pytest.skip("torch.distributed with 2 ranks or more")
     monkeypatch.setenv("SHARDCKPT_COLLECTIVE_TIMEOUT_S", "3")
     group = dist.new_group(backend="gloo")  # its own: a timed-out group stays out of step
+    conftest.left_a_group_out_of_step(group)
     late = shardckpt.from_process_group(group)
     if comm.rank == comm.size - 1:
         time.sleep(6)  # busy elsewhere: never joins this save
