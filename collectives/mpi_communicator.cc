@@ -186,10 +186,10 @@ Result<std::unique_ptr<MpiSession>> MpiSession::Init(int* argc, char*** argv) {
 MpiSession::~MpiSession() {
   if (!owns_) return;
   if (AnyCollectiveTimedOut()) {
-    // MPI_Finalize would wait for the rank that never came. Give the other survivors a moment
-    // to log their own diagnosis (they fail within milliseconds of us), then end the job.
+    // MPI_Finalize would wait for the rank that never came. Give the other survivors time to
+    // finish their census and log their own diagnosis, then end the job.
     SC_LOG(kError) << "aborting the job: a collective timed out (see the message above)";
-    std::this_thread::sleep_for(std::chrono::seconds(1));
+    std::this_thread::sleep_for(std::chrono::duration<double>(SecondsBeforeAbort()));
     MPI_Abort(MPI_COMM_WORLD, 3);
   }
   MPI_Finalize();

@@ -19,6 +19,9 @@ constexpr int kAnswerTag = 7002;
 constexpr int kSpinPolls = 2000;
 
 std::atomic<bool> g_timed_out{false};
+// The longest census grace of any waiter that timed out: how long a survivor we woke may still
+// take to finish its own census and log its diagnosis.
+std::atomic<double> g_census_grace_s{0};
 
 using Clock = std::chrono::steady_clock;
 
@@ -71,6 +74,12 @@ CollectiveDeadline CollectiveDeadline::FromEnvironment() {
 
 bool AnyCollectiveTimedOut() { return g_timed_out.load(); }
 
+double SecondsBeforeAbort() {
+  // Every survivor that answered our census starts its own and logs after its grace; a second
+  // on top covers a loaded machine's scheduling (an abort kills ranks that have not logged yet).
+  return g_census_grace_s.load() + 1.0;
+}
+
 MpiDeadlineWaiter::MpiDeadlineWaiter(MPI_Comm census, CollectiveDeadline deadline)
     : census_(census), deadline_(deadline) {
   MPI_Comm_rank(census_, &rank_);
@@ -112,6 +121,9 @@ Status MpiDeadlineWaiter::Wait(MPI_Request* request, const char* call) {
 
 Status MpiDeadlineWaiter::RunCensus(const char* call, double waited_s) {
   g_timed_out = true;
+  double grace = g_census_grace_s.load();
+  while (grace < deadline_.census_grace_s && !g_census_grace_s.compare_exchange_weak(grace, deadline_.census_grace_s)) {
+  }
   // Receives from silent ranks stay posted after we give up (MPI cannot be relied on to cancel
   // them), so their buffer must never be freed: a late answer would land in freed memory.
   std::vector<long long>& answers = *new std::vector<long long>(size_, -1);

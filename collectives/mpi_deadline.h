@@ -55,4 +55,8 @@ Status MpiCallStatus(int rc, const char* call);
 // True once any communicator in this process broke on a timeout; MpiSession then aborts.
 bool AnyCollectiveTimedOut();
 
+// How long MpiSession waits, after a timeout, before it aborts the job: long enough for the
+// other survivors to finish their census and say which rank is missing.
+double SecondsBeforeAbort();
+
 }  // namespace shardckpt
