@@ -80,6 +80,9 @@ Result<FioRun> RunFio(const std::vector<FioJob>& asked, const FioSettings& setti
   for (FioJob& job : jobs) {
     uint64_t block = BlockFor(job.bytes, settings);
     job.bytes = FioBytes(job.bytes, settings);
+    if (job.write && settings.fresh_files && ::unlink(job.path.c_str()) != 0 && errno != ENOENT) {
+      return ErrnoStatus(errno, "fio write baseline: removing " + job.path);
+    }
     if (!job.write) {
       // fio lays out (writes) a read job's file up to `size` if it is shorter: check first.
       Result<uint64_t> size = FileSize(job.path);
