@@ -11,8 +11,9 @@ save; page caches are dropped before every load where the kernel allows it (note
 output), since DCP reads through the page cache and shardckpt with O_DIRECT does not. Prints
 medians, our throughput over DCP's for each operation, and a JSON last line.
 
-The current torch comes from PyPI into a virtual environment (.venv-dcp at the repository root,
-created on first use; the system Python and CI keep Debian's torch)."""
+The current torch comes from the project's torch 2.x virtual environment (launch/torch2_venv.sh:
+created once in ~/.cache/shardckpt, pinned versions, shared with the tests; the system Python
+keeps Debian's torch)."""
 import argparse
 import json
 import os
@@ -23,17 +24,16 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VENV = os.path.join(ROOT, ".venv-dcp")
-PY = os.path.join(VENV, "bin", "python")
 
 
 def ensure_venv():
+    """The torch 2.x venv the tests use (created on first use); returns the torch version."""
+    global PY
+    made = subprocess.run(["bash", os.path.join(ROOT, "launch", "torch2_venv.sh")], capture_output=True, text=True)
+    if made.returncode != 0:
+        sys.exit("launch/torch2_venv.sh failed:\n" + made.stdout + made.stderr)
+    PY = made.stdout.strip().splitlines()[-1]
     probe = [PY, "-c", "import torch, torch.distributed.checkpoint; print(torch.__version__)"]
-    if os.path.exists(PY) and subprocess.run(probe, capture_output=True).returncode == 0:
-        return subprocess.run(probe, capture_output=True, text=True).stdout.strip()
-    print(f"installing torch from PyPI into {VENV} (once)", flush=True)
-    subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
-    subprocess.run([os.path.join(VENV, "bin", "pip"), "install", "-q", "torch", "numpy"], check=True)
     return subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip()
 
 
@@ -87,7 +87,7 @@ def main():
     torch_version = ensure_venv()
     rows = max(1, parse_size(a.total_bytes) // a.tensors // (4096 * 4))
     n, m = a.save_ranks, a.load_ranks
-    print(f"torch {torch_version} (PyPI, {VENV}); {a.tensors} tensors [{rows}, 4096] float32 = "
+    print(f"torch {torch_version} ({PY}); {a.tensors} tensors [{rows}, 4096] float32 = "
           f"{rows * 4096 * 4 * a.tensors / 2**30:.2f} GiB; save at {n} ranks, load at {n} and at {m}", flush=True)
     result = {"torch": torch_version, "save_ranks": n, "load_ranks": m, "bytes": rows * 4096 * 4 * a.tensors}
     dropped_all = True
