@@ -55,20 +55,57 @@ std::unique_ptr<Communicator> CreateSingleProcessCommunicator() {
   return std::make_unique<SingleProcessCommunicator>();
 }
 
+namespace {
+
+// "rank 3", "ranks 0-2, 5, 7-9".
+std::string RankRanges(const std::vector<int>& ranks) {
+  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (i > 0) out += ", ";
+    out += std::to_string(ranks[i]);
+    if (j > i) out += "-" + std::to_string(ranks[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+Status MergeRankStatuses(const std::vector<Status>& by_rank) {
+  std::vector<std::string> causes;           // distinct failures, in order of first appearance
+  std::vector<std::vector<int>> ranks_of;    // by cause
+  Status first;
+  for (size_t r = 0; r < by_rank.size(); ++r) {
+    const Status& status = by_rank[r];
+    if (status.ok()) continue;
+    if (first.ok()) first = status;
+    const std::string cause = status.ToString();
+    size_t c = 0;
+    while (c < causes.size() && causes[c] != cause) ++c;
+    if (c == causes.size()) {
+      causes.push_back(cause);
+      ranks_of.emplace_back();
+    }
+    ranks_of[c].push_back(static_cast<int>(r));
+  }
+  if (first.ok()) return Status::Ok();
+  std::string message;
+  for (size_t c = 0; c < causes.size(); ++c) {
+    if (c > 0) message += "; ";
+    message += RankRanges(ranks_of[c]) + ": " + causes[c];
+  }
+  return Status(first.code(), message);
+}
+
 Status AgreeOnStatus(Communicator& comm, const Status& local) {
   std::vector<std::string> all;
   SC_RETURN_IF_ERROR(comm.AllGather(EncodeStatus(local), &all));
-  Status first;
-  std::string message;
-  for (size_t r = 0; r < all.size(); ++r) {
-    Status status = DecodeStatus(all[r]);
-    if (status.ok()) continue;
-    if (first.ok()) first = status;
-    if (!message.empty()) message += "; ";
-    message += "rank " + std::to_string(r) + ": " + status.ToString();
-  }
-  if (first.ok()) return Status::Ok();
-  return Status(first.code(), message);
+  std::vector<Status> by_rank;
+  by_rank.reserve(all.size());
+  for (const std::string& bytes : all) by_rank.push_back(DecodeStatus(bytes));
+  return MergeRankStatuses(by_rank);
 }
 
 Status CheckGatherSizes(const std::vector<int64_t>& lengths, int64_t limit) {

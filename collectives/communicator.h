@@ -48,6 +48,11 @@ std::unique_ptr<Communicator> CreateSingleProcessCommunicator();
 // code of the first failing rank and a message naming each failing rank and its cause.
 Status AgreeOnStatus(Communicator& comm, const Status& local);
 
+// Pure, for AgreeOnStatus: `by_rank[r]` is rank r's status. Ranks that failed with the same code
+// and message are named together ("ranks 0-3, 7: IoError: ..."), so a failure that every rank of
+// a large job shares reads as one line, in the order each cause first appears.
+Status MergeRankStatuses(const std::vector<Status>& by_rank);
+
 // Whether a gather of messages of these lengths (one per rank) fits in `limit` bytes per rank
 // and in all; the error names the rank. Every rank runs it on the same lengths, so every rank
 // refuses the same gather instead of the root alone.

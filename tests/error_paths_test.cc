@@ -70,6 +70,31 @@ TEST_F(ErrorPaths, NegativeStepsAreRefusedBeforeTheRootIsTouched) {
   EXPECT_TRUE(Save(*comm, root, 0, state).ok());  // 0 is a step like any other
 }
 
+TEST(MergeRankStatuses, RanksWithTheSameCauseAreNamedTogether) {
+  const Status ok = Status::Ok();
+  const Status disk = Status(Code::kNoSpace, "write rank file: No space left on device");
+  const Status io = Status(Code::kIoError, "read manifest.json: EIO");
+  struct Case {
+    std::vector<Status> by_rank;
+    Code code;
+    const char* message;  // "" when every rank succeeded
+  };
+  const Case kCases[] = {
+      {{ok, ok, ok}, Code::kOk, ""},
+      {{ok, ok, disk}, Code::kNoSpace, "rank 2: NoSpace: write rank file: No space left on device"},
+      {{disk, disk, disk, disk}, Code::kNoSpace, "ranks 0-3: NoSpace: write rank file: No space left on device"},
+      {{io, disk, disk, ok, disk, io, io, io},
+       Code::kIoError,
+       "ranks 0, 5-7: IoError: read manifest.json: EIO; ranks 1-2, 4: NoSpace: write rank file: No space left on device"},
+      {{ok, disk, ok, disk}, Code::kNoSpace, "ranks 1, 3: NoSpace: write rank file: No space left on device"},
+  };
+  for (const Case& c : kCases) {
+    Status merged = MergeRankStatuses(c.by_rank);
+    EXPECT_EQ(merged.code(), c.code) << c.message;
+    EXPECT_EQ(merged.message(), c.message);
+  }
+}
+
 TEST(GatherSizes, RefusesOversizedMessagesAndTotalsNamingTheRank) {
   struct Case {
     std::vector<int64_t> lengths;
