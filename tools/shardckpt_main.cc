@@ -195,10 +195,14 @@ int Verify(int argc, char** argv) {
       std::fprintf(stderr, "%s/%s at offset %llu (%s): %s\n", r->checkpoint.c_str(), p.file.c_str(),
                    static_cast<unsigned long long>(p.offset), p.entries.c_str(), p.what.c_str());
     }
-    std::printf("%s: %s: %llu files, %llu bytes, %llu blocks checked, %zu problem(s)\n", r->checkpoint.c_str(),
+    // A DCP folder has no block checksums: say what was checked instead of "0 blocks checked".
+    const std::string checked = r->blocks_checked > 0 || (r->checksums && r->files == 0)
+                                    ? std::to_string(r->blocks_checked) + " blocks checked"
+                                : r->checksums ? "whole files checked against their checksums"
+                                               : "structure only (no checksums stored)";
+    std::printf("%s: %s: %llu files, %llu bytes, %s, %zu problem(s)\n", r->checkpoint.c_str(),
                 r->problems.empty() ? "OK" : "DAMAGED", static_cast<unsigned long long>(r->files),
-                static_cast<unsigned long long>(r->bytes_checked), static_cast<unsigned long long>(r->blocks_checked),
-                r->problems.size());
+                static_cast<unsigned long long>(r->bytes_checked), checked.c_str(), r->problems.size());
     if (!r->note.empty()) std::printf("note: %s\n", r->note.c_str());
   }
   return r->problems.empty() ? 0 : 1;

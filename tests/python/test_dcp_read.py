@@ -100,6 +100,8 @@ def test_verify_checks_structure_and_says_bytes_are_unverified():
     assert "cannot be verified" in out["note"] and "shardckpt import" in out["note"]
     report = shardckpt.verify(os.path.join(DATA, "dist"))
     assert report.checksums is False and "cannot be verified" in report.note
+    text = cli("verify", os.path.join(DATA, "dist")).stdout  # says what it checked, not "0 blocks"
+    assert "structure only (no checksums stored)" in text and "blocks checked" not in text, text
 
 
 def copy_folder(name, tmp_path):
@@ -118,6 +120,7 @@ def test_verify_checks_sha256_files_where_every_file_has_one(tmp_path):
     out = json.loads(cli("verify", str(folder), "--json").stdout)
     assert out["ok"] and out["checksums"] is True and out["bytes_checked"] == sum((folder / n).stat().st_size for n in names)
     assert ".sha256" in out["note"]
+    assert "whole files checked against their checksums" in cli("verify", str(folder)).stdout
     # A flipped byte inside a chunk's data: structure alone cannot see it, the .sha256 does.
     victim = folder / names[1]
     data = bytearray(victim.read_bytes())
