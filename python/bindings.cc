@@ -488,6 +488,24 @@ py::tuple VerifyCall(const std::string& path) {
   return Reply(Status::Ok(), out);
 }
 
+// Every output format of consolidate (.pt, safetensors, GGUF) reports the same way.
+py::tuple RunConsolidate(const std::string& path, const std::string& out_file, const ConsolidateOptions& options) {
+  Result<ConsolidateReport> r = Status(Code::kInternal, "not run");
+  {
+    py::gil_scoped_release release;
+    r = Consolidate(path, out_file, options);
+  }
+  if (!r.ok()) return Reply(r.status());
+  py::dict out;
+  out["checkpoint"] = r->checkpoint;
+  out["files"] = r->files;
+  out["sha256"] = r->sha256;
+  out["entries"] = r->entries;
+  out["tensor_bytes"] = r->tensor_bytes;
+  out["bytes_read"] = r->bytes_read;
+  return Reply(Status::Ok(), out);
+}
+
 py::tuple ConsolidateCall(const std::string& path, const std::string& out_file, const std::string& format,
                           const std::vector<std::string>& include, const std::vector<std::string>& exclude,
                           const std::string& strip_prefix, const std::string& dtype, uint64_t max_shard_bytes) {
@@ -517,20 +535,7 @@ py::tuple ConsolidateCall(const std::string& path, const std::string& out_file, 
     }
     options.max_shard_bytes = max_shard_bytes;
   }
-  Result<ConsolidateReport> r = Status(Code::kInternal, "not run");
-  {
-    py::gil_scoped_release release;
-    r = Consolidate(path, out_file, options);
-  }
-  if (!r.ok()) return Reply(r.status());
-  py::dict out;
-  out["checkpoint"] = r->checkpoint;
-  out["files"] = r->files;
-  out["sha256"] = r->sha256;
-  out["entries"] = r->entries;
-  out["tensor_bytes"] = r->tensor_bytes;
-  out["bytes_read"] = r->bytes_read;
-  return Reply(Status::Ok(), out);
+  return RunConsolidate(path, out_file, options);
 }
 
 py::tuple ConvertCall(bool import, const std::string& input, const std::string& root, int world_size,
@@ -603,20 +608,7 @@ py::tuple ConsolidateGgufCall(const std::string& path, const std::string& out, c
     }
     options.cast = ParseDType(dtype).value();
   }
-  Result<ConsolidateReport> r = Status(Code::kInternal, "not run");
-  {
-    py::gil_scoped_release release;
-    r = Consolidate(path, out, options);
-  }
-  if (!r.ok()) return Reply(r.status());
-  py::dict d;
-  d["checkpoint"] = r->checkpoint;
-  d["files"] = r->files;
-  d["sha256"] = r->sha256;
-  d["entries"] = r->entries;
-  d["tensor_bytes"] = r->tensor_bytes;
-  d["bytes_read"] = r->bytes_read;
-  return Reply(Status::Ok(), d);
+  return RunConsolidate(path, out, options);
 }
 
 }  // namespace
