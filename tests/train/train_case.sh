@@ -181,11 +181,10 @@ PY
       diff <(losses "$work/full.log" 7 12) <(losses "$work/resumed.log" 7 12)
     else
       cat "$work/full.log"
-      for r in 0 1; do
-        grep -q "rank $r: FailedPrecondition: --device cuda needs a CUDA build of libtorch" "$work/full.log" ||
-          grep -q "rank $r: FailedPrecondition: --device cuda needs NCCL" "$work/full.log" ||
-          { echo "rank $r did not say why --device cuda cannot run"; exit 1; }
-      done
+      # Both ranks fail for the same reason, named once for both.
+      grep -q "ranks 0-1: FailedPrecondition: --device cuda needs a CUDA build of libtorch" "$work/full.log" ||
+        grep -q "ranks 0-1: FailedPrecondition: --device cuda needs NCCL" "$work/full.log" ||
+        { echo "the ranks did not say why --device cuda cannot run"; exit 1; }
       test ! -e "$work/d/latest" || { echo "a refused run wrote a checkpoint"; exit 1; }
     fi ;;
   keep-best)  # CLI
