@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdint>
+#include <iterator>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -202,12 +204,23 @@ void Consume(od::value& v, int depth = 0) {
   }
 }
 
+// Replaces `out` with the list. Shapes and boxes have a few dims: gathered on the stack first, so
+// that the vector is allocated once, at its size (millions of chunks hold two lists each).
 void IntList(od::value& v, const char* what, std::vector<int64_t>* out) {
+  constexpr size_t kSmall = 8;
+  int64_t small[kSmall];
+  size_t n = 0;
   ForEachElement(v, what, [&](od::value& x) {
     int64_t i = 0;
     if (x.get_int64().get(i)) Refuse(std::string(what) + " holds a non-integer");
+    if (n < kSmall) {
+      small[n++] = i;
+      return;
+    }
+    if (n++ == kSmall) out->assign(small, small + kSmall);
     out->push_back(i);
   });
+  if (n <= kSmall) out->assign(small, small + n);
 }
 
 // Known fields of one object, each allowed once (a field given twice is refused rather than
@@ -350,13 +363,13 @@ void DecodeFile(od::value& v, bool on_disk, FileRecord* f) {
   for (int i = 0; i < 4; ++i) fields.Require(i);
 }
 
-void DecodeEntry(od::value& v, EntryRecord* e, size_t expected_chunks, std::string* where) {
+// `scratch`: reused from entry to entry, so that each entry's chunk list is allocated once.
+void DecodeEntry(od::value& v, EntryRecord* e, std::vector<ChunkRecord>* scratch) {
   Fields fields({"name", "dtype", "shape", "chunks"});
   ForEachField(v, "an entry", [&](std::string_view key, od::value& x) {
     switch (fields.Take(key)) {
       case 0:
         e->name = std::string(Str(x, "name"));
-        *where = "entry '" + e->name + "'";
         break;
       case 1: {
         Result<DType> dtype = ParseDType(std::string(Str(x, "dtype")));
@@ -366,11 +379,12 @@ void DecodeEntry(od::value& v, EntryRecord* e, size_t expected_chunks, std::stri
       }
       case 2: IntList(x, "shape", &e->shape); break;
       case 3:
-        e->chunks.reserve(std::min<size_t>(expected_chunks, 4096));
+        scratch->clear();
         ForEachElement(x, "chunks", [&](od::value& c) {
-          e->chunks.emplace_back();
-          DecodeChunk(c, &e->chunks.back());
+          scratch->emplace_back();
+          DecodeChunk(c, &scratch->back());
         });
+        e->chunks.assign(std::make_move_iterator(scratch->begin()), std::make_move_iterator(scratch->end()));
         break;
       default: Consume(x);
     }
@@ -409,6 +423,20 @@ void DecodeBlob(od::value& v, BlobRecord* b) {
   for (int i = 0; i < 6; ++i) fields.Require(i);
 }
 
+// Where in the manifest a refusal is, named only when there is one.
+struct Place {
+  const char* list = nullptr;  // null: the header
+  size_t index = 0;
+  const std::string* name = nullptr;  // an entry's name once read
+
+  std::string ToString() const {
+    if (list == nullptr) return "header";
+    if (name != nullptr && !name->empty()) return "entry '" + *name + "'";
+    if (index == SIZE_MAX) return list;
+    return std::string(list) + "[" + std::to_string(index) + "]";
+  }
+};
+
 // The text simdjson parses: the sealed text without its seal (a copy is needed anyway for
 // simdjson's padding), or the whole text when it has no seal.
 simdjson::padded_string ParsedText(const std::string& text, SealShape seal) {
@@ -424,7 +452,7 @@ simdjson::padded_string ParsedText(const std::string& text, SealShape seal) {
 // already decoded with check on).
 Result<Manifest> Decode(const std::string& text, const std::string& origin, bool check) {
   Manifest m;
-  std::string where = "header";
+  Place where;
   try {
     uint64_t recorded = 0;
     const SealShape seal = FindSeal(text, &recorded);
@@ -478,13 +506,13 @@ Result<Manifest> Decode(const std::string& text, const std::string& origin, bool
     Check(doc.get_object().get(root));
     Fields fields({"format", "format_version", "step", "world_size", "created", "metrics", "files",
                    "entries", "blobs"});
-    size_t expected_chunks = 0;  // the previous entry's count: entries of one layout have alike counts
+    std::vector<ChunkRecord> scratch;
     for (auto field : root) {
       std::string_view key;
       Check(field.unescaped_key().get(key));
       od::value v;
       Check(field.value().get(v));
-      where = "header";
+      where = Place{};
       switch (fields.Take(key)) {
         case 0:
         case 1: break;  // read above
@@ -508,7 +536,7 @@ Result<Manifest> Decode(const std::string& text, const std::string& origin, bool
           }
           break;
         case 5:
-          where = "metrics";
+          where = Place{"metrics", SIZE_MAX};
           if (TypeOf(v) != od::json_type::object) Refuse("not an object of named numbers");
           ForEachField(v, "metrics", [&](std::string_view name, od::value& x) {
             od::json_type type = TypeOf(x);
@@ -522,7 +550,7 @@ Result<Manifest> Decode(const std::string& text, const std::string& origin, bool
         case 6: {
           size_t i = 0;
           ForEachElement(v, "files", [&](od::value& x) {
-            where = "files[" + std::to_string(i++) + "]";
+            where = Place{"files", i++};
             m.files.emplace_back();
             DecodeFile(x, check, &m.files.back());
           });
@@ -531,17 +559,16 @@ Result<Manifest> Decode(const std::string& text, const std::string& origin, bool
         case 7: {
           size_t i = 0;
           ForEachElement(v, "entries", [&](od::value& x) {
-            where = "entries[" + std::to_string(i++) + "]";
             m.entries.emplace_back();
-            DecodeEntry(x, &m.entries.back(), expected_chunks, &where);
-            expected_chunks = m.entries.back().chunks.size();
+            where = Place{"entries", i++, &m.entries.back().name};
+            DecodeEntry(x, &m.entries.back(), &scratch);
           });
           break;
         }
         case 8: {
           size_t i = 0;
           ForEachElement(v, "blobs", [&](od::value& x) {
-            where = "blobs[" + std::to_string(i++) + "]";
+            where = Place{"blobs", i++};
             m.blobs.emplace_back();
             DecodeBlob(x, &m.blobs.back());
           });
@@ -550,12 +577,12 @@ Result<Manifest> Decode(const std::string& text, const std::string& origin, bool
         default: Consume(v);
       }
     }
-    where = "header";
+    where = Place{};
     for (int i : {2, 3, 6, 7, 8}) fields.Require(i);
     const char* after = nullptr;
     if (!doc.current_location().get(after)) Refuse("text after the manifest's closing brace");
   } catch (const std::exception& e) {
-    return DataLoss(origin + ": malformed manifest at " + where + ": " + e.what());
+    return DataLoss(origin + ": malformed manifest at " + where.ToString() + ": " + e.what());
   }
   if (!check) return m;
   Status valid = ValidateManifest(m);
@@ -843,12 +870,12 @@ Status ValidateManifest(const Manifest& m) {
     }
     return Status::Ok();
   };
-  std::unordered_set<std::string> entry_names;
+  std::unordered_set<std::string_view> entry_names;
   entry_names.reserve(m.entries.size());
   std::vector<std::pair<int64_t, int64_t>> spans;
   for (const EntryRecord& e : m.entries) {
     if (e.name.empty()) return bad("an entry has an empty name");
-    if (!entry_names.insert(e.name).second) return bad("entry '" + e.name + "' is listed twice");
+    if (!entry_names.insert(std::string_view(e.name)).second) return bad("entry '" + e.name + "' is listed twice");
     Result<int64_t> bytes = NumBytes(e.shape, DTypeSize(e.dtype));
     if (!bytes.ok()) return bad("entry '" + e.name + "': " + bytes.status().message());
     for (size_t i = 0; i < e.chunks.size(); ++i) {
