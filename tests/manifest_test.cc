@@ -187,36 +187,22 @@ TEST(Manifest, CheckDataFilesNamesMissingAndTruncatedFiles) {
 // tensor, tied entries (one chunk under two names), packed offsets (format 1.1), global and
 // per-rank blobs, metrics, creation metadata, names that need escaping or are not ASCII.
 Manifest Full() {
-  Manifest m;
+  Manifest m = Sample();  // model.w (flat ranges), model.b (Whole), step (0-d)
   m.step = 1234567890123;
-  m.world_size = 2;
   m.created = CreationInfo{"2026-12-01T00:00:00Z", "0.1.0", "2.15.0", 3, "0123abc",
                            {{"note", "quote \" backslash \\ tab \t newline \n"}, {"unicode", "caf\xc3\xa9"}}};
   m.metrics = {{"loss", 0.125}, {"accuracy", 1.0}, {"tiny", 1.5e-300}, {"big", -2.5e300}};
-  m.files.push_back(FileRecord{"rank-00000.bin", 8 * 4096 + 4096, 8 * 4096, {0x0123456789abcdefULL}});
-  m.files.push_back(FileRecord{"rank-00001.bin", 8 * 4096 + 4096, 8 * 4096, {~uint64_t{0}}});
-  EntryRecord w{"model.w", DType::kFloat32, {4, 8}, {}};
-  w.chunks.push_back(ChunkRecord{0, 0, 64, Layout::FlatRange(0, 16)});
-  w.chunks.push_back(ChunkRecord{1, 0, 64, Layout::FlatRange(16, 32)});
-  m.entries.push_back(w);
-  w.name = "lm_head.weight";  // tied to model.w: the same chunks
-  m.entries.push_back(w);
+  m.files[0] = FileRecord{"rank-00000.bin", 8 * 4096 + 4096, 8 * 4096, {0x0123456789abcdefULL}};
+  m.files[1] = FileRecord{"rank-00001.bin", 8 * 4096 + 4096, 8 * 4096, {~uint64_t{0}}};
+  EntryRecord tied = m.entries[0];
+  tied.name = "lm_head.weight";  // tied to model.w: the same chunks
+  m.entries.push_back(tied);
   EntryRecord q{"model.attn.\"q\"\\proj\n\x01", DType::kFloat16, {4, 6}, {}};
-  q.chunks.push_back(ChunkRecord{0, 64, 24, Layout::Box({0, 0}, {2, 6})});
-  q.chunks.push_back(ChunkRecord{1, 64, 24, Layout::Box({2, 0}, {2, 6})});
+  q.chunks = {ChunkRecord{0, 64, 24, Layout::Box({0, 0}, {2, 6})}, ChunkRecord{1, 64, 24, Layout::Box({2, 0}, {2, 6})}};
   m.entries.push_back(q);
-  EntryRecord b{"model.b", DType::kBFloat16, {2, 3}, {}};
-  b.chunks.push_back(ChunkRecord{0, 4096, 12, Layout::Whole()});
-  m.entries.push_back(b);
-  EntryRecord step{"optim.step", DType::kInt64, {}, {}};
-  step.chunks.push_back(ChunkRecord{0, 8192, 8, Layout::Whole()});
-  m.entries.push_back(step);
-  EntryRecord u{"caf\xc3\xa9.\xf0\x9f\x98\x80", DType::kFloat64, {3}, {}};
-  u.chunks.push_back(ChunkRecord{1, 8192, 24, Layout::Box({0}, {3})});
-  m.entries.push_back(u);
-  m.blobs.push_back(BlobRecord{"config", BlobScope::kGlobal, 0, 0, 12288, 100});
-  m.blobs.push_back(BlobRecord{"rng", BlobScope::kPerRank, 0, 0, 12388, 50});
-  m.blobs.push_back(BlobRecord{"rng", BlobScope::kPerRank, 1, 1, 12288, 50});
+  m.entries.push_back(EntryRecord{"caf\xc3\xa9.\xf0\x9f\x98\x80", DType::kFloat64, {3}, {ChunkRecord{1, 8192, 24, Layout::Box({0}, {3})}}});
+  m.blobs = {BlobRecord{"config", BlobScope::kGlobal, 0, 0, 12288, 100}, BlobRecord{"rng", BlobScope::kPerRank, 0, 0, 12388, 50},
+             BlobRecord{"rng", BlobScope::kPerRank, 1, 1, 12288, 50}};
   return m;
 }
 

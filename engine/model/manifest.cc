@@ -121,6 +121,13 @@ uint64_t U64(od::value& v, const char* what) {
   return x;
 }
 
+// File indexes and ranks: `too_large` when past `limit`.
+uint64_t U64AtMost(od::value& v, const char* what, uint64_t limit, const char* too_large) {
+  const uint64_t x = U64(v, what);
+  if (x > limit) Refuse(too_large);
+  return x;
+}
+
 std::string_view Str(od::value& v, const char* what) {
   std::string_view s;
   if (v.get_string().get(s)) Refuse(std::string(what) + " is not a string");
@@ -270,12 +277,9 @@ void DecodeChunk(od::value& v, ChunkRecord* chunk) {
   };
   ForEachElement(v, "chunk", [&](od::value& x) {
     switch (k++) {
-      case 0: {
-        uint64_t file = U64(x, "chunk file");
-        if (file > UINT32_MAX) Refuse("chunk file index too large");
-        chunk->file = static_cast<uint32_t>(file);
+      case 0:
+        chunk->file = static_cast<uint32_t>(U64AtMost(x, "chunk file", UINT32_MAX, "chunk file index too large"));
         break;
-      }
       case 1: chunk->offset = U64(x, "chunk offset"); break;
       case 2: chunk->bytes = U64(x, "chunk bytes"); break;
       case 3:
@@ -403,18 +407,8 @@ void DecodeBlob(od::value& v, BlobRecord* b) {
         b->scope = scope == "global" ? BlobScope::kGlobal : BlobScope::kPerRank;
         break;
       }
-      case 2: {
-        uint64_t rank = U64(x, "rank");
-        if (rank > (1u << 24)) Refuse("rank or file out of range");
-        b->rank = static_cast<int>(rank);
-        break;
-      }
-      case 3: {
-        uint64_t file = U64(x, "file");
-        if (file > UINT32_MAX) Refuse("rank or file out of range");
-        b->file = static_cast<uint32_t>(file);
-        break;
-      }
+      case 2: b->rank = static_cast<int>(U64AtMost(x, "rank", 1u << 24, "rank or file out of range")); break;
+      case 3: b->file = static_cast<uint32_t>(U64AtMost(x, "file", UINT32_MAX, "rank or file out of range")); break;
       case 4: b->offset = U64(x, "offset"); break;
       case 5: b->bytes = U64(x, "bytes"); break;
       default: Consume(x);
