@@ -8,6 +8,7 @@
 #include <fstream>
 #include <functional>
 #include <sstream>
+#include <tuple>
 
 namespace shardckpt {
 namespace {
@@ -256,14 +257,9 @@ void ExpectSameManifest(const Manifest& a, const Manifest& b) {
   EXPECT_EQ(a.created.git_commit, b.created.git_commit);
   EXPECT_EQ(a.created.user, b.created.user);
   EXPECT_EQ(a.metrics, b.metrics);
+  auto file = [](const FileRecord& f) { return std::tie(f.name, f.size, f.table_offset, f.table_page_sums, f.checksums); };
   ASSERT_EQ(a.files.size(), b.files.size());
-  for (size_t i = 0; i < a.files.size(); ++i) {
-    EXPECT_EQ(a.files[i].name, b.files[i].name);
-    EXPECT_EQ(a.files[i].size, b.files[i].size);
-    EXPECT_EQ(a.files[i].table_offset, b.files[i].table_offset);
-    EXPECT_EQ(a.files[i].table_page_sums, b.files[i].table_page_sums);
-    EXPECT_EQ(a.files[i].checksums, b.files[i].checksums);
-  }
+  for (size_t i = 0; i < a.files.size(); ++i) EXPECT_EQ(file(a.files[i]), file(b.files[i])) << i;
   ASSERT_EQ(a.entries.size(), b.entries.size());
   for (size_t i = 0; i < a.entries.size(); ++i) {
     const EntryRecord& x = a.entries[i];
@@ -279,15 +275,9 @@ void ExpectSameManifest(const Manifest& a, const Manifest& b) {
       EXPECT_EQ(Normalize(x.chunks[k].layout, x.shape), Normalize(y.chunks[k].layout, y.shape)) << x.name;
     }
   }
+  auto blob = [](const BlobRecord& x) { return std::tie(x.name, x.scope, x.rank, x.file, x.offset, x.bytes); };
   ASSERT_EQ(a.blobs.size(), b.blobs.size());
-  for (size_t i = 0; i < a.blobs.size(); ++i) {
-    EXPECT_EQ(a.blobs[i].name, b.blobs[i].name);
-    EXPECT_EQ(a.blobs[i].scope, b.blobs[i].scope);
-    EXPECT_EQ(a.blobs[i].rank, b.blobs[i].rank);
-    EXPECT_EQ(a.blobs[i].file, b.blobs[i].file);
-    EXPECT_EQ(a.blobs[i].offset, b.blobs[i].offset);
-    EXPECT_EQ(a.blobs[i].bytes, b.blobs[i].bytes);
-  }
+  for (size_t i = 0; i < a.blobs.size(); ++i) EXPECT_EQ(blob(a.blobs[i]), blob(b.blobs[i])) << i;
 }
 
 Manifest SampleAt0() {
