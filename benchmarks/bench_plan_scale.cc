@@ -56,7 +56,8 @@ int main(int argc, char** argv) {
       ("repeats", po::value<int>()->default_value(3), "repeat saves timed (the best is reported)")
       ("layout", po::value<std::string>()->default_value("flat"), "flat (16 MiB tensors, flat shards) or small (many small tensors, dim 0)")
       ("manifest-repeats", po::value<int>()->default_value(3), "manifest encodes and decodes timed (the best is reported)")
-      ("manifest-only", "stop after the manifest encode and decode figures");
+      ("manifest-only", "stop after the manifest encode and decode figures")
+      ("write-manifest", po::value<std::string>(), "also write the encoded manifest there (to look at it, or to time other parsers on it)");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, flags), vm);
   if (vm.count("help")) {
@@ -169,6 +170,7 @@ int main(int argc, char** argv) {
               layout.c_str(), entries, n, chunks, static_cast<unsigned long long>(text.size()), text.size() / 1048576.0,
               manifest_repeats, encode_best.wall, encode_best.cpu, decode_best.wall, decode_best.cpu, parse_best.wall,
               parse_best.cpu);
+  if (vm.count("write-manifest") && !WriteFileAtomic(vm["write-manifest"].as<std::string>(), text, "bench").ok()) return 1;
   if (vm.count("manifest-only")) {
     PrintJson({{"layout", "\"" + layout + "\""}, {"entries", Num(entries)}, {"save_ranks", Num(n)},
                {"chunks", Num(double(chunks))}, {"manifest_bytes", Num(double(text.size()))},
