@@ -4,10 +4,10 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstdint>
-#include <iterator>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <stdexcept>
 #include <string_view>
 #include <unordered_set>
@@ -104,8 +104,8 @@ std::string SumsToHex(const std::vector<uint64_t>& sums) {
 
 // ---- Decoding: simdjson On-Demand, straight into the Manifest, no DOM ----
 
-// Every refusal below is thrown as this and caught once in Decode, which names the file and the
-// part of the manifest (header, files[i], entry 'name', blobs[i]).
+// Every refusal below is thrown (std::runtime_error) and caught once in Decode, which names the
+// file and the part of the manifest (header, files[i], entry 'name', blobs[i]).
 [[noreturn]] void Refuse(const std::string& why) { throw std::runtime_error(why); }
 
 // Errors of the JSON text itself (syntax, encoding, nesting, truncation).
