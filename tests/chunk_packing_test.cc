@@ -73,15 +73,15 @@ TEST(ChunkOffset, ManifestSaysOnePointOneOnlyWithPackedOffsets) {
   ASSERT_TRUE(aligned.ok()) << aligned.status().ToString();
   EXPECT_EQ(aligned->format_minor, 0);
   const std::string packed_text = EncodeManifest(OneFile(20)).value();
-  EXPECT_THAT(packed_text, HasSubstr("\"format_version\": [\n  1,\n  1\n ]"));
+  EXPECT_THAT(packed_text, HasSubstr("\"format_version\": [1, 1]"));
   Result<Manifest> packed = DecodeManifest(packed_text, "p/manifest.json");
   ASSERT_TRUE(packed.ok()) << packed.status().ToString();
   EXPECT_EQ(packed->format_minor, 1);
   EXPECT_EQ(packed->entries[0].chunks[0].offset, 20u);
 
   std::string text = CheckSeal(packed_text, "p").value();
-  const std::string v11 = "\"format_version\": [\n  1,\n  1\n ]";
-  text.replace(text.find(v11), v11.size(), "\"format_version\": [\n  1,\n  0\n ]");
+  const std::string v11 = "\"format_version\": [1, 1]";
+  text.replace(text.find(v11), v11.size(), "\"format_version\": [1, 0]");
   Result<Manifest> lying = DecodeManifest(SealManifestText(text), "old/manifest.json");
   ASSERT_FALSE(lying.ok());
   EXPECT_THAT(lying.status().message(), HasSubstr("entry 'model.bias' chunk 0 offset 20 is not 4096-aligned, as format 1.0 requires"));

@@ -2,8 +2,13 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <fstream>
 #include <functional>
+#include <sstream>
+#include <tuple>
 
 namespace shardckpt {
 namespace {
@@ -174,6 +179,296 @@ TEST(Manifest, CheckDataFilesNamesMissingAndTruncatedFiles) {
   Status missing = CheckDataFiles(m, sizes(16384, true));
   EXPECT_EQ(missing.code(), Code::kNotFound);
   EXPECT_THAT(missing.message(), HasSubstr("'rank-00001.bin' is missing"));
+}
+
+
+// ---- The text itself (issue 14 part 5): every field, stable bytes, the older layout, refusals ----
+
+// Every field a manifest holds: flat ranges, 2-d boxes, Whole (written as the full box), a 0-d
+// tensor, tied entries (one chunk under two names), packed offsets (format 1.1), global and
+// per-rank blobs, metrics, creation metadata, names that need escaping or are not ASCII.
+Manifest Full() {
+  Manifest m = Sample();  // model.w (flat ranges), model.b (Whole), step (0-d)
+  m.step = 1234567890123;
+  m.created = CreationInfo{"2026-12-01T00:00:00Z", "0.1.0", "2.15.0", 3, "0123abc",
+                           {{"note", "quote \" backslash \\ tab \t newline \n"}, {"unicode", "caf\xc3\xa9"}}};
+  m.metrics = {{"loss", 0.125}, {"accuracy", 1.0}, {"tiny", 1.5e-300}, {"big", -2.5e300}};
+  m.files[0] = FileRecord{"rank-00000.bin", 8 * 4096 + 4096, 8 * 4096, {0x0123456789abcdefULL}};
+  m.files[1] = FileRecord{"rank-00001.bin", 8 * 4096 + 4096, 8 * 4096, {~uint64_t{0}}};
+  EntryRecord tied = m.entries[0];
+  tied.name = "lm_head.weight";  // tied to model.w: the same chunks
+  m.entries.push_back(tied);
+  EntryRecord q{"model.attn.\"q\"\\proj\n\x01", DType::kFloat16, {4, 6}, {}};
+  q.chunks = {ChunkRecord{0, 64, 24, Layout::Box({0, 0}, {2, 6})}, ChunkRecord{1, 64, 24, Layout::Box({2, 0}, {2, 6})}};
+  m.entries.push_back(q);
+  m.entries.push_back(EntryRecord{"caf\xc3\xa9.\xf0\x9f\x98\x80", DType::kFloat64, {3}, {ChunkRecord{1, 8192, 24, Layout::Box({0}, {3})}}});
+  m.blobs = {BlobRecord{"config", BlobScope::kGlobal, 0, 0, 12288, 100}, BlobRecord{"rng", BlobScope::kPerRank, 0, 0, 12388, 50},
+             BlobRecord{"rng", BlobScope::kPerRank, 1, 1, 12288, 50}};
+  return m;
+}
+
+// A manifest small enough to spell out byte for byte.
+Manifest Tiny() {
+  Manifest m;
+  m.step = 5;
+  m.world_size = 1;
+  m.created.time = "t";
+  m.created.shardckpt_version = "0.1.0";
+  m.metrics = {{"loss", 0.25}};
+  m.files.push_back(FileRecord{"rank-00000.bin", 8192, 4096, {0xab}});
+  EntryRecord w{"w", DType::kFloat32, {2, 2}, {}};
+  w.chunks.push_back(ChunkRecord{0, 0, 16, Layout::FlatRange(0, 4)});
+  m.entries.push_back(w);
+  EntryRecord b{"b", DType::kFloat32, {2}, {}};
+  b.chunks.push_back(ChunkRecord{0, 16, 8, Layout::Box({0}, {2})});
+  m.entries.push_back(b);
+  m.blobs.push_back(BlobRecord{"cfg", BlobScope::kGlobal, 0, 0, 24, 3});
+  return m;
+}
+
+const char kTinyText[] = R"({
+ "format": "shardckpt",
+ "format_version": [1, 1],
+ "step": 5,
+ "world_size": 1,
+ "created": {"time": "t", "shardckpt_version": "0.1.0", "torch_version": "", "hosts": 1, "git_commit": "", "user": {}},
+ "metrics": {"loss": 0.25},
+ "files": [
+  {"name": "rank-00000.bin", "size": 8192, "table_offset": 4096, "table_sums": "00000000000000ab"}
+ ],
+ "chunk_fields": "[file, offset, bytes, begin|box_offsets, end|box_sizes]",
+ "entries": [
+  {"name": "w", "dtype": "float32", "shape": [2,2], "chunks": [[0,0,16,0,4]]},
+  {"name": "b", "dtype": "float32", "shape": [2], "chunks": [[0,16,8,[0],[2]]]}
+ ],
+ "blobs": [
+  {"name": "cfg", "scope": "global", "rank": 0, "file": 0, "offset": 24, "bytes": 3}
+ ]
+})";
+
+// Field by field; a Whole chunk reads back as the full box, so layouts are compared normalized.
+void ExpectSameManifest(const Manifest& a, const Manifest& b) {
+  EXPECT_EQ(a.step, b.step);
+  EXPECT_EQ(a.world_size, b.world_size);
+  EXPECT_EQ(a.created.time, b.created.time);
+  EXPECT_EQ(a.created.shardckpt_version, b.created.shardckpt_version);
+  EXPECT_EQ(a.created.torch_version, b.created.torch_version);
+  EXPECT_EQ(a.created.hosts, b.created.hosts);
+  EXPECT_EQ(a.created.git_commit, b.created.git_commit);
+  EXPECT_EQ(a.created.user, b.created.user);
+  EXPECT_EQ(a.metrics, b.metrics);
+  auto file = [](const FileRecord& f) { return std::tie(f.name, f.size, f.table_offset, f.table_page_sums, f.checksums); };
+  ASSERT_EQ(a.files.size(), b.files.size());
+  for (size_t i = 0; i < a.files.size(); ++i) EXPECT_EQ(file(a.files[i]), file(b.files[i])) << i;
+  ASSERT_EQ(a.entries.size(), b.entries.size());
+  for (size_t i = 0; i < a.entries.size(); ++i) {
+    const EntryRecord& x = a.entries[i];
+    const EntryRecord& y = b.entries[i];
+    EXPECT_EQ(x.name, y.name);
+    EXPECT_EQ(x.dtype, y.dtype) << x.name;
+    EXPECT_EQ(x.shape, y.shape) << x.name;
+    ASSERT_EQ(x.chunks.size(), y.chunks.size()) << x.name;
+    for (size_t k = 0; k < x.chunks.size(); ++k) {
+      EXPECT_EQ(x.chunks[k].file, y.chunks[k].file) << x.name;
+      EXPECT_EQ(x.chunks[k].offset, y.chunks[k].offset) << x.name;
+      EXPECT_EQ(x.chunks[k].bytes, y.chunks[k].bytes) << x.name;
+      EXPECT_EQ(Normalize(x.chunks[k].layout, x.shape), Normalize(y.chunks[k].layout, y.shape)) << x.name;
+    }
+  }
+  auto blob = [](const BlobRecord& x) { return std::tie(x.name, x.scope, x.rank, x.file, x.offset, x.bytes); };
+  ASSERT_EQ(a.blobs.size(), b.blobs.size());
+  for (size_t i = 0; i < a.blobs.size(); ++i) EXPECT_EQ(blob(a.blobs[i]), blob(b.blobs[i])) << i;
+}
+
+Manifest SampleAt0() {
+  Manifest m = Sample();
+  m.blobs[0].offset = 0;
+  return m;
+}
+
+struct Named {
+  const char* name;
+  std::function<Manifest()> make;
+};
+
+const std::vector<Named>& Manifests() {
+  static const std::vector<Named> all = {{"sample", SampleAt0}, {"full", Full}, {"tiny", Tiny}};
+  return all;
+}
+
+TEST(ManifestText, EveryFieldRoundTrips) {
+  for (const Named& c : Manifests()) {
+    const Manifest m = c.make();
+    Result<std::string> text = EncodeManifest(m);
+    ASSERT_TRUE(text.ok()) << c.name << ": " << text.status().ToString();
+    Result<Manifest> back = DecodeManifest(*text, "m.json");
+    ASSERT_TRUE(back.ok()) << c.name << ": " << back.status().ToString();
+    SCOPED_TRACE(c.name);
+    ExpectSameManifest(*back, m);
+    EXPECT_EQ(back->format_minor, UsesPackedOffsets(m) ? 1 : 0);
+    Result<Manifest> shared = DecodeValidatedManifest(*text, "broadcast");
+    ASSERT_TRUE(shared.ok()) << shared.status().ToString();
+    ExpectSameManifest(*shared, m);
+  }
+}
+
+TEST(ManifestText, TheSameManifestGivesTheSameBytes) {
+  EXPECT_EQ(*CheckSeal(*EncodeManifest(Tiny()), "tiny"), kTinyText);
+  for (const Named& c : Manifests()) {
+    const std::string text = *EncodeManifest(c.make());
+    EXPECT_EQ(*EncodeManifest(c.make()), text) << c.name;
+    EXPECT_EQ(*EncodeManifest(*DecodeManifest(text, "m.json")), text) << c.name;
+    EXPECT_EQ(*EncodeManifest(*DecodeValidatedManifest(text, "m.json")), text) << c.name;
+    // Valid JSON that another program reads as the same document.
+    nlohmann::json parsed = nlohmann::json::parse(text);
+    EXPECT_EQ(parsed["format"], "shardckpt") << c.name;
+    EXPECT_EQ(parsed["entries"].size(), c.make().entries.size()) << c.name;
+    // Top-level fields on lines of their own, then one line per file, entry and blob.
+    const Manifest m = c.make();
+    const size_t lines = static_cast<size_t>(std::count(text.begin(), text.end(), '\n'));
+    EXPECT_EQ(lines, 11 + (m.metrics.empty() ? 0 : 1) + m.files.size() + m.entries.size() + m.blobs.size() +
+                         (m.files.empty() ? 0 : 1) + (m.entries.empty() ? 0 : 1) + (m.blobs.empty() ? 0 : 1))
+        << c.name << "\n" << text;
+  }
+}
+
+// What the writer before issue 14 wrote: nlohmann's dump(1) of the same object (keys sorted, one
+// number per line), sealed the same way.
+std::string OlderLayout(const std::string& sealed) {
+  return SealManifestText(nlohmann::json::parse(CheckSeal(sealed, "x").value()).dump(1));
+}
+
+TEST(ManifestText, ReadsTheOlderLayout) {
+  for (const Named& c : Manifests()) {
+    const std::string text = *EncodeManifest(c.make());
+    const std::string older = OlderLayout(text);
+    ASSERT_NE(older, text);
+    ASSERT_NE(older.find("\n    [\n"), std::string::npos) << older;  // one number per line
+    Result<Manifest> back = DecodeManifest(older, "old/manifest.json");
+    ASSERT_TRUE(back.ok()) << c.name << ": " << back.status().ToString();
+    SCOPED_TRACE(c.name);
+    ExpectSameManifest(*back, c.make());
+    EXPECT_EQ(*EncodeManifest(*back), text);
+  }
+}
+
+TEST(ManifestText, ReadsTheCommittedFormat10Checkpoint) {
+  const std::string path = std::string(SHARDCKPT_FIXTURES_DIR) + "/format-1.0/step-000000000/manifest.json";
+  std::ifstream file(path);
+  ASSERT_TRUE(file.good()) << path;
+  std::stringstream text;
+  text << file.rdbuf();
+  ASSERT_NE(text.str().find("\n     0,\n"), std::string::npos);  // the older layout indeed
+  Result<Manifest> m = DecodeManifest(text.str(), path);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->format_minor, 0);
+  EXPECT_EQ(m->world_size, 2);
+  EXPECT_EQ(m->created.user.at("imported_from"), "source.pt");
+  ASSERT_EQ(m->entries.size(), 6u);
+  EXPECT_EQ(m->entries[1].name, "model.big");
+  EXPECT_EQ(m->entries[1].shape, (Shape{1500, 2}));
+  EXPECT_EQ(m->entries[1].chunks[1].file, 1u);
+  EXPECT_EQ(m->entries[1].chunks[1].offset, 16384u);
+  EXPECT_EQ(m->entries[1].chunks[1].bytes, 6000u);
+  EXPECT_EQ(m->entries[1].chunks[1].layout, Layout::Box({750, 0}, {750, 2}));
+  ASSERT_EQ(m->files.size(), 2u);
+  EXPECT_EQ(m->files[1].name, "rank-00001.bin");
+  // Written again in the new layout, it reads back the same.
+  Result<Manifest> again = DecodeManifest(*EncodeManifest(*m), path);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  ExpectSameManifest(*again, *m);
+}
+
+struct Edit {
+  const char* what;
+  std::string from, to;
+  const char* message;  // empty: still accepted
+};
+
+TEST(ManifestText, RefusesHostileFieldsNamingWhere) {
+  const std::string good = kTinyText;
+  const std::string deep = std::string(70, '[') + std::string(70, ']');
+  const std::vector<Edit> cases = {
+      {"shape of strings", "\"shape\": [2,2]", "\"shape\": [2,\"2\"]", "entry 'w': shape holds a non-integer"},
+      {"dim past int64", "\"shape\": [2,2]", "\"shape\": [2,99999999999999999999]", "shape holds a non-integer"},
+      {"offset past u64", "[[0,0,16,0,4]]", "[[0,18446744073709551616,16,0,4]]", "entry 'w': chunk offset is not a non-negative integer"},
+      {"negative offset", "[[0,0,16,0,4]]", "[[0,-4096,16,0,4]]", "chunk offset is not a non-negative integer"},
+      {"float bytes", "[[0,0,16,0,4]]", "[[0,0,16.0,0,4]]", "chunk bytes is not a non-negative integer"},
+      {"short chunk", "[[0,0,16,0,4]]", "[[0,0,16,0]]", "chunk is not a 5-element list"},
+      {"long chunk", "[[0,0,16,0,4]]", "[[0,0,16,0,4,5]]", "chunk is not a 5-element list"},
+      {"chunk not a list", "[[0,0,16,0,4]]", "[{\"file\": 0}]", "chunk is not a list"},
+      {"file index past u32", "[[0,0,16,0,4]]", "[[4294967296,0,16,0,4]]", "chunk file index too large"},
+      {"mixed flat bounds", "[[0,0,16,0,4]]", "[[0,0,16,0,[4]]]", "flat range bounds are not integers"},
+      {"box sizes not a list", "[[0,16,8,[0],[2]]]", "[[0,16,8,[0],2]]", "box sizes is not a list"},
+      {"box of floats", "[[0,16,8,[0],[2]]]", "[[0,16,8,[0.5],[2]]]", "box offsets holds a non-integer"},
+      {"missing dtype", "\"dtype\": \"float32\", \"shape\": [2,2]", "\"shape\": [2,2]", "entry 'w': missing field 'dtype'"},
+      {"twice the same field", "{\"name\": \"w\",", "{\"name\": \"w\", \"name\": \"v\",", "field 'name' appears twice"},
+      {"unknown dtype", "\"dtype\": \"float32\", \"shape\": [2]", "\"dtype\": \"float33\", \"shape\": [2]", "float33"},
+      {"world as text", "\"world_size\": 1", "\"world_size\": \"1\"", "world_size is not a non-negative integer"},
+      {"world of zero", "\"world_size\": 1", "\"world_size\": 0", "world_size out of range"},
+      {"fractional step", "\"step\": 5", "\"step\": 5.5", "step is not an integer"},
+      {"no step", " \"step\": 5,\n", "", "missing field 'step'"},
+      {"no entries", "\"entries\"", "\"entrees\"", "missing field 'entries'"},
+      {"entries not a list", "\"entries\": [", "\"entries\": {\"x\": 1}, \"was\": [", "entries is not a list"},
+      {"top-level field twice", " \"step\": 5,\n", " \"step\": 5,\n \"step\": 6,\n", "field 'step' appears twice"},
+      {"unknown blob scope", "\"scope\": \"global\"", "\"scope\": \"local\"", "blobs[0]: unknown blob scope 'local'"},
+      {"blob without bytes", ", \"bytes\": 3}", "}", "blobs[0]: missing field 'bytes'"},
+      {"blob rank past the limit", "\"rank\": 0", "\"rank\": 16777217", "rank or file out of range"},
+      {"table sums not hex", "\"00000000000000ab\"", "\"00000000000000zz\"", "files[0]: table_sums is not hex"},
+      {"table sums cut", "\"00000000000000ab\"", "\"00000000000000a\"", "not a multiple of 16"},
+      {"checksums off on disk", "\"table_offset\": 4096,", "\"table_offset\": 4096, \"checksums\": false,", "'checksums' is not allowed"},
+      {"metric as text", "{\"loss\": 0.25}", "{\"loss\": \"low\"}", "metric 'loss' is string, not a number"},
+      {"metrics as a list", "{\"loss\": 0.25}", "[0.25]", "not an object of named numbers"},
+      {"nested too deep", "\"chunk_fields\"", "\"future\": " + deep + ",\n \"chunk_fields\"", "nested more than 64"},
+      {"not UTF-8", "\"name\": \"b\"", "\"name\": \"\xff\"", "malformed manifest"},
+      {"missing comma", "[[0,0,16,0,4]]", "[[0,0,16,0 4]]", "malformed manifest"},
+      {"bad literal", "\"chunk_fields\"", "\"future\": tru,\n \"chunk_fields\"", "malformed manifest"},
+      {"format of another program", "\"format\": \"shardckpt\"", "\"format\": \"other\"", "not a shardckpt manifest"},
+      {"format as a number", "\"format\": \"shardckpt\"", "\"format\": 7", "not a shardckpt manifest"},
+      {"version of three numbers", "[1, 1]", "[1, 1, 0]", "format_version must be [major, minor]"},
+      {"future major version", "[1, 1]", "[2, 0]", "format version 2.0 is not supported"},
+      // Still read: unknown fields anywhere, fields in any order, escaped text.
+      {"unknown fields", "\"chunk_fields\"", "\"future\": {\"a\": [1, null, true, \"x\", -2.5e10, {}]},\n \"chunk_fields\"", ""},
+      {"unknown entry field", "{\"name\": \"w\",", "{\"name\": \"w\", \"why\": [[1]],", ""},
+      {"fields reordered", "\"name\": \"w\", \"dtype\": \"float32\"", "\"dtype\": \"float32\", \"name\": \"w\"", ""},
+      {"escaped name", "\"name\": \"cfg\"", "\"name\": \"\\u0063fg\"", ""},
+  };
+  for (const Edit& c : cases) {
+    std::string text = good;
+    size_t at = text.find(c.from);
+    ASSERT_NE(at, std::string::npos) << c.what;
+    text.replace(at, c.from.size(), c.to);
+    Result<Manifest> decoded = DecodeManifest(SealManifestText(text), "ckpt/manifest.json");
+    if (c.message[0] == '\0') {
+      ASSERT_TRUE(decoded.ok()) << c.what << ": " << decoded.status().ToString();
+      ExpectSameManifest(*decoded, Tiny());
+      continue;
+    }
+    ASSERT_FALSE(decoded.ok()) << c.what;
+    EXPECT_THAT(decoded.status().message(), HasSubstr(c.message)) << c.what;
+    EXPECT_THAT(decoded.status().message(), HasSubstr("ckpt/manifest.json")) << c.what;
+  }
+}
+
+TEST(ManifestText, RefusesTextAfterTheObject) {
+  const std::string text = *EncodeManifest(Tiny());
+  for (const std::string& tail : {std::string("{}"), std::string(" []"), std::string(" 1")}) {
+    Result<Manifest> decoded = DecodeValidatedManifest(text + tail, "broadcast");
+    ASSERT_FALSE(decoded.ok()) << tail;
+    EXPECT_THAT(decoded.status().message(), HasSubstr("broadcast")) << tail;
+  }
+}
+
+TEST(ManifestText, EncodeRefusesNamesThatAreNotUtf8) {
+  Manifest m = Tiny();
+  m.entries[1].name = "b\xff";
+  Result<std::string> text = EncodeManifest(m);
+  ASSERT_FALSE(text.ok());
+  EXPECT_EQ(text.status().code(), Code::kInvalidArgument);
+  EXPECT_THAT(text.status().message(), HasSubstr("the name of entry 1 is not valid UTF-8"));
+  m = Tiny();
+  m.created.user["k"] = "\xc0\xaf";
+  EXPECT_THAT(EncodeManifest(m).status().message(), HasSubstr("creation metadata"));
 }
 
 }  // namespace

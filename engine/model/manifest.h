@@ -93,8 +93,10 @@ struct Manifest {
 uint64_t TablePages(uint64_t table_offset);
 uint64_t DataFileSize(uint64_t table_offset);
 
+// The manifest's text (docs/format.md): the same manifest always gives the same bytes.
 Result<std::string> EncodeManifest(const Manifest& manifest);
-// Parses and validates. `origin` (the file path) prefixes every message.
+// Parses and validates. `origin` (the file path) prefixes every message. Reads the layout of
+// every writer so far (the older one-number-per-line text included) and fields in any order.
 Result<Manifest> DecodeManifest(const std::string& json, const std::string& origin);
 // Parses text another rank of this job already decoded with DecodeManifest (the broadcast on
 // load): the seal and the full validation, a second or more at a million chunks, are not redone.
@@ -110,9 +112,10 @@ Status ValidateMetrics(const std::map<std::string, double>& metrics);
 Status CheckDataFiles(const Manifest& manifest,
                       const std::function<Result<uint64_t>(const std::string&)>& size_of);
 // The manifest checks itself: its last field, "checksum": "xxh3:<hex>", is the XXH3 of the
-// text without it. Seal adds it to a dump(1) text; CheckSeal returns the text without it, or
+// text without it. Seal adds it to the text of an object that ends with "\n}" (EncodeManifest's,
+// or an older writer's one-space-indented dump); CheckSeal returns the text without it, or
 // DataLoss when it is missing or does not match (a flipped bit anywhere, metadata included).
-std::string SealManifestText(const std::string& text);
+std::string SealManifestText(std::string text);
 Result<std::string> CheckSeal(const std::string& text, const std::string& origin);
 
 // A file name as a manifest may hold it: a plain base name.

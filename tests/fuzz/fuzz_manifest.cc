@@ -1,7 +1,7 @@
 // libFuzzer target: the manifest reader. A manifest comes from disk and may be hostile; the
 // reader must refuse it with a Status, never crash, hang, or allocate by a number it was told.
-// Inputs that end like a dump(1) object are also sealed first, so the fuzzer reaches the schema
-// checks behind the checksum (an unsealed mutation almost never passes the seal).
+// Inputs that end like a manifest object ("\n}") are also sealed first, so the fuzzer reaches
+// the schema checks behind the checksum (an unsealed mutation almost never passes the seal).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "shardckpt/engine/model/layout.h"
 #include "shardckpt/engine/model/manifest.h"
 #include "shardckpt/engine/formats/dcp_writer.h"
@@ -65,10 +67,13 @@ int main(int argc, char** argv) {
   for (const char* target : {"manifest", "unpickle", "import", "safetensors", "planner", "dcp_metadata"}) {
     if (!MakeDirs(JoinPath(root, target)).ok()) return 1;
   }
-  // Manifests: the unsealed text (the fuzz target seals it), as EncodeManifest writes it.
+  // Manifests: the unsealed text (the fuzz target seals it), as EncodeManifest writes it, and in
+  // the older writers' layout (nlohmann's dump(1): keys sorted, one number per line).
   for (int world : {1, 2, 3}) {
     std::string sealed = EncodeManifest(SampleManifest(world, world != 2)).value();
-    Write(JoinPath(root, "manifest"), "world" + std::to_string(world), CheckSeal(sealed, "seed").value());
+    const std::string text = CheckSeal(sealed, "seed").value();
+    Write(JoinPath(root, "manifest"), "world" + std::to_string(world), text);
+    Write(JoinPath(root, "manifest"), "world" + std::to_string(world) + "-older", nlohmann::json::parse(text).dump(1));
   }
   // Pickles: a torch state_dict as consolidate writes it.
   std::vector<PickleTensor> tensors = {
