@@ -37,11 +37,12 @@ class CheckpointReader {
  private:
   CheckpointReader() = default;
   Status Run(std::vector<CopyRequest> copies, const ReadTargets& targets);
-  // Verified bytes [offset, offset + bytes.size()) of one data file.
+  // Verified bytes [offset, offset + size) of one data file, in aligned memory allocated once
+  // (window_bytes_), so each window is read straight into it.
   struct Window {
-    uint32_t file = 0;
     uint64_t offset = 0;
-    std::vector<unsigned char> bytes;
+    uint64_t size = 0;
+    AlignedBuffer bytes;
   };
   // The window holding [begin, end) of `file`, read (and verified) if it does not yet; null when
   // the range is wider than a window or its blocks fail verification (the caller reads alone).

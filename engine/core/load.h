@@ -46,6 +46,9 @@ struct LoadOptions {
   uint64_t broadcast_batch_bytes = 16u << 20;
   IoOptions io;
   size_t staging_buffers = 8;
+  // The staging buffers stay with the process for the next load or save (staging_cache.h):
+  // repeated loads neither allocate nor fault in staging memory. false: freed after this load.
+  bool keep_staging = true;
   ReadPlanOptions plan;
   // Broadcasts replicated entries that every rank holds in device memory directly between
   // devices (an NcclCommunicator over the same ranks); null: through host memory and `comm`.

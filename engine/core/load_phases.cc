@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "shardckpt/engine/core/save_phases.h"
+#include "shardckpt/engine/core/staging_cache.h"
 #include "shardckpt/io/checksum.h"
 #include "shardckpt/io/failpoint.h"
 #include "shardckpt/io/fs.h"
@@ -113,21 +116,26 @@ Status ShareManifest(Communicator& comm, ManifestRead* read) {
 
 // ---- 3.
 LocalMatch MatchPieces(const Manifest& manifest, const ShardedState& targets, const LoadOptions& options) {
-  std::unordered_map<std::string, size_t> by_name;
+  // Names as views of the manifest's (or of their renamed copies): no string copied per entry.
+  std::vector<std::string> renamed;
+  if (options.rename) {
+    renamed.reserve(manifest.entries.size());
+    for (const EntryRecord& e : manifest.entries) renamed.push_back(options.rename(e.name));
+  }
+  std::unordered_map<std::string_view, size_t> by_name;
+  by_name.reserve(manifest.entries.size());
   for (size_t i = 0; i < manifest.entries.size(); ++i) {
-    std::string name = options.rename ? options.rename(manifest.entries[i].name) : manifest.entries[i].name;
-    by_name.emplace(std::move(name), i);
+    by_name.emplace(options.rename ? std::string_view(renamed[i]) : std::string_view(manifest.entries[i].name), i);
   }
   LocalMatch match;
   match.wants.assign(manifest.entries.size(), EntryWant());
   match.entry_of_piece.assign(targets.pieces().size(), -1);
+  std::unordered_set<std::string_view> missing;
   for (size_t p = 0; p < targets.pieces().size(); ++p) {
     const TensorPiece& piece = targets.pieces()[p];
     auto it = by_name.find(piece.name);
     if (it == by_name.end()) {
-      if (std::find(match.missing.begin(), match.missing.end(), piece.name) == match.missing.end()) {
-        match.missing.push_back(piece.name);
-      }
+      if (missing.insert(piece.name).second) match.missing.push_back(piece.name);
       continue;
     }
     const EntryRecord& e = manifest.entries[it->second];
@@ -329,13 +337,13 @@ StagingSize SizeStaging(const ReadPlan& plan, size_t staging_buffers, uint64_t m
 Status ReadExtents(const std::string& dir, const Manifest& manifest, const ReadWork& work,
                    const LoadOptions& options, ReadStats* stats) {
   const StagingSize staging = SizeStaging(work.plan, options.staging_buffers, options.plan.max_extent);
-  SC_ASSIGN_OR_RETURN(std::unique_ptr<BufferPool> pool,
-                      BufferPool::Create(staging.buffers, staging.buffer_bytes,
-                                         StagingHostAllocator(work.any_device_target)));
+  SC_ASSIGN_OR_RETURN(StagingLease lease, StagingLease::Acquire(staging.buffers, staging.buffer_bytes,
+                                                               StagingHostAllocator(work.any_device_target),
+                                                               options.keep_staging, options.staging_buffers));
   IoOptions io_options = options.io;
-  io_options.queue_depth = std::max<size_t>(io_options.queue_depth, staging.buffers + 1);
+  io_options.queue_depth = std::max<size_t>(io_options.queue_depth, lease.pool()->count() + 1);
   std::unique_ptr<IoEngine> io = CreateIoEngine(io_options);
-  return ExecuteReadPlan(io.get(), pool.get(), dir, manifest, work.plan, work.targets, options.verify_checksums,
+  return ExecuteReadPlan(io.get(), lease.pool(), dir, manifest, work.plan, work.targets, options.verify_checksums,
                          stats);
 }
 
@@ -354,6 +362,15 @@ Status ShareReplicated(Communicator& comm, const Manifest& manifest, const Shard
       first[entry] = &targets.pieces()[p];
     }
   }
+  // The entry's other pieces on this rank, copied from the first: (entry, piece), by entry.
+  std::vector<std::pair<size_t, const TensorPiece*>> others;
+  for (size_t p = 0; p < targets.pieces().size(); ++p) {
+    const long entry = entry_of_piece[p];
+    if (entry >= 0 && first[entry] != nullptr && first[entry] != &targets.pieces()[p]) {
+      others.emplace_back(static_cast<size_t>(entry), &targets.pieces()[p]);
+    }
+  }
+  std::stable_sort(others.begin(), others.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<uint64_t> bytes(entries, 0);
   std::vector<bool> alone(entries, false);
   for (size_t e = 0; e < entries; ++e) {
@@ -394,11 +411,9 @@ Status ShareReplicated(Communicator& comm, const Manifest& manifest, const Shard
     }
     if (!reading) report->bytes_received += batch.bytes;
     for (size_t e : batch.entries) {
-      for (size_t p = 0; p < targets.pieces().size() && copied.ok(); ++p) {
-        const TensorPiece& piece = targets.pieces()[p];
-        if (entry_of_piece[p] == static_cast<long>(e) && &piece != first[e]) {
-          copied = CopyPiece(piece, *first[e]).WithContext("tensor '" + piece.name + "'");
-        }
+      auto it = std::lower_bound(others.begin(), others.end(), e, [](const auto& o, size_t v) { return o.first < v; });
+      for (; it != others.end() && it->first == e && copied.ok(); ++it) {
+        copied = CopyPiece(*it->second, *first[e]).WithContext("tensor '" + it->second->name + "'");
       }
     }
   }
