@@ -395,14 +395,19 @@ Status ShareReplicated(Communicator& comm, const Manifest& manifest, const Shard
       auto each = [&](bool into_buffer) {
         uint64_t at = 0;
         for (size_t e : batch.entries) {
-          TensorPiece view = *first[e];
-          view.data = packed.data() + at;
-          view.space = MemorySpace::kHost;
-          if (copied.ok()) {
-            copied = (into_buffer ? CopyPiece(view, *first[e]) : CopyPiece(*first[e], view))
-                         .WithContext("tensor '" + first[e]->name + "'");
-          }
+          unsigned char* slot = packed.data() + at;
           at += bytes[e];
+          if (!copied.ok()) continue;
+          if (first[e]->space == MemorySpace::kHost) {  // no piece copied per entry for the common case
+            if (into_buffer) std::memcpy(slot, first[e]->data, bytes[e]);
+            else std::memcpy(first[e]->data, slot, bytes[e]);
+            continue;
+          }
+          TensorPiece view = *first[e];
+          view.data = slot;
+          view.space = MemorySpace::kHost;
+          Status status = into_buffer ? CopyPiece(view, *first[e]) : CopyPiece(*first[e], view);
+          if (!status.ok()) copied = status.WithContext("tensor '" + first[e]->name + "'");
         }
       };
       if (reading) each(true);
@@ -413,7 +418,8 @@ Status ShareReplicated(Communicator& comm, const Manifest& manifest, const Shard
     for (size_t e : batch.entries) {
       auto it = std::lower_bound(others.begin(), others.end(), e, [](const auto& o, size_t v) { return o.first < v; });
       for (; it != others.end() && it->first == e && copied.ok(); ++it) {
-        copied = CopyPiece(*it->second, *first[e]).WithContext("tensor '" + it->second->name + "'");
+        Status status = CopyPiece(*it->second, *first[e]);
+        if (!status.ok()) copied = status.WithContext("tensor '" + it->second->name + "'");
       }
     }
   }

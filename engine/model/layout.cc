@@ -154,7 +154,10 @@ Result<Layout> CheckedChunkLayout(const Shape& global, int dim, int parts, int i
   if (dim < 0 || static_cast<size_t>(dim) >= global.size()) {
     return InvalidArgument("chunk dim " + std::to_string(dim) + " is outside shape " + ShapeString(global));
   }
-  SC_RETURN_IF_ERROR(CheckParts(parts, index).WithContext("chunk of shape " + ShapeString(global)));
+  // The context is built only on failure: this runs once per rank and entry in a reshard.
+  if (Status parts_ok = CheckParts(parts, index); !parts_ok.ok()) {
+    return parts_ok.WithContext("chunk of shape " + ShapeString(global));
+  }
   std::vector<int64_t> offsets(global.size(), 0);
   std::vector<int64_t> sizes = global;
   int64_t extent = global[dim];
@@ -168,7 +171,9 @@ Result<Layout> CheckedChunkLayout(const Shape& global, int dim, int parts, int i
 
 Result<Layout> CheckedFlatShardLayout(const Shape& global, int parts, int index) {
   SC_ASSIGN_OR_RETURN(int64_t numel, NumElements(global));
-  SC_RETURN_IF_ERROR(CheckParts(parts, index).WithContext("flat shard of shape " + ShapeString(global)));
+  if (Status parts_ok = CheckParts(parts, index); !parts_ok.ok()) {
+    return parts_ok.WithContext("flat shard of shape " + ShapeString(global));
+  }
   int64_t step = (numel + parts - 1) / parts;
   int64_t begin = std::min<int64_t>(numel, step * index);
   return Layout::FlatRange(begin, std::min<int64_t>(numel, begin + step));
