@@ -21,6 +21,20 @@
 namespace shardckpt {
 namespace {
 
+// The first element of `layout` in the row-major `shape` when its elements are one run there
+// (a flat range, or a box cut along dim 0 only), else -1.
+int64_t ContiguousStart(const Layout& layout, const Shape& shape) {
+  if (layout.kind == LayoutKind::kWhole) return 0;
+  if (layout.kind == LayoutKind::kFlatRange) return layout.begin;
+  if (shape.empty()) return -1;
+  int64_t row = 1;
+  for (size_t d = 1; d < shape.size(); ++d) {
+    if (layout.offsets[d] != 0 || layout.sizes[d] != shape[d]) return -1;
+    row *= shape[d];
+  }
+  return layout.offsets[0] * row;
+}
+
 // Writes one full contiguous tensor as the pieces of `policy` for every rank; `piece` is scratch
 // memory kept by the caller across tensors.
 Status WriteTensor(OfflineCheckpointWriter& out, const std::string& policy, int world, size_t index,
@@ -34,6 +48,11 @@ Status WriteTensor(OfflineCheckpointWriter& out, const std::string& policy, int 
   for (int r = 0; r < world; ++r) {
     SC_ASSIGN_OR_RETURN(Layout layout, PolicyLayout(policy, shape, world, r));
     SC_ASSIGN_OR_RETURN(int64_t count, ValidateLayout(layout, shape));
+    if (const int64_t first = ContiguousStart(layout, shape); first >= 0) {  // flat and dim0 pieces: no copy
+      SC_RETURN_IF_ERROR(out.AddPiece(r, name, dtype, shape, layout, full.data() + first * element,
+                                      static_cast<size_t>(count) * element));
+      continue;
+    }
     piece.resize(static_cast<size_t>(count) * element);
     for (const Region& region : LayoutRegions(layout, shape)) {
       ForEachCopy(whole[0], region, [&](int64_t src, int64_t dst, int64_t n) {
