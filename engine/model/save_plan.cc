@@ -101,6 +101,7 @@ Result<RankDescription> DecodeRankDescription(const std::string& bytes) {
   WireReader r(bytes);
   RankDescription d;
   uint64_t pieces = r.U64();
+  d.pieces.reserve(std::min<uint64_t>(pieces, bytes.size() / 8));  // each piece takes more than 8 bytes
   for (uint64_t i = 0; i < pieces && r.ok(); ++i) {
     PieceDescription p;
     p.name = r.Str();
@@ -172,6 +173,11 @@ Result<SavePlan> PlanSave(const std::vector<RankDescription>& ranks) {
   std::vector<Entry> entries;
   std::unordered_map<std::string_view, size_t> entry_of;
   std::unordered_map<uint64_t, size_t> group_of;  // hash -> group index in its entry
+  size_t pieces = 0;
+  for (const RankDescription& r : ranks) pieces += r.pieces.size();
+  entries.reserve(ranks.empty() ? 0 : ranks[0].pieces.size());
+  entry_of.reserve(ranks.empty() ? 0 : ranks[0].pieces.size());
+  group_of.reserve(pieces);
   for (int r = 0; r < world; ++r) {
     plan.writes_piece[r].assign(ranks[r].pieces.size(), false);
     for (size_t i = 0; i < ranks[r].pieces.size(); ++i) {
