@@ -85,20 +85,13 @@ Workload MakeWorkload(uint64_t bytes_per_rank, int tensors, const std::string& l
                       int many_small = 0) {
   Workload w;
   at::manual_seed(SeedOf(layout, rank));
-  for (const Shape& global : SmallShapes(many_small)) {
-    Layout l = LayoutOf(layout, global, world, rank);
-    Shape local_shape = LocalShape(l, global);
-    std::vector<int64_t> sizes(local_shape.begin(), local_shape.end());
-    at::Tensor tensor = zeroed ? at::zeros(sizes) : at::rand(sizes);
-    w.bytes += tensor.numel() * 4;
-    w.local.push_back(tensor);
-    w.global.push_back(global);
-    w.layouts.push_back(l);
-  }
+  std::vector<Shape> globals = SmallShapes(many_small);
   const int64_t cols = 1024;
   int64_t local_rows = std::max<int64_t>(1, static_cast<int64_t>(bytes_per_rank / tensors / (cols * 4)));
   for (int t = 0; t < tensors; ++t) {
-    Shape global = layout == "replicated" ? Shape{local_rows, cols} : Shape{local_rows * world, cols};
+    globals.push_back(layout == "replicated" ? Shape{local_rows, cols} : Shape{local_rows * world, cols});
+  }
+  for (const Shape& global : globals) {
     Layout l = LayoutOf(layout, global, world, rank);
     Shape local_shape = LocalShape(l, global);
     std::vector<int64_t> sizes(local_shape.begin(), local_shape.end());
