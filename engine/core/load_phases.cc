@@ -187,7 +187,8 @@ std::vector<int> AssignReaders(const Demand& demand, bool broadcast_replicated, 
   return reader_of;
 }
 
-Result<bool> ChooseBroadcast(bool broadcast_replicated, ReplicatedReads mode, const char* env, bool one_host) {
+Result<bool> ChooseBroadcast(bool broadcast_replicated, ReplicatedReads mode, const char* env, bool one_host,
+                             bool memory_backed) {
   if (env != nullptr && *env != '\0') {
     const std::string value = env;
     if (value == "auto") mode = ReplicatedReads::kAuto;
@@ -196,31 +197,41 @@ Result<bool> ChooseBroadcast(bool broadcast_replicated, ReplicatedReads mode, co
     else return InvalidArgument("SHARDCKPT_REPLICATED_READS='" + value + "': use auto, broadcast or every-rank");
   }
   if (!broadcast_replicated || mode == ReplicatedReads::kEveryRank) return false;
-  return mode == ReplicatedReads::kBroadcast || !one_host;
+  return mode == ReplicatedReads::kBroadcast || !one_host || !memory_backed;
 }
 
-Result<bool> AgreeOnBroadcast(Communicator& comm, const LoadOptions& options) {
+Result<bool> AgreeOnBroadcast(Communicator& comm, const LoadOptions& options, const std::string& dir) {
   if (comm.size() <= 1) return false;
   const char* env = std::getenv("SHARDCKPT_REPLICATED_READS");
   std::vector<std::string> all;
-  // Each rank's own choice as if on one host and as if not, then its host.
-  Result<bool> one = ChooseBroadcast(options.broadcast_replicated, options.replicated_reads, env, true);
-  Result<bool> many = ChooseBroadcast(options.broadcast_replicated, options.replicated_reads, env, false);
-  std::string mine = !one.ok() ? "!" : std::string(*one ? "b" : "r") + (*many ? "b" : "r");
-  SC_RETURN_IF_ERROR(AgreeOnStatus(comm, one.status()));
+  // Each rank's own choice as if on one host from memory, on one host from storage and across
+  // hosts; then whether it sees the checkpoint in memory, then its host.
+  std::string mine;
+  Status chosen;
+  for (auto [one_host, memory] : {std::pair{true, true}, std::pair{true, false}, std::pair{false, false}}) {
+    Result<bool> choice = ChooseBroadcast(options.broadcast_replicated, options.replicated_reads, env, one_host, memory);
+    if (!choice.ok()) chosen = choice.status();
+    mine += !choice.ok() ? '!' : *choice ? 'b' : 'r';
+  }
+  mine += IsMemoryBacked(JoinPath(dir, kManifestName)) ? 'm' : 'd';
+  SC_RETURN_IF_ERROR(AgreeOnStatus(comm, chosen));
   SC_RETURN_IF_ERROR(comm.AllGather(mine + save_phases::HostName(), &all));
+  constexpr size_t kChoices = 3, kHost = 4;
   std::string differ;
   for (size_t r = 0; r < all.size(); ++r) {
-    if (all[r].compare(0, 2, all[0], 0, 2) != 0) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+    if (all[r].compare(0, kChoices, all[0], 0, kChoices) != 0) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
   }
   if (!differ.empty()) {
     return InvalidArgument("ranks " + differ + " chose otherwise than rank 0 between reading replicated entries once "
                            "and broadcasting them or every rank reading them (SHARDCKPT_REPLICATED_READS or "
                            "LoadOptions differ)");
   }
-  bool one_host = true;
-  for (const std::string& host : all) one_host &= host.compare(2, std::string::npos, all[0], 2, std::string::npos) == 0;
-  return (one_host ? mine[0] : mine[1]) == 'b';
+  bool one_host = true, memory = true;
+  for (const std::string& rank : all) {
+    one_host &= rank.compare(kHost, std::string::npos, all[0], kHost, std::string::npos) == 0;
+    memory &= rank[kChoices] == 'm';
+  }
+  return (one_host ? mine[memory ? 0 : 1] : mine[2]) == 'b';
 }
 
 std::vector<BroadcastBatch> BatchBroadcasts(const std::vector<int>& reader_of, const std::vector<uint64_t>& entry_bytes,
@@ -267,7 +278,7 @@ Result<Match> MatchEntries(Communicator& comm, const Manifest& manifest, const s
   report->unexpected = UnwantedEntries(manifest, match.demand);
   SC_RETURN_IF_ERROR(AgreeOnStatus(
       comm, MatchVerdict(match.local.status, options.strict, dir, report->missing, report->unexpected)));
-  SC_ASSIGN_OR_RETURN(bool broadcast, AgreeOnBroadcast(comm, options));
+  SC_ASSIGN_OR_RETURN(bool broadcast, AgreeOnBroadcast(comm, options, dir));
   match.reader_of = AssignReaders(match.demand, broadcast, comm.size());
   // Device pieces need a device this process can use; refuse on every rank before any reads.
   SC_RETURN_IF_ERROR(AgreeOnStatus(comm, CheckDevices(targets)));
