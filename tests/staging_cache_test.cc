@@ -56,6 +56,20 @@ TEST(StagingLease, TakesTheSpareWhenLargeEnoughAndKeepsTheLarger) {
     EXPECT_EQ(f.pool(), larger);
   }
   {
+    // Asked for more buffers than the spare (4 of 8192) but content with as few as 4: it serves;
+    // content with 2 of 16384: it does not (its buffers are too small).
+    StagingLease f = StagingLease::Acquire(16, 4096, DefaultHostAllocator(), true, 4).value();
+    EXPECT_TRUE(f.reused());
+    EXPECT_EQ(f.pool(), larger);
+    StagingLease g = StagingLease::Acquire(4, 16384, DefaultHostAllocator(), true, 2).value();
+    EXPECT_FALSE(g.reused());
+  }
+  {
+    StagingLease f = StagingLease::Acquire(4, 8192, DefaultHostAllocator()).value();
+    larger = f.pool();  // the 4 x 16384 pool became the spare: the larger
+    EXPECT_EQ(f.pool()->buffer_bytes(), 16384u);
+  }
+  {
     // keep = false: a pool of its own, and the spare is left alone.
     StagingLease g = StagingLease::Acquire(1, 4096, DefaultHostAllocator(), false).value();
     EXPECT_FALSE(g.reused());
