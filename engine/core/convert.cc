@@ -21,20 +21,6 @@
 namespace shardckpt {
 namespace {
 
-// The first element of `layout` in the row-major `shape` when its elements are one run there
-// (a flat range, or a box cut along dim 0 only), else -1.
-int64_t ContiguousStart(const Layout& layout, const Shape& shape) {
-  if (layout.kind == LayoutKind::kWhole) return 0;
-  if (layout.kind == LayoutKind::kFlatRange) return layout.begin;
-  if (shape.empty()) return -1;
-  int64_t row = 1;
-  for (size_t d = 1; d < shape.size(); ++d) {
-    if (layout.offsets[d] != 0 || layout.sizes[d] != shape[d]) return -1;
-    row *= shape[d];
-  }
-  return layout.offsets[0] * row;
-}
-
 // Writes one full contiguous tensor as the pieces of `policy` for every rank; `piece` is scratch
 // memory kept by the caller across tensors.
 Status WriteTensor(OfflineCheckpointWriter& out, const std::string& policy, int world, size_t index,

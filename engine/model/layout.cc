@@ -120,6 +120,18 @@ Shape LocalShape(const Layout& layout, const Shape& global) {
   return global;
 }
 
+int64_t ContiguousStart(const Layout& layout, const Shape& global) {
+  if (layout.kind == LayoutKind::kWhole) return 0;
+  if (layout.kind == LayoutKind::kFlatRange) return layout.begin;
+  if (global.empty() || layout.offsets.size() != global.size() || layout.sizes.size() != global.size()) return -1;
+  int64_t row = 1;
+  for (size_t d = 1; d < global.size(); ++d) {
+    if (layout.offsets[d] != 0 || layout.sizes[d] != global[d]) return -1;
+    row *= global[d];
+  }
+  return layout.offsets[0] * row;
+}
+
 Layout Normalize(const Layout& layout, const Shape& global) {
   if (layout.kind == LayoutKind::kBox && layout.sizes == global) return Layout::Whole();
   if (layout.kind == LayoutKind::kFlatRange && layout.begin == 0) {

@@ -59,8 +59,12 @@ void PlanPieceCopies(const Manifest& manifest, ChunkIndex& index,
     const std::vector<Region> wants = LayoutRegions(w.layout, e.shape);
     if (normal.kind == LayoutKind::kWhole) {
       // The whole tensor (consolidate, reshard): every chunk lies in it; no index needed.
-      for (const Region& want : wants) {
-        for (const ChunkRecord& chunk : e.chunks) {
+      for (const ChunkRecord& chunk : e.chunks) {
+        if (const int64_t start = ContiguousStart(chunk.layout, e.shape); start >= 0) {  // one run: no regions
+          out->push_back(CopyRequest{chunk.file, chunk.offset, chunk.bytes, w.target, static_cast<uint64_t>(start) * element});
+          continue;
+        }
+        for (const Region& want : wants) {
           for (const Region& from : LayoutRegions(chunk.layout, e.shape)) emit(chunk, from, want);
         }
       }
