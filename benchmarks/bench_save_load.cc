@@ -5,6 +5,11 @@
 //
 //   mpirun -np 2 build/bin/bench_save_load --bytes-per-rank 1GiB --tensors 16 --layout flat --dir /tmp/b
 //
+// --many-small N adds N small tensors (4 B to 16 KiB, log-uniform, as tests/packing/small_tensors.py
+// makes them; every 97th 0-d) in the chosen layout, so each is cut into one piece per rank: the
+// per-chunk costs of issue 14 part 5 against fio moving the same bytes. The torch.save baseline
+// is skipped then (its tensor list would not fit a command line).
+//
 // Throughputs are checkpoint bytes / wall time between barriers (fio: its bytes / its longest
 // job's runtime); each figure is the median of --iters runs. The last line is JSON.
 #include <torch/torch.h>
@@ -65,16 +70,45 @@ at::Tensor PageAlignedLike(const at::Tensor& values) {
 
 bool g_page_aligned = false;
 
-Workload MakeWorkload(uint64_t bytes_per_rank, int tensors, const std::string& layout, int world, int rank, bool zeroed) {
+
+// Piece `rank` of `global` in `layout` (0-d tensors: whole on every rank, or on rank 0 for dim0).
+Layout LayoutOf(const std::string& layout, const Shape& global, int world, int rank) {
+  if (layout == "flat") return FlatShardLayout(global, world, rank);
+  if (layout == "dim0") {
+    if (global.empty()) return rank == 0 ? Layout::Whole() : Layout::FlatRange(1, 1);
+    return ChunkLayout(global, 0, world, rank);
+  }
+  return Layout::Whole();
+}
+
+// The global shapes of --many-small: the same on every rank (a fixed generator).
+std::vector<Shape> SmallShapes(int count) {
+  std::vector<Shape> shapes;
+  uint64_t x = 14;
+  for (int i = 0; i < count; ++i) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    const double u = static_cast<double>(x >> 11) / 9007199254740992.0;
+    const int64_t bytes = static_cast<int64_t>(std::exp(std::log(4.0) + u * (std::log(16384.0) - std::log(4.0))));
+    const int64_t numel = std::max<int64_t>(1, bytes / 4);
+    if (i % 97 == 0) shapes.push_back({});
+    else if (i % 3 == 0 && numel >= 32) shapes.push_back({numel / 16, 16});
+    else shapes.push_back({numel});
+  }
+  return shapes;
+}
+
+Workload MakeWorkload(uint64_t bytes_per_rank, int tensors, const std::string& layout, int world, int rank, bool zeroed,
+                      int many_small = 0) {
   Workload w;
   at::manual_seed(SeedOf(layout, rank));
+  std::vector<Shape> globals = SmallShapes(many_small);
   const int64_t cols = 1024;
   int64_t local_rows = std::max<int64_t>(1, static_cast<int64_t>(bytes_per_rank / tensors / (cols * 4)));
   for (int t = 0; t < tensors; ++t) {
-    Shape global = layout == "replicated" ? Shape{local_rows, cols} : Shape{local_rows * world, cols};
-    Layout l = layout == "flat" ? FlatShardLayout(global, world, rank)
-               : layout == "dim0" ? ChunkLayout(global, 0, world, rank)
-                                  : Layout::Whole();
+    globals.push_back(layout == "replicated" ? Shape{local_rows, cols} : Shape{local_rows * world, cols});
+  }
+  for (const Shape& global : globals) {
+    Layout l = LayoutOf(layout, global, world, rank);
     Shape local_shape = LocalShape(l, global);
     std::vector<int64_t> sizes(local_shape.begin(), local_shape.end());
     at::Tensor tensor = zeroed ? at::zeros(sizes) : at::rand(sizes);
@@ -90,7 +124,8 @@ Workload MakeWorkload(uint64_t bytes_per_rank, int tensors, const std::string& l
 ShardedState StateOf(Workload& w) {
   ShardedState state;
   for (size_t t = 0; t < w.local.size(); ++t) {
-    AddTorchTensor(state, "layer." + std::to_string(t) + ".weight", w.local[t], w.layouts[t], w.global[t]).IgnoreError();
+    CheckOrExit(AddTorchTensor(state, "layer." + std::to_string(t) + ".weight", w.local[t], w.layouts[t], w.global[t]),
+                "tensor " + std::to_string(t));
   }
   return state;
 }
@@ -149,6 +184,7 @@ int main(int argc, char** argv) {
       ("dir", po::value<std::string>()->default_value("/tmp/shardckpt-bench"), "folder to write in")
       ("iters", po::value<int>()->default_value(3), "repetitions (median reported)")
       ("async", "also measure async save (see issue 6)")
+      ("many-small", po::value<int>()->default_value(0), "also this many small tensors (4 B to 16 KiB), cut per rank")
       ("python", po::value<std::string>()->default_value("/usr/bin/python3"), "Python with torch, for the torch.save baseline")
       ("torch-script", po::value<std::string>()->default_value(SHARDCKPT_BENCH_DIR "/torch_save_rank.py"), "the torch.save baseline");
   po::variables_map vm;
@@ -170,7 +206,8 @@ int main(int argc, char** argv) {
   }
   comm->Barrier().IgnoreError();
 
-  Workload work = MakeWorkload(bytes_per_rank, vm["tensors"].as<int>(), layout, world, rank, false);
+  const int many_small = vm["many-small"].as<int>();
+  Workload work = MakeWorkload(bytes_per_rank, vm["tensors"].as<int>(), layout, world, rank, false, many_small);
   double total_bytes = static_cast<double>(work.bytes);
   comm->AllReduceSumDouble(&total_bytes, 1).IgnoreError();
   if (layout == "replicated") total_bytes = static_cast<double>(work.bytes);  // one copy is the checkpoint
@@ -180,10 +217,13 @@ int main(int argc, char** argv) {
   // writes; in whole fio blocks, so that fio and the old baseline move the same bytes.
   uint64_t raw_bytes = FioBytes(layout == "replicated" ? work.bytes / world : work.bytes);
   double raw_total = static_cast<double>(raw_bytes) * world;
-  Result<TorchSaveBaseline> torch_save =
-      TorchSaveBaseline::Start(vm["python"].as<std::string>(), vm["torch-script"].as<std::string>(),
-                               JoinPath(dir, "torch-" + std::to_string(rank) + ".pt"), SeedOf(layout, rank), work);
-  CheckOrExit(AgreeOnStatus(*comm, torch_save.status()), "starting the torch.save baseline");
+  const bool with_torch = many_small == 0;
+  Result<TorchSaveBaseline> torch_save = Internal("not started");
+  if (with_torch) {
+    torch_save = TorchSaveBaseline::Start(vm["python"].as<std::string>(), vm["torch-script"].as<std::string>(),
+                                          JoinPath(dir, "torch-" + std::to_string(rank) + ".pt"), SeedOf(layout, rank), work);
+    CheckOrExit(AgreeOnStatus(*comm, torch_save.status()), "starting the torch.save baseline");
+  }
 
   std::vector<double> fio_w, fio_r, raw_w, raw_r, save_t, load_t, torch_t, retention_t;
   double torch_written = 0, our_written = 0;
@@ -218,7 +258,7 @@ int main(int argc, char** argv) {
       }));
       CheckOrExit(AgreeOnStatus(*comm, pruned), "removing the previous checkpoint");
     }
-    Workload into = MakeWorkload(bytes_per_rank, vm["tensors"].as<int>(), layout, world, rank, true);
+    Workload into = MakeWorkload(bytes_per_rank, vm["tensors"].as<int>(), layout, world, rank, true, many_small);
     ShardedState targets = StateOf(into);
     Status loaded;
     load_t.push_back(TimeCollective(*comm, [&] { loaded = Load(*comm, root, targets).status(); }));
@@ -230,6 +270,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "rank %d: load check failed: %s\n", rank, verdict.ToString().c_str());
       return 1;
     }
+    if (!with_torch) continue;
     double python_s = 0;
     uint64_t file_bytes = 0;
     Status torch_status;
@@ -239,7 +280,7 @@ int main(int argc, char** argv) {
     torch_written = static_cast<double>(file_bytes);
     comm->AllReduceSumDouble(&torch_written, 1).IgnoreError();
   }
-  CheckOrExit(AgreeOnStatus(*comm, torch_save->Stop()), "torch.save baseline");
+  if (with_torch) CheckOrExit(AgreeOnStatus(*comm, torch_save->Stop()), "torch.save baseline");
   // Async: blocking time of the snapshot (warm saver: staging already allocated) against a plain
   // memcpy of the same bytes into the same kind of (page-aligned, pre-faulted) memory.
   std::vector<double> async_t, memcpy_t;
@@ -264,10 +305,10 @@ int main(int argc, char** argv) {
   double save = GiBPerSecond(total_bytes, Median(save_t)), load = GiBPerSecond(total_bytes, Median(load_t));
   double fw = Median(fio_w), fr = Median(fio_r);
   double rw = GiBPerSecond(raw_total, Median(raw_w)), rr = GiBPerSecond(raw_total, Median(raw_r));
-  double torch_s = Median(torch_t), ts = GiBPerSecond(total_bytes, torch_s), save_s = Median(save_t);
+  double torch_s = torch_t.empty() ? 0 : Median(torch_t), ts = GiBPerSecond(total_bytes, torch_s), save_s = Median(save_t);
   if (rank == 0) {
-    std::printf("bench_save_load: %d ranks, %.1f MiB per rank, %s layout, %d iters, dir %s\n", world,
-                work.bytes / 1048576.0, layout.c_str(), iters, dir.c_str());
+    std::printf("bench_save_load: %d ranks, %.1f MiB per rank, %s layout, %zu tensors (%d small), %d iters, dir %s\n",
+                world, work.bytes / 1048576.0, layout.c_str(), work.local.size(), many_small, iters, dir.c_str());
     std::printf("  fio write %.3f GiB/s, read %.3f GiB/s (medians; %.0f MiB in all, one job per rank)\n", fw, fr,
                 raw_total / 1048576);
     std::printf("  old sync 8 MiB pwrite/pread baseline: write %.3f GiB/s, read %.3f GiB/s\n", rw, rr);
@@ -276,7 +317,7 @@ int main(int argc, char** argv) {
     // On tmpfs io_uring can read slower than the synchronous loop: the stronger one is the baseline.
     std::printf("  against the stronger baseline: save %.2fx (%s), load %.2fx (%s)\n", save / std::max(fw, rw),
                 fw >= rw ? "fio" : "old sync", load / std::max(fr, rr), fr >= rr ? "fio" : "old sync");
-    std::printf("  torch.save+fsync per rank (Python): %.3fs, %.0f MiB written; shardckpt save %.3fs, %.0f MiB written:"
+    if (with_torch) std::printf("  torch.save+fsync per rank (Python): %.3fs, %.0f MiB written; shardckpt save %.3fs, %.0f MiB written:"
                 " torch.save takes %.2fx shardckpt's time\n", torch_s, torch_written / 1048576, save_s, our_written / 1048576, torch_s / save_s);
     std::map<std::string, std::string> extra;
     if (!retention_t.empty()) {
@@ -301,8 +342,12 @@ int main(int argc, char** argv) {
                {"load_vs_raw", Num(load / rr)}, {"save_vs_best", Num(save / std::max(fw, rw))},
                {"load_vs_best", Num(load / std::max(fr, rr))}, {"torch_save_gib_s", Num(ts)}, {"torch_save_s", Num(torch_s)},
                {"torch_bytes_written", Num(torch_written)}, {"save_bytes_written", Num(our_written)},
-               {"save_vs_torch", Num(torch_s / save_s)}};
+               {"save_vs_torch", Num(torch_s / save_s)}, {"many_small", Num(many_small)},
+               {"save_s", Num(save_s)}, {"load_s", Num(Median(load_t))}};
     fields.insert(extra.begin(), extra.end());
+    if (!with_torch) {
+      for (const char* key : {"torch_save_gib_s", "torch_save_s", "torch_bytes_written", "save_vs_torch"}) fields.erase(key);
+    }
     PrintJson(fields);
   }
   if (rank == 0) RemoveTree(dir).IgnoreError();

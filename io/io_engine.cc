@@ -30,19 +30,20 @@ Result<uint64_t> File::Size() const {
 namespace {
 std::atomic<uint64_t> g_usage[2][2];  // [io_uring][direct]
 
-// tmpfs and ramfs are page cache: O_DIRECT there still copies into it, but demands aligned
-// memory, which would force a staging copy of every unaligned tensor first.
-bool MemoryBacked(const std::string& path) {
+}  // namespace
+
+bool IsMemoryBacked(const std::string& path) {
   struct statfs fs;
   if (::statfs(DirName(path).c_str(), &fs) != 0) return false;
   return fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC;
 }
-}  // namespace
 
 Result<std::unique_ptr<File>> IoEngine::Open(const std::string& path, OpenMode mode) {
   int flags = O_CLOEXEC | (mode == OpenMode::kRead ? O_RDONLY : (O_WRONLY | O_CREAT | O_TRUNC));
   bool direct = options_.use_direct;
-  if (direct && MemoryBacked(path)) {
+  // tmpfs and ramfs are page cache: O_DIRECT there still copies into it, but demands aligned
+  // memory, which would force a staging copy of every unaligned tensor first.
+  if (direct && IsMemoryBacked(path)) {
     direct = false;
     LogOnce(LogLevel::kInfo, "memory-backed",
             DirName(path) + " is memory-backed (tmpfs/ramfs): reading and writing without O_DIRECT, "

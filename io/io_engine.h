@@ -70,6 +70,10 @@ class File {
   bool direct_;
 };
 
+// Whether the folder holding `path` is memory-backed (tmpfs, ramfs): files there are page cache,
+// opened without O_DIRECT, and every process reading them shares the same copy.
+bool IsMemoryBacked(const std::string& path);
+
 class IoEngine {
  public:
   explicit IoEngine(IoOptions options) : options_(options) {}

@@ -143,31 +143,37 @@ TEST(MatchVerdict, LocalErrorThenMissingThenUnexpected) {
   }
 }
 
-TEST(ChooseBroadcast, OptionEnvironmentAndHosts) {
+TEST(ChooseBroadcast, OptionEnvironmentHostsAndStorage) {
   using R = ReplicatedReads;
   struct Case {
     bool broadcast_replicated;
     R mode;
     const char* env;
     bool one_host;
+    bool memory;  // the checkpoint is on tmpfs
     bool broadcast;
   } cases[] = {
-      {true, R::kAuto, nullptr, true, false},          // one host: every rank reads
-      {true, R::kAuto, nullptr, false, true},          // across hosts: read once, broadcast
-      {true, R::kAuto, "", false, true},               // empty: unset
-      {true, R::kBroadcast, nullptr, true, true},
-      {true, R::kEveryRank, nullptr, false, false},
-      {false, R::kBroadcast, nullptr, false, false},   // the old switch still turns it off
-      {true, R::kEveryRank, "broadcast", true, true},  // the environment overrides the option
-      {true, R::kBroadcast, "every-rank", false, false},
-      {true, R::kBroadcast, "auto", true, false},
+      {true, R::kAuto, nullptr, true, true, false},          // one host, from memory: every rank reads
+      {true, R::kAuto, nullptr, true, false, true},          // one host, from storage: read once
+      {true, R::kAuto, nullptr, false, true, true},          // across hosts: read once, broadcast
+      {true, R::kAuto, nullptr, false, false, true},
+      {true, R::kAuto, "", false, true, true},               // empty: unset
+      {true, R::kBroadcast, nullptr, true, true, true},
+      {true, R::kEveryRank, nullptr, false, false, false},
+      {true, R::kEveryRank, nullptr, true, false, false},
+      {false, R::kBroadcast, nullptr, false, false, false},  // the old switch still turns it off
+      {true, R::kEveryRank, "broadcast", true, true, true},  // the environment overrides the option
+      {true, R::kBroadcast, "every-rank", false, false, false},
+      {true, R::kBroadcast, "auto", true, true, false},
+      {true, R::kEveryRank, "auto", true, false, true},
   };
   for (const Case& c : cases) {
-    Result<bool> got = ChooseBroadcast(c.broadcast_replicated, c.mode, c.env, c.one_host);
+    Result<bool> got = ChooseBroadcast(c.broadcast_replicated, c.mode, c.env, c.one_host, c.memory);
     ASSERT_TRUE(got.ok()) << got.status().ToString();
-    EXPECT_EQ(*got, c.broadcast) << static_cast<int>(c.mode) << " " << (c.env ? c.env : "-") << " " << c.one_host;
+    EXPECT_EQ(*got, c.broadcast) << static_cast<int>(c.mode) << " " << (c.env ? c.env : "-") << " " << c.one_host
+                                 << " " << c.memory;
   }
-  Result<bool> bad = ChooseBroadcast(true, R::kAuto, "always", true);
+  Result<bool> bad = ChooseBroadcast(true, R::kAuto, "always", true, true);
   EXPECT_EQ(bad.status().message(), "SHARDCKPT_REPLICATED_READS='always': use auto, broadcast or every-rank");
 }
 

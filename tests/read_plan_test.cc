@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <random>
+#include <set>
 #include <tuple>
 
 #include "shardckpt/engine/model/entry_wants.h"
@@ -102,6 +103,49 @@ TEST(ReadPlan, LargeExtentsAreCutAndCopiesSplitAtTheCuts) {
 }
 
 // ---- Property test: random shapes, random saved layouts at N, random wanted layouts at M. ----
+
+// Many small chunks packed into shared blocks (format 1.1), a reader wanting every third one
+// whole: each chunk is one copy (its exact layout, no region index), and each block holding a
+// wanted byte is read exactly once however many wanted pieces share it: the read amplification
+// left is that of whole blocks, which O_DIRECT and the per-block checksums need.
+TEST(ReadPlan, PackedPiecesSharingBlocksReadEachBlockOnce) {
+  Manifest m;
+  uint64_t at = 0;
+  std::set<uint64_t> blocks;  // blocks holding a wanted byte
+  std::vector<WantedPiece> wanted;
+  for (int i = 0; i < 3000; ++i) {
+    const int64_t n = 1 + (i * 37) % 600;  // float32 elements: 4 B to 2.4 KiB
+    EntryRecord e{"e" + std::to_string(i), DType::kFloat32, {n}, {}};
+    e.chunks.push_back(ChunkRecord{0, at, static_cast<uint64_t>(n) * 4, Layout::Whole()});
+    if (i % 3 == 0) {
+      for (uint64_t b = at / kBlockSize; b <= (at + n * 4 - 1) / kBlockSize; ++b) blocks.insert(b);
+      wanted.push_back(WantedPiece{static_cast<size_t>(i), Layout::Whole(), static_cast<uint32_t>(wanted.size())});
+    }
+    at += static_cast<uint64_t>(n) * 4;
+    m.entries.push_back(e);
+  }
+  const uint64_t table = AlignUp(at, kBlockSize);
+  m.files.push_back(FileRecord{"f0", DataFileSize(table), table, std::vector<uint64_t>(TablePages(table), 0)});
+  ChunkIndex index(&m);
+  std::vector<CopyRequest> copies;
+  PlanPieceCopies(m, index, wanted, &copies);
+  ASSERT_EQ(copies.size(), wanted.size());
+  for (size_t k = 0; k < copies.size(); ++k) {
+    const ChunkRecord& chunk = m.entries[wanted[k].entry].chunks[0];
+    EXPECT_EQ(copies[k].file_offset, chunk.offset);
+    EXPECT_EQ(copies[k].length, chunk.bytes);
+    EXPECT_EQ(copies[k].target_offset, 0u);
+  }
+  ReadPlan plan = CoalesceReads(copies, ReadPlanOptions{});
+  EXPECT_EQ(plan.bytes_read, blocks.size() * kBlockSize);
+  std::set<uint64_t> read;
+  for (const ReadExtent& e : plan.extents) {
+    for (uint64_t b = e.offset / kBlockSize; b < (e.offset + e.length) / kBlockSize; ++b) {
+      EXPECT_TRUE(read.insert(b).second) << "block " << b << " read twice";
+    }
+  }
+  EXPECT_EQ(read, blocks);
+}
 
 Layout RandomLayout(std::mt19937& rng, const Shape& shape, int parts, int index, int family) {
   switch (family) {

@@ -34,21 +34,24 @@ Status CheckpointReader::Run(std::vector<CopyRequest> copies, const ReadTargets&
 
 Result<const CheckpointReader::Window*> CheckpointReader::WindowFor(uint32_t file, uint64_t begin, uint64_t end) {
   Window& w = windows_[file];
-  if (begin >= w.offset && end <= w.offset + w.bytes.size()) return &w;
+  if (begin >= w.offset && end <= w.offset + w.size) return &w;
   const uint64_t from = AlignDown(begin, kBlockSize);
   if (AlignUp(end, kBlockSize) - from > window_bytes_) return nullptr;
   const uint64_t to = std::min(manifest_.files[file].table_offset, from + window_bytes_);
+  if (w.bytes.data() == nullptr) {
+    SC_ASSIGN_OR_RETURN(w.bytes, AlignedBuffer::Allocate(window_bytes_));
+  }
   w.offset = from;
-  w.bytes.resize(to - from);
+  w.size = 0;  // never serve a window that failed
   Status read = Run({CopyRequest{file, from, to - from, 0, 0}},
                     ReadTargets{{w.bytes.data()}, {"read-ahead of " + manifest_.files[file].name}});
   if (!read.ok()) {
-    w.bytes.clear();  // never serve a window that failed
     // A damaged block elsewhere in the window must not fail a piece that does not touch it, and
     // a damaged block of this piece is reported naming it: the piece is read on its own.
     if (read.code() == Code::kDataLoss) return nullptr;
     return read;
   }
+  w.size = to - from;
   return &w;
 }
 

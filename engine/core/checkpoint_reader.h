@@ -24,11 +24,11 @@ class CheckpointReader {
   // Each part of a piece that lies within one window's size is served from a verified read-ahead
   // window of its file, one per file: tools walking many small entries in file order (reshard,
   // consolidate) read each block once instead of once per piece, which dominated with thousands of
-  // packed chunks. Windows are kWindowBudget / files bytes (1 MiB to 64 KiB), so a piece cut
+  // packed chunks. Windows are kWindowBudget / files bytes (8 MiB to 64 KiB), so a piece cut
   // across every file of a wide checkpoint never evicts the window the next piece needs.
   Status ReadPiece(size_t entry, const Layout& layout, void* out);
   static constexpr uint64_t kWindowBudget = 64u << 20;
-  static constexpr uint64_t kMaxWindow = 1u << 20, kMinWindow = 64u << 10;
+  static constexpr uint64_t kMaxWindow = 8u << 20, kMinWindow = 64u << 10;
   // A blob's bytes; in a DCP folder a byte item of plain values comes back as a value blob
   // (DcpByteItemValue), others as their torch.save bytes.
   Result<std::string> ReadBlob(const BlobRecord& blob);
@@ -37,11 +37,12 @@ class CheckpointReader {
  private:
   CheckpointReader() = default;
   Status Run(std::vector<CopyRequest> copies, const ReadTargets& targets);
-  // Verified bytes [offset, offset + bytes.size()) of one data file.
+  // Verified bytes [offset, offset + size) of one data file, in aligned memory allocated once
+  // (window_bytes_), so each window is read straight into it.
   struct Window {
-    uint32_t file = 0;
     uint64_t offset = 0;
-    std::vector<unsigned char> bytes;
+    uint64_t size = 0;
+    AlignedBuffer bytes;
   };
   // The window holding [begin, end) of `file`, read (and verified) if it does not yet; null when
   // the range is wider than a window or its blocks fail verification (the caller reads alone).

@@ -3,6 +3,7 @@
 #include <fnmatch.h>
 
 #include <future>
+#include <memory>
 #include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -41,52 +42,87 @@ struct Selected {
 struct Window {
   size_t selected;  // index into the selected list
   int64_t begin, end;  // elements
+  uint64_t bytes = 0;  // as stored (the checkpoint's dtype)
+  uint64_t at = 0;     // offset in its batch's buffer
+};
+
+// Consecutive windows read together, at most kBatchBytes of them (or one larger window):
+// thousands of small entries cost one read-ahead task per batch, not a thread per entry.
+constexpr uint64_t kBatchBytes = 4u << 20;
+struct Batch {
+  size_t first = 0, count = 0;
+  uint64_t bytes = 0;
 };
 
 // Streams the bytes of `which` selected entries (converted to their output dtype), window by
-// window, reading window i+1 on a helper thread while window i is hashed and written.
+// window, reading batch i+1 of windows on a helper thread while batch i is hashed and written.
 Status StreamEntries(CheckpointReader& reader, const std::vector<Selected>& selected, const std::vector<size_t>& which,
                      uint64_t window_bytes, const std::function<Status(size_t)>& begin_entry,
                      const std::function<Status(const void*, size_t)>& sink, const std::function<Status(size_t)>& end_entry) {
   std::vector<Window> windows;
+  std::vector<Batch> batches;
+  uint64_t widest_batch = 0;
+  auto add = [&](size_t k, int64_t a, int64_t b, uint64_t element) {
+    Window w{k, a, b, static_cast<uint64_t>(b - a) * element, 0};
+    if (batches.empty() || batches.back().bytes + w.bytes > std::min(window_bytes, kBatchBytes)) {
+      batches.push_back(Batch{windows.size(), 0, 0});
+    }
+    Batch& batch = batches.back();
+    w.at = batch.bytes;
+    batch.count++;
+    batch.bytes += w.bytes;
+    widest_batch = std::max(widest_batch, batch.bytes);
+    windows.push_back(w);
+  };
   for (size_t k : which) {
     const EntryRecord& e = reader.manifest().entries[selected[k].entry];
     const uint64_t widest = std::max(DTypeSize(e.dtype), DTypeSize(selected[k].dtype));
     const int64_t step = std::max<int64_t>(1, static_cast<int64_t>(window_bytes / widest));
     const int64_t numel = NumElements(e.shape).value();
-    if (numel == 0) windows.push_back(Window{k, 0, 0});
-    for (int64_t a = 0; a < numel; a += step) windows.push_back(Window{k, a, std::min(numel, a + step)});
+    if (numel == 0) add(k, 0, 0, DTypeSize(e.dtype));
+    for (int64_t a = 0; a < numel; a += step) add(k, a, std::min(numel, a + step), DTypeSize(e.dtype));
   }
-  std::vector<unsigned char> buffers[2], converted;
-  auto read = [&](size_t i) -> Status {
-    const Window& w = windows[i];
-    const EntryRecord& e = reader.manifest().entries[selected[w.selected].entry];
-    buffers[i % 2].resize(static_cast<size_t>(w.end - w.begin) * DTypeSize(e.dtype));
-    if (w.end == w.begin) return Status::Ok();
-    Status status = reader.ReadPiece(selected[w.selected].entry, Layout::FlatRange(w.begin, w.end), buffers[i % 2].data());
-    return status.WithContext("entry '" + e.name + "'");
+  // Two buffers of the widest batch, allocated once (not zeroed: every byte is read before it is
+  // used): no allocation, nor fresh pages, per window.
+  std::unique_ptr<unsigned char[]> buffers[2] = {std::unique_ptr<unsigned char[]>(new unsigned char[widest_batch + 1]),
+                                                 std::unique_ptr<unsigned char[]>(new unsigned char[widest_batch + 1])};
+  std::vector<unsigned char> converted;
+  auto read = [&](size_t b) -> Status {
+    const Batch& batch = batches[b];
+    for (size_t i = batch.first; i < batch.first + batch.count; ++i) {
+      const Window& w = windows[i];
+      if (w.end == w.begin) continue;
+      const EntryRecord& e = reader.manifest().entries[selected[w.selected].entry];
+      Status status = reader.ReadPiece(selected[w.selected].entry, Layout::FlatRange(w.begin, w.end),
+                                       buffers[b % 2].get() + w.at);
+      if (!status.ok()) return status.WithContext("entry '" + e.name + "'");
+    }
+    return Status::Ok();
   };
   std::future<Status> next;
-  if (!windows.empty()) next = std::async(std::launch::async, read, 0);
-  for (size_t i = 0; i < windows.size(); ++i) {
+  if (!batches.empty()) next = std::async(std::launch::async, read, 0);
+  for (size_t b = 0; b < batches.size(); ++b) {
     SC_RETURN_IF_ERROR(next.get());
-    if (i + 1 < windows.size()) next = std::async(std::launch::async, read, i + 1);
-    const Window& w = windows[i];
-    const Selected& out = selected[w.selected];
-    const DType from = reader.manifest().entries[out.entry].dtype;
+    if (b + 1 < batches.size()) next = std::async(std::launch::async, read, b + 1);
+    const Batch& batch = batches[b];
     Status status;
-    if (w.begin == 0) status = begin_entry(w.selected);
-    const std::vector<unsigned char>& data = buffers[i % 2];
-    if (status.ok() && from == out.dtype) {
-      status = sink(data.data(), data.size());
-    } else if (status.ok()) {
-      size_t count = data.size() / DTypeSize(from);
-      converted.resize(count * DTypeSize(out.dtype));
-      ConvertFloats(from, out.dtype, data.data(), converted.data(), count);
-      status = sink(converted.data(), converted.size());
+    for (size_t i = batch.first; i < batch.first + batch.count && status.ok(); ++i) {
+      const Window& w = windows[i];
+      const Selected& out = selected[w.selected];
+      const DType from = reader.manifest().entries[out.entry].dtype;
+      if (w.begin == 0) status = begin_entry(w.selected);
+      const unsigned char* data = buffers[b % 2].get() + w.at;
+      if (status.ok() && from == out.dtype) {
+        status = sink(data, w.bytes);
+      } else if (status.ok()) {
+        size_t count = w.bytes / DTypeSize(from);
+        converted.resize(count * DTypeSize(out.dtype));
+        ConvertFloats(from, out.dtype, data, converted.data(), count);
+        status = sink(converted.data(), converted.size());
+      }
+      bool last_of_entry = i + 1 == windows.size() || windows[i + 1].selected != w.selected;
+      if (status.ok() && last_of_entry) status = end_entry(w.selected);
     }
-    bool last_of_entry = i + 1 == windows.size() || windows[i + 1].selected != w.selected;
-    if (status.ok() && last_of_entry) status = end_entry(w.selected);
     if (!status.ok()) {
       if (next.valid()) next.wait();  // the helper must not outlive the buffers
       return status;

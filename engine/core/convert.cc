@@ -21,18 +21,24 @@
 namespace shardckpt {
 namespace {
 
-// Writes one full contiguous tensor as the pieces of `policy` for every rank.
+// Writes one full contiguous tensor as the pieces of `policy` for every rank; `piece` is scratch
+// memory kept by the caller across tensors.
 Status WriteTensor(OfflineCheckpointWriter& out, const std::string& policy, int world, size_t index,
-                   const std::string& name, DType dtype, const Shape& shape, const std::vector<unsigned char>& full) {
+                   const std::string& name, DType dtype, const Shape& shape, const std::vector<unsigned char>& full,
+                   std::vector<unsigned char>& piece) {
   const size_t element = DTypeSize(dtype);
   if (policy == "replicated") {
     return out.AddPiece(static_cast<int>(index % world), name, dtype, shape, Layout::Whole(), full.data(), full.size());
   }
   std::vector<Region> whole = LayoutRegions(Layout::Whole(), shape);
-  std::vector<unsigned char> piece;
   for (int r = 0; r < world; ++r) {
     SC_ASSIGN_OR_RETURN(Layout layout, PolicyLayout(policy, shape, world, r));
     SC_ASSIGN_OR_RETURN(int64_t count, ValidateLayout(layout, shape));
+    if (const int64_t first = ContiguousStart(layout, shape); first >= 0) {  // flat and dim0 pieces: no copy
+      SC_RETURN_IF_ERROR(out.AddPiece(r, name, dtype, shape, layout, full.data() + first * element,
+                                      static_cast<size_t>(count) * element));
+      continue;
+    }
     piece.resize(static_cast<size_t>(count) * element);
     for (const Region& region : LayoutRegions(layout, shape)) {
       ForEachCopy(whole[0], region, [&](int64_t src, int64_t dst, int64_t n) {
@@ -43,6 +49,10 @@ Status WriteTensor(OfflineCheckpointWriter& out, const std::string& policy, int 
   }
   return Status::Ok();
 }
+
+// Reshard reads entries up to this size whole, once, and cuts every rank's piece from memory;
+// larger ones piece by piece, so memory stays bounded by one piece (or this).
+constexpr uint64_t kReshardWholeBelow = 64u << 20;
 
 }  // namespace
 
@@ -210,7 +220,7 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
     for (const auto& [path, kind] : dict.containers) containers[path] = kind;
   }
   SC_ASSIGN_OR_RETURN(std::unique_ptr<OfflineCheckpointWriter> out, OfflineCheckpointWriter::Begin(root, 0, options.world_size));
-  std::vector<unsigned char> full;
+  std::vector<unsigned char> full, scratch;
   const size_t count = safetensors ? order.size() : dict.tensors.size();
   for (size_t i = 0; i < count; ++i) {
     if (safetensors) {
@@ -218,7 +228,7 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
       const SafetensorsEntry& e = in.entries[order[i].second];
       full.resize(e.end - e.begin);
       SC_RETURN_IF_ERROR(in.source.ReadAt(in.data_start + e.begin, full.data(), full.size()));
-      SC_RETURN_IF_ERROR(WriteTensor(*out, options.layout, options.world_size, i, e.name, e.dtype, e.shape, full));
+      SC_RETURN_IF_ERROR(WriteTensor(*out, options.layout, options.world_size, i, e.name, e.dtype, e.shape, full, scratch));
     } else if (tied[i] >= 0) {  // stored once; the manifest names it twice
       SC_RETURN_IF_ERROR(out->AddAlias(dict.tensors[i].name, dict.tensors[static_cast<size_t>(tied[i])].name));
       report.tensors++;
@@ -227,7 +237,7 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
       const PickleTensor& t = dict.tensors[i];
       Status read = zip ? ReadTorchTensor(*zip, t, &full) : ReadTorchTensor(*legacy_source, legacy, t, &full);
       if (!read.ok()) return read.WithContext(file);
-      SC_RETURN_IF_ERROR(WriteTensor(*out, options.layout, options.world_size, i, t.name, t.dtype, t.sizes, full));
+      SC_RETURN_IF_ERROR(WriteTensor(*out, options.layout, options.world_size, i, t.name, t.dtype, t.sizes, full, scratch));
     }
     report.tensors++;
     report.bytes += full.size();
@@ -252,7 +262,7 @@ Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::stri
   ConvertReport report;
   uint64_t total = 0;
   for (const EntryRecord& e : m.entries) total += static_cast<uint64_t>(NumBytes(e.shape, DTypeSize(e.dtype)).value());
-  std::vector<unsigned char> piece;
+  std::vector<unsigned char> piece, full;
   const std::vector<int64_t> aliases = EntryAliases(m);
   for (size_t i = 0; i < m.entries.size(); ++i) {
     const EntryRecord& e = m.entries[i];
@@ -262,7 +272,20 @@ Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::stri
       report.tensors++;
       continue;
     }
-    // Each new piece is read exactly (the planner reads only its bytes): memory is one piece.
+    // A small entry is read once and cut in memory: one planned read instead of one per rank,
+    // which dominated with thousands of small entries at many ranks.
+    const uint64_t entry_bytes = static_cast<uint64_t>(NumBytes(e.shape, element).value());
+    if (entry_bytes <= kReshardWholeBelow) {
+      full.resize(static_cast<size_t>(entry_bytes));
+      SC_RETURN_IF_ERROR(reader->ReadPiece(i, Layout::Whole(), full.data()));
+      SC_RETURN_IF_ERROR(WriteTensor(*out, options.layout, world, i, e.name, e.dtype, e.shape, full, piece));
+      report.bytes += entry_bytes;
+      if (options.progress) options.progress(report.bytes, total);
+      report.tensors++;
+      continue;
+    }
+    // Each new piece of a large entry is read exactly (the planner reads only its bytes): memory
+    // is one piece.
     for (int r = 0; r < world; ++r) {
       Layout layout = Layout::Whole();
       int writer = static_cast<int>(i % world);

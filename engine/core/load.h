@@ -26,8 +26,10 @@
 namespace shardckpt {
 
 // How entries every rank wants whole are loaded. kAuto: every rank reads them itself when all
-// ranks run on one host (the reads share the page cache and storage, and a broadcast would only
-// add a copy through the communicator), read once and broadcast when the job spans hosts.
+// ranks run on one host and the checkpoint is memory-backed (tmpfs: every read is a copy out of
+// the one page cache, and a broadcast would only add a copy through the communicator); read once
+// and broadcast otherwise (across hosts, or from storage, where every rank reading with O_DIRECT
+// would move the bytes from the device once per rank).
 // The environment variable SHARDCKPT_REPLICATED_READS=auto|broadcast|every-rank overrides it.
 enum class ReplicatedReads { kAuto, kBroadcast, kEveryRank };
 
@@ -46,6 +48,9 @@ struct LoadOptions {
   uint64_t broadcast_batch_bytes = 16u << 20;
   IoOptions io;
   size_t staging_buffers = 8;
+  // The staging buffers stay with the process for the next load or save (staging_cache.h):
+  // repeated loads neither allocate nor fault in staging memory. false: freed after this load.
+  bool keep_staging = true;
   ReadPlanOptions plan;
   // Broadcasts replicated entries that every rank holds in device memory directly between
   // devices (an NcclCommunicator over the same ranks); null: through host memory and `comm`.

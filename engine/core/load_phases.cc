@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "shardckpt/engine/core/save_phases.h"
+#include "shardckpt/engine/core/staging_cache.h"
 #include "shardckpt/io/checksum.h"
 #include "shardckpt/io/failpoint.h"
 #include "shardckpt/io/fs.h"
@@ -113,21 +116,26 @@ Status ShareManifest(Communicator& comm, ManifestRead* read) {
 
 // ---- 3.
 LocalMatch MatchPieces(const Manifest& manifest, const ShardedState& targets, const LoadOptions& options) {
-  std::unordered_map<std::string, size_t> by_name;
+  // Names as views of the manifest's (or of their renamed copies): no string copied per entry.
+  std::vector<std::string> renamed;
+  if (options.rename) {
+    renamed.reserve(manifest.entries.size());
+    for (const EntryRecord& e : manifest.entries) renamed.push_back(options.rename(e.name));
+  }
+  std::unordered_map<std::string_view, size_t> by_name;
+  by_name.reserve(manifest.entries.size());
   for (size_t i = 0; i < manifest.entries.size(); ++i) {
-    std::string name = options.rename ? options.rename(manifest.entries[i].name) : manifest.entries[i].name;
-    by_name.emplace(std::move(name), i);
+    by_name.emplace(options.rename ? std::string_view(renamed[i]) : std::string_view(manifest.entries[i].name), i);
   }
   LocalMatch match;
   match.wants.assign(manifest.entries.size(), EntryWant());
   match.entry_of_piece.assign(targets.pieces().size(), -1);
+  std::unordered_set<std::string_view> missing;
   for (size_t p = 0; p < targets.pieces().size(); ++p) {
     const TensorPiece& piece = targets.pieces()[p];
     auto it = by_name.find(piece.name);
     if (it == by_name.end()) {
-      if (std::find(match.missing.begin(), match.missing.end(), piece.name) == match.missing.end()) {
-        match.missing.push_back(piece.name);
-      }
+      if (missing.insert(piece.name).second) match.missing.push_back(piece.name);
       continue;
     }
     const EntryRecord& e = manifest.entries[it->second];
@@ -179,7 +187,8 @@ std::vector<int> AssignReaders(const Demand& demand, bool broadcast_replicated, 
   return reader_of;
 }
 
-Result<bool> ChooseBroadcast(bool broadcast_replicated, ReplicatedReads mode, const char* env, bool one_host) {
+Result<bool> ChooseBroadcast(bool broadcast_replicated, ReplicatedReads mode, const char* env, bool one_host,
+                             bool memory_backed) {
   if (env != nullptr && *env != '\0') {
     const std::string value = env;
     if (value == "auto") mode = ReplicatedReads::kAuto;
@@ -188,31 +197,41 @@ Result<bool> ChooseBroadcast(bool broadcast_replicated, ReplicatedReads mode, co
     else return InvalidArgument("SHARDCKPT_REPLICATED_READS='" + value + "': use auto, broadcast or every-rank");
   }
   if (!broadcast_replicated || mode == ReplicatedReads::kEveryRank) return false;
-  return mode == ReplicatedReads::kBroadcast || !one_host;
+  return mode == ReplicatedReads::kBroadcast || !one_host || !memory_backed;
 }
 
-Result<bool> AgreeOnBroadcast(Communicator& comm, const LoadOptions& options) {
+Result<bool> AgreeOnBroadcast(Communicator& comm, const LoadOptions& options, const std::string& dir) {
   if (comm.size() <= 1) return false;
   const char* env = std::getenv("SHARDCKPT_REPLICATED_READS");
   std::vector<std::string> all;
-  // Each rank's own choice as if on one host and as if not, then its host.
-  Result<bool> one = ChooseBroadcast(options.broadcast_replicated, options.replicated_reads, env, true);
-  Result<bool> many = ChooseBroadcast(options.broadcast_replicated, options.replicated_reads, env, false);
-  std::string mine = !one.ok() ? "!" : std::string(*one ? "b" : "r") + (*many ? "b" : "r");
-  SC_RETURN_IF_ERROR(AgreeOnStatus(comm, one.status()));
+  // Each rank's own choice as if on one host from memory, on one host from storage and across
+  // hosts; then whether it sees the checkpoint in memory, then its host.
+  std::string mine;
+  Status chosen;
+  for (auto [one_host, memory] : {std::pair{true, true}, std::pair{true, false}, std::pair{false, false}}) {
+    Result<bool> choice = ChooseBroadcast(options.broadcast_replicated, options.replicated_reads, env, one_host, memory);
+    if (!choice.ok()) chosen = choice.status();
+    mine += !choice.ok() ? '!' : *choice ? 'b' : 'r';
+  }
+  mine += IsMemoryBacked(JoinPath(dir, kManifestName)) ? 'm' : 'd';
+  SC_RETURN_IF_ERROR(AgreeOnStatus(comm, chosen));
   SC_RETURN_IF_ERROR(comm.AllGather(mine + save_phases::HostName(), &all));
+  constexpr size_t kChoices = 3, kHost = 4;
   std::string differ;
   for (size_t r = 0; r < all.size(); ++r) {
-    if (all[r].compare(0, 2, all[0], 0, 2) != 0) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+    if (all[r].compare(0, kChoices, all[0], 0, kChoices) != 0) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
   }
   if (!differ.empty()) {
     return InvalidArgument("ranks " + differ + " chose otherwise than rank 0 between reading replicated entries once "
                            "and broadcasting them or every rank reading them (SHARDCKPT_REPLICATED_READS or "
                            "LoadOptions differ)");
   }
-  bool one_host = true;
-  for (const std::string& host : all) one_host &= host.compare(2, std::string::npos, all[0], 2, std::string::npos) == 0;
-  return (one_host ? mine[0] : mine[1]) == 'b';
+  bool one_host = true, memory = true;
+  for (const std::string& rank : all) {
+    one_host &= rank.compare(kHost, std::string::npos, all[0], kHost, std::string::npos) == 0;
+    memory &= rank[kChoices] == 'm';
+  }
+  return (one_host ? mine[memory ? 0 : 1] : mine[2]) == 'b';
 }
 
 std::vector<BroadcastBatch> BatchBroadcasts(const std::vector<int>& reader_of, const std::vector<uint64_t>& entry_bytes,
@@ -259,7 +278,7 @@ Result<Match> MatchEntries(Communicator& comm, const Manifest& manifest, const s
   report->unexpected = UnwantedEntries(manifest, match.demand);
   SC_RETURN_IF_ERROR(AgreeOnStatus(
       comm, MatchVerdict(match.local.status, options.strict, dir, report->missing, report->unexpected)));
-  SC_ASSIGN_OR_RETURN(bool broadcast, AgreeOnBroadcast(comm, options));
+  SC_ASSIGN_OR_RETURN(bool broadcast, AgreeOnBroadcast(comm, options, dir));
   match.reader_of = AssignReaders(match.demand, broadcast, comm.size());
   // Device pieces need a device this process can use; refuse on every rank before any reads.
   SC_RETURN_IF_ERROR(AgreeOnStatus(comm, CheckDevices(targets)));
@@ -329,13 +348,13 @@ StagingSize SizeStaging(const ReadPlan& plan, size_t staging_buffers, uint64_t m
 Status ReadExtents(const std::string& dir, const Manifest& manifest, const ReadWork& work,
                    const LoadOptions& options, ReadStats* stats) {
   const StagingSize staging = SizeStaging(work.plan, options.staging_buffers, options.plan.max_extent);
-  SC_ASSIGN_OR_RETURN(std::unique_ptr<BufferPool> pool,
-                      BufferPool::Create(staging.buffers, staging.buffer_bytes,
-                                         StagingHostAllocator(work.any_device_target)));
+  SC_ASSIGN_OR_RETURN(StagingLease lease, StagingLease::Acquire(staging.buffers, staging.buffer_bytes,
+                                                               StagingHostAllocator(work.any_device_target),
+                                                               options.keep_staging, options.staging_buffers));
   IoOptions io_options = options.io;
-  io_options.queue_depth = std::max<size_t>(io_options.queue_depth, staging.buffers + 1);
+  io_options.queue_depth = std::max<size_t>(io_options.queue_depth, lease.pool()->count() + 1);
   std::unique_ptr<IoEngine> io = CreateIoEngine(io_options);
-  return ExecuteReadPlan(io.get(), pool.get(), dir, manifest, work.plan, work.targets, options.verify_checksums,
+  return ExecuteReadPlan(io.get(), lease.pool(), dir, manifest, work.plan, work.targets, options.verify_checksums,
                          stats);
 }
 
@@ -354,6 +373,15 @@ Status ShareReplicated(Communicator& comm, const Manifest& manifest, const Shard
       first[entry] = &targets.pieces()[p];
     }
   }
+  // The entry's other pieces on this rank, copied from the first: (entry, piece), by entry.
+  std::vector<std::pair<size_t, const TensorPiece*>> others;
+  for (size_t p = 0; p < targets.pieces().size(); ++p) {
+    const long entry = entry_of_piece[p];
+    if (entry >= 0 && first[entry] != nullptr && first[entry] != &targets.pieces()[p]) {
+      others.emplace_back(static_cast<size_t>(entry), &targets.pieces()[p]);
+    }
+  }
+  std::stable_sort(others.begin(), others.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<uint64_t> bytes(entries, 0);
   std::vector<bool> alone(entries, false);
   for (size_t e = 0; e < entries; ++e) {
@@ -378,14 +406,19 @@ Status ShareReplicated(Communicator& comm, const Manifest& manifest, const Shard
       auto each = [&](bool into_buffer) {
         uint64_t at = 0;
         for (size_t e : batch.entries) {
-          TensorPiece view = *first[e];
-          view.data = packed.data() + at;
-          view.space = MemorySpace::kHost;
-          if (copied.ok()) {
-            copied = (into_buffer ? CopyPiece(view, *first[e]) : CopyPiece(*first[e], view))
-                         .WithContext("tensor '" + first[e]->name + "'");
-          }
+          unsigned char* slot = packed.data() + at;
           at += bytes[e];
+          if (!copied.ok()) continue;
+          if (first[e]->space == MemorySpace::kHost) {  // no piece copied per entry for the common case
+            if (into_buffer) std::memcpy(slot, first[e]->data, bytes[e]);
+            else std::memcpy(first[e]->data, slot, bytes[e]);
+            continue;
+          }
+          TensorPiece view = *first[e];
+          view.data = slot;
+          view.space = MemorySpace::kHost;
+          Status status = into_buffer ? CopyPiece(view, *first[e]) : CopyPiece(*first[e], view);
+          if (!status.ok()) copied = status.WithContext("tensor '" + first[e]->name + "'");
         }
       };
       if (reading) each(true);
@@ -394,11 +427,10 @@ Status ShareReplicated(Communicator& comm, const Manifest& manifest, const Shard
     }
     if (!reading) report->bytes_received += batch.bytes;
     for (size_t e : batch.entries) {
-      for (size_t p = 0; p < targets.pieces().size() && copied.ok(); ++p) {
-        const TensorPiece& piece = targets.pieces()[p];
-        if (entry_of_piece[p] == static_cast<long>(e) && &piece != first[e]) {
-          copied = CopyPiece(piece, *first[e]).WithContext("tensor '" + piece.name + "'");
-        }
+      auto it = std::lower_bound(others.begin(), others.end(), e, [](const auto& o, size_t v) { return o.first < v; });
+      for (; it != others.end() && it->first == e && copied.ok(); ++it) {
+        Status status = CopyPiece(*it->second, *first[e]);
+        if (!status.ok()) copied = status.WithContext("tensor '" + it->second->name + "'");
       }
     }
   }

@@ -67,12 +67,16 @@ Status MatchVerdict(const Status& local, bool strict, const std::string& dir,
 std::vector<int> AssignReaders(const Demand& demand, bool broadcast_replicated, int world);
 
 // Read once and broadcast (true) or every rank reads (false), from the option, the environment's
-// SHARDCKPT_REPLICATED_READS (null when unset) and whether the job runs on one host. A bad
-// environment value is an error naming it.
-Result<bool> ChooseBroadcast(bool broadcast_replicated, ReplicatedReads mode, const char* env, bool one_host);
-// The same, agreed on by every rank: one allgather of each rank's host and choice; ranks that
-// chose differently (their environments differ) fail alike, naming the ranks.
-Result<bool> AgreeOnBroadcast(Communicator& comm, const LoadOptions& options);
+// SHARDCKPT_REPLICATED_READS (null when unset), whether the job runs on one host and whether the
+// checkpoint is memory-backed (tmpfs): auto reads on every rank only on one host from memory,
+// where every rank's read is a copy out of the one page cache. From storage (O_DIRECT) every rank
+// reading would move the bytes from the device once per rank; read once and broadcast moves
+// them once. A bad environment value is an error naming it.
+Result<bool> ChooseBroadcast(bool broadcast_replicated, ReplicatedReads mode, const char* env, bool one_host,
+                             bool memory_backed);
+// The same, agreed on by every rank: one allgather of each rank's host, choices and storage;
+// ranks that chose differently (their environments differ) fail alike, naming the ranks.
+Result<bool> AgreeOnBroadcast(Communicator& comm, const LoadOptions& options, const std::string& dir);
 
 // Replicated entries of one reader sent in one broadcast: small entries are packed together up
 // to `batch_bytes`; an entry of `batch_bytes` or more, or one marked `alone` (device to device),

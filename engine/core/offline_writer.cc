@@ -19,6 +19,7 @@ Result<std::unique_ptr<OfflineCheckpointWriter>> OfflineCheckpointWriter::Begin(
   w->step_ = step;
   w->world_ = world;
   w->temp_name_ = TempDirName(step, RandomId());
+  w->ranks_.resize(static_cast<size_t>(world));
   SC_RETURN_IF_ERROR(MakeDir(JoinPath(root, w->temp_name_)));
   return w;
 }
@@ -32,7 +33,7 @@ OfflineCheckpointWriter::~OfflineCheckpointWriter() {
 
 Result<ShardFileWriter*> OfflineCheckpointWriter::Writer(int rank) {
   if (rank < 0 || rank >= world_) return InvalidArgument("rank " + std::to_string(rank) + " outside the world");
-  RankFile& f = ranks_[rank];
+  RankFile& f = ranks_[static_cast<size_t>(rank)];
   if (!f.writer) {
     // Many files are open at once: small rings each.
     SC_ASSIGN_OR_RETURN(f.pool, BufferPool::Create(2, 1u << 20));
@@ -45,35 +46,53 @@ Result<ShardFileWriter*> OfflineCheckpointWriter::Writer(int rank) {
   return f.writer.get();
 }
 
+size_t OfflineCheckpointWriter::EntryIndex(const std::string& name, bool* fresh) {
+  *fresh = false;
+  if (last_entry_ < entries_.size() && entries_[last_entry_].name == name) return last_entry_;
+  auto [it, added] = entry_of_.try_emplace(name, entries_.size());
+  if (added) {
+    entries_.push_back(EntryRecord{name, DType::kUInt8, {}, {}});
+    *fresh = true;
+  }
+  last_entry_ = it->second;
+  return it->second;
+}
+
 Status OfflineCheckpointWriter::AddPiece(int rank, const std::string& name, DType dtype, const Shape& shape,
                                          const Layout& layout, const void* data, size_t bytes) {
-  auto [it, fresh] = entries_.try_emplace(name, EntryRecord{name, dtype, shape, {}});
-  if (fresh) order_.push_back(name);
-  if (!fresh && (it->second.dtype != dtype || it->second.shape != shape)) {
+  bool fresh = false;
+  const size_t entry = EntryIndex(name, &fresh);
+  EntryRecord& record = entries_[entry];
+  if (fresh) {
+    record.dtype = dtype;
+    record.shape = shape;
+  } else if (record.dtype != dtype || record.shape != shape) {
     return InvalidArgument("entry '" + name + "' added with two dtypes or shapes");
   }
   if (bytes == 0) return Status::Ok();  // empty pieces need no chunk
   SC_ASSIGN_OR_RETURN(ShardFileWriter * writer, Writer(rank));
   SC_ASSIGN_OR_RETURN(uint64_t offset, writer->Append(data, bytes, DTypeSize(dtype)));
-  ranks_[rank].chunks.emplace_back(name, ChunkRecord{0, offset, bytes, Normalize(layout, shape)});
+  ranks_[static_cast<size_t>(rank)].chunks.emplace_back(entry, ChunkRecord{0, offset, bytes, Normalize(layout, shape)});
   return Status::Ok();
 }
 
 Status OfflineCheckpointWriter::AddBlob(int rank, const std::string& name, BlobScope scope, const std::string& bytes) {
   SC_ASSIGN_OR_RETURN(ShardFileWriter * writer, Writer(rank));
   SC_ASSIGN_OR_RETURN(uint64_t offset, writer->Append(bytes.data(), bytes.size()));
-  ranks_[rank].blobs.push_back(BlobRecord{name, scope, rank, 0, offset, bytes.size()});
+  ranks_[static_cast<size_t>(rank)].blobs.push_back(BlobRecord{name, scope, rank, 0, offset, bytes.size()});
   return Status::Ok();
 }
 
 Status OfflineCheckpointWriter::AddAlias(const std::string& name, const std::string& target) {
-  auto it = entries_.find(target);
-  if (it == entries_.end()) return InvalidArgument("alias '" + name + "' of '" + target + "', which is not an entry");
-  if (!entries_.try_emplace(name, EntryRecord{name, it->second.dtype, it->second.shape, {}}).second) {
-    return InvalidArgument("entry '" + name + "' added twice");
-  }
-  order_.push_back(name);
-  aliases_.emplace_back(name, target);
+  auto it = entry_of_.find(target);
+  if (it == entry_of_.end()) return InvalidArgument("alias '" + name + "' of '" + target + "', which is not an entry");
+  const size_t to = it->second;
+  bool fresh = false;
+  const size_t entry = EntryIndex(name, &fresh);
+  if (!fresh) return InvalidArgument("entry '" + name + "' added twice");
+  entries_[entry].dtype = entries_[to].dtype;
+  entries_[entry].shape = entries_[to].shape;
+  aliases_.emplace_back(entry, to);
   return Status::Ok();
 }
 
@@ -82,21 +101,25 @@ Result<std::string> OfflineCheckpointWriter::Commit(const CreationInfo& created,
   m.step = step_;
   m.world_size = world_;
   m.created = created;
-  for (auto& [rank, f] : ranks_) {
+  for (RankFile& f : ranks_) {
+    if (!f.writer) continue;
     uint32_t file = static_cast<uint32_t>(m.files.size());
     SC_ASSIGN_OR_RETURN(FileRecord record, f.writer->Finish());
     m.files.push_back(record);
-    for (auto& [name, chunk] : f.chunks) {
+    for (auto& [entry, chunk] : f.chunks) {
       chunk.file = file;
-      entries_[name].chunks.push_back(chunk);
+      entries_[entry].chunks.push_back(std::move(chunk));
     }
+    f.chunks.clear();
     for (BlobRecord& b : f.blobs) {
       b.file = file;
       m.blobs.push_back(b);
     }
   }
-  for (const auto& [name, target] : aliases_) entries_[name].chunks = entries_[target].chunks;
-  for (const std::string& name : order_) m.entries.push_back(std::move(entries_[name]));
+  for (const auto& [entry, target] : aliases_) entries_[entry].chunks = entries_[target].chunks;
+  m.entries = std::move(entries_);
+  entries_.clear();
+  entry_of_.clear();
   RetentionPolicy retention;
   retention.keep_last = keep_last;
   SC_RETURN_IF_ERROR(CommitCheckpoint(root_, temp_name_, m, retention));

@@ -3,9 +3,9 @@
 // each rank's staging ring at once, so callers may reuse their buffers after Add returns.
 #pragma once
 
-#include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "shardckpt/engine/core/checkpoint_dir.h"
@@ -31,12 +31,15 @@ class OfflineCheckpointWriter {
  private:
   OfflineCheckpointWriter() = default;
   Result<ShardFileWriter*> Writer(int rank);
+  // The index of entry `name` in entries_, added when new; the last one found is checked first
+  // (a reshard adds every rank's piece of one entry in a row).
+  size_t EntryIndex(const std::string& name, bool* fresh);
 
   struct RankFile {
     std::unique_ptr<IoEngine> io;
     std::unique_ptr<BufferPool> pool;
     std::unique_ptr<ShardFileWriter> writer;
-    std::vector<std::pair<std::string, ChunkRecord>> chunks;  // entry name, chunk (file set later)
+    std::vector<std::pair<size_t, ChunkRecord>> chunks;  // entry index, chunk (file set later)
     std::vector<BlobRecord> blobs;
   };
   std::unique_ptr<RootLock> lock_;
@@ -44,10 +47,12 @@ class OfflineCheckpointWriter {
   int64_t step_ = 0;
   int world_ = 1;
   bool committed_ = false;
-  std::map<int, RankFile> ranks_;
-  std::map<std::string, EntryRecord> entries_;
-  std::vector<std::string> order_;  // entry names as first added: the manifest keeps the caller's order
-  std::vector<std::pair<std::string, std::string>> aliases_;  // name, target
+  std::vector<RankFile> ranks_;  // by rank; a rank with no writer has no file
+  // Entries in the order first added (the manifest keeps the caller's order), found by name.
+  std::vector<EntryRecord> entries_;
+  std::unordered_map<std::string, size_t> entry_of_;
+  size_t last_entry_ = 0;
+  std::vector<std::pair<size_t, size_t>> aliases_;  // entry, target entry
 };
 
 }  // namespace shardckpt

@@ -56,8 +56,10 @@ struct SaveOptions {
   std::map<std::string, std::string> user_metadata;
   std::string torch_version;
   std::string git_commit;
-  // Staging memory to reuse across saves; one is made per save when null.
+  // Staging memory to reuse across saves; when null, the process's spare staging pool is used
+  // (engine/core/staging_cache.h), or with keep_staging false one is made for this save alone.
   BufferPool* staging = nullptr;
+  bool keep_staging = true;
   // Every piece starts on a page and its memory is readable and zero up to the next page
   // boundary (AsyncSaver's snapshot): pieces are written in place, tails too, never copied.
   bool pieces_padded = false;

@@ -8,6 +8,7 @@
 #include "shardckpt/engine/core/commit.h"
 #include "shardckpt/engine/core/save_plan_cache.h"
 #include "shardckpt/engine/core/shard_writer.h"
+#include "shardckpt/engine/core/staging_cache.h"
 #include "shardckpt/engine/model/wire.h"
 #include "shardckpt/io/checksum.h"
 #include "shardckpt/io/failpoint.h"
@@ -31,12 +32,13 @@ WriteReport WriteShard(int rank, const std::string& temp_dir, const ShardedState
     if (!any) return Status::Ok();
     bool from_device = false;
     for (size_t i = 0; i < pieces.size(); ++i) from_device |= pieces[i] && state.pieces()[i].space == MemorySpace::kCuda;
-    std::unique_ptr<BufferPool> own_pool;
+    StagingLease lease;
     BufferPool* pool = options.staging;
     if (pool == nullptr) {
-      SC_ASSIGN_OR_RETURN(own_pool, BufferPool::Create(options.staging_buffers, options.staging_buffer_bytes,
-                                                       StagingHostAllocator(from_device)));
-      pool = own_pool.get();
+      SC_ASSIGN_OR_RETURN(lease, StagingLease::Acquire(options.staging_buffers, options.staging_buffer_bytes,
+                                                       StagingHostAllocator(from_device), options.keep_staging,
+                                                       options.staging_buffers));
+      pool = lease.pool();
     }
     IoOptions io_options = options.io;
     io_options.queue_depth = std::max<size_t>(io_options.queue_depth, pool->count() + 1);

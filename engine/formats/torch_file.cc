@@ -66,16 +66,27 @@ Status ReadTensorFrom(const std::function<Status(uint64_t, void*, size_t)>& read
   out->resize(static_cast<size_t>(numel) * element);
   if (numel == 0) return Status::Ok();
   const int64_t end = ViewEnd(t, numel, t.name).value();
-  std::vector<unsigned char> span(static_cast<size_t>(end - t.storage_offset) * element);
-  SC_RETURN_IF_ERROR(read_at(record.data_offset + static_cast<uint64_t>(t.storage_offset) * element, span.data(), span.size()));
-  // Odometer over the view's indices, gathering element by element.
+  const uint64_t first = record.data_offset + static_cast<uint64_t>(t.storage_offset) * element;
+  // Row-major contiguous (what torch.save writes for a plain tensor): read straight into `out`.
   const size_t n = t.sizes.size();
+  bool contiguous = end - t.storage_offset == numel;
+  for (int64_t d = static_cast<int64_t>(n) - 1, stride = 1; d >= 0 && contiguous; stride *= t.sizes[d], --d) {
+    contiguous = t.sizes[d] == 1 || t.strides[d] == stride;
+  }
+  if (contiguous) return read_at(first, out->data(), out->size());
+  std::vector<unsigned char> span(static_cast<size_t>(end - t.storage_offset) * element);
+  SC_RETURN_IF_ERROR(read_at(first, span.data(), span.size()));
+  // Odometer over the view's indices, gathering a run of the last dim at a time where it is
+  // contiguous in the storage, else element by element.
+  const int64_t run = n > 0 && t.strides[n - 1] == 1 ? t.sizes[n - 1] : 1;
+  const size_t outer = run > 1 ? n - 1 : n;
   std::vector<int64_t> index(n, 0);
-  for (int64_t i = 0; i < numel; ++i) {
+  for (int64_t i = 0; i < numel; i += run) {
     int64_t at = 0;
-    for (size_t d = 0; d < n; ++d) at += index[d] * t.strides[d];
-    std::memcpy(out->data() + static_cast<size_t>(i) * element, span.data() + static_cast<size_t>(at) * element, element);
-    for (size_t d = n; d-- > 0;) {
+    for (size_t d = 0; d < outer; ++d) at += index[d] * t.strides[d];
+    std::memcpy(out->data() + static_cast<size_t>(i) * element, span.data() + static_cast<size_t>(at) * element,
+                static_cast<size_t>(run) * element);
+    for (size_t d = outer; d-- > 0;) {
       if (++index[d] < t.sizes[d]) break;
       index[d] = 0;
     }

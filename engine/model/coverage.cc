@@ -9,8 +9,10 @@ namespace shardckpt {
 namespace {
 
 // Flat ranges only (FSDP, ZeRO): sorted by begin they must tile [0, numel) end to end.
-Status CheckFlatCover(const std::string& entry, const Shape& global, int64_t numel, const std::vector<Layout>& pieces,
-                      const std::vector<std::string>& owners) {
+// `pieces[i]` is piece i's layout, `owners[i]` its name for messages.
+template <class Pieces, class Owners>
+Status CheckFlatCover(const std::string& entry, const Shape& global, int64_t numel, const Pieces& pieces,
+                      const Owners& owners) {
   std::vector<size_t> order;
   order.reserve(pieces.size());
   for (size_t i = 0; i < pieces.size(); ++i) {
@@ -38,12 +40,12 @@ Status CheckFlatCover(const std::string& entry, const Shape& global, int64_t num
   return Status::Ok();
 }
 
-}  // namespace
-
-Status CheckExactCover(const std::string& entry, const Shape& global,
-                       const std::vector<Layout>& pieces, const std::vector<std::string>& owners) {
+template <class Pieces, class Owners>
+Status CheckCover(const std::string& entry, const Shape& global, const Pieces& pieces, const Owners& owners) {
   SC_ASSIGN_OR_RETURN(int64_t numel, NumElements(global));
-  bool all_flat = std::all_of(pieces.begin(), pieces.end(), [](const Layout& l) { return l.kind == LayoutKind::kFlatRange; });
+  if (pieces.size() == 1 && pieces[0].kind == LayoutKind::kWhole) return Status::Ok();  // replicated state
+  bool all_flat = true;
+  for (size_t i = 0; i < pieces.size() && all_flat; ++i) all_flat = pieces[i].kind == LayoutKind::kFlatRange;
   if (all_flat) return CheckFlatCover(entry, global, numel, pieces, owners);
   std::vector<Region> regions;
   std::vector<size_t> region_piece;
@@ -75,6 +77,29 @@ Status CheckExactCover(const std::string& entry, const Shape& global,
                            " elements (missing pieces)");
   }
   return Status::Ok();
+}
+
+// Views either kind of input as `pieces[i]` (a Layout) and `owners[i]` (a string).
+struct LayoutPointers {
+  const std::vector<const Layout*>& all;
+  size_t size() const { return all.size(); }
+  const Layout& operator[](size_t i) const { return *all[i]; }
+};
+struct OwnerNames {
+  const std::function<std::string(size_t)>& name;
+  std::string operator[](size_t i) const { return name(i); }
+};
+
+}  // namespace
+
+Status CheckExactCover(const std::string& entry, const Shape& global,
+                       const std::vector<Layout>& pieces, const std::vector<std::string>& owners) {
+  return CheckCover(entry, global, pieces, owners);
+}
+
+Status CheckExactCover(const std::string& entry, const Shape& global, const std::vector<const Layout*>& pieces,
+                       const std::function<std::string(size_t)>& owner) {
+  return CheckCover(entry, global, LayoutPointers{pieces}, OwnerNames{owner});
 }
 
 }  // namespace shardckpt

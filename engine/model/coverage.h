@@ -3,6 +3,7 @@
 // first. Pure; shared by the save plan and by manifest validation.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -13,5 +14,9 @@ namespace shardckpt {
 // `owners[i]` names piece i in messages ("rank 3", "chunk 7 in rank-00003.bin").
 Status CheckExactCover(const std::string& entry, const Shape& global,
                        const std::vector<Layout>& pieces, const std::vector<std::string>& owners);
+// The same without a copy of each layout nor a name made per piece: `owner(i)` is called only
+// for a message (the save plan checks every entry of a state of thousands of small tensors).
+Status CheckExactCover(const std::string& entry, const Shape& global, const std::vector<const Layout*>& pieces,
+                       const std::function<std::string(size_t)>& owner);
 
 }  // namespace shardckpt

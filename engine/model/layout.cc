@@ -120,6 +120,18 @@ Shape LocalShape(const Layout& layout, const Shape& global) {
   return global;
 }
 
+int64_t ContiguousStart(const Layout& layout, const Shape& global) {
+  if (layout.kind == LayoutKind::kWhole) return 0;
+  if (layout.kind == LayoutKind::kFlatRange) return layout.begin;
+  if (global.empty() || layout.offsets.size() != global.size() || layout.sizes.size() != global.size()) return -1;
+  int64_t row = 1;
+  for (size_t d = 1; d < global.size(); ++d) {
+    if (layout.offsets[d] != 0 || layout.sizes[d] != global[d]) return -1;
+    row *= global[d];
+  }
+  return layout.offsets[0] * row;
+}
+
 Layout Normalize(const Layout& layout, const Shape& global) {
   if (layout.kind == LayoutKind::kBox && layout.sizes == global) return Layout::Whole();
   if (layout.kind == LayoutKind::kFlatRange && layout.begin == 0) {
@@ -154,7 +166,10 @@ Result<Layout> CheckedChunkLayout(const Shape& global, int dim, int parts, int i
   if (dim < 0 || static_cast<size_t>(dim) >= global.size()) {
     return InvalidArgument("chunk dim " + std::to_string(dim) + " is outside shape " + ShapeString(global));
   }
-  SC_RETURN_IF_ERROR(CheckParts(parts, index).WithContext("chunk of shape " + ShapeString(global)));
+  // The context is built only on failure: this runs once per rank and entry in a reshard.
+  if (Status parts_ok = CheckParts(parts, index); !parts_ok.ok()) {
+    return parts_ok.WithContext("chunk of shape " + ShapeString(global));
+  }
   std::vector<int64_t> offsets(global.size(), 0);
   std::vector<int64_t> sizes = global;
   int64_t extent = global[dim];
@@ -168,7 +183,9 @@ Result<Layout> CheckedChunkLayout(const Shape& global, int dim, int parts, int i
 
 Result<Layout> CheckedFlatShardLayout(const Shape& global, int parts, int index) {
   SC_ASSIGN_OR_RETURN(int64_t numel, NumElements(global));
-  SC_RETURN_IF_ERROR(CheckParts(parts, index).WithContext("flat shard of shape " + ShapeString(global)));
+  if (Status parts_ok = CheckParts(parts, index); !parts_ok.ok()) {
+    return parts_ok.WithContext("flat shard of shape " + ShapeString(global));
+  }
   int64_t step = (numel + parts - 1) / parts;
   int64_t begin = std::min<int64_t>(numel, step * index);
   return Layout::FlatRange(begin, std::min<int64_t>(numel, begin + step));

@@ -54,6 +54,11 @@ Shape LocalShape(const Layout& layout, const Shape& global);
 // Turns a full-tensor Box into Whole so that equal pieces compare equal.
 Layout Normalize(const Layout& layout, const Shape& global);
 
+// The first element of `layout` in the row-major `global` when the piece's elements are one
+// run there (whole, a flat range, or a box cut along dim 0 only), else -1: such a piece is a
+// single copy to or from the whole tensor, no regions needed.
+int64_t ContiguousStart(const Layout& layout, const Shape& global);
+
 // torch.chunk(global, parts, dim)[index] as a Box: chunks of ceil(n/parts); trailing ones may be
 // smaller or empty. Refuses a dim outside the shape, parts < 1 and index outside [0, parts).
 Result<Layout> CheckedChunkLayout(const Shape& global, int dim, int parts, int index);

@@ -22,20 +22,58 @@ const ChunkIndex::EntryIndex& ChunkIndex::For(size_t entry) {
   return *slot;
 }
 
+namespace {
+
+// Entries with at most this many chunks are first searched for a chunk of exactly the wanted
+// layout (a load at the world size and layout of the save): one copy, and no region index built
+// for the entry, which dominated planning with thousands of small entries.
+constexpr size_t kExactMatchScan = 64;
+
+const ChunkRecord* ExactChunk(const EntryRecord& e, const Layout& normal) {
+  if (e.chunks.size() > kExactMatchScan) return nullptr;
+  for (const ChunkRecord& chunk : e.chunks) {
+    if (chunk.layout == normal) return &chunk;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
 void PlanPieceCopies(const Manifest& manifest, ChunkIndex& index,
                      const std::vector<WantedPiece>& wanted, std::vector<CopyRequest>* out) {
   for (const WantedPiece& w : wanted) {
     const EntryRecord& e = manifest.entries[w.entry];
     const uint64_t element = DTypeSize(e.dtype);
+    const Layout normal = Normalize(w.layout, e.shape);
+    if (const ChunkRecord* chunk = ExactChunk(e, normal)) {
+      out->push_back(CopyRequest{chunk->file, chunk->offset, chunk->bytes, w.target, 0});
+      continue;
+    }
+    auto emit = [&](const ChunkRecord& chunk, const Region& from, const Region& want) {
+      ForEachCopy(from, want, [&](int64_t src, int64_t dst, int64_t count) {
+        out->push_back(CopyRequest{chunk.file, chunk.offset + static_cast<uint64_t>(src) * element,
+                                   static_cast<uint64_t>(count) * element, w.target,
+                                   static_cast<uint64_t>(dst) * element});
+      });
+    };
+    const std::vector<Region> wants = LayoutRegions(w.layout, e.shape);
+    if (normal.kind == LayoutKind::kWhole) {
+      // The whole tensor (consolidate, reshard): every chunk lies in it; no index needed.
+      for (const ChunkRecord& chunk : e.chunks) {
+        if (const int64_t start = ContiguousStart(chunk.layout, e.shape); start >= 0) {  // one run: no regions
+          out->push_back(CopyRequest{chunk.file, chunk.offset, chunk.bytes, w.target, static_cast<uint64_t>(start) * element});
+          continue;
+        }
+        for (const Region& want : wants) {
+          for (const Region& from : LayoutRegions(chunk.layout, e.shape)) emit(chunk, from, want);
+        }
+      }
+      continue;
+    }
     const ChunkIndex::EntryIndex& saved = index.For(w.entry);
-    for (const Region& want : LayoutRegions(w.layout, e.shape)) {
+    for (const Region& want : wants) {
       saved.index->ForEachIntersecting(want, [&](size_t id) {
-        const ChunkRecord& chunk = e.chunks[saved.chunk_of_region[id]];
-        ForEachCopy(saved.regions[id], want, [&](int64_t src, int64_t dst, int64_t count) {
-          out->push_back(CopyRequest{chunk.file, chunk.offset + static_cast<uint64_t>(src) * element,
-                                     static_cast<uint64_t>(count) * element, w.target,
-                                     static_cast<uint64_t>(dst) * element});
-        });
+        emit(e.chunks[saved.chunk_of_region[id]], saved.regions[id], want);
       });
     }
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <string_view>
 #include <unordered_map>
 
 #include <xxhash.h>
@@ -100,6 +101,7 @@ Result<RankDescription> DecodeRankDescription(const std::string& bytes) {
   WireReader r(bytes);
   RankDescription d;
   uint64_t pieces = r.U64();
+  d.pieces.reserve(std::min<uint64_t>(pieces, bytes.size() / 8));  // each piece takes more than 8 bytes
   for (uint64_t i = 0; i < pieces && r.ok(); ++i) {
     PieceDescription p;
     p.name = r.Str();
@@ -123,6 +125,24 @@ Result<RankDescription> DecodeRankDescription(const std::string& bytes) {
   return d;
 }
 
+namespace {
+
+// A hash of a normalized layout, for finding equal pieces (replicas) of one entry.
+uint64_t LayoutHash(const Layout& l, uint64_t seed) {
+  uint64_t h = XXH3_64bits_withSeed(&l.kind, sizeof(l.kind), seed);
+  if (l.kind == LayoutKind::kFlatRange) {
+    const int64_t range[2] = {l.begin, l.end};
+    return XXH3_64bits_withSeed(range, sizeof(range), h);
+  }
+  if (l.kind == LayoutKind::kBox) {
+    h = XXH3_64bits_withSeed(l.offsets.data(), l.offsets.size() * sizeof(int64_t), h);
+    return XXH3_64bits_withSeed(l.sizes.data(), l.sizes.size() * sizeof(int64_t), h);
+  }
+  return h;
+}
+
+}  // namespace
+
 Result<SavePlan> PlanSave(const std::vector<RankDescription>& ranks) {
   const int world = static_cast<int>(ranks.size());
   SavePlan plan;
@@ -137,57 +157,87 @@ Result<SavePlan> PlanSave(const std::vector<RankDescription>& ranks) {
   struct Group {  // one distinct piece of one entry and every rank holding it
     Layout layout;
     int64_t bytes;
-    std::vector<Holder> holders;
+    Holder first;
+    std::vector<Holder> more;  // replicas beyond the first: only for replicated pieces
   };
   struct Entry {
+    std::string_view name;
     DType dtype;
-    Shape shape;
+    const Shape* shape;
     int first_rank;
     std::vector<Group> groups;
-    std::unordered_map<std::string, size_t> group_of;  // encoded layout -> groups index
   };
-  std::map<std::string, Entry> entries;
+  // Per piece: no string, map or key built (a state of thousands of small tensors cut over many
+  // ranks has millions of pieces). Entries by name, groups by a hash of (entry, layout), checked
+  // for equality; on a hash collision the entry's groups are searched.
+  std::vector<Entry> entries;
+  std::unordered_map<std::string_view, size_t> entry_of;
+  std::unordered_map<uint64_t, size_t> group_of;  // hash -> group index in its entry
+  size_t pieces = 0;
+  for (const RankDescription& r : ranks) pieces += r.pieces.size();
+  entries.reserve(ranks.empty() ? 0 : ranks[0].pieces.size());
+  entry_of.reserve(ranks.empty() ? 0 : ranks[0].pieces.size());
+  group_of.reserve(pieces);
   for (int r = 0; r < world; ++r) {
     plan.writes_piece[r].assign(ranks[r].pieces.size(), false);
     for (size_t i = 0; i < ranks[r].pieces.size(); ++i) {
       const PieceDescription& p = ranks[r].pieces[i];
-      auto [it, inserted] = entries.try_emplace(p.name, Entry{p.dtype, p.shape, r, {}, {}});
-      Entry& e = it->second;
-      if (!inserted && (e.dtype != p.dtype || e.shape != p.shape)) {
+      auto [it, inserted] = entry_of.try_emplace(p.name, entries.size());
+      if (inserted) entries.push_back(Entry{p.name, p.dtype, &p.shape, r, {}});
+      Entry& e = entries[it->second];
+      if (!inserted && (e.dtype != p.dtype || *e.shape != p.shape)) {
         return InvalidArgument("entry '" + p.name + "' is " + DTypeName(p.dtype) + " " +
                                ShapeString(p.shape) + " on rank " + std::to_string(r) + " but " +
-                               DTypeName(e.dtype) + " " + ShapeString(e.shape) + " on rank " +
+                               DTypeName(e.dtype) + " " + ShapeString(*e.shape) + " on rank " +
                                std::to_string(e.first_rank));
       }
       Layout normal = Normalize(p.layout, p.shape);
-      WireWriter key;
-      key.Layout(normal);
-      auto [slot, fresh] = e.group_of.try_emplace(key.bytes(), e.groups.size());
-      if (fresh) e.groups.push_back(Group{normal, p.bytes, {}});
-      e.groups[slot->second].holders.push_back(Holder{r, i});
+      const uint64_t hash = LayoutHash(normal, it->second);
+      auto [slot, fresh] = group_of.try_emplace(hash, e.groups.size());
+      Group* group = nullptr;
+      if (!fresh) {
+        if (slot->second < e.groups.size() && e.groups[slot->second].layout == normal) {
+          group = &e.groups[slot->second];
+        } else {
+          for (Group& g : e.groups) {
+            if (g.layout == normal) group = &g;
+          }
+        }
+      }
+      if (group == nullptr) {
+        e.groups.push_back(Group{std::move(normal), p.bytes, Holder{r, i}, {}});
+      } else {
+        group->more.push_back(Holder{r, i});
+      }
     }
   }
+  // Entries in name order, so that equal-sized replicas are assigned the same way whatever the
+  // ranks' order of pieces.
+  std::vector<size_t> by_name(entries.size());
+  for (size_t k = 0; k < by_name.size(); ++k) by_name[k] = k;
+  std::sort(by_name.begin(), by_name.end(), [&](size_t a, size_t b) { return entries[a].name < entries[b].name; });
   std::vector<Group*> replicated;
-  for (auto& [name, e] : entries) {
-    std::vector<Layout> layouts;
-    std::vector<std::string> owners;
+  std::vector<const Layout*> layouts;
+  for (size_t k : by_name) {
+    Entry& e = entries[k];
+    layouts.clear();
     for (Group& g : e.groups) {
-      layouts.push_back(g.layout);
-      owners.push_back("rank " + std::to_string(g.holders[0].rank));
-      if (g.holders.size() == 1) {
-        plan.writes_piece[g.holders[0].rank][g.holders[0].piece] = true;
-        plan.bytes_per_rank[g.holders[0].rank] += g.bytes;
+      layouts.push_back(&g.layout);
+      if (g.more.empty()) {
+        plan.writes_piece[g.first.rank][g.first.piece] = true;
+        plan.bytes_per_rank[g.first.rank] += g.bytes;
       } else {
         replicated.push_back(&g);
       }
     }
-    SC_RETURN_IF_ERROR(CheckExactCover(name, e.shape, layouts, owners));
+    SC_RETURN_IF_ERROR(CheckExactCover(std::string(e.name), *e.shape, layouts,
+                                       [&](size_t g) { return "rank " + std::to_string(e.groups[g].first.rank); }));
   }
   std::stable_sort(replicated.begin(), replicated.end(),
                    [](const Group* a, const Group* b) { return a->bytes > b->bytes; });
   for (Group* g : replicated) {
-    const Holder* best = &g->holders[0];
-    for (const Holder& h : g->holders) {
+    const Holder* best = &g->first;
+    for (const Holder& h : g->more) {
       if (plan.bytes_per_rank[h.rank] < plan.bytes_per_rank[best->rank]) best = &h;
     }
     plan.writes_piece[best->rank][best->piece] = true;

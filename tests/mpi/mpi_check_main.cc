@@ -32,6 +32,7 @@
 #include "shardckpt/engine/core/save_plan_cache.h"
 #include "shardckpt/io/failpoint.h"
 #include "shardckpt/io/fs.h"
+#include "shardckpt/io/io_engine.h"
 #include "tests/mpi/scenario.h"
 #include "tests/test_util.h"
 
@@ -154,11 +155,13 @@ int DoLoad(Communicator& comm, const Args& a) {
   } else if (rng.available || rng.reason.find("saved by " + std::to_string(report->saved_world_size) + " ranks") == std::string::npos) {
     return Fail(rank, "per-rank blob 'rng' should be unavailable with a reason, got '" + rng.reason + "'");
   }
-  // Entries every rank wants whole are read once and broadcast when asked (or across hosts):
-  // with more entries than ranks, every rank receives some of them from their readers. On one
-  // host by default every rank reads them itself and receives nothing.
+  // Entries every rank wants whole are read once and broadcast when asked (or across hosts, or
+  // from storage): with more entries than ranks, every rank receives some of them from their
+  // readers. On one host from tmpfs by default every rank reads them itself and receives nothing.
   const char* env = std::getenv("SHARDCKPT_REPLICATED_READS");
-  const bool broadcast = (env != nullptr && *env ? std::string(env) : a.replicated_reads) == "broadcast";
+  const std::string mode = env != nullptr && *env ? std::string(env) : a.replicated_reads;
+  const bool broadcast =
+      mode == "broadcast" || (mode == "auto" && !IsMemoryBacked(JoinPath(report->path, "manifest.json")));
   if (a.family == "replicated" && world > 1 && broadcast && report->bytes_received == 0) {
     return Fail(rank, "no replicated entry was received by broadcast");
   }
