@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "shardckpt/io/checksum.h"
 
@@ -55,6 +56,11 @@ AlignedBuffer::~AlignedBuffer() {
 
 Result<std::unique_ptr<BufferPool>> BufferPool::Create(size_t count, size_t buffer_bytes,
                                                        HostAllocator allocator) {
+  // Rings index their buffers modulo the count: an empty pool would divide by zero.
+  if (count == 0 || buffer_bytes == 0) {
+    return InvalidArgument("staging needs at least one buffer of at least one byte (asked for " + std::to_string(count) +
+                           " of " + std::to_string(buffer_bytes) + " bytes: see staging_buffers / staging_buffer_bytes)");
+  }
   auto pool = std::make_unique<BufferPool>();
   pool->buffer_bytes_ = AlignUp(buffer_bytes, kDirectIoAlignment);
   for (size_t i = 0; i < count; ++i) {

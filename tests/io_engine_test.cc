@@ -95,6 +95,16 @@ void ReapAll(IoEngine* engine, std::set<uint64_t>* done, std::vector<Status>* fa
   }
 }
 
+TEST(BufferPool, AnEmptyPoolIsRefusedNamingTheOptions) {
+  for (auto [count, bytes] : {std::pair<size_t, size_t>{0, 4096}, {4, 0}}) {
+    Result<std::unique_ptr<BufferPool>> pool = BufferPool::Create(count, bytes);
+    ASSERT_FALSE(pool.ok());
+    EXPECT_EQ(pool.status().code(), Code::kInvalidArgument);
+    EXPECT_THAT(pool.status().message(), ::testing::HasSubstr("staging_buffers / staging_buffer_bytes"));
+  }
+  EXPECT_TRUE(BufferPool::Create(1, 1).ok());
+}
+
 TEST_P(IoEngineConformance, WritesAndReadsBackWithQueueFull) {
   const std::string path = JoinPath(dir_.path(), "data");
   constexpr size_t kBuffers = 8, kBytes = 64 << 10;

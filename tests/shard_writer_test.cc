@@ -111,6 +111,24 @@ TEST(ShardFileWriter, WaitsForEveryDeviceThatFilledABuffer) {
   ExpectTableMatches(file, *record);
 }
 
+// A save that fails after queuing device copies (a later piece's copy refused, a write error)
+// never reaches Finish; the pool outlives the writer (the async ring, the kept spare), so the
+// writer must not end with copies still landing in it: its next user's bytes would be overwritten.
+TEST(ShardFileWriter, AWriterLeftMidwayWaitsForTheCopiesIntoItsPool) {
+  testing::TempDir dir;
+  std::unique_ptr<IoEngine> io = CreateIoEngine();
+  auto pool = BufferPool::Create(2, 64 << 10).value();
+  std::vector<uint8_t> on_gpu = Pattern(3000, 4);
+  DeferredCopier gpu(0);
+  {
+    ShardFileWriter writer(io.get(), pool.get(), /*always_stage=*/false);
+    ASSERT_TRUE(writer.Open(dir.path(), "rank-00000.bin").ok());
+    ASSERT_TRUE(writer.AppendFromDevice(on_gpu.data(), on_gpu.size(), &gpu).ok());
+    EXPECT_EQ(gpu.pending(), 1u);  // queued into a buffer not written yet
+  }  // abandoned without Finish, as a failed save leaves it
+  EXPECT_EQ(gpu.pending(), 0u) << "a device copy was still landing in the pool after its writer ended";
+}
+
 // AsyncSaver's snapshot layout: pieces at page offsets with zeros between. Every piece that goes
 // on a block (here all: packing off, as format 1.0 laid them out; packed small pieces are staged),
 // and every tail, is written from that memory, adjacent pieces in buffer-sized writes; the

@@ -341,7 +341,9 @@ StagingSize SizeStaging(const ReadPlan& plan, size_t staging_buffers, uint64_t m
   uint64_t largest = kBlockSize;
   for (const ReadExtent& e : plan.extents) largest = std::max(largest, e.length);
   const uint64_t budget = staging_buffers * max_extent;
-  return StagingSize{static_cast<size_t>(std::clamp<uint64_t>(budget / largest, staging_buffers, 128)), largest};
+  // At most 128 buffers in flight, however many were asked for (clamp needs low <= high).
+  const uint64_t at_least = std::min<uint64_t>(std::max<size_t>(staging_buffers, 1), 128);
+  return StagingSize{static_cast<size_t>(std::clamp<uint64_t>(budget / largest, at_least, 128)), largest};
 }
 
 // ---- 5.

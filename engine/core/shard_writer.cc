@@ -15,6 +15,12 @@ ShardFileWriter::ShardFileWriter(IoEngine* io, BufferPool* pool, bool always_sta
         return BeforeWrite(buffer, data, length);
       }) {}
 
+ShardFileWriter::~ShardFileWriter() {
+  for (size_t buffer = 0; buffer < copying_.size(); ++buffer) {
+    for (DeviceCopier* copier : copying_[buffer]) copier->WaitSlot(buffer).IgnoreError();
+  }
+}
+
 Status ShardFileWriter::Open(const std::string& dir, const std::string& name) {
   name_ = name;
   return writer_.Open(JoinPath(dir, name));

@@ -48,6 +48,11 @@ class ShardFileWriter {
                   size_t hash_helpers = DefaultHashHelpers());
   static size_t DefaultHashHelpers();
 
+  // Waits for device copies still landing in the pool's buffers (a write that failed midway
+  // leaves some queued): the pool outlives the writer (the async ring, the kept spare) and its
+  // next user must not have its bytes overwritten by a late copy.
+  ~ShardFileWriter();
+
   Status Open(const std::string& dir, const std::string& name);
   // Where chunks go; packing on by default. Set before the first Append.
   void set_packing(const ChunkPacking& packing) { packing_ = packing; }
