@@ -23,6 +23,7 @@
 #include "shardckpt/engine/core/dcp_export.h"
 #include "shardckpt/engine/core/load.h"
 #include "shardckpt/engine/core/save.h"
+#include "shardckpt/engine/core/staging_cache.h"
 #include "shardckpt/engine/core/verify.h"
 #include "shardckpt/io/failpoint.h"
 #include "shardckpt/io/log.h"
@@ -634,6 +635,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("mpi_finalize", &MpiFinalize);
   m.def("save", &SaveCall);
   m.def("load", &LoadCall);
+  m.def("release_staging", [] { ReleaseSpareStaging(); },
+        "Frees the staging memory kept between saves and loads of this process.");
   py::class_<Saver>(m, "AsyncSaver");
   py::class_<Handle>(m, "SaveHandle")
       .def("wait", &Handle::Wait)

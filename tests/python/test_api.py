@@ -98,6 +98,19 @@ def test_load_writes_into_the_callers_tensors(root):
     assert torch.equal(target, state["w"])
 
 
+def test_saves_and_loads_work_after_the_kept_staging_is_released(root):
+    state = {"w": make(torch.float32, (64, 64), 2)}
+    shardckpt.save(state, root, step=1)
+    shardckpt.release_staging()  # the next calls allocate staging again
+    target = {"w": torch.zeros(64, 64)}
+    shardckpt.load(target, root)
+    assert torch.equal(target["w"], state["w"])
+    shardckpt.release_staging()
+    shardckpt.save({"w": state["w"] * 2}, root, step=2)
+    shardckpt.load(target, root)
+    assert torch.equal(target["w"], state["w"] * 2)
+
+
 def test_blobs_come_back_with_their_types(root):
     values = {
         "step": 7, "lr": 0.1, "name": "run-1", "flag": True, "nothing": None, "raw": b"\x00\x01\xff",
