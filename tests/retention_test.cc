@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "shardckpt/collectives/communicator.h"
+#include "shardckpt/engine/core/background_removal.h"
 #include "shardckpt/engine/core/checkpoint_dir.h"
 #include "shardckpt/engine/core/load.h"
 #include "shardckpt/engine/core/retention.h"
@@ -407,6 +408,63 @@ TEST_F(RetentionTest, AHeldCheckpointIsLeftForALaterSave) {
   }
   ASSERT_TRUE(SaveStep(3, options).ok());
   EXPECT_THAT(Names(), ElementsAre(StepDirName(3)));
+}
+
+std::vector<std::string> RetiredIn(const std::string& root) {
+  std::vector<std::string> out;
+  for (const std::string& n : ListDir(root).value()) {
+    if (IsRetiredDirName(n)) out.push_back(n);
+  }
+  return out;
+}
+
+// Issue 14 part 2: a save's retention makes the old checkpoint invisible before returning and
+// frees its bytes on a helper thread (held back here by a sleeping failpoint, so a removal done
+// before the save returned fails the test).
+TEST_F(RetentionTest, RetentionFreesTheOldCheckpointAfterTheSaveReturns) {
+  SaveOptions options;
+  options.keep_last = 1;
+  ASSERT_TRUE(SaveStep(1, options).ok());
+  ASSERT_TRUE(SetFailpoints("retention.background_remove=sleep:500").ok());
+  ASSERT_TRUE(SaveStep(2, options).ok());
+  EXPECT_THAT(Names(), ElementsAre(StepDirName(2)));
+  std::vector<std::string> retired = RetiredIn(root());
+  ASSERT_EQ(retired.size(), 1u);
+  EXPECT_THAT(retired[0], ::testing::StartsWith(".removing-" + StepDirName(1) + "-"));
+  EXPECT_FALSE(PathExists(JoinPath(JoinPath(root(), retired[0]), kManifestName)));
+  EXPECT_TRUE(PathExists(JoinPath(JoinPath(root(), retired[0]), RankFileName(0))));
+  EXPECT_EQ(Or(LoadStep(root()), int64_t{-1}), 2);
+  Result<std::vector<CheckpointInfo>> listed = ListCheckpoints(root());
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].name, StepDirName(2));
+  WaitForBackgroundRemovals();
+  EXPECT_THAT(RetiredIn(root()), ::testing::IsEmpty());
+  // The next save waits for what is still queued, so at most one generation is in flight.
+  ASSERT_TRUE(SaveStep(3, options).ok());
+  ASSERT_TRUE(SaveStep(4, options).ok());
+  EXPECT_THAT(Names(), ElementsAre(StepDirName(4)));
+  EXPECT_LE(RetiredIn(root()).size(), 1u);
+  WaitForBackgroundRemovals();
+  EXPECT_THAT(RetiredIn(root()), ::testing::IsEmpty());
+}
+
+TEST_F(RetentionTest, ABackgroundRemovalCutShortIsFinishedByTheNextSave) {
+  SaveOptions options;
+  options.keep_last = 1;
+  ASSERT_TRUE(SaveStep(1, options).ok());
+  int status = InChild([&] {
+    SetFailpoints("retention.background_remove=kill").IgnoreError();
+    SaveStep(2, options).status().IgnoreError();
+    WaitForBackgroundRemovals();
+  });
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  EXPECT_THAT(Names(), ElementsAre(StepDirName(2)));
+  EXPECT_EQ(RetiredIn(root()).size(), 1u);
+  EXPECT_EQ(Or(LoadStep(root()), int64_t{-1}), 2);
+  ASSERT_TRUE(SaveStep(3).ok());
+  EXPECT_THAT(RetiredIn(root()), ::testing::IsEmpty());
+  EXPECT_THAT(Names(), ElementsAre(StepDirName(2), StepDirName(3)));
 }
 
 // A linked-in checkpoint (a warm start from an archive) that a reader holds keeps its link: the

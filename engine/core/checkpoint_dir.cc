@@ -16,6 +16,7 @@
 #include <random>
 #include <thread>
 
+#include "shardckpt/engine/core/background_removal.h"
 #include "shardckpt/engine/model/manifest.h"
 #include "shardckpt/io/failpoint.h"
 #include "shardckpt/io/fs.h"
@@ -66,6 +67,19 @@ std::string TempDirName(int64_t step, const std::string& id) { return StepDirNam
 
 bool IsTempDirName(const std::string& name) {
   return name.compare(0, 5, "step-") == 0 && name.find(".tmp-") != std::string::npos;
+}
+
+namespace {
+constexpr char kRetiredPrefix[] = ".removing-";
+}  // namespace
+
+std::string RetiredDirName(const std::string& step_dir_name) {
+  return kRetiredPrefix + step_dir_name + "-" + RandomId();
+}
+
+bool IsRetiredDirName(const std::string& name) {
+  const std::string prefix = std::string(kRetiredPrefix) + "step-";
+  return name.compare(0, prefix.size(), prefix) == 0;
 }
 
 std::string ReadLatestName(const std::string& root) {
@@ -172,7 +186,7 @@ Result<CheckpointHold> HoldCheckpoint(const std::string& path) {
                   std::to_string(kAttempts) + " times in a row while being opened");
 }
 
-Result<bool> RemoveCheckpointDir(const std::string& root, const std::string& name) {
+Result<bool> RemoveCheckpointDir(const std::string& root, const std::string& name, Removal when) {
   if (!IsPlainFileName(name)) return InvalidArgument("refusing to delete '" + name + "': not a name inside " + root);
   const std::string path = JoinPath(root, name);
   struct stat st;
@@ -214,6 +228,18 @@ Result<bool> RemoveCheckpointDir(const std::string& root, const std::string& nam
   }
   if (status.ok() && ::fsync(fd) != 0) status = ErrnoStatus(errno, "fsync directory " + path);
   if (status.ok()) status = Failpoint("retention.remove_tree", "remove " + path);
+  if (status.ok() && when == Removal::kInBackground) {
+    // No longer committed; out of the step names it goes, and the bytes are freed later. A
+    // crash between the rename and the end of the deletion leaves a retired folder, removed by
+    // the next save. Where the rename fails the folder is removed here, as kNow would.
+    const std::string retired = JoinPath(root, RetiredDirName(name));
+    if (::rename(path.c_str(), retired.c_str()) == 0) {
+      RemoveInBackground(retired, fd);
+      return true;
+    }
+    SC_LOG(kInfo) << "could not rename " << path << " to " << retired << " (" << std::strerror(errno)
+                  << "); removing it before the save returns";
+  }
   // remove_all does not follow symlinks: a linked rank file or sub-folder loses only its link.
   if (status.ok()) status = RemoveTree(path);
   ::close(fd);
@@ -222,16 +248,22 @@ Result<bool> RemoveCheckpointDir(const std::string& root, const std::string& nam
 }
 
 Status RemoveStaleTempDirs(const std::string& root) {
+  WaitForBackgroundRemovals();
   SC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(root));
   for (const std::string& name : names) {
     int64_t step;
     const bool half_deleted = ParseStepDirName(name, &step) && !PathExists(JoinPath(JoinPath(root, name), kManifestName));
-    if (!IsTempDirName(name) && !half_deleted) continue;
+    const bool retired = IsRetiredDirName(name);
+    if (!IsTempDirName(name) && !half_deleted && !retired) continue;
     SC_LOG(kWarn) << "removing " << JoinPath(root, name)
                   << (half_deleted ? ", a step folder without a manifest (a deletion or commit cut short)"
+                      : retired    ? ", a checkpoint retention had retired whose deletion did not finish"
                                    : ", left by a save that did not finish");
     SC_ASSIGN_OR_RETURN(bool removed, RemoveCheckpointDir(root, name));
-    if (!removed) SC_LOG(kWarn) << JoinPath(root, name) << " is held by a reader; left for a later save";
+    if (!removed) {
+      SC_LOG(kWarn) << JoinPath(root, name)
+                    << (retired ? " is being removed by another process" : " is held by a reader; left for a later save");
+    }
   }
   return Status::Ok();
 }

@@ -17,6 +17,10 @@ inline constexpr const char* kLockName = ".shardckpt.lock";
 std::string StepDirName(int64_t step);                        // step-000001000
 std::string TempDirName(int64_t step, const std::string& id);  // step-000001000.tmp-<id>
 bool IsTempDirName(const std::string& name);
+// .removing-step-000001000-<id>: a checkpoint retired by retention whose files are being deleted
+// in the background (background_removal.h); never committed, never listed as a checkpoint.
+std::string RetiredDirName(const std::string& step_dir_name);
+bool IsRetiredDirName(const std::string& name);
 std::string RankFileName(int rank);  // rank-00003.bin
 std::string RandomId();              // for temp folder names
 
@@ -66,10 +70,15 @@ Result<CheckpointHold> HoldCheckpoint(const std::string& path);
 // that is not committed (and that the next save removes); never follows a symlink (a linked
 // folder or file loses the link, its target is untouched); never deletes outside root/name.
 // Returns false, deleting nothing, when a reader holds the folder.
-Result<bool> RemoveCheckpointDir(const std::string& root, const std::string& name);
+// kInBackground (retention after a save): once the manifest is gone and the folder synced, the
+// folder is renamed to RetiredDirName and its files deleted on a helper thread
+// (background_removal.h); the call returns without waiting for the filesystem to free them.
+enum class Removal { kNow, kInBackground };
+Result<bool> RemoveCheckpointDir(const std::string& root, const std::string& name, Removal when = Removal::kNow);
 
-// Removes what crashed or failed saves left: temp folders and step folders without a manifest
-// (a deletion cut short). Called with the root lock held.
+// Removes what crashed or failed saves left: temp folders, step folders without a manifest
+// (a deletion cut short) and retired folders whose background deletion did not finish. Waits
+// first for this process's own background deletions. Called with the root lock held.
 Status RemoveStaleTempDirs(const std::string& root);
 
 // Rewrites `latest` when it does not name the newest committed checkpoint. Root lock held.

@@ -57,7 +57,8 @@ Status CommitCheckpoint(const std::string& root, const std::string& temp_name, c
       return status;
     }
   }
-  Result<RetentionReport> kept = ApplyRetention(root, retention, final_name);
+  // The removed checkpoints' bytes are freed off the save's path; the next save waits for that.
+  Result<RetentionReport> kept = ApplyRetention(root, retention, final_name, /*dry_run=*/false, Removal::kInBackground);
   if (!kept.ok()) SC_LOG(kWarn) << "retention after " << final_name << " failed (the save stands): " << kept.status().ToString();
   return Status::Ok();
 }

@@ -98,7 +98,7 @@ Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, boo
 }
 
 Result<RetentionReport> ApplyRetention(const std::string& root, const RetentionPolicy& policy,
-                                       const std::string& just_committed, bool dry_run) {
+                                       const std::string& just_committed, bool dry_run, Removal when) {
   SC_RETURN_IF_ERROR(ValidatePolicy(policy));
   RetentionReport report;
   if (policy.KeepsEverything()) return report;
@@ -111,7 +111,7 @@ Result<RetentionReport> ApplyRetention(const std::string& root, const RetentionP
       continue;
     }
     SC_LOG(kInfo) << "retention: removing " << JoinPath(root, c.name);
-    SC_ASSIGN_OR_RETURN(bool removed, RemoveCheckpointDir(root, c.name));
+    SC_ASSIGN_OR_RETURN(bool removed, RemoveCheckpointDir(root, c.name, when));
     (removed ? report.removed : report.deferred).push_back(c.name);
     if (!removed) SC_LOG(kInfo) << "retention: " << JoinPath(root, c.name) << " is being read; a later save removes it";
   }

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "shardckpt/engine/core/checkpoint_dir.h"
 #include "shardckpt/io/status.h"
 
 namespace shardckpt {
@@ -59,8 +60,11 @@ struct RetentionReport {
 };
 
 // Applies `policy` to root; the caller holds the root lock. `just_committed` is never removed.
-// dry_run: reports what would go and removes nothing.
+// dry_run: reports what would go and removes nothing. A save passes Removal::kInBackground: what
+// it removes stops being a checkpoint before the call returns, and its bytes are freed on a
+// helper thread (background_removal.h).
 Result<RetentionReport> ApplyRetention(const std::string& root, const RetentionPolicy& policy,
-                                       const std::string& just_committed, bool dry_run = false);
+                                       const std::string& just_committed, bool dry_run = false,
+                                       Removal when = Removal::kNow);
 
 }  // namespace shardckpt

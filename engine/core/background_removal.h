@@ -1,0 +1,28 @@
+// Deleting a retired checkpoint's data files off the save's path.
+//
+// Why: unlinking a large file makes the filesystem free its extents, and on ext4 that is slow
+// (0.3-0.6 s per 2 GiB measured here, the time of a third of a 2 GiB save). A save with a
+// retention policy used to pay it before returning. What has to happen before the save returns
+// is only what makes the old checkpoint invisible and that decision durable: its manifest
+// unlinked and the folder synced, then the folder renamed out of the step namespace
+// (RetiredDirName). The rest, freeing the bytes, is done here on one helper thread, while the
+// training loop computes.
+//
+// A crash at any point leaves either a step folder without a manifest or a `.removing-*`
+// folder; the next save of the root removes both (RemoveStaleTempDirs). The next save in this
+// process first waits for what is still queued, so the space of at most one generation of
+// retired checkpoints is in flight, and process exit waits for the queue too.
+#pragma once
+
+#include <string>
+
+namespace shardckpt {
+
+// Queues the retired folder `path` for deletion. `locked_fd` is the folder's descriptor with its
+// exclusive flock held (readers see it held until the folder is gone); the queue closes it.
+void RemoveInBackground(std::string path, int locked_fd);
+
+// Returns once every folder queued so far has been deleted (or its failure logged).
+void WaitForBackgroundRemovals();
+
+}  // namespace shardckpt
