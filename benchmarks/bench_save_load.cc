@@ -36,6 +36,7 @@
 #include "shardckpt/engine/core/background_removal.h"
 #include "shardckpt/engine/core/retention.h"
 #include "shardckpt/engine/core/save.h"
+#include "shardckpt/engine/core/save_plan_cache.h"
 #include "shardckpt/engine/torch/torch_adapter.h"
 #include "shardckpt/io/fs.h"
 
@@ -185,6 +186,7 @@ int main(int argc, char** argv) {
       ("dir", po::value<std::string>()->default_value("/tmp/shardckpt-bench"), "folder to write in")
       ("iters", po::value<int>()->default_value(3), "repetitions (median reported)")
       ("async", "also measure async save (see issue 6)")
+      ("plan-cache", "keep the save plan between iterations, as a training loop's repeated saves do (the first save plans; the median then shows repeats)")
       ("many-small", po::value<int>()->default_value(0), "also this many small tensors (4 B to 16 KiB), cut per rank")
       ("python", po::value<std::string>()->default_value("/usr/bin/python3"), "Python with torch, for the torch.save baseline")
       ("torch-script", po::value<std::string>()->default_value(SHARDCKPT_BENCH_DIR "/torch_save_rank.py"), "the torch.save baseline");
@@ -226,6 +228,8 @@ int main(int argc, char** argv) {
     CheckOrExit(AgreeOnStatus(*comm, torch_save.status()), "starting the torch.save baseline");
   }
 
+  SavePlanCache plan_cache;
+  const bool keep_plan = vm.count("plan-cache") > 0;
   std::vector<double> fio_w, fio_r, raw_w, raw_r, save_t, load_t, torch_t, retention_t, retention_bg_t;
   double torch_written = 0, our_written = 0;
   for (int it = 0; it < iters; ++it) {
@@ -241,6 +245,7 @@ int main(int argc, char** argv) {
     CheckOrExit(AgreeOnStatus(*comm, raw), "raw read baseline");
     const std::string root = JoinPath(dir, "ckpt");
     SaveOptions save_options;
+    if (keep_plan) save_options.plan_cache = &plan_cache;
     // The save alone is timed; deleting the previous checkpoint (what keep_last=1 would do in the
     // same call) is timed on its own below, so both figures are visible.
     Result<SaveResult> saved = Internal("not run");
@@ -318,6 +323,11 @@ int main(int argc, char** argv) {
     std::printf("  fio write %.3f GiB/s, read %.3f GiB/s (medians; %.0f MiB in all, one job per rank)\n", fw, fr,
                 raw_total / 1048576);
     std::printf("  old sync 8 MiB pwrite/pread baseline: write %.3f GiB/s, read %.3f GiB/s\n", rw, rr);
+    if (keep_plan) {
+      std::printf("  plan kept between saves: %llu planned, %llu reused; first save %.3fs\n",
+                  static_cast<unsigned long long>(plan_cache.plans_made),
+                  static_cast<unsigned long long>(plan_cache.plans_reused), save_t.front());
+    }
     std::printf("  shardckpt save %.3f GiB/s (%.2fx fio write, %.2fx old raw), load %.3f GiB/s (%.2fx fio read, %.2fx old raw)\n",
                 save, save / fw, save / rw, load, load / fr, load / rr);
     // On tmpfs io_uring can read slower than the synchronous loop: the stronger one is the baseline.

@@ -23,6 +23,7 @@
 #include "shardckpt/engine/core/dcp_export.h"
 #include "shardckpt/engine/core/load.h"
 #include "shardckpt/engine/core/save.h"
+#include "shardckpt/engine/core/save_plan_cache.h"
 #include "shardckpt/engine/core/staging_cache.h"
 #include "shardckpt/engine/core/verify.h"
 #include "shardckpt/io/failpoint.h"
@@ -90,9 +91,13 @@ class Comm {
   int size() const { return comm_->size(); }
   std::string name() const { return comm_->name(); }
   Communicator& get() { return *comm_; }
+  // Kept with the communicator (which _comm.py keeps per group): a training loop's repeated
+  // save() of an unchanged state description skips the gather and planning.
+  SavePlanCache& plan_cache() { return plan_cache_; }
 
  private:
   std::unique_ptr<Communicator> comm_;
+  SavePlanCache plan_cache_;
 };
 
 // A communicator whose collectives are a Python object's methods (shardckpt/_torch_comm.py:
@@ -268,6 +273,8 @@ py::tuple SaveCall(Comm& comm, const std::string& root, int64_t step,
   SaveOptions options = SaveOptionsFrom(keep_last, keep_best, best_metric, best_higher_is_better,
                                         user_metadata, torch_version);
   options.metrics = metrics;
+  options.plan_cache = &comm.plan_cache();
+  const uint64_t reused_before = comm.plan_cache().plans_reused;
   Result<SaveResult> saved = Status(Code::kInternal, "not run");
   {
     py::gil_scoped_release release;
@@ -280,6 +287,7 @@ py::tuple SaveCall(Comm& comm, const std::string& root, int64_t step,
   out["path"] = saved->path;
   out["bytes_written"] = saved->bytes_written;
   out["total_bytes"] = saved->total_bytes;
+  out["plan_reused"] = comm.plan_cache().plans_reused > reused_before;
   return Reply(Status::Ok(), out);
 }
 

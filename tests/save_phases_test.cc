@@ -312,6 +312,7 @@ TEST(DescriptionDigest, ChangesWithEveryDescribedFieldAndNotWithTheBytes) {
   ASSERT_TRUE(other_data.AddBlob("rng", "SEED", BlobScope::kPerRank).ok());  // same size, other bytes
   EXPECT_EQ(DescriptionDigest("h", other_data), base);
   EXPECT_NE(DescriptionDigest("other-host", other_data), base);
+  EXPECT_NE(DescriptionDigest("h", other_data, /*pack_small_chunks=*/false), base);
   // Every field a change of which must plan afresh.
   std::vector<uint64_t> changed = {
       make([&](ShardedState& s) { s.AddTensor("x", DType::kFloat32, {8}, Layout::Whole(), a).IgnoreError(); }),

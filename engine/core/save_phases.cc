@@ -192,8 +192,8 @@ PlannedSave PlanOnRoot(int rank, const std::string& root, int64_t step, const st
 }
 
 // ---- Reuse.
-uint64_t DescriptionDigest(const std::string& host, const ShardedState& state) {
-  const uint64_t parts[2] = {Checksum64(host.data(), host.size()), DigestStateDescription(state)};
+uint64_t DescriptionDigest(const std::string& host, const ShardedState& state, bool pack_small_chunks) {
+  const uint64_t parts[3] = {Checksum64(host.data(), host.size()), DigestStateDescription(state), pack_small_chunks ? 1u : 0u};
   return Checksum64(parts, sizeof(parts));
 }
 
@@ -287,7 +287,7 @@ Result<PlannedSave> DecidePlan(Communicator& comm, const std::string& root, int6
   const int rank = comm.rank();
   const std::string host = HostName();
   SavePlanCache* cache = options.plan_cache;
-  const uint64_t digest = cache != nullptr ? DescriptionDigest(host, state) : 0;
+  const uint64_t digest = cache != nullptr ? DescriptionDigest(host, state, options.pack_small_chunks) : 0;
   SC_ASSIGN_OR_RETURN(bool reuse, AgreeOnReuse(comm, step, digest, cache));
   PlannedSave planned;
   if (reuse) {

@@ -45,6 +45,7 @@
 #include "shardckpt/engine/core/checkpoint_dir.h"
 #include "shardckpt/engine/core/load.h"
 #include "shardckpt/engine/core/save.h"
+#include "shardckpt/engine/core/save_plan_cache.h"
 #include "shardckpt/engine/torch/torch_adapter.h"
 #include "shardckpt/io/failpoint.h"
 #include "shardckpt/io/fs.h"
@@ -247,12 +248,14 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
     at::Generator own = at::detail::getDefaultCPUGenerator();
     return state.AddBlob("rng", GeneratorState(own), BlobScope::kPerRank);
   };
+  SavePlanCache plan_cache;  // a repeat save of an unchanged description skips gather and planning
   auto save_sync = [&]() -> bool {
     ShardedState state;
     Status added = AgreeOnStatus(comm, training_state(state));
     SaveOptions options = config.SaveOptionsFor();
     options.metrics = loss_metric();  // keep-best ranks by it
     options.user_metadata["job"] = "shardckpt-train";
+    options.plan_cache = &plan_cache;
     auto t0 = Clock::now();
     Result<SaveResult> saved = added.ok() ? Save(comm, config.ckpt, step, state, options) : Result<SaveResult>(added);
     if (!saved.ok()) {

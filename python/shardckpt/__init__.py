@@ -68,6 +68,9 @@ class SaveResult:
     path: str
     bytes_written: int  # by this rank: data, padding and checksum table
     total_bytes: int    # by every rank
+    # The state's description (names, dtypes, shapes, layouts, value sizes) had not changed on
+    # any rank since the previous save on this communicator: its plan was reused, no gather.
+    plan_reused: bool = False
 
 
 @dataclasses.dataclass

@@ -257,6 +257,24 @@ def test_keep_last_prunes_old_checkpoints(root):
     assert shardckpt.load(target, root).step == 3 and torch.equal(target["w"], torch.full((2,), 3.0))
 
 
+def test_a_repeated_save_of_the_same_layout_reuses_its_plan(root):
+    # Issue 14 part 6 from Python: the communicator keeps the plan; new values, same description.
+    state = nested_state()
+    assert not shardckpt.save(state, root, step=1).plan_reused
+    state["big"].mul_(2)
+    state["layers"][1]["w"].add_(1)
+    assert shardckpt.save(state, root, step=2).plan_reused
+    target = zeros_like(state)
+    assert shardckpt.load(target, root).step == 2
+    assert_same(state, target)
+    # A new entry changes the description on every rank: planned afresh, and saved whole.
+    state["extra"] = make(torch.float32, (3, 3), 9)
+    assert not shardckpt.save(state, root, step=3).plan_reused
+    target = zeros_like(state)
+    shardckpt.load(target, root)
+    assert_same(state, target)
+
+
 def test_strip_prefix(root):
     shardckpt.save({"module": {"w": torch.ones(3)}, "module.n": 4}, root, step=1)
     target = {"w": torch.zeros(3), "n": 0}
