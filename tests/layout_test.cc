@@ -24,6 +24,45 @@ std::vector<Box> Boxes(const Layout& layout, const Shape& shape) {
   return out;
 }
 
+// Dims keeps up to four values inline and spills to the heap past that; every operation must
+// read the same whichever side the values live on, across copies and moves of either kind.
+TEST(Dims, BehavesAsAVectorInlineAndOnTheHeap) {
+  for (size_t n : {0u, 1u, 3u, 4u, 5u, 9u, 33u}) {
+    std::vector<int64_t> expected;
+    Dims dims;
+    for (size_t i = 0; i < n; ++i) {
+      dims.push_back(static_cast<int64_t>(i * 7 - 3));
+      expected.push_back(static_cast<int64_t>(i * 7 - 3));
+    }
+    ASSERT_EQ(dims.size(), n);
+    EXPECT_EQ(std::vector<int64_t>(dims), expected) << n;
+    Dims copy = dims;
+    EXPECT_TRUE(copy == dims);
+    Dims moved = std::move(copy);
+    EXPECT_EQ(std::vector<int64_t>(moved), expected) << n;
+    EXPECT_TRUE(copy.empty());  // NOLINT: a moved-from Dims is empty and usable
+    copy.push_back(1);
+    EXPECT_EQ(std::vector<int64_t>(copy), std::vector<int64_t>{1});
+    Dims assigned{9, 9};
+    assigned = moved;  // copy-assign over a smaller one
+    EXPECT_EQ(std::vector<int64_t>(assigned), expected);
+    Dims big(std::vector<int64_t>(12, 5));
+    big = std::move(assigned);  // move-assign over a heap one
+    EXPECT_EQ(std::vector<int64_t>(big), expected);
+    big.resize(n + 2, 8);
+    expected.resize(n + 2, 8);
+    EXPECT_EQ(std::vector<int64_t>(big), expected);
+    Dims from_vector = expected;
+    EXPECT_TRUE(from_vector == big);
+    from_vector[0] = 100;
+    EXPECT_TRUE(from_vector != big);
+  }
+  Layout box = Layout::Box({0, 2, 0, 0, 1}, {4, 2, 3, 3, 1});  // five dims: on the heap
+  EXPECT_EQ(box.ToString(), "box(offsets=[0, 2, 0, 0, 1], sizes=[4, 2, 3, 3, 1])");
+  EXPECT_EQ(ValidateLayout(box, {4, 4, 3, 3, 2}).value(), 72);
+  EXPECT_EQ(LocalShape(box, {4, 4, 3, 3, 2}), (Shape{4, 2, 3, 3, 1}));
+}
+
 TEST(LayoutRegions, FlatRangeSplitsIntoPartialRowsAndFullBlocks) {
   // Shape [4, 5]: elements 3..17 are the tail of row 0 (cols 3-4), rows 1-2 whole, and the head
   // of row 3 (cols 0-1: elements 15, 16).

@@ -16,7 +16,7 @@ std::vector<int64_t> RowMajorStrides(const std::vector<int64_t>& sizes) {
 
 }  // namespace
 
-Layout Layout::Box(std::vector<int64_t> offsets, std::vector<int64_t> sizes) {
+Layout Layout::Box(Dims offsets, Dims sizes) {
   Layout layout;
   layout.kind = LayoutKind::kBox;
   layout.offsets = std::move(offsets);
@@ -105,7 +105,11 @@ Result<int64_t> ValidateLayout(const Layout& layout, const Shape& global) {
           return InvalidArgument(layout.ToString() + " is outside shape " + ShapeString(global));
         }
       }
-      return NumElements(layout.sizes);
+      // Each size is within its dim of `global`, whose product was checked above: no overflow,
+      // and no Shape built per chunk (this runs for every chunk of a manifest).
+      int64_t count = 1;
+      for (int64_t size : layout.sizes) count *= size;
+      return count;
     }
   }
   return InvalidArgument("unknown layout kind");
@@ -170,15 +174,15 @@ Result<Layout> CheckedChunkLayout(const Shape& global, int dim, int parts, int i
   if (Status parts_ok = CheckParts(parts, index); !parts_ok.ok()) {
     return parts_ok.WithContext("chunk of shape " + ShapeString(global));
   }
-  std::vector<int64_t> offsets(global.size(), 0);
-  std::vector<int64_t> sizes = global;
+  Dims offsets, sizes = global;
+  offsets.resize(global.size(), 0);
   int64_t extent = global[dim];
   int64_t step = (extent + parts - 1) / parts;
   int64_t begin = std::min<int64_t>(extent, step * index);
   int64_t end = std::min<int64_t>(extent, begin + step);
   offsets[dim] = begin;
   sizes[dim] = end - begin;
-  return Layout::Box(offsets, sizes);
+  return Layout::Box(std::move(offsets), std::move(sizes));
 }
 
 Result<Layout> CheckedFlatShardLayout(const Shape& global, int parts, int index) {
@@ -204,8 +208,13 @@ std::vector<Region> LayoutRegions(const Layout& layout, const Shape& global) {
   std::vector<Region> regions;
   if (layout.kind != LayoutKind::kFlatRange) {
     Region region;
-    region.lo = layout.kind == LayoutKind::kBox ? layout.offsets : std::vector<int64_t>(n, 0);
-    region.size = layout.kind == LayoutKind::kBox ? layout.sizes : global;
+    if (layout.kind == LayoutKind::kBox) {
+      region.lo.assign(layout.offsets.begin(), layout.offsets.end());
+      region.size.assign(layout.sizes.begin(), layout.sizes.end());
+    } else {
+      region.lo.assign(n, 0);
+      region.size = global;
+    }
     for (int64_t s : region.size) {
       if (s == 0) return regions;
     }

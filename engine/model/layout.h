@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "shardckpt/engine/model/dims.h"
 #include "shardckpt/io/status.h"
 
 namespace shardckpt {
@@ -24,13 +25,13 @@ enum class LayoutKind : uint8_t { kWhole, kBox, kFlatRange };
 
 struct Layout {
   LayoutKind kind = LayoutKind::kWhole;
-  std::vector<int64_t> offsets;  // kBox
-  std::vector<int64_t> sizes;    // kBox
-  int64_t begin = 0;             // kFlatRange, in elements
+  Dims offsets;       // kBox (inline up to 4 dims: millions of chunks hold one each)
+  Dims sizes;         // kBox
+  int64_t begin = 0;  // kFlatRange, in elements
   int64_t end = 0;
 
   static Layout Whole() { return Layout{}; }
-  static Layout Box(std::vector<int64_t> offsets, std::vector<int64_t> sizes);
+  static Layout Box(Dims offsets, Dims sizes);
   static Layout FlatRange(int64_t begin, int64_t end);
 
   bool operator==(const Layout& other) const;

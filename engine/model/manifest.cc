@@ -49,7 +49,8 @@ Status SealError(SealShape shape, const std::string& origin) {
 
 // ---- Encoding: the text is written directly (json_text.h), no DOM ----
 
-void AppendIntList(std::string* out, const std::vector<int64_t>& values) {
+template <typename IntVector>  // Shape or Dims
+void AppendIntList(std::string* out, const IntVector& values) {
   out->push_back('[');
   for (size_t i = 0; i < values.size(); ++i) {
     if (i) out->push_back(',');
@@ -213,7 +214,8 @@ void Consume(od::value& v, int depth = 0) {
 
 // Replaces `out` with the list. Shapes and boxes have a few dims: gathered on the stack first, so
 // that the vector is allocated once, at its size (millions of chunks hold two lists each).
-void IntList(od::value& v, const char* what, std::vector<int64_t>* out) {
+template <typename IntVector>  // Shape or Dims
+void IntList(od::value& v, const char* what, IntVector* out) {
   constexpr size_t kSmall = 8;
   int64_t small[kSmall];
   size_t n = 0;
@@ -268,7 +270,7 @@ std::vector<uint64_t> HexToSums(std::string_view hex) {
 void DecodeChunk(od::value& v, ChunkRecord* chunk) {
   size_t k = 0;
   bool box = false;
-  std::vector<int64_t> offsets, sizes;
+  Dims offsets, sizes;
   int64_t begin = 0, end = 0;
   auto bound = [](od::value& x) {
     int64_t b = 0;

@@ -22,7 +22,8 @@ class BasicWireWriter {
     U64(s.size());
     sink_.Append(s.data(), s.size());
   }
-  void Ints(const std::vector<int64_t>& v) {
+  template <typename IntVector>  // Shape or Dims
+  void Ints(const IntVector& v) {
     U64(v.size());
     for (int64_t x : v) I64(x);
   }
@@ -70,19 +71,25 @@ class WireReader {
     return s;
   }
   std::vector<int64_t> Ints() {
-    uint64_t n = U64();
-    if (!Need(n * 8) || n > bytes_.size()) return {};
-    std::vector<int64_t> v(n);
-    for (auto& x : v) x = I64();
+    std::vector<int64_t> v;
+    IntsInto(&v);
     return v;
+  }
+  template <typename IntVector>  // Shape or Dims
+  void IntsInto(IntVector* v) {
+    v->clear();
+    uint64_t n = U64();
+    if (!Need(n * 8) || n > bytes_.size()) return;
+    v->resize(n);
+    for (auto& x : *v) x = I64();
   }
   shardckpt::Layout Layout() {
     shardckpt::Layout l;
     uint64_t kind = U64();
     if (kind > 2) ok_ = false;
     l.kind = static_cast<LayoutKind>(kind);
-    l.offsets = Ints();
-    l.sizes = Ints();
+    IntsInto(&l.offsets);
+    IntsInto(&l.sizes);
     l.begin = I64();
     l.end = I64();
     return l;
