@@ -30,11 +30,17 @@ bool g_loaded = false;
 std::multimap<std::string, Armed> g_armed;
 
 int ErrnoByName(const std::string& name) {
-  static const std::map<std::string, int> kNames = {
-      {"EIO", EIO}, {"ENOSPC", ENOSPC}, {"EDQUOT", EDQUOT}, {"EACCES", EACCES}, {"EROFS", EROFS},
-      {"EAGAIN", EAGAIN}, {"EBUSY", EBUSY}};
-  auto it = kNames.find(name);
-  return it == kNames.end() ? 0 : it->second;
+  // A plain array, never destroyed: failpoints fire on helper threads that may still run while
+  // the process's statics are being destroyed (background_removal.cc drains at exit).
+  static constexpr struct {
+    const char* name;
+    int value;
+  } kNames[] = {{"EIO", EIO},     {"ENOSPC", ENOSPC}, {"EDQUOT", EDQUOT}, {"EACCES", EACCES},
+                {"EROFS", EROFS}, {"EAGAIN", EAGAIN}, {"EBUSY", EBUSY}};
+  for (const auto& known : kNames) {
+    if (name == known.name) return known.value;
+  }
+  return 0;
 }
 
 Status Parse(const std::string& spec, std::multimap<std::string, Armed>* out) {

@@ -434,10 +434,14 @@ TEST_F(RetentionTest, RetentionFreesTheOldCheckpointAfterTheSaveReturns) {
   EXPECT_FALSE(PathExists(JoinPath(JoinPath(root(), retired[0]), kManifestName)));
   EXPECT_TRUE(PathExists(JoinPath(JoinPath(root(), retired[0]), RankFileName(0))));
   EXPECT_EQ(Or(LoadStep(root()), int64_t{-1}), 2);
+  // Listed as what it is: not committed, on its way out.
   Result<std::vector<CheckpointInfo>> listed = ListCheckpoints(root());
   ASSERT_TRUE(listed.ok());
-  ASSERT_EQ(listed->size(), 1u);
-  EXPECT_EQ((*listed)[0].name, StepDirName(2));
+  ASSERT_EQ(listed->size(), 2u);
+  EXPECT_EQ((*listed)[0].name, retired[0]);
+  EXPECT_FALSE((*listed)[0].committed);
+  EXPECT_EQ((*listed)[1].name, StepDirName(2));
+  EXPECT_TRUE((*listed)[1].committed);
   WaitForBackgroundRemovals();
   EXPECT_THAT(RetiredIn(root()), ::testing::IsEmpty());
   // The next save waits for what is still queued, so at most one generation is in flight.
@@ -462,6 +466,15 @@ TEST_F(RetentionTest, ABackgroundRemovalCutShortIsFinishedByTheNextSave) {
   EXPECT_THAT(Names(), ElementsAre(StepDirName(2)));
   EXPECT_EQ(RetiredIn(root()).size(), 1u);
   EXPECT_EQ(Or(LoadStep(root()), int64_t{-1}), 2);
+  // `shardckpt list` shows the leftover, with the step it held and what becomes of it.
+  Result<std::vector<CheckpointInfo>> listed = ListCheckpoints(root());
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->size(), 2u);
+  EXPECT_EQ((*listed)[0].name, RetiredIn(root())[0]);
+  EXPECT_EQ((*listed)[0].step, 1);
+  EXPECT_TRUE((*listed)[0].temp);
+  EXPECT_FALSE((*listed)[0].committed);
+  EXPECT_THAT((*listed)[0].problem, HasSubstr("retired by retention"));
   ASSERT_TRUE(SaveStep(3).ok());
   EXPECT_THAT(RetiredIn(root()), ::testing::IsEmpty());
   EXPECT_THAT(Names(), ElementsAre(StepDirName(2), StepDirName(3)));

@@ -7,6 +7,7 @@
 #include <deque>
 #include <memory>
 #include <new>
+#include <system_error>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -30,12 +31,22 @@ class BackgroundRemover {
   static BackgroundRemover& Instance();
 
   // The worker starts with the first folder queued: a process that never prunes has no thread.
-  void Add(std::string path, int fd) {
+  // False when no worker could be started (a pids limit): the caller removes the folder itself.
+  bool Add(std::string path, int fd) {
     std::lock_guard<std::mutex> lock(mu_);
+    if (!worker_) {
+      try {
+        worker_ = std::make_unique<std::thread>([this] { Run(); });
+      } catch (const std::system_error& e) {
+        SC_LOG(kWarn) << "no helper thread for deleting retired checkpoints (" << e.what()
+                      << "); deleting before the save returns";
+        return false;
+      }
+    }
     queue_.push_back(Job{std::move(path), fd});
     ++queued_;
-    if (!worker_) worker_ = std::make_unique<std::thread>([this] { Run(); });
     wake_.notify_all();
+    return true;
   }
 
   void WaitIdle() {
@@ -68,6 +79,7 @@ class BackgroundRemover {
       if (queue_.empty()) return;  // stopping, nothing left
       Job job = std::move(queue_.front());
       queue_.pop_front();
+      in_flight_fd_ = job.fd;
       lock.unlock();
       Status status = Failpoint("retention.background_remove", "remove " + job.path);
       if (status.ok()) status = RemoveTree(job.path);
@@ -77,6 +89,7 @@ class BackgroundRemover {
                       << "); it holds no manifest, and the next save of its root removes it";
       }
       lock.lock();
+      in_flight_fd_ = -1;
       ++finished_;
       done_cv_.notify_all();
     }
@@ -84,7 +97,11 @@ class BackgroundRemover {
 
   // In the child, right after fork, with mu_ held by the prepare handler.
   void ForgetParentAfterFork() {
-    for (const Job& job : queue_) ::close(job.fd);  // the parent's descriptors keep its locks
+    // The child's copies of the parent's descriptors: kept, they would hold the folders'
+    // exclusive locks (and a reader waiting on one) for the child's whole life.
+    for (const Job& job : queue_) ::close(job.fd);
+    if (in_flight_fd_ >= 0) ::close(in_flight_fd_);
+    in_flight_fd_ = -1;
     queue_.clear();
     finished_ = queued_;
     (void)worker_.release();  // the thread exists only in the parent: neither joined nor freed
@@ -98,6 +115,7 @@ class BackgroundRemover {
   std::condition_variable wake_, done_cv_;
   std::deque<Job> queue_;
   uint64_t queued_ = 0, finished_ = 0;
+  int in_flight_fd_ = -1;  // the job the worker is deleting, closed in a forked child
   bool stopping_ = false;
   std::unique_ptr<std::thread> worker_;
 };
@@ -109,7 +127,9 @@ BackgroundRemover& BackgroundRemover::Instance() {
 
 }  // namespace
 
-void RemoveInBackground(std::string path, int locked_fd) { BackgroundRemover::Instance().Add(std::move(path), locked_fd); }
+bool RemoveInBackground(std::string path, int locked_fd) {
+  return BackgroundRemover::Instance().Add(std::move(path), locked_fd);
+}
 
 void WaitForBackgroundRemovals() { BackgroundRemover::Instance().WaitIdle(); }
 

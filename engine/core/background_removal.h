@@ -11,16 +11,19 @@
 // A crash at any point leaves either a step folder without a manifest or a `.removing-*`
 // folder; the next save of the root removes both (RemoveStaleTempDirs). The next save in this
 // process first waits for what is still queued, so the space of at most one generation of
-// retired checkpoints is in flight, and process exit waits for the queue too.
+// retired checkpoints is in flight. A normal exit (return from main, exit()) waits for the
+// queue; _exit, os._exit and aborts leave what is queued to the next save of the root.
 #pragma once
 
 #include <string>
 
 namespace shardckpt {
 
-// Queues the retired folder `path` for deletion. `locked_fd` is the folder's descriptor with its
-// exclusive flock held (readers see it held until the folder is gone); the queue closes it.
-void RemoveInBackground(std::string path, int locked_fd);
+// Queues the retired folder `path` (absolute: the process may change directory meanwhile) for
+// deletion. `locked_fd` is the folder's descriptor with its exclusive flock held (readers see it
+// held until the folder is gone); the queue closes it. False, with nothing queued and the
+// descriptor still the caller's, when no helper thread could be started.
+bool RemoveInBackground(std::string path, int locked_fd);
 
 // Returns once every folder queued so far has been deleted (or its failure logged).
 void WaitForBackgroundRemovals();

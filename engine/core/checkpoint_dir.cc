@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <thread>
 
@@ -188,7 +189,7 @@ Result<CheckpointHold> HoldCheckpoint(const std::string& path) {
 
 Result<bool> RemoveCheckpointDir(const std::string& root, const std::string& name, Removal when) {
   if (!IsPlainFileName(name)) return InvalidArgument("refusing to delete '" + name + "': not a name inside " + root);
-  const std::string path = JoinPath(root, name);
+  std::string path = JoinPath(root, name);
   struct stat st;
   if (::lstat(path.c_str(), &st) != 0) {
     if (errno == ENOENT) return true;
@@ -232,13 +233,18 @@ Result<bool> RemoveCheckpointDir(const std::string& root, const std::string& nam
     // No longer committed; out of the step names it goes, and the bytes are freed later. A
     // crash between the rename and the end of the deletion leaves a retired folder, removed by
     // the next save. Where the rename fails the folder is removed here, as kNow would.
-    const std::string retired = JoinPath(root, RetiredDirName(name));
-    if (::rename(path.c_str(), retired.c_str()) == 0) {
-      RemoveInBackground(retired, fd);
+    std::error_code ec;
+    const std::string retired = std::filesystem::absolute(JoinPath(root, RetiredDirName(name)), ec).string();
+    if (ec) {
+      SC_LOG(kInfo) << "no absolute path for " << path << " (" << ec.message() << "); removing it before the save returns";
+    } else if (::rename(path.c_str(), retired.c_str()) != 0) {
+      SC_LOG(kInfo) << "could not rename " << path << " to " << retired << " (" << std::strerror(errno)
+                    << "); removing it before the save returns";
+    } else if (RemoveInBackground(retired, fd)) {
       return true;
+    } else {
+      path = retired;  // renamed already: removed here instead
     }
-    SC_LOG(kInfo) << "could not rename " << path << " to " << retired << " (" << std::strerror(errno)
-                  << "); removing it before the save returns";
   }
   // remove_all does not follow symlinks: a linked rank file or sub-folder loses only its link.
   if (status.ok()) status = RemoveTree(path);

@@ -63,10 +63,16 @@ Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, boo
   for (const std::string& name : names) {
     CheckpointInfo c;
     c.name = name;
-    c.temp = IsTempDirName(name);
+    const bool retired = IsRetiredDirName(name);
+    c.temp = IsTempDirName(name) || retired;
     const bool step_dir = ParseStepDirName(name, &c.step);
     if (!step_dir && !c.temp) continue;
-    if (c.temp) ParseStepDirName(name.substr(0, name.find(".tmp-")), &c.step);
+    if (retired) {
+      const std::string step_part = name.substr(name.find("step-"));
+      ParseStepDirName(step_part.substr(0, step_part.rfind('-')), &c.step);
+    } else if (c.temp) {
+      ParseStepDirName(name.substr(0, name.find(".tmp-")), &c.step);
+    }
     const std::string dir = JoinPath(root, name);
     struct stat st;
     c.symlink = ::lstat(dir.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
@@ -77,7 +83,8 @@ Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, boo
       }
     }
     c.committed = step_dir && PathExists(JoinPath(dir, kManifestName));
-    if (c.temp) c.problem = "save in progress, or left by one that did not finish";
+    if (retired) c.problem = "retired by retention: its files are being deleted, or were left by a process that ended first; the next save removes it";
+    else if (c.temp) c.problem = "save in progress, or left by one that did not finish";
     else if (!c.committed) c.problem = "no manifest (a deletion or commit cut short); the next save removes it";
     if (c.committed && with_manifests) {
       Result<Manifest> m = ReadManifest(dir);

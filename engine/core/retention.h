@@ -35,7 +35,7 @@ struct CheckpointInfo {
   std::string name;
   int64_t step = -1;       // -1 for a folder whose name has no step
   bool committed = false;  // step-N with manifest.json
-  bool temp = false;       // a save in progress, or left by one that died
+  bool temp = false;       // a save in progress, or left by one that died; or retired (.removing-*)
   bool symlink = false;
   std::string time;        // from the manifest
   int world_size = 0;

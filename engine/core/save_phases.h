@@ -56,9 +56,9 @@ PlannedSave PlanOnRoot(int rank, const std::string& root, int64_t step, const st
                        const SaveOptions& options);
 
 // ---- Reuse (a repeat save with a SavePlanCache, save_plan_cache.h).
-// This rank's description digest, its host included (the manifest counts hosts), and the one
-// save option the plan depends on (packing), so a kept plan never serves a save that asks for
-// the other layout.
+// This rank's description digest, its host included (the manifest counts hosts), and the
+// packing option: packing is applied when the file is written, not planned, but a kept plan is
+// only reused for saves that ask for the same file layout, so a change of option replans.
 uint64_t DescriptionDigest(const std::string& host, const ShardedState& state, bool pack_small_chunks = true);
 // One allreduce, on every save (with or without a cache, so ranks that differ in that still
 // meet in the same collectives): true on every rank when every rank's cache holds the same plan,
