@@ -83,6 +83,13 @@ bool IsRetiredDirName(const std::string& name) {
   return name.compare(0, prefix.size(), prefix) == 0;
 }
 
+bool ParseLeftoverStepDirName(const std::string& name, int64_t* step) {
+  if (IsTempDirName(name)) return ParseStepDirName(name.substr(0, name.find(".tmp-")), step);
+  if (!IsRetiredDirName(name)) return false;
+  const std::string step_and_id = name.substr(sizeof(kRetiredPrefix) - 1);
+  return ParseStepDirName(step_and_id.substr(0, step_and_id.rfind('-')), step);
+}
+
 std::string ReadLatestName(const std::string& root) {
   Result<std::string> name = ReadFileLimited(JoinPath(root, kLatestName), 4096);
   return name.ok() ? Trim(*name) : std::string();

@@ -21,6 +21,8 @@ bool IsTempDirName(const std::string& name);
 // in the background (background_removal.h); never committed, never listed as a checkpoint.
 std::string RetiredDirName(const std::string& step_dir_name);
 bool IsRetiredDirName(const std::string& name);
+// The step a temp or retired folder name was made for; false for other names.
+bool ParseLeftoverStepDirName(const std::string& name, int64_t* step);
 std::string RankFileName(int rank);  // rank-00003.bin
 std::string RandomId();              // for temp folder names
 

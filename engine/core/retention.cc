@@ -67,12 +67,7 @@ Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, boo
     c.temp = IsTempDirName(name) || retired;
     const bool step_dir = ParseStepDirName(name, &c.step);
     if (!step_dir && !c.temp) continue;
-    if (retired) {
-      const std::string step_part = name.substr(name.find("step-"));
-      ParseStepDirName(step_part.substr(0, step_part.rfind('-')), &c.step);
-    } else if (c.temp) {
-      ParseStepDirName(name.substr(0, name.find(".tmp-")), &c.step);
-    }
+    if (c.temp) ParseLeftoverStepDirName(name, &c.step);
     const std::string dir = JoinPath(root, name);
     struct stat st;
     c.symlink = ::lstat(dir.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
