@@ -7,8 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 #include <vector>
 
+#include "shardckpt/engine/core/checkpoint_dir.h"
 #include "shardckpt/engine/core/checkpoint_reader.h"
 #include "shardckpt/engine/core/consolidate.h"
 #include "shardckpt/engine/core/load.h"
@@ -100,6 +102,21 @@ std::vector<uint8_t> Pattern(size_t bytes, uint32_t seed) {
   return out;
 }
 
+// `count` whole float32 entries "t<i>" of elements(i) elements each, round-robin over `ranks` files
+// of a checkpoint of `step` committed under root. Returns each entry's bytes, by i.
+std::vector<std::vector<uint8_t>> WriteSmallWholeEntries(const std::string& root, int64_t step, int ranks, int count,
+                                                         const std::function<int64_t(int)>& elements) {
+  auto out = OfflineCheckpointWriter::Begin(root, step, ranks).value();
+  std::vector<std::vector<uint8_t>> data;
+  for (int i = 0; i < count; ++i) {
+    data.push_back(Pattern(4 * static_cast<size_t>(elements(i)), static_cast<uint32_t>(i)));
+    EXPECT_TRUE(out->AddPiece(i % ranks, "t" + std::to_string(i), DType::kFloat32, {elements(i)}, Layout::Whole(),
+                              data.back().data(), data.back().size()).ok()) << i;
+  }
+  EXPECT_TRUE(out->Commit(CreationInfo{}).ok());
+  return data;
+}
+
 // Thousands of small chunks and two large ones through the writer and the reader: the data area is
 // the chunks' bytes plus at most a few bytes each, large chunks stay on blocks, every chunk reads
 // back exactly, and a flipped byte in a shared block is reported naming the chunks in it.
@@ -186,15 +203,9 @@ TEST(ChunkOffset, PackedFileReadsBackThroughAlignedVerifiedReads) {
 TEST(ChunkOffset, ReadAheadServesPackedPiecesAndNamesTheDamagedOne) {
   testing::TempDir dir;
   const std::string root = JoinPath(dir.path(), "root");
-  auto out = OfflineCheckpointWriter::Begin(root, 3, 2).value();
-  std::vector<std::vector<uint8_t>> data;
-  for (int i = 0; i < 400; ++i) {
-    data.push_back(Pattern(4 * (1 + i % 50), static_cast<uint32_t>(i)));
-    const int64_t n = static_cast<int64_t>(data.back().size() / 4);
-    ASSERT_TRUE(out->AddPiece(i % 2, "t" + std::to_string(i), DType::kFloat32, {n}, Layout::Whole(),
-                              data.back().data(), data.back().size()).ok());
-  }
-  const std::string folder = out->Commit(CreationInfo{}).value();
+  const std::vector<std::vector<uint8_t>> data = WriteSmallWholeEntries(root, 3, 2, 400, [](int i) { return 1 + i % 50; });
+  ASSERT_FALSE(HasFailure());
+  const std::string folder = JoinPath(root, StepDirName(3));
   auto reader = CheckpointReader::Open(root).value();
   const Manifest m = reader->manifest();  // a copy: the reader is replaced below
   EXPECT_EQ(m.format_minor, 1);
@@ -267,15 +278,10 @@ TEST(ChunkOffset, ReadAheadReadsEachBlockOnceAcrossManyFiles) {
 TEST(ChunkOffset, ConsolidateBatchesPackedEntriesAndNamesADamagedBlock) {
   testing::TempDir dir;
   const std::string root = JoinPath(dir.path(), "root");
-  auto out = OfflineCheckpointWriter::Begin(root, 1, 3).value();
-  std::vector<std::vector<uint8_t>> data;
-  for (int i = 0; i < 500; ++i) {
-    data.push_back(Pattern(4 * (1 + (i * 7) % 90), static_cast<uint32_t>(i)));
-    const int64_t n = static_cast<int64_t>(data.back().size() / 4);
-    ASSERT_TRUE(out->AddPiece(i % 3, "t" + std::to_string(i), DType::kFloat32, {n}, Layout::Whole(),
-                              data.back().data(), data.back().size()).ok());
-  }
-  const std::string folder = out->Commit(CreationInfo{}).value();
+  const std::vector<std::vector<uint8_t>> data =
+      WriteSmallWholeEntries(root, 1, 3, 500, [](int i) { return 1 + (i * 7) % 90; });
+  ASSERT_FALSE(HasFailure());
+  const std::string folder = JoinPath(root, StepDirName(1));
   for (uint64_t window : {uint64_t{4096}, uint64_t{32} << 20}) {  // batches of a few entries, and of all
     ConsolidateOptions options;
     options.format = ExportFormat::kSafetensors;
