@@ -145,10 +145,14 @@ Result<uint64_t> ShardFileWriter::Append(const void* data, size_t bytes, size_t 
   const size_t chunk = pool_->buffer_bytes();
   const uint64_t offset = ChunkOffset(writer_.position(), bytes, element_size, packing_);
   if (bytes == 0) return offset;  // holds nothing: no padding, and a run stays unbroken
-  // Without O_DIRECT (memory-backed file systems) any address may be written from directly.
-  bool aligned = reinterpret_cast<uintptr_t>(p) % kDirectIoAlignment == 0 || !writer_.file().direct();
+  const bool page_aligned = reinterpret_cast<uintptr_t>(p) % kDirectIoAlignment == 0;
+  // Without O_DIRECT (memory-backed file systems) any address may be written from directly, but
+  // only a page-aligned chunk can be padded memory: its tail up to the next page is ours to write
+  // only then (anything else is a caller's object, and whatever the heap holds past it would be
+  // summed and written, and may change before the write).
+  const bool aligned = page_aligned || !writer_.file().direct();
   const bool on_block = offset % kBlockSize == 0;  // packed chunks are staged
-  if (padded_ && aligned && on_block) {
+  if (padded_ && page_aligned && on_block) {
     SC_RETURN_IF_ERROR(PadTo(offset));
     SC_RETURN_IF_ERROR(AppendInPlace(p, bytes));
     return offset;
