@@ -113,11 +113,21 @@ Result<std::string> ResolveCheckpoint(const std::string& path) {
   if (IsDcpFolder(path)) return path;  // a PyTorch DCP folder, read in place (engine/formats/dcp_read.h)
   if (!PathExists(path)) return NotFound(path + " does not exist");
   const std::string latest = JoinPath(path, kLatestName);
-  Result<std::vector<std::pair<int64_t, std::string>>> committed =
-      IsDirectory(path) ? ListCommitted(path) : Result<std::vector<std::pair<int64_t, std::string>>>(
-                                                    std::vector<std::pair<int64_t, std::string>>{});
-  if (!committed.ok()) return committed.status();
-  const bool has_latest = PathExists(latest);
+  const bool is_dir = IsDirectory(path);
+  Result<std::vector<std::pair<int64_t, std::string>>> committed = std::vector<std::pair<int64_t, std::string>>{};
+  bool has_latest = false;
+  // A listing is a snapshot: a save can rename its newer step into place after the listing and
+  // then retire the listed one before its manifest is checked, leaving none of the names listed
+  // committed though the root always holds one (seen on tmpfs with readers looping beside
+  // saves with keep_last=1). A root with `latest` and nothing committed is listed again.
+  constexpr int kListings = 20;
+  for (int listing = 0; listing < kListings; ++listing) {
+    if (listing > 0) std::this_thread::sleep_for(std::chrono::milliseconds(listing));
+    if (is_dir) committed = ListCommitted(path);
+    if (!committed.ok()) return committed.status();
+    has_latest = PathExists(latest);
+    if (!committed->empty() || !has_latest) break;
+  }
   if (committed->empty()) {
     if (has_latest) {
       Result<std::string> name = ReadFileLimited(latest, 4096);
