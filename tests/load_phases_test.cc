@@ -296,8 +296,8 @@ TEST_F(LoadPhasesOnDisk, ReadManifestOnRootReadsOnlyOnRankZero) {
   ManifestRead read = ReadManifestOnRoot(0, root());
   ASSERT_TRUE(read.status.ok()) << read.status.ToString();
   EXPECT_EQ(read.dir, JoinPath(root(), StepDirName(3)));
-  EXPECT_EQ(read.manifest.step, 3);
-  EXPECT_FALSE(read.text.empty());
+  EXPECT_EQ(read.text, ReadFileLimited(JoinPath(read.dir, kManifestName), 1 << 20).value());
+  EXPECT_FALSE(read.decoded);  // decoded by every rank at once, once shared
 
   ManifestRead elsewhere = ReadManifestOnRoot(1, root());
   EXPECT_TRUE(elsewhere.status.ok());
@@ -318,6 +318,20 @@ TEST_F(LoadPhasesOnDisk, ShareManifestReturnsRankZerosStatus) {
   read = ReadManifestOnRoot(0, root());
   EXPECT_TRUE(ShareManifest(*comm_, &read).ok());
   EXPECT_EQ(read.manifest.step, 3);
+  ASSERT_EQ(read.manifest.entries.size(), 1u);
+  EXPECT_EQ(read.manifest.entries[0].name, "a");
+
+  // The text is read whole on rank 0 and only decoded once shared: a damaged manifest is
+  // rank 0's full validation's error, naming the file.
+  const std::string manifest_path = JoinPath(read.dir, kManifestName);
+  std::string text = ReadFileLimited(manifest_path, 1 << 20).value();
+  text[text.find("\"a\"") + 1] = 'b';
+  ASSERT_TRUE(WriteFileAtomic(manifest_path, text, "test").ok());
+  read = ReadManifestOnRoot(0, root());
+  ASSERT_TRUE(read.status.ok()) << read.status.ToString();
+  shared = ShareManifest(*comm_, &read);
+  EXPECT_EQ(shared.code(), Code::kDataLoss);
+  EXPECT_THAT(shared.ToString(), HasSubstr(manifest_path));
 }
 
 TEST_F(LoadPhasesOnDisk, ParseSharedManifestParsesTheBroadcastText) {
@@ -334,6 +348,7 @@ TEST_F(LoadPhasesOnDisk, ParseSharedManifestParsesTheBroadcastText) {
 
 TEST_F(LoadPhasesOnDisk, MatchEntriesFillsTheReportAndAgrees) {
   ManifestRead read = ReadManifestOnRoot(0, root());
+  ASSERT_TRUE(ShareManifest(*comm_, &read).ok());
   float a[4] = {}, extra[2] = {};
   ShardedState targets;
   ASSERT_TRUE(targets.AddTensor("a", DType::kFloat32, {4}, Layout::Whole(), a).ok());

@@ -23,19 +23,32 @@ std::function<std::string(const std::string&)> AddPrefix(const std::string& pref
 }
 
 Result<Manifest> ReadManifest(const std::string& dir, std::string* text_out) {
-  if (IsDcpFolder(dir)) {  // built from .metadata; other ranks of a load decode this text
-    SC_ASSIGN_OR_RETURN(Manifest m, ReadDcpFolder(dir));
-    if (text_out != nullptr) {
-      SC_ASSIGN_OR_RETURN(*text_out, EncodeManifest(m));
-    }
-    return m;
+  std::string text;
+  Manifest built;
+  SC_ASSIGN_OR_RETURN(bool was_built, ReadManifestText(dir, &text, &built));
+  if (was_built) {
+    if (text_out != nullptr) *text_out = std::move(text);
+    return built;
   }
-  const std::string path = JoinPath(dir, kManifestName);
-  SC_ASSIGN_OR_RETURN(std::string text, ReadFileLimited(path, kMaxManifestBytes));
-  SC_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(text, path));
+  SC_ASSIGN_OR_RETURN(Manifest m, DecodeManifestOf(dir, text));
+  if (text_out != nullptr) *text_out = std::move(text);
+  return m;
+}
+
+Result<bool> ReadManifestText(const std::string& dir, std::string* text, Manifest* built) {
+  if (IsDcpFolder(dir)) {  // built from .metadata; other ranks of a load decode this text
+    SC_ASSIGN_OR_RETURN(*built, ReadDcpFolder(dir));
+    SC_ASSIGN_OR_RETURN(*text, EncodeManifest(*built));
+    return true;
+  }
+  SC_ASSIGN_OR_RETURN(*text, ReadFileLimited(JoinPath(dir, kManifestName), kMaxManifestBytes));
+  return false;
+}
+
+Result<Manifest> DecodeManifestOf(const std::string& dir, const std::string& text) {
+  SC_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(text, JoinPath(dir, kManifestName)));
   Status files = CheckDataFiles(m, [&](const std::string& name) { return FileSize(JoinPath(dir, name)); });
   if (!files.ok()) return files.WithContext(dir);
-  if (text_out != nullptr) *text_out = std::move(text);
   return m;
 }
 

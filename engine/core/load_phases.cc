@@ -85,9 +85,9 @@ ManifestRead ReadManifestOnRoot(int rank, const std::string& path) {
     read.status = Failpoint("load.read_manifest", "read " + JoinPath(read.dir, kManifestName));
   }
   if (read.status.ok()) {
-    Result<Manifest> decoded = ReadManifest(read.dir, &read.text);
-    read.status = decoded.status();
-    if (read.status.ok()) read.manifest = std::move(decoded).value();
+    Result<bool> built = ReadManifestText(read.dir, &read.text, &read.manifest);
+    read.status = built.status();
+    read.decoded = built.ok() && *built;
   }
   return read;
 }
@@ -99,17 +99,28 @@ Result<Manifest> ParseSharedManifest(const std::string& dir, const std::string& 
   return DecodeValidatedManifest(text, manifest_path);
 }
 
+// The text goes out before anyone decodes it, so rank 0's full decode (validation, data file
+// sizes) and the other ranks' parse run at the same time rather than one after the other.
 Status ShareManifest(Communicator& comm, ManifestRead* read) {
   SC_RETURN_IF_ERROR(BroadcastStatus(comm, read->status, 0));
   SC_RETURN_IF_ERROR(BroadcastString(comm, &read->dir, 0));
-  if (comm.size() == 1) return Status::Ok();
-  SC_RETURN_IF_ERROR(BroadcastString(comm, &read->text, 0));
+  if (comm.size() > 1) SC_RETURN_IF_ERROR(BroadcastString(comm, &read->text, 0));
+  Status decoded;
+  if (comm.rank() == 0 && !read->decoded) {
+    Result<Manifest> m = DecodeManifestOf(read->dir, read->text);
+    decoded = m.status();
+    if (decoded.ok()) read->manifest = std::move(m).value();
+  }
+  if (comm.size() == 1) return decoded;
   Status parsed;
   if (comm.rank() != 0) {
-    Result<Manifest> decoded = ParseSharedManifest(read->dir, read->text);
-    parsed = decoded.status();
-    if (parsed.ok()) read->manifest = std::move(decoded).value();
+    Result<Manifest> m = ParseSharedManifest(read->dir, read->text);
+    parsed = m.status();
+    if (parsed.ok()) read->manifest = std::move(m).value();
   }
+  // Rank 0's verdict on the text first: on a bad manifest every rank reports what the full
+  // validation found, not what a parse that trusts it stumbled on.
+  SC_RETURN_IF_ERROR(BroadcastStatus(comm, decoded, 0));
   // The next all-gather sizes its message by the manifest: every rank must hold one.
   return AgreeOnStatus(comm, parsed);
 }

@@ -20,18 +20,20 @@ namespace shardckpt::load_phases {
 // Up to 20 quoted names, then "and N more".
 std::string NameList(const std::vector<std::string>& names);
 
-// ---- 1. Resolve, hold and read the manifest (rank 0 only; other ranks return an empty one).
+// ---- 1. Resolve, hold and read the manifest's text (rank 0 only; other ranks return an empty one).
 struct ManifestRead {
   Status status;        // rank 0's; Ok elsewhere
   std::string dir;      // the checkpoint folder
-  std::string text;     // manifest.json as read
-  Manifest manifest;
+  std::string text;     // manifest.json as read (a DCP folder's: encoded from the one built)
+  Manifest manifest;    // decoded by ShareManifest; a DCP folder's is built here already
+  bool decoded = false;
   // Held until every rank has read (the status agreement after the reads): retention leaves it.
   CheckpointHold hold;
 };
 ManifestRead ReadManifestOnRoot(int rank, const std::string& path);
 
-// ---- 2. Broadcast rank 0's status, folder and manifest text; the other ranks parse it.
+// ---- 2. Broadcast rank 0's status, folder and manifest text; then every rank decodes it at
+// once: rank 0 fully (validation and data file sizes), the others only parse it.
 // On return every rank holds the same `dir` and manifest, or every rank has the same error.
 Status ShareManifest(Communicator& comm, ManifestRead* read);
 // Rank 0 validated these very bytes; the others only parse them [load.decode_manifest].

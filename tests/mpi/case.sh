@@ -59,7 +59,16 @@ case "$case" in
     run 4 -- save-fails "$work/root" --step -1 --expect "InvalidArgument" --expect "step -1 is negative"
     test "$(cat "$work/root/latest")" = step-000000001
     ls "$work/root" | grep -q tmp && { echo "temp folder left behind"; exit 1; }
-    run 4 -- load "$work/root" --expect-step 1 ;;
+    run 4 -- load "$work/root" --expect-step 1
+    # A damaged manifest: every rank reports rank 0's full validation, naming the file, whether the
+    # others' parse of the shared text fails too (truncated) or not (one byte changed).
+    for damage in flip truncate; do
+      rm -rf "$work/bad"; cp -r "$work/root" "$work/bad"
+      manifest=$work/bad/step-000000001/manifest.json
+      if [ $damage = flip ]; then sed -i '0,/"name": "/s//"name": "X/' "$manifest"
+      else truncate -s $(( $(stat -c %s "$manifest") / 2 )) "$manifest"; fi
+      run 4 -- load-fails "$work/bad" --expect "DataLoss" --expect "$manifest"
+    done ;;
   kill)       # SIGKILL one rank in the middle of writing its data file
     run 2 -- save "$work/root" --step 1
     mkdir -p "$work/pids"
