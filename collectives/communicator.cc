@@ -91,10 +91,14 @@ Status MergeRankStatuses(const std::vector<Status>& by_rank) {
     ranks_of[c].push_back(static_cast<int>(r));
   }
   if (first.ok()) return Status::Ok();
+  // The merged status carries the first failure's code; a cause with that code is given by its
+  // message alone, so it does not read "NoSpace: rank 2: NoSpace: ...".
+  const std::string same_code = first.ToString().substr(0, first.ToString().size() - first.message().size());
   std::string message;
   for (size_t c = 0; c < causes.size(); ++c) {
     if (c > 0) message += "; ";
-    message += RankRanges(ranks_of[c]) + ": " + causes[c];
+    const bool same = causes[c].compare(0, same_code.size(), same_code) == 0;
+    message += RankRanges(ranks_of[c]) + ": " + (same ? causes[c].substr(same_code.size()) : causes[c]);
   }
   return Status(first.code(), message);
 }

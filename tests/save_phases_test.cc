@@ -146,7 +146,9 @@ TEST(CollectReports, OneErrorNamingEveryFailingRank) {
   } cases[] = {
       {{EncodeWriteReport(ok), EncodeWriteReport(ok)}, Code::kOk, ""},
       {{EncodeWriteReport(ok), EncodeWriteReport(full), EncodeWriteReport(broken)}, Code::kNoSpace,
-       "save of step 5 failed: rank 1: " + full.status.ToString() + "; rank 2: " + broken.status.ToString()},
+       "save of step 5 failed: rank 1: disk full; rank 2: IoError: EIO"},
+      {{EncodeWriteReport(full), EncodeWriteReport(ok), EncodeWriteReport(full)}, Code::kNoSpace,
+       "save of step 5 failed: ranks 0, 2: disk full"},
       {{EncodeWriteReport(ok), "junk", EncodeWriteReport(full)}, Code::kInternal, "rank 1: truncated write report"},
   };
   for (const Case& c : cases) {

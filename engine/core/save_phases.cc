@@ -363,18 +363,15 @@ WriteReport WriteRankFile(int rank, const std::string& temp_dir, const ShardedSt
 // ---- Commit.
 Result<std::vector<WriteReport>> CollectReports(int64_t step, const std::vector<std::string>& reports_bytes) {
   std::vector<WriteReport> reports;
-  std::string failures;
-  Code first_code = Code::kOk;
+  std::vector<Status> by_rank;
   for (size_t r = 0; r < reports_bytes.size(); ++r) {
     Result<WriteReport> decoded = DecodeWriteReport(reports_bytes[r]);
     if (!decoded.ok()) return decoded.status().WithContext("rank " + std::to_string(r));
     reports.push_back(std::move(decoded).value());
-    const Status& status = reports.back().status;
-    if (status.ok()) continue;
-    if (first_code == Code::kOk) first_code = status.code();
-    failures += (failures.empty() ? "" : "; ") + ("rank " + std::to_string(r) + ": " + status.ToString());
+    by_rank.push_back(reports.back().status);
   }
-  if (!failures.empty()) return Status(first_code, StepFailed(step) + ": " + failures);
+  Status failed = MergeRankStatuses(by_rank);
+  if (!failed.ok()) return failed.WithContext(StepFailed(step));
   return reports;
 }
 

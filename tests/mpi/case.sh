@@ -53,7 +53,7 @@ case "$case" in
   rank-fails) # a write error injected on rank 2 of 4 reaches every rank; the old checkpoint stays
     run 4 -- save "$work/root" --step 1
     run 4 -x SHARDCKPT_FAILPOINTS="io.write@2=ENOSPC" -- save-fails "$work/root" --step 2 \
-      --expect "rank 2: NoSpace" --expect "rank-00002.bin" --expect "injected at failpoint io.write"
+      --expect "NoSpace: save of step 2 failed: rank 2: writing" --expect "rank-00002.bin" --expect "injected at failpoint io.write"
     run 4 -x SHARDCKPT_FAILPOINTS="commit.rename_dir=EIO" -- save-fails "$work/root" --step 2 \
       --expect "rank 0" --expect "rename"
     run 4 -- save-fails "$work/root" --step -1 --expect "InvalidArgument" --expect "step -1 is negative"
@@ -114,11 +114,11 @@ case "$case" in
   async)      # async save: snapshot semantics, staging reuse, background failures
     run 2 -- async "$work/root" --step 5 --staging-bytes 65536
     run 2 -x SHARDCKPT_FAILPOINTS="io.write@1=EIO" -- async "$work/failing" --step 5 \
-      --expect "rank 1: IoError" --expect "injected at failpoint io.write"
+      --expect "IoError" --expect "rank 1: " --expect "injected at failpoint io.write"
     # Copy while training (issue 14 part 7): StartSave, then the fence before the tensors change.
     run 2 -- async "$work/deferred" --step 5 --staging-bytes 65536 --deferred 1
     run 2 -x SHARDCKPT_FAILPOINTS="async.snapshot@1=EIO" -- async "$work/deferred-failing" --step 5 --deferred 1 \
-      --expect "rank 1: IoError" --expect "snapshot of step 5" ;;
+      --expect "IoError" --expect "rank 1: " --expect "snapshot of step 5" ;;
   replicated-reads) # issue 14 part 4: replicated state read once and broadcast (batched), or by
               # every rank; chosen by option or environment, the same on every rank
     run 3 -- save "$work/root" --family replicated --step 4

@@ -104,7 +104,7 @@ def assert_same_everywhere(comm, error):
     token = "%s/%s" % (type(error).__name__, hashlib.sha1(error.message.encode()).hexdigest()[:16])
     code, message, _ = comm.agree("Internal", token)
     everyone = "ranks 0-%d" % (comm.size - 1) if comm.size > 1 else "rank 0"
-    assert message == "%s: Internal: %s" % (everyone, token), message
+    assert message == "%s: %s" % (everyone, token), message
 
 
 def test_injected_failure_raises_everywhere(comm, root):

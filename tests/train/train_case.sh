@@ -182,8 +182,8 @@ PY
     else
       cat "$work/full.log"
       # Both ranks fail for the same reason, named once for both.
-      grep -q "ranks 0-1: FailedPrecondition: --device cuda needs a CUDA build of libtorch" "$work/full.log" ||
-        grep -q "ranks 0-1: FailedPrecondition: --device cuda needs NCCL" "$work/full.log" ||
+      grep -q "FailedPrecondition: ranks 0-1: --device cuda needs a CUDA build of libtorch" "$work/full.log" ||
+        grep -q "FailedPrecondition: ranks 0-1: --device cuda needs NCCL" "$work/full.log" ||
         { echo "the ranks did not say why --device cuda cannot run"; exit 1; }
       test ! -e "$work/d/latest" || { echo "a refused run wrote a checkpoint"; exit 1; }
     fi ;;
