@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <string_view>
 #include <unordered_map>
 
 #include "shardckpt/engine/core/commit.h"
@@ -384,7 +385,56 @@ Manifest BuildManifest(int64_t step, const Descriptions& described, const std::v
   m.created = MakeCreationInfo(static_cast<int>(described.hosts.size()), options.torch_version, options.git_commit,
                                options.user_metadata);
   m.metrics = options.metrics;
-  std::unordered_map<std::string, size_t> entry_index;
+  // Entries in name order, so manifests of equal states compare equal. Names are matched as
+  // views of the descriptions and sorted as indices, and each entry's chunk list is sized before
+  // it is filled: at tens of thousands of entries, the copies, moves and regrowth were most of
+  // this function's time.
+  std::unordered_map<std::string_view, uint32_t> entry_of_name;
+  entry_of_name.reserve(world > 0 ? described.ranks[0].pieces.size() : 0);
+  std::vector<const PieceDescription*> first_piece;  // by entry, in order of first appearance
+  std::vector<uint32_t> chunk_count;
+  // By rank, by described piece (kNone where not reported). Ranks of one job mostly describe
+  // the same names at the same indices: the previous rank's entry at this index is tried first,
+  // a name compare instead of a hash (millions of pieces at scale).
+  constexpr uint32_t kNone = UINT32_MAX;
+  std::vector<std::vector<uint32_t>> entry_of(world);
+  const std::vector<uint32_t>* previous = nullptr;
+  for (int r = 0; r < world; ++r) {
+    const WriteReport& report = reports[r];
+    if (!report.wrote_file) continue;
+    const std::vector<PieceDescription>& pieces = described.ranks[r].pieces;
+    entry_of[r].assign(pieces.size(), kNone);
+    for (auto [index, offset] : report.piece_offsets) {
+      const PieceDescription& p = pieces[index];
+      uint32_t entry = previous != nullptr && index < previous->size() ? (*previous)[index] : kNone;
+      if (entry == kNone || first_piece[entry]->name != p.name) {
+        auto [it, fresh] = entry_of_name.try_emplace(p.name, static_cast<uint32_t>(first_piece.size()));
+        if (fresh) {
+          first_piece.push_back(&p);
+          chunk_count.push_back(0);
+        }
+        entry = it->second;
+      }
+      if (p.bytes != 0) chunk_count[entry]++;  // empty pieces (uneven splits) need no chunk
+      entry_of[r][index] = entry;
+    }
+    previous = &entry_of[r];
+  }
+  std::vector<uint32_t> by_name(first_piece.size());
+  for (uint32_t e = 0; e < by_name.size(); ++e) by_name[e] = e;
+  auto name_less = [&](uint32_t a, uint32_t b) { return first_piece[a]->name < first_piece[b]->name; };
+  if (!std::is_sorted(by_name.begin(), by_name.end(), name_less)) std::sort(by_name.begin(), by_name.end(), name_less);
+  std::vector<uint32_t> position(by_name.size());
+  m.entries.resize(by_name.size());
+  for (uint32_t i = 0; i < by_name.size(); ++i) {
+    const PieceDescription& p = *first_piece[by_name[i]];
+    position[by_name[i]] = i;
+    EntryRecord& entry = m.entries[i];
+    entry.name = p.name;
+    entry.dtype = p.dtype;
+    entry.shape = p.shape;
+    entry.chunks.reserve(chunk_count[by_name[i]]);
+  }
   for (int r = 0; r < world; ++r) {
     const WriteReport& report = reports[r];
     if (!report.wrote_file) continue;
@@ -393,10 +443,8 @@ Manifest BuildManifest(int64_t step, const Descriptions& described, const std::v
     *total_bytes += static_cast<int64_t>(report.file.size);
     for (auto [index, offset] : report.piece_offsets) {
       const PieceDescription& p = described.ranks[r].pieces[index];
-      auto [it, fresh] = entry_index.try_emplace(p.name, m.entries.size());
-      if (fresh) m.entries.push_back(EntryRecord{p.name, p.dtype, p.shape, {}});
-      if (p.bytes == 0) continue;  // empty pieces (uneven splits) need no chunk
-      m.entries[it->second].chunks.push_back(
+      if (p.bytes == 0) continue;
+      m.entries[position[entry_of[r][index]]].chunks.push_back(
           ChunkRecord{file, offset, static_cast<uint64_t>(p.bytes), Normalize(p.layout, p.shape)});
     }
     for (auto [index, offset] : report.blob_offsets) {
@@ -404,9 +452,6 @@ Manifest BuildManifest(int64_t step, const Descriptions& described, const std::v
       m.blobs.push_back(BlobRecord{b.name, b.scope, r, file, offset, static_cast<uint64_t>(b.bytes)});
     }
   }
-  // Entries ordered by name, so manifests of equal states compare equal.
-  std::sort(m.entries.begin(), m.entries.end(),
-            [](const EntryRecord& a, const EntryRecord& b) { return a.name < b.name; });
   return m;
 }
 
