@@ -121,7 +121,7 @@ int main(int argc, char** argv) {
   }
   // Encode and decode, each timed alone (best of --manifest-repeats): rank 0's encode at commit,
   // rank 0's decode with the seal and full validation (coverage included), and the other ranks'
-  // parse of the text rank 0 already validated.
+  // parse of the same text (run at the same time as rank 0's).
   const int manifest_repeats = std::max(1, vm["manifest-repeats"].as<int>());
   // Wall time and this process's CPU time (the machine may be shared: CPU time is what the work
   // itself costs, wall time what it took while others ran).

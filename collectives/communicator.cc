@@ -74,33 +74,32 @@ std::string RankRanges(const std::vector<int>& ranks) {
 }  // namespace
 
 Status MergeRankStatuses(const std::vector<Status>& by_rank) {
-  std::vector<std::string> causes;           // distinct failures, in order of first appearance
+  std::vector<const Status*> causes;         // distinct failures, in order of first appearance
   std::vector<std::vector<int>> ranks_of;    // by cause
-  Status first;
   for (size_t r = 0; r < by_rank.size(); ++r) {
     const Status& status = by_rank[r];
     if (status.ok()) continue;
-    if (first.ok()) first = status;
-    const std::string cause = status.ToString();
     size_t c = 0;
-    while (c < causes.size() && causes[c] != cause) ++c;
+    while (c < causes.size() && !(causes[c]->code() == status.code() && causes[c]->message() == status.message())) ++c;
     if (c == causes.size()) {
-      causes.push_back(cause);
+      causes.push_back(&status);
       ranks_of.emplace_back();
     }
     ranks_of[c].push_back(static_cast<int>(r));
   }
-  if (first.ok()) return Status::Ok();
+  if (causes.empty()) return Status::Ok();
   // The merged status carries the first failure's code; a cause with that code is given by its
   // message alone, so it does not read "NoSpace: rank 2: NoSpace: ...".
-  const std::string same_code = first.ToString().substr(0, first.ToString().size() - first.message().size());
+  const Code code = causes[0]->code();
   std::string message;
   for (size_t c = 0; c < causes.size(); ++c) {
     if (c > 0) message += "; ";
-    const bool same = causes[c].compare(0, same_code.size(), same_code) == 0;
-    message += RankRanges(ranks_of[c]) + ": " + (same ? causes[c].substr(same_code.size()) : causes[c]);
+    const Status& cause = *causes[c];
+    message += RankRanges(ranks_of[c]) + ": ";
+    if (cause.message().empty()) message += CodeName(cause.code());
+    else message += cause.code() == code ? cause.message() : cause.ToString();
   }
-  return Status(first.code(), message);
+  return Status(code, message);
 }
 
 Status AgreeOnStatus(Communicator& comm, const Status& local) {

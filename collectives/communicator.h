@@ -49,8 +49,10 @@ std::unique_ptr<Communicator> CreateSingleProcessCommunicator();
 Status AgreeOnStatus(Communicator& comm, const Status& local);
 
 // Pure, for AgreeOnStatus: `by_rank[r]` is rank r's status. Ranks that failed with the same code
-// and message are named together ("ranks 0-3, 7: IoError: ..."), so a failure that every rank of
-// a large job shares reads as one line, in the order each cause first appears.
+// and message are named together ("IoError: ranks 0-3, 7: read ..."), so a failure that every
+// rank of a large job shares reads as one line, in the order each cause first appears. The result
+// has the first failure's code; a cause with another code keeps its code name ("IoError: rank 0:
+// read ...; ranks 1-2: NoSpace: write ...").
 Status MergeRankStatuses(const std::vector<Status>& by_rank);
 
 // Whether a gather of messages of these lengths (one per rank) fits in `limit` bytes per rank

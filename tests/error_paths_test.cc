@@ -87,6 +87,8 @@ TEST(MergeRankStatuses, RanksWithTheSameCauseAreNamedTogether) {
        Code::kIoError,
        "ranks 0, 5-7: read manifest.json: EIO; ranks 1-2, 4: NoSpace: write rank file: No space left on device"},
       {{ok, disk, ok, disk}, Code::kNoSpace, "ranks 1, 3: write rank file: No space left on device"},
+      // A cause without a message is named by its code.
+      {{Status(Code::kAborted, ""), Status(Code::kAborted, ""), io}, Code::kAborted, "ranks 0-1: Aborted; rank 2: IoError: read manifest.json: EIO"},
   };
   for (const Case& c : kCases) {
     Status merged = MergeRankStatuses(c.by_rank);

@@ -222,6 +222,27 @@ TEST_F(RetentionTest, ARootWithoutLatestResolvesToItsNewestCommittedCheckpoint) 
   EXPECT_THAT(none.status().message(), HasSubstr("neither a checkpoint"));
 }
 
+// A listing is a snapshot: a save that renames its new step in after a reader listed the root
+// and then retires the listed one leaves the reader with nothing committed. The root is listed
+// again while `latest` exists; only when nothing committed appears is it NotFound, saying so.
+TEST_F(RetentionTest, ARootWithLatestAndNothingCommittedIsListedAgainBeforeNotFound) {
+  ASSERT_TRUE(SaveStep(1).ok());
+  const std::string aside = JoinPath(dir_.path(), "aside");
+  ASSERT_EQ(::rename(StepDir(1).c_str(), aside.c_str()), 0);
+  Result<std::string> none = ResolveCheckpoint(root());
+  EXPECT_EQ(none.status().code(), Code::kNotFound);
+  EXPECT_THAT(none.status().message(), HasSubstr("latest names 'step-000000001', but"));
+  EXPECT_THAT(none.status().message(), HasSubstr("holds no committed checkpoint"));
+  // The step appears while the reader is listing again (as a save's rename would).
+  std::thread saver([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_EQ(::rename(aside.c_str(), StepDir(1).c_str()), 0);
+  });
+  Result<std::string> found = ResolveCheckpoint(root());
+  saver.join();
+  EXPECT_EQ(Or(found, std::string()), StepDir(1)) << found.status().ToString();
+}
+
 // ---- Metrics and keep-best. ----
 
 TEST_F(RetentionTest, MetricsAreRecordedTypedAndValidated) {

@@ -159,6 +159,46 @@ TEST(CollectReports, OneErrorNamingEveryFailingRank) {
   }
 }
 
+// Pieces are matched to entries by name whatever their index on each rank: a rank holding two
+// pieces of one tensor, a rank that wrote no file between two that did, names at other indices.
+// Chunks stay in rank order, files numbered by the ranks that wrote.
+TEST(BuildManifest, PiecesFindTheirEntryWhateverTheirIndexOnEachRank) {
+  Descriptions described;
+  described.ranks.resize(4);
+  described.ranks[0].pieces = {{"w", DType::kFloat32, {8}, Layout::Box({0}, {2}), 8},
+                               {"w", DType::kFloat32, {8}, Layout::Box({2}, {2}), 8}};
+  described.ranks[1].pieces = {{"w", DType::kFloat32, {8}, Layout::Box({0}, {0}), 0}};
+  described.ranks[2].pieces = {{"c", DType::kInt32, {2}, Layout::Box({0}, {2}), 8},
+                               {"w", DType::kFloat32, {8}, Layout::Box({4}, {2}), 8}};
+  described.ranks[3].pieces = {{"w", DType::kFloat32, {8}, Layout::Box({6}, {2}), 8}};
+  std::vector<WriteReport> reports(4);
+  for (int r : {0, 2, 3}) {
+    reports[r].wrote_file = true;
+    reports[r].file = FileRecord{RankFileName(r), 8192, 4096, {1}};
+  }
+  reports[0].piece_offsets = {{1, 16}, {0, 0}};  // reported out of index order
+  reports[2].piece_offsets = {{0, 0}, {1, 8}};
+  reports[3].piece_offsets = {{0, 0}};
+  int64_t total = 0;
+  Manifest m = BuildManifest(1, described, reports, SaveOptions{}, &total);
+  ASSERT_EQ(m.files.size(), 3u);
+  EXPECT_EQ(m.files[1].name, RankFileName(2));
+  ASSERT_EQ(m.entries.size(), 2u);
+  EXPECT_EQ(m.entries[0].name, "c");
+  EXPECT_EQ(m.entries[0].dtype, DType::kInt32);
+  ASSERT_EQ(m.entries[0].chunks.size(), 1u);
+  EXPECT_EQ(m.entries[0].chunks[0].file, 1u);
+  const EntryRecord& w = m.entries[1];
+  EXPECT_EQ(w.name, "w");
+  std::vector<std::tuple<uint32_t, uint64_t, Layout>> chunks;
+  for (const ChunkRecord& c : w.chunks) chunks.emplace_back(c.file, c.offset, c.layout);
+  EXPECT_EQ(chunks, (std::vector<std::tuple<uint32_t, uint64_t, Layout>>{{0, 16, Layout::Box({2}, {2})},
+                                                                         {0, 0, Layout::Box({0}, {2})},
+                                                                         {1, 8, Layout::Box({4}, {2})},
+                                                                         {2, 0, Layout::Box({6}, {2})}}));
+  EXPECT_TRUE(ValidateManifest(m).ok()) << ValidateManifest(m).ToString();
+}
+
 TEST(BuildManifest, EntriesByNameChunksOfNonEmptyPiecesAndBlobs) {
   Descriptions described;
   described.hosts = {"h0", "h1"};

@@ -23,6 +23,9 @@ std::function<std::string(const std::string&)> AddPrefix(const std::string& pref
 }
 
 Result<Manifest> ReadManifest(const std::string& dir, std::string* text_out) {
+  // A DCP folder's text is encoded only for a caller that wants it (inspect, verify and the
+  // readers do not; encoding refuses names a DCP folder may hold, such as ones not UTF-8).
+  if (text_out == nullptr && IsDcpFolder(dir)) return ReadDcpFolder(dir);
   std::string text;
   Manifest built;
   SC_ASSIGN_OR_RETURN(bool was_built, ReadManifestText(dir, &text, &built));

@@ -36,7 +36,8 @@ ManifestRead ReadManifestOnRoot(int rank, const std::string& path);
 // once: rank 0 fully (validation and data file sizes), the others only parse it.
 // On return every rank holds the same `dir` and manifest, or every rank has the same error.
 Status ShareManifest(Communicator& comm, ManifestRead* read);
-// Rank 0 validated these very bytes; the others only parse them [load.decode_manifest].
+// The other ranks' parse of the shared text, while rank 0 validates it; its result is used only
+// once rank 0's check has passed [load.decode_manifest].
 Result<Manifest> ParseSharedManifest(const std::string& dir, const std::string& text);
 
 // ---- 3. Match the wanted pieces against the manifest.

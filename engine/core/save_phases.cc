@@ -390,7 +390,7 @@ Manifest BuildManifest(int64_t step, const Descriptions& described, const std::v
   // it is filled: at tens of thousands of entries, the copies, moves and regrowth were most of
   // this function's time.
   std::unordered_map<std::string_view, uint32_t> entry_of_name;
-  entry_of_name.reserve(world > 0 ? described.ranks[0].pieces.size() : 0);
+  entry_of_name.reserve(described.ranks.empty() ? 0 : described.ranks[0].pieces.size());
   std::vector<const PieceDescription*> first_piece;  // by entry, in order of first appearance
   std::vector<uint32_t> chunk_count;
   // By rank, by described piece (kNone where not reported). Ranks of one job mostly describe

@@ -18,8 +18,10 @@
 //
 // `padded` memory (AsyncSaver's snapshot area: every chunk starts on a page and the memory up to
 // the next page boundary is readable and zero): chunks that go on a block (1 MiB or more, or all
-// with packing off) are written in place, tail included, and chunks adjacent in memory go out
-// together in buffer-sized writes; packed (small) chunks are staged like any other.
+// with packing off) and start on a page are written in place, tail included, and chunks adjacent
+// in memory go out together in buffer-sized writes; anything else (packed small chunks, memory
+// that does not start on a page, with or without O_DIRECT) is staged, so nothing past its end is
+// read.
 //
 // Device chunks (AppendFromDevice) go through the same ring: a device-to-host copy is enqueued
 // into the buffer being filled and only waited for (its buffer's events, one per device copier

@@ -444,8 +444,8 @@ simdjson::padded_string ParsedText(const std::string& text, SealShape seal) {
   return out;
 }
 
-// `check`: verify the seal and run ValidateManifest (skipped only for text a rank of this job
-// already decoded with check on).
+// `check`: verify the seal and run ValidateManifest (skipped only for text that a rank of this job
+// decodes with check on, whose verdict decides whether the unchecked result is used).
 Result<Manifest> Decode(const std::string& text, const std::string& origin, bool check) {
   Manifest m;
   Place where;
