@@ -23,25 +23,24 @@ std::function<std::string(const std::string&)> AddPrefix(const std::string& pref
 }
 
 Result<Manifest> ReadManifest(const std::string& dir, std::string* text_out) {
+  std::string text;
+  Manifest m;
   // A DCP folder's text is encoded only for a caller that wants it (inspect, verify and the
   // readers do not; encoding refuses names a DCP folder may hold, such as ones not UTF-8).
-  if (text_out == nullptr && IsDcpFolder(dir)) return ReadDcpFolder(dir);
-  std::string text;
-  Manifest built;
-  SC_ASSIGN_OR_RETURN(bool was_built, ReadManifestText(dir, &text, &built));
-  if (was_built) {
-    if (text_out != nullptr) *text_out = std::move(text);
-    return built;
+  SC_ASSIGN_OR_RETURN(bool built, ReadManifestText(dir, &text, &m, /*encode_built=*/text_out != nullptr));
+  if (!built) {
+    SC_ASSIGN_OR_RETURN(m, DecodeManifestOf(dir, text));
   }
-  SC_ASSIGN_OR_RETURN(Manifest m, DecodeManifestOf(dir, text));
   if (text_out != nullptr) *text_out = std::move(text);
   return m;
 }
 
-Result<bool> ReadManifestText(const std::string& dir, std::string* text, Manifest* built) {
+Result<bool> ReadManifestText(const std::string& dir, std::string* text, Manifest* built, bool encode_built) {
   if (IsDcpFolder(dir)) {  // built from .metadata; other ranks of a load decode this text
     SC_ASSIGN_OR_RETURN(*built, ReadDcpFolder(dir));
-    SC_ASSIGN_OR_RETURN(*text, EncodeManifest(*built));
+    if (encode_built) {
+      SC_ASSIGN_OR_RETURN(*text, EncodeManifest(*built));
+    }
     return true;
   }
   SC_ASSIGN_OR_RETURN(*text, ReadFileLimited(JoinPath(dir, kManifestName), kMaxManifestBytes));

@@ -83,8 +83,10 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
 Result<Manifest> ReadManifest(const std::string& checkpoint_dir, std::string* text = nullptr);
 // ReadManifest in two steps, so that a job can share the text before decoding it (every rank
 // then decodes at once). ReadManifestText reads the text; for a DCP folder, whose manifest is
-// built from `.metadata` (and validated there), it also fills `*built` and returns true.
-Result<bool> ReadManifestText(const std::string& checkpoint_dir, std::string* text, Manifest* built);
+// built from `.metadata` (and validated there), it fills `*built`, returns true, and encodes the
+// text only when `encode_built`.
+Result<bool> ReadManifestText(const std::string& checkpoint_dir, std::string* text, Manifest* built,
+                              bool encode_built = true);
 // Decodes and fully validates `text` as the manifest of `checkpoint_dir`, data file sizes included.
 Result<Manifest> DecodeManifestOf(const std::string& checkpoint_dir, const std::string& text);
 

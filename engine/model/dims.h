@@ -4,7 +4,9 @@
 // per Box each decode made two heap allocations per chunk (6 million for 3 million chunks: a
 // third of the decode's time in malloc and free, issue 14 part 5). Almost every box has 1 to 4
 // dims; more spill to the heap. It converts to and from std::vector<int64_t> (Shape), so code
-// that treats a box as a Shape reads the same.
+// that treats a box as a Shape reads the same. Not boost::container::small_vector<int64_t, 4>:
+// that is 56 bytes, this 40 (the inline dims share their space with the heap pointer), 32 bytes
+// less per chunk, about 100 MB at 3 million chunks.
 #pragma once
 
 #include <algorithm>
