@@ -12,6 +12,7 @@
 #include <string_view>
 #include <unordered_set>
 
+#include "shardckpt/engine/model/chunk_list_text.h"
 #include "shardckpt/engine/model/chunk_packing.h"
 #include "shardckpt/engine/model/coverage.h"
 #include "shardckpt/engine/model/json_text.h"
@@ -369,8 +370,33 @@ void DecodeFile(od::value& v, bool on_disk, FileRecord* f) {
   for (int i = 0; i < 4; ++i) fields.Require(i);
 }
 
+// An entry's chunk list into `out`: read from the text directly when it is in the form this
+// writer uses (chunk_list_text.h), else value by value. `text_end`: the end of the parsed text.
+void DecodeChunkList(od::value& v, const char* text_end, std::vector<ChunkRecord>* out) {
+  const char* start = v.raw_json_token().data();
+  out->clear();
+  const size_t length = ReadCompactChunkList(std::string_view(start, static_cast<size_t>(text_end - start)), out);
+  if (length == 0) {
+    out->clear();
+    ForEachElement(v, "chunks", [&](od::value& c) {
+      out->emplace_back();
+      DecodeChunk(c, &out->back());
+    });
+    return;
+  }
+  // Skip the list in the parser too, and make sure it ends where the compact reader's did.
+  od::array list;
+  std::string_view raw;
+  if (v.get_array().get(list)) Refuse("chunks is not a list");
+  Check(list.raw_json().get(raw));
+  while (!raw.empty() && (raw.back() == ' ' || raw.back() == '\n' || raw.back() == '\r' || raw.back() == '\t')) {
+    raw.remove_suffix(1);
+  }
+  if (raw.data() != start || raw.size() != length) Refuse("the chunk list does not end where its brackets do");
+}
+
 // `scratch`: reused from entry to entry, so that each entry's chunk list is allocated once.
-void DecodeEntry(od::value& v, EntryRecord* e, std::vector<ChunkRecord>* scratch) {
+void DecodeEntry(od::value& v, const char* text_end, EntryRecord* e, std::vector<ChunkRecord>* scratch) {
   Fields fields({"name", "dtype", "shape", "chunks"});
   ForEachField(v, "an entry", [&](std::string_view key, od::value& x) {
     switch (fields.Take(key)) {
@@ -385,11 +411,7 @@ void DecodeEntry(od::value& v, EntryRecord* e, std::vector<ChunkRecord>* scratch
       }
       case 2: IntList(x, "shape", &e->shape); break;
       case 3:
-        scratch->clear();
-        ForEachElement(x, "chunks", [&](od::value& c) {
-          scratch->emplace_back();
-          DecodeChunk(c, &scratch->back());
-        });
+        DecodeChunkList(x, text_end, scratch);
         e->chunks.assign(std::make_move_iterator(scratch->begin()), std::make_move_iterator(scratch->end()));
         break;
       default: Consume(x);
@@ -557,7 +579,7 @@ Result<Manifest> Decode(const std::string& text, const std::string& origin, bool
           ForEachElement(v, "entries", [&](od::value& x) {
             m.entries.emplace_back();
             where = Place{"entries", i++, &m.entries.back().name};
-            DecodeEntry(x, &m.entries.back(), &scratch);
+            DecodeEntry(x, parsed.data() + parsed.size(), &m.entries.back(), &scratch);
           });
           break;
         }

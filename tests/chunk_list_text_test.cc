@@ -1,0 +1,197 @@
+#include "shardckpt/engine/model/chunk_list_text.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace shardckpt {
+namespace {
+
+std::vector<ChunkRecord> Read(const std::string& text, size_t* length) {
+  std::vector<ChunkRecord> out;
+  *length = ReadCompactChunkList(text, &out);
+  return out;
+}
+
+TEST(CompactChunkList, ReadsTheFormTheWriterUses) {
+  size_t length = 0;
+  std::vector<ChunkRecord> chunks = Read("[[0,4096,64,0,16],[3,17,48,[-2,0,5],[2,16,123456789012345678]]]", &length);
+  ASSERT_EQ(length, 63u);
+  ASSERT_EQ(chunks.size(), 2u);
+  EXPECT_EQ(chunks[0].file, 0u);
+  EXPECT_EQ(chunks[0].offset, 4096u);
+  EXPECT_EQ(chunks[0].bytes, 64u);
+  EXPECT_EQ(chunks[0].layout, Layout::FlatRange(0, 16));
+  EXPECT_EQ(chunks[1].file, 3u);
+  EXPECT_EQ(chunks[1].offset, 17u);
+  EXPECT_EQ(chunks[1].bytes, 48u);
+  EXPECT_EQ(chunks[1].layout, Layout::Box({-2, 0, 5}, {2, 16, 123456789012345678}));
+
+  // A 0-d tensor's box, an empty list, a box of more dims than are stored inline, text after the
+  // list (the rest of the manifest), the largest file index.
+  chunks = Read("[[4294967295,0,4,[],[]]]}, more", &length);
+  EXPECT_EQ(length, 24u);
+  ASSERT_EQ(chunks.size(), 1u);
+  EXPECT_EQ(chunks[0].file, 4294967295u);
+  EXPECT_EQ(chunks[0].layout, Layout::Box({}, {}));
+  EXPECT_TRUE(Read("[]", &length).empty());
+  EXPECT_EQ(length, 2u);
+  chunks = Read("[[1,2,3,[0,0,0,0,0,0,1],[1,1,1,1,1,1,1]]]", &length);
+  EXPECT_EQ(length, 41u);
+  EXPECT_EQ(chunks.at(0).layout, Layout::Box({0, 0, 0, 0, 0, 0, 1}, {1, 1, 1, 1, 1, 1, 1}));
+}
+
+// Anything else is left to the general reader: spaces (an older writer's indented text), numbers
+// it would refuse or read differently, another shape of list.
+TEST(CompactChunkList, LeavesEveryOtherSpellingToTheGeneralReader) {
+  const std::vector<std::string> others = {
+      "",
+      " [[0,0,4,0,1]]",
+      "[ [0,0,4,0,1]]",
+      "[[0, 0,4,0,1]]",
+      "[[0,0,4,0,1] ]",
+      "[[0,0,4,[0 ],[1]]]",
+      "[[0,0,4,0,1],]",
+      "[,]",
+      "[[0,0,4,0,1]",
+      "[[0,0,4,0]]",
+      "[[0,0,4,0,1,2]]",
+      "[[0,0,4,[0],1]]",
+      "[[0,0,4,0,[1]]]",
+      "[[0,0,4,[0,],[1]]]",
+      "[[01,0,4,0,1]]",
+      "[[0,-0,4,0,1]]",
+      "[[0,0,-4,0,1]]",
+      "[[+1,0,4,0,1]]",
+      "[[0,0,4,--1,1]]",
+      "[[0,0,4,-,1]]",
+      "[[0,0,4.0,0,1]]",
+      "[[0,0,4e2,0,1]]",
+      "[[0,0,4,0,1E1]]",
+      "[[4294967296,0,4,0,1]]",
+      "[[0,1234567890123456789,4,0,1]]",
+      "[[0,0,4,0,-1234567890123456789]]",
+      "[[\"0\",0,4,0,1]]",
+      "[[0,0,4,null,1]]",
+      "[{\"file\":0}]",
+      "[[0,0,4,[[0]],[1]]]",
+  };
+  for (const std::string& text : others) {
+    size_t length = 1;
+    Read(text, &length);
+    EXPECT_EQ(length, 0u) << text;
+  }
+}
+
+// What the general reader (engine/model/manifest.cc) makes of a chunk list, or nothing where it
+// refuses it: file an unsigned integer up to UINT32_MAX, offset and bytes unsigned 64-bit,
+// then two signed integers or two lists of them.
+std::optional<std::vector<ChunkRecord>> GeneralReading(const nlohmann::json& list) {
+  auto i64 = [](const nlohmann::json& v, int64_t* out) {
+    if (!v.is_number_integer()) return false;
+    *out = v.get<int64_t>();
+    return true;
+  };
+  auto u64 = [](const nlohmann::json& v, uint64_t* out) {
+    if (!v.is_number_unsigned()) return false;
+    *out = v.get<uint64_t>();
+    return true;
+  };
+  auto dims = [&](const nlohmann::json& v, Dims* out) {
+    if (!v.is_array()) return false;
+    for (const auto& x : v) {
+      int64_t i = 0;
+      if (!i64(x, &i)) return false;
+      out->push_back(i);
+    }
+    return true;
+  };
+  if (!list.is_array()) return std::nullopt;
+  std::vector<ChunkRecord> out;
+  for (const auto& c : list) {
+    if (!c.is_array() || c.size() != 5) return std::nullopt;
+    ChunkRecord r;
+    uint64_t file = 0;
+    if (!u64(c[0], &file) || file > UINT32_MAX || !u64(c[1], &r.offset) || !u64(c[2], &r.bytes)) return std::nullopt;
+    r.file = static_cast<uint32_t>(file);
+    if (c[3].is_array()) {
+      Dims offsets, sizes;
+      if (!dims(c[3], &offsets) || !dims(c[4], &sizes)) return std::nullopt;
+      r.layout = Layout::Box(offsets, sizes);
+    } else {
+      int64_t begin = 0, end = 0;
+      if (!i64(c[3], &begin) || !i64(c[4], &end)) return std::nullopt;
+      r.layout = Layout::FlatRange(begin, end);
+    }
+    out.push_back(r);
+  }
+  return out;
+}
+
+// Random compact lists with random bytes changed: whatever the compact reader accepts, a JSON
+// library reads to the same chunks, so falling back can never change what a manifest means.
+TEST(CompactChunkList, AcceptsOnlyWhatTheGeneralReaderReadsTheSame) {
+  std::mt19937_64 rng(14);
+  const std::string alphabet = "0123456789-,[] .e+\"";
+  auto number = [&]() -> std::string {
+    switch (rng() % 4) {
+      case 0: return std::to_string(rng() % 10);
+      case 1: return std::to_string(static_cast<int64_t>(rng() % 2000000) - 1000000);
+      case 2: return std::to_string(rng() % 5000000000ull);
+      default: return std::to_string(rng() >> (rng() % 64));
+    }
+  };
+  int accepted = 0, refused = 0;
+  for (int round = 0; round < 40000; ++round) {
+    std::string text = "[";
+    const int chunks = static_cast<int>(rng() % 4);
+    for (int k = 0; k < chunks; ++k) {
+      text += k ? ",[" : "[";
+      text += number() + "," + number() + "," + number() + ",";
+      if (rng() % 2) {
+        text += number() + "," + number();
+      } else {
+        const int dims = static_cast<int>(rng() % 4);
+        for (int half = 0; half < 2; ++half) {
+          text += half ? ",[" : "[";
+          for (int d = 0; d < dims; ++d) text += (d ? "," : "") + number();
+          text += "]";
+        }
+      }
+      text += "]";
+    }
+    text += "]";
+    const int changes = static_cast<int>(rng() % 3);
+    for (int c = 0; c < changes; ++c) text[rng() % text.size()] = alphabet[rng() % alphabet.size()];
+
+    std::vector<ChunkRecord> read;
+    const size_t length = ReadCompactChunkList(text, &read);
+    if (length == 0) {
+      ++refused;
+      continue;
+    }
+    ++accepted;
+    const nlohmann::json parsed = nlohmann::json::parse(text.substr(0, length), nullptr, false);
+    ASSERT_FALSE(parsed.is_discarded()) << text;
+    const std::optional<std::vector<ChunkRecord>> general = GeneralReading(parsed);
+    ASSERT_TRUE(general.has_value()) << text;
+    ASSERT_EQ(general->size(), read.size()) << text;
+    for (size_t k = 0; k < read.size(); ++k) {
+      EXPECT_EQ((*general)[k].file, read[k].file) << text;
+      EXPECT_EQ((*general)[k].offset, read[k].offset) << text;
+      EXPECT_EQ((*general)[k].bytes, read[k].bytes) << text;
+      EXPECT_EQ((*general)[k].layout, read[k].layout) << text;
+    }
+  }
+  // Both sides of the property were exercised.
+  EXPECT_GT(accepted, 5000);
+  EXPECT_GT(refused, 5000);
+}
+
+}  // namespace
+}  // namespace shardckpt
