@@ -5,6 +5,7 @@
 
 #include "shardckpt/engine/formats/dcp_metadata.h"
 #include "shardckpt/engine/model/manifest.h"
+#include "shardckpt/engine/model/manifest_wire.h"
 
 namespace shardckpt {
 namespace {
@@ -77,8 +78,8 @@ TEST(DcpManifest, FilesWithoutChecksumsExistOnlyInMemory) {
   EXPECT_TRUE(ValidateManifest(m).ok()) << ValidateManifest(m).message();
   Result<std::string> text = EncodeManifest(m);
   ASSERT_TRUE(text.ok());
-  // What rank 0 broadcasts to the ranks of a load decodes as it was...
-  Result<Manifest> shared = DecodeValidatedManifest(*text, "broadcast");
+  // What rank 0 sends the other ranks of a load reads as it was...
+  Result<Manifest> shared = DecodeManifestMessage(EncodeManifestMessage(m), "message");
   ASSERT_TRUE(shared.ok()) << shared.status().message();
   EXPECT_FALSE(shared->files[0].checksums);
   EXPECT_EQ(shared->entries[0].chunks[0].offset, 123u);

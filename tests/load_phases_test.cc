@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "shardckpt/engine/core/save.h"
+#include "shardckpt/engine/model/manifest_wire.h"
 #include "shardckpt/io/failpoint.h"
 #include "shardckpt/io/fs.h"
 #include "test_util.h"
@@ -296,13 +297,14 @@ TEST_F(LoadPhasesOnDisk, ReadManifestOnRootReadsOnlyOnRankZero) {
   ManifestRead read = ReadManifestOnRoot(0, root());
   ASSERT_TRUE(read.status.ok()) << read.status.ToString();
   EXPECT_EQ(read.dir, JoinPath(root(), StepDirName(3)));
-  EXPECT_EQ(read.text, ReadFileLimited(JoinPath(read.dir, kManifestName), 1 << 20).value());
-  EXPECT_FALSE(read.decoded);  // decoded by every rank at once, once shared
+  EXPECT_EQ(read.manifest.step, 3);
+  ASSERT_EQ(read.manifest.entries.size(), 1u);
+  EXPECT_EQ(read.manifest.entries[0].name, "a");
 
   ManifestRead elsewhere = ReadManifestOnRoot(1, root());
   EXPECT_TRUE(elsewhere.status.ok());
   EXPECT_TRUE(elsewhere.dir.empty());
-  EXPECT_TRUE(elsewhere.text.empty());
+  EXPECT_TRUE(elsewhere.manifest.entries.empty());
 
   EXPECT_EQ(ReadManifestOnRoot(0, JoinPath(dir_.path(), "none")).status.code(), Code::kNotFound);
   ASSERT_TRUE(SetFailpoints("load.read_manifest=EIO").ok());
@@ -321,27 +323,30 @@ TEST_F(LoadPhasesOnDisk, ShareManifestReturnsRankZerosStatus) {
   ASSERT_EQ(read.manifest.entries.size(), 1u);
   EXPECT_EQ(read.manifest.entries[0].name, "a");
 
-  // The text is read whole on rank 0 and only decoded once shared: a damaged manifest is
-  // rank 0's full validation's error, naming the file.
+  // Rank 0 checks the manifest fully before sharing it: a damaged one is its full validation's
+  // error, naming the file, and that is what every rank reports.
   const std::string manifest_path = JoinPath(read.dir, kManifestName);
   std::string text = ReadFileLimited(manifest_path, 1 << 20).value();
   text[text.find("\"a\"") + 1] = 'b';
   ASSERT_TRUE(WriteFileAtomic(manifest_path, text, "test").ok());
   read = ReadManifestOnRoot(0, root());
-  ASSERT_TRUE(read.status.ok()) << read.status.ToString();
+  EXPECT_EQ(read.status.code(), Code::kDataLoss);
   shared = ShareManifest(*comm_, &read);
   EXPECT_EQ(shared.code(), Code::kDataLoss);
   EXPECT_THAT(shared.ToString(), HasSubstr(manifest_path));
 }
 
-TEST_F(LoadPhasesOnDisk, ParseSharedManifestParsesTheBroadcastText) {
+TEST_F(LoadPhasesOnDisk, ParseSharedManifestReadsRankZerosMessage) {
   ManifestRead read = ReadManifestOnRoot(0, root());
-  Result<Manifest> parsed = ParseSharedManifest(read.dir, read.text);
+  const std::string message = EncodeManifestMessage(read.manifest);
+  Result<Manifest> parsed = ParseSharedManifest(read.dir, message);
   ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
-  EXPECT_EQ(parsed->entries.size(), 1u);
-  EXPECT_FALSE(ParseSharedManifest(read.dir, "{").ok());
+  EXPECT_EQ(EncodeManifest(*parsed).value(), EncodeManifest(read.manifest).value());
+  Result<Manifest> cut = ParseSharedManifest(read.dir, message.substr(0, message.size() - 1));
+  EXPECT_EQ(cut.status().code(), Code::kDataLoss);
+  EXPECT_THAT(cut.status().ToString(), HasSubstr(JoinPath(read.dir, kManifestName)));
   ASSERT_TRUE(SetFailpoints("load.decode_manifest=EIO").ok());
-  Result<Manifest> failed = ParseSharedManifest(read.dir, read.text);
+  Result<Manifest> failed = ParseSharedManifest(read.dir, message);
   EXPECT_FALSE(failed.ok());
   EXPECT_THAT(failed.status().ToString(), HasSubstr("parse " + JoinPath(read.dir, kManifestName)));
 }

@@ -23,34 +23,21 @@ std::function<std::string(const std::string&)> AddPrefix(const std::string& pref
 }
 
 Result<Manifest> ReadManifest(const std::string& dir, std::string* text_out) {
-  std::string text;
-  Manifest m;
-  // A DCP folder's text is encoded only for a caller that wants it (inspect, verify and the
-  // readers do not; encoding refuses names a DCP folder may hold, such as ones not UTF-8).
-  SC_ASSIGN_OR_RETURN(bool built, ReadManifestText(dir, &text, &m, /*encode_built=*/text_out != nullptr));
-  if (!built) {
-    SC_ASSIGN_OR_RETURN(m, DecodeManifestOf(dir, text));
-  }
-  if (text_out != nullptr) *text_out = std::move(text);
-  return m;
-}
-
-Result<bool> ReadManifestText(const std::string& dir, std::string* text, Manifest* built, bool encode_built) {
-  if (IsDcpFolder(dir)) {  // built from .metadata; other ranks of a load decode this text
-    SC_ASSIGN_OR_RETURN(*built, ReadDcpFolder(dir));
-    if (encode_built) {
-      SC_ASSIGN_OR_RETURN(*text, EncodeManifest(*built));
+  if (IsDcpFolder(dir)) {  // built from .metadata, and validated there
+    SC_ASSIGN_OR_RETURN(Manifest m, ReadDcpFolder(dir));
+    // Encoded only for a caller that wants the text (inspect, verify and the readers do not):
+    // encoding refuses names a DCP folder may hold, such as ones not UTF-8.
+    if (text_out != nullptr) {
+      SC_ASSIGN_OR_RETURN(*text_out, EncodeManifest(m));
     }
-    return true;
+    return m;
   }
-  SC_ASSIGN_OR_RETURN(*text, ReadFileLimited(JoinPath(dir, kManifestName), kMaxManifestBytes));
-  return false;
-}
-
-Result<Manifest> DecodeManifestOf(const std::string& dir, const std::string& text) {
-  SC_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(text, JoinPath(dir, kManifestName)));
+  const std::string path = JoinPath(dir, kManifestName);
+  SC_ASSIGN_OR_RETURN(std::string text, ReadFileLimited(path, kMaxManifestBytes));
+  SC_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(text, path));
   Status files = CheckDataFiles(m, [&](const std::string& name) { return FileSize(JoinPath(dir, name)); });
   if (!files.ok()) return files.WithContext(dir);
+  if (text_out != nullptr) *text_out = std::move(text);
   return m;
 }
 

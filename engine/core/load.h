@@ -81,14 +81,6 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
 // Reads and validates a checkpoint's manifest (and its data files' sizes) without a job;
 // `text`, when given, receives the file's bytes as read.
 Result<Manifest> ReadManifest(const std::string& checkpoint_dir, std::string* text = nullptr);
-// ReadManifest in two steps, so that a job can share the text before decoding it (every rank
-// then decodes at once). ReadManifestText reads the text; for a DCP folder, whose manifest is
-// built from `.metadata` (and validated there), it fills `*built`, returns true, and encodes the
-// text only when `encode_built`.
-Result<bool> ReadManifestText(const std::string& checkpoint_dir, std::string* text, Manifest* built,
-                              bool encode_built = true);
-// Decodes and fully validates `text` as the manifest of `checkpoint_dir`, data file sizes included.
-Result<Manifest> DecodeManifestOf(const std::string& checkpoint_dir, const std::string& text);
 
 // Prefix helpers for LoadOptions::rename.
 std::function<std::string(const std::string&)> StripPrefix(const std::string& prefix);

@@ -7,8 +7,10 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "shardckpt/engine/core/load.h"
 #include "shardckpt/engine/core/save_phases.h"
 #include "shardckpt/engine/core/staging_cache.h"
+#include "shardckpt/engine/model/manifest_wire.h"
 #include "shardckpt/io/checksum.h"
 #include "shardckpt/io/failpoint.h"
 #include "shardckpt/io/fs.h"
@@ -85,42 +87,34 @@ ManifestRead ReadManifestOnRoot(int rank, const std::string& path) {
     read.status = Failpoint("load.read_manifest", "read " + JoinPath(read.dir, kManifestName));
   }
   if (read.status.ok()) {
-    Result<bool> built = ReadManifestText(read.dir, &read.text, &read.manifest);
-    read.status = built.status();
-    read.decoded = built.ok() && *built;
+    Result<Manifest> manifest = ReadManifest(read.dir);
+    read.status = manifest.status();
+    if (manifest.ok()) read.manifest = std::move(manifest).value();
   }
   return read;
 }
 
 // ---- 2.
-Result<Manifest> ParseSharedManifest(const std::string& dir, const std::string& text) {
+Result<Manifest> ParseSharedManifest(const std::string& dir, const std::string& message) {
   const std::string manifest_path = JoinPath(dir, kManifestName);
   SC_RETURN_IF_ERROR(Failpoint("load.decode_manifest", "parse " + manifest_path));
-  return DecodeValidatedManifest(text, manifest_path);
+  return DecodeManifestMessage(message, manifest_path);
 }
 
-// The text goes out before anyone decodes it, so rank 0's full decode (validation, data file
-// sizes) and the other ranks' parse run at the same time rather than one after the other.
 Status ShareManifest(Communicator& comm, ManifestRead* read) {
+  // Rank 0's verdict first: on a bad manifest every rank reports what its full check found.
   SC_RETURN_IF_ERROR(BroadcastStatus(comm, read->status, 0));
+  if (comm.size() == 1) return Status::Ok();
   SC_RETURN_IF_ERROR(BroadcastString(comm, &read->dir, 0));
-  if (comm.size() > 1) SC_RETURN_IF_ERROR(BroadcastString(comm, &read->text, 0));
-  Status decoded;
-  if (comm.rank() == 0 && !read->decoded) {
-    Result<Manifest> m = DecodeManifestOf(read->dir, read->text);
-    decoded = m.status();
-    if (decoded.ok()) read->manifest = std::move(m).value();
-  }
-  if (comm.size() == 1) return decoded;
+  std::string message;
+  if (comm.rank() == 0) message = EncodeManifestMessage(read->manifest);
+  SC_RETURN_IF_ERROR(BroadcastString(comm, &message, 0));
   Status parsed;
   if (comm.rank() != 0) {
-    Result<Manifest> m = ParseSharedManifest(read->dir, read->text);
+    Result<Manifest> m = ParseSharedManifest(read->dir, message);
     parsed = m.status();
     if (parsed.ok()) read->manifest = std::move(m).value();
   }
-  // Rank 0's verdict on the text first: on a bad manifest every rank reports what the full
-  // validation found, not what a parse that trusts it stumbled on.
-  SC_RETURN_IF_ERROR(BroadcastStatus(comm, decoded, 0));
   // The next all-gather sizes its message by the manifest: every rank must hold one.
   return AgreeOnStatus(comm, parsed);
 }

@@ -20,25 +20,23 @@ namespace shardckpt::load_phases {
 // Up to 20 quoted names, then "and N more".
 std::string NameList(const std::vector<std::string>& names);
 
-// ---- 1. Resolve, hold and read the manifest's text (rank 0 only; other ranks return an empty one).
+// ---- 1. Resolve, hold, read and fully check the manifest (rank 0 only: validation and data
+// file sizes; other ranks return an empty one).
 struct ManifestRead {
   Status status;        // rank 0's; Ok elsewhere
   std::string dir;      // the checkpoint folder
-  std::string text;     // manifest.json as read (a DCP folder's: encoded from the one built)
-  Manifest manifest;    // decoded by ShareManifest; a DCP folder's is built here already
-  bool decoded = false;
+  Manifest manifest;    // rank 0's (a DCP folder's built from its .metadata); the others' once shared
   // Held until every rank has read (the status agreement after the reads): retention leaves it.
   CheckpointHold hold;
 };
 ManifestRead ReadManifestOnRoot(int rank, const std::string& path);
 
-// ---- 2. Broadcast rank 0's status, folder and manifest text; then every rank decodes it at
-// once: rank 0 fully (validation and data file sizes), the others only parse it.
+// ---- 2. Broadcast rank 0's status, folder and checked manifest, as a binary message
+// (manifest_wire.h) that the other ranks read without parsing JSON.
 // On return every rank holds the same `dir` and manifest, or every rank has the same error.
 Status ShareManifest(Communicator& comm, ManifestRead* read);
-// The other ranks' parse of the shared text, while rank 0 validates it; its result is used only
-// once rank 0's check has passed [load.decode_manifest].
-Result<Manifest> ParseSharedManifest(const std::string& dir, const std::string& text);
+// The other ranks' reading of rank 0's message [load.decode_manifest].
+Result<Manifest> ParseSharedManifest(const std::string& dir, const std::string& message);
 
 // ---- 3. Match the wanted pieces against the manifest.
 // This rank's view: which entry each piece reads, the wants flags, names missing here, and the

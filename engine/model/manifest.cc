@@ -346,7 +346,7 @@ void DecodeCreated(od::value& v, CreationInfo* c) {
   });
 }
 
-void DecodeFile(od::value& v, bool on_disk, FileRecord* f) {
+void DecodeFile(od::value& v, FileRecord* f) {
   Fields fields({"name", "size", "table_offset", "table_sums", "checksums"});
   ForEachField(v, "a file record", [&](std::string_view key, od::value& x) {
     switch (fields.Take(key)) {
@@ -354,16 +354,10 @@ void DecodeFile(od::value& v, bool on_disk, FileRecord* f) {
       case 1: f->size = U64(x, "size"); break;
       case 2: f->table_offset = U64(x, "table_offset"); break;
       case 3: f->table_page_sums = HexToSums(Str(x, "table_sums")); break;
-      case 4: {
-        // Only a manifest built in memory from a DCP folder (broadcast to the other ranks of a
-        // load) has files without checksums; one on disk that claims so would skip verification.
-        bool checksums = true;
-        if (on_disk || x.get_bool().get(checksums) || checksums) {
-          Refuse("'checksums' is not allowed in a manifest on disk");
-        }
-        f->checksums = false;
-        break;
-      }
+      case 4:
+        // Only a manifest built in memory from a DCP folder has files without checksums (its
+        // text shows them for inspection); one on disk that claims so would skip verification.
+        Refuse("'checksums' is not allowed in a manifest on disk");
       default: Consume(x);
     }
   });
@@ -466,9 +460,7 @@ simdjson::padded_string ParsedText(const std::string& text, SealShape seal) {
   return out;
 }
 
-// `check`: verify the seal and run ValidateManifest (skipped only for text that a rank of this job
-// decodes with check on, whose verdict decides whether the unchecked result is used).
-Result<Manifest> Decode(const std::string& text, const std::string& origin, bool check) {
+Result<Manifest> Decode(const std::string& text, const std::string& origin) {
   Manifest m;
   Place where;
   try {
@@ -516,7 +508,7 @@ Result<Manifest> Decode(const std::string& text, const std::string& origin, bool
     }
     m.format_major = static_cast<int>(version[0]);
     m.format_minor = static_cast<int>(version[1]);
-    if (check && (seal != SealShape::kPresent || Checksum64(parsed.data(), parsed.size()) != recorded)) {
+    if (seal != SealShape::kPresent || Checksum64(parsed.data(), parsed.size()) != recorded) {
       return SealError(seal, origin);
     }
 
@@ -570,7 +562,7 @@ Result<Manifest> Decode(const std::string& text, const std::string& origin, bool
           ForEachElement(v, "files", [&](od::value& x) {
             where = Place{"files", i++};
             m.files.emplace_back();
-            DecodeFile(x, check, &m.files.back());
+            DecodeFile(x, &m.files.back());
           });
           break;
         }
@@ -602,7 +594,6 @@ Result<Manifest> Decode(const std::string& text, const std::string& origin, bool
   } catch (const std::exception& e) {
     return DataLoss(origin + ": malformed manifest at " + where.ToString() + ": " + e.what());
   }
-  if (!check) return m;
   Status valid = ValidateManifest(m);
   if (!valid.ok()) return valid.WithContext(origin);
   return m;
@@ -783,13 +774,7 @@ Result<std::string> EncodeManifest(const Manifest& m) {
   return SealManifestText(std::move(out));
 }
 
-Result<Manifest> DecodeManifest(const std::string& text, const std::string& origin) {
-  return Decode(text, origin, true);
-}
-
-Result<Manifest> DecodeValidatedManifest(const std::string& text, const std::string& origin) {
-  return Decode(text, origin, false);
-}
+Result<Manifest> DecodeManifest(const std::string& text, const std::string& origin) { return Decode(text, origin); }
 
 namespace {
 

@@ -98,11 +98,6 @@ Result<std::string> EncodeManifest(const Manifest& manifest);
 // Parses and validates. `origin` (the file path) prefixes every message. Reads the layout of
 // every writer so far (the older one-number-per-line text included) and fields in any order.
 Result<Manifest> DecodeManifest(const std::string& json, const std::string& origin);
-// Parses text that another rank of this job decodes with DecodeManifest (the broadcast on load;
-// the caller uses the result only once that rank's check passed): the seal and the full
-// validation, a second or more at a million chunks, are not done twice. Safe on any text: every
-// allocation is bounded by the text's size and every refusal is a DataLoss.
-Result<Manifest> DecodeValidatedManifest(const std::string& json, const std::string& origin);
 // Whether any chunk or blob starts off a 4096-byte block (format 1.1).
 bool UsesPackedOffsets(const Manifest& manifest);
 // Everything that can be checked without touching the data files: names, bounds, overflow,
