@@ -80,14 +80,33 @@ int Fail(const Status& status) {
   return 1;
 }
 
+// The kinds of layout an entry's chunks have, as "box", "flat", "replicated" joined by '+' in
+// that order. A bit per kind, not a set of strings: this runs for every chunk (millions).
 std::string LayoutsOf(const EntryRecord& e) {
-  std::set<std::string> kinds;
+  enum : unsigned { kBoxBit = 1, kFlatBit = 2, kReplicatedBit = 4 };
+  unsigned kinds = 0;
   for (const ChunkRecord& c : e.chunks) {
-    kinds.insert(c.layout.kind == LayoutKind::kFlatRange ? "flat" : c.layout.sizes == e.shape ? "replicated" : "box");
+    kinds |= c.layout.kind == LayoutKind::kFlatRange ? kFlatBit : c.layout.sizes == e.shape ? kReplicatedBit : kBoxBit;
   }
   std::string out;
-  for (const std::string& k : kinds) out += (out.empty() ? "" : "+") + k;
+  for (const auto& [bit, name] : {std::pair{kBoxBit, "box"}, {kFlatBit, "flat"}, {kReplicatedBit, "replicated"}}) {
+    if (kinds & bit) out += (out.empty() ? "" : "+") + std::string(name);
+  }
   return out.empty() ? "-" : out;
+}
+
+// One row of inspect's entry table; a JSON object only for --json (the table of a checkpoint of
+// a hundred thousand entries would otherwise build and destroy as many JSON objects).
+struct EntryRow {
+  const EntryRecord* entry;
+  uint64_t bytes;
+  std::string layouts;
+};
+
+json EntryRowJson(const EntryRow& row) {
+  const EntryRecord& e = *row.entry;
+  return {{"name", e.name}, {"dtype", DTypeName(e.dtype)}, {"shape", e.shape}, {"bytes", row.bytes},
+          {"chunks", e.chunks.size()}, {"layouts", row.layouts}};
 }
 
 int Inspect(int argc, char** argv) {
@@ -100,12 +119,12 @@ int Inspect(int argc, char** argv) {
   Result<Manifest> m = ReadManifest(*dir);
   if (!m.ok()) return Fail(m.status());
   uint64_t total = 0;
-  json entries = json::array();
+  std::vector<EntryRow> rows;
+  rows.reserve(m->entries.size());
   for (const EntryRecord& e : m->entries) {
     uint64_t bytes = static_cast<uint64_t>(NumBytes(e.shape, DTypeSize(e.dtype)).value());
     total += bytes;
-    entries.push_back({{"name", e.name}, {"dtype", DTypeName(e.dtype)}, {"shape", e.shape}, {"bytes", bytes},
-                       {"chunks", e.chunks.size()}, {"layouts", LayoutsOf(e)}});
+    rows.push_back(EntryRow{&e, bytes, LayoutsOf(e)});
   }
   // A DCP folder's byte items are torch.save files: those holding more than plain values are
   // named (restoring them would run their pickle), never unpickled here.
@@ -126,6 +145,8 @@ int Inspect(int argc, char** argv) {
   uint64_t file_bytes = 0;
   for (const FileRecord& f : m->files) file_bytes += f.size;
   if (vm.count("json")) {
+    json entries = json::array();
+    for (const EntryRow& row : rows) entries.push_back(EntryRowJson(row));
     json out = {{"checkpoint", *dir},
                 {"format", dcp ? "dcp" : "shardckpt"},
                 {"format_version", dcp ? m->created.user["dcp_version"]
@@ -153,11 +174,10 @@ int Inspect(int argc, char** argv) {
   for (const auto& [k, v] : m->created.user) std::printf("meta        %s = %s\n", k.c_str(), v.c_str());
   for (const auto& [k, v] : m->metrics) std::printf("metric      %s = %.17g\n", k.c_str(), v);
   std::printf("\n%-48s %-14s %-20s %12s %7s  %s\n", "entry", "dtype", "shape", "bytes", "chunks", "layouts");
-  for (const json& e : entries) {
-    std::printf("%-48s %-14s %-20s %12llu %7zu  %s\n", e["name"].get<std::string>().c_str(),
-                e["dtype"].get<std::string>().c_str(), ShapeString(e["shape"].get<Shape>()).c_str(),
-                static_cast<unsigned long long>(e["bytes"].get<uint64_t>()), e["chunks"].get<size_t>(),
-                e["layouts"].get<std::string>().c_str());
+  for (const EntryRow& row : rows) {
+    const EntryRecord& e = *row.entry;
+    std::printf("%-48s %-14s %-20s %12llu %7zu  %s\n", e.name.c_str(), DTypeName(e.dtype), ShapeString(e.shape).c_str(),
+                static_cast<unsigned long long>(row.bytes), e.chunks.size(), row.layouts.c_str());
   }
   for (const json& b : blobs) {
     std::printf("blob %-43s %-14s rank %-15d %12llu%s\n", b["name"].get<std::string>().c_str(), b["scope"].get<std::string>().c_str(),

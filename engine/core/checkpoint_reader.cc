@@ -56,13 +56,18 @@ Result<const CheckpointReader::Window*> CheckpointReader::WindowFor(uint32_t fil
 }
 
 Status CheckpointReader::ReadPiece(size_t entry, const Layout& layout, void* out) {
-  std::vector<CopyRequest> copies;
-  PlanPieceCopies(manifest_, *index_, {WantedPiece{entry, layout, 0}}, &copies);
+  // The lists are members, cleared per piece: a piece of a small entry is cut from dozens of
+  // chunks, and growing fresh lists for each of a hundred thousand pieces cost more than planning.
+  std::vector<CopyRequest>& copies = piece_copies_;
+  std::vector<CopyRequest>& direct = piece_direct_;
+  copies.clear();
+  direct.clear();
+  wanted_.assign(1, WantedPiece{entry, layout, 0});
+  PlanPieceCopies(manifest_, *index_, wanted_, &copies);
   auto* target = static_cast<unsigned char*>(out);
   const std::string& name = manifest_.entries[entry].name;
   // Small copies (a piece of a small entry, cut from the chunks of several files) come from the
   // windows; anything wider goes through one plan of its own.
-  std::vector<CopyRequest> direct;
   for (const CopyRequest& c : copies) {
     Result<const Window*> w = WindowFor(c.file, c.file_offset, c.file_offset + c.length);
     if (!w.ok()) return w.status().WithContext(name);
@@ -73,7 +78,7 @@ Status CheckpointReader::ReadPiece(size_t entry, const Layout& layout, void* out
     std::memcpy(target + c.target_offset, (*w)->bytes.data() + (c.file_offset - (*w)->offset), c.length);
   }
   if (direct.empty()) return Status::Ok();
-  return Run(std::move(direct), ReadTargets{{target}, {name}});
+  return Run(direct, ReadTargets{{target}, {name}});
 }
 
 Result<std::string> CheckpointReader::ReadBlob(const BlobRecord& blob) {

@@ -57,6 +57,8 @@ class CheckpointReader {
   std::unique_ptr<BufferPool> pool_;
   ReadStats stats_;
   std::vector<Window> windows_;  // by file
+  std::vector<WantedPiece> wanted_;  // ReadPiece's scratch, kept across pieces
+  std::vector<CopyRequest> piece_copies_, piece_direct_;
   uint64_t window_bytes_ = kMaxWindow;
 };
 

@@ -21,27 +21,51 @@
 namespace shardckpt {
 namespace {
 
+// The layout policies, named once per conversion rather than compared by name per rank and entry.
+enum class Policy { kReplicated, kFlat, kDim0 };
+
+Result<Policy> ParsePolicy(const std::string& name) {
+  if (name == "replicated") return Policy::kReplicated;
+  if (name == "flat") return Policy::kFlat;
+  if (name == "dim0") return Policy::kDim0;
+  return InvalidArgument("unknown layout '" + name + "' (flat, dim0 or replicated)");
+}
+
+Layout LayoutOf(Policy policy, const Shape& shape, int world, int rank) {
+  switch (policy) {
+    case Policy::kReplicated: return Layout::Whole();
+    case Policy::kFlat: return FlatShardLayout(shape, world, rank);
+    case Policy::kDim0:
+      return shape.empty() ? (rank == 0 ? Layout::Whole() : Layout::FlatRange(1, 1)) : ChunkLayout(shape, 0, world, rank);
+  }
+  return Layout::Whole();
+}
+
 // Writes one full contiguous tensor as the pieces of `policy` for every rank; `piece` is scratch
 // memory kept by the caller across tensors.
-Status WriteTensor(OfflineCheckpointWriter& out, const std::string& policy, int world, size_t index,
+Status WriteTensor(OfflineCheckpointWriter& out, Policy policy, int world, size_t index,
                    const std::string& name, DType dtype, const Shape& shape, const std::vector<unsigned char>& full,
                    std::vector<unsigned char>& piece) {
   const size_t element = DTypeSize(dtype);
-  if (policy == "replicated") {
+  if (policy == Policy::kReplicated) {
     return out.AddPiece(static_cast<int>(index % world), name, dtype, shape, Layout::Whole(), full.data(), full.size());
   }
-  std::vector<Region> whole = LayoutRegions(Layout::Whole(), shape);
   for (int r = 0; r < world; ++r) {
-    SC_ASSIGN_OR_RETURN(Layout layout, PolicyLayout(policy, shape, world, r));
+    const Layout layout = LayoutOf(policy, shape, world, r);
     SC_ASSIGN_OR_RETURN(int64_t count, ValidateLayout(layout, shape));
+    // Flat and dim0 pieces lie in rank order, each ending where the next begins, so after the
+    // first empty one all are empty (a tensor of fewer rows than ranks): they would add nothing.
+    // Rank 0 always adds its piece, so that an empty tensor is still an entry.
+    if (count == 0 && r > 0) break;
     if (const int64_t first = ContiguousStart(layout, shape); first >= 0) {  // flat and dim0 pieces: no copy
       SC_RETURN_IF_ERROR(out.AddPiece(r, name, dtype, shape, layout, full.data() + first * element,
                                       static_cast<size_t>(count) * element));
       continue;
     }
     piece.resize(static_cast<size_t>(count) * element);
+    const Region whole = LayoutRegions(Layout::Whole(), shape)[0];
     for (const Region& region : LayoutRegions(layout, shape)) {
-      ForEachCopy(whole[0], region, [&](int64_t src, int64_t dst, int64_t n) {
+      ForEachCopy(whole, region, [&](int64_t src, int64_t dst, int64_t n) {
         std::memcpy(piece.data() + dst * element, full.data() + src * element, static_cast<size_t>(n) * element);
       });
     }
@@ -57,11 +81,8 @@ constexpr uint64_t kReshardWholeBelow = 64u << 20;
 }  // namespace
 
 Result<Layout> PolicyLayout(const std::string& policy, const Shape& shape, int world, int rank) {
-  if (policy == "replicated") return Layout::Whole();
-  if (policy == "flat") return FlatShardLayout(shape, world, rank);
-  if (policy == "dim0") return shape.empty() ? (rank == 0 ? Layout::Whole() : Layout::FlatRange(1, 1))
-                                             : ChunkLayout(shape, 0, world, rank);
-  return InvalidArgument("unknown layout '" + policy + "' (flat, dim0 or replicated)");
+  SC_ASSIGN_OR_RETURN(Policy parsed, ParsePolicy(policy));
+  return LayoutOf(parsed, shape, world, rank);
 }
 
 namespace {
@@ -180,7 +201,7 @@ std::vector<int64_t> TiedTensors(const std::vector<PickleTensor>& tensors) {
 }
 
 Result<ConvertReport> ImportInto(const std::string& input, const std::string& root, const ConvertOptions& options) {
-  SC_RETURN_IF_ERROR(PolicyLayout(options.layout, {1}, 1, 0).status());
+  SC_ASSIGN_OR_RETURN(const Policy policy, ParsePolicy(options.layout));
   ConvertReport report;
   SC_ASSIGN_OR_RETURN(const std::string file, ResolveImportInput(input));
   const bool index = EndsWith(file, ".safetensors.index.json");
@@ -228,7 +249,7 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
       const SafetensorsEntry& e = in.entries[order[i].second];
       full.resize(e.end - e.begin);
       SC_RETURN_IF_ERROR(in.source.ReadAt(in.data_start + e.begin, full.data(), full.size()));
-      SC_RETURN_IF_ERROR(WriteTensor(*out, options.layout, options.world_size, i, e.name, e.dtype, e.shape, full, scratch));
+      SC_RETURN_IF_ERROR(WriteTensor(*out, policy, options.world_size, i, e.name, e.dtype, e.shape, full, scratch));
     } else if (tied[i] >= 0) {  // stored once; the manifest names it twice
       SC_RETURN_IF_ERROR(out->AddAlias(dict.tensors[i].name, dict.tensors[static_cast<size_t>(tied[i])].name));
       report.tensors++;
@@ -237,7 +258,7 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
       const PickleTensor& t = dict.tensors[i];
       Status read = zip ? ReadTorchTensor(*zip, t, &full) : ReadTorchTensor(*legacy_source, legacy, t, &full);
       if (!read.ok()) return read.WithContext(file);
-      SC_RETURN_IF_ERROR(WriteTensor(*out, options.layout, options.world_size, i, t.name, t.dtype, t.sizes, full, scratch));
+      SC_RETURN_IF_ERROR(WriteTensor(*out, policy, options.world_size, i, t.name, t.dtype, t.sizes, full, scratch));
     }
     report.tensors++;
     report.bytes += full.size();
@@ -254,7 +275,7 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
 }
 
 Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::string& root, const ConvertOptions& options) {
-  SC_RETURN_IF_ERROR(PolicyLayout(options.layout, {1}, 1, 0).status());
+  SC_ASSIGN_OR_RETURN(const Policy policy, ParsePolicy(options.layout));
   SC_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(checkpoint));
   const Manifest& m = reader->manifest();
   const int world = options.world_size;
@@ -278,7 +299,7 @@ Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::stri
     if (entry_bytes <= kReshardWholeBelow) {
       full.resize(static_cast<size_t>(entry_bytes));
       SC_RETURN_IF_ERROR(reader->ReadPiece(i, Layout::Whole(), full.data()));
-      SC_RETURN_IF_ERROR(WriteTensor(*out, options.layout, world, i, e.name, e.dtype, e.shape, full, piece));
+      SC_RETURN_IF_ERROR(WriteTensor(*out, policy, world, i, e.name, e.dtype, e.shape, full, piece));
       report.bytes += entry_bytes;
       if (options.progress) options.progress(report.bytes, total);
       report.tensors++;
@@ -289,8 +310,8 @@ Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::stri
     for (int r = 0; r < world; ++r) {
       Layout layout = Layout::Whole();
       int writer = static_cast<int>(i % world);
-      if (options.layout != "replicated") {
-        SC_ASSIGN_OR_RETURN(layout, PolicyLayout(options.layout, e.shape, world, r));
+      if (policy != Policy::kReplicated) {
+        layout = LayoutOf(policy, e.shape, world, r);
         writer = r;
       } else if (r != writer) {
         continue;

@@ -1,5 +1,7 @@
 #include "shardckpt/engine/core/offline_writer.h"
 
+#include <algorithm>
+
 #include "shardckpt/engine/core/commit.h"
 #include "shardckpt/engine/core/save.h"
 #include "shardckpt/io/fs.h"
@@ -72,7 +74,9 @@ Status OfflineCheckpointWriter::AddPiece(int rank, const std::string& name, DTyp
   if (bytes == 0) return Status::Ok();  // empty pieces need no chunk
   SC_ASSIGN_OR_RETURN(ShardFileWriter * writer, Writer(rank));
   SC_ASSIGN_OR_RETURN(uint64_t offset, writer->Append(data, bytes, DTypeSize(dtype)));
-  ranks_[static_cast<size_t>(rank)].chunks.emplace_back(entry, ChunkRecord{0, offset, bytes, Normalize(layout, shape)});
+  // Straight into the entry, the rank standing in for the file index until Commit numbers the
+  // files: no second list of every chunk to move over at Commit (millions with small tensors).
+  record.chunks.push_back(ChunkRecord{static_cast<uint32_t>(rank), offset, bytes, Normalize(layout, shape)});
   return Status::Ok();
 }
 
@@ -96,26 +100,38 @@ Status OfflineCheckpointWriter::AddAlias(const std::string& name, const std::str
   return Status::Ok();
 }
 
+namespace {
+
+// Chunks were added naming their rank (AddPiece); the manifest names the file and lists an
+// entry's chunks in file order, each file's in the order they were added (a stable sort, and
+// none at all for the usual rank-by-rank adds).
+void NumberChunkFiles(const std::vector<uint32_t>& file_of_rank, std::vector<ChunkRecord>* chunks) {
+  for (ChunkRecord& c : *chunks) c.file = file_of_rank[c.file];
+  auto by_file = [](const ChunkRecord& a, const ChunkRecord& b) { return a.file < b.file; };
+  if (!std::is_sorted(chunks->begin(), chunks->end(), by_file)) std::stable_sort(chunks->begin(), chunks->end(), by_file);
+}
+
+}  // namespace
+
 Result<std::string> OfflineCheckpointWriter::Commit(const CreationInfo& created, int keep_last) {
   Manifest m;
   m.step = step_;
   m.world_size = world_;
   m.created = created;
-  for (RankFile& f : ranks_) {
+  std::vector<uint32_t> file_of_rank(ranks_.size(), 0);
+  for (size_t rank = 0; rank < ranks_.size(); ++rank) {
+    RankFile& f = ranks_[rank];
     if (!f.writer) continue;
     uint32_t file = static_cast<uint32_t>(m.files.size());
+    file_of_rank[rank] = file;
     SC_ASSIGN_OR_RETURN(FileRecord record, f.writer->Finish());
     m.files.push_back(record);
-    for (auto& [entry, chunk] : f.chunks) {
-      chunk.file = file;
-      entries_[entry].chunks.push_back(std::move(chunk));
-    }
-    f.chunks.clear();
     for (BlobRecord& b : f.blobs) {
       b.file = file;
       m.blobs.push_back(b);
     }
   }
+  for (EntryRecord& e : entries_) NumberChunkFiles(file_of_rank, &e.chunks);
   for (const auto& [entry, target] : aliases_) entries_[entry].chunks = entries_[target].chunks;
   m.entries = std::move(entries_);
   entries_.clear();

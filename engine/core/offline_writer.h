@@ -39,7 +39,6 @@ class OfflineCheckpointWriter {
     std::unique_ptr<IoEngine> io;
     std::unique_ptr<BufferPool> pool;
     std::unique_ptr<ShardFileWriter> writer;
-    std::vector<std::pair<size_t, ChunkRecord>> chunks;  // entry index, chunk (file set later)
     std::vector<BlobRecord> blobs;
   };
   std::unique_ptr<RootLock> lock_;
@@ -48,7 +47,8 @@ class OfflineCheckpointWriter {
   int world_ = 1;
   bool committed_ = false;
   std::vector<RankFile> ranks_;  // by rank; a rank with no writer has no file
-  // Entries in the order first added (the manifest keeps the caller's order), found by name.
+  // Entries in the order first added (the manifest keeps the caller's order), found by name;
+  // until Commit each chunk's `file` holds its rank.
   std::vector<EntryRecord> entries_;
   std::unordered_map<std::string, size_t> entry_of_;
   size_t last_entry_ = 0;

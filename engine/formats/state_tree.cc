@@ -1,5 +1,6 @@
 #include "shardckpt/engine/formats/state_tree.h"
 
+#include <unordered_map>
 #include <vector>
 
 namespace shardckpt {
@@ -9,7 +10,8 @@ struct StateTreeBuilder::Tree {
   PickleNode leaf;  // when is_leaf
   bool is_leaf = false;
   std::vector<std::string> keys;  // in insertion order
-  std::map<std::string, std::unique_ptr<Tree>> children;
+  // Hashed: `keys` gives the order, and a state dict's root holds up to hundreds of thousands.
+  std::unordered_map<std::string, std::unique_ptr<Tree>> children;
 
   Result<Tree*> Child(const std::string& key, PickleNode::Kind child_kind, const std::string& path) {
     auto it = children.find(key);
@@ -54,7 +56,9 @@ Status StateTreeBuilder::Add(const std::string& name, PickleNode leaf) {
   // At the top, the shortest dotted prefix that is a recorded container is the key.
   Tree* node = root_.get();
   std::string path, rest = name;
-  for (size_t dot = name.find('.'); dot != std::string::npos; dot = name.find('.', dot + 1)) {
+  // (Skipped when none is recorded: one substring and lookup per dot of every name otherwise.)
+  for (size_t dot = containers_.empty() ? std::string::npos : name.find('.'); dot != std::string::npos;
+       dot = name.find('.', dot + 1)) {
     if (containers_.count(name.substr(0, dot))) {
       path = name.substr(0, dot);
       rest = name.substr(dot + 1);

@@ -9,8 +9,8 @@ constexpr uint64_t kAlignment = 64;
 constexpr uint32_t kMax32 = 0xFFFFFFFFu;
 
 void Put16(std::string& s, uint16_t v) {
-  s += static_cast<char>(v & 0xFF);
-  s += static_cast<char>(v >> 8);
+  const char bytes[2] = {static_cast<char>(v & 0xFF), static_cast<char>(v >> 8)};
+  s.append(bytes, 2);
 }
 void Put32(std::string& s, uint32_t v) {
   Put16(s, static_cast<uint16_t>(v & 0xFFFF));
@@ -35,6 +35,7 @@ Status ZipWriter::BeginRecord(const std::string& name, uint64_t size) {
     Put64(zip64_extra, 0);
   }
   std::string header;
+  header.reserve(30 + name.size() + zip64_extra.size() + 4 + kAlignment);  // one allocation per record
   Put32(header, 0x04034b50);
   Put16(header, 45);      // version needed: zip64-capable
   Put16(header, 0x0008);  // data descriptor follows the data
@@ -97,6 +98,9 @@ Status ZipWriter::AddRecord(const std::string& name, const std::string& bytes) {
 Status ZipWriter::Finish() {
   const uint64_t directory_offset = out_->position() - base_;
   std::string dir;
+  size_t names = 0;
+  for (const Record& r : records_) names += r.name.size();
+  dir.reserve(records_.size() * (46 + 28) + names + 98);  // headers with their largest extra, the end records
   for (const Record& r : records_) {
     bool big = r.size >= kMax32 || r.header_offset >= kMax32;
     std::string extra;

@@ -86,6 +86,14 @@ class Dims {
     return a.size_ == b.size_ && std::equal(a.begin(), a.end(), b.begin());
   }
   friend bool operator!=(const Dims& a, const Dims& b) { return !(a == b); }
+  // Against a Shape without building a Dims from it (Normalize and inspect compare a box's
+  // sizes with its entry's shape once per chunk).
+  friend bool operator==(const Dims& a, const std::vector<int64_t>& b) {
+    return a.size_ == b.size() && std::equal(a.begin(), a.end(), b.begin());
+  }
+  friend bool operator==(const std::vector<int64_t>& a, const Dims& b) { return b == a; }
+  friend bool operator!=(const Dims& a, const std::vector<int64_t>& b) { return !(a == b); }
+  friend bool operator!=(const std::vector<int64_t>& a, const Dims& b) { return !(b == a); }
 
  private:
   bool OnHeap() const { return capacity_ > kInline; }

@@ -86,6 +86,10 @@ Result<int64_t> NumBytes(const Shape& shape, size_t element_size) {
 
 Result<int64_t> ValidateLayout(const Layout& layout, const Shape& global) {
   SC_ASSIGN_OR_RETURN(int64_t numel, NumElements(global));
+  return ValidateLayout(layout, global, numel);
+}
+
+Result<int64_t> ValidateLayout(const Layout& layout, const Shape& global, int64_t numel) {
   switch (layout.kind) {
     case LayoutKind::kWhole: return numel;
     case LayoutKind::kFlatRange:

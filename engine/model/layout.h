@@ -50,6 +50,9 @@ std::string ShapeString(const Shape& shape);
 
 // Checks that `layout` lies inside `global`; returns its element count.
 Result<int64_t> ValidateLayout(const Layout& layout, const Shape& global);
+// The same, given NumElements(global) (checked by the caller): for the chunks of one entry, whose
+// shape is checked once rather than once per chunk.
+Result<int64_t> ValidateLayout(const Layout& layout, const Shape& global, int64_t numel);
 // The local shape a piece's buffer has: the box sizes, [end-begin] for a flat range.
 Shape LocalShape(const Layout& layout, const Shape& global);
 // Turns a full-tensor Box into Whole so that equal pieces compare equal.

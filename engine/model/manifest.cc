@@ -881,10 +881,11 @@ Status ValidateManifest(const Manifest& m) {
     if (!entry_names.insert(std::string_view(e.name)).second) return bad("entry '" + e.name + "' is listed twice");
     Result<int64_t> bytes = NumBytes(e.shape, DTypeSize(e.dtype));
     if (!bytes.ok()) return bad("entry '" + e.name + "': " + bytes.status().message());
+    const int64_t numel = NumElements(e.shape).value();  // valid: NumBytes checked it
     for (size_t i = 0; i < e.chunks.size(); ++i) {
       const ChunkRecord& c = e.chunks[i];
       auto what = [&] { return "entry '" + e.name + "' chunk " + std::to_string(i); };
-      Result<int64_t> count = ValidateLayout(c.layout, e.shape);
+      Result<int64_t> count = ValidateLayout(c.layout, e.shape, numel);
       if (!count.ok()) return bad(what() + ": " + count.status().message());
       if (static_cast<uint64_t>(*count) * DTypeSize(e.dtype) != c.bytes) {
         return bad(what() + " holds " + std::to_string(c.bytes) + " bytes but its layout needs " +

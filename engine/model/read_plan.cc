@@ -56,14 +56,16 @@ void PlanPieceCopies(const Manifest& manifest, ChunkIndex& index,
                                    static_cast<uint64_t>(dst) * element});
       });
     };
-    const std::vector<Region> wants = LayoutRegions(w.layout, e.shape);
     if (normal.kind == LayoutKind::kWhole) {
-      // The whole tensor (consolidate, reshard): every chunk lies in it; no index needed.
+      // The whole tensor (consolidate, reshard): every chunk lies in it; no index needed, and no
+      // regions unless a chunk is not one run (built then, once: most pieces need none).
+      std::vector<Region> wants;
       for (const ChunkRecord& chunk : e.chunks) {
         if (const int64_t start = ContiguousStart(chunk.layout, e.shape); start >= 0) {  // one run: no regions
           out->push_back(CopyRequest{chunk.file, chunk.offset, chunk.bytes, w.target, static_cast<uint64_t>(start) * element});
           continue;
         }
+        if (wants.empty()) wants = LayoutRegions(w.layout, e.shape);
         for (const Region& want : wants) {
           for (const Region& from : LayoutRegions(chunk.layout, e.shape)) emit(chunk, from, want);
         }
@@ -71,7 +73,7 @@ void PlanPieceCopies(const Manifest& manifest, ChunkIndex& index,
       continue;
     }
     const ChunkIndex::EntryIndex& saved = index.For(w.entry);
-    for (const Region& want : wants) {
+    for (const Region& want : LayoutRegions(w.layout, e.shape)) {
       saved.index->ForEachIntersecting(want, [&](size_t id) {
         emit(e.chunks[saved.chunk_of_region[id]], saved.regions[id], want);
       });
