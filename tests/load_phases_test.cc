@@ -348,7 +348,7 @@ TEST_F(LoadPhasesOnDisk, ParseSharedManifestReadsRankZerosMessage) {
   ASSERT_TRUE(SetFailpoints("load.decode_manifest=EIO").ok());
   Result<Manifest> failed = ParseSharedManifest(read.dir, message);
   EXPECT_FALSE(failed.ok());
-  EXPECT_THAT(failed.status().ToString(), HasSubstr("parse " + JoinPath(read.dir, kManifestName)));
+  EXPECT_THAT(failed.status().ToString(), HasSubstr("read the shared " + JoinPath(read.dir, kManifestName)));
 }
 
 TEST_F(LoadPhasesOnDisk, MatchEntriesFillsTheReportAndAgrees) {

@@ -453,12 +453,14 @@ TEST(ManifestText, RefusesHostileFieldsNamingWhere) {
 }
 
 TEST(ManifestText, RefusesTextAfterTheObject) {
-  const std::string text = *EncodeManifest(Tiny());
+  // Sealed with the tail inside, so that the refusal comes from the reader, not the seal.
+  const std::string body = CheckSeal(*EncodeManifest(Tiny()), "tiny").value();
   for (const std::string& tail : {std::string("{}"), std::string(" []"), std::string(" 1")}) {
-    Result<Manifest> decoded = DecodeManifest(text + tail, "ckpt/manifest.json");
+    Result<Manifest> decoded = DecodeManifest(SealManifestText(body + tail + "\n}"), "ckpt/manifest.json");
     ASSERT_FALSE(decoded.ok()) << tail;
     EXPECT_EQ(decoded.status().code(), Code::kDataLoss) << tail;
-    EXPECT_THAT(decoded.status().message(), HasSubstr("ckpt/manifest.json")) << tail;
+    EXPECT_THAT(decoded.status().message(), HasSubstr("ckpt/manifest.json: malformed manifest")) << tail;
+    EXPECT_THAT(decoded.status().message(), HasSubstr("text after the manifest's closing brace")) << tail;
   }
 }
 

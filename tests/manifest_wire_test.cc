@@ -7,6 +7,8 @@
 #include <limits>
 #include <random>
 
+#include "shardckpt/engine/model/wire.h"
+
 namespace shardckpt {
 namespace {
 
@@ -89,6 +91,26 @@ TEST(ManifestMessage, CarriesEveryField) {
     EXPECT_EQ(back->blobs[i].offset, m.blobs[i].offset);
     EXPECT_EQ(back->blobs[i].bytes, m.blobs[i].bytes);
   }
+}
+
+// The integers under the message: the largest value, one bit past it, and counts checked against
+// the bytes left at the size of the smallest item.
+TEST(ManifestMessage, IntegersAndCountsStayInRange) {
+  const std::string max = std::string(9, '\xff') + '\x01';
+  WireReader largest(max);
+  EXPECT_EQ(largest.Var(), UINT64_MAX);
+  EXPECT_TRUE(largest.ok() && largest.done());
+  const std::string over = std::string(9, '\xff') + '\x02';
+  WireReader past(over);
+  past.Var();
+  EXPECT_FALSE(past.ok());
+
+  const std::string three_then_ten = std::string(1, '\x03') + std::string(10, '\0');
+  WireReader bytes(three_then_ten);
+  EXPECT_EQ(bytes.VarCount(1), 3u);
+  WireReader chunks(three_then_ten);
+  EXPECT_EQ(chunks.VarCount(4), 0u);  // three items of four bytes do not fit in ten
+  EXPECT_FALSE(chunks.ok());
 }
 
 // Small numbers take one byte: a flat-range chunk of small offsets is six bytes (file, offset,

@@ -63,8 +63,14 @@ Status WriteTensor(OfflineCheckpointWriter& out, Policy policy, int world, size_
       continue;
     }
     piece.resize(static_cast<size_t>(count) * element);
+    // No regions (and no whole region) when a dim is 0: nothing to copy.
+    const std::vector<Region> regions = LayoutRegions(layout, shape);
+    if (regions.empty()) {
+      SC_RETURN_IF_ERROR(out.AddPiece(r, name, dtype, shape, layout, piece.data(), piece.size()));
+      continue;
+    }
     const Region whole = LayoutRegions(Layout::Whole(), shape)[0];
-    for (const Region& region : LayoutRegions(layout, shape)) {
+    for (const Region& region : regions) {
       ForEachCopy(whole, region, [&](int64_t src, int64_t dst, int64_t n) {
         std::memcpy(piece.data() + dst * element, full.data() + src * element, static_cast<size_t>(n) * element);
       });

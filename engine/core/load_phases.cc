@@ -97,7 +97,7 @@ ManifestRead ReadManifestOnRoot(int rank, const std::string& path) {
 // ---- 2.
 Result<Manifest> ParseSharedManifest(const std::string& dir, const std::string& message) {
   const std::string manifest_path = JoinPath(dir, kManifestName);
-  SC_RETURN_IF_ERROR(Failpoint("load.decode_manifest", "parse " + manifest_path));
+  SC_RETURN_IF_ERROR(Failpoint("load.decode_manifest", "read the shared " + manifest_path));
   return DecodeManifestMessage(message, manifest_path);
 }
 

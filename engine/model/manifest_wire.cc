@@ -9,6 +9,13 @@
 namespace shardckpt {
 namespace {
 
+// The fewest bytes one item takes in the message, so that a count is checked against what the
+// bytes left could hold (allocations stay within a small multiple of the message's size).
+constexpr uint64_t kMinFileBytes = 5;   // name length, size, table_offset, checksums, sum count
+constexpr uint64_t kMinEntryBytes = 4;  // name length, dtype, shape length, chunk count
+constexpr uint64_t kMinChunkBytes = 4;  // file, offset, bytes, layout kind
+constexpr uint64_t kMinBlobBytes = 6;   // name length, scope, rank, file, offset, bytes
+
 // Bumped whenever the layout below changes: ranks of one job run one build, but a message from
 // another must be refused rather than misread.
 constexpr uint64_t kMessageVersion = 1;
@@ -156,24 +163,24 @@ Result<Manifest> DecodeManifestMessage(const std::string& message, const std::st
     std::string name = r.VarStr();
     m.metrics[std::move(name)] = BitsDouble(r.U64());
   }
-  m.files.resize(r.VarCount());
+  m.files.resize(r.VarCount(kMinFileBytes));
   for (FileRecord& f : m.files) {
     f.name = r.VarStr();
     f.size = r.Var();
     f.table_offset = r.Var();
     f.checksums = r.Var() != 0;
-    f.table_page_sums.resize(r.VarCount());
+    f.table_page_sums.resize(r.VarCount(sizeof(uint64_t)));
     for (uint64_t& sum : f.table_page_sums) sum = r.U64();
     if (!r.ok()) break;
   }
-  m.entries.resize(r.VarCount());
+  m.entries.resize(r.VarCount(kMinEntryBytes));
   for (EntryRecord& e : m.entries) {
     e.name = r.VarStr();
     const uint64_t dtype = r.Var();
     if (dtype >= static_cast<uint64_t>(kNumDTypes)) r.Fail();
     e.dtype = static_cast<DType>(dtype);
     r.VarIntsInto(&e.shape);
-    e.chunks.resize(r.VarCount());
+    e.chunks.resize(r.VarCount(kMinChunkBytes));
     for (ChunkRecord& chunk : e.chunks) {
       chunk.file = u32();
       chunk.offset = r.Var();
@@ -182,7 +189,7 @@ Result<Manifest> DecodeManifestMessage(const std::string& message, const std::st
     }
     if (!r.ok()) break;
   }
-  m.blobs.resize(r.VarCount());
+  m.blobs.resize(r.VarCount(kMinBlobBytes));
   for (BlobRecord& b : m.blobs) {
     b.name = r.VarStr();
     const uint64_t scope = r.Var();

@@ -110,10 +110,11 @@ class WireReader {
     for (int shift = 0; shift < 64; shift += 7) {
       if (!room && !Need(1)) return 0;
       const uint8_t byte = static_cast<uint8_t>(*pos_++);
+      if (shift == 63 && byte > 1) break;  // past 64 bits
       v |= static_cast<uint64_t>(byte & 0x7f) << shift;
       if ((byte & 0x80) == 0) return v;
     }
-    ok_ = false;  // more than ten bytes
+    ok_ = false;  // more than ten bytes, or more than 64 bits
     return 0;
   }
   int64_t SVar() {
@@ -121,11 +122,11 @@ class WireReader {
     return static_cast<int64_t>((v >> 1) ^ (~(v & 1) + 1));
   }
   std::string VarStr() { return Bytes(Var()); }
-  // A count of items that take at least one byte each: past the bytes left is refused, so that
-  // nothing is allocated by a number the message merely claims.
-  uint64_t VarCount() {
+  // A count of items that take at least `min_bytes` each: more than the bytes left hold is
+  // refused, so that nothing is allocated by a number the message merely claims.
+  uint64_t VarCount(uint64_t min_bytes = 1) {
     const uint64_t n = Var();
-    if (n > static_cast<uint64_t>(end_ - pos_)) ok_ = false;
+    if (n > static_cast<uint64_t>(end_ - pos_) / min_bytes) ok_ = false;
     return ok_ ? n : 0;
   }
   template <typename IntVector>  // Shape or Dims
