@@ -336,17 +336,17 @@ TEST_F(LoadPhasesOnDisk, ShareManifestReturnsRankZerosStatus) {
   EXPECT_THAT(shared.ToString(), HasSubstr(manifest_path));
 }
 
-TEST_F(LoadPhasesOnDisk, ParseSharedManifestReadsRankZerosMessage) {
+TEST_F(LoadPhasesOnDisk, DecodeSharedManifestReadsRankZerosMessage) {
   ManifestRead read = ReadManifestOnRoot(0, root());
   const std::string message = EncodeManifestMessage(read.manifest);
-  Result<Manifest> parsed = ParseSharedManifest(read.dir, message);
+  Result<Manifest> parsed = DecodeSharedManifest(read.dir, message);
   ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
   EXPECT_EQ(EncodeManifest(*parsed).value(), EncodeManifest(read.manifest).value());
-  Result<Manifest> cut = ParseSharedManifest(read.dir, message.substr(0, message.size() - 1));
+  Result<Manifest> cut = DecodeSharedManifest(read.dir, message.substr(0, message.size() - 1));
   EXPECT_EQ(cut.status().code(), Code::kDataLoss);
   EXPECT_THAT(cut.status().ToString(), HasSubstr(JoinPath(read.dir, kManifestName)));
   ASSERT_TRUE(SetFailpoints("load.decode_manifest=EIO").ok());
-  Result<Manifest> failed = ParseSharedManifest(read.dir, message);
+  Result<Manifest> failed = DecodeSharedManifest(read.dir, message);
   EXPECT_FALSE(failed.ok());
   EXPECT_THAT(failed.status().ToString(), HasSubstr("read the shared " + JoinPath(read.dir, kManifestName)));
 }

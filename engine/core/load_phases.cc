@@ -95,7 +95,7 @@ ManifestRead ReadManifestOnRoot(int rank, const std::string& path) {
 }
 
 // ---- 2.
-Result<Manifest> ParseSharedManifest(const std::string& dir, const std::string& message) {
+Result<Manifest> DecodeSharedManifest(const std::string& dir, const std::string& message) {
   const std::string manifest_path = JoinPath(dir, kManifestName);
   SC_RETURN_IF_ERROR(Failpoint("load.decode_manifest", "read the shared " + manifest_path));
   return DecodeManifestMessage(message, manifest_path);
@@ -111,7 +111,7 @@ Status ShareManifest(Communicator& comm, ManifestRead* read) {
   SC_RETURN_IF_ERROR(BroadcastString(comm, &message, 0));
   Status parsed;
   if (comm.rank() != 0) {
-    Result<Manifest> m = ParseSharedManifest(read->dir, message);
+    Result<Manifest> m = DecodeSharedManifest(read->dir, message);
     parsed = m.status();
     if (parsed.ok()) read->manifest = std::move(m).value();
   }

@@ -36,7 +36,7 @@ ManifestRead ReadManifestOnRoot(int rank, const std::string& path);
 // On return every rank holds the same `dir` and manifest, or every rank has the same error.
 Status ShareManifest(Communicator& comm, ManifestRead* read);
 // The other ranks' reading of rank 0's message [load.decode_manifest].
-Result<Manifest> ParseSharedManifest(const std::string& dir, const std::string& message);
+Result<Manifest> DecodeSharedManifest(const std::string& dir, const std::string& message);
 
 // ---- 3. Match the wanted pieces against the manifest.
 // This rank's view: which entry each piece reads, the wants flags, names missing here, and the

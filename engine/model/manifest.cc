@@ -460,7 +460,9 @@ simdjson::padded_string ParsedText(const std::string& text, SealShape seal) {
   return out;
 }
 
-Result<Manifest> Decode(const std::string& text, const std::string& origin) {
+}  // namespace
+
+Result<Manifest> DecodeManifest(const std::string& text, const std::string& origin) {
   Manifest m;
   Place where;
   try {
@@ -598,8 +600,6 @@ Result<Manifest> Decode(const std::string& text, const std::string& origin) {
   if (!valid.ok()) return valid.WithContext(origin);
   return m;
 }
-
-}  // namespace
 
 std::string SealManifestText(std::string text) {
   // `text` is a JSON object whose text ends with "\n}" (EncodeManifest's, or an older writer's).
@@ -773,8 +773,6 @@ Result<std::string> EncodeManifest(const Manifest& m) {
   out.append("\n}");
   return SealManifestText(std::move(out));
 }
-
-Result<Manifest> DecodeManifest(const std::string& text, const std::string& origin) { return Decode(text, origin); }
 
 namespace {
 
