@@ -4,7 +4,7 @@
 set -euo pipefail
 packages=(build-essential cmake pkg-config git libtorch-dev libopenmpi-dev openmpi-bin liburing-dev
           nlohmann-json3-dev libxxhash-dev libgtest-dev libgmock-dev libboost-program-options-dev
-          libssl-dev zlib1g-dev python3-torch python3-dev python3-venv pybind11-dev python3-pytest unzip clang-14 libclang-rt-14-dev fio)
+          libssl-dev libdeflate-dev python3-torch python3-dev python3-venv pybind11-dev python3-pytest unzip clang-14 libclang-rt-14-dev fio)
 # The manifest reader (engine/model/manifest.cc).
 packages+=(libsimdjson-dev)
 missing=()

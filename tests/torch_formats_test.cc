@@ -183,6 +183,21 @@ TEST(EntryAliasTest, EntriesSharingEveryChunkAreAliases) {
   EXPECT_THAT(EntryAliases(m), ElementsAre(-1, -1, 0, -1, -1, -1));
 }
 
+TEST(EntryAliasTest, EveryNameOfATensorPointsAtItsFirstName) {
+  Manifest m;
+  const ChunkRecord c0{1, 8192, 16, Layout::FlatRange(0, 4)}, c1{0, 0, 16, Layout::FlatRange(4, 8)};
+  const ChunkRecord elsewhere{0, 4096, 16, Layout::FlatRange(0, 4)};
+  m.entries = {{"other", DType::kFloat32, {4}, {c0}},         // the same first chunk, fewer chunks
+               {"embed", DType::kFloat32, {8}, {c0, c1}},
+               {"x", DType::kFloat32, {4}, {elsewhere}},
+               {"head", DType::kFloat32, {8}, {c0, c1}},
+               {"as_int", DType::kInt32, {8}, {c0, c1}},
+               {"head2", DType::kFloat32, {8}, {c0, c1}},
+               {"as_int2", DType::kInt32, {8}, {c0, c1}},
+               {"x2", DType::kFloat32, {4}, {elsewhere}}};
+  EXPECT_THAT(EntryAliases(m), ElementsAre(-1, -1, -1, 1, -1, 1, 4, 2));
+}
+
 class TorchFormatsTest : public ::testing::Test {
  protected:
   void SetUp() override { SetLogLevel(LogLevel::kWarn); }

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <map>
-#include <set>
+#include <unordered_set>
 
 #include "shardckpt/engine/core/checkpoint_reader.h"
 #include "shardckpt/engine/model/float_convert.h"
@@ -216,7 +216,8 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
   ConsolidateReport report;
   report.checkpoint = reader->dir();
   std::vector<Selected> selected;
-  std::set<std::string> names;
+  std::unordered_set<std::string> names;  // hashed: a hundred thousand entries, each looked up once
+  names.reserve(m.entries.size());
   for (size_t i = 0; i < m.entries.size(); ++i) {
     const EntryRecord& e = m.entries[i];
     if (!options.include.empty() && !Matches(options.include, e.name)) continue;
@@ -233,16 +234,16 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
   // Tied weights: in a .pt, one storage under both names (as torch.save writes them).
   if (options.format == ExportFormat::kTorch) {
     const std::vector<int64_t> aliases = EntryAliases(m);
-    std::map<size_t, size_t> selected_of;
+    std::vector<int64_t> selected_of(m.entries.size(), -1);  // entry -> its selected index, when stored
     for (size_t k = 0; k < selected.size(); ++k) {
       Selected& s = selected[k];
-      auto canonical = aliases[s.entry] >= 0 ? selected_of.find(static_cast<size_t>(aliases[s.entry])) : selected_of.end();
-      if (canonical != selected_of.end() && selected[canonical->second].dtype == s.dtype) {
-        s.alias = static_cast<int64_t>(canonical->second);
+      const int64_t canonical = aliases[s.entry] >= 0 ? selected_of[static_cast<size_t>(aliases[s.entry])] : -1;
+      if (canonical >= 0 && selected[static_cast<size_t>(canonical)].dtype == s.dtype) {
+        s.alias = canonical;
         report.tensor_bytes -= s.bytes;
         report.aliases++;
       } else {
-        selected_of[s.entry] = k;
+        selected_of[s.entry] = static_cast<int64_t>(k);
       }
     }
   }

@@ -4,15 +4,22 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <memory>
+#include <system_error>
 
 #include "shardckpt/io/checksum.h"
 #include "shardckpt/io/fs.h"
 
 namespace shardckpt {
 namespace {
-constexpr size_t kBuffers = 2;
+// Writes in flight while the next buffer fills: with two, a 1 GiB .pt export ran at 0.46-0.60x
+// fio's read+write on this VM's disk, with eight 0.61-0.79x. At least two in any case: a buffer
+// is hashed while the next fills, and refilled only after that one is submitted, whose hook
+// waits for the hash.
+constexpr size_t kBuffers = 8;
+static_assert(kBuffers >= 2);
 constexpr size_t kBufferBytes = 4u << 20;
 }  // namespace
 
@@ -24,14 +31,18 @@ Result<std::unique_ptr<OutputFile>> OutputFile::Create(const std::string& path) 
   options.queue_depth = kBuffers;
   out->io_ = CreateIoEngine(options);
   SC_ASSIGN_OR_RETURN(out->pool_, BufferPool::Create(kBuffers, kBufferBytes));
-  out->writer_ = std::make_unique<SequentialWriter>(out->io_.get(), out->pool_.get());
-  SC_RETURN_IF_ERROR(out->writer_->Open(out->temp_));
   out->sha_ = EVP_MD_CTX_new();
   EVP_DigestInit_ex(out->sha_, EVP_sha256(), nullptr);
+  OutputFile* self = out.get();
+  out->writer_ = std::make_unique<SequentialWriter>(
+      out->io_.get(), out->pool_.get(),
+      [self](size_t, const unsigned char* data, size_t length) { return self->HashBuffer(data, length); });
+  SC_RETURN_IF_ERROR(out->writer_->Open(out->temp_));
   return out;
 }
 
 OutputFile::~OutputFile() {
+  WaitForHash();  // it reads a staging buffer and the digest state
   if (writer_ != nullptr) {
     writer_.reset();
     ::unlink(temp_.c_str());  // not closed: an abandoned export
@@ -39,14 +50,32 @@ OutputFile::~OutputFile() {
   if (sha_ != nullptr) EVP_MD_CTX_free(sha_);
 }
 
+void OutputFile::WaitForHash() {
+  if (hash_.valid()) hash_.get();
+}
+
+Status OutputFile::HashBuffer(const unsigned char* data, size_t length) {
+  // The buffer holds file bytes [hashed_, hashed_ + length); only the last one is padded past
+  // position_, which counts every byte staged so far.
+  const size_t bytes = static_cast<size_t>(std::min<uint64_t>(length, position_ - hashed_));
+  hashed_ += bytes;
+  WaitForHash();  // digests go in file order
+  try {
+    hash_ = std::async(std::launch::async, [this, data, bytes] { EVP_DigestUpdate(sha_, data, bytes); });
+  } catch (const std::system_error&) {  // no thread to be had (a pids limit): the same digest, here
+    EVP_DigestUpdate(sha_, data, bytes);
+  }
+  return Status::Ok();
+}
+
 Status OutputFile::Write(const void* data, size_t bytes) {
-  EVP_DigestUpdate(sha_, data, bytes);
   position_ += bytes;
   return writer_->Stage(data, bytes);
 }
 
 Status OutputFile::Close() {
   SC_RETURN_IF_ERROR(writer_->Finish(position_));
+  WaitForHash();
   writer_.reset();
   SC_RETURN_IF_ERROR(Rename(temp_, path_));
   unsigned char digest[32];

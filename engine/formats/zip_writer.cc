@@ -1,6 +1,6 @@
 #include "shardckpt/engine/formats/zip_writer.h"
 
-#include <zlib.h>
+#include <libdeflate.h>
 
 namespace shardckpt {
 namespace {
@@ -25,7 +25,7 @@ void Put64(std::string& s, uint64_t v) {
 
 Status ZipWriter::BeginRecord(const std::string& name, uint64_t size) {
   if (open_) return Internal("zip: record still open");
-  Record record{name, out_->position() - base_, 0, static_cast<uint32_t>(crc32(0L, Z_NULL, 0)), false};
+  Record record{name, out_->position() - base_, 0, 0, false};
   record.zip64 = size >= kMax32 || record.header_offset >= kMax32;
   std::string zip64_extra;
   if (record.zip64) {  // sizes are in the descriptor; the extra marks the entry as zip64
@@ -63,12 +63,7 @@ Status ZipWriter::BeginRecord(const std::string& name, uint64_t size) {
 
 Status ZipWriter::Append(const void* data, size_t bytes) {
   Record& r = records_.back();
-  const auto* p = static_cast<const Bytef*>(data);
-  for (size_t done = 0; done < bytes;) {  // zlib's crc32 takes uInt lengths
-    uInt n = static_cast<uInt>(std::min<size_t>(bytes - done, 1u << 30));
-    r.crc = static_cast<uint32_t>(crc32(r.crc, p + done, n));
-    done += n;
-  }
+  r.crc = libdeflate_crc32(r.crc, data, bytes);
   r.size += bytes;
   return out_->Write(data, bytes);
 }

@@ -39,12 +39,12 @@ if grep -rnE '#\s*include\s+"(io|engine|collectives)/' "$prefix/include"; then
   fail "installed headers include without the shardckpt/ prefix (python3 cmake/rewrite_includes.py)"
 fi
 
-# Single-process programs need no MPI; the pure model needs no MPI, OpenSSL or zlib.
+# Single-process programs need no MPI; the pure model needs no MPI, OpenSSL or libdeflate.
 needed() { readelf -d "$1" | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p'; }
 needed "$prefix/bin/shardckpt" | grep -E '^libmpi' && fail "the shardckpt CLI links MPI"
 needed "$libdir/libshardckpt_engine.so" | grep -E '^libmpi' && fail "libshardckpt_engine links MPI"
-needed "$libdir/libshardckpt_model.so" | grep -E '^(libmpi|libcrypto|libz\.)' \
-  && fail "libshardckpt_model links MPI, OpenSSL or zlib"
+needed "$libdir/libshardckpt_model.so" | grep -E '^(libmpi|libcrypto|libdeflate)' \
+  && fail "libshardckpt_model links MPI, OpenSSL or libdeflate"
 
 export PKG_CONFIG_PATH=$libdir/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
 # Every installed header compiles on its own with only the package's flags.
