@@ -153,6 +153,47 @@ void ExpectChecked(const Result<Layout>& checked, const Layout& unchecked, const
   EXPECT_FALSE(ValidateLayout(unchecked, shape).ok()) << unchecked.ToString();
 }
 
+// RunPieces gives, in one call, the pieces ChunkLayout/FlatShardLayout give one rank at a time,
+// where each lies in the whole tensor, and stops at the first empty piece after piece 0.
+TEST(Chunking, RunPiecesAreThePerRankLayoutsUpToTheFirstEmpty) {
+  struct Case {
+    Shape shape;
+    int parts;
+    size_t expected_pieces;  // dim0 / flat
+    size_t expected_flat;
+  };
+  const std::vector<Case> cases = {
+      {{10, 2}, 4, 4, 4}, {{2, 2}, 4, 2, 4}, {{0, 3}, 3, 1, 1}, {{4, 0}, 2, 1, 1}, {{7}, 1, 1, 1},
+      {{5, 3, 2}, 8, 5, 8}, {{1}, 64, 1, 1}, {{}, 4, 1, 1},    {{3, 1, 1, 1, 2}, 2, 2, 2},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(ShapeString(c.shape) + " in " + std::to_string(c.parts));
+    const int64_t numel = NumElements(c.shape).value();
+    for (bool dim0 : {true, false}) {
+      Result<std::vector<RunPiece>> pieces = RunPieces(c.shape, c.parts, dim0);
+      ASSERT_TRUE(pieces.ok()) << pieces.status().ToString();
+      EXPECT_EQ(pieces->size(), dim0 ? c.expected_pieces : c.expected_flat) << (dim0 ? "dim0" : "flat");
+      int64_t next = 0;
+      for (size_t i = 0; i < pieces->size(); ++i) {
+        const RunPiece& p = (*pieces)[i];
+        const Layout expected = dim0 ? (c.shape.empty() ? Layout::Whole() : ChunkLayout(c.shape, 0, c.parts, static_cast<int>(i)))
+                                     : FlatShardLayout(c.shape, c.parts, static_cast<int>(i));
+        EXPECT_EQ(p.layout, expected) << "piece " << i;
+        EXPECT_EQ(p.count, ValidateLayout(expected, c.shape).value()) << "piece " << i;
+        EXPECT_EQ(p.first, ContiguousStart(expected, c.shape)) << "piece " << i;
+        EXPECT_EQ(p.first, next) << "pieces follow each other";
+        next = p.first + p.count;
+        if (i > 0) {
+          EXPECT_GT(p.count, 0) << "only piece 0 may be empty";
+        }
+      }
+      EXPECT_EQ(next, numel) << "the pieces cover the tensor";
+    }
+  }
+  EXPECT_THAT(RunPieces({4}, 0, true).status().message(), ::testing::HasSubstr("pieces of shape [4]"));
+  EXPECT_FALSE(RunPieces({-1, 2}, 2, false).ok());
+}
+
 TEST(Chunking, RefusesBadDimPartsAndIndex) {
   struct Case {
     Shape shape;

@@ -64,6 +64,44 @@ TEST(Manifest, RoundTrips) {
   EXPECT_EQ(*EncodeManifest(*shared), *json);
 }
 
+// Chunk lists are written in the compact form the fast reader takes (chunk_list_text.h), for
+// every layout kind, a 0-d tensor, and boxes of more dims than a chunk's text buffer holds.
+TEST(Manifest, ChunkListsAreWrittenCompactForEveryKindAndRank) {
+  Manifest m;
+  m.files.push_back(FileRecord{"rank-00000.bin", 8192, 4096, {0}});
+  auto entry_text = [&](const EntryRecord& e) {
+    m.entries = {e};
+    const std::string text = EncodeManifest(m).value();
+    const size_t at = text.find("\"chunks\": ");
+    return text.substr(at + 10, text.find("]}", at) + 1 - at - 10);
+  };
+  EntryRecord flat{"f", DType::kFloat32, {4, 8}, {}};
+  flat.chunks = {ChunkRecord{0, 0, 64, Layout::FlatRange(0, 16)},
+                 ChunkRecord{0, 18446744073709551615ull, 64, Layout::FlatRange(16, 32)}};
+  EXPECT_EQ(entry_text(flat), "[[0,0,64,0,16],[0,18446744073709551615,64,16,32]]");
+  EntryRecord box{"b", DType::kUInt8, {9, 2, 1, 3, 5}, {}};
+  box.chunks = {ChunkRecord{7, 4096, 30, Layout::Box({3, 0, 0, 0, 0}, {1, 2, 1, 3, 5})}};
+  EXPECT_EQ(entry_text(box), "[[7,4096,30,[3,0,0,0,0],[1,2,1,3,5]]]");
+  EntryRecord whole{"w", DType::kInt64, {2, 3}, {}};
+  whole.chunks = {ChunkRecord{0, 8192, 48, Layout::Whole()}};
+  EXPECT_EQ(entry_text(whole), "[[0,8192,48,[0,0],[2,3]]]");
+  EntryRecord scalar{"s", DType::kInt64, {}, {}};
+  scalar.chunks = {ChunkRecord{0, 0, 8, Layout::Whole()}};
+  EXPECT_EQ(entry_text(scalar), "[[0,0,8,[],[]]]");
+  EntryRecord deep{"d", DType::kUInt8, Shape(kMaxDims, 1), {}};
+  deep.shape[0] = 1000000007;
+  Dims offsets, sizes = deep.shape;
+  offsets.resize(kMaxDims, 0);
+  offsets[0] = 999999999;
+  sizes[0] = 8;
+  deep.chunks = {ChunkRecord{4294967295u, 9223372036854775807ull, 8, Layout::Box(offsets, sizes)}};
+  std::string expected = "[[4294967295,9223372036854775807,8,[999999999";
+  for (int d = 1; d < kMaxDims; ++d) expected += ",0";
+  expected += "],[8";
+  for (int d = 1; d < kMaxDims; ++d) expected += ",1";
+  EXPECT_EQ(entry_text(deep), expected + "]]]");
+}
+
 TEST(Manifest, AcceptsUnknownFields) {
   Manifest m = Sample();
   m.blobs[0].offset = 0;

@@ -41,41 +41,20 @@ Layout LayoutOf(Policy policy, const Shape& shape, int world, int rank) {
   return Layout::Whole();
 }
 
-// Writes one full contiguous tensor as the pieces of `policy` for every rank; `piece` is scratch
-// memory kept by the caller across tensors.
+// Writes one full contiguous tensor as the pieces of `policy` for every rank. Flat and dim0 pieces
+// are runs of the whole tensor, added straight from it.
 Status WriteTensor(OfflineCheckpointWriter& out, Policy policy, int world, size_t index,
-                   const std::string& name, DType dtype, const Shape& shape, const std::vector<unsigned char>& full,
-                   std::vector<unsigned char>& piece) {
-  const size_t element = DTypeSize(dtype);
+                   const std::string& name, DType dtype, const Shape& shape, const std::vector<unsigned char>& full) {
   if (policy == Policy::kReplicated) {
     return out.AddPiece(static_cast<int>(index % world), name, dtype, shape, Layout::Whole(), full.data(), full.size());
   }
-  for (int r = 0; r < world; ++r) {
-    const Layout layout = LayoutOf(policy, shape, world, r);
-    SC_ASSIGN_OR_RETURN(int64_t count, ValidateLayout(layout, shape));
-    // Flat and dim0 pieces lie in rank order, each ending where the next begins, so after the
-    // first empty one all are empty (a tensor of fewer rows than ranks): they would add nothing.
-    // Rank 0 always adds its piece, so that an empty tensor is still an entry.
-    if (count == 0 && r > 0) break;
-    if (const int64_t first = ContiguousStart(layout, shape); first >= 0) {  // flat and dim0 pieces: no copy
-      SC_RETURN_IF_ERROR(out.AddPiece(r, name, dtype, shape, layout, full.data() + first * element,
-                                      static_cast<size_t>(count) * element));
-      continue;
-    }
-    piece.resize(static_cast<size_t>(count) * element);
-    // No regions (and no whole region) when a dim is 0: nothing to copy.
-    const std::vector<Region> regions = LayoutRegions(layout, shape);
-    if (regions.empty()) {
-      SC_RETURN_IF_ERROR(out.AddPiece(r, name, dtype, shape, layout, piece.data(), piece.size()));
-      continue;
-    }
-    const Region whole = LayoutRegions(Layout::Whole(), shape)[0];
-    for (const Region& region : regions) {
-      ForEachCopy(whole, region, [&](int64_t src, int64_t dst, int64_t n) {
-        std::memcpy(piece.data() + dst * element, full.data() + src * element, static_cast<size_t>(n) * element);
-      });
-    }
-    SC_RETURN_IF_ERROR(out.AddPiece(r, name, dtype, shape, layout, piece.data(), piece.size()));
+  SC_ASSIGN_OR_RETURN(const std::vector<RunPiece> pieces, RunPieces(shape, world, policy == Policy::kDim0));
+  const size_t element = DTypeSize(dtype);
+  for (size_t r = 0; r < pieces.size(); ++r) {
+    const RunPiece& p = pieces[r];
+    SC_RETURN_IF_ERROR(out.AddPiece(static_cast<int>(r), name, dtype, shape, p.layout,
+                                    full.data() + static_cast<size_t>(p.first) * element,
+                                    static_cast<size_t>(p.count) * element));
   }
   return Status::Ok();
 }
@@ -247,7 +226,7 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
     for (const auto& [path, kind] : dict.containers) containers[path] = kind;
   }
   SC_ASSIGN_OR_RETURN(std::unique_ptr<OfflineCheckpointWriter> out, OfflineCheckpointWriter::Begin(root, 0, options.world_size));
-  std::vector<unsigned char> full, scratch;
+  std::vector<unsigned char> full;
   const size_t count = safetensors ? order.size() : dict.tensors.size();
   for (size_t i = 0; i < count; ++i) {
     if (safetensors) {
@@ -255,7 +234,7 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
       const SafetensorsEntry& e = in.entries[order[i].second];
       full.resize(e.end - e.begin);
       SC_RETURN_IF_ERROR(in.source.ReadAt(in.data_start + e.begin, full.data(), full.size()));
-      SC_RETURN_IF_ERROR(WriteTensor(*out, policy, options.world_size, i, e.name, e.dtype, e.shape, full, scratch));
+      SC_RETURN_IF_ERROR(WriteTensor(*out, policy, options.world_size, i, e.name, e.dtype, e.shape, full));
     } else if (tied[i] >= 0) {  // stored once; the manifest names it twice
       SC_RETURN_IF_ERROR(out->AddAlias(dict.tensors[i].name, dict.tensors[static_cast<size_t>(tied[i])].name));
       report.tensors++;
@@ -264,7 +243,7 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
       const PickleTensor& t = dict.tensors[i];
       Status read = zip ? ReadTorchTensor(*zip, t, &full) : ReadTorchTensor(*legacy_source, legacy, t, &full);
       if (!read.ok()) return read.WithContext(file);
-      SC_RETURN_IF_ERROR(WriteTensor(*out, policy, options.world_size, i, t.name, t.dtype, t.sizes, full, scratch));
+      SC_RETURN_IF_ERROR(WriteTensor(*out, policy, options.world_size, i, t.name, t.dtype, t.sizes, full));
     }
     report.tensors++;
     report.bytes += full.size();
@@ -305,7 +284,7 @@ Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::stri
     if (entry_bytes <= kReshardWholeBelow) {
       full.resize(static_cast<size_t>(entry_bytes));
       SC_RETURN_IF_ERROR(reader->ReadPiece(i, Layout::Whole(), full.data()));
-      SC_RETURN_IF_ERROR(WriteTensor(*out, policy, world, i, e.name, e.dtype, e.shape, full, piece));
+      SC_RETURN_IF_ERROR(WriteTensor(*out, policy, world, i, e.name, e.dtype, e.shape, full));
       report.bytes += entry_bytes;
       if (options.progress) options.progress(report.bytes, total);
       report.tensors++;

@@ -74,6 +74,20 @@ Result<Layout> CheckedFlatShardLayout(const Shape& global, int parts, int index)
 Layout ChunkLayout(const Shape& global, int dim, int parts, int index);
 Layout FlatShardLayout(const Shape& global, int parts, int index);
 
+// One piece of a tensor cut into ceil-sized runs (RunPieces): its layout and where its elements
+// lie in the row-major whole tensor.
+struct RunPiece {
+  Layout layout;
+  int64_t first = 0;  // element index in the whole tensor
+  int64_t count = 0;  // elements
+};
+// Every piece of `global` cut into `parts` in order, as ChunkLayout(global, 0, parts, i)
+// (`along_dim0`; a 0-d tensor is one Whole piece) or FlatShardLayout(global, parts, i) give them,
+// up to the first empty one after piece 0 (all later ones are empty too). Piece 0 is always
+// there, so an empty tensor still has one. The shape is checked once: a reshard of 20,000 tensors
+// to 64 ranks cuts 630,000 pieces, and checking each one alone was a tenth of its time.
+Result<std::vector<RunPiece>> RunPieces(const Shape& global, int parts, bool along_dim0);
+
 struct Region {
   std::vector<int64_t> lo;      // global index of the first element
   std::vector<int64_t> size;    // extent per dim

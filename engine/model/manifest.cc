@@ -3,6 +3,7 @@
 #include <simdjson.h>
 
 #include <algorithm>
+#include <charconv>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -60,41 +61,70 @@ void AppendIntList(std::string* out, const IntVector& values) {
   out->push_back(']');
 }
 
+// A chunk's text is written into a local buffer and appended once: appending its dozen numbers
+// and brackets to the string one by one was most of an encode (millions of chunks).
+constexpr size_t kNumberText = 21;  // an int64 or uint64 and its separator
+
+char* PutUint(char* p, uint64_t value) { return std::to_chars(p, p + kNumberText, value).ptr; }
+char* PutInt(char* p, int64_t value) { return std::to_chars(p, p + kNumberText, value).ptr; }
+
+template <typename IntVector>  // Shape or Dims
+char* PutIntList(char* p, const IntVector& values) {
+  *p++ = '[';
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (i) *p++ = ',';
+    p = PutInt(p, values[i]);
+  }
+  *p++ = ']';
+  return p;
+}
+
 // Zeros of a box offset for a Whole chunk, written as the full box.
-void AppendZeros(std::string* out, size_t n) {
-  out->push_back('[');
-  for (size_t i = 0; i < n; ++i) out->append(i ? ",0" : "0");
-  out->push_back(']');
+char* PutZeros(char* p, size_t n) {
+  *p++ = '[';
+  for (size_t i = 0; i < n; ++i) {
+    if (i) *p++ = ',';
+    *p++ = '0';
+  }
+  *p++ = ']';
+  return p;
 }
 
 // [file, offset, bytes, begin, end] for a flat range, [file, offset, bytes, [offsets], [sizes]] for
 // a box; a replicated (Whole) chunk as the full box.
 void AppendChunk(std::string* out, const ChunkRecord& chunk, const Shape& shape) {
-  out->push_back('[');
-  AppendJsonUint(out, chunk.file);
-  out->push_back(',');
-  AppendJsonUint(out, chunk.offset);
-  out->push_back(',');
-  AppendJsonUint(out, chunk.bytes);
-  out->push_back(',');
+  const size_t dims = std::max(chunk.layout.offsets.size() + chunk.layout.sizes.size(), 2 * shape.size());
+  const size_t bound = (5 + dims) * kNumberText + 8;
+  char local[512];
+  std::vector<char> large;  // more dims than the local buffer holds: rare
+  char* const start = bound <= sizeof(local) ? local : (large.resize(bound), large.data());
+  char* p = start;
+  *p++ = '[';
+  p = PutUint(p, chunk.file);
+  *p++ = ',';
+  p = PutUint(p, chunk.offset);
+  *p++ = ',';
+  p = PutUint(p, chunk.bytes);
+  *p++ = ',';
   switch (chunk.layout.kind) {
     case LayoutKind::kFlatRange:
-      AppendJsonInt(out, chunk.layout.begin);
-      out->push_back(',');
-      AppendJsonInt(out, chunk.layout.end);
+      p = PutInt(p, chunk.layout.begin);
+      *p++ = ',';
+      p = PutInt(p, chunk.layout.end);
       break;
     case LayoutKind::kBox:
-      AppendIntList(out, chunk.layout.offsets);
-      out->push_back(',');
-      AppendIntList(out, chunk.layout.sizes);
+      p = PutIntList(p, chunk.layout.offsets);
+      *p++ = ',';
+      p = PutIntList(p, chunk.layout.sizes);
       break;
     case LayoutKind::kWhole:
-      AppendZeros(out, shape.size());
-      out->push_back(',');
-      AppendIntList(out, shape);
+      p = PutZeros(p, shape.size());
+      *p++ = ',';
+      p = PutIntList(p, shape);
       break;
   }
-  out->push_back(']');
+  *p++ = ']';
+  out->append(start, static_cast<size_t>(p - start));
 }
 
 std::string SumsToHex(const std::vector<uint64_t>& sums) {
