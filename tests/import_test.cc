@@ -215,8 +215,10 @@ std::string Bytes(const char (&text)[N]) {  // a literal with its NULs
   return std::string(text, N - 1);
 }
 
-std::string LegacyFile(int64_t count, const std::string& data) {
-  std::string f = Bytes("\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19.");  // magic
+const std::string kMagicProtocol2 = Bytes("\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19.");
+
+std::string LegacyFile(int64_t count, const std::string& data, const std::string& magic = kMagicProtocol2) {
+  std::string f = magic;
   f += Bytes("\x80\x02M\xe9\x03.");                                                   // 1001
   f += Bytes("\x80\x02}(X\x0d\0\0\0little_endian\x88u.");                             // system info
   f += Bytes("\x80\x02}(X\x01\0\0\0wctorch._utils\n_rebuild_tensor_v2\n((X\x07\0\0\0storage"
@@ -260,6 +262,32 @@ TEST_F(ImportTest, LegacyFormatIsRead) {
     EXPECT_THAT(bad.status().message(), ::testing::Not(HasSubstr("zip")));
     EXPECT_FALSE(PathExists(Path("root-bad")));
   }
+}
+
+// torch.save(..., pickle_protocol=p, _use_new_zipfile_serialization=False) starts with the magic
+// number pickled at protocol p: FRAMEd from 4 on, as LONG text below 2. The first kind is read;
+// the second refused by its protocol, never as "not a zip".
+TEST_F(ImportTest, LegacyFilesOfEveryPickleProtocolAreReadOrRefusedByProtocol) {
+  const float values[3] = {1.5f, -2.0f, 8.25f};
+  const std::string data(reinterpret_cast<const char*>(values), 12);
+  const std::string long1 = Bytes("\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19.");
+  const std::string frame = Bytes("\x95\x0d\0\0\0\0\0\0\0");
+  for (const std::string& magic : {Bytes("\x80\x03") + long1, Bytes("\x80\x04") + frame + long1,
+                                   Bytes("\x80\x05") + frame + long1}) {
+    SCOPED_TRACE(static_cast<int>(magic[1]));
+    std::ofstream(Path("p.pt"), std::ios::binary) << LegacyFile(3, data, magic);
+    Result<ConvertReport> r = ImportFile(Path("p.pt"), Path("root-p" + std::to_string(magic[1])), Options());
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    std::unique_ptr<CheckpointReader> reader = CheckpointReader::Open(r->path).value();
+    float got[2];
+    ASSERT_TRUE(reader->ReadPiece(0, Layout::Whole(), got).ok());
+    EXPECT_EQ(got[1], 8.25f);
+  }
+  std::ofstream(Path("p0.pt"), std::ios::binary) << LegacyFile(3, data, "L119547037146038801333356L\n.");
+  Result<ConvertReport> p0 = ImportFile(Path("p0.pt"), Path("root-p0"), Options());
+  ASSERT_FALSE(p0.ok());
+  EXPECT_THAT(p0.status().message(), HasSubstr("a pickle of protocol 0 or 1 (no PROTO opcode) is not supported"));
+  EXPECT_FALSE(PathExists(Path("root-p0")));
 }
 
 TEST_F(ImportTest, InterruptedReadsAreRetriedNotReportedAsDataLoss) {

@@ -168,12 +168,19 @@ Status ReadTorchTensor(const ZipReader& zip, const PickleTensor& t, std::vector<
 }
 
 bool IsLegacyTorchFile(const ByteSource& source) {
-  // PROTO 2, LONG1 of 10 bytes: the magic number 0x1950a86a20f9469cfc6c.
-  static const unsigned char kLegacyMagic[] = {0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46,
-                                               0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19};
-  unsigned char head[sizeof(kLegacyMagic)];
-  return source.size() >= sizeof(head) && source.ReadAt(0, head, sizeof(head)).ok() &&
-         std::memcmp(head, kLegacyMagic, sizeof(head)) == 0;
+  // The first pickle is the magic number 0x1950a86a20f9469cfc6c. Protocols 2 to 5 write it as
+  // PROTO n, a FRAME header from 4 on, LONG1 of 10 bytes; protocols 0 and 1 as LONG text. Those
+  // are recognised too, so that the unpickler refuses them by protocol rather than the file
+  // being called a broken zip.
+  static const unsigned char kLong1Magic[] = {0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19};
+  static const char kTextMagic[] = "L119547037146038801333356L\n";
+  unsigned char head[std::max(sizeof(kTextMagic) - 1, 2 + 9 + sizeof(kLong1Magic))] = {};
+  const size_t have = static_cast<size_t>(std::min<uint64_t>(source.size(), sizeof(head)));
+  if (!source.ReadAt(0, head, have).ok()) return false;
+  if (have >= sizeof(kTextMagic) - 1 && std::memcmp(head, kTextMagic, sizeof(kTextMagic) - 1) == 0) return true;
+  if (have < 2 || head[0] != 0x80 || head[1] < 2 || head[1] > 5) return false;
+  const size_t magic_at = head[1] >= 4 && head[2] == 0x95 ? 2 + 9 : 2;  // FRAME: opcode, 8-byte length
+  return have >= magic_at + sizeof(kLong1Magic) && std::memcmp(head + magic_at, kLong1Magic, sizeof(kLong1Magic)) == 0;
 }
 
 Result<LegacyTorchFile> ReadLegacyTorchFile(const ByteSource& source) {

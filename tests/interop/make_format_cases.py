@@ -6,6 +6,7 @@ usage: make_format_cases.py OUT_DIR [pt|hf]   (pt: all but hf/; hf: only hf/; de
                    only from torch 2.1 on), written by torch.save
   lists.pt         tensors inside lists and tuples, and ints, strings, floats, None beside them
   legacy.pt        the pre-1.6 format (_use_new_zipfile_serialization=False)
+  legacy_p1.pt, legacy_p3.pt, legacy_p4.pt, legacy_p5.pt   the same at those pickle protocols
   tied.pt          two names sharing one tensor (tied embeddings), keys in an unsorted order
   proto1.pt, proto4.pt   torch.save with pickle_protocol 1 (refused by name) and 4
   empty_name.safetensors, u16.safetensors, c64.safetensors   (torch 2.x only: safetensors)
@@ -103,6 +104,9 @@ def write_files(out, info):
     legacy["view.base"] = base
     legacy["epoch"] = 3
     torch.save(legacy, os.path.join(out, "legacy.pt"), _use_new_zipfile_serialization=False)
+    for protocol in (1, 3, 4, 5):
+        torch.save(legacy, os.path.join(out, "legacy_p%d.pt" % protocol), pickle_protocol=protocol,
+                   _use_new_zipfile_serialization=False)
     torch.save(tied(), os.path.join(out, "proto1.pt"), pickle_protocol=1)
     torch.save(lists(), os.path.join(out, "proto4.pt"), pickle_protocol=4)
     try:
