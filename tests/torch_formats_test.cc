@@ -280,6 +280,38 @@ TEST_F(TorchFormatsTest, ValuesAndListsSurviveImportAndConsolidation) {
   EXPECT_EQ(back->values[0].blob, std::string(kPickleValueTag, 2) + "7");
 }
 
+// An optimizer's state_dict before its first step holds "state": {}. Walked as a container it
+// would leave no name behind and come back missing; it is kept as a value and comes back empty.
+TEST_F(TorchFormatsTest, AnEmptyDictIsKeptAsAValueNotDropped) {
+  testing::TorchFileCase c;
+  c.name = "empty";
+  std::vector<PickleTensor> tensors = {Contiguous("w", DType::kFloat32, {2}, "0")};
+  PickleNode root;
+  root.items.emplace_back("w", Leaf(0));
+  PickleNode optim;
+  optim.items.emplace_back("state", PickleNode{});
+  optim.items.emplace_back("lr", Value("0.5"));
+  root.items.emplace_back("optim", std::move(optim));
+  c.pickle = PickleTree(tensors, root).value();
+  c.records = {{"0", 8}};
+  Result<UnpickledStateDict> read = UnpickleStateDict(c.pickle);
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  const std::string j(kPickleValueTag, 2);
+  std::vector<std::pair<std::string, std::string>> values;
+  for (const PickleValue& v : read->values) values.emplace_back(v.name, v.blob);
+  EXPECT_THAT(values, ElementsAre(std::make_pair("optim.state", j + "{}"), std::make_pair("optim.lr", j + "0.5")));
+  ASSERT_TRUE(testing::WriteTorchFile(Path("empty.pt"), c).ok());
+  Result<ConvertReport> r = ImportFile(Path("empty.pt"), Path("root"), ConvertOptions{});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_TRUE(Consolidate(r->path, Path("out.pt"), ConsolidateOptions{}).ok());
+  ZipReader zip = ZipReader::Open(Path("out.pt")).value();
+  Result<UnpickledStateDict> back = UnpickleStateDict(zip.ReadRecord(zip.prefix() + "data.pkl", 1 << 20).value());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  values.clear();
+  for (const PickleValue& v : back->values) values.emplace_back(v.name, v.blob);
+  EXPECT_THAT(values, ::testing::UnorderedElementsAre(std::make_pair("optim.state", j + "{}"), std::make_pair("optim.lr", j + "0.5")));
+}
+
 TEST_F(TorchFormatsTest, HuggingFaceShardedSetsImportInTheIndexOrder) {
   auto write_shard = [&](const std::string& name, std::vector<SafetensorsEntry> entries) {
     std::string header = EncodeSafetensorsHeader(entries, {}).value();

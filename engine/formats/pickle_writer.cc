@@ -66,8 +66,11 @@ Status TypedJson(PickleWriter& p, const nlohmann::ordered_json& v, bool allow_by
     p.Float(std::strtod(value.get<std::string>().c_str(), nullptr));  // inf, -inf, nan
     return Status::Ok();
   }
-  if (kind == "bytes" && !allow_bytes) return InvalidArgument("a bytes value (bytes are not written into a .pt)");
-  if (kind == "bytes" && value.is_string()) {
+  // A bytearray (the Python package tags it apart) is written as bytes: pickles of plain values
+  // here call no constructors.
+  const bool bytes_like = kind == "bytes" || kind == "bytearray";
+  if (bytes_like && !allow_bytes) return InvalidArgument("a bytes value (bytes are not written into a .pt)");
+  if (bytes_like && value.is_string()) {
     SC_ASSIGN_OR_RETURN(std::string bytes, Base64Decode(value.get<std::string>()));
     p.Bytes(bytes);
     return Status::Ok();

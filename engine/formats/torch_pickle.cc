@@ -743,8 +743,9 @@ class Flattener {
       Value* value = container->items[dict ? k + 1 : k];
       SC_RETURN_IF_ERROR(unpickler_->Charge(2 * name.size() + 64));
       // The root's nested dicts are walked even without tensors, as before; lists and tuples,
-      // and dicts inside them, only when they hold one (else they are one value).
-      bool walk = value->kind == Value::kDict && !in_sequence_;
+      // and dicts inside them, only when they hold one (else they are one value). An empty dict
+      // (an optimizer's "state" before its first step) would leave no name behind: it is a value.
+      bool walk = value->kind == Value::kDict && !in_sequence_ && !value->items.empty();
       if (!walk && IsContainer(value)) {
         SC_ASSIGN_OR_RETURN(walk, HoldsTensor(value, depth));
       }

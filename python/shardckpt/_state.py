@@ -18,6 +18,7 @@ from .errors import DataLoss, InvalidArgument
 
 _JSON = b"\x00J"    # typed JSON (see _encode_json)
 _BYTES = b"\x00B"   # raw bytes
+_BYTEARRAY = b"\x00b"  # raw bytes of a bytearray (restored as one, so its type survives)
 _TENSOR = b"\x00T"  # one JSON header line {"dtype", "shape"}, then the raw bytes (PerRank tensors)
 _TAG = "__shardckpt__"
 
@@ -178,7 +179,8 @@ def _encode_json(value: Any, name: str) -> Any:
     if isinstance(value, float):
         return float(value) if math.isfinite(value) else {_TAG: "float", "v": repr(float(value))}
     if isinstance(value, (bytes, bytearray)):
-        return {_TAG: "bytes", "v": base64.b64encode(bytes(value)).decode("ascii")}
+        kind = "bytearray" if isinstance(value, bytearray) else "bytes"
+        return {_TAG: kind, "v": base64.b64encode(bytes(value)).decode("ascii")}
     if isinstance(value, tuple):
         return {_TAG: "tuple", "v": [_encode_json(v, name) for v in value]}
     if isinstance(value, list):
@@ -203,11 +205,26 @@ def _decode_json(value: Any) -> Any:
             return float(value["v"])
         if tag == "bytes":
             return base64.b64decode(value["v"])
+        if tag == "bytearray":
+            return bytearray(base64.b64decode(value["v"]))
         if tag == "tuple":
             return tuple(_decode_json(v) for v in value["v"])
         if tag == "dict":
             return {_hashable(_decode_json(k)): _decode_json(v) for k, v in value["v"]}
         return {k: _decode_json(v) for k, v in value.items()}
+    return value
+
+
+def _shaped_like(target: Any, value: Any) -> Any:
+    """``value`` with the namedtuple types of ``target`` where their shapes agree. JSON keeps a
+    tuple but not its class; the value being loaded into still has it."""
+    if isinstance(target, tuple) and hasattr(target, "_fields") and isinstance(value, tuple) \
+            and len(target) == len(value):
+        return type(target)(*(_shaped_like(t, v) for t, v in zip(target, value)))
+    if isinstance(target, (list, tuple)) and isinstance(value, (list, tuple)) and len(target) == len(value):
+        return type(value)(_shaped_like(t, v) for t, v in zip(target, value))
+    if isinstance(target, dict) and isinstance(value, dict):
+        return {k: _shaped_like(target.get(k), v) for k, v in value.items()}
     return value
 
 
@@ -226,8 +243,10 @@ def encode_blob(value: Any, name: str) -> bytes:
         raw = tensor.view(torch.uint8).numpy().tobytes() if tensor.dim() > 0 else \
             tensor.reshape(1).view(torch.uint8).numpy().tobytes()
         return _TENSOR + header.encode() + b"\n" + raw
-    if isinstance(value, (bytes, bytearray)):
-        return _BYTES + bytes(value)
+    if isinstance(value, bytearray):
+        return _BYTEARRAY + bytes(value)
+    if isinstance(value, bytes):
+        return _BYTES + value
     return _JSON + json.dumps(_encode_json(value, name), allow_nan=False).encode()
 
 
@@ -238,8 +257,10 @@ def decode_blob(data: bytes, name: str, target: Any = None) -> Any:
     try:
         if data.startswith(_BYTES):
             return data[len(_BYTES):]
+        if data.startswith(_BYTEARRAY):
+            return bytearray(data[len(_BYTEARRAY):])
         if data.startswith(_JSON):
-            return _decode_json(json.loads(data[len(_JSON):].decode()))
+            return _shaped_like(target, _decode_json(json.loads(data[len(_JSON):].decode())))
         if data.startswith(_TENSOR):
             header, raw = data[len(_TENSOR):].split(b"\n", 1)
             meta = json.loads(header.decode())

@@ -1,5 +1,6 @@
 """save/load round trips, blobs, wrappers and errors, at whatever world size mpirun gives."""
 
+import collections
 import math
 import os
 
@@ -111,6 +112,9 @@ def test_saves_and_loads_work_after_the_kept_staging_is_released(root):
     assert torch.equal(target["w"], state["w"] * 2)
 
 
+Point = collections.namedtuple("Point", "x y")
+
+
 def test_blobs_come_back_with_their_types(root):
     values = {
         "step": 7, "lr": 0.1, "name": "run-1", "flag": True, "nothing": None, "raw": b"\x00\x01\xff",
@@ -118,14 +122,19 @@ def test_blobs_come_back_with_their_types(root):
         "cfg": {"layers": [1, 2.5, "x", None, [True]], 3: "int key", "bytes": b"abc",
                 "t": (1, (2, 3))},
         "groups": [{"params": [0, 1, 2], "lr": 1e-3}],
-        "empty_list": [], "empty_dict": {},
+        "empty_list": [], "empty_dict": {}, "ba": bytearray(b"\x00\x02"),
+        "nested_ba": [bytearray(b"xy"), b"xy"], "point": Point(1, (2, 3)), "points": [Point(4, 5)],
     }
     state = dict(values, w=make(torch.float32, (3,), 2))
     shardckpt.save(state, root, step=1)
     target = {k: "placeholder" for k in values}
+    # A namedtuple is stored as a tuple; the value loaded into gives back its class.
+    target.update(point=Point(0, (0, 0)), points=[Point(0, 0)])
     target["w"] = torch.zeros(3)
     report = shardckpt.load(target, root)
     assert report.missing == [] and report.unexpected == []
+    assert [type(v) for v in target["nested_ba"]] == [bytearray, bytes]
+    assert type(target["points"][0]) is Point and target["point"].y == (2, 3)
     for key, value in values.items():
         got = target[key]
         if key == "nan":
