@@ -133,7 +133,7 @@ TEST(MatchVerdict, LocalErrorThenMissingThenUnexpected) {
       {mismatch, false, {}, {}, Code::kInvalidArgument, "entry 'a' has shape"},
       {Status::Ok(), true, {"x", "z"}, {"y"}, Code::kNotFound, "not in checkpoint /c: 'x', 'z'"},
       {Status::Ok(), true, {}, {"y"}, Code::kInvalidArgument,
-       "checkpoint /c has entries no rank loads: 'y' (load with strict=false to skip them)"},
+       "checkpoint /c has entries no rank loads: 'y' (a non-strict load loads the rest and reports them)"},
       {Status::Ok(), false, {"x"}, {"y"}, Code::kOk, ""},
       {Status::Ok(), true, {}, {}, Code::kOk, ""},
   };

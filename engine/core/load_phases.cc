@@ -177,7 +177,7 @@ Status MatchVerdict(const Status& local, bool strict, const std::string& dir,
   if (!missing.empty()) return NotFound("not in checkpoint " + dir + ": " + NameList(missing));
   if (!unexpected.empty()) {
     return InvalidArgument("checkpoint " + dir + " has entries no rank loads: " + NameList(unexpected) +
-                           " (load with strict=false to skip them)");
+                           " (a non-strict load loads the rest and reports them)");
   }
   return Status::Ok();
 }

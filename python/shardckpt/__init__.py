@@ -194,6 +194,29 @@ def _strip(name: str, prefix: str) -> str:
     return name[len(prefix):] if prefix and name.startswith(prefix) else name
 
 
+def _strict_refusal(path: str, missing: List[str], unexpected: List[str],
+                    wanted: Dict[str, Any]) -> ShardckptError:
+    """One message for what a strict load could not match, both ways, with the likely cause."""
+    parts = []
+    if missing:
+        parts.append("not in checkpoint %s: %s" % (path, ", ".join(missing)))
+    if unexpected:
+        parts.append("checkpoint %s has entries nothing loads: %s" % (path, ", ".join(unexpected)))
+    # A target value without tensors where the checkpoint has them under its name: most often an
+    # optimizer's state_dict() before its first step ("state": {}). Non-strict would leave that
+    # state unloaded, so the advice is to create the state, not to relax the load.
+    empty = [name for name in missing if isinstance(wanted.get(name), (dict, list, tuple))
+             and any(u.startswith(name + ".") for u in unexpected)]
+    if empty:
+        parts.append("'%s' holds no tensors in the state dict passed, so the checkpoint's %s.* "
+                     "entries have nowhere to go: an optimizer has no state before its first step; "
+                     "create it first (torch.distributed.checkpoint.state_dict.get_state_dict(model, "
+                     "optim) does), load into that, then hand it to the optimizer" % (empty[0], empty[0]))
+    else:
+        parts.append("strict=False loads the rest and reports these")
+    return (NotFound if missing else InvalidArgument)("; ".join(parts))
+
+
 def load(state_dict: Dict[str, Any], path: str, *, strict: bool = True, strip_prefix: str = "",
          verify_checksums: bool = True, comm: Any = None) -> LoadReport:
     """Loads a checkpoint into ``state_dict`` in place (collective).
@@ -204,7 +227,10 @@ def load(state_dict: Dict[str, Any], path: str, *, strict: bool = True, strip_pr
     other values are replaced in their dicts and lists with the saved values and types; PerRank
     values are restored at the saved world size and reported unavailable at another.
     ``strict``: a name missing from the checkpoint raises :class:`NotFound`, a checkpoint entry
-    nothing loads raises :class:`InvalidArgument`; not strict, both come back in the report.
+    nothing loads raises :class:`InvalidArgument` (as torch's ``load_state_dict``, after what
+    matched was loaded); not strict, both come back in the report. An optimizer's
+    ``state_dict()`` before its first step holds no state tensors to load into: build the state
+    first (``get_state_dict(model, optim)`` does), then ``optim.load_state_dict(...)`` after.
     ``strip_prefix`` drops a prefix from the checkpoint's names (e.g. ``"module."``).
     A wrong dtype or shape raises :class:`InvalidArgument` naming the tensor; corrupt data
     raises :class:`DataLoss` naming the file.
@@ -219,7 +245,9 @@ def load(state_dict: Dict[str, Any], path: str, *, strict: bool = True, strip_pr
         pieces, wanted, copies = _describe_load(state_dict)
     except ShardckptError as failure:
         error = (failure.code, failure.message)
-    code, message, raw = _core.load(comm, str(path), pieces, bool(strict), strip_prefix,
+    # The engine loads what matches; the strict verdict is given here, over tensors and values
+    # together, as torch's load_state_dict gives it after copying what matched.
+    code, message, raw = _core.load(comm, str(path), pieces, False, strip_prefix,
                                     bool(verify_checksums), error)
     raise_for(code, message)
     # Blobs: matched here, and any failure agreed on, so every rank raises the same.
@@ -238,11 +266,8 @@ def load(state_dict: Dict[str, Any], path: str, *, strict: bool = True, strip_pr
     unavailable: Dict[str, str] = {}
     error = ("OK", "")
     try:
-        if strict and len(missing) > len(raw["missing"]):
-            raise NotFound("not in checkpoint %s: %s" % (raw["path"], ", ".join(missing)))
-        if strict and len(unexpected) > len(raw["unexpected"]):
-            raise InvalidArgument("checkpoint %s has values nothing loads: %s (load with "
-                                  "strict=False to skip them)" % (raw["path"], ", ".join(unexpected)))
+        if strict and (missing or unexpected):
+            raise _strict_refusal(raw["path"], missing, unexpected, wanted)
         for name, current in wanted.items():
             if name in pieces_of:
                 lost = [leaf for leaf in pieces_of[name] if not saved[leaf][0]]

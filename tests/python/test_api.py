@@ -229,6 +229,38 @@ def test_unexpected_entries_refused_by_a_strict_load(root):
     assert sorted(report.unexpected) == ["blob", "extra"] and torch.equal(target["a"], torch.ones(2))
 
 
+def test_a_fresh_optimizer_is_not_steered_into_losing_its_state(root):
+    # A fresh optimizer's state_dict() holds "state": {}: the saved moments have nowhere to go.
+    # The refusal names both sides and says to create the state, not to load non-strictly.
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(2, 4)).sum().backward()
+    optim.step()
+    shardckpt.save({"model": model.state_dict(), "optim": optim.state_dict()}, root, step=1)
+    fresh_model = torch.nn.Linear(4, 3)
+    fresh = torch.optim.AdamW(fresh_model.parameters(), lr=5.0)
+    with pytest.raises(shardckpt.NotFound) as error:
+        shardckpt.load({"model": fresh_model.state_dict(), "optim": fresh.state_dict()}, root)
+    message = error.value.message
+    assert "not in checkpoint" in message and "optim.state.0.exp_avg" in message, message
+    assert "optim.param_groups" in message and "get_state_dict" in message, message
+    assert "strict=False" not in message and "strict=false" not in message, message
+    # With the state created (one step at lr 0 stands in for get_state_dict on torch 1.13), the
+    # same call restores the moments in place and the param_groups as a value to hand over.
+    for group in fresh.param_groups:
+        group["lr"] = 0.0
+    fresh_model(torch.randn(2, 4)).sum().backward()
+    fresh.step()
+    target = {"model": fresh_model.state_dict(), "optim": fresh.state_dict()}
+    shardckpt.load(target, root)
+    fresh.load_state_dict(target["optim"])
+    assert fresh.param_groups[0]["lr"] == 1e-3
+    for p, q in zip(model.parameters(), fresh_model.parameters()):
+        assert torch.equal(p, q)
+        assert torch.equal(optim.state[p]["exp_avg_sq"], fresh.state[q]["exp_avg_sq"])
+
+
 @pytest.mark.parametrize("wrong", [torch.zeros(2, 3, dtype=torch.float64), torch.zeros(3, 2),
                                    torch.zeros(6)])
 def test_wrong_dtype_or_shape_names_the_tensor(root, wrong):
