@@ -34,6 +34,17 @@ int RankOfFile(const std::string& name) {
 // weight takes 4096): past it the chunk is refused rather than described element by element.
 constexpr int64_t kMaxPiecesPerChunk = int64_t{1} << 18;
 
+// torch 2.x's serialization_format=SAFETENSORS writes each .distcp as one safetensors file whose
+// header metadata carries DCP_SHARDING_INFO: a valid layout this reader does not take, told
+// apart from damage by its header (an 8-byte length, then the JSON).
+bool IsSafetensorsVariant(const ByteSource& file) {
+  uint64_t header = 0;
+  if (file.size() < 10 || !file.ReadAt(0, &header, 8).ok() || header < 2 || header > file.size() - 8) return false;
+  std::string json(static_cast<size_t>(std::min<uint64_t>(header, 1 << 16)), '\0');
+  if (!file.ReadAt(8, json.data(), json.size()).ok() || json[0] != '{') return false;
+  return json.find("DCP_SHARDING_INFO") != std::string::npos;
+}
+
 // The chunk's torch.save zip inside its .distcp: its one storage record, checked against the
 // chunk (dtype, shape, a dense layout), as the chunks of the manifest that address it. A
 // row-major record is one chunk. dcp.save keeps a view's strides (a transposed weight is saved
@@ -44,13 +55,15 @@ Status LocateChunk(const ByteSource& file, const ParsedDcpStorage& s, DType dtyp
   const Shape& sizes = c.sizes;
   SC_ASSIGN_OR_RETURN(ByteSource slice, file.Slice(s.offset_in_file, s.length, file.name() + " [" +
                                                    std::to_string(s.offset_in_file) + ", +" + std::to_string(s.length) + ")"));
-  // torch 2.x's serialization_format=SAFETENSORS records only sizes here and appends one
-  // safetensors blob per file: a different layout, named rather than reported as damage.
   char magic[4] = {0};
   if (s.length >= 4) SC_RETURN_IF_ERROR(slice.ReadAt(0, magic, 4));
   if (s.length < 4 || std::memcmp(magic, "PK\x03\x04", 4) != 0) {
-    return DataLoss("no torch.save zip starts there: the file is damaged, or the folder was saved with "
-                    "serialization_format=SAFETENSORS, which shardckpt does not read (save with the default, torch_save)");
+    if (IsSafetensorsVariant(file)) {
+      return Status(Code::kUnimplemented, "the folder was saved with serialization_format=SAFETENSORS (its .distcp "
+                                          "files are safetensors), which shardckpt does not read; save with the "
+                                          "default (torch_save)");
+    }
+    return DataLoss("no torch.save zip starts there: the file is damaged");
   }
   SC_ASSIGN_OR_RETURN(ZipReader zip, ZipReader::Open(slice));
   SC_ASSIGN_OR_RETURN(std::string pickle, zip.ReadRecord(zip.prefix() + "data.pkl", kMaxChunkPickleBytes));

@@ -282,6 +282,14 @@ def test_the_safetensors_variant_is_refused_by_name(tmp_path):
     dcp.save({"w": torch.ones(3, 4)}, storage_writer=writer, no_dist=True)
     run = cli("consolidate", folder, "--out", str(tmp_path / "o.pt"))
     assert run.returncode == 1 and "serialization_format=SAFETENSORS" in run.stderr, run.stderr
+    # A valid folder of another layout: named for what it is, never reported as damage.
+    for args in (("verify", folder), ("import", folder, "--out", str(tmp_path / "imp"), "--world-size", "2")):
+        run = cli(*args)
+        assert run.returncode != 0 and "serialization_format=SAFETENSORS" in run.stderr, run.stderr
+        assert "damage" not in (run.stdout + run.stderr).lower() and "DataLoss" not in run.stderr, run.stderr
+    with pytest.raises(shardckpt.ShardckptError) as error:
+        shardckpt.verify(folder)
+    assert not isinstance(error.value, shardckpt.DataLoss) and "SAFETENSORS" in error.value.message
 
 
 def test_empty_bool_and_permuted_tensors_read(tmp_path):
