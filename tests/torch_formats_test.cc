@@ -4,16 +4,19 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "shardckpt/engine/core/consolidate.h"
 #include "shardckpt/engine/core/convert.h"
+#include "shardckpt/engine/core/dcp_export.h"
 #include "shardckpt/engine/core/load.h"
 #include "shardckpt/engine/formats/safetensors.h"
 #include "shardckpt/engine/formats/state_tree.h"
 #include "shardckpt/engine/formats/torch_file.h"
 #include "shardckpt/engine/formats/torch_pickle.h"
 #include "shardckpt/engine/model/entry_alias.h"
+#include "shardckpt/io/failpoint.h"
 #include "shardckpt/io/fs.h"
 #include "shardckpt/io/log.h"
 #include "tests/test_util.h"
@@ -347,6 +350,80 @@ TEST_F(TorchFormatsTest, HuggingFaceShardedSetsImportInTheIndexOrder) {
     ASSERT_FALSE(r.ok());
     EXPECT_THAT(r.status().message(), HasSubstr(b.refusal));
     EXPECT_FALSE(PathExists(Path("root")));
+  }
+}
+
+
+// Exports that write several files: a failure after the first file (a dtype the format cannot
+// hold, a full disk) leaves none of them behind, as a single-file export leaves no half file.
+class MultiFileExportTest : public TorchFormatsTest {
+ protected:
+  void TearDown() override { SetFailpoints("").IgnoreError(); }
+  // Three float32 tensors of 1 KiB and, last, `tail`: a checkpoint of two ranks.
+  std::string Checkpoint(DType tail) {
+    testing::TorchFileCase c;
+    c.name = "multi";
+    std::vector<PickleTensor> tensors = {Contiguous("a", DType::kFloat32, {256}, "0"), Contiguous("b", DType::kFloat32, {256}, "1"),
+                                         Contiguous("c", DType::kFloat32, {256}, "2"), Contiguous("d", tail, {4}, "3")};
+    c.pickle = PickleStateDict(tensors).value();
+    c.records = {{"0", 1024}, {"1", 1024}, {"2", 1024}, {"3", 4 * DTypeSize(tail)}};
+    EXPECT_TRUE(testing::WriteTorchFile(Path("multi.pt"), c).ok());
+    ConvertOptions options;
+    options.world_size = 2;
+    Result<ConvertReport> r = ImportFile(Path("multi.pt"), Path("root"), options);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? r->path : "";
+  }
+  std::vector<std::string> Listing(const std::string& dir) {
+    std::vector<std::string> names = ListDir(dir).value();
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+};
+
+TEST_F(MultiFileExportTest, ShardedSafetensorsLeaveNoShardBehind) {
+  ConsolidateOptions options;
+  options.format = ExportFormat::kSafetensors;
+  options.max_shard_bytes = 1024;
+  ASSERT_TRUE(MakeDirs(Path("st")).ok());
+  // complex128 in the last shard: refused before the first shard is written.
+  Result<ConsolidateReport> r = Consolidate(Checkpoint(DType::kComplex128), Path("st/model.safetensors"), options);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("tensor 'd': dtype complex128 has no safetensors type"));
+  EXPECT_TRUE(Listing(Path("st")).empty());
+  // A full disk while writing the second shard: the first, closed already, is removed too.
+  ASSERT_TRUE(RemoveTree(Path("root")).ok());
+  const std::string ckpt = Checkpoint(DType::kFloat32);
+  ASSERT_TRUE(SetFailpoints("io.write#2=ENOSPC").ok());
+  r = Consolidate(ckpt, Path("st/model.safetensors"), options);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kNoSpace) << r.status().ToString();
+  EXPECT_TRUE(Listing(Path("st")).empty()) << ::testing::PrintToString(Listing(Path("st")));
+  ASSERT_TRUE(SetFailpoints("").ok());
+  r = Consolidate(ckpt, Path("st/model.safetensors"), options);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->files.size(), 5u);  // a shard per tensor and the index
+}
+
+TEST_F(MultiFileExportTest, DcpExportAfterAFullDiskLeavesTheFolderAsItWas) {
+  const std::string ckpt = Checkpoint(DType::kFloat32);
+  ASSERT_TRUE(MakeDirs(Path("empty")).ok());
+  for (const std::string& out : {Path("new"), Path("empty")}) {
+    SCOPED_TRACE(out);
+    ASSERT_TRUE(SetFailpoints("io.write#2=ENOSPC").ok());
+    Result<DcpExportReport> r = ExportDcp(ckpt, out, DcpExportOptions{});
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), Code::kNoSpace) << r.status().ToString();
+    if (out == Path("new")) {
+      EXPECT_FALSE(PathExists(out));
+    } else {
+      EXPECT_TRUE(Listing(out).empty()) << ::testing::PrintToString(Listing(out));
+    }
+    ASSERT_TRUE(SetFailpoints("").ok());
+    r = ExportDcp(ckpt, out, DcpExportOptions{});  // a retry is not refused as "not empty"
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_THAT(Listing(out), ElementsAre(".metadata", "__0_0.distcp", "__0_0.distcp.sha256", "__1_0.distcp",
+                                          "__1_0.distcp.sha256"));
   }
 }
 

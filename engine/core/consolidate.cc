@@ -316,6 +316,16 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
     for (const BlobRecord& b : m.blobs) {
       if (!OutputName(options, b.name).empty()) report.skipped.push_back(b.name + " (safetensors holds tensors only)");
     }
+    // Every shard's header before any file: a dtype or name safetensors cannot hold is refused
+    // with nothing written, and a later failure (a full disk) removes the shards already done.
+    std::vector<std::string> headers;
+    for (const std::vector<size_t>& shard : shards) {
+      std::vector<SafetensorsEntry> entries;
+      for (size_t k : shard) entries.push_back(SafetensorsEntry{selected[k].name, selected[k].dtype, selected[k].shape, 0, 0});
+      SC_ASSIGN_OR_RETURN(std::string header, EncodeSafetensorsHeader(entries, {{"source", "shardckpt"}}));
+      headers.push_back(std::move(header));
+    }
+    OutputSet written;
     nlohmann::ordered_json weight_map;
     for (size_t s = 0; s < shards.size(); ++s) {
       std::string path = out;
@@ -324,9 +334,7 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
         std::snprintf(name, sizeof(name), "-%05zu-of-%05zu.safetensors", s + 1, shards.size());
         path = JoinPath(DirName(out), Stem(out) + name);
       }
-      std::vector<SafetensorsEntry> entries;
-      for (size_t k : shards[s]) entries.push_back(SafetensorsEntry{selected[k].name, selected[k].dtype, selected[k].shape, 0, 0});
-      SC_ASSIGN_OR_RETURN(std::string header, EncodeSafetensorsHeader(entries, {{"source", "shardckpt"}}));
+      const std::string& header = headers[s];
       SC_ASSIGN_OR_RETURN(std::unique_ptr<OutputFile> file, OutputFile::Create(path));
       SC_RETURN_IF_ERROR(file->Write(header.data(), header.size()));
       const std::string base = BaseName(path);
@@ -341,6 +349,7 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
             return file->Write(p, n);
           },
           [&](size_t) { return Status::Ok(); }));
+      written.Add(path);
       SC_RETURN_IF_ERROR(file->Close());
       report.files.push_back(path);
       report.sha256.push_back(file->sha256());
@@ -351,6 +360,7 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
       SC_RETURN_IF_ERROR(WriteFileAtomic(path, index.dump(2) + "\n", "export.index"));
       report.files.push_back(path);
     }
+    written.Keep();
   }
   report.bytes_read = reader->stats().data_bytes_read;
   return report;

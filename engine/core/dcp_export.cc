@@ -79,6 +79,8 @@ Result<DcpExportReport> ExportDcp(const std::string& checkpoint, const std::stri
     SC_ASSIGN_OR_RETURN(std::vector<std::string> present, ListDir(out));
     if (!present.empty()) return InvalidArgument(out + " is not empty: a DCP folder is exported into a new or empty folder");
   }
+  // A failed export leaves the folder as it found it: removed if it made it, else empty.
+  OutputSet written(PathExists(out) ? "" : out);
   SC_RETURN_IF_ERROR(MakeDirs(out));
   DcpExportReport report;
   report.checkpoint = reader->dir();
@@ -119,6 +121,7 @@ Result<DcpExportReport> ExportDcp(const std::string& checkpoint, const std::stri
   for (const auto& [f, items] : files) {
     const std::string name = "__" + std::to_string(f) + "_0.distcp";
     SC_ASSIGN_OR_RETURN(std::unique_ptr<OutputFile> file, OutputFile::Create(JoinPath(out, name)));
+    written.Add(JoinPath(out, name));
     for (const Item& item : items) {
       if (item.blob) {
         const BlobRecord& blob = m.blobs[item.index];
@@ -160,6 +163,7 @@ Result<DcpExportReport> ExportDcp(const std::string& checkpoint, const std::stri
   report.byte_items = md.bytes.size();
   const std::string metadata = JoinPath(out, kDcpMetadataName);
   SC_RETURN_IF_ERROR(WriteFileAtomic(metadata, EncodeDcpMetadata(md), "export.dcp"));
+  written.Keep();
   report.files.push_back(metadata);
   report.bytes_read = reader->stats().data_bytes_read;
   return report;

@@ -90,4 +90,16 @@ Status OutputFile::Close() {
   return WriteFileAtomic(path_ + ".sha256", sha256_ + "  " + BaseName(path_) + "\n", "export.sha256");
 }
 
+OutputSet::~OutputSet() {
+  if (keep_) return;
+  if (!created_dir_.empty()) {
+    (void)RemoveTree(created_dir_);  // best effort: the export's own error is what the caller sees
+    return;
+  }
+  for (const std::string& path : paths_) {
+    ::unlink(path.c_str());
+    ::unlink((path + ".sha256").c_str());
+  }
+}
+
 }  // namespace shardckpt

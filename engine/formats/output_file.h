@@ -15,6 +15,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "shardckpt/io/aligned_buffer.h"
 #include "shardckpt/io/io_engine.h"
@@ -47,6 +49,25 @@ class OutputFile {
   EVP_MD_CTX* sha_ = nullptr;
   std::future<void> hash_;  // the buffer being hashed; done before the next one starts
   std::string sha256_;
+};
+
+// The files of one export that writes several (safetensors shards and their index, a DCP
+// folder's data files): each closed file is final under its name, so a failure after the first
+// would leave a partial set that looks whole. Unless Keep() is called, the destructor removes
+// every file added (with its .sha256), or the whole folder when the export created it.
+class OutputSet {
+ public:
+  explicit OutputSet(std::string created_dir = "") : created_dir_(std::move(created_dir)) {}
+  OutputSet(const OutputSet&) = delete;
+  OutputSet& operator=(const OutputSet&) = delete;
+  ~OutputSet();
+  void Add(const std::string& path) { paths_.push_back(path); }
+  void Keep() { keep_ = true; }
+
+ private:
+  std::string created_dir_;
+  std::vector<std::string> paths_;
+  bool keep_ = false;
 };
 
 }  // namespace shardckpt
