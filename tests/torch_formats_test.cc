@@ -354,6 +354,38 @@ TEST_F(TorchFormatsTest, HuggingFaceShardedSetsImportInTheIndexOrder) {
 }
 
 
+// Entries and blobs are kept apart; import records where each value sat among the tensors, and
+// consolidation puts it back there, so the .pt's keys come in the state dict's order.
+TEST_F(TorchFormatsTest, ValuesKeepTheirPlaceAmongTheTensors) {
+  testing::TorchFileCase c;
+  c.name = "order";
+  std::vector<PickleTensor> tensors = {Contiguous("a", DType::kFloat32, {2}, "0"), Contiguous("b", DType::kFloat32, {2}, "1")};
+  PickleNode root;
+  root.items.emplace_back("first", Value("1"));
+  root.items.emplace_back("a", Leaf(0));
+  PickleNode opt;  // a nested dict: a tensor, then a value, then a tensor
+  opt.items.emplace_back("lr", Value("0.5"));
+  opt.items.emplace_back("b", Leaf(1));
+  root.items.emplace_back("opt", std::move(opt));
+  root.items.emplace_back("epoch", Value("7"));
+  c.pickle = PickleTree(tensors, root).value();
+  c.records = {{"0", 8}, {"1", 8}};
+  ASSERT_TRUE(testing::WriteTorchFile(Path("order.pt"), c).ok());
+  ConvertOptions three;
+  three.world_size = 3;
+  Result<ConvertReport> r = ImportFile(Path("order.pt"), Path("root"), three);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  Result<ConvertReport> resharded = Reshard(r->path, Path("root2"), ConvertOptions{});
+  ASSERT_TRUE(resharded.ok()) << resharded.status().ToString();
+  ASSERT_TRUE(Consolidate(resharded->path, Path("out.pt"), ConsolidateOptions{}).ok());
+  ZipReader zip = ZipReader::Open(Path("out.pt")).value();
+  Result<UnpickledStateDict> back = UnpickleStateDict(zip.ReadRecord(zip.prefix() + "data.pkl", 1 << 20).value());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  std::vector<std::pair<std::string, size_t>> places;
+  for (const PickleValue& v : back->values) places.emplace_back(v.name, v.tensors_before);
+  EXPECT_THAT(places, ElementsAre(std::make_pair("first", 0u), std::make_pair("opt.lr", 1u), std::make_pair("epoch", 2u)));
+}
+
 // Exports that write several files: a failure after the first file (a dtype the format cannot
 // hold, a full disk) leaves none of them behind, as a single-file export leaves no half file.
 class MultiFileExportTest : public TorchFormatsTest {

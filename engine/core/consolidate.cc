@@ -8,6 +8,8 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <map>
+#include <cstdint>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "shardckpt/engine/core/checkpoint_reader.h"
@@ -160,19 +162,25 @@ Result<std::string> TorchStateDictPickle(CheckpointReader& reader, const Consoli
       }
     }
   }
-  StateTreeBuilder tree(containers);
-  std::vector<PickleTensor> tensors;
-  for (size_t k = 0; k < selected.size(); ++k) {
-    const Selected& s = selected[k];
-    std::vector<int64_t> strides(s.shape.size(), 1);
-    for (size_t d = s.shape.size(); d-- > 1;) strides[d - 1] = strides[d] * s.shape[d];
-    const size_t key = s.alias >= 0 ? static_cast<size_t>(s.alias) : k;
-    tensors.push_back(PickleTensor{s.name, s.dtype, s.shape, strides, 0, std::to_string(key), NumElements(s.shape).value()});
-    PickleNode leaf;
-    leaf.kind = PickleNode::kTensor;
-    leaf.tensor = k;
-    SC_RETURN_IF_ERROR(tree.Add(s.name, std::move(leaf)));
+  // The plain values, each placed before the entry import recorded as following it.
+  std::unordered_map<std::string, size_t> entry_index;
+  std::unordered_map<std::string, std::string> follower;
+  auto order = m.created.user.find(kTorchValueOrderKey);
+  if (order != m.created.user.end()) {
+    nlohmann::json json = nlohmann::json::parse(order->second, nullptr, false);
+    if (json.is_object()) {
+      for (size_t i = 0; i < m.entries.size(); ++i) entry_index.emplace(m.entries[i].name, i);
+      for (const auto& [value, next] : json.items()) {
+        if (next.is_string()) follower[value] = next.get<std::string>();
+      }
+    }
   }
+  struct ValueLeaf {
+    size_t before_entry;
+    std::string name;
+    PickleNode node;
+  };
+  std::vector<ValueLeaf> values;
   for (const BlobRecord& b : m.blobs) {
     const std::string name = OutputName(options, b.name);
     if (name.empty()) continue;
@@ -185,12 +193,41 @@ Result<std::string> TorchStateDictPickle(CheckpointReader& reader, const Consoli
       report->skipped.push_back(b.name + " (bytes or a tensor blob, not a plain value)");
       continue;
     }
+    size_t before = m.entries.size();
+    auto next = follower.find(b.name);
+    if (next != follower.end()) {
+      auto at = entry_index.find(next->second);
+      if (at != entry_index.end()) before = at->second;
+    }
     PickleNode leaf;
     leaf.kind = PickleNode::kValue;
     leaf.json = bytes.substr(2);
-    SC_RETURN_IF_ERROR(tree.Add(name, std::move(leaf)));
-    report->values.push_back(name);
+    values.push_back(ValueLeaf{before, name, std::move(leaf)});
   }
+  std::stable_sort(values.begin(), values.end(), [](const ValueLeaf& a, const ValueLeaf& b) { return a.before_entry < b.before_entry; });
+  StateTreeBuilder tree(containers);
+  size_t next_value = 0;
+  auto add_values_before = [&](size_t entry) -> Status {
+    for (; next_value < values.size() && values[next_value].before_entry <= entry; ++next_value) {
+      SC_RETURN_IF_ERROR(tree.Add(values[next_value].name, std::move(values[next_value].node)));
+      report->values.push_back(values[next_value].name);
+    }
+    return Status::Ok();
+  };
+  std::vector<PickleTensor> tensors;
+  for (size_t k = 0; k < selected.size(); ++k) {
+    const Selected& s = selected[k];
+    SC_RETURN_IF_ERROR(add_values_before(s.entry));
+    std::vector<int64_t> strides(s.shape.size(), 1);
+    for (size_t d = s.shape.size(); d-- > 1;) strides[d - 1] = strides[d] * s.shape[d];
+    const size_t key = s.alias >= 0 ? static_cast<size_t>(s.alias) : k;
+    tensors.push_back(PickleTensor{s.name, s.dtype, s.shape, strides, 0, std::to_string(key), NumElements(s.shape).value()});
+    PickleNode leaf;
+    leaf.kind = PickleNode::kTensor;
+    leaf.tensor = k;
+    SC_RETURN_IF_ERROR(tree.Add(s.name, std::move(leaf)));
+  }
+  SC_RETURN_IF_ERROR(add_values_before(SIZE_MAX));
   return PickleTree(tensors, tree.Finish());
 }
 

@@ -249,12 +249,15 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
     report.bytes += full.size();
     if (options.progress) options.progress(i + 1, count);
   }
+  nlohmann::ordered_json value_order = nlohmann::ordered_json::object();
   for (const PickleValue& v : dict.values) {
     SC_RETURN_IF_ERROR(out->AddBlob(0, v.name, BlobScope::kGlobal, v.blob));
     report.values.push_back(v.name);
+    if (v.tensors_before < dict.tensors.size()) value_order[v.name] = dict.tensors[v.tensors_before].name;
   }
   std::map<std::string, std::string> user = {{"imported_from", input}};
   if (!containers.empty()) user[kTorchContainersKey] = containers.dump();
+  if (!value_order.empty()) user[kTorchValueOrderKey] = value_order.dump();
   SC_ASSIGN_OR_RETURN(report.path, out->Commit(MakeCreationInfo(1, "", "", user)));
   return report;
 }

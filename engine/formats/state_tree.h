@@ -14,6 +14,10 @@ namespace shardckpt {
 // The manifest's creation info key (user metadata) under which import records the lists and
 // tuples of a .pt it flattened to "name.0", "name.1", ...: a JSON object {path: "list"|"tuple"}.
 inline constexpr const char* kTorchContainersKey = "torch_containers";
+// ... and under which it records where the plain values sat among the tensors (entries and blobs
+// are kept apart): a JSON object {value name: name of the tensor entry that followed it}; values
+// after the last tensor, and checkpoints without the key, go at the end.
+inline constexpr const char* kTorchValueOrderKey = "torch_value_order";
 
 class StateTreeBuilder {
  public:

@@ -720,7 +720,7 @@ class Flattener {
     }
     std::string text = std::string(kPickleValueTag, 2) + json.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);  // hostile bytes: never a throw
     SC_RETURN_IF_ERROR(unpickler_->Charge(2 * text.size()));
-    out_->values.push_back(PickleValue{std::move(name), std::move(text)});
+    out_->values.push_back(PickleValue{std::move(name), std::move(text), out_->tensors.size()});
     return Status::Ok();
   }
 

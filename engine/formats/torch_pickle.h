@@ -50,6 +50,7 @@ inline constexpr const char kPickleValueTag[] = "\0J";
 struct PickleValue {
   std::string name;
   std::string blob;
+  size_t tensors_before = 0;  // tensors flattened before it: where it sits among them
 };
 
 struct UnpickledStateDict {

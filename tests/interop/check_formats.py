@@ -56,7 +56,7 @@ def lists(original, out):
     else:
         b = load(out)
     # Dict nesting at the top comes back as dotted keys, lists and tuples as lists and tuples.
-    assert list(b.keys()) == ["w", "lst", "opt.steps", "tup", "opt.lr", "epoch", "name", "nothing", "flags"], list(b)
+    assert list(b.keys()) == ["w", "lst", "opt.steps", "opt.lr", "tup", "epoch", "name", "nothing", "flags"], list(b)
     assert isinstance(b["lst"], list) and len(b["lst"]) == 2, b["lst"]
     equal(a["lst"][0], b["lst"][0], "lst.0")
     equal(a["lst"][1], b["lst"][1], "lst.1")
