@@ -307,8 +307,7 @@ TEST_F(TorchFormatsTest, AnEmptyDictIsKeptAsAValueNotDropped) {
   Result<ConvertReport> r = ImportFile(Path("empty.pt"), Path("root"), ConvertOptions{});
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   ASSERT_TRUE(Consolidate(r->path, Path("out.pt"), ConsolidateOptions{}).ok());
-  ZipReader zip = ZipReader::Open(Path("out.pt")).value();
-  Result<UnpickledStateDict> back = UnpickleStateDict(zip.ReadRecord(zip.prefix() + "data.pkl", 1 << 20).value());
+  Result<UnpickledStateDict> back = ReadTorchStateDict(ZipReader::Open(Path("out.pt")).value());
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   values.clear();
   for (const PickleValue& v : back->values) values.emplace_back(v.name, v.blob);
@@ -378,8 +377,7 @@ TEST_F(TorchFormatsTest, ValuesKeepTheirPlaceAmongTheTensors) {
   Result<ConvertReport> resharded = Reshard(r->path, Path("root2"), ConvertOptions{});
   ASSERT_TRUE(resharded.ok()) << resharded.status().ToString();
   ASSERT_TRUE(Consolidate(resharded->path, Path("out.pt"), ConsolidateOptions{}).ok());
-  ZipReader zip = ZipReader::Open(Path("out.pt")).value();
-  Result<UnpickledStateDict> back = UnpickleStateDict(zip.ReadRecord(zip.prefix() + "data.pkl", 1 << 20).value());
+  Result<UnpickledStateDict> back = ReadTorchStateDict(ZipReader::Open(Path("out.pt")).value());
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   std::vector<std::pair<std::string, size_t>> places;
   for (const PickleValue& v : back->values) places.emplace_back(v.name, v.tensors_before);
