@@ -66,6 +66,11 @@ class Machine : public PickleStack<Value> {
   Machine(const std::string& data, bool allow_globals) : PickleStack(data.size()), data_(data), allow_globals_(allow_globals) {}
 
   Result<Value*> Run() {
+    // Protocols 2 and up open with PROTO; 0 and 1 do not, and their first global would be
+    // refused by name instead of the protocol being named.
+    if (!data_.empty() && static_cast<unsigned char>(data_[0]) != 0x80) {
+      return InvalidArgument("a pickle of protocol 0 or 1 (no PROTO opcode) is not supported (2 to 5 are)");
+    }
     while (pos_ < data_.size()) {
       const size_t at = pos_;
       Status st = Step(static_cast<unsigned char>(data_[pos_++]));

@@ -159,7 +159,11 @@ const std::set<std::string>& AllowedGlobals() {
     std::set<std::string> s = {"collections.OrderedDict", "torch._utils._rebuild_tensor_v2",
                                "torch._utils._rebuild_tensor_v3", "torch._utils._rebuild_parameter",
                                // torch 2.x's name for it; the bare one is what shardckpt <= 0.x wrote.
-                               "torch.storage.UntypedStorage", "torch.UntypedStorage"};
+                               "torch.storage.UntypedStorage", "torch.UntypedStorage",
+                               // Quantized tensors: recognised only to be refused by name and dtype.
+                               "torch._utils._rebuild_qtensor", "torch.per_tensor_affine", "torch.per_channel_affine",
+                               "torch.per_tensor_symmetric", "torch.per_channel_symmetric",
+                               "torch.per_channel_affine_float_qparams"};
     for (int d = 0; d < kNumDTypes; ++d) {
       if (const char* storage = TorchStorageName(static_cast<DType>(d))) s.insert(std::string("torch.") + storage);
       s.insert(std::string("torch.") + DTypeName(static_cast<DType>(d)));  // torch.float8_e4m3fn: the same names
@@ -347,6 +351,16 @@ class Unpickler : public PickleStack<Value> {
     }
     if (name == "torch._utils._rebuild_tensor_v2") return RebuildTensor(a, false);
     if (name == "torch._utils._rebuild_tensor_v3") return RebuildTensor(a, true);
+    if (name == "torch._utils._rebuild_qtensor") {
+      // (storage, offset, size, stride, quantizer_params, requires_grad, hooks): a tensor of a
+      // dtype shardckpt has no type for, refused where its name is known (Flattener::Leaf).
+      if (a.empty() || a[0]->kind != Value::kStorage) return DataLoss("_rebuild_qtensor without a storage");
+      SC_ASSIGN_OR_RETURN(Value* tensor, New(Value::kTensor));
+      tensors_.emplace_back();  // keeps tensor->i an index, though it is never read
+      tensor->i = static_cast<int64_t>(tensors_.size() - 1);
+      tensor->unsupported = a[0]->unsupported ? a[0]->unsupported : "quantized";
+      return Push(tensor);
+    }
     return InvalidArgument("REDUCE of " + std::string(name) +
                            " is not supported (only OrderedDict, the tensor rebuilds and _rebuild_parameter are called)");
   }

@@ -9,6 +9,7 @@ usage: make_format_cases.py OUT_DIR [pt|hf]   (pt: all but hf/; hf: only hf/; de
   legacy_p1.pt, legacy_p3.pt, legacy_p4.pt, legacy_p5.pt   the same at those pickle protocols
   tied.pt          two names sharing one tensor (tied embeddings), keys in an unsorted order
   proto1.pt, proto4.pt   torch.save with pickle_protocol 1 (refused by name) and 4
+  quantized.pt, quantized_channel.pt   quantized tensors (refused naming the tensor and dtype)
   empty_name.safetensors, u16.safetensors, c64.safetensors   (torch 2.x only: safetensors)
   hf/              a tiny randomly initialised Llama save_pretrained in shards (torch 2.x only)
 """
@@ -108,6 +109,12 @@ def write_files(out, info):
         torch.save(legacy, os.path.join(out, "legacy_p%d.pt" % protocol), pickle_protocol=protocol,
                    _use_new_zipfile_serialization=False)
     torch.save(tied(), os.path.join(out, "proto1.pt"), pickle_protocol=1)
+    quantized = collections.OrderedDict(w=torch.ones(2))
+    quantized["q"] = torch.quantize_per_tensor(torch.linspace(-1, 1, 8), 0.1, 3, torch.qint8)
+    quantized["qc"] = torch.quantize_per_channel(torch.ones(2, 3), torch.tensor([0.5, 0.25]), torch.tensor([0, 1]), 0,
+                                                 torch.quint8)
+    torch.save(quantized, os.path.join(out, "quantized.pt"))
+    torch.save({"qc": quantized["qc"]}, os.path.join(out, "quantized_channel.pt"))
     torch.save(lists(), os.path.join(out, "proto4.pt"), pickle_protocol=4)
     try:
         import safetensors.torch

@@ -235,6 +235,17 @@ def test_every_pickle_protocol_reads(protocol, tmp_path):
     assert_equal_state(full_tensors("single"), torch.load(tmp_path / "o.pt", weights_only=True))
 
 
+@pytest.mark.parametrize("protocol", [0, 1])
+def test_old_pickle_protocols_are_refused_by_protocol(protocol, tmp_path):
+    folder = copy_folder("single", tmp_path)
+    metadata = pickle.load(open(os.path.join(DATA, "single", ".metadata"), "rb"))
+    with open(folder / ".metadata", "wb") as f:
+        pickle.dump(metadata, f, protocol=protocol)
+    run = cli("inspect", str(folder))
+    assert run.returncode == 1 and "a pickle of protocol 0 or 1 (no PROTO opcode) is not supported" in run.stderr, run.stderr
+    assert "global" not in run.stderr, run.stderr
+
+
 def huge_count(m):
     md = m.state_dict_metadata["w"]
     md.size = torch.Size([2 ** 60, 7])
