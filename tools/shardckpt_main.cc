@@ -220,9 +220,11 @@ int Verify(int argc, char** argv) {
                                     ? std::to_string(r->blocks_checked) + " blocks checked"
                                 : r->checksums ? "whole files checked against their checksums"
                                                : "structure only (no checksums stored)";
-    std::printf("%s: %s: %llu files, %llu bytes, %s, %zu problem(s)\n", r->checkpoint.c_str(),
+    // A structure-only check reads no data bytes: "0 bytes" would read as an empty checkpoint.
+    const std::string bytes = r->bytes_checked > 0 || r->checksums ? std::to_string(r->bytes_checked) + " bytes, " : "";
+    std::printf("%s: %s: %llu files, %s%s, %zu problem(s)\n", r->checkpoint.c_str(),
                 r->problems.empty() ? "OK" : "DAMAGED", static_cast<unsigned long long>(r->files),
-                static_cast<unsigned long long>(r->bytes_checked), checked.c_str(), r->problems.size());
+                bytes.c_str(), checked.c_str(), r->problems.size());
     if (!r->note.empty()) std::printf("note: %s\n", r->note.c_str());
   }
   return r->problems.empty() ? 0 : 1;
@@ -311,8 +313,9 @@ int ConsolidateCommand(int argc, char** argv) {
 }
 
 int Convert(bool import, int argc, char** argv) {
-  po::options_description flags(import ? "import: a .pt, a .safetensors file or a Hugging Face sharded set (its "
-                                         "*.safetensors.index.json or folder) into a sharded checkpoint"
+  po::options_description flags(import ? "import: a .pt, a .safetensors file, a Hugging Face sharded set (its "
+                                         "*.safetensors.index.json or folder) or a PyTorch DCP folder into a "
+                                         "sharded checkpoint with checksums"
                                        : "reshard: a checkpoint for another world size, without a job");
   flags.add_options()("out", po::value<std::string>()->required(), "checkpoint root to write into")
       ("world-size", po::value<int>()->required(), "ranks of the new checkpoint")
@@ -514,11 +517,12 @@ int Prune(int argc, char** argv) {
 
 const char* kUsage =
     "usage: shardckpt COMMAND [options]   (COMMAND --help for each)\n"
+    "  CHECKPOINT: a shardckpt checkpoint (or its root: the newest) or a PyTorch DCP folder\n"
     "  inspect CHECKPOINT       what a checkpoint holds\n"
     "  verify CHECKPOINT        read everything, check every checksum\n"
     "  consolidate CHECKPOINT   one .pt, .safetensors or .gguf file (streaming)\n"
     "  export CHECKPOINT        a PyTorch DCP folder (--format dcp, streaming)\n"
-    "  import FILE              a .pt or .safetensors file into a sharded checkpoint\n"
+    "  import FILE              a .pt, .safetensors, Hugging Face set or DCP folder into a checkpoint\n"
     "  reshard CHECKPOINT       a checkpoint for another world size\n"
     "  list ROOT                every checkpoint of a root, and what retention keeps\n"
     "  prune ROOT               apply --keep-last / --keep-best to a root now\n";

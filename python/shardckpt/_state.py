@@ -102,7 +102,8 @@ def walk(state: Any, prefix: str = "") -> List[Tuple[str, Any]]:
         # The state dict itself is always walked, tensors or not: its values have names.
         if not top and (is_tensorish(value) or not _holds_tensors(value)):
             if name in seen:
-                raise InvalidArgument("two values are named '%s' (keys 0 and '0'?)" % name)
+                raise InvalidArgument("two values are named '%s': a dotted key and a nested dict, or "
+                                      "an int key and its string, flatten to the same name" % name)
             seen[name] = True
             out.append((name, value))
             return

@@ -358,3 +358,12 @@ def test_an_explicit_communicator(comm, root):
         one = shardckpt.single_process()
         assert (one.rank, one.size) == (0, 1)
         assert shardckpt.load({"w": torch.zeros(3), "r": 0}, root, comm=one).step == 1
+
+
+@pytest.mark.parametrize("state,name", [({"a.b": torch.ones(1), "a": {"b": torch.ones(1)}}, "a.b"),
+                                        ({"d": {0: torch.ones(1), "0": torch.ones(1)}}, "d.0")])
+def test_two_keys_that_flatten_to_one_name_are_refused_naming_it(root, state, name):
+    with pytest.raises(shardckpt.InvalidArgument) as error:
+        shardckpt.save(state, root, step=1)
+    assert "two values are named '%s'" % name in error.value.message, error.value.message
+    assert "dotted key" in error.value.message
