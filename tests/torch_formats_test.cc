@@ -435,6 +435,25 @@ TEST_F(MultiFileExportTest, ShardedSafetensorsLeaveNoShardBehind) {
   EXPECT_EQ(r->files.size(), 5u);  // a shard per tensor and the index
 }
 
+// Consolidating again into the same folder with fewer shards replaces the set: the old shards
+// its index listed go, files it did not list stay.
+TEST_F(MultiFileExportTest, AShardedSetReplacesThePreviousOne) {
+  const std::string ckpt = Checkpoint(DType::kFloat32);
+  ConsolidateOptions options;
+  options.format = ExportFormat::kSafetensors;
+  options.max_shard_bytes = 1024;
+  ASSERT_TRUE(Consolidate(ckpt, Path("st/model.safetensors"), options).ok());
+  std::ofstream(Path("st/notes.txt")) << "mine";
+  std::ofstream(Path("st/model-00009-of-00009.safetensors")) << "not in the index";
+  options.max_shard_bytes = 2048;
+  Result<ConsolidateReport> r = Consolidate(ckpt, Path("st/model.safetensors"), options);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_THAT(Listing(Path("st")),
+              ElementsAre("model-00001-of-00002.safetensors", "model-00001-of-00002.safetensors.sha256",
+                          "model-00002-of-00002.safetensors", "model-00002-of-00002.safetensors.sha256",
+                          "model-00009-of-00009.safetensors", "model.safetensors.index.json", "notes.txt"));
+}
+
 TEST_F(MultiFileExportTest, DcpExportAfterAFullDiskLeavesTheFolderAsItWas) {
   const std::string ckpt = Checkpoint(DType::kFloat32);
   ASSERT_TRUE(MakeDirs(Path("empty")).ok());

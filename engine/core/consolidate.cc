@@ -1,10 +1,12 @@
 #include "shardckpt/engine/core/consolidate.h"
 
 #include <fnmatch.h>
+#include <unistd.h>
 
 #include <future>
 #include <memory>
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <map>
@@ -231,6 +233,28 @@ Result<std::string> TorchStateDictPickle(CheckpointReader& reader, const Consoli
   return PickleTree(tensors, tree.Finish());
 }
 
+// The shard files an existing index of the same stem lists, where they are named as this writes
+// them (STEM-NNNNN-of-NNNNN.safetensors): nothing else of the folder is ever touched.
+std::vector<std::string> PreviousShards(const std::string& index_path, const std::string& stem) {
+  std::vector<std::string> out;
+  Result<std::string> text = ReadFileLimited(index_path, 64u << 20);
+  if (!text.ok()) return out;
+  nlohmann::json index = nlohmann::json::parse(*text, nullptr, false);
+  if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) return out;
+  for (const auto& [name, file] : index["weight_map"].items()) {
+    if (!file.is_string()) continue;
+    const std::string f = file.get<std::string>();
+    unsigned a = 0, b = 0;
+    char tail[16] = {0};
+    if (f.size() == stem.size() + 27 && f.compare(0, stem.size(), stem) == 0 &&
+        std::sscanf(f.c_str() + stem.size(), "-%5u-of-%5u.%11s", &a, &b, tail) == 3 && std::string(tail) == "safetensors" &&
+        std::find(out.begin(), out.end(), f) == out.end()) {
+      out.push_back(f);
+    }
+  }
+  return out;
+}
+
 std::string Stem(const std::string& path) {
   std::string base = BaseName(path);
   return EndsWith(base, ".safetensors") ? base.substr(0, base.size() - 12) : base;
@@ -394,8 +418,17 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
     if (sharded) {
       nlohmann::ordered_json index = {{"metadata", {{"total_size", report.tensor_bytes}}}, {"weight_map", weight_map}};
       std::string path = JoinPath(DirName(out), Stem(out) + ".safetensors.index.json");
+      const std::vector<std::string> previous = PreviousShards(path, Stem(out));
       SC_RETURN_IF_ERROR(WriteFileAtomic(path, index.dump(2) + "\n", "export.index"));
       report.files.push_back(path);
+      // The set replaced: its shards that the new one did not overwrite would lie beside it, named
+      // like it and listed by no index.
+      for (const std::string& old : previous) {
+        const std::string old_path = JoinPath(DirName(out), old);
+        if (std::find(report.files.begin(), report.files.end(), old_path) != report.files.end()) continue;
+        ::unlink(old_path.c_str());
+        ::unlink((old_path + ".sha256").c_str());
+      }
     }
     written.Keep();
   }
