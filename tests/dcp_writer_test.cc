@@ -12,6 +12,9 @@ TEST(DcpBlobPickle, BytesBlobsAreBytesObjects) {
   Result<std::string> tagged = PickleBlobValue(std::string("\0Bab", 4));
   ASSERT_TRUE(tagged.ok());
   EXPECT_EQ(*tagged, Pickle3(std::string("B\x02\0\0\0ab", 7)));
+  Result<std::string> bytearray = PickleBlobValue(std::string("\0bab", 4));  // the Python package's bytearray
+  ASSERT_TRUE(bytearray.ok()) << bytearray.status().ToString();
+  EXPECT_EQ(*bytearray, Pickle3(std::string("B\x02\0\0\0ab", 7)));
   Result<std::string> raw = PickleBlobValue("xyz");
   ASSERT_TRUE(raw.ok());
   EXPECT_EQ(*raw, Pickle3(std::string("B\x03\0\0\0xyz", 8)));

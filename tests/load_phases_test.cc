@@ -131,7 +131,10 @@ TEST(MatchVerdict, LocalErrorThenMissingThenUnexpected) {
   } cases[] = {
       {mismatch, true, {"x"}, {"y"}, Code::kInvalidArgument, "entry 'a' has shape"},
       {mismatch, false, {}, {}, Code::kInvalidArgument, "entry 'a' has shape"},
-      {Status::Ok(), true, {"x", "z"}, {"y"}, Code::kNotFound, "not in checkpoint /c: 'x', 'z'"},
+      {Status::Ok(), true, {"x", "z"}, {"y"}, Code::kNotFound,
+       "not in checkpoint /c: 'x', 'z'; checkpoint /c has entries no rank loads: 'y' (a non-strict load loads the "
+       "rest and reports them)"},
+      {Status::Ok(), true, {"x"}, {}, Code::kNotFound, "not in checkpoint /c: 'x' (a non-strict load loads the rest and reports them)"},
       {Status::Ok(), true, {}, {"y"}, Code::kInvalidArgument,
        "checkpoint /c has entries no rank loads: 'y' (a non-strict load loads the rest and reports them)"},
       {Status::Ok(), false, {"x"}, {"y"}, Code::kOk, ""},
@@ -142,6 +145,36 @@ TEST(MatchVerdict, LocalErrorThenMissingThenUnexpected) {
     EXPECT_EQ(s.code(), c.code) << c.message;
     EXPECT_EQ(s.message(), c.message);
   }
+}
+
+// Values (blobs) by name: a wanted value matches its blob or the blobs under it (DCP's leaves);
+// blobs of several ranks count once.
+TEST(MatchValues, ByNameOrUnderTheNameAfterRenaming) {
+  Manifest m;
+  for (const char* name : {"module.step", "module.optim.param_groups.0.lr", "module.optim.param_groups.0.eps", "module.extra"}) {
+    m.blobs.push_back(BlobRecord{name, BlobScope::kGlobal, 0, 0, 0, 1});
+  }
+  m.blobs.push_back(BlobRecord{"module.rng", BlobScope::kPerRank, 0, 0, 0, 1});
+  m.blobs.push_back(BlobRecord{"module.rng", BlobScope::kPerRank, 1, 0, 0, 1});
+  LoadOptions options;
+  options.rename = [](const std::string& name) { return name.substr(7); };
+  ValueMatch v = MatchValues(m, {"step", "optim.param_groups", "rng", "cfg", "optim.param"}, options);
+  EXPECT_THAT(v.missing, ElementsAre("cfg", "optim.param"));
+  EXPECT_THAT(v.unexpected, ElementsAre("extra"));
+  v = MatchValues(m, {}, options);
+  EXPECT_EQ(v.unexpected.size(), 5u);
+}
+
+// A value in the state passed with checkpoint tensors under its name: an optimizer's state before
+// its first step. The refusal names both sides and says to create the state.
+TEST(MatchVerdict, AValueWithTensorsUnderItsNameIsExplained) {
+  ValueMatch values{{"optim"}, {}};
+  Status s = MatchVerdict(Status::Ok(), true, "/c", {}, {"optim.state.0.exp_avg"}, values, {"step", "optim"});
+  EXPECT_EQ(s.code(), Code::kNotFound);
+  EXPECT_THAT(s.message(), HasSubstr("not in checkpoint /c: 'optim'; checkpoint /c has entries no rank loads: 'optim.state.0.exp_avg'"));
+  EXPECT_THAT(s.message(), HasSubstr("'optim' holds no tensors in the state passed"));
+  EXPECT_THAT(s.message(), HasSubstr("get_state_dict"));
+  EXPECT_THAT(s.message(), ::testing::Not(HasSubstr("non-strict")));
 }
 
 TEST(ChooseBroadcast, OptionEnvironmentHostsAndStorage) {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <map>
 
 #include "shardckpt/engine/core/consolidate.h"
 #include "shardckpt/engine/core/convert.h"
@@ -452,6 +453,59 @@ TEST_F(MultiFileExportTest, AShardedSetReplacesThePreviousOne) {
               ElementsAre("model-00001-of-00002.safetensors", "model-00001-of-00002.safetensors.sha256",
                           "model-00002-of-00002.safetensors", "model-00002-of-00002.safetensors.sha256",
                           "model-00009-of-00009.safetensors", "model.safetensors.index.json", "notes.txt"));
+}
+
+// A failed export over an earlier one leaves the earlier one whole: nothing is renamed into place
+// until every file is written.
+TEST_F(MultiFileExportTest, AFailedExportKeepsThePreviousOutput) {
+  const std::string ckpt = Checkpoint(DType::kFloat32);
+  ConsolidateOptions options;
+  options.format = ExportFormat::kSafetensors;
+  for (uint64_t shard_bytes : {uint64_t{0}, uint64_t{1024}}) {
+    SCOPED_TRACE(shard_bytes);
+    options.max_shard_bytes = shard_bytes;
+    const std::string dir = Path("keep" + std::to_string(shard_bytes));
+    Result<ConsolidateReport> first = Consolidate(ckpt, JoinPath(dir, "model.safetensors"), options);
+    ASSERT_TRUE(first.ok()) << first.status().ToString();
+    std::map<std::string, std::string> before;
+    for (const std::string& name : Listing(dir)) before[name] = ReadFileLimited(JoinPath(dir, name), 1 << 20).value();
+    for (const char* failure : {"io.write#1=ENOSPC", "io.write#3=ENOSPC", "fs.rename#2=EIO"}) {
+      SCOPED_TRACE(failure);
+      ASSERT_TRUE(SetFailpoints(failure).ok());
+      Result<ConsolidateReport> again = Consolidate(ckpt, JoinPath(dir, "model.safetensors"), options);
+      ASSERT_TRUE(SetFailpoints("").ok());
+      if (again.ok()) continue;  // a failpoint this layout never reaches
+      std::map<std::string, std::string> after;
+      for (const std::string& name : Listing(dir)) after[name] = ReadFileLimited(JoinPath(dir, name), 1 << 20).value();
+      if (std::string(failure).rfind("fs.rename", 0) == 0) {
+        // Renames cannot be atomic as a set: failing the second, the first (already new) is
+        // removed again and the error says the set must be exported again; never a silent mix
+        // of new and old shards.
+        EXPECT_THAT(again.status().message(), HasSubstr("publishing file 2 of 4"));
+        EXPECT_FALSE(after.count("model-00001-of-00004.safetensors"));
+        EXPECT_EQ(after.at("model-00002-of-00004.safetensors"), before.at("model-00002-of-00004.safetensors"));
+      } else {
+        EXPECT_EQ(after, before);
+      }
+    }
+  }
+}
+
+// One file and a sharded set of the same name replace each other.
+TEST_F(MultiFileExportTest, OneFileAndShardsOfTheSameNameReplaceEachOther) {
+  const std::string ckpt = Checkpoint(DType::kFloat32);
+  ConsolidateOptions options;
+  options.format = ExportFormat::kSafetensors;
+  ASSERT_TRUE(Consolidate(ckpt, Path("sw/model.safetensors"), options).ok());
+  options.max_shard_bytes = 2048;
+  ASSERT_TRUE(Consolidate(ckpt, Path("sw/model.safetensors"), options).ok());
+  EXPECT_THAT(Listing(Path("sw")),
+              ElementsAre("model-00001-of-00002.safetensors", "model-00001-of-00002.safetensors.sha256",
+                          "model-00002-of-00002.safetensors", "model-00002-of-00002.safetensors.sha256",
+                          "model.safetensors.index.json"));
+  options.max_shard_bytes = 0;
+  ASSERT_TRUE(Consolidate(ckpt, Path("sw/model.safetensors"), options).ok());
+  EXPECT_THAT(Listing(Path("sw")), ElementsAre("model.safetensors", "model.safetensors.sha256"));
 }
 
 TEST_F(MultiFileExportTest, DcpExportAfterAFullDiskLeavesTheFolderAsItWas) {

@@ -245,10 +245,13 @@ std::vector<std::string> PreviousShards(const std::string& index_path, const std
     if (!file.is_string()) continue;
     const std::string f = file.get<std::string>();
     unsigned a = 0, b = 0;
-    char tail[16] = {0};
-    if (f.size() == stem.size() + 27 && f.compare(0, stem.size(), stem) == 0 &&
-        std::sscanf(f.c_str() + stem.size(), "-%5u-of-%5u.%11s", &a, &b, tail) == 3 && std::string(tail) == "safetensors" &&
-        std::find(out.begin(), out.end(), f) == out.end()) {
+    if (f.compare(0, stem.size(), stem) != 0 || std::sscanf(f.c_str() + stem.size(), "-%5u-of-%5u", &a, &b) != 2 ||
+        a < 1 || a > b) {
+      continue;
+    }
+    char expected[64];
+    std::snprintf(expected, sizeof(expected), "-%05u-of-%05u.safetensors", a, b);
+    if (f == stem + expected && std::find(out.begin(), out.end(), f) == out.end()) {
       out.push_back(f);
     }
   }
@@ -386,8 +389,10 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
       SC_ASSIGN_OR_RETURN(std::string header, EncodeSafetensorsHeader(entries, {{"source", "shardckpt"}}));
       headers.push_back(std::move(header));
     }
-    OutputSet written;
+    // Every file is written and fsynced under its .partial name first and renamed into place
+    // only when all are: a failure while writing leaves the previous output whole.
     nlohmann::ordered_json weight_map;
+    std::vector<std::unique_ptr<OutputFile>> finished;
     for (size_t s = 0; s < shards.size(); ++s) {
       std::string path = out;
       if (sharded) {
@@ -410,27 +415,45 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
             return file->Write(p, n);
           },
           [&](size_t) { return Status::Ok(); }));
-      written.Add(path);
-      SC_RETURN_IF_ERROR(file->Close());
-      report.files.push_back(path);
+      SC_RETURN_IF_ERROR(file->Finish());
+      finished.push_back(std::move(file));
+    }
+    // The output this one replaces: a set of shards of the same stem (its index lists them), or,
+    // for a sharded set, a single file of the same name. Left beside the new one they would be
+    // loaded in its place (a loader looks for model.safetensors first) or lie there unlisted.
+    const std::string index_path = JoinPath(DirName(out), Stem(out) + ".safetensors.index.json");
+    const std::vector<std::string> previous = PreviousShards(index_path, Stem(out));
+    OutputSet written;
+    for (size_t f = 0; f < finished.size(); ++f) {
+      const std::unique_ptr<OutputFile>& file = finished[f];
+      Status published = file->Publish();
+      if (file->published()) written.Add(file->path());
+      if (!published.ok() && f > 0) {
+        // Renames cannot be made atomic as a set: the files renamed so far replaced theirs and
+        // are removed again, so a set of this name in the folder is now incomplete, not mixed.
+        return published.WithContext("publishing file " + std::to_string(f + 1) + " of " + std::to_string(finished.size()) +
+                                     " (the earlier ones of this set are removed: export again)");
+      }
+      SC_RETURN_IF_ERROR(published);
+      report.files.push_back(file->path());
       report.sha256.push_back(file->sha256());
     }
     if (sharded) {
       nlohmann::ordered_json index = {{"metadata", {{"total_size", report.tensor_bytes}}}, {"weight_map", weight_map}};
-      std::string path = JoinPath(DirName(out), Stem(out) + ".safetensors.index.json");
-      const std::vector<std::string> previous = PreviousShards(path, Stem(out));
-      SC_RETURN_IF_ERROR(WriteFileAtomic(path, index.dump(2) + "\n", "export.index"));
-      report.files.push_back(path);
-      // The set replaced: its shards that the new one did not overwrite would lie beside it, named
-      // like it and listed by no index.
-      for (const std::string& old : previous) {
-        const std::string old_path = JoinPath(DirName(out), old);
-        if (std::find(report.files.begin(), report.files.end(), old_path) != report.files.end()) continue;
-        ::unlink(old_path.c_str());
-        ::unlink((old_path + ".sha256").c_str());
-      }
+      SC_RETURN_IF_ERROR(WriteFileAtomic(index_path, index.dump(2) + "\n", "export.index"));
+      report.files.push_back(index_path);
     }
     written.Keep();
+    auto remove = [](const std::string& path) {
+      ::unlink(path.c_str());
+      ::unlink((path + ".sha256").c_str());
+    };
+    for (const std::string& old : previous) {
+      const std::string old_path = JoinPath(DirName(out), old);
+      if (std::find(report.files.begin(), report.files.end(), old_path) == report.files.end()) remove(old_path);
+    }
+    if (!sharded && !previous.empty()) ::unlink(index_path.c_str());
+    if (sharded && PathExists(out)) remove(out);
   }
   report.bytes_read = reader->stats().data_bytes_read;
   return report;

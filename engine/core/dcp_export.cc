@@ -80,8 +80,9 @@ Result<DcpExportReport> ExportDcp(const std::string& checkpoint, const std::stri
     if (!present.empty()) return InvalidArgument(out + " is not empty: a DCP folder is exported into a new or empty folder");
   }
   // A failed export leaves the folder as it found it: removed if it made it, else empty.
-  OutputSet written(PathExists(out) ? "" : out);
-  SC_RETURN_IF_ERROR(MakeDirs(out));
+  const bool fresh = !PathExists(out);
+  SC_RETURN_IF_ERROR(MakeDirs(out));  // before the OutputSet: a path it cannot make is not removed
+  OutputSet written(fresh ? out : "");
   DcpExportReport report;
   report.checkpoint = reader->dir();
   report.out = out;
@@ -121,7 +122,6 @@ Result<DcpExportReport> ExportDcp(const std::string& checkpoint, const std::stri
   for (const auto& [f, items] : files) {
     const std::string name = "__" + std::to_string(f) + "_0.distcp";
     SC_ASSIGN_OR_RETURN(std::unique_ptr<OutputFile> file, OutputFile::Create(JoinPath(out, name)));
-    written.Add(JoinPath(out, name));
     for (const Item& item : items) {
       if (item.blob) {
         const BlobRecord& blob = m.blobs[item.index];
@@ -156,7 +156,9 @@ Result<DcpExportReport> ExportDcp(const std::string& checkpoint, const std::stri
       md.tensors[tensor_of[item.index]].chunks.push_back(DcpChunk{item.lo, item.size, storage});
       ++report.chunks;
     }
-    SC_RETURN_IF_ERROR(file->Close());
+    Status closed = file->Close();
+    if (file->published()) written.Add(file->path());
+    SC_RETURN_IF_ERROR(closed);
     report.files.push_back(JoinPath(out, name));
   }
   report.tensors = md.tensors.size();

@@ -15,6 +15,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,11 @@ struct LoadOptions {
   // Strict: a wanted name missing from the checkpoint, or a checkpoint entry no rank wants, is
   // an error listing them. Not strict: both lists come back in the report.
   bool strict = true;
+  // The non-tensor values the caller takes from the checkpoint's blobs (names after `rename`),
+  // when it says: a strict load then also refuses, before reading anything, a value with no blob
+  // of its name (or under it, as DCP stores a dict leaf by leaf) and a blob no value takes. The
+  // Python package passes them; unset, blobs are not part of the verdict.
+  std::optional<std::vector<std::string>> wanted_values;
   // Maps a checkpoint name to the name the job uses (e.g. strip "module."); identity when empty.
   std::function<std::string(const std::string&)> rename;
   bool verify_checksums = true;

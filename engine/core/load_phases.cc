@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
@@ -171,15 +172,62 @@ std::vector<std::string> UnwantedEntries(const Manifest& manifest, const Demand&
   return names;
 }
 
-Status MatchVerdict(const Status& local, bool strict, const std::string& dir,
-                    const std::vector<std::string>& missing, const std::vector<std::string>& unexpected) {
-  if (!local.ok() || !strict) return local;
-  if (!missing.empty()) return NotFound("not in checkpoint " + dir + ": " + NameList(missing));
-  if (!unexpected.empty()) {
-    return InvalidArgument("checkpoint " + dir + " has entries no rank loads: " + NameList(unexpected) +
-                           " (a non-strict load loads the rest and reports them)");
+ValueMatch MatchValues(const Manifest& manifest, const std::vector<std::string>& wanted_values, const LoadOptions& options) {
+  std::set<std::string> blobs;  // one name per value, however many ranks stored it
+  for (const BlobRecord& b : manifest.blobs) blobs.insert(options.rename ? options.rename(b.name) : b.name);
+  ValueMatch out;
+  std::set<std::string> taken;
+  for (const std::string& want : wanted_values) {
+    bool found = false;
+    if (blobs.count(want)) {
+      taken.insert(want);
+      found = true;
+    }
+    const std::string under = want + ".";
+    for (auto it = blobs.lower_bound(under); it != blobs.end() && it->compare(0, under.size(), under) == 0; ++it) {
+      taken.insert(*it);
+      found = true;
+    }
+    if (!found) out.missing.push_back(want);
   }
-  return Status::Ok();
+  for (const std::string& b : blobs) {
+    if (!taken.count(b)) out.unexpected.push_back(b);
+  }
+  return out;
+}
+
+Status MatchVerdict(const Status& local, bool strict, const std::string& dir, const std::vector<std::string>& missing,
+                    const std::vector<std::string>& unexpected, const ValueMatch& values,
+                    const std::vector<std::string>& wanted_values) {
+  if (!local.ok() || !strict) return local;
+  std::vector<std::string> all_missing = missing, all_unexpected = unexpected;
+  all_missing.insert(all_missing.end(), values.missing.begin(), values.missing.end());
+  all_unexpected.insert(all_unexpected.end(), values.unexpected.begin(), values.unexpected.end());
+  if (all_missing.empty() && all_unexpected.empty()) return Status::Ok();
+  std::string message;
+  if (!all_missing.empty()) message = "not in checkpoint " + dir + ": " + NameList(all_missing);
+  if (!all_unexpected.empty()) {
+    message += (message.empty() ? "" : "; ") + std::string("checkpoint ") + dir + " has entries no rank loads: " +
+               NameList(all_unexpected);
+  }
+  std::string holder;
+  for (const std::string& want : wanted_values) {
+    const std::string under = want + ".";
+    for (const std::string& u : unexpected) {
+      if (u.compare(0, under.size(), under) == 0) holder = want;
+    }
+    if (!holder.empty()) break;
+  }
+  if (!holder.empty()) {
+    message += "; '" + holder + "' holds no tensors in the state passed, so the checkpoint's " + holder +
+               ".* tensors have nowhere to go: an optimizer has no state before its first step; create it first, in "
+               "the form it was saved in (torch.distributed.checkpoint.state_dict.get_state_dict(model, optim) "
+               "creates it keyed by parameter name, as it saves it; for optim.state_dict(), keyed by index, one "
+               "optim.step() with lr 0 after a backward pass does), load into that, then hand it to the optimizer";
+  } else {
+    message += " (a non-strict load loads the rest and reports them)";
+  }
+  return Status(all_missing.empty() ? Code::kInvalidArgument : Code::kNotFound, message);
 }
 
 std::vector<int> AssignReaders(const Demand& demand, bool broadcast_replicated, int world) {
@@ -281,8 +329,10 @@ Result<Match> MatchEntries(Communicator& comm, const Manifest& manifest, const s
   SC_RETURN_IF_ERROR(comm.AllGather(EncodeEntryWants(match.local.wants), &all_wants));
   match.demand = CombineWants(all_wants, manifest.entries.size());
   report->unexpected = UnwantedEntries(manifest, match.demand);
-  SC_RETURN_IF_ERROR(AgreeOnStatus(
-      comm, MatchVerdict(match.local.status, options.strict, dir, report->missing, report->unexpected)));
+  const ValueMatch values = options.wanted_values ? MatchValues(manifest, *options.wanted_values, options) : ValueMatch{};
+  SC_RETURN_IF_ERROR(AgreeOnStatus(comm, MatchVerdict(match.local.status, options.strict, dir, report->missing,
+                                                      report->unexpected, values,
+                                                      options.wanted_values ? *options.wanted_values : std::vector<std::string>{})));
   SC_ASSIGN_OR_RETURN(bool broadcast, AgreeOnBroadcast(comm, options, dir));
   match.reader_of = AssignReaders(match.demand, broadcast, comm.size());
   // Device pieces need a device this process can use; refuse on every rank before any reads.

@@ -60,9 +60,20 @@ Demand CombineWants(const std::vector<std::string>& all_wants, size_t entries);
 // Checkpoint entries no rank wants.
 std::vector<std::string> UnwantedEntries(const Manifest& manifest, const Demand& demand);
 
-// The local match's error, else (strict only) the missing or unexpected names as an error.
-Status MatchVerdict(const Status& local, bool strict, const std::string& dir,
-                    const std::vector<std::string>& missing, const std::vector<std::string>& unexpected);
+// The values side of a match (LoadOptions::wanted_values against the manifest's blobs, renamed):
+// wanted values with no blob of their name or under it, and blobs no wanted value takes.
+struct ValueMatch {
+  std::vector<std::string> missing, unexpected;
+};
+ValueMatch MatchValues(const Manifest& manifest, const std::vector<std::string>& wanted_values, const LoadOptions& options);
+
+// The local match's error, else (strict only) the missing or unexpected names, tensors and
+// values, as one error; NotFound when anything is missing. A wanted value with checkpoint
+// entries under its name (an optimizer's state_dict() before its first step holds no state
+// tensors) gets a hint to create that state rather than to load non-strictly.
+Status MatchVerdict(const Status& local, bool strict, const std::string& dir, const std::vector<std::string>& missing,
+                    const std::vector<std::string>& unexpected, const ValueMatch& values = {},
+                    const std::vector<std::string>& wanted_values = {});
 
 // Entries everyone wants whole: one reader each (round-robin), then a broadcast; -1 elsewhere.
 std::vector<int> AssignReaders(const Demand& demand, bool broadcast_replicated, int world);

@@ -66,11 +66,7 @@ class Machine : public PickleStack<Value> {
   Machine(const std::string& data, bool allow_globals) : PickleStack(data.size()), data_(data), allow_globals_(allow_globals) {}
 
   Result<Value*> Run() {
-    // Protocols 2 and up open with PROTO; 0 and 1 do not, and their first global would be
-    // refused by name instead of the protocol being named.
-    if (!data_.empty() && static_cast<unsigned char>(data_[0]) != 0x80) {
-      return InvalidArgument("a pickle of protocol 0 or 1 (no PROTO opcode) is not supported (2 to 5 are)");
-    }
+    if (!data_.empty() && static_cast<unsigned char>(data_[0]) != 0x80) return RefuseProtocolZeroOrOne();
     while (pos_ < data_.size()) {
       const size_t at = pos_;
       Status st = Step(static_cast<unsigned char>(data_[pos_++]));
@@ -154,8 +150,7 @@ class Machine : public PickleStack<Value> {
       case 0x80: {  // PROTO
         if (!Need(1)) return DataLoss("truncated");
         unsigned proto = static_cast<unsigned char>(data_[pos_++]);
-        if (proto < 2 || proto > 5) return InvalidArgument("pickle protocol " + std::to_string(proto) + " is not supported (2 to 5 are)");
-        return Status::Ok();
+        return CheckPickleProtocol(proto);
       }
       case 0x95:  // FRAME
         if (!Need(8)) return DataLoss("truncated");

@@ -34,14 +34,18 @@ int RankOfFile(const std::string& name) {
 // weight takes 4096): past it the chunk is refused rather than described element by element.
 constexpr int64_t kMaxPiecesPerChunk = int64_t{1} << 18;
 
-// torch 2.x's serialization_format=SAFETENSORS writes each .distcp as one safetensors file whose
-// header metadata carries DCP_SHARDING_INFO: a valid layout this reader does not take, told
-// apart from damage by its header (an 8-byte length, then the JSON).
-bool IsSafetensorsVariant(const ByteSource& file) {
+// torch 2.x's serialization_format=SAFETENSORS writes each chunk as a safetensors blob (after the
+// byte items' torch.save zips) whose header metadata carries DCP_SHARDING_INFO: a valid layout
+// this reader does not take, told apart from damage by that header (an 8-byte length, then the
+// JSON) where the chunk's record starts.
+bool IsSafetensorsVariant(const ByteSource& file, uint64_t at) {
   uint64_t header = 0;
-  if (file.size() < 10 || !file.ReadAt(0, &header, 8).ok() || header < 2 || header > file.size() - 8) return false;
+  if (at > file.size() || file.size() - at < 10 || !file.ReadAt(at, &header, 8).ok() || header < 2 ||
+      header > file.size() - at - 8) {
+    return false;
+  }
   std::string json(static_cast<size_t>(std::min<uint64_t>(header, 1 << 16)), '\0');
-  if (!file.ReadAt(8, json.data(), json.size()).ok() || json[0] != '{') return false;
+  if (!file.ReadAt(at + 8, json.data(), json.size()).ok() || json[0] != '{') return false;
   return json.find("DCP_SHARDING_INFO") != std::string::npos;
 }
 
@@ -58,7 +62,7 @@ Status LocateChunk(const ByteSource& file, const ParsedDcpStorage& s, DType dtyp
   char magic[4] = {0};
   if (s.length >= 4) SC_RETURN_IF_ERROR(slice.ReadAt(0, magic, 4));
   if (s.length < 4 || std::memcmp(magic, "PK\x03\x04", 4) != 0) {
-    if (IsSafetensorsVariant(file)) {
+    if (IsSafetensorsVariant(file, s.offset_in_file)) {
       return Status(Code::kUnimplemented, "the folder was saved with serialization_format=SAFETENSORS (its .distcp "
                                           "files are safetensors), which shardckpt does not read; save with the "
                                           "default (torch_save)");

@@ -206,7 +206,7 @@ Result<std::string> PickleBlobValue(const std::string& blob) {
   PickleWriter p(3);
   if (blob.size() >= 2 && blob[0] == '\0') {
     const char tag = blob[1];
-    if (tag == 'B') {
+    if (tag == 'B' || tag == 'b') {  // bytes, or a bytearray's bytes (written as bytes)
       p.Bytes(blob.substr(2));
     } else if (tag == 'J') {
       nlohmann::ordered_json value = nlohmann::ordered_json::parse(blob.begin() + 2, blob.end(), nullptr, false);

@@ -43,10 +43,8 @@ Result<std::unique_ptr<OutputFile>> OutputFile::Create(const std::string& path) 
 
 OutputFile::~OutputFile() {
   WaitForHash();  // it reads a staging buffer and the digest state
-  if (writer_ != nullptr) {
-    writer_.reset();
-    ::unlink(temp_.c_str());  // not closed: an abandoned export
-  }
+  if (writer_ != nullptr) writer_.reset();
+  if (!published_) ::unlink(temp_.c_str());  // not published: an abandoned export
   if (sha_ != nullptr) EVP_MD_CTX_free(sha_);
 }
 
@@ -73,11 +71,14 @@ Status OutputFile::Write(const void* data, size_t bytes) {
   return writer_->Stage(data, bytes);
 }
 
-Status OutputFile::Close() {
-  SC_RETURN_IF_ERROR(writer_->Finish(position_));
+Status OutputFile::Finish() {
+  if (writer_ == nullptr) return FailedPrecondition(path_ + ": finished already");
+  Status finished = writer_->Finish(position_);
   WaitForHash();
-  writer_.reset();
-  SC_RETURN_IF_ERROR(Rename(temp_, path_));
+  writer_.reset();  // the staging buffers and the ring go now: a finished file holds no memory
+  pool_.reset();
+  io_.reset();
+  SC_RETURN_IF_ERROR(finished);
   unsigned char digest[32];
   unsigned int length = 0;
   EVP_DigestFinal_ex(sha_, digest, &length);
@@ -87,7 +88,19 @@ Status OutputFile::Close() {
     sha256_ += kHex[digest[i] >> 4];
     sha256_ += kHex[digest[i] & 15];
   }
+  return Status::Ok();
+}
+
+Status OutputFile::Publish() {
+  if (sha256_.empty()) return FailedPrecondition(path_ + ": published before it was finished");
+  SC_RETURN_IF_ERROR(Rename(temp_, path_));
+  published_ = true;
   return WriteFileAtomic(path_ + ".sha256", sha256_ + "  " + BaseName(path_) + "\n", "export.sha256");
+}
+
+Status OutputFile::Close() {
+  SC_RETURN_IF_ERROR(Finish());
+  return Publish();
 }
 
 OutputSet::~OutputSet() {

@@ -33,6 +33,13 @@ class OutputFile {
   uint64_t position() const { return position_; }
   // Flushes, fsyncs, renames into place and writes PATH.sha256 (`sha256sum -c` form).
   Status Close();
+  // Close in two steps, for exports of several files that must appear together: Finish writes
+  // and fsyncs the file under PATH.partial and frees its buffers; Publish renames it into place
+  // and writes PATH.sha256. A file never published is removed with its OutputFile.
+  Status Finish();
+  Status Publish();
+  bool published() const { return published_; }
+  const std::string& path() const { return path_; }
   const std::string& sha256() const { return sha256_; }
 
  private:
@@ -49,12 +56,15 @@ class OutputFile {
   EVP_MD_CTX* sha_ = nullptr;
   std::future<void> hash_;  // the buffer being hashed; done before the next one starts
   std::string sha256_;
+  bool published_ = false;
 };
 
 // The files of one export that writes several (safetensors shards and their index, a DCP
-// folder's data files): each closed file is final under its name, so a failure after the first
-// would leave a partial set that looks whole. Unless Keep() is called, the destructor removes
-// every file added (with its .sha256), or the whole folder when the export created it.
+// folder's data files): each published file is final under its name, so a failure after the
+// first would leave a partial set that looks whole. Unless Keep() is called, the destructor
+// removes every file added (with its .sha256), or the whole folder when the export created it.
+// Add only files this export published: a name added before its rename may still be the user's
+// previous file.
 class OutputSet {
  public:
   explicit OutputSet(std::string created_dir = "") : created_dir_(std::move(created_dir)) {}

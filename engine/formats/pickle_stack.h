@@ -15,6 +15,17 @@ namespace shardckpt {
 
 uint64_t UnpickleMemoryBudget(size_t pickle_bytes);  // torch_pickle.h
 
+// The protocols both readers take (2 to 5), refused by number: PROTO's argument, and a pickle
+// that opens without PROTO (protocols 0 and 1), whose text opcodes would otherwise be refused
+// one by one, naming an opcode or a global instead of the protocol.
+inline Status CheckPickleProtocol(unsigned proto) {
+  if (proto >= 2 && proto <= 5) return Status::Ok();
+  return InvalidArgument("pickle protocol " + std::to_string(proto) + " is not supported (2 to 5 are)");
+}
+inline Status RefuseProtocolZeroOrOne() {
+  return InvalidArgument("a pickle of protocol 0 or 1 (no PROTO opcode) is not supported (2 to 5 are)");
+}
+
 template <typename Value>
 class PickleStack {
  public:

@@ -373,10 +373,7 @@ class Unpickler : public PickleStack<Value> {
     if (!Need(1)) return DataLoss("truncated");
     unsigned proto = static_cast<unsigned char>(data_[pos_++]);
     proto_ = proto;
-    if (proto < 2 || proto > 5) {
-      return InvalidArgument("pickle protocol " + std::to_string(proto) + " is not supported (2 to 5 are; torch.save writes 2)");
-    }
-    return Status::Ok();
+    return CheckPickleProtocol(proto);
   }
   Status OpFrame(unsigned char) {
     if (!Need(8)) return DataLoss("truncated");
@@ -580,12 +577,7 @@ class Unpickler : public PickleStack<Value> {
   }
 
   Status Step(unsigned char op) {
-    // Protocols 2 and up open with PROTO; 0 and 1 have none, and their text opcodes would
-    // otherwise be refused one by one, naming an opcode instead of the protocol.
-    if (pos_ == start_ + 1 && op != 0x80) {
-      return InvalidArgument("a pickle of protocol 0 or 1 (no PROTO opcode) is not supported (2 to 5 are; "
-                             "torch.save writes 2)");
-    }
+    if (pos_ == start_ + 1 && op != 0x80) return RefuseProtocolZeroOrOne();
     return (this->*Table()[op])(op);
   }
 

@@ -194,27 +194,14 @@ def _strip(name: str, prefix: str) -> str:
     return name[len(prefix):] if prefix and name.startswith(prefix) else name
 
 
-def _strict_refusal(path: str, missing: List[str], unexpected: List[str],
-                    wanted: Dict[str, Any]) -> ShardckptError:
-    """One message for what a strict load could not match, both ways, with the likely cause."""
+def _strict_refusal(path: str, missing: List[str], unexpected: List[str]) -> ShardckptError:
     parts = []
     if missing:
         parts.append("not in checkpoint %s: %s" % (path, ", ".join(missing)))
     if unexpected:
         parts.append("checkpoint %s has entries nothing loads: %s" % (path, ", ".join(unexpected)))
-    # A target value without tensors where the checkpoint has them under its name: most often an
-    # optimizer's state_dict() before its first step ("state": {}). Non-strict would leave that
-    # state unloaded, so the advice is to create the state, not to relax the load.
-    empty = [name for name in missing if isinstance(wanted.get(name), (dict, list, tuple))
-             and any(u.startswith(name + ".") for u in unexpected)]
-    if empty:
-        parts.append("'%s' holds no tensors in the state dict passed, so the checkpoint's %s.* "
-                     "entries have nowhere to go: an optimizer has no state before its first step; "
-                     "create it first (torch.distributed.checkpoint.state_dict.get_state_dict(model, "
-                     "optim) does), load into that, then hand it to the optimizer" % (empty[0], empty[0]))
-    else:
-        parts.append("strict=False loads the rest and reports these")
-    return (NotFound if missing else InvalidArgument)("; ".join(parts))
+    return (NotFound if missing else InvalidArgument)("; ".join(parts) + " (strict=False loads the rest "
+                                                      "and reports these)")
 
 
 def load(state_dict: Dict[str, Any], path: str, *, strict: bool = True, strip_prefix: str = "",
@@ -227,8 +214,8 @@ def load(state_dict: Dict[str, Any], path: str, *, strict: bool = True, strip_pr
     other values are replaced in their dicts and lists with the saved values and types; PerRank
     values are restored at the saved world size and reported unavailable at another.
     ``strict``: a name missing from the checkpoint raises :class:`NotFound`, a checkpoint entry
-    nothing loads raises :class:`InvalidArgument` (as torch's ``load_state_dict``, after what
-    matched was loaded); not strict, both come back in the report. An optimizer's
+    nothing loads raises :class:`InvalidArgument`, before anything is read; not strict, both come
+    back in the report. An optimizer's
     ``state_dict()`` before its first step holds no state tensors to load into: build the state
     first (``get_state_dict(model, optim)`` does), then ``optim.load_state_dict(...)`` after.
     ``strip_prefix`` drops a prefix from the checkpoint's names (e.g. ``"module."``).
@@ -245,10 +232,10 @@ def load(state_dict: Dict[str, Any], path: str, *, strict: bool = True, strip_pr
         pieces, wanted, copies = _describe_load(state_dict)
     except ShardckptError as failure:
         error = (failure.code, failure.message)
-    # The engine loads what matches; the strict verdict is given here, over tensors and values
-    # together, as torch's load_state_dict gives it after copying what matched.
-    code, message, raw = _core.load(comm, str(path), pieces, False, strip_prefix,
-                                    bool(verify_checksums), error)
+    # The engine gives the strict verdict over tensors and values together, before reading: it
+    # is told which names this state dict takes as values.
+    code, message, raw = _core.load(comm, str(path), pieces, bool(strict), strip_prefix,
+                                    bool(verify_checksums), error, list(wanted))
     raise_for(code, message)
     # Blobs: matched here, and any failure agreed on, so every rank raises the same.
     saved = {_strip(name, strip_prefix): blob for name, blob in raw["blobs"].items()}
@@ -266,8 +253,10 @@ def load(state_dict: Dict[str, Any], path: str, *, strict: bool = True, strip_pr
     unavailable: Dict[str, str] = {}
     error = ("OK", "")
     try:
+        # What the engine's name-level verdict cannot see: a value DCP stored leaf by leaf whose
+        # leaves do not all match the value's nesting.
         if strict and (missing or unexpected):
-            raise _strict_refusal(raw["path"], missing, unexpected, wanted)
+            raise _strict_refusal(raw["path"], missing, unexpected)
         for name, current in wanted.items():
             if name in pieces_of:
                 lost = [leaf for leaf in pieces_of[name] if not saved[leaf][0]]

@@ -221,7 +221,11 @@ def _shaped_like(target: Any, value: Any) -> Any:
     tuple but not its class; the value being loaded into still has it."""
     if isinstance(target, tuple) and hasattr(target, "_fields") and isinstance(value, tuple) \
             and len(target) == len(value):
-        return type(target)(*(_shaped_like(t, v) for t, v in zip(target, value)))
+        items = [_shaped_like(t, v) for t, v in zip(target, value)]
+        try:
+            return type(target)(*items)
+        except Exception:  # noqa: BLE001 - a class with its own __new__: the plain tuple, on every rank alike
+            return tuple(items)
     if isinstance(target, (list, tuple)) and isinstance(value, (list, tuple)) and len(target) == len(value):
         return type(value)(_shaped_like(t, v) for t, v in zip(target, value))
     if isinstance(target, dict) and isinstance(value, dict):

@@ -290,7 +290,8 @@ def test_the_safetensors_variant_is_refused_by_name(tmp_path):
     from torch.distributed.checkpoint.filesystem import SerializationFormat
     folder = str(tmp_path / "st")
     writer = dcp.FileSystemWriter(folder, serialization_format=SerializationFormat.SAFETENSORS)
-    dcp.save({"w": torch.ones(3, 4)}, storage_writer=writer, no_dist=True)
+    # A byte item first: the chunk's safetensors blob then starts after its torch.save zip.
+    dcp.save({"w": torch.ones(3, 4), "epoch": 3}, storage_writer=writer, no_dist=True)
     run = cli("consolidate", folder, "--out", str(tmp_path / "o.pt"))
     assert run.returncode == 1 and "serialization_format=SAFETENSORS" in run.stderr, run.stderr
     # A valid folder of another layout: named for what it is, never reported as damage.
