@@ -26,6 +26,12 @@ Result<std::string> Base64Decode(const std::string& text) {
   return out;
 }
 
+int HexDigit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  return -1;
+}
+
 Status TypedJson(PickleWriter& p, const nlohmann::ordered_json& v, bool allow_bytes, int depth) {
   if (depth > 200) return InvalidArgument("nested more than 200 deep");
   switch (v.type()) {
@@ -73,6 +79,18 @@ Status TypedJson(PickleWriter& p, const nlohmann::ordered_json& v, bool allow_by
   if (bytes_like && value.is_string()) {
     SC_ASSIGN_OR_RETURN(std::string bytes, Base64Decode(value.get<std::string>()));
     p.Bytes(bytes);
+    return Status::Ok();
+  }
+  if (kind == "int" && value.is_string()) {  // wider than 64 bits: little-endian two's complement, in hex
+    const std::string hex = value.get<std::string>();
+    if (hex.empty() || hex.size() % 2 != 0 || hex.size() > 2 * 4096) return InvalidArgument("a malformed wide integer");
+    std::string bytes;
+    for (size_t i = 0; i < hex.size(); i += 2) {
+      const int hi = HexDigit(hex[i]), lo = HexDigit(hex[i + 1]);
+      if (hi < 0 || lo < 0) return InvalidArgument("a malformed wide integer");
+      bytes += static_cast<char>(hi * 16 + lo);
+    }
+    p.LongBytes(bytes);
     return Status::Ok();
   }
   if (kind == "tuple" && value.is_array()) {
@@ -129,6 +147,18 @@ void PickleWriter::UInt(uint64_t v) {
   s_ += '\x09';
   s_.append(reinterpret_cast<const char*>(&v), 8);
   s_ += '\0';
+}
+
+void PickleWriter::LongBytes(const std::string& little_endian) {
+  const uint64_t n = little_endian.size();
+  if (n < 256) {
+    s_ += '\x8a';
+    s_ += static_cast<char>(n);
+  } else {
+    s_ += '\x8b';
+    for (int i = 0; i < 4; ++i) s_ += static_cast<char>((n >> (8 * i)) & 0xFF);
+  }
+  s_ += little_endian;
 }
 
 void PickleWriter::Float(double v) {

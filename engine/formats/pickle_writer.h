@@ -22,6 +22,8 @@ class PickleWriter {
   void Int(int64_t v);
   void UInt(uint64_t v);
   void Float(double v);
+  // An integer of any width: its little-endian two's complement bytes (LONG1, or LONG4 past 255).
+  void LongBytes(const std::string& little_endian);
   void String(const std::string& utf8);
   // Protocol 3 and later: a `bytes` object.
   void Bytes(const std::string& bytes);

@@ -699,6 +699,16 @@ class Flattener {
         }
         return true;
       }
+      case Value::kBigInt: {  // wider than 64 bits (a uint64 seed pickles as 9 bytes): tagged, in hex
+        static const char* kHex = "0123456789abcdef";
+        std::string hex;
+        for (unsigned char c : v->s) {
+          hex += kHex[c >> 4];
+          hex += kHex[c & 15];
+        }
+        *out = {{kTag, "int"}, {"v", std::move(hex)}};
+        return true;
+      }
       default: return false;
     }
   }

@@ -176,7 +176,12 @@ def _encode_json(value: Any, name: str) -> Any:
     if value is None or isinstance(value, (bool, str)):
         return value
     if isinstance(value, int):
-        return int(value)
+        value = int(value)
+        if -2 ** 63 <= value < 2 ** 64:
+            return value
+        # Wider than JSON readers keep exactly (C++'s would make it a float): its bytes, tagged.
+        width = (value.bit_length() + 8) // 8
+        return {_TAG: "int", "v": value.to_bytes(width, "little", signed=True).hex()}
     if isinstance(value, float):
         return float(value) if math.isfinite(value) else {_TAG: "float", "v": repr(float(value))}
     if isinstance(value, (bytes, bytearray)):
@@ -206,6 +211,8 @@ def _decode_json(value: Any) -> Any:
             return float(value["v"])
         if tag == "bytes":
             return base64.b64decode(value["v"])
+        if tag == "int":
+            return int.from_bytes(bytes.fromhex(value["v"]), "little", signed=True)
         if tag == "bytearray":
             return bytearray(base64.b64decode(value["v"]))
         if tag == "tuple":

@@ -66,7 +66,8 @@ def lists(original, out):
     assert isinstance(b["tup"], tuple) and len(b["tup"]) == 2, b["tup"]
     equal(a["tup"][0], b["tup"][0], "tup.0")
     assert b["opt.lr"] == 0.125 and b["epoch"] == 42 and b["name"] == "run-7" and b["nothing"] is None, b
-    assert b["flags"] == [1, 2, "x"], b["flags"]
+    assert b["flags"] == [1, 2, "x", 2 ** 70, -2 ** 65], b["flags"]
+    assert all(type(v) is int for v in b["flags"][3:]), b["flags"]
     print("lists: nesting and values restored in", out)
 
 

@@ -57,7 +57,7 @@ def lists():
     sd["epoch"] = 42
     sd["name"] = "run-7"
     sd["nothing"] = None
-    sd["flags"] = [1, 2, "x"]
+    sd["flags"] = [1, 2, "x", 2 ** 70, -2 ** 65]
     return sd
 
 

@@ -370,3 +370,18 @@ def test_two_keys_that_flatten_to_one_name_are_refused_naming_it(root, state, na
         shardckpt.save(state, root, step=1)
     assert "two values are named '%s'" % name in error.value.message, error.value.message
     assert "dotted key" in error.value.message
+
+
+def test_integers_past_64_bits_stay_integers_through_consolidation(root, tmp_path):
+    # JSON readers other than Python's make such a number a float: they are stored tagged.
+    values = {"big": 2 ** 70, "neg": -2 ** 65, "u64": 2 ** 64 - 1, "seeds": [2 ** 63, 2 ** 80]}
+    shardckpt.save(dict(values, w=torch.ones(2)), root, step=1)
+    target = {k: None for k in values}
+    target["w"] = torch.zeros(2)
+    shardckpt.load(target, root)
+    assert {k: target[k] for k in values} == values
+    out = str(tmp_path / "c.pt")
+    shardckpt.consolidate(root, out)
+    back = torch.load(out, weights_only=True)
+    for k, v in values.items():
+        assert back[k] == v and type(back[k]) is type(v), (k, back[k])
