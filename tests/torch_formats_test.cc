@@ -354,6 +354,29 @@ TEST_F(TorchFormatsTest, HuggingFaceShardedSetsImportInTheIndexOrder) {
 }
 
 
+// torch.save(AdamW(...).state_dict()) before the first step: values only, still a .pt.
+TEST_F(TorchFormatsTest, AStateDictOfValuesOnlyConsolidates) {
+  testing::TorchFileCase c;
+  c.name = "optim";
+  PickleNode root;
+  root.items.emplace_back("state", PickleNode{});
+  root.items.emplace_back("param_groups", Value(R"([{"lr":0.001,"params":[0,1]}])"));
+  c.pickle = PickleTree({}, root).value();
+  ASSERT_TRUE(testing::WriteTorchFile(Path("optim.pt"), c).ok());
+  Result<ConvertReport> r = ImportFile(Path("optim.pt"), Path("root"), ConvertOptions{});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  Result<ConsolidateReport> out = Consolidate(r->path, Path("out.pt"), ConsolidateOptions{});
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  Result<UnpickledStateDict> back = ReadTorchStateDict(ZipReader::Open(Path("out.pt")).value());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  std::vector<std::string> names;
+  for (const PickleValue& v : back->values) names.push_back(v.name);
+  EXPECT_THAT(names, ElementsAre("state", "param_groups"));
+  ConsolidateOptions only;
+  only.include = {"model.*"};
+  EXPECT_THAT(Consolidate(r->path, Path("none.pt"), only).status().message(), HasSubstr("is selected"));
+}
+
 // Entries and blobs are kept apart; import records where each value sat among the tensors, and
 // consolidation puts it back there, so the .pt's keys come in the state dict's order.
 TEST_F(TorchFormatsTest, ValuesKeepTheirPlaceAmongTheTensors) {

@@ -311,7 +311,10 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
       }
     }
   }
-  if (selected.empty()) return InvalidArgument("no entry of " + reader->dir() + " is selected");
+  // A state dict of values only (an optimizer's before its first step) is a .pt still; with
+  // --include, or in a format of tensors only, an empty selection is a mistake to report.
+  const bool values_only = options.format == ExportFormat::kTorch && options.include.empty() && !m.blobs.empty();
+  if (selected.empty() && !values_only) return InvalidArgument("no entry of " + reader->dir() + " is selected");
   report.entries = selected.size();
   uint64_t done = 0;
   auto progress = [&](uint64_t n) {
