@@ -6,9 +6,11 @@
 #include <memory>
 #include <optional>
 
+#include <nlohmann/json.hpp>
 #include <openssl/evp.h>
 
 #include "shardckpt/engine/formats/dcp_metadata.h"
+#include "shardckpt/engine/formats/state_tree.h"
 #include "shardckpt/engine/formats/torch_file.h"
 #include "shardckpt/engine/formats/torch_pickle.h"
 #include "shardckpt/engine/formats/zip_reader.h"
@@ -159,6 +161,15 @@ Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* 
   Manifest m;
   m.created.user["source_format"] = "torch.distributed.checkpoint (DCP)";
   if (!md.version.empty()) m.created.user["dcp_version"] = md.version;
+  // Byte items and tensors are kept apart in the manifest: where each byte item sat among the
+  // tensors, so that a consolidation writes the keys in .metadata's order.
+  nlohmann::ordered_json value_order = nlohmann::ordered_json::object();
+  const ParsedDcpItem* next_tensor = nullptr;
+  for (auto item = md.items.rbegin(); item != md.items.rend(); ++item) {
+    if (!item->is_bytes) next_tensor = &*item;
+    else if (next_tensor != nullptr) value_order[item->name] = next_tensor->name;
+  }
+  if (!value_order.empty()) m.created.user[kTorchValueOrderKey] = value_order.dump();
   // Files first: each named once, a plain name inside the folder, its size as it is now.
   std::map<std::string, uint32_t> file_index;
   std::vector<std::optional<ByteSource>> sources;

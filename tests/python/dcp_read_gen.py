@@ -19,6 +19,7 @@ def plain_state():
     g = torch.Generator().manual_seed(7)
     return {
         "w": torch.randn(5, 7, generator=g),
+        "step": 17,  # a byte item between tensors: consolidation keeps it there
         "half": torch.randn(3, 4, generator=g).to(torch.bfloat16),
         "f16": torch.randn(9, generator=g).to(torch.float16),
         "ids": torch.arange(-6, 6, dtype=torch.int64).reshape(3, 4),
@@ -26,7 +27,6 @@ def plain_state():
         "i32": torch.arange(10, dtype=torch.int32),
         "scalar": torch.tensor(2.5),
         "nested": {"inner": {"b": torch.arange(6, dtype=torch.float64).reshape(2, 3)}, "c": torch.ones(2)},
-        "step": 17,
         "name": "run-a",
         "lr": 0.25,
     }

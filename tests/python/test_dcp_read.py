@@ -61,6 +61,9 @@ def test_consolidate_equals_the_full_state(name, tmp_path):
     loaded = torch.load(out, weights_only=True)
     assert_equal_state(full_tensors(name), loaded)
     assert_values(name, loaded)
+    # Keys in .metadata's order, byte items in their place among the tensors.
+    metadata = pickle.load(open(os.path.join(DATA, name, ".metadata"), "rb"))
+    assert list(loaded) == list(metadata.state_dict_metadata), (list(loaded), list(metadata.state_dict_metadata))
     run = cli("consolidate", os.path.join(DATA, name), "--out", str(tmp_path / "cli.pt"), "--json")
     assert run.returncode == 0, run.stderr
     report = json.loads(run.stdout)
