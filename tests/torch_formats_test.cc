@@ -134,7 +134,7 @@ TEST(TorchPickle, TensorsInListsAreEntriesByIndexAndValuesAreBlobs) {
   root.items.emplace_back("epoch", Value("42"));
   root.items.emplace_back("name", Value("\"run\""));
   root.items.emplace_back("none", Value("null"));
-  root.items.emplace_back("flags", Value(R"([1,{"__shardckpt__":"tuple","v":[true,"x"]},{"__shardckpt__":"float","v":"inf"},{"__shardckpt__":"int","v":"000000000000000040"}])"));
+  root.items.emplace_back("flags", Value(R"([1,{"__shardckpt__":"tuple","v":[true,"x"]},{"__shardckpt__":"float","v":"inf"},{"__shardckpt__":"int","v":"000000000000000040"},{"__shardckpt__":"bytes","v":"AP8="}])"));
   const std::string pickle = PickleTree(tensors, root).value();
   Result<UnpickledStateDict> r = UnpickleStateDict(pickle);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -146,7 +146,7 @@ TEST(TorchPickle, TensorsInListsAreEntriesByIndexAndValuesAreBlobs) {
   const std::string j(kPickleValueTag, 2);
   EXPECT_THAT(values, ElementsAre(std::make_pair("lst.1.lr", j + "0.5"), std::make_pair("epoch", j + "42"),
                                   std::make_pair("name", j + "\"run\""), std::make_pair("none", j + "null"),
-                                  std::make_pair("flags", j + R"([1,{"__shardckpt__":"tuple","v":[true,"x"]},{"__shardckpt__":"float","v":"inf"},{"__shardckpt__":"int","v":"000000000000000040"}])")));
+                                  std::make_pair("flags", j + R"([1,{"__shardckpt__":"tuple","v":[true,"x"]},{"__shardckpt__":"float","v":"inf"},{"__shardckpt__":"int","v":"000000000000000040"},{"__shardckpt__":"bytes","v":"AP8="}])")));
   EXPECT_THAT(r->containers, ElementsAre(std::make_pair(std::string("lst"), std::string("list")),
                                          std::make_pair(std::string("tup"), std::string("tuple"))));
   EXPECT_TRUE(r->skipped.empty());

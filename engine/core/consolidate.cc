@@ -17,6 +17,7 @@
 #include "shardckpt/engine/core/checkpoint_reader.h"
 #include "shardckpt/engine/model/float_convert.h"
 #include "shardckpt/engine/formats/output_file.h"
+#include "shardckpt/engine/formats/pickle_writer.h"
 #include "shardckpt/engine/formats/safetensors.h"
 #include "shardckpt/engine/formats/state_tree.h"
 #include "shardckpt/engine/model/entry_alias.h"
@@ -191,6 +192,10 @@ Result<std::string> TorchStateDictPickle(CheckpointReader& reader, const Consoli
       continue;
     }
     SC_ASSIGN_OR_RETURN(std::string bytes, reader.ReadBlob(b));
+    if (bytes.size() >= 2 && bytes[0] == '\0' && (bytes[1] == 'B' || bytes[1] == 'b')) {
+      // The Python package's bytes (or bytearray) value: a bytes value in the .pt.
+      bytes = std::string(kPickleValueTag, 2) + nlohmann::ordered_json{{"__shardckpt__", "bytes"}, {"v", Base64Encode(bytes.substr(2))}}.dump();
+    }
     if (bytes.compare(0, 2, std::string(kPickleValueTag, 2)) != 0) {
       report->skipped.push_back(b.name + " (bytes or a tensor blob, not a plain value)");
       continue;

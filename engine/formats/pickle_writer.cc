@@ -26,6 +26,18 @@ Result<std::string> Base64Decode(const std::string& text) {
   return out;
 }
 
+}  // namespace
+
+std::string Base64Encode(std::string_view bytes) {
+  std::string text(4 * ((bytes.size() + 2) / 3) + 1, '\0');
+  const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(text.data()), reinterpret_cast<const unsigned char*>(bytes.data()),
+                                static_cast<int>(bytes.size()));
+  text.resize(static_cast<size_t>(n));
+  return text;
+}
+
+namespace {
+
 int HexDigit(char c) {
   if (c >= '0' && c <= '9') return c - '0';
   if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -75,10 +87,29 @@ Status TypedJson(PickleWriter& p, const nlohmann::ordered_json& v, bool allow_by
   // A bytearray (the Python package tags it apart) is written as bytes: pickles of plain values
   // here call no constructors.
   const bool bytes_like = kind == "bytes" || kind == "bytearray";
-  if (bytes_like && !allow_bytes) return InvalidArgument("a bytes value (bytes are not written into a .pt)");
   if (bytes_like && value.is_string()) {
     SC_ASSIGN_OR_RETURN(std::string bytes, Base64Decode(value.get<std::string>()));
-    p.Bytes(bytes);
+    if (allow_bytes) {
+      p.Bytes(bytes);
+      return Status::Ok();
+    }
+    // Protocol 2 has no bytes opcode: _codecs.encode(the bytes as latin1 code points, "latin1"),
+    // as Python pickles them (torch 2.x's weights_only reader takes it; 1.13's refuses it).
+    std::string latin1;
+    for (unsigned char c : bytes) {
+      if (c < 0x80) {
+        latin1 += static_cast<char>(c);
+      } else {
+        latin1 += static_cast<char>(0xC0 | (c >> 6));
+        latin1 += static_cast<char>(0x80 | (c & 0x3F));
+      }
+    }
+    p.Global("_codecs", "encode");
+    p.Mark();
+    p.String(latin1);
+    p.String("latin1");
+    p.Tuple();
+    p.Reduce();
     return Status::Ok();
   }
   if (kind == "int" && value.is_string()) {  // wider than 64 bits: little-endian two's complement, in hex

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -51,9 +52,12 @@ class PickleWriter {
 };
 
 // The Python package's typed JSON of a value (python/shardckpt/_state.py: None, bool, int, float
-// with non-finite ones tagged, str, list, and tagged tuples, dicts with other keys, and base64
-// bytes) as opcodes building that value. Bytes need protocol 3: without `allow_bytes` (the .pt
-// writer, protocol 2) they are refused.
+// with non-finite ones tagged, str, list, and tagged tuples, dicts with other keys, integers past
+// 64 bits, and base64 bytes) as opcodes building that value. Bytes are BINBYTES with
+// `allow_bytes` (protocol 3), else _codecs.encode(str, "latin1") as protocol 2 writes them.
 Status WriteTypedJson(PickleWriter& w, const nlohmann::ordered_json& value, bool allow_bytes);
+
+// Base64 as the typed JSON carries bytes.
+std::string Base64Encode(std::string_view bytes);
 
 }  // namespace shardckpt

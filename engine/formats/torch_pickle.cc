@@ -132,7 +132,8 @@ namespace {
 // pointers, so a cycle (a dict holding itself) neither leaks nor recurses on destruction.
 struct Value {
   // kBigInt: an integer wider than 64 bits (a uint64 seed pickles as 9 bytes), kept only as a leaf.
-  enum Kind : uint8_t { kNone, kBool, kInt, kFloat, kString, kTuple, kList, kDict, kGlobal, kStorage, kTensor, kBigInt };
+  // kBytes: a bytes value (BINBYTES, or protocol 2's _codecs.encode(str, "latin1")), a leaf.
+  enum Kind : uint8_t { kNone, kBool, kInt, kFloat, kString, kTuple, kList, kDict, kGlobal, kStorage, kTensor, kBigInt, kBytes };
   Kind kind = kNone;
   bool ordered = false;  // an OrderedDict (BUILD may set its attributes), not a plain dict
   bool on_path = false;  // the flattening is inside this dict: meeting it again is a cycle
@@ -146,7 +147,7 @@ struct Value {
 
 const char* KindName(Value::Kind kind) {
   static const char* const kNames[] = {"None", "bool", "int", "float", "string", "tuple",
-                                       "list", "dict", "global", "storage", "tensor", "big int"};
+                                       "list", "dict", "global", "storage", "tensor", "big int", "bytes"};
   return kNames[kind];
 }
 
@@ -160,6 +161,8 @@ const std::set<std::string>& AllowedGlobals() {
                                "torch._utils._rebuild_tensor_v3", "torch._utils._rebuild_parameter",
                                // torch 2.x's name for it; the bare one is what shardckpt <= 0.x wrote.
                                "torch.storage.UntypedStorage", "torch.UntypedStorage",
+                               // How protocol 2 pickles bytes (torch 2.x's weights_only takes it too).
+                               "_codecs.encode",
                                // Quantized tensors: recognised only to be refused by name and dtype.
                                "torch._utils._rebuild_qtensor", "torch.per_tensor_affine", "torch.per_channel_affine",
                                "torch.per_tensor_symmetric", "torch.per_channel_symmetric",
@@ -351,6 +354,28 @@ class Unpickler : public PickleStack<Value> {
     }
     if (name == "torch._utils._rebuild_tensor_v2") return RebuildTensor(a, false);
     if (name == "torch._utils._rebuild_tensor_v3") return RebuildTensor(a, true);
+    if (name == "_codecs.encode") {  // (str, "latin1"): the str's code points are the bytes
+      if (a.size() != 2 || a[0]->kind != Value::kString || a[1]->kind != Value::kString || a[1]->s != "latin1") {
+        return InvalidArgument("_codecs.encode is called only as protocol 2 pickles bytes: (str, 'latin1')");
+      }
+      std::string bytes;
+      const std::string_view text = a[0]->s;
+      for (size_t k = 0; k < text.size(); ++k) {
+        const unsigned char c = static_cast<unsigned char>(text[k]);
+        if (c < 0x80) {
+          bytes += static_cast<char>(c);
+        } else if ((c == 0xC2 || c == 0xC3) && k + 1 < text.size()) {  // U+0080..U+00FF in UTF-8
+          bytes += static_cast<char>(((c & 0x03) << 6) | (static_cast<unsigned char>(text[++k]) & 0x3F));
+        } else {
+          return InvalidArgument("_codecs.encode of a character past U+00FF to latin1");
+        }
+      }
+      SC_RETURN_IF_ERROR(Charge(2 * bytes.size()));
+      owned_.push_back(std::move(bytes));
+      SC_ASSIGN_OR_RETURN(Value* v, New(Value::kBytes));
+      v->s = owned_.back();
+      return Push(v);
+    }
     if (name == "torch._utils._rebuild_qtensor") {
       // (storage, offset, size, stride, quantizer_params, requires_grad, hooks): a tensor of a
       // dtype shardckpt has no type for, refused where its name is known (Flattener::Leaf).
@@ -416,6 +441,16 @@ class Unpickler : public PickleStack<Value> {
     pos_ += 8;
     SC_ASSIGN_OR_RETURN(Value* v, New(Value::kFloat));
     std::memcpy(&v->f, &bits, 8);
+    return Push(v);
+  }
+  Status OpBytes(unsigned char op) {  // SHORT_BINBYTES, BINBYTES, BINBYTES8
+    const size_t width = op == 'C' ? 1 : op == 'B' ? 4 : 8;
+    if (!Need(width)) return DataLoss("truncated bytes");
+    uint64_t n = ReadLe(width);
+    if (!Need(n)) return DataLoss("bytes run past the end");
+    SC_ASSIGN_OR_RETURN(Value* v, New(Value::kBytes));
+    v->s = std::string_view(data_).substr(pos_, n);
+    pos_ += n;
     return Push(v);
   }
   Status OpString(unsigned char op) {  // BINUNICODE, SHORT_BINUNICODE
@@ -560,7 +595,8 @@ class Unpickler : public PickleStack<Value> {
           {'N', &Unpickler::OpNone}, {0x88, &Unpickler::OpBool}, {0x89, &Unpickler::OpBool},
           {'K', &Unpickler::OpInt}, {'M', &Unpickler::OpInt}, {'J', &Unpickler::OpInt},
           {0x8a, &Unpickler::OpLong1}, {'G', &Unpickler::OpFloat}, {'X', &Unpickler::OpString},
-          {0x8c, &Unpickler::OpString},
+          {0x8c, &Unpickler::OpString}, {'C', &Unpickler::OpBytes}, {'B', &Unpickler::OpBytes},
+          {0x8e, &Unpickler::OpBytes},
           {'q', &Unpickler::OpMemoPut}, {'r', &Unpickler::OpMemoPut}, {0x94, &Unpickler::OpMemoPut},
           {'h', &Unpickler::OpMemoGet}, {'j', &Unpickler::OpMemoGet},
           {'(', &Unpickler::OpMark}, {')', &Unpickler::OpEmptyTuple}, {']', &Unpickler::OpEmptyList},
@@ -582,6 +618,7 @@ class Unpickler : public PickleStack<Value> {
   }
 
   const std::string& data_;
+  std::deque<std::string> owned_;  // bytes rebuilt from _codecs.encode (stable addresses for views)
   size_t pos_ = 0;
   size_t start_ = 0;
   unsigned proto_ = 0;
@@ -699,6 +736,7 @@ class Flattener {
         }
         return true;
       }
+      case Value::kBytes: *out = {{kTag, "bytes"}, {"v", Base64Encode(v->s)}}; return true;
       case Value::kBigInt: {  // wider than 64 bits (a uint64 seed pickles as 9 bytes): tagged, in hex
         static const char* kHex = "0123456789abcdef";
         std::string hex;

@@ -56,7 +56,7 @@ def lists(original, out):
     else:
         b = load(out)
     # Dict nesting at the top comes back as dotted keys, lists and tuples as lists and tuples.
-    assert list(b.keys()) == ["w", "lst", "opt.steps", "opt.lr", "tup", "epoch", "name", "nothing", "flags"], list(b)
+    assert list(b.keys()) == ["w", "lst", "opt.steps", "opt.lr", "tup", "epoch", "name", "nothing", "flags", "raw"], list(b)
     assert isinstance(b["lst"], list) and len(b["lst"]) == 2, b["lst"]
     equal(a["lst"][0], b["lst"][0], "lst.0")
     equal(a["lst"][1], b["lst"][1], "lst.1")
@@ -68,6 +68,7 @@ def lists(original, out):
     assert b["opt.lr"] == 0.125 and b["epoch"] == 42 and b["name"] == "run-7" and b["nothing"] is None, b
     assert b["flags"] == [1, 2, "x", 2 ** 70, -2 ** 65], b["flags"]
     assert all(type(v) is int for v in b["flags"][3:]), b["flags"]
+    assert b["raw"] == b"\x00\xffab\x80" and type(b["raw"]) is bytes, b["raw"]
     print("lists: nesting and values restored in", out)
 
 

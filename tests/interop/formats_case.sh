@@ -77,10 +77,10 @@ fi
 # 3: tensors in lists and tuples are entries by index; other values are blobs, restored in the .pt.
 "$cli" import in/lists.pt --out ls --world-size 2 > import-lists.txt
 cat import-lists.txt
-for v in opt.lr epoch name nothing flags; do grep -qx "kept as a blob (not a tensor): $v" import-lists.txt; done
+for v in opt.lr epoch name nothing flags raw; do grep -qx "kept as a blob (not a tensor): $v" import-lists.txt; done
 "$cli" inspect ls --json | "$py1" -c "import json, sys; d = json.load(sys.stdin); \
 names = [e['name'] for e in d['entries']]; assert names == ['w', 'lst.0', 'lst.1', 'opt.steps.0', 'opt.steps.1.m', 'tup.0', 'tup.1'], names; \
-assert [b['name'] for b in d['blobs']] == ['opt.lr', 'epoch', 'name', 'nothing', 'flags'], d['blobs']; print('lists: entries and blobs named')"
+assert [b['name'] for b in d['blobs']] == ['opt.lr', 'epoch', 'name', 'nothing', 'flags', 'raw'], d['blobs']; print('lists: entries and blobs named')"
 "$cli" consolidate ls --out lists.pt
 check lists in/lists.pt lists.pt
 "$cli" import in/proto4.pt --out p4 --world-size 1
