@@ -444,21 +444,17 @@ class Unpickler : public PickleStack<Value> {
     return Push(v);
   }
   Status OpBytes(unsigned char op) {  // SHORT_BINBYTES, BINBYTES, BINBYTES8
-    const size_t width = op == 'C' ? 1 : op == 'B' ? 4 : 8;
-    if (!Need(width)) return DataLoss("truncated bytes");
-    uint64_t n = ReadLe(width);
-    if (!Need(n)) return DataLoss("bytes run past the end");
-    SC_ASSIGN_OR_RETURN(Value* v, New(Value::kBytes));
-    v->s = std::string_view(data_).substr(pos_, n);
-    pos_ += n;
-    return Push(v);
+    return PushSized(Value::kBytes, op == 'C' ? 1 : op == 'B' ? 4 : 8, "bytes");
   }
   Status OpString(unsigned char op) {  // BINUNICODE, SHORT_BINUNICODE
-    size_t width = op == 'X' ? 4 : 1;
-    if (!Need(width)) return DataLoss("truncated string");
+    return PushSized(Value::kString, op == 'X' ? 4 : 1, "string");
+  }
+  // A length of `width` bytes, then that many bytes: a view into the pickle.
+  Status PushSized(Value::Kind kind, size_t width, const char* what) {
+    if (!Need(width)) return DataLoss(std::string("truncated ") + what);
     uint64_t n = ReadLe(width);
-    if (!Need(n)) return DataLoss("string runs past the end");
-    SC_ASSIGN_OR_RETURN(Value* v, New(Value::kString));
+    if (!Need(n)) return DataLoss(std::string(what) + " runs past the end");
+    SC_ASSIGN_OR_RETURN(Value* v, New(kind));
     v->s = std::string_view(data_).substr(pos_, n);
     pos_ += n;
     return Push(v);
