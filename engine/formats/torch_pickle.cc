@@ -163,6 +163,9 @@ const std::set<std::string>& AllowedGlobals() {
                                "torch.storage.UntypedStorage", "torch.UntypedStorage",
                                // How protocol 2 pickles bytes (torch 2.x's weights_only takes it too).
                                "_codecs.encode",
+                               // Sparse tensors (and the layout and Size they are rebuilt with):
+                               // recognised only to be refused by name and layout.
+                               "torch._utils._rebuild_sparse_tensor", "torch.serialization._get_layout", "torch.Size",
                                // Quantized tensors: recognised only to be refused by name and dtype.
                                "torch._utils._rebuild_qtensor", "torch.per_tensor_affine", "torch.per_channel_affine",
                                "torch.per_tensor_symmetric", "torch.per_channel_symmetric",
@@ -375,6 +378,24 @@ class Unpickler : public PickleStack<Value> {
       SC_ASSIGN_OR_RETURN(Value* v, New(Value::kBytes));
       v->s = owned_.back();
       return Push(v);
+    }
+    if (name == "torch.serialization._get_layout") {  // ("torch.sparse_coo",): the name stands for it
+      if (a.size() != 1 || a[0]->kind != Value::kString) return DataLoss("_get_layout arguments are not (str,)");
+      return Push(a[0]);
+    }
+    if (name == "torch.Size") {  // (tuple of ints,): the tuple
+      if (a.size() != 1 || a[0]->kind != Value::kTuple) return DataLoss("torch.Size arguments are not (tuple,)");
+      return Push(a[0]);
+    }
+    if (name == "torch._utils._rebuild_sparse_tensor") {  // (layout, data): refused where its name is known
+      if (a.empty() || a[0]->kind != Value::kString || a[0]->s.substr(0, 12) != "torch.sparse") {
+        return DataLoss("_rebuild_sparse_tensor without a sparse layout");
+      }
+      SC_ASSIGN_OR_RETURN(Value* tensor, New(Value::kTensor));
+      tensors_.emplace_back();  // keeps tensor->i an index, though it is never read
+      tensor->i = static_cast<int64_t>(tensors_.size() - 1);
+      tensor->unsupported = "sparse";
+      return Push(tensor);
     }
     if (name == "torch._utils._rebuild_qtensor") {
       // (storage, offset, size, stride, quantizer_params, requires_grad, hooks): a tensor of a
@@ -750,6 +771,10 @@ class Flattener {
   Status Leaf(std::string name, Value* value, int depth) {
     if (!names_.insert(name).second) {
       return InvalidArgument("the name '" + name + "' occurs twice (a dotted key and a nested dict, or 1 and \"1\")");
+    }
+    if (value->kind == Value::kTensor && value->unsupported && std::string_view(value->unsupported) == "sparse") {
+      return Status(Code::kUnimplemented, "tensor '" + name + "': a sparse layout is not supported by shardckpt "
+                                                              "(convert it with .to_dense() before importing)");
     }
     if (value->kind == Value::kTensor && value->unsupported) {
       return Status(Code::kUnimplemented, "tensor '" + name + "': dtype " + value->unsupported +

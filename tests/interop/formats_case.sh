@@ -94,9 +94,10 @@ check lists in/proto4.pt proto4.pt
 assert list(a) == list(b) and b['epoch'] == 3, list(b); \
 assert all(torch.equal(a[k], b[k]) and a[k].dtype == b[k].dtype for k in a if k != 'epoch'); print('legacy read')" in/legacy.pt legacy.pt
 expect_fail "a pickle of protocol 0 or 1 (no PROTO opcode) is not supported" "$cli" import in/proto1.pt --out p1 --world-size 2
-# Quantized tensors: refused naming the tensor and its dtype, not a pickle global.
+# Quantized and sparse tensors: refused naming the tensor and its dtype or layout, not a pickle global.
 expect_fail "tensor 'q': dtype qint8 is not supported by shardckpt" "$cli" import in/quantized.pt --out qt --world-size 2
 expect_fail "tensor 'qc': dtype quint8 is not supported by shardckpt" "$cli" import in/quantized_channel.pt --out qt --world-size 2
+expect_fail "tensor 's': a sparse layout is not supported by shardckpt" "$cli" import in/sparse.pt --out sp --world-size 2
 # The legacy format at other pickle protocols: 3 to 5 read, 1 refused by protocol (never "not a zip").
 for p in 3 4 5; do
   "$cli" import in/legacy_p$p.pt --out lg$p --world-size 2 > /dev/null

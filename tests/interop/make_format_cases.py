@@ -10,6 +10,7 @@ usage: make_format_cases.py OUT_DIR [pt|hf]   (pt: all but hf/; hf: only hf/; de
   tied.pt          two names sharing one tensor (tied embeddings), keys in an unsorted order
   proto1.pt, proto4.pt   torch.save with pickle_protocol 1 (refused by name) and 4
   quantized.pt, quantized_channel.pt   quantized tensors (refused naming the tensor and dtype)
+  sparse.pt        a sparse COO tensor (refused naming the tensor and its layout)
   empty_name.safetensors, u16.safetensors, c64.safetensors   (torch 2.x only: safetensors)
   hf/              a tiny randomly initialised Llama save_pretrained in shards (torch 2.x only)
 """
@@ -116,6 +117,8 @@ def write_files(out, info):
                                                  torch.quint8)
     torch.save(quantized, os.path.join(out, "quantized.pt"))
     torch.save({"qc": quantized["qc"]}, os.path.join(out, "quantized_channel.pt"))
+    sparse = torch.sparse_coo_tensor(torch.tensor([[0, 1], [1, 0]]), torch.tensor([1.0, 2.0]), (2, 2))
+    torch.save(collections.OrderedDict(w=torch.ones(2), s=sparse), os.path.join(out, "sparse.pt"))
     torch.save(lists(), os.path.join(out, "proto4.pt"), pickle_protocol=4)
     try:
         import safetensors.torch
