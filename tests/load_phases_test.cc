@@ -163,6 +163,11 @@ TEST(MatchValues, ByNameOrUnderTheNameAfterRenaming) {
   EXPECT_THAT(v.unexpected, ElementsAre("extra"));
   v = MatchValues(m, {}, options);
   EXPECT_EQ(v.unexpected.size(), 5u);
+  // At the saved world size a rank takes only its own per-rank values: rank 2 saved no "rng".
+  v = MatchValues(m, {"step", "optim.param_groups", "extra"}, options, 2);
+  EXPECT_TRUE(v.missing.empty() && v.unexpected.empty());
+  v = MatchValues(m, {"step", "optim.param_groups", "extra", "rng"}, options, 2);
+  EXPECT_THAT(v.missing, ElementsAre("rng"));
 }
 
 // A value in the state passed with checkpoint tensors under its name: an optimizer's state before

@@ -354,6 +354,21 @@ TEST_F(TorchFormatsTest, HuggingFaceShardedSetsImportInTheIndexOrder) {
 }
 
 
+// Integers past 255 bytes pickle as LONG4 (torch's own weights_only reader refuses those, as it
+// refuses torch.save's): written and read back to the same value.
+TEST(TorchPickle, IntegersOfAnyWidthRoundTrip) {
+  const std::string j(kPickleValueTag, 2);
+  const std::string wide = R"({"__shardckpt__":"int","v":")" + std::string(600, '0') + R"(01"})";
+  PickleNode root;
+  root.items.emplace_back("wide", Value(wide));
+  root.items.emplace_back("neg", Value(R"({"__shardckpt__":"int","v":"0000000000000000fe"})"));
+  Result<UnpickledStateDict> back = UnpickleStateDict(PickleTree({}, root).value());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ASSERT_EQ(back->values.size(), 2u);
+  EXPECT_EQ(back->values[0].blob, j + wide);
+  EXPECT_EQ(back->values[1].blob, j + R"({"__shardckpt__":"int","v":"0000000000000000fe"})");
+}
+
 // torch.save(AdamW(...).state_dict()) before the first step: values only, still a .pt.
 TEST_F(TorchFormatsTest, AStateDictOfValuesOnlyConsolidates) {
   testing::TorchFileCase c;

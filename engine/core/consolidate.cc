@@ -448,7 +448,8 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
     }
     if (sharded) {
       nlohmann::ordered_json index = {{"metadata", {{"total_size", report.tensor_bytes}}}, {"weight_map", weight_map}};
-      SC_RETURN_IF_ERROR(WriteFileAtomic(index_path, index.dump(2) + "\n", "export.index"));
+      Status indexed = WriteFileAtomic(index_path, index.dump(2) + "\n", "export.index");
+      if (!indexed.ok()) return indexed.WithContext("the shards of this set are removed again: export again");
       report.files.push_back(index_path);
     }
     written.Keep();

@@ -294,20 +294,18 @@ Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::stri
       continue;
     }
     // Each new piece of a large entry is read exactly (the planner reads only its bytes): memory
-    // is one piece.
-    for (int r = 0; r < world; ++r) {
-      Layout layout = Layout::Whole();
-      int writer = static_cast<int>(i % world);
-      if (policy != Policy::kReplicated) {
-        layout = LayoutOf(policy, e.shape, world, r);
-        writer = r;
-      } else if (r != writer) {
-        continue;
-      }
-      SC_ASSIGN_OR_RETURN(int64_t count, ValidateLayout(layout, e.shape));
-      piece.resize(static_cast<size_t>(count) * element);
-      SC_RETURN_IF_ERROR(reader->ReadPiece(i, layout, piece.data()));
-      SC_RETURN_IF_ERROR(out->AddPiece(writer, e.name, e.dtype, e.shape, layout, piece.data(), piece.size()));
+    // is one piece. The pieces are those small entries get (RunPieces), read instead of cut.
+    std::vector<RunPiece> pieces;
+    if (policy == Policy::kReplicated) {
+      pieces.push_back(RunPiece{Layout::Whole(), 0, NumElements(e.shape).value()});
+    } else {
+      SC_ASSIGN_OR_RETURN(pieces, RunPieces(e.shape, world, policy == Policy::kDim0));
+    }
+    for (size_t r = 0; r < pieces.size(); ++r) {
+      const int writer = policy == Policy::kReplicated ? static_cast<int>(i % world) : static_cast<int>(r);
+      piece.resize(static_cast<size_t>(pieces[r].count) * element);
+      SC_RETURN_IF_ERROR(reader->ReadPiece(i, pieces[r].layout, piece.data()));
+      SC_RETURN_IF_ERROR(out->AddPiece(writer, e.name, e.dtype, e.shape, pieces[r].layout, piece.data(), piece.size()));
       report.bytes += piece.size();
       if (options.progress) options.progress(report.bytes, total);
     }

@@ -172,9 +172,13 @@ std::vector<std::string> UnwantedEntries(const Manifest& manifest, const Demand&
   return names;
 }
 
-ValueMatch MatchValues(const Manifest& manifest, const std::vector<std::string>& wanted_values, const LoadOptions& options) {
+ValueMatch MatchValues(const Manifest& manifest, const std::vector<std::string>& wanted_values, const LoadOptions& options,
+                       int rank) {
   std::set<std::string> blobs;  // one name per value, however many ranks stored it
-  for (const BlobRecord& b : manifest.blobs) blobs.insert(options.rename ? options.rename(b.name) : b.name);
+  for (const BlobRecord& b : manifest.blobs) {
+    if (rank >= 0 && b.scope == BlobScope::kPerRank && b.rank != rank) continue;  // another rank's own
+    blobs.insert(options.rename ? options.rename(b.name) : b.name);
+  }
   ValueMatch out;
   std::set<std::string> taken;
   for (const std::string& want : wanted_values) {
@@ -329,7 +333,9 @@ Result<Match> MatchEntries(Communicator& comm, const Manifest& manifest, const s
   SC_RETURN_IF_ERROR(comm.AllGather(EncodeEntryWants(match.local.wants), &all_wants));
   match.demand = CombineWants(all_wants, manifest.entries.size());
   report->unexpected = UnwantedEntries(manifest, match.demand);
-  const ValueMatch values = options.wanted_values ? MatchValues(manifest, *options.wanted_values, options) : ValueMatch{};
+  const int same_world_rank = manifest.world_size == comm.size() ? comm.rank() : -1;
+  const ValueMatch values =
+      options.wanted_values ? MatchValues(manifest, *options.wanted_values, options, same_world_rank) : ValueMatch{};
   SC_RETURN_IF_ERROR(AgreeOnStatus(comm, MatchVerdict(match.local.status, options.strict, dir, report->missing,
                                                       report->unexpected, values,
                                                       options.wanted_values ? *options.wanted_values : std::vector<std::string>{})));

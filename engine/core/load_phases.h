@@ -65,7 +65,10 @@ std::vector<std::string> UnwantedEntries(const Manifest& manifest, const Demand&
 struct ValueMatch {
   std::vector<std::string> missing, unexpected;
 };
-ValueMatch MatchValues(const Manifest& manifest, const std::vector<std::string>& wanted_values, const LoadOptions& options);
+// At the saved world size a rank takes only its own per-rank blobs (as PlanReads gives them):
+// `rank` is this rank there, -1 at another world size (every rank's records count).
+ValueMatch MatchValues(const Manifest& manifest, const std::vector<std::string>& wanted_values, const LoadOptions& options,
+                       int rank = -1);
 
 // The local match's error, else (strict only) the missing or unexpected names, tensors and
 // values, as one error; NotFound when anything is missing. A wanted value with checkpoint

@@ -162,7 +162,7 @@ const std::set<std::string>& AllowedGlobals() {
                                // torch 2.x's name for it; the bare one is what shardckpt <= 0.x wrote.
                                "torch.storage.UntypedStorage", "torch.UntypedStorage",
                                // How protocol 2 pickles bytes (torch 2.x's weights_only takes it too).
-                               "_codecs.encode",
+                               "_codecs.encode", "__builtin__.bytes", "builtins.bytes",
                                // Sparse tensors (and the layout and Size they are rebuilt with):
                                // recognised only to be refused by name and layout.
                                "torch._utils._rebuild_sparse_tensor", "torch.serialization._get_layout", "torch.Size",
@@ -357,6 +357,10 @@ class Unpickler : public PickleStack<Value> {
     }
     if (name == "torch._utils._rebuild_tensor_v2") return RebuildTensor(a, false);
     if (name == "torch._utils._rebuild_tensor_v3") return RebuildTensor(a, true);
+    if (name == "__builtin__.bytes" || name == "builtins.bytes") {  // protocol 2's b'': bytes()
+      if (!a.empty()) return InvalidArgument("bytes() is called only as protocol 2 pickles b'': with no arguments");
+      return PushNew(Value::kBytes, 0);
+    }
     if (name == "_codecs.encode") {  // (str, "latin1"): the str's code points are the bytes
       if (a.size() != 2 || a[0]->kind != Value::kString || a[1]->kind != Value::kString || a[1]->s != "latin1") {
         return InvalidArgument("_codecs.encode is called only as protocol 2 pickles bytes: (str, 'latin1')");
@@ -367,7 +371,8 @@ class Unpickler : public PickleStack<Value> {
         const unsigned char c = static_cast<unsigned char>(text[k]);
         if (c < 0x80) {
           bytes += static_cast<char>(c);
-        } else if ((c == 0xC2 || c == 0xC3) && k + 1 < text.size()) {  // U+0080..U+00FF in UTF-8
+        } else if ((c == 0xC2 || c == 0xC3) && k + 1 < text.size() &&
+                   (static_cast<unsigned char>(text[k + 1]) & 0xC0) == 0x80) {  // U+0080..U+00FF in UTF-8
           bytes += static_cast<char>(((c & 0x03) << 6) | (static_cast<unsigned char>(text[++k]) & 0x3F));
         } else {
           return InvalidArgument("_codecs.encode of a character past U+00FF to latin1");
@@ -440,9 +445,10 @@ class Unpickler : public PickleStack<Value> {
     uint64_t raw = ReadLe(n);
     return PushNew(Value::kInt, op == 'J' ? static_cast<int32_t>(raw) : static_cast<int64_t>(raw));
   }
-  Status OpLong1(unsigned char) {
-    if (!Need(1)) return DataLoss("truncated LONG1");
-    size_t n = static_cast<unsigned char>(data_[pos_++]);
+  Status OpLong1(unsigned char op) {  // LONG1, LONG4: a 1- or 4-byte length, then the bytes
+    const size_t width = op == 0x8a ? 1 : 4;
+    if (!Need(width)) return DataLoss("truncated LONG1");
+    size_t n = static_cast<size_t>(ReadLe(width));
     if (!Need(n)) return DataLoss("truncated LONG1");
     // torch.load takes any width; one past 64 bits can be a leaf (a seed), never a tensor field.
     if (n > 8) {
@@ -611,7 +617,7 @@ class Unpickler : public PickleStack<Value> {
           {0x80, &Unpickler::OpProto}, {0x95, &Unpickler::OpFrame}, {'.', &Unpickler::OpStop},
           {'N', &Unpickler::OpNone}, {0x88, &Unpickler::OpBool}, {0x89, &Unpickler::OpBool},
           {'K', &Unpickler::OpInt}, {'M', &Unpickler::OpInt}, {'J', &Unpickler::OpInt},
-          {0x8a, &Unpickler::OpLong1}, {'G', &Unpickler::OpFloat}, {'X', &Unpickler::OpString},
+          {0x8a, &Unpickler::OpLong1}, {0x8b, &Unpickler::OpLong1}, {'G', &Unpickler::OpFloat}, {'X', &Unpickler::OpString},
           {0x8c, &Unpickler::OpString}, {'C', &Unpickler::OpBytes}, {'B', &Unpickler::OpBytes},
           {0x8e, &Unpickler::OpBytes},
           {'q', &Unpickler::OpMemoPut}, {'r', &Unpickler::OpMemoPut}, {0x94, &Unpickler::OpMemoPut},

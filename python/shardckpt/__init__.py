@@ -214,8 +214,10 @@ def load(state_dict: Dict[str, Any], path: str, *, strict: bool = True, strip_pr
     other values are replaced in their dicts and lists with the saved values and types; PerRank
     values are restored at the saved world size and reported unavailable at another.
     ``strict``: a name missing from the checkpoint raises :class:`NotFound`, a checkpoint entry
-    nothing loads raises :class:`InvalidArgument`, before anything is read; not strict, both come
-    back in the report. An optimizer's
+    nothing loads raises :class:`InvalidArgument`, before anything is read (except where a DCP
+    folder stores a value leaf by leaf in another nesting than the value passed: that is found
+    only as the value is rebuilt, after the tensors were read); not strict, both come back in
+    the report. An optimizer's
     ``state_dict()`` before its first step holds no state tensors to load into: build the state
     first (``get_state_dict(model, optim)`` does), then ``optim.load_state_dict(...)`` after.
     ``strip_prefix`` drops a prefix from the checkpoint's names (e.g. ``"module."``).

@@ -286,7 +286,7 @@ def decode_blob(data: bytes, name: str, target: Any = None) -> Any:
                     target.copy_(tensor)
                 return target
             return tensor.clone()
-    except (ValueError, KeyError, RuntimeError, UnicodeDecodeError) as error:
+    except (ValueError, KeyError, TypeError, RuntimeError, UnicodeDecodeError) as error:
         raise DataLoss("blob '%s' cannot be decoded: %s" % (name, error)) from None
     if data.startswith(b"PK\x03\x04"):
         # A PyTorch DCP folder's byte item (read in place: engine/formats/dcp_read.h) is the

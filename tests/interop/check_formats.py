@@ -68,7 +68,7 @@ def lists(original, out):
     assert b["opt.lr"] == 0.125 and b["epoch"] == 42 and b["name"] == "run-7" and b["nothing"] is None, b
     assert b["flags"] == [1, 2, "x", 2 ** 70, -2 ** 65], b["flags"]
     assert all(type(v) is int for v in b["flags"][3:]), b["flags"]
-    assert b["raw"] == b"\x00\xffab\x80" and type(b["raw"]) is bytes, b["raw"]
+    assert b["raw"] == [b"\x00\xffab\x80", b""] and all(type(v) is bytes for v in b["raw"]), b["raw"]
     print("lists: nesting and values restored in", out)
 
 

@@ -59,7 +59,8 @@ def lists():
     sd["name"] = "run-7"
     sd["nothing"] = None
     sd["flags"] = [1, 2, "x", 2 ** 70, -2 ** 65]
-    sd["raw"] = b"\x00\xffab\x80"  # protocol 2 pickles bytes through _codecs.encode, 3 and up as BINBYTES
+    # Protocol 2 pickles bytes through _codecs.encode (b"" as bytes()), 3 and up as BINBYTES.
+    sd["raw"] = [b"\x00\xffab\x80", b""]
     return sd
 
 

@@ -205,6 +205,19 @@ def test_per_rank_values_at_the_same_world_size(comm, root):
     assert target["cursor"].value == {"rank": rank, "pos": rank * 10}
 
 
+def test_a_per_rank_value_only_some_ranks_hold_loads_strictly(comm, root):
+    # Rank 0 alone keeps a data-loader cursor: at the same world size each rank takes its own
+    # per-rank values only, so rank 1 has none to take and none left over.
+    rank = comm.rank
+    extra = {"cursor": shardckpt.PerRank({"pos": 7})} if rank == 0 else {}
+    shardckpt.save(dict({"w": torch.ones(2)}, **extra), root, step=1)
+    target = dict({"w": torch.zeros(2)}, **({"cursor": shardckpt.PerRank(None)} if rank == 0 else {}))
+    shardckpt.load(target, root)
+    assert torch.equal(target["w"], torch.ones(2))
+    if rank == 0:
+        assert target["cursor"].value == {"pos": 7}
+
+
 def test_missing_key_is_named_by_a_strict_load(root):
     shardckpt.save({"a": torch.ones(2), "s": 1}, root, step=1)
     for extra in ({"b": torch.ones(2)}, {"t": "blob"}):
