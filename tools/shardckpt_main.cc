@@ -109,6 +109,26 @@ json EntryRowJson(const EntryRow& row) {
           {"chunks", e.chunks.size()}, {"layouts", row.layouts}};
 }
 
+// `text` followed by spaces up to `columns` terminal columns: printf's %-Ns counts bytes, so UTF-8
+// names (two or three bytes a character, CJK ones two columns wide) broke the table's alignment.
+std::string PadToColumns(const std::string& text, size_t columns) {
+  size_t width = 0;
+  for (size_t k = 0; k < text.size();) {
+    const unsigned char c = static_cast<unsigned char>(text[k]);
+    const size_t length = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+    uint32_t point = length == 1 ? c : c & (0xFF >> (length + 1));
+    for (size_t j = 1; j < length && k + j < text.size(); ++j) point = point << 6 | (static_cast<unsigned char>(text[k + j]) & 0x3F);
+    k += length;
+    const bool combining = point >= 0x300 && point <= 0x36F;
+    const bool wide = (point >= 0x1100 && point <= 0x115F) || (point >= 0x2E80 && point <= 0xA4CF) ||
+                      (point >= 0xAC00 && point <= 0xD7A3) || (point >= 0xF900 && point <= 0xFAFF) ||
+                      (point >= 0xFE30 && point <= 0xFE4F) || (point >= 0xFF00 && point <= 0xFF60) ||
+                      (point >= 0xFFE0 && point <= 0xFFE6) || (point >= 0x20000 && point <= 0x3FFFD);
+    width += combining ? 0 : wide ? 2 : 1;
+  }
+  return width >= columns ? text : text + std::string(columns - width, ' ');
+}
+
 int Inspect(int argc, char** argv) {
   po::options_description flags("inspect: what a checkpoint holds");
   flags.add_options()("json", "machine-readable output");
@@ -176,11 +196,11 @@ int Inspect(int argc, char** argv) {
   std::printf("\n%-48s %-14s %-20s %12s %7s  %s\n", "entry", "dtype", "shape", "bytes", "chunks", "layouts");
   for (const EntryRow& row : rows) {
     const EntryRecord& e = *row.entry;
-    std::printf("%-48s %-14s %-20s %12llu %7zu  %s\n", e.name.c_str(), DTypeName(e.dtype), ShapeString(e.shape).c_str(),
+    std::printf("%s %-14s %-20s %12llu %7zu  %s\n", PadToColumns(e.name, 48).c_str(), DTypeName(e.dtype), ShapeString(e.shape).c_str(),
                 static_cast<unsigned long long>(row.bytes), e.chunks.size(), row.layouts.c_str());
   }
   for (const json& b : blobs) {
-    std::printf("blob %-43s %-14s rank %-15d %12llu%s\n", b["name"].get<std::string>().c_str(), b["scope"].get<std::string>().c_str(),
+    std::printf("blob %s %-14s rank %-15d %12llu%s\n", PadToColumns(b["name"].get<std::string>(), 43).c_str(), b["scope"].get<std::string>().c_str(),
                 b["rank"].get<int>(), static_cast<unsigned long long>(b["bytes"].get<uint64_t>()),
                 b.contains("not_plain_because") ? ("  (not plain, not restored: " + b["not_plain_because"].get<std::string>() + ")").c_str() : "");
   }

@@ -129,4 +129,12 @@ if [ "$which" = torch2 ]; then
   expect_fail "a tensor has an empty name" "$cli" import in/empty_name.safetensors --out en --world-size 2
   [ ! -e en ] || { echo "a failed import left en behind"; exit 1; }
 fi
+# Names in UTF-8 (CJK characters two columns wide) keep inspect's table aligned.
+"$py" -c "import torch; torch.save({'层.权重': torch.ones(2), 'ascii': torch.ones(3), 'é': torch.ones(1)}, 'cjk.pt')"
+"$cli" import cjk.pt --out cjk --world-size 1 > /dev/null
+"$cli" inspect cjk | PYTHONIOENCODING=utf-8 "$py1" -c "
+import sys, unicodedata
+rows = [l for l in sys.stdin.buffer.read().decode().splitlines() if ' float32 ' in l]
+cols = {sum(2 if unicodedata.east_asian_width(c) in 'WF' else 1 for c in l[:l.index(' float32 ')]) for l in rows}
+assert len(rows) == 3 and len(cols) == 1, (rows, cols); print('inspect: columns aligned')"
 echo "formats case $which: passed"
