@@ -293,13 +293,15 @@ py::tuple SaveCall(Comm& comm, const std::string& root, int64_t step,
 
 py::tuple LoadCall(Comm& comm, const std::string& path, const std::vector<PieceTuple>& pieces,
                    bool strict, const std::string& strip_prefix, bool verify_checksums,
-                   const LocalError& error, const std::vector<std::string>& wanted_values) {
+                   const LocalError& error, const std::vector<std::string>& wanted_values,
+                   const std::vector<std::vector<std::string>>& wanted_value_leaves) {
   ShardedState state;
   Status built = FromPython(error);
   if (built.ok()) built = BuildState(pieces, {}, &state);
   LoadOptions options;
   options.strict = strict;
   options.wanted_values = wanted_values;
+  options.wanted_value_leaves = wanted_value_leaves;
   options.verify_checksums = verify_checksums;
   if (!strip_prefix.empty()) options.rename = StripPrefix(strip_prefix);
   Result<LoadReport> loaded = Status(Code::kInternal, "not run");

@@ -158,12 +158,23 @@ TEST(MatchValues, ByNameOrUnderTheNameAfterRenaming) {
   m.blobs.push_back(BlobRecord{"module.rng", BlobScope::kPerRank, 1, 0, 0, 1});
   LoadOptions options;
   options.rename = [](const std::string& name) { return name.substr(7); };
+  // "optim.param_groups" is found by its leaves; "optim.param" has none of its own.
+  options.wanted_value_leaves = {{}, {"optim.param_groups.0.lr", "optim.param_groups.0.eps"}, {}, {}, {}};
   ValueMatch v = MatchValues(m, {"step", "optim.param_groups", "rng", "cfg", "optim.param"}, options);
   EXPECT_THAT(v.missing, ElementsAre("cfg", "optim.param"));
   EXPECT_THAT(v.unexpected, ElementsAre("extra"));
+  // A leaf the value has and the checkpoint lacks is named; without leaves, no prefix counts.
+  options.wanted_value_leaves = {{}, {"optim.param_groups.0.lr", "optim.param_groups.0.extra"}, {}, {}, {}};
+  v = MatchValues(m, {"step", "optim.param_groups", "rng", "extra"}, options);
+  EXPECT_THAT(v.missing, ElementsAre("optim.param_groups.0.extra"));
+  EXPECT_THAT(v.unexpected, ElementsAre("optim.param_groups.0.eps"));
+  options.wanted_value_leaves = {};
+  v = MatchValues(m, {"step", "optim.param_groups", "rng", "extra"}, options);
+  EXPECT_THAT(v.missing, ElementsAre("optim.param_groups"));
   v = MatchValues(m, {}, options);
   EXPECT_EQ(v.unexpected.size(), 5u);
   // At the saved world size a rank takes only its own per-rank values: rank 2 saved no "rng".
+  options.wanted_value_leaves = {{}, {"optim.param_groups.0.lr", "optim.param_groups.0.eps"}};
   v = MatchValues(m, {"step", "optim.param_groups", "extra"}, options, 2);
   EXPECT_TRUE(v.missing.empty() && v.unexpected.empty());
   v = MatchValues(m, {"step", "optim.param_groups", "extra", "rng"}, options, 2);

@@ -40,9 +40,13 @@ struct LoadOptions {
   bool strict = true;
   // The non-tensor values the caller takes from the checkpoint's blobs (names after `rename`),
   // when it says: a strict load then also refuses, before reading anything, a value with no blob
-  // of its name (or under it, as DCP stores a dict leaf by leaf) and a blob no value takes. The
-  // Python package passes them; unset, blobs are not part of the verdict.
+  // of its name (nor all of its leaves, below) and a blob no value takes. The Python package
+  // passes them; unset, blobs are not part of the verdict.
   std::optional<std::vector<std::string>> wanted_values;
+  // By index of wanted_values, where a value may have been stored leaf by leaf (DCP flattens a
+  // dict of plain values to one item per leaf): the leaf names its nesting has. The value is
+  // then found whole when its own blob or every one of these is there.
+  std::vector<std::vector<std::string>> wanted_value_leaves;
   // Maps a checkpoint name to the name the job uses (e.g. strip "module."); identity when empty.
   std::function<std::string(const std::string&)> rename;
   bool verify_checksums = true;

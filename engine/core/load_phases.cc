@@ -181,18 +181,31 @@ ValueMatch MatchValues(const Manifest& manifest, const std::vector<std::string>&
   }
   ValueMatch out;
   std::set<std::string> taken;
-  for (const std::string& want : wanted_values) {
-    bool found = false;
+  for (size_t w = 0; w < wanted_values.size(); ++w) {
+    const std::string& want = wanted_values[w];
     if (blobs.count(want)) {
       taken.insert(want);
-      found = true;
+      continue;
     }
-    const std::string under = want + ".";
-    for (auto it = blobs.lower_bound(under); it != blobs.end() && it->compare(0, under.size(), under) == 0; ++it) {
-      taken.insert(*it);
-      found = true;
+    // Stored leaf by leaf (a DCP folder, a .pt's nested dict): whole only if every leaf the
+    // value's nesting has is there; the absent leaves are named.
+    static const std::vector<std::string> kNone;
+    const std::vector<std::string>& leaves = w < options.wanted_value_leaves.size() ? options.wanted_value_leaves[w] : kNone;
+    std::vector<std::string> absent;
+    bool any = false;
+    for (const std::string& leaf : leaves) {
+      if (blobs.count(leaf)) {
+        taken.insert(leaf);
+        any = true;
+      } else {
+        absent.push_back(leaf);
+      }
     }
-    if (!found) out.missing.push_back(want);
+    if (!any) {
+      out.missing.push_back(want);
+    } else {
+      out.missing.insert(out.missing.end(), absent.begin(), absent.end());
+    }
   }
   for (const std::string& b : blobs) {
     if (!taken.count(b)) out.unexpected.push_back(b);

@@ -61,7 +61,8 @@ Demand CombineWants(const std::vector<std::string>& all_wants, size_t entries);
 std::vector<std::string> UnwantedEntries(const Manifest& manifest, const Demand& demand);
 
 // The values side of a match (LoadOptions::wanted_values against the manifest's blobs, renamed):
-// wanted values with no blob of their name or under it, and blobs no wanted value takes.
+// wanted values with no blob of their name nor any of their leaves (or the leaves absent where
+// only some are there), and blobs no wanted value takes.
 struct ValueMatch {
   std::vector<std::string> missing, unexpected;
 };

@@ -399,7 +399,12 @@ class Unpickler : public PickleStack<Value> {
       SC_ASSIGN_OR_RETURN(Value* tensor, New(Value::kTensor));
       tensors_.emplace_back();  // keeps tensor->i an index, though it is never read
       tensor->i = static_cast<int64_t>(tensors_.size() - 1);
-      tensor->unsupported = "sparse";
+      static const char* const kLayouts[] = {"torch.sparse_coo", "torch.sparse_csr", "torch.sparse_csc",
+                                             "torch.sparse_bsr", "torch.sparse_bsc"};
+      tensor->unsupported = "torch.sparse (another layout)";
+      for (const char* layout : kLayouts) {
+        if (a[0]->s == layout) tensor->unsupported = layout;
+      }
       return Push(tensor);
     }
     if (name == "torch._utils._rebuild_qtensor") {
@@ -778,9 +783,9 @@ class Flattener {
     if (!names_.insert(name).second) {
       return InvalidArgument("the name '" + name + "' occurs twice (a dotted key and a nested dict, or 1 and \"1\")");
     }
-    if (value->kind == Value::kTensor && value->unsupported && std::string_view(value->unsupported) == "sparse") {
-      return Status(Code::kUnimplemented, "tensor '" + name + "': a sparse layout is not supported by shardckpt "
-                                                              "(convert it with .to_dense() before importing)");
+    if (value->kind == Value::kTensor && value->unsupported && std::string_view(value->unsupported).substr(0, 12) == "torch.sparse") {
+      return Status(Code::kUnimplemented, "tensor '" + name + "': layout " + value->unsupported +
+                                              " is not supported by shardckpt (convert it with .to_dense() before importing)");
     }
     if (value->kind == Value::kTensor && value->unsupported) {
       return Status(Code::kUnimplemented, "tensor '" + name + "': dtype " + value->unsupported +

@@ -45,7 +45,7 @@ import torch
 from ._dtensor import dtensor_piece, is_dtensor
 from ._comm import (forget_foreign, from_mpi4py, from_process_group, launched_by_mpi, resolve,
                     single_process, world)
-from ._state import (DTYPES, FlatShard, PerRank, dcp_leaves, decode_blob, dtype_name, encode_blob,
+from ._state import (DTYPES, FlatShard, PerRank, dcp_leaf_names, dcp_leaves, decode_blob, dtype_name, encode_blob,
                      regroup, restore, walk)
 from .errors import (Aborted, AlreadyExists, DataLoss, DeadlineExceeded, FailedPrecondition,
                      Internal, InvalidArgument, IoError, NoSpace, NotFound, ShardckptError,
@@ -195,13 +195,15 @@ def _strip(name: str, prefix: str) -> str:
 
 
 def _strict_refusal(path: str, missing: List[str], unexpected: List[str]) -> ShardckptError:
+    # The engine's wording (load_phases.cc MatchVerdict), for the cases only rebuilding finds.
+    quoted = lambda names: ", ".join("'%s'" % n for n in names)  # noqa: E731
     parts = []
     if missing:
-        parts.append("not in checkpoint %s: %s" % (path, ", ".join(missing)))
+        parts.append("not in checkpoint %s: %s" % (path, quoted(missing)))
     if unexpected:
-        parts.append("checkpoint %s has entries nothing loads: %s" % (path, ", ".join(unexpected)))
+        parts.append("checkpoint %s has entries no rank loads: %s" % (path, quoted(unexpected)))
     return (NotFound if missing else InvalidArgument)("; ".join(parts) + " (strict=False loads the rest "
-                                                      "and reports these)")
+                                                      "and reports them)")
 
 
 def load(state_dict: Dict[str, Any], path: str, *, strict: bool = True, strip_prefix: str = "",
@@ -214,10 +216,9 @@ def load(state_dict: Dict[str, Any], path: str, *, strict: bool = True, strip_pr
     other values are replaced in their dicts and lists with the saved values and types; PerRank
     values are restored at the saved world size and reported unavailable at another.
     ``strict``: a name missing from the checkpoint raises :class:`NotFound`, a checkpoint entry
-    nothing loads raises :class:`InvalidArgument`, before anything is read (except where a DCP
-    folder stores a value leaf by leaf in another nesting than the value passed: that is found
-    only as the value is rebuilt, after the tensors were read); not strict, both come back in
-    the report. An optimizer's
+    nothing loads raises :class:`InvalidArgument`, before anything is read (a value PyTorch DCP
+    stored leaf by leaf matches when every leaf of the value passed is there); not strict, both
+    come back in the report. An optimizer's
     ``state_dict()`` before its first step holds no state tensors to load into: build the state
     first (``get_state_dict(model, optim)`` does), then ``optim.load_state_dict(...)`` after.
     ``strip_prefix`` drops a prefix from the checkpoint's names (e.g. ``"module."``).
@@ -236,8 +237,10 @@ def load(state_dict: Dict[str, Any], path: str, *, strict: bool = True, strip_pr
         error = (failure.code, failure.message)
     # The engine gives the strict verdict over tensors and values together, before reading: it
     # is told which names this state dict takes as values.
+    names = list(wanted)
+    leaves = [[] if isinstance(wanted[n], PerRank) else dcp_leaf_names(n, wanted[n]) for n in names]
     code, message, raw = _core.load(comm, str(path), pieces, bool(strict), strip_prefix,
-                                    bool(verify_checksums), error, list(wanted))
+                                    bool(verify_checksums), error, names, leaves)
     raise_for(code, message)
     # Blobs: matched here, and any failure agreed on, so every rank raises the same.
     saved = {_strip(name, strip_prefix): blob for name, blob in raw["blobs"].items()}

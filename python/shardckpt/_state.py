@@ -162,6 +162,35 @@ def dcp_leaves(name: str, current: Any, saved: Mapping[str, Any]) -> Optional[Li
     return leaves
 
 
+def dcp_leaf_names(name: str, value: Any) -> List[str]:
+    """The names PyTorch DCP gives the leaves of a plain value when it flattens it
+    (torch.distributed.checkpoint._traverse): dicts are always walked, a list only when it holds
+    a dict (or such a list), anything else (a tuple included) is one leaf; an empty dict has none.
+    The engine's strict match takes a value stored that way only when all of these are there."""
+    out: List[str] = []
+
+    def terminal(v: Any) -> bool:
+        if isinstance(v, Mapping):
+            return False
+        if not isinstance(v, list):
+            return True
+        return all(not isinstance(e, (Mapping, list)) or terminal(e) for e in v)
+
+    def visit(path: str, v: Any) -> None:
+        if isinstance(v, Mapping):
+            for k, child in v.items():
+                visit("%s.%s" % (path, k), child)
+        elif terminal(v):
+            out.append(path)
+        else:
+            for i, child in enumerate(v):
+                visit("%s.%d" % (path, i), child)
+
+    if isinstance(value, (Mapping, list)):
+        visit(name, value)
+    return out if out != [name] else []
+
+
 def regroup(name: str, current: Any, saved: Mapping[str, Any], leaf: Callable[[str, Any], Any]) -> Any:
     """``current`` rebuilt from the saved leaves dcp_leaves found: leaf(saved name, old value)."""
     if name in saved:

@@ -226,6 +226,13 @@ def test_optimizer_param_groups_that_dcp_flattened_come_back_as_one_value(tmp_pa
     report = shardckpt.load(other, folder, strict=False)
     assert report.missing == ["optim"] and "optim.param_groups.0.lr" in report.unexpected
     assert other["optim"]["param_groups"] == [{"lr": 0.0, "extra": 1}]
+    # Strict: refused before anything is read, naming the leaf the folder lacks.
+    target["optim"]["state"]["l1.weight"]["exp_avg"] = torch.zeros(4)
+    target["optim"]["param_groups"][1]["extra"] = 1
+    with pytest.raises(shardckpt.NotFound) as error:
+        shardckpt.load(target, folder)
+    assert "'optim.param_groups.1.extra'" in error.value.message, error.value.message
+    assert torch.equal(target["optim"]["state"]["l1.weight"]["exp_avg"], torch.zeros(4))
 
 
 @pytest.mark.parametrize("protocol", [2, 3, 4, 5])
