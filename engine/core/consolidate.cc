@@ -17,7 +17,7 @@
 #include "shardckpt/engine/core/checkpoint_reader.h"
 #include "shardckpt/engine/model/float_convert.h"
 #include "shardckpt/engine/formats/output_file.h"
-#include "shardckpt/engine/formats/pickle_writer.h"
+#include "shardckpt/engine/formats/byte_text.h"
 #include "shardckpt/engine/formats/safetensors.h"
 #include "shardckpt/engine/formats/state_tree.h"
 #include "shardckpt/engine/model/entry_alias.h"
@@ -453,16 +453,12 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
       report.files.push_back(index_path);
     }
     written.Keep();
-    auto remove = [](const std::string& path) {
-      ::unlink(path.c_str());
-      ::unlink((path + ".sha256").c_str());
-    };
     for (const std::string& old : previous) {
       const std::string old_path = JoinPath(DirName(out), old);
-      if (std::find(report.files.begin(), report.files.end(), old_path) == report.files.end()) remove(old_path);
+      if (std::find(report.files.begin(), report.files.end(), old_path) == report.files.end()) RemoveOutputFile(old_path);
     }
     if (!sharded && !previous.empty()) ::unlink(index_path.c_str());
-    if (sharded && PathExists(out)) remove(out);
+    if (sharded && PathExists(out)) RemoveOutputFile(out);
   }
   report.bytes_read = reader->stats().data_bytes_read;
   return report;

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <openssl/evp.h>
 
+#include "shardckpt/engine/formats/byte_text.h"
 #include "shardckpt/engine/formats/dcp_metadata.h"
 #include "shardckpt/engine/formats/state_tree.h"
 #include "shardckpt/engine/formats/torch_file.h"
@@ -316,12 +317,7 @@ std::vector<DcpProblem> CheckDcpSha256Files(const std::string& dir, const Manife
     unsigned char digest[32];
     unsigned int length = 0;
     EVP_DigestFinal_ex(ctx.get(), digest, &length);
-    std::string hex;
-    for (unsigned char c : digest) {
-      static const char* const kHex = "0123456789abcdef";
-      hex += kHex[c >> 4];
-      hex += kHex[c & 15];
-    }
+    const std::string hex = HexEncode(std::string_view(reinterpret_cast<const char*>(digest), length));
     *bytes += file->size();
     if (line->compare(0, 64, hex) != 0) {
       problems.push_back(DcpProblem{f.name, 0, "", "SHA-256 " + hex + " does not match " + f.name + ".sha256 (" +

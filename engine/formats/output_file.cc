@@ -9,6 +9,7 @@
 #include <memory>
 #include <system_error>
 
+#include "shardckpt/engine/formats/byte_text.h"
 #include "shardckpt/io/checksum.h"
 #include "shardckpt/io/fs.h"
 
@@ -82,12 +83,7 @@ Status OutputFile::Finish() {
   unsigned char digest[32];
   unsigned int length = 0;
   EVP_DigestFinal_ex(sha_, digest, &length);
-  static const char* kHex = "0123456789abcdef";
-  sha256_.clear();
-  for (unsigned i = 0; i < length; ++i) {
-    sha256_ += kHex[digest[i] >> 4];
-    sha256_ += kHex[digest[i] & 15];
-  }
+  sha256_ = HexEncode(std::string_view(reinterpret_cast<const char*>(digest), length));
   return Status::Ok();
 }
 
@@ -103,16 +99,18 @@ Status OutputFile::Close() {
   return Publish();
 }
 
+void RemoveOutputFile(const std::string& path) {
+  ::unlink(path.c_str());
+  ::unlink((path + ".sha256").c_str());
+}
+
 OutputSet::~OutputSet() {
   if (keep_) return;
   if (!created_dir_.empty()) {
     (void)RemoveTree(created_dir_);  // best effort: the export's own error is what the caller sees
     return;
   }
-  for (const std::string& path : paths_) {
-    ::unlink(path.c_str());
-    ::unlink((path + ".sha256").c_str());
-  }
+  for (const std::string& path : paths_) RemoveOutputFile(path);
 }
 
 }  // namespace shardckpt

@@ -59,6 +59,9 @@ class OutputFile {
   bool published_ = false;
 };
 
+// Removes an export's file and its PATH.sha256, whichever of them exist.
+void RemoveOutputFile(const std::string& path);
+
 // The files of one export that writes several (safetensors shards and their index, a DCP
 // folder's data files): each published file is final under its name, so a failure after the
 // first would leave a partial set that looks whole. Unless Keep() is called, the destructor

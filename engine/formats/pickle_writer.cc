@@ -1,9 +1,9 @@
 #include "shardckpt/engine/formats/pickle_writer.h"
 
+#include "shardckpt/engine/formats/byte_text.h"
+
 #include <cstdlib>
 #include <cstring>
-
-#include <openssl/evp.h>
 
 #include <nlohmann/json.hpp>
 
@@ -13,36 +13,6 @@ namespace {
 // ---- the Python package's typed JSON (python/shardckpt/_state.py) as a pickle
 
 constexpr const char* kTag = "__shardckpt__";
-
-Result<std::string> Base64Decode(const std::string& text) {
-  if (text.size() % 4 != 0) return InvalidArgument("bad base64 length");
-  std::string out(text.size() / 4 * 3, '\0');
-  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()), reinterpret_cast<const unsigned char*>(text.data()),
-                          static_cast<int>(text.size()));
-  if (n < 0) return InvalidArgument("bad base64");
-  size_t pad = 0;
-  if (!text.empty() && text.back() == '=') pad = text.size() >= 2 && text[text.size() - 2] == '=' ? 2 : 1;
-  out.resize(static_cast<size_t>(n) - pad);
-  return out;
-}
-
-}  // namespace
-
-std::string Base64Encode(std::string_view bytes) {
-  std::string text(4 * ((bytes.size() + 2) / 3) + 1, '\0');
-  const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(text.data()), reinterpret_cast<const unsigned char*>(bytes.data()),
-                                static_cast<int>(bytes.size()));
-  text.resize(static_cast<size_t>(n));
-  return text;
-}
-
-namespace {
-
-int HexDigit(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  return -1;
-}
 
 Status TypedJson(PickleWriter& p, const nlohmann::ordered_json& v, bool allow_bytes, int depth) {
   if (depth > 200) return InvalidArgument("nested more than 200 deep");
@@ -114,13 +84,8 @@ Status TypedJson(PickleWriter& p, const nlohmann::ordered_json& v, bool allow_by
   }
   if (kind == "int" && value.is_string()) {  // wider than 64 bits: little-endian two's complement, in hex
     const std::string hex = value.get<std::string>();
-    if (hex.empty() || hex.size() % 2 != 0 || hex.size() > 2 * 4096) return InvalidArgument("a malformed wide integer");
-    std::string bytes;
-    for (size_t i = 0; i < hex.size(); i += 2) {
-      const int hi = HexDigit(hex[i]), lo = HexDigit(hex[i + 1]);
-      if (hi < 0 || lo < 0) return InvalidArgument("a malformed wide integer");
-      bytes += static_cast<char>(hi * 16 + lo);
-    }
+    if (hex.empty() || hex.size() > 2 * 4096) return InvalidArgument("a malformed wide integer");
+    SC_ASSIGN_OR_RETURN(std::string bytes, HexDecode(hex, "wide integer"));
     p.LongBytes(bytes);
     return Status::Ok();
   }

@@ -6,7 +6,6 @@
 
 #include <cstdint>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -56,8 +55,5 @@ class PickleWriter {
 // 64 bits, and base64 bytes) as opcodes building that value. Bytes are BINBYTES with
 // `allow_bytes` (protocol 3), else _codecs.encode(str, "latin1") as protocol 2 writes them.
 Status WriteTypedJson(PickleWriter& w, const nlohmann::ordered_json& value, bool allow_bytes);
-
-// Base64 as the typed JSON carries bytes.
-std::string Base64Encode(std::string_view bytes);
 
 }  // namespace shardckpt

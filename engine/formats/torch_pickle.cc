@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "shardckpt/engine/formats/byte_text.h"
 #include "shardckpt/engine/formats/pickle_stack.h"
 #include "shardckpt/engine/formats/pickle_writer.h"
 
@@ -766,13 +767,7 @@ class Flattener {
       }
       case Value::kBytes: *out = {{kTag, "bytes"}, {"v", Base64Encode(v->s)}}; return true;
       case Value::kBigInt: {  // wider than 64 bits (a uint64 seed pickles as 9 bytes): tagged, in hex
-        static const char* kHex = "0123456789abcdef";
-        std::string hex;
-        for (unsigned char c : v->s) {
-          hex += kHex[c >> 4];
-          hex += kHex[c & 15];
-        }
-        *out = {{kTag, "int"}, {"v", std::move(hex)}};
+        *out = {{kTag, "int"}, {"v", HexEncode(v->s)}};
         return true;
       }
       default: return false;
