@@ -336,6 +336,16 @@ class Unpickler : public PickleStack<Value> {
     return Push(tensor);
   }
 
+  // A tensor of a kind shardckpt does not take (`why`: its dtype or layout), refused where its
+  // name is known (Flattener::Leaf).
+  Status PushRefusedTensor(const char* why) {
+    SC_ASSIGN_OR_RETURN(Value* tensor, New(Value::kTensor));
+    tensors_.emplace_back();  // keeps tensor->i an index, though it is never read
+    tensor->i = static_cast<int64_t>(tensors_.size() - 1);
+    tensor->unsupported = why;
+    return Push(tensor);
+  }
+
   // REDUCE, interpreted only for the allowed callables (see OpGlobal).
   Status OpReduce(unsigned char) {
     SC_ASSIGN_OR_RETURN(Value* args, Pop());
@@ -397,26 +407,19 @@ class Unpickler : public PickleStack<Value> {
       if (a.empty() || a[0]->kind != Value::kString || a[0]->s.substr(0, 12) != "torch.sparse") {
         return DataLoss("_rebuild_sparse_tensor without a sparse layout");
       }
-      SC_ASSIGN_OR_RETURN(Value* tensor, New(Value::kTensor));
-      tensors_.emplace_back();  // keeps tensor->i an index, though it is never read
-      tensor->i = static_cast<int64_t>(tensors_.size() - 1);
       static const char* const kLayouts[] = {"torch.sparse_coo", "torch.sparse_csr", "torch.sparse_csc",
                                              "torch.sparse_bsr", "torch.sparse_bsc"};
-      tensor->unsupported = "torch.sparse (another layout)";
-      for (const char* layout : kLayouts) {
-        if (a[0]->s == layout) tensor->unsupported = layout;
+      const char* layout = "torch.sparse (another layout)";
+      for (const char* known : kLayouts) {
+        if (a[0]->s == known) layout = known;
       }
-      return Push(tensor);
+      return PushRefusedTensor(layout);
     }
     if (name == "torch._utils._rebuild_qtensor") {
       // (storage, offset, size, stride, quantizer_params, requires_grad, hooks): a tensor of a
       // dtype shardckpt has no type for, refused where its name is known (Flattener::Leaf).
       if (a.empty() || a[0]->kind != Value::kStorage) return DataLoss("_rebuild_qtensor without a storage");
-      SC_ASSIGN_OR_RETURN(Value* tensor, New(Value::kTensor));
-      tensors_.emplace_back();  // keeps tensor->i an index, though it is never read
-      tensor->i = static_cast<int64_t>(tensors_.size() - 1);
-      tensor->unsupported = a[0]->unsupported ? a[0]->unsupported : "quantized";
-      return Push(tensor);
+      return PushRefusedTensor(a[0]->unsupported ? a[0]->unsupported : "quantized");
     }
     return InvalidArgument("REDUCE of " + std::string(name) +
                            " is not supported (only OrderedDict, the tensor rebuilds and _rebuild_parameter are called)");
