@@ -172,6 +172,27 @@ class TorchSaveBaseline {
   double sum0_ = 0;
 };
 
+// Each phase's seconds over the iterations, in the order the engine reports them.
+using PhaseSeries = std::vector<std::pair<std::string, std::vector<double>>>;
+
+void AddPhases(const std::vector<PhaseTime>& phases, PhaseSeries* series) {
+  for (const PhaseTime& phase : phases) {
+    auto it = std::find_if(series->begin(), series->end(), [&](const auto& s) { return s.first == phase.name; });
+    if (it == series->end()) it = series->insert(series->end(), {phase.name, {}});
+    it->second.push_back(phase.seconds);
+  }
+}
+
+std::string DescribePhases(const PhaseSeries& series) {
+  std::string text;
+  char number[32];
+  for (const auto& [name, seconds] : series) {
+    std::snprintf(number, sizeof(number), "%.4f", Median(seconds));
+    text += (text.empty() ? "" : ", ") + name + " " + number;
+  }
+  return text;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -231,6 +252,7 @@ int main(int argc, char** argv) {
   SavePlanCache plan_cache;
   const bool keep_plan = vm.count("plan-cache") > 0;
   std::vector<double> fio_w, fio_r, raw_w, raw_r, save_t, load_t, torch_t, retention_t, retention_bg_t;
+  PhaseSeries save_phases, load_phases;
   double torch_written = 0, our_written = 0;
   for (int it = 0; it < iters; ++it) {
     FioRun fw = FioForRanks(*comm, dir, "raw-", raw_bytes, /*write=*/true);
@@ -255,6 +277,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     our_written = static_cast<double>(saved->total_bytes);
+    AddPhases(saved->phases, &save_phases);
     if (it > 0) {
       RetentionPolicy keep_one;
       keep_one.keep_last = 1;
@@ -272,7 +295,11 @@ int main(int argc, char** argv) {
     Workload into = MakeWorkload(bytes_per_rank, vm["tensors"].as<int>(), layout, world, rank, true, many_small);
     ShardedState targets = StateOf(into);
     Status loaded;
-    load_t.push_back(TimeCollective(*comm, [&] { loaded = Load(*comm, root, targets).status(); }));
+    load_t.push_back(TimeCollective(*comm, [&] {
+      Result<LoadReport> report = Load(*comm, root, targets);
+      loaded = report.status();
+      if (report.ok()) AddPhases(report->phases, &load_phases);
+    }));
     bool equal = loaded.ok();
     for (size_t t = 0; equal && t < work.local.size(); ++t) equal = into.local[t].equal(work.local[t]);
     // Every rank learns of a failure on any rank, so none is left waiting in a barrier.
@@ -335,6 +362,9 @@ int main(int argc, char** argv) {
                 fw >= rw ? "fio" : "old sync", load / std::max(fr, rr), fr >= rr ? "fio" : "old sync");
     if (with_torch) std::printf("  torch.save+fsync per rank (Python): %.3fs, %.0f MiB written; shardckpt save %.3fs, %.0f MiB written:"
                 " torch.save takes %.2fx shardckpt's time\n", torch_s, torch_written / 1048576, save_s, our_written / 1048576, torch_s / save_s);
+    // Where rank 0's time went (SaveResult::phases, LoadReport::phases), medians over the iterations.
+    std::printf("  rank 0 save phases (s): %s\n  rank 0 load phases (s): %s\n", DescribePhases(save_phases).c_str(),
+                DescribePhases(load_phases).c_str());
     std::map<std::string, std::string> extra;
     if (!retention_t.empty()) {
       // What keep_last=1 adds to a save: retiring the previous checkpoint; freeing its files

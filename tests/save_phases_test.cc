@@ -2,6 +2,7 @@
 // that touch the root with a temp folder and the single-process communicator.
 #include "shardckpt/engine/core/save_phases.h"
 
+#include <functional>
 #include <tuple>
 
 #include <gmock/gmock.h>
@@ -424,6 +425,93 @@ TEST_F(SavePhasesOnDisk, APlanCacheIsReusedUntilTheLayoutChanges) {
   ASSERT_TRUE(Save(*comm_, root(), 6, state_, options).ok());
   EXPECT_EQ(cache.plans_made, 2u);
   EXPECT_EQ(cache.plans_reused, 3u);
+}
+
+// A repeat save of a kept plan reuses the kept manifest's entries and blobs, validated and
+// encoded, with this save's own step, creation, metrics and checksum tables: the manifest is
+// what a save without the cache writes, and the data it describes reads back.
+TEST_F(SavePhasesOnDisk, ARepeatSaveReusesTheKeptManifestWithItsOwnStepMetricsAndChecksums) {
+  SavePlanCache cache;
+  SaveOptions options;
+  options.plan_cache = &cache;
+  ASSERT_TRUE(Save(*comm_, root(), 1, state_, options).ok());
+  ASSERT_NE(cache.manifest, nullptr);
+  const KeptManifest* kept = cache.manifest.get();
+  EXPECT_EQ(kept->plan_id, cache.plan_id);
+
+  data_[0] = 9;  // new values: new checksums, same places
+  options.metrics = {{"loss", 0.25}};
+  options.user_metadata = {{"run", "a"}};
+  Result<SaveResult> second = Save(*comm_, root(), 2, state_, options);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_EQ(cache.manifest.get(), kept);  // reused, not rebuilt
+  SaveOptions uncached = options;
+  uncached.plan_cache = nullptr;
+  ASSERT_TRUE(Save(*comm_, root(), 3, state_, uncached).ok());
+
+  Result<Manifest> reused = ReadManifest(JoinPath(root(), StepDirName(2)));
+  Result<Manifest> built = ReadManifest(JoinPath(root(), StepDirName(3)));
+  ASSERT_TRUE(reused.ok()) << reused.status().ToString();
+  ASSERT_TRUE(built.ok()) << built.status().ToString();
+  EXPECT_EQ(reused->step, 2);
+  EXPECT_EQ(reused->metrics, options.metrics);
+  EXPECT_EQ(reused->created.user, options.user_metadata);
+  Manifest expected = *built;  // the same but for its step and creation time
+  expected.step = 2;
+  expected.created.time = reused->created.time;
+  EXPECT_EQ(EncodeManifest(*reused).value(), EncodeManifest(expected).value());
+  Result<Manifest> first = ReadManifest(JoinPath(root(), StepDirName(1)));
+  ASSERT_TRUE(first.ok());
+  EXPECT_NE(first->files[0].table_page_sums, reused->files[0].table_page_sums);
+
+  float loaded[4] = {};
+  ShardedState into = OneTensor(loaded);
+  Result<LoadReport> report = Load(*comm_, JoinPath(root(), StepDirName(2)), into);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(loaded[0], 9);
+  EXPECT_EQ(loaded[3], 4);
+
+  // A plan made afresh drops the manifest kept for the old one.
+  float more[2] = {5, 6};
+  ASSERT_TRUE(state_.AddTensor("b", DType::kFloat32, {2}, Layout::Whole(), more).ok());
+  ASSERT_TRUE(Save(*comm_, root(), 4, state_, options).ok());
+  ASSERT_NE(cache.manifest, nullptr);
+  EXPECT_EQ(cache.manifest->plan_id, cache.plan_id);
+  EXPECT_EQ(cache.manifest->manifest.entries.size(), 2u);
+}
+
+TEST(PlacedAlike, EveryPlacementAndFileFieldCountsButNotTheChecksumValues) {
+  WriteReport base;
+  base.wrote_file = true;
+  base.file.name = "rank-00000.bin";
+  base.file.size = 8192;
+  base.file.table_offset = 4096;
+  base.file.table_page_sums = {1};
+  base.piece_offsets = {{0, 0}, {1, 64}};
+  base.blob_offsets = {{0, 128}};
+  const std::vector<WriteReport> before = {base, base};
+  EXPECT_TRUE(PlacedAlike(before, before));
+  std::vector<WriteReport> other_sums = before;
+  other_sums[1].file.table_page_sums = {2};
+  EXPECT_TRUE(PlacedAlike(other_sums, before));
+
+  std::vector<std::function<void(WriteReport&)>> changes = {
+      [](WriteReport& r) { r.wrote_file = false; },
+      [](WriteReport& r) { r.file.name = "rank-00002.bin"; },
+      [](WriteReport& r) { r.file.size = 12288; },
+      [](WriteReport& r) { r.file.table_offset = 8192; },
+      [](WriteReport& r) { r.file.checksums = false; },
+      [](WriteReport& r) { r.file.table_page_sums = {1, 1}; },
+      [](WriteReport& r) { r.piece_offsets[1].second = 72; },
+      [](WriteReport& r) { r.piece_offsets.pop_back(); },
+      [](WriteReport& r) { r.blob_offsets[0].second = 136; },
+  };
+  for (size_t i = 0; i < changes.size(); ++i) {
+    std::vector<WriteReport> now = before;
+    changes[i](now[1]);
+    EXPECT_FALSE(PlacedAlike(now, before)) << "change " << i;
+  }
+  EXPECT_FALSE(PlacedAlike({base}, before));  // another world
 }
 
 TEST_F(SavePhasesOnDisk, ReuseNeedsTheSameWorldAndAKeptPlan) {

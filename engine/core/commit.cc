@@ -27,14 +27,24 @@ Status PrepareRoot(const std::string& root, int64_t step) {
   return Status::Ok();
 }
 
-Status CommitCheckpoint(const std::string& root, const std::string& temp_name, const Manifest& manifest,
-                        const RetentionPolicy& retention) {
+Status CheckBuiltManifest(const Manifest& manifest) {
   SC_RETURN_IF_ERROR(ValidateMetrics(manifest.metrics));
   Status valid = ValidateManifest(manifest);
   if (!valid.ok()) return Internal("the manifest built for this checkpoint is invalid (a bug): " + valid.message());
+  return Status::Ok();
+}
+
+Status CommitCheckpoint(const std::string& root, const std::string& temp_name, const Manifest& manifest,
+                        const RetentionPolicy& retention) {
+  SC_RETURN_IF_ERROR(CheckBuiltManifest(manifest));
   SC_ASSIGN_OR_RETURN(std::string json, EncodeManifest(manifest));
+  return PublishCheckpoint(root, temp_name, manifest.step, json, retention);
+}
+
+Status PublishCheckpoint(const std::string& root, const std::string& temp_name, int64_t step,
+                         const std::string& json, const RetentionPolicy& retention) {
   const std::string temp_dir = JoinPath(root, temp_name);
-  const std::string final_name = StepDirName(manifest.step);
+  const std::string final_name = StepDirName(step);
   const std::string final_dir = JoinPath(root, final_name);
   SC_RETURN_IF_ERROR(SyncDir(temp_dir, "commit.sync_tmp"));
   SC_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(temp_dir, kManifestName), json, "commit.manifest"));

@@ -20,6 +20,13 @@ Status PrepareRoot(const std::string& root, int64_t step);
 // fsync after `latest`, retention) is logged as a warning, not returned.
 Status CommitCheckpoint(const std::string& root, const std::string& temp_name, const Manifest& manifest,
                         const RetentionPolicy& retention);
+// CommitCheckpoint's first step: a manifest this process built is valid, or the error is a bug
+// of ours (Internal), not a damaged file.
+Status CheckBuiltManifest(const Manifest& manifest);
+// CommitCheckpoint's steps after validation and encoding: `manifest_text` is the manifest of
+// `step`, already validated and encoded (a repeat save's kept entries, save_phases.h).
+Status PublishCheckpoint(const std::string& root, const std::string& temp_name, int64_t step,
+                         const std::string& manifest_text, const RetentionPolicy& retention);
 
 // The creation facts every manifest carries; `torch_version` and `git_commit` may be empty.
 CreationInfo MakeCreationInfo(int hosts, const std::string& torch_version, const std::string& git_commit,

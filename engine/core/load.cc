@@ -45,21 +45,28 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
                         const LoadOptions& options) {
   using namespace load_phases;
   LoadReport report;
+  PhaseClock clock(&report.phases);
   // 1-2. One metadata read, on rank 0, shared with the rest.
   ManifestRead read = ReadManifestOnRoot(comm.rank(), path);
+  clock.Lap("read_manifest");
   SC_RETURN_IF_ERROR(ShareManifest(comm, &read));
+  clock.Lap("share_manifest");
   const Manifest& manifest = read.manifest;
   report.path = read.dir;
   report.step = manifest.step;
   report.saved_world_size = manifest.world_size;
   // 3. Match names, check dtypes and shapes, choose who reads what every rank wants whole.
   SC_ASSIGN_OR_RETURN(Match match, MatchEntries(comm, manifest, read.dir, targets, options, &report));
+  clock.Lap("match");
   // 4-5. Plan and read.
   ReadWork work = PlanReads(manifest, targets, match, comm.rank(), comm.size(), options.plan, &report);
   report.bytes_wanted = work.plan.bytes_wanted;
+  clock.Lap("plan");
   SC_RETURN_IF_ERROR(AgreeOnStatus(comm, ReadExtents(read.dir, manifest, work, options, &report.stats)));
+  clock.Lap("read");
   // 6. Replicated entries: readers broadcast.
   SC_RETURN_IF_ERROR(ShareReplicated(comm, manifest, targets, match, options, &report));
+  clock.Lap("replicated");
   return report;
 }
 

@@ -21,6 +21,7 @@
 
 #include "shardckpt/collectives/communicator.h"
 #include "shardckpt/engine/core/extent_reader.h"
+#include "shardckpt/engine/core/phase_times.h"
 #include "shardckpt/engine/model/read_plan.h"
 #include "shardckpt/engine/model/state.h"
 
@@ -83,6 +84,9 @@ struct LoadReport {
   uint64_t bytes_wanted = 0;  // by this rank, from storage
   ReadStats stats;            // this rank's reads
   uint64_t bytes_received = 0;  // replicated entries received from other ranks
+  // This rank's time in each phase, in order: read_manifest (rank 0 reads, decodes and checks
+  // it), share_manifest, match, plan, read (reads, checks and copies out), replicated.
+  std::vector<PhaseTime> phases;
 };
 
 Result<LoadReport> Load(Communicator& comm, const std::string& path, const ShardedState& targets,

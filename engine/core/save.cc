@@ -14,21 +14,26 @@ Result<SaveResult> Save(Communicator& comm, const std::string& root, int64_t ste
                         const ShardedState& state, const SaveOptions& options) {
   using namespace save_phases;
   const int rank = comm.rank();
+  SaveResult result;
+  PhaseClock clock(&result.phases);
   // 1. Rank 0 locks the root, plans (or reuses the kept plan) and creates the temp folder; every
   //    rank gets the plan.
   SC_ASSIGN_OR_RETURN(PlannedSave planned, DecidePlan(comm, root, step, state, options));
+  clock.Lap("plan");
   // 2. Every rank writes its file.
   const std::string temp_dir = JoinPath(root, planned.temp_name);
   WriteReport report = WriteRankFile(rank, temp_dir, state, planned, options);
-  SaveResult result;
+  clock.Lap("write");
   result.bytes_written = static_cast<int64_t>(report.file.size);
   std::vector<std::string> reports_bytes;
   SC_RETURN_IF_ERROR(comm.Gather(EncodeWriteReport(report), &reports_bytes, 0));
+  clock.Lap("gather_reports");
   // 3-9. Rank 0 commits; every rank returns its outcome.
   Status committed;
   int64_t total = 0;
-  if (rank == 0) committed = CommitOnRoot(root, step, planned, reports_bytes, options, &total);
+  if (rank == 0) committed = CommitOnRoot(root, step, planned, reports_bytes, options, &total, &clock);
   SC_RETURN_IF_ERROR(ShareOutcome(comm, committed, &total));
+  clock.Lap("share_outcome");
   result.path = JoinPath(root, StepDirName(step));
   result.total_bytes = total;
   return result;

@@ -28,6 +28,7 @@
 #include <string>
 
 #include "shardckpt/collectives/communicator.h"
+#include "shardckpt/engine/core/phase_times.h"
 #include "shardckpt/engine/core/retention.h"
 #include "shardckpt/engine/model/state.h"
 #include "shardckpt/io/aligned_buffer.h"
@@ -75,6 +76,10 @@ struct SaveResult {
   std::string path;            // the committed folder
   int64_t bytes_written = 0;   // by this rank, data and padding and table
   int64_t total_bytes = 0;     // by all ranks
+  // This rank's time in each phase, in order: plan, write, gather_reports, then on rank 0
+  // build_manifest and commit (validate, encode, write and publish the manifest), and
+  // share_outcome (on other ranks: waiting for rank 0's commit).
+  std::vector<PhaseTime> phases;
 };
 
 // Steps are non-negative: a negative one would make a folder no listing, load or cleanup sees.

@@ -224,6 +224,7 @@ void KeepPlan(SavePlanCache* cache, const PlannedSave& planned, uint64_t digest,
     return;
   }
   cache->plans_made++;
+  cache->manifest.reset();  // built for the plan this one replaces
   cache->plan_id = planned.plan_id;
   cache->digest = digest;
   cache->world = world;
@@ -455,13 +456,84 @@ Manifest BuildManifest(int64_t step, const Descriptions& described, const std::v
   return m;
 }
 
+bool PlacedAlike(const std::vector<WriteReport>& now, const std::vector<WriteReport>& before) {
+  if (now.size() != before.size()) return false;
+  for (size_t r = 0; r < now.size(); ++r) {
+    const WriteReport& a = now[r];
+    const WriteReport& b = before[r];
+    if (a.wrote_file != b.wrote_file || a.file.name != b.file.name || a.file.size != b.file.size ||
+        a.file.table_offset != b.file.table_offset || a.file.checksums != b.file.checksums ||
+        a.file.table_page_sums.size() != b.file.table_page_sums.size() || a.piece_offsets != b.piece_offsets ||
+        a.blob_offsets != b.blob_offsets) {
+      return false;
+    }
+  }
+  return true;
+}
+
+namespace {
+
+// The kept manifest with this save's step, creation, metrics and checksum tables; the text.
+Result<std::string> RefreshKeptManifest(int64_t step, const Descriptions& described,
+                                        std::vector<WriteReport>&& reports, const SaveOptions& options,
+                                        KeptManifest* kept, int64_t* total_bytes) {
+  Manifest& m = kept->manifest;
+  m.step = step;
+  m.created = MakeCreationInfo(static_cast<int>(described.hosts.size()), options.torch_version, options.git_commit,
+                               options.user_metadata);
+  m.metrics = options.metrics;
+  SC_RETURN_IF_ERROR(ValidateMetrics(m.metrics));
+  size_t file = 0;
+  *total_bytes = 0;
+  for (WriteReport& report : reports) {
+    if (!report.wrote_file) continue;
+    m.files[file++].table_page_sums = report.file.table_page_sums;
+    *total_bytes += static_cast<int64_t>(report.file.size);
+  }
+  kept->reports = std::move(reports);
+  return EncodeManifestWithBody(m, kept->body);
+}
+
+// A manifest built for this save: validated, encoded, and kept for the next save of the plan.
+Result<std::string> EncodeBuiltManifest(Manifest&& m, const PlannedSave& planned, std::vector<WriteReport>&& reports,
+                                        SavePlanCache* cache) {
+  SC_RETURN_IF_ERROR(CheckBuiltManifest(m));
+  auto kept = std::make_shared<KeptManifest>();
+  SC_ASSIGN_OR_RETURN(kept->body, EncodeManifestBody(m));
+  SC_ASSIGN_OR_RETURN(std::string text, EncodeManifestWithBody(m, kept->body));
+  if (cache != nullptr && cache->plan_id == planned.plan_id) {
+    kept->plan_id = planned.plan_id;
+    kept->reports = std::move(reports);
+    kept->manifest = std::move(m);
+    cache->manifest = std::move(kept);
+  }
+  return text;
+}
+
+}  // namespace
+
 Status CommitOnRoot(const std::string& root, int64_t step, const PlannedSave& planned,
-                    const std::vector<std::string>& reports_bytes, const SaveOptions& options, int64_t* total_bytes) {
+                    const std::vector<std::string>& reports_bytes, const SaveOptions& options, int64_t* total_bytes,
+                    PhaseClock* clock) {
   Result<std::vector<WriteReport>> reports = CollectReports(step, reports_bytes);
   Status committed = reports.status();
   if (committed.ok()) {
-    Manifest m = BuildManifest(step, *planned.described, *reports, options, total_bytes);
-    committed = CommitCheckpoint(root, planned.temp_name, m, options.retention());
+    SavePlanCache* cache = options.plan_cache;
+    KeptManifest* kept = cache != nullptr && cache->manifest != nullptr && planned.reused &&
+                                 cache->manifest->plan_id == planned.plan_id && PlacedAlike(*reports, cache->manifest->reports)
+                             ? cache->manifest.get()
+                             : nullptr;
+    Result<std::string> text = Internal("not encoded");
+    if (kept != nullptr) {
+      text = RefreshKeptManifest(step, *planned.described, std::move(reports).value(), options, kept, total_bytes);
+      if (clock != nullptr) clock->Lap("build_manifest");
+    } else {
+      Manifest m = BuildManifest(step, *planned.described, *reports, options, total_bytes);
+      if (clock != nullptr) clock->Lap("build_manifest");
+      text = EncodeBuiltManifest(std::move(m), planned, std::move(reports).value(), cache);
+    }
+    committed = text.ok() ? PublishCheckpoint(root, planned.temp_name, step, *text, options.retention()) : text.status();
+    if (clock != nullptr) clock->Lap("commit");
     if (!committed.ok()) committed = committed.WithContext(StepFailed(step) + " on rank 0 while committing");
   }
   if (!committed.ok() && PathExists(JoinPath(root, planned.temp_name))) {

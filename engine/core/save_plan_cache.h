@@ -29,11 +29,15 @@ struct SavePlanCache {
   int world = 0;
   std::shared_ptr<const SavePlan> plan;
   std::shared_ptr<const save_phases::Descriptions> described;  // rank 0 only
+  // Rank 0: the last committed manifest of this plan, for a repeat save that places every piece
+  // where it did (save_phases.h).
+  std::shared_ptr<save_phases::KeptManifest> manifest;
 
   void Clear() {
     plan_id = 0;
     plan.reset();
     described.reset();
+    manifest.reset();
   }
 };
 

@@ -681,24 +681,82 @@ bool UsesPackedOffsets(const Manifest& m) {
 // The text without its seal, then sealed (docs/format.md, "manifest.json"): the top-level fields
 // one per line, then each file, entry and blob on a line of its own, lists of numbers without
 // spaces. Written straight into one string: a million chunks take tens of milliseconds.
-Result<std::string> EncodeManifest(const Manifest& m) {
-  size_t chunks = 0, sums = 0, names = 0;
+namespace {
+
+Status RefuseNonUtf8(const std::string& what) {
+  return InvalidArgument("cannot encode manifest (names must be UTF-8): " + what + " is not valid UTF-8");
+}
+
+// A top-level field after the first.
+void AppendKey(std::string* out, const char* name) {
+  out->append(",\n \"");
+  out->append(name);
+  out->append("\": ");
+}
+
+size_t BodyBytesEstimate(const Manifest& m) {
+  size_t chunks = 0, names = 0;
   for (const EntryRecord& e : m.entries) {
     chunks += e.chunks.size();
     names += e.name.size() + 8 * e.shape.size();
   }
+  return m.entries.size() * 80 + names + chunks * 48 + m.blobs.size() * 128;
+}
+
+// The fields that say what the files hold: "chunk_fields", "entries" and "blobs".
+Status AppendBody(const Manifest& m, std::string& out) {
+  auto refuse = RefuseNonUtf8;
+  auto key = [&](const char* name) { AppendKey(&out, name); };
+  key("chunk_fields");
+  AppendJsonString(&out, "[file, offset, bytes, begin|box_offsets, end|box_sizes]");
+  key("entries");
+  out.push_back('[');
+  for (size_t i = 0; i < m.entries.size(); ++i) {
+    const EntryRecord& e = m.entries[i];
+    out.append(i ? ",\n  {\"name\": " : "\n  {\"name\": ");
+    if (!AppendJsonString(&out, e.name)) return refuse("the name of entry " + std::to_string(i));
+    out.append(", \"dtype\": \"");
+    out.append(DTypeName(e.dtype));
+    out.append("\", \"shape\": ");
+    AppendIntList(&out, e.shape);
+    out.append(", \"chunks\": [");
+    for (size_t k = 0; k < e.chunks.size(); ++k) {
+      if (k) out.push_back(',');
+      AppendChunk(&out, e.chunks[k], e.shape);
+    }
+    out.append("]}");
+  }
+  out.append(m.entries.empty() ? "]" : "\n ]");
+  key("blobs");
+  out.push_back('[');
+  for (size_t i = 0; i < m.blobs.size(); ++i) {
+    const BlobRecord& b = m.blobs[i];
+    out.append(i ? ",\n  {\"name\": " : "\n  {\"name\": ");
+    if (!AppendJsonString(&out, b.name)) return refuse("the name of blob " + std::to_string(i));
+    out.append(b.scope == BlobScope::kGlobal ? ", \"scope\": \"global\", \"rank\": " : ", \"scope\": \"per_rank\", \"rank\": ");
+    AppendJsonInt(&out, b.rank);
+    out.append(", \"file\": ");
+    AppendJsonUint(&out, b.file);
+    out.append(", \"offset\": ");
+    AppendJsonUint(&out, b.offset);
+    out.append(", \"bytes\": ");
+    AppendJsonUint(&out, b.bytes);
+    out.push_back('}');
+  }
+  out.append(m.blobs.empty() ? "]" : "\n ]");
+  return Status::Ok();
+}
+
+// The whole text: the head (format, step, creation, metrics, files), then what `append_body`
+// appends, then the seal.
+template <typename AppendBodyFn>
+Result<std::string> EncodeManifestText(const Manifest& m, size_t body_bytes, AppendBodyFn append_body) {
+  size_t sums = 0;
   for (const FileRecord& f : m.files) sums += f.table_page_sums.size();
   std::string out;
-  out.reserve(1024 + m.files.size() * 128 + sums * 16 + m.entries.size() * 80 + names + chunks * 48 +
-              m.blobs.size() * 128);
-  auto refuse = [](const std::string& what) {
-    return InvalidArgument("cannot encode manifest (names must be UTF-8): " + what + " is not valid UTF-8");
-  };
-  auto key = [&](const char* name) {  // a top-level field after the first
-    out.append(",\n \"");
-    out.append(name);
-    out.append("\": ");
-  };
+  out.reserve(1024 + m.files.size() * 128 + sums * 16 + body_bytes);
+  auto refuse = RefuseNonUtf8;
+  auto key = [&](const char* name) { AppendKey(&out, name); };
   out.append("{\n \"format\": ");
   AppendJsonString(&out, kFormatName);
   key("format_version");
@@ -763,45 +821,29 @@ Result<std::string> EncodeManifest(const Manifest& m) {
     out.push_back('}');
   }
   out.append(m.files.empty() ? "]" : "\n ]");
-  key("chunk_fields");
-  AppendJsonString(&out, "[file, offset, bytes, begin|box_offsets, end|box_sizes]");
-  key("entries");
-  out.push_back('[');
-  for (size_t i = 0; i < m.entries.size(); ++i) {
-    const EntryRecord& e = m.entries[i];
-    out.append(i ? ",\n  {\"name\": " : "\n  {\"name\": ");
-    if (!AppendJsonString(&out, e.name)) return refuse("the name of entry " + std::to_string(i));
-    out.append(", \"dtype\": \"");
-    out.append(DTypeName(e.dtype));
-    out.append("\", \"shape\": ");
-    AppendIntList(&out, e.shape);
-    out.append(", \"chunks\": [");
-    for (size_t k = 0; k < e.chunks.size(); ++k) {
-      if (k) out.push_back(',');
-      AppendChunk(&out, e.chunks[k], e.shape);
-    }
-    out.append("]}");
-  }
-  out.append(m.entries.empty() ? "]" : "\n ]");
-  key("blobs");
-  out.push_back('[');
-  for (size_t i = 0; i < m.blobs.size(); ++i) {
-    const BlobRecord& b = m.blobs[i];
-    out.append(i ? ",\n  {\"name\": " : "\n  {\"name\": ");
-    if (!AppendJsonString(&out, b.name)) return refuse("the name of blob " + std::to_string(i));
-    out.append(b.scope == BlobScope::kGlobal ? ", \"scope\": \"global\", \"rank\": " : ", \"scope\": \"per_rank\", \"rank\": ");
-    AppendJsonInt(&out, b.rank);
-    out.append(", \"file\": ");
-    AppendJsonUint(&out, b.file);
-    out.append(", \"offset\": ");
-    AppendJsonUint(&out, b.offset);
-    out.append(", \"bytes\": ");
-    AppendJsonUint(&out, b.bytes);
-    out.push_back('}');
-  }
-  out.append(m.blobs.empty() ? "]" : "\n ]");
+  SC_RETURN_IF_ERROR(append_body(out));
   out.append("\n}");
   return SealManifestText(std::move(out));
+}
+
+}  // namespace
+
+Result<std::string> EncodeManifest(const Manifest& m) {
+  return EncodeManifestText(m, BodyBytesEstimate(m), [&](std::string& out) { return AppendBody(m, out); });
+}
+
+Result<std::string> EncodeManifestBody(const Manifest& m) {
+  std::string out;
+  out.reserve(BodyBytesEstimate(m));
+  SC_RETURN_IF_ERROR(AppendBody(m, out));
+  return out;
+}
+
+Result<std::string> EncodeManifestWithBody(const Manifest& m, std::string_view body) {
+  return EncodeManifestText(m, body.size(), [&](std::string& out) {
+    out.append(body);
+    return Status::Ok();
+  });
 }
 
 namespace {

@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "shardckpt/engine/model/dtype.h"
@@ -95,6 +96,13 @@ uint64_t DataFileSize(uint64_t table_offset);
 
 // The manifest's text (docs/format.md): the same manifest always gives the same bytes.
 Result<std::string> EncodeManifest(const Manifest& manifest);
+// The part of EncodeManifest's text that says what the files hold ("chunk_fields", "entries",
+// "blobs"), and the whole text given that part. A repeat save that placed every piece where the
+// previous one did has the same entries and blobs: it encodes only the step, creation, metrics
+// and files (save_phases.h, KeptManifest), a few hundred bytes instead of megabytes.
+Result<std::string> EncodeManifestBody(const Manifest& m);
+// EncodeManifest(m), given body == EncodeManifestBody(m) (the caller's promise).
+Result<std::string> EncodeManifestWithBody(const Manifest& m, std::string_view body);
 // Parses and validates. `origin` (the file path) prefixes every message. Reads the layout of
 // every writer so far (the older one-number-per-line text included) and fields in any order.
 Result<Manifest> DecodeManifest(const std::string& json, const std::string& origin);
