@@ -246,6 +246,13 @@ void MpiFinalize() {
   g_mpi_finalized = true;
 }
 
+// {phase: seconds}, in the engine's order (Python dicts keep it).
+py::dict PhaseDict(const std::vector<PhaseTime>& phases) {
+  py::dict out;
+  for (const PhaseTime& phase : phases) out[py::str(phase.name)] = phase.seconds;
+  return out;
+}
+
 // Retention and provenance, as save() and async_save() take them.
 SaveOptions SaveOptionsFrom(int keep_last, int keep_best, const std::string& best_metric,
                             bool best_higher_is_better,
@@ -288,6 +295,7 @@ py::tuple SaveCall(Comm& comm, const std::string& root, int64_t step,
   out["bytes_written"] = saved->bytes_written;
   out["total_bytes"] = saved->total_bytes;
   out["plan_reused"] = comm.plan_cache().plans_reused > reused_before;
+  out["phases"] = PhaseDict(saved->phases);
   return Reply(Status::Ok(), out);
 }
 
@@ -326,6 +334,7 @@ py::tuple LoadCall(Comm& comm, const std::string& path, const std::vector<PieceT
   out["bytes_wanted"] = report.bytes_wanted;
   out["bytes_read"] = report.stats.data_bytes_read;
   out["bytes_received"] = report.bytes_received;
+  out["phases"] = PhaseDict(report.phases);
   return Reply(Status::Ok(), out);
 }
 

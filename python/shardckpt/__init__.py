@@ -71,6 +71,9 @@ class SaveResult:
     # The state's description (names, dtypes, shapes, layouts, value sizes) had not changed on
     # any rank since the previous save on this communicator: its plan was reused, no gather.
     plan_reused: bool = False
+    # Seconds this rank spent in each phase, in order: plan, write, gather_reports, then on
+    # rank 0 build_manifest and commit, and share_outcome (elsewhere: waiting for the commit).
+    phases: Dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -87,6 +90,9 @@ class LoadReport:
     bytes_read: int      # data bytes this rank read from storage
     bytes_wanted: int    # bytes this rank needed from storage
     bytes_received: int  # replicated bytes received from other ranks
+    # Seconds this rank spent in each phase, in order: read_manifest (rank 0), share_manifest,
+    # match, plan, read, replicated.
+    phases: Dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def _piece(name: str, tensor: torch.Tensor, shape: List[int], layout: Tuple[str, Any, Any]) -> tuple:
@@ -293,7 +299,7 @@ def load(state_dict: Dict[str, Any], path: str, *, strict: bool = True, strip_pr
     return LoadReport(path=raw["path"], step=raw["step"], saved_world_size=raw["saved_world_size"],
                       missing=missing, unexpected=unexpected, unavailable=unavailable,
                       bytes_read=raw["bytes_read"], bytes_wanted=raw["bytes_wanted"],
-                      bytes_received=raw["bytes_received"])
+                      bytes_received=raw["bytes_received"], phases=raw["phases"])
 
 
 

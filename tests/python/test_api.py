@@ -86,6 +86,11 @@ def test_nested_round_trip_every_dtype(comm, root):
     assert_same(state, target)
     # Every byte wanted came from storage here or from another rank.
     assert report.bytes_read + report.bytes_received >= report.bytes_wanted
+    # Where each rank's time went, phase by phase; the commit is rank 0's.
+    commit = ["build_manifest", "commit"] if comm.rank == 0 else []
+    assert list(saved.phases) == ["plan", "write", "gather_reports"] + commit + ["share_outcome"]
+    assert list(report.phases) == ["read_manifest", "share_manifest", "match", "plan", "read", "replicated"]
+    assert all(s >= 0 for s in list(saved.phases.values()) + list(report.phases.values()))
 
 
 def test_load_writes_into_the_callers_tensors(root):
