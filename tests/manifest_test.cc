@@ -502,6 +502,42 @@ TEST(ManifestText, RefusesTextAfterTheObject) {
   }
 }
 
+// A repeat save encodes its head around the kept body: the same bytes as the whole encoding,
+// packed (format 1.1) or not, whatever the head's own entries and blobs are.
+TEST(ManifestText, AHeadAroundAKeptBodyIsTheWholeEncoding) {
+  std::vector<Named> cases = Manifests();
+  cases.push_back({"packed", [] {
+                     Manifest m = Tiny();
+                     m.entries[0].chunks[0].offset = 64;  // off a block: format 1.1
+                     return m;
+                   }});
+  cases.push_back({"empty", [] {
+                     Manifest m = Tiny();
+                     m.entries.clear();
+                     m.blobs.clear();
+                     return m;
+                   }});
+  for (const Named& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Manifest m = c.make();
+    Result<ManifestBody> body = EncodeManifestBody(m);
+    ASSERT_TRUE(body.ok()) << body.status().ToString();
+    EXPECT_EQ(body->packed_offsets, UsesPackedOffsets(m));
+    Manifest head = m;
+    head.entries.clear();
+    head.blobs.clear();
+    head.step = 77;  // what a repeat save changes
+    head.metrics = {{"loss", 0.5}};
+    Manifest whole = m;
+    whole.step = 77;
+    whole.metrics = head.metrics;
+    EXPECT_EQ(EncodeManifestWithBody(head, *body).value(), EncodeManifest(whole).value());
+  }
+  Manifest bad = Tiny();
+  bad.entries[1].name = "b\xff";
+  EXPECT_THAT(EncodeManifestBody(bad).status().message(), HasSubstr("the name of entry 1 is not valid UTF-8"));
+}
+
 TEST(ManifestText, EncodeRefusesNamesThatAreNotUtf8) {
   Manifest m = Tiny();
   m.entries[1].name = "b\xff";

@@ -477,7 +477,7 @@ namespace {
 Result<std::string> RefreshKeptManifest(int64_t step, const Descriptions& described,
                                         std::vector<WriteReport>&& reports, const SaveOptions& options,
                                         KeptManifest* kept, int64_t* total_bytes) {
-  Manifest& m = kept->manifest;
+  Manifest& m = kept->head;
   m.step = step;
   m.created = MakeCreationInfo(static_cast<int>(described.hosts.size()), options.torch_version, options.git_commit,
                                options.user_metadata);
@@ -504,7 +504,9 @@ Result<std::string> EncodeBuiltManifest(Manifest&& m, const PlannedSave& planned
   if (cache != nullptr && cache->plan_id == planned.plan_id) {
     kept->plan_id = planned.plan_id;
     kept->reports = std::move(reports);
-    kept->manifest = std::move(m);
+    m.entries = {};  // said by the body
+    m.blobs = {};
+    kept->head = std::move(m);
     cache->manifest = std::move(kept);
   }
   return text;

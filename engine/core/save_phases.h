@@ -107,8 +107,8 @@ std::string EncodeWriteReport(const WriteReport& report);
 struct KeptManifest {
   int64_t plan_id = 0;
   std::vector<WriteReport> reports;  // those the manifest was built from
-  Manifest manifest;                 // validated
-  std::string body;                  // EncodeManifestBody(manifest)
+  Manifest head;                     // the validated manifest without its entries and blobs
+  ManifestBody body;                 // its entries and blobs, encoded
 };
 // Whether `now` places every piece and blob where `before` did, in files of the same name,
 // size, table offset and number of table checksums.

@@ -750,7 +750,8 @@ Status AppendBody(const Manifest& m, std::string& out) {
 // The whole text: the head (format, step, creation, metrics, files), then what `append_body`
 // appends, then the seal.
 template <typename AppendBodyFn>
-Result<std::string> EncodeManifestText(const Manifest& m, size_t body_bytes, AppendBodyFn append_body) {
+Result<std::string> EncodeManifestText(const Manifest& m, bool packed_offsets, size_t body_bytes,
+                                       AppendBodyFn append_body) {
   size_t sums = 0;
   for (const FileRecord& f : m.files) sums += f.table_page_sums.size();
   std::string out;
@@ -765,7 +766,7 @@ Result<std::string> EncodeManifestText(const Manifest& m, size_t body_bytes, App
   out.push_back('[');
   AppendJsonInt(&out, m.format_major);
   out.append(", ");
-  AppendJsonInt(&out, UsesPackedOffsets(m) ? kFormatMinorPacked : 0);
+  AppendJsonInt(&out, packed_offsets ? kFormatMinorPacked : 0);
   out.push_back(']');
   key("step");
   AppendJsonInt(&out, m.step);
@@ -829,19 +830,21 @@ Result<std::string> EncodeManifestText(const Manifest& m, size_t body_bytes, App
 }  // namespace
 
 Result<std::string> EncodeManifest(const Manifest& m) {
-  return EncodeManifestText(m, BodyBytesEstimate(m), [&](std::string& out) { return AppendBody(m, out); });
+  return EncodeManifestText(m, UsesPackedOffsets(m), BodyBytesEstimate(m),
+                            [&](std::string& out) { return AppendBody(m, out); });
 }
 
-Result<std::string> EncodeManifestBody(const Manifest& m) {
-  std::string out;
-  out.reserve(BodyBytesEstimate(m));
-  SC_RETURN_IF_ERROR(AppendBody(m, out));
-  return out;
+Result<ManifestBody> EncodeManifestBody(const Manifest& m) {
+  ManifestBody body;
+  body.text.reserve(BodyBytesEstimate(m));
+  SC_RETURN_IF_ERROR(AppendBody(m, body.text));
+  body.packed_offsets = UsesPackedOffsets(m);
+  return body;
 }
 
-Result<std::string> EncodeManifestWithBody(const Manifest& m, std::string_view body) {
-  return EncodeManifestText(m, body.size(), [&](std::string& out) {
-    out.append(body);
+Result<std::string> EncodeManifestWithBody(const Manifest& head, const ManifestBody& body) {
+  return EncodeManifestText(head, body.packed_offsets, body.text.size(), [&](std::string& out) {
+    out.append(body.text);
     return Status::Ok();
   });
 }
