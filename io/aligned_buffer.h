@@ -21,7 +21,10 @@ struct HostAllocator {
   void (*release)(void* ptr) = nullptr;
   const char* name = "aligned";
 };
+// The default allocator: page-aligned memory; from kHugePageBytes up, 2 MiB-aligned and advised
+// for transparent huge pages unless SHARDCKPT_HUGE_PAGES=0.
 HostAllocator DefaultHostAllocator();
+inline constexpr size_t kHugePageBytes = size_t{2} << 20;
 
 // Successful AlignedBuffer::Allocate calls in this process, whatever the allocator: lets a test
 // hold a pipeline to "no staging allocation after the first save".

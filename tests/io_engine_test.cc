@@ -10,7 +10,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <set>
 #include <tuple>
 
@@ -26,6 +29,7 @@ namespace shardckpt {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::DirectIoAvailable;
 using testing::FdHasODirect;
 using testing::UringAvailable;
@@ -93,6 +97,40 @@ void ReapAll(IoEngine* engine, std::set<uint64_t>* done, std::vector<Status>* fa
     if (tag.ok()) done->insert(*tag);
     else failures->push_back(tag.status());
   }
+}
+
+// The VmFlags of the mapping holding `address`, from /proc/self/smaps ("" when not found).
+std::string VmFlagsOf(const void* address) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto at = reinterpret_cast<uintptr_t>(address);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    unsigned long begin = 0, end = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &begin, &end) == 2 && line.find('-') < line.find(' ')) {
+      inside = begin <= at && at < end;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      return line;
+    }
+  }
+  return "";
+}
+
+// Staging buffers of 2 MiB and more are 2 MiB-aligned and advised for transparent huge pages
+// (VmFlags "hg"), unless SHARDCKPT_HUGE_PAGES=0; smaller ones are only page-aligned.
+TEST(AlignedBufferTest, LargeBuffersAskForHugePagesUnlessTurnedOff) {
+  if (!PathExists("/sys/kernel/mm/transparent_hugepage")) GTEST_SKIP() << "kernel without transparent huge pages";
+  AlignedBuffer large = AlignedBuffer::Allocate(8u << 20).value();
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(large.data()) % kHugePageBytes, 0u);
+  EXPECT_THAT(VmFlagsOf(large.data()), HasSubstr(" hg"));
+  std::memset(large.data(), 1, large.size());  // usable whole
+  AlignedBuffer small = AlignedBuffer::Allocate(64u << 10).value();
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(small.data()) % kDirectIoAlignment, 0u);
+
+  ASSERT_EQ(setenv("SHARDCKPT_HUGE_PAGES", "0", 1), 0);
+  AlignedBuffer plain = AlignedBuffer::Allocate(8u << 20).value();
+  unsetenv("SHARDCKPT_HUGE_PAGES");
+  EXPECT_THAT(VmFlagsOf(plain.data()), Not(HasSubstr(" hg")));
+  EXPECT_THAT(VmFlagsOf(plain.data()), HasSubstr("VmFlags:"));
 }
 
 TEST(BufferPool, AnEmptyPoolIsRefusedNamingTheOptions) {
