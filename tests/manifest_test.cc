@@ -506,9 +506,12 @@ TEST(ManifestText, RefusesTextAfterTheObject) {
 // packed (format 1.1) or not, whatever the head's own entries and blobs are.
 TEST(ManifestText, AHeadAroundAKeptBodyIsTheWholeEncoding) {
   std::vector<Named> cases = Manifests();
-  cases.push_back({"packed", [] {
+  cases.push_back({"unpacked", [] {
                      Manifest m = Tiny();
-                     m.entries[0].chunks[0].offset = 64;  // off a block: format 1.1
+                     for (EntryRecord& e : m.entries) {
+                       for (ChunkRecord& c : e.chunks) c.offset = 0;  // every chunk on a block: format 1.0
+                     }
+                     for (BlobRecord& b : m.blobs) b.offset = 0;
                      return m;
                    }});
   cases.push_back({"empty", [] {

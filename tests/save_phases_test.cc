@@ -471,10 +471,15 @@ TEST_F(SavePhasesOnDisk, ARepeatSaveReusesTheKeptManifestWithItsOwnStepMetricsAn
   EXPECT_EQ(loaded[0], 9);
   EXPECT_EQ(loaded[3], 4);
 
-  // A plan made afresh drops the manifest kept for the old one.
+  // A plan made afresh drops the manifest kept for the old one, even when its save then fails
+  // before the commit; the next good save keeps its own.
   float more[2] = {5, 6};
   ASSERT_TRUE(state_.AddTensor("b", DType::kFloat32, {2}, Layout::Whole(), more).ok());
-  ASSERT_TRUE(Save(*comm_, root(), 4, state_, options).ok());
+  ASSERT_TRUE(SetFailpoints("save.write_data=EIO").ok());
+  EXPECT_FALSE(Save(*comm_, root(), 4, state_, options).ok());
+  ASSERT_TRUE(SetFailpoints("").ok());
+  EXPECT_EQ(cache.manifest, nullptr);
+  ASSERT_TRUE(Save(*comm_, root(), 5, state_, options).ok());
   ASSERT_NE(cache.manifest, nullptr);
   EXPECT_EQ(cache.manifest->plan_id, cache.plan_id);
   EXPECT_THAT(cache.manifest->body.text, HasSubstr("{\"name\": \"b\""));

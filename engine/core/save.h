@@ -77,8 +77,9 @@ struct SaveResult {
   int64_t bytes_written = 0;   // by this rank, data and padding and table
   int64_t total_bytes = 0;     // by all ranks
   // This rank's time in each phase, in order: plan, write, gather_reports, then on rank 0
-  // build_manifest and commit (validate, encode, write and publish the manifest), and
-  // share_outcome (on other ranks: waiting for rank 0's commit).
+  // build_manifest (or the refresh of the kept one) and commit (validate, encode, write and
+  // publish the manifest, apply retention), and share_outcome (on other ranks: waiting for rank
+  // 0's commit).
   std::vector<PhaseTime> phases;
 };
 

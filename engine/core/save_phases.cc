@@ -473,10 +473,9 @@ bool PlacedAlike(const std::vector<WriteReport>& now, const std::vector<WriteRep
 
 namespace {
 
-// The kept manifest with this save's step, creation, metrics and checksum tables; the text.
-Result<std::string> RefreshKeptManifest(int64_t step, const Descriptions& described,
-                                        std::vector<WriteReport>&& reports, const SaveOptions& options,
-                                        KeptManifest* kept, int64_t* total_bytes) {
+// The kept manifest, given this save's step, creation, metrics and checksum tables.
+Status RefreshKeptManifest(int64_t step, const Descriptions& described, std::vector<WriteReport>&& reports,
+                           const SaveOptions& options, KeptManifest* kept, int64_t* total_bytes) {
   Manifest& m = kept->head;
   m.step = step;
   m.created = MakeCreationInfo(static_cast<int>(described.hosts.size()), options.torch_version, options.git_commit,
@@ -491,24 +490,24 @@ Result<std::string> RefreshKeptManifest(int64_t step, const Descriptions& descri
     *total_bytes += static_cast<int64_t>(report.file.size);
   }
   kept->reports = std::move(reports);
-  return EncodeManifestWithBody(m, kept->body);
+  return Status::Ok();
 }
 
-// A manifest built for this save: validated, encoded, and kept for the next save of the plan.
+// A manifest built for this save, validated and encoded; with a kept plan, kept for its next
+// save (its entries and blobs as text). Without one it is encoded in one piece: no body copy.
 Result<std::string> EncodeBuiltManifest(Manifest&& m, const PlannedSave& planned, std::vector<WriteReport>&& reports,
                                         SavePlanCache* cache) {
   SC_RETURN_IF_ERROR(CheckBuiltManifest(m));
+  if (cache == nullptr || cache->plan_id != planned.plan_id) return EncodeManifest(m);
   auto kept = std::make_shared<KeptManifest>();
   SC_ASSIGN_OR_RETURN(kept->body, EncodeManifestBody(m));
   SC_ASSIGN_OR_RETURN(std::string text, EncodeManifestWithBody(m, kept->body));
-  if (cache != nullptr && cache->plan_id == planned.plan_id) {
-    kept->plan_id = planned.plan_id;
-    kept->reports = std::move(reports);
-    m.entries = {};  // said by the body
-    m.blobs = {};
-    kept->head = std::move(m);
-    cache->manifest = std::move(kept);
-  }
+  kept->plan_id = planned.plan_id;
+  kept->reports = std::move(reports);
+  m.entries = {};  // said by the body
+  m.blobs = {};
+  kept->head = std::move(m);
+  cache->manifest = std::move(kept);
   return text;
 }
 
@@ -527,8 +526,10 @@ Status CommitOnRoot(const std::string& root, int64_t step, const PlannedSave& pl
                              : nullptr;
     Result<std::string> text = Internal("not encoded");
     if (kept != nullptr) {
-      text = RefreshKeptManifest(step, *planned.described, std::move(reports).value(), options, kept, total_bytes);
+      Status refreshed =
+          RefreshKeptManifest(step, *planned.described, std::move(reports).value(), options, kept, total_bytes);
       if (clock != nullptr) clock->Lap("build_manifest");
+      text = refreshed.ok() ? EncodeManifestWithBody(kept->head, kept->body) : Result<std::string>(refreshed);
     } else {
       Manifest m = BuildManifest(step, *planned.described, *reports, options, total_bytes);
       if (clock != nullptr) clock->Lap("build_manifest");

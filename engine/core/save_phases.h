@@ -99,6 +99,8 @@ struct WriteReport {
 };
 std::string EncodeWriteReport(const WriteReport& report);
 
+Result<WriteReport> DecodeWriteReport(const std::string& bytes);
+
 // Rank 0's record of the manifest its kept plan last committed (SavePlanCache::manifest). A
 // repeat save of that plan whose reports place every piece and blob where those did, in files of
 // the same sizes, commits the same entries and blobs: only the step, creation, metrics and the
@@ -113,7 +115,6 @@ struct KeptManifest {
 // Whether `now` places every piece and blob where `before` did, in files of the same name,
 // size, table offset and number of table checksums.
 bool PlacedAlike(const std::vector<WriteReport>& now, const std::vector<WriteReport>& before);
-Result<WriteReport> DecodeWriteReport(const std::string& bytes);
 
 // Writes this rank's assigned pieces and blobs to <temp_dir>/rank-RRRRR.bin; a plan this rank
 // could not decode is its report's status.

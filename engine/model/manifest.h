@@ -15,7 +15,6 @@
 #include <functional>
 #include <map>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "shardckpt/engine/model/dtype.h"

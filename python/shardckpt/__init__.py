@@ -72,7 +72,8 @@ class SaveResult:
     # any rank since the previous save on this communicator: its plan was reused, no gather.
     plan_reused: bool = False
     # Seconds this rank spent in each phase, in order: plan, write, gather_reports, then on
-    # rank 0 build_manifest and commit, and share_outcome (elsewhere: waiting for the commit).
+    # rank 0 build_manifest and commit (validate, encode, write and publish the manifest, apply
+    # retention), and share_outcome (elsewhere: waiting for the commit).
     phases: Dict[str, float] = dataclasses.field(default_factory=dict)
 
 

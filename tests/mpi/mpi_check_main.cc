@@ -325,6 +325,17 @@ int DoPlanCache(Communicator& comm, const Args& a) {
         entry->chunks.size() != static_cast<size_t>(v.pieces) || has_extra != v.extra) {
       return Fail(rank, std::string("manifest of the save '") + v.what + "' does not describe " + own + " as saved");
     }
+    if (v.plans) continue;
+    // A reused plan commits rank 0's kept manifest, refreshed: it must be the manifest a save
+    // without the cache builds afresh for the same state, but for the creation time.
+    Result<SaveResult> fresh = Save(comm, a.root + "-fresh", step, (*built)->held.state, SaveOptions{});
+    if (!fresh.ok()) return Fail(rank, "save without the cache: " + fresh.status().ToString());
+    Result<Manifest> built_afresh = ReadManifest(fresh->path);
+    if (!built_afresh.ok()) return Fail(rank, "manifest saved without the cache: " + built_afresh.status().ToString());
+    built_afresh->created.time = m->created.time;
+    if (EncodeManifest(*m).value() != EncodeManifest(*built_afresh).value()) {
+      return Fail(rank, std::string("the kept manifest of the save '") + v.what + "' differs from one built afresh");
+    }
   }
   std::printf("rank %d: OK %zu saves planned %llu times and reused the plan %llu times\n", rank, variants.size(),
               static_cast<unsigned long long>(made), static_cast<unsigned long long>(reused));
