@@ -74,9 +74,11 @@ Result<FioRun> RunFio(const std::vector<FioJob>& asked, const FioSettings& setti
   if (asked.empty()) return InvalidArgument("fio: no jobs");
   const bool direct = FolderTakesDirect(DirName(asked[0].path));
   std::vector<FioJob> jobs = asked;
-  std::vector<std::string> argv = {settings.binary, "--output-format=json", "--ioengine=io_uring",
-                                   std::string("--direct=") + (direct ? "1" : "0"),
-                                   "--iodepth=" + std::to_string(settings.iodepth)};
+  std::vector<std::string> argv;
+  if (settings.huge_pages) argv = {"env", "GLIBC_TUNABLES=glibc.malloc.hugetlb=1"};
+  argv.insert(argv.end(), {settings.binary, "--output-format=json", "--ioengine=io_uring",
+                           std::string("--direct=") + (direct ? "1" : "0"),
+                           "--iodepth=" + std::to_string(settings.iodepth)});
   for (FioJob& job : jobs) {
     uint64_t block = BlockFor(job.bytes, settings);
     job.bytes = FioBytes(job.bytes, settings);
@@ -105,6 +107,7 @@ Result<FioRun> RunFio(const std::vector<FioJob>& asked, const FioSettings& setti
   if (!run.ok()) return run;
   run->wall_s = wall;
   run->direct = direct;
+  run->huge_pages = settings.huge_pages;
   return run;
 }
 

@@ -104,8 +104,9 @@ FioRun FioForRanks(Communicator& comm, const std::string& dir, const std::string
 
 std::string DescribeFio(const FioRun& run, const char* what) {
   char buf[256];
-  std::snprintf(buf, sizeof(buf), "fio %s %.3f GiB/s (io_uring, %s, 8 MiB blocks, QD16, %zu jobs, %.0f MiB in %.3fs)", what,
-                run.GiBPerSecond(), run.direct ? "O_DIRECT" : "buffered: no O_DIRECT here", run.jobs.size(),
+  std::snprintf(buf, sizeof(buf), "fio %s %.3f GiB/s (io_uring, %s, 8 MiB blocks, QD16, %s, %zu jobs, %.0f MiB in %.3fs)", what,
+                run.GiBPerSecond(), run.direct ? "O_DIRECT" : "buffered: no O_DIRECT here",
+                run.huge_pages ? "huge-page buffers" : "4 KiB-page buffers", run.jobs.size(),
                 run.bytes / 1048576.0, run.seconds);
   return buf;
 }
