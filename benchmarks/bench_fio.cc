@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 
 #include <nlohmann/json.hpp>
 
@@ -75,7 +76,11 @@ Result<FioRun> RunFio(const std::vector<FioJob>& asked, const FioSettings& setti
   const bool direct = FolderTakesDirect(DirName(asked[0].path));
   std::vector<FioJob> jobs = asked;
   std::vector<std::string> argv;
-  if (settings.huge_pages) argv = {"env", "GLIBC_TUNABLES=glibc.malloc.hugetlb=1"};
+  if (settings.huge_pages) {  // kept with the caller's own tunables
+    const char* own = std::getenv("GLIBC_TUNABLES");
+    argv = {"env", std::string("GLIBC_TUNABLES=") + (own != nullptr && *own != '\0' ? std::string(own) + ":" : "") +
+                       "glibc.malloc.hugetlb=1"};
+  }
   argv.insert(argv.end(), {settings.binary, "--output-format=json", "--ioengine=io_uring",
                            std::string("--direct=") + (direct ? "1" : "0"),
                            "--iodepth=" + std::to_string(settings.iodepth)});

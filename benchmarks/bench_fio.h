@@ -31,7 +31,8 @@ struct FioSettings {
   // fio's I/O buffers come from malloc; glibc's tunable glibc.malloc.hugetlb=1 advises them for
   // transparent huge pages, as shardckpt's staging buffers are (io/aligned_buffer.h). Without it
   // fio's O_DIRECT reads here ran at 0.9 GiB/s against 2.2 GiB/s with it: every 8 MiB request
-  // pinned 2048 small pages. A baseline must have the memory the engine has. False: plain malloc.
+  // pinned 2048 small pages. A baseline must have the memory the engine has. glibc applies it
+  // only where THP is in "madvise" mode (2.35 and later; older ones ignore it). False: plain malloc.
   bool huge_pages = true;
 };
 
@@ -47,7 +48,7 @@ struct FioRun {
   double seconds = 0;     // the longest job's runtime (fio's own clock; end_fsync included)
   double wall_s = 0;      // the fio process, start-up and file set-up included
   bool direct = true;     // false where the folder refuses O_DIRECT
-  bool huge_pages = false;  // its buffers advised for transparent huge pages (FioSettings)
+  bool huge_pages = false;  // run with glibc.malloc.hugetlb=1 (FioSettings)
   std::string json;       // fio's output, as it printed it
   double GiBPerSecond() const;
 };

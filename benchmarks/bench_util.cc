@@ -106,7 +106,7 @@ std::string DescribeFio(const FioRun& run, const char* what) {
   char buf[256];
   std::snprintf(buf, sizeof(buf), "fio %s %.3f GiB/s (io_uring, %s, 8 MiB blocks, QD16, %s, %zu jobs, %.0f MiB in %.3fs)", what,
                 run.GiBPerSecond(), run.direct ? "O_DIRECT" : "buffered: no O_DIRECT here",
-                run.huge_pages ? "huge-page buffers" : "4 KiB-page buffers", run.jobs.size(),
+                run.huge_pages ? "glibc.malloc.hugetlb=1" : "plain malloc buffers", run.jobs.size(),
                 run.bytes / 1048576.0, run.seconds);
   return buf;
 }

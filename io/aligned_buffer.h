@@ -21,10 +21,16 @@ struct HostAllocator {
   void (*release)(void* ptr) = nullptr;
   const char* name = "aligned";
 };
-// The default allocator: page-aligned memory; from kHugePageBytes up, 2 MiB-aligned and advised
-// for transparent huge pages unless SHARDCKPT_HUGE_PAGES=0.
+// The default allocator: page-aligned heap memory; buffers of a huge page and more get a mapping
+// of their own, aligned to the huge page and advised for transparent huge pages (aligned_buffer.cc
+// says why), unless SHARDCKPT_HUGE_PAGES=0 or the kernel has no THP. Pinned CUDA staging is not
+// affected.
 HostAllocator DefaultHostAllocator();
-inline constexpr size_t kHugePageBytes = size_t{2} << 20;
+// The huge page size the default allocator uses (the kernel's hpage_pmd_size), 0 when it uses
+// none. SetHugePageStaging overrides SHARDCKPT_HUGE_PAGES for this process (tests, or programs
+// that decide in code); it affects later allocations only.
+size_t HugePageStagingBytes();
+void SetHugePageStaging(bool on);
 
 // Successful AlignedBuffer::Allocate calls in this process, whatever the allocator: lets a test
 // hold a pipeline to "no staging allocation after the first save".
