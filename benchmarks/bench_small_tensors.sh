@@ -26,9 +26,11 @@ drop
 fio_json() { $py -c "import json,sys; j=json.load(open(sys.argv[1])); assert not any(x['error'] for x in j['jobs']); \
 d=j['jobs'][0][sys.argv[2]]; assert d['io_bytes']>=int(sys.argv[3]), 'short'; print('%.1f' % (d['io_bytes']/d['runtime']*1000/1e6))" "$@"; }
 fsize=$(( (bytes + 8388607) / 8388608 * 8388608 ))
-GLIBC_TUNABLES=${GLIBC_TUNABLES:+$GLIBC_TUNABLES:}glibc.malloc.hugetlb=1 fio --name=w --filename=fio.dat --rw=write --bs=8M --size=$fsize --ioengine=io_uring --direct=1 --iodepth=16 \
+# fio's buffers get transparent huge pages, as shardckpt's staging does (benchmarks/bench_fio.h)
+fio_tunables=${GLIBC_TUNABLES:+$GLIBC_TUNABLES:}glibc.malloc.hugetlb=1
+GLIBC_TUNABLES=$fio_tunables fio --name=w --filename=fio.dat --rw=write --bs=8M --size=$fsize --ioengine=io_uring --direct=1 --iodepth=16 \
     --end_fsync=1 --output-format=json > fio_w.json
-GLIBC_TUNABLES=${GLIBC_TUNABLES:+$GLIBC_TUNABLES:}glibc.malloc.hugetlb=1 fio --name=r --filename=fio.dat --rw=read --bs=8M --size=$fsize --ioengine=io_uring --direct=1 --iodepth=16 \
+GLIBC_TUNABLES=$fio_tunables fio --name=r --filename=fio.dat --rw=read --bs=8M --size=$fsize --ioengine=io_uring --direct=1 --iodepth=16 \
     --output-format=json > fio_r.json
 fio_write=$(fio_json fio_w.json write $fsize); fio_read=$(fio_json fio_r.json read $fsize)
 rm -f fio.dat

@@ -98,7 +98,6 @@ struct WriteReport {
   std::vector<std::pair<uint64_t, uint64_t>> blob_offsets;
 };
 std::string EncodeWriteReport(const WriteReport& report);
-
 Result<WriteReport> DecodeWriteReport(const std::string& bytes);
 
 // Rank 0's record of the manifest its kept plan last committed (SavePlanCache::manifest). A

@@ -1,11 +1,11 @@
 #include "shardckpt/engine/formats/pickle_writer.h"
 
-#include "shardckpt/engine/formats/byte_text.h"
-
 #include <cstdlib>
 #include <cstring>
 
 #include <nlohmann/json.hpp>
+
+#include "shardckpt/engine/formats/byte_text.h"
 
 namespace shardckpt {
 namespace {

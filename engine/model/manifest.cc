@@ -677,10 +677,6 @@ bool UsesPackedOffsets(const Manifest& m) {
   return false;
 }
 
-
-// The text without its seal, then sealed (docs/format.md, "manifest.json"): the top-level fields
-// one per line, then each file, entry and blob on a line of its own, lists of numbers without
-// spaces. Written straight into one string: a million chunks take tens of milliseconds.
 namespace {
 
 Status RefuseNonUtf8(const std::string& what) {
@@ -747,8 +743,11 @@ Status AppendBody(const Manifest& m, std::string& out) {
   return Status::Ok();
 }
 
-// The whole text: the head (format, step, creation, metrics, files), then what `append_body`
-// appends, then the seal.
+// The text without its seal, then sealed (docs/format.md, "manifest.json"): the top-level fields
+// one per line, then each file, entry and blob on a line of its own, lists of numbers without
+// spaces. The head (format, step, creation, metrics, files) is written here, the entries and
+// blobs by `append_body`. Written straight into one string: a million chunks take tens of
+// milliseconds.
 template <typename AppendBodyFn>
 Result<std::string> EncodeManifestText(const Manifest& m, bool packed_offsets, size_t body_bytes,
                                        AppendBodyFn append_body) {
