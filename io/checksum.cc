@@ -8,6 +8,16 @@ namespace shardckpt {
 
 uint64_t Checksum64(const void* data, size_t len) { return XXH3_64bits(data, len); }
 
+uint64_t Checksum64(std::string_view first, std::string_view second) {
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_64bits_reset(state);
+  XXH3_64bits_update(state, first.data(), first.size());
+  XXH3_64bits_update(state, second.data(), second.size());
+  const uint64_t sum = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  return sum;
+}
+
 void ChecksumBlocks(const void* data, size_t len, uint64_t* out) {
   const auto* bytes = static_cast<const unsigned char*>(data);
   for (size_t i = 0; i * kBlockSize < len; ++i) {

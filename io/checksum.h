@@ -6,12 +6,16 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace shardckpt {
 
 inline constexpr uint64_t kBlockSize = 4096;
 
 uint64_t Checksum64(const void* data, size_t len);
+// The Checksum64 of `first` followed by `second`, without joining them (a manifest's text is
+// sealed over its body and a closing brace that stands elsewhere).
+uint64_t Checksum64(std::string_view first, std::string_view second);
 // Checksums `len` bytes (a multiple of kBlockSize) block by block into out[len / kBlockSize].
 void ChecksumBlocks(const void* data, size_t len, uint64_t* out);
 

@@ -133,6 +133,18 @@ std::optional<std::vector<ChunkRecord>> GeneralReading(const nlohmann::json& lis
   return out;
 }
 
+// Changes up to two random bytes of `text` to letters of `alphabet`, then reads it with `read` (a
+// compact reader: the length it read, 0 for "not mine"). What a JSON library makes of the text the
+// compact reader took (discarded when the library refuses it), or nothing when it took none.
+template <typename Read>
+std::optional<nlohmann::json> ChangeAndRead(std::mt19937_64& rng, const std::string& alphabet, std::string* text, Read read) {
+  const int changes = static_cast<int>(rng() % 3);
+  for (int c = 0; c < changes; ++c) (*text)[rng() % text->size()] = alphabet[rng() % alphabet.size()];
+  const size_t length = read(*text);
+  if (length == 0) return std::nullopt;
+  return nlohmann::json::parse(text->substr(0, length), nullptr, false);
+}
+
 // Random compact lists with random bytes changed: whatever the compact reader accepts, a JSON
 // library reads to the same chunks, so falling back can never change what a manifest means.
 TEST(CompactChunkList, AcceptsOnlyWhatTheGeneralReaderReadsTheSame) {
@@ -166,19 +178,16 @@ TEST(CompactChunkList, AcceptsOnlyWhatTheGeneralReaderReadsTheSame) {
       text += "]";
     }
     text += "]";
-    const int changes = static_cast<int>(rng() % 3);
-    for (int c = 0; c < changes; ++c) text[rng() % text.size()] = alphabet[rng() % alphabet.size()];
-
     std::vector<ChunkRecord> read;
-    const size_t length = ReadCompactChunkList(text, &read);
-    if (length == 0) {
+    const std::optional<nlohmann::json> parsed =
+        ChangeAndRead(rng, alphabet, &text, [&](const std::string& t) { return ReadCompactChunkList(t, &read); });
+    if (!parsed.has_value()) {
       ++refused;
       continue;
     }
     ++accepted;
-    const nlohmann::json parsed = nlohmann::json::parse(text.substr(0, length), nullptr, false);
-    ASSERT_FALSE(parsed.is_discarded()) << text;
-    const std::optional<std::vector<ChunkRecord>> general = GeneralReading(parsed);
+    ASSERT_FALSE(parsed->is_discarded()) << text;
+    const std::optional<std::vector<ChunkRecord>> general = GeneralReading(*parsed);
     ASSERT_TRUE(general.has_value()) << text;
     ASSERT_EQ(general->size(), read.size()) << text;
     for (size_t k = 0; k < read.size(); ++k) {
@@ -191,6 +200,138 @@ TEST(CompactChunkList, AcceptsOnlyWhatTheGeneralReaderReadsTheSame) {
   // Both sides of the property were exercised.
   EXPECT_GT(accepted, 5000);
   EXPECT_GT(refused, 5000);
+}
+
+// ---- The entries list ----
+
+std::vector<EntryRecord> ReadEntries(const std::string& text, size_t* length) {
+  std::vector<EntryRecord> out;
+  *length = ReadCompactEntryList(text, &out);
+  return out;
+}
+
+TEST(CompactEntryList, ReadsTheFormTheWriterUses) {
+  const std::string list =
+      "[\n  {\"name\": \"w\", \"dtype\": \"float32\", \"shape\": [2,2], \"chunks\": [[0,0,16,0,4]]},\n"
+      "  {\"name\": \"caf\xc3\xa9 b\", \"dtype\": \"bfloat16\", \"shape\": [], \"chunks\": [[1,16,2,[],[]]]},\n"
+      "  {\"name\": \"\", \"dtype\": \"int64\", \"shape\": [0], \"chunks\": []}\n ]";
+  size_t length = 0;
+  std::vector<EntryRecord> entries = ReadEntries(list + ",\n \"blobs\": []", &length);
+  ASSERT_EQ(length, list.size());
+  ASSERT_EQ(entries.size(), 3u);
+  EXPECT_EQ(entries[0].name, "w");
+  EXPECT_EQ(entries[0].dtype, DType::kFloat32);
+  EXPECT_EQ(entries[0].shape, (Shape{2, 2}));
+  ASSERT_EQ(entries[0].chunks.size(), 1u);
+  EXPECT_EQ(entries[0].chunks[0].layout, Layout::FlatRange(0, 4));
+  EXPECT_EQ(entries[1].name, "caf\xc3\xa9 b");
+  EXPECT_EQ(entries[1].dtype, DType::kBFloat16);
+  EXPECT_TRUE(entries[1].shape.empty());
+  ASSERT_EQ(entries[1].chunks.size(), 1u);
+  EXPECT_EQ(entries[1].chunks[0].file, 1u);
+  EXPECT_EQ(entries[1].chunks[0].layout, Layout::Box({}, {}));
+  EXPECT_EQ(entries[2].name, "");
+  EXPECT_TRUE(entries[2].chunks.empty());
+  EXPECT_TRUE(ReadEntries("[]", &length).empty());
+  EXPECT_EQ(length, 2u);
+}
+
+// Names with something to unescape or not UTF-8, another spacing or order, an unknown dtype or
+// field: all left to the general reader.
+TEST(CompactEntryList, LeavesEveryOtherSpellingToTheGeneralReader) {
+  const std::string entry = "{\"name\": \"w\", \"dtype\": \"float32\", \"shape\": [2], \"chunks\": [[0,0,8,0,2]]}";
+  auto list = [](const std::string& e) { return "[\n  " + e + "\n ]"; };
+  size_t length = 0;
+  ReadEntries(list(entry), &length);
+  ASSERT_NE(length, 0u);
+  const std::vector<std::pair<std::string, std::string>> edits = {
+      {"\"w\"", "\"\\u0077\""},
+      {"\"w\"", "\"a\\\"b\""},
+      {"\"w\"", "\"tab\there\""},
+      {"\"w\"", "\"\xff\""},
+      {"\"w\"", "\"\xc3\""},
+      {"\"w\"", "\"\xed\xa0\x80\""},  // a UTF-16 surrogate spelled in UTF-8
+      {"\"float32\"", "\"float33\""},
+      {"\"float32\"", "\"Float32\""},
+      {"{\"name\"", "{ \"name\""},
+      {"\"name\": \"w\", \"dtype\": \"float32\"", "\"dtype\": \"float32\", \"name\": \"w\""},
+      {"[2]", "[ 2]"},
+      {"[2]", "[2.0]"},
+      {"[2]", "2"},
+      {"]]}", "]], \"why\": 1}"},
+      {"]]}", "]] }"},
+      {"[[0,0,8,0,2]]", "[[0,0,8,0,2] ]"},
+  };
+  for (const auto& [from, to] : edits) {
+    std::string text = list(entry);
+    text.replace(text.find(from), from.size(), to);
+    ReadEntries(text, &length);
+    EXPECT_EQ(length, 0u) << text;
+  }
+  for (const std::string& text : std::vector<std::string>{"[" + entry + "]", "[\n  " + entry + "]", "[\n  " + entry + "\n]",
+                                  "[\n  " + entry + ",\n  \n ]", "[\n  " + entry + ",\n " + entry + "\n ]",
+                                  "[\n  " + entry, "[\n ]", "[ ]", ""}) {
+    ReadEntries(text, &length);
+    EXPECT_EQ(length, 0u) << text;
+  }
+}
+
+// Random entries lists with random bytes changed: whatever the compact reader accepts, a JSON
+// library reads to the same entries, so reading ahead can never change what a manifest means.
+TEST(CompactEntryList, AcceptsOnlyWhatTheGeneralReaderReadsTheSame) {
+  std::mt19937_64 rng(15);
+  std::string alphabet = "0123456789-,[]{} :\"\\\n\tabnu\xc3\xa9\xff";
+  alphabet.push_back('\0');
+  const std::vector<std::string> dtypes = {"float32", "bfloat16", "int8", "bool", "float8_e4m3fn", "complex64"};
+  int accepted = 0, refused = 0;
+  for (int round = 0; round < 20000; ++round) {
+    std::string text = "[";
+    const int entries = static_cast<int>(rng() % 3) + 1;
+    for (int i = 0; i < entries; ++i) {
+      text += i ? ",\n  {\"name\": \"" : "\n  {\"name\": \"";
+      const int name = static_cast<int>(rng() % 6);
+      const char* const name_parts[] = {"a", "b", ".", "_", "\xc3\xa9", "\xf0\x9f\x98\x80"};
+      for (int c = 0; c < name; ++c) text += name_parts[rng() % 6];
+      text += "\", \"dtype\": \"" + dtypes[rng() % dtypes.size()] + "\", \"shape\": [";
+      const int dims = static_cast<int>(rng() % 3);
+      for (int d = 0; d < dims; ++d) text += (d ? "," : "") + std::to_string(rng() % 100);
+      text += "], \"chunks\": [";
+      const int chunks = static_cast<int>(rng() % 3);
+      for (int k = 0; k < chunks; ++k) {
+        text += (k ? ",[" : "[") + std::to_string(rng() % 4) + "," + std::to_string(rng() % 100000) + "," +
+                std::to_string(rng() % 1000) + "," + std::to_string(rng() % 50) + "," + std::to_string(rng() % 50) + "]";
+      }
+      text += "]}";
+    }
+    text += "\n ]";
+    std::vector<EntryRecord> read;
+    const std::optional<nlohmann::json> parsed =
+        ChangeAndRead(rng, alphabet, &text, [&](const std::string& t) { return ReadCompactEntryList(t, &read); });
+    if (!parsed.has_value()) {
+      ++refused;
+      continue;
+    }
+    ++accepted;
+    ASSERT_FALSE(parsed->is_discarded()) << text;
+    ASSERT_TRUE(parsed->is_array()) << text;
+    ASSERT_EQ(parsed->size(), read.size()) << text;
+    for (size_t i = 0; i < read.size(); ++i) {
+      const nlohmann::json& e = (*parsed)[i];
+      ASSERT_TRUE(e.is_object() && e.size() == 4) << text;
+      EXPECT_EQ(e.at("name").get<std::string>(), read[i].name) << text;
+      EXPECT_EQ(e.at("dtype").get<std::string>(), DTypeName(read[i].dtype)) << text;
+      EXPECT_EQ(e.at("shape").get<std::vector<int64_t>>(), read[i].shape) << text;
+      const std::optional<std::vector<ChunkRecord>> chunks = GeneralReading(e.at("chunks"));
+      ASSERT_TRUE(chunks.has_value()) << text;
+      ASSERT_EQ(chunks->size(), read[i].chunks.size()) << text;
+      for (size_t k = 0; k < chunks->size(); ++k) {
+        EXPECT_EQ((*chunks)[k].offset, read[i].chunks[k].offset) << text;
+        EXPECT_EQ((*chunks)[k].layout, read[i].chunks[k].layout) << text;
+      }
+    }
+  }
+  EXPECT_GT(accepted, 3000);
+  EXPECT_GT(refused, 3000);
 }
 
 }  // namespace

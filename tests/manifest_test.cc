@@ -490,6 +490,38 @@ TEST(ManifestText, RefusesHostileFieldsNamingWhere) {
   }
 }
 
+// The entries list is read ahead of the general reader from after the first `,\n "entries": `
+// (manifest.cc, ReadCompactEntries). That spelling inside another field is not the entries: the
+// manifest means what a JSON reader says it means.
+TEST(ManifestText, AnEntriesListInsideAnotherFieldIsNotTakenForTheEntries) {
+  const std::string decoy =
+      "\"future\": {\"x\": 1,\n \"entries\": [\n  {\"name\": \"decoy\", \"dtype\": \"float32\", \"shape\": [1], "
+      "\"chunks\": [[0,0,4,0,1]]}\n ]},\n \"chunk_fields\"";
+  std::string text = kTinyText;
+  text.replace(text.find("\"chunk_fields\""), std::string("\"chunk_fields\"").size(), decoy);
+  Result<Manifest> decoded = DecodeManifest(SealManifestText(text), "ckpt/manifest.json");
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  ExpectSameManifest(*decoded, Tiny());
+
+  // Without the real entries, the decoy is still not read as them.
+  const size_t real = text.find(",\n \"entries\": [\n  {\"name\": \"w\"");
+  ASSERT_NE(real, std::string::npos);
+  text.replace(real, text.find("\n ]", real) + 3 - real, "");
+  decoded = DecodeManifest(SealManifestText(text), "ckpt/manifest.json");
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_THAT(decoded.status().message(), HasSubstr("missing field 'entries'"));
+
+  // Entries that are read ahead and entries that are not (an escaped name) read the same.
+  std::string escaped = kTinyText;
+  escaped.replace(escaped.find("\"name\": \"w\""), 11, "\"name\": \"\\u0077\"");
+  decoded = DecodeManifest(SealManifestText(escaped), "ckpt/manifest.json");
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  ExpectSameManifest(*decoded, Tiny());
+  decoded = DecodeManifest(SealManifestText(kTinyText), "ckpt/manifest.json");
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  ExpectSameManifest(*decoded, Tiny());
+}
+
 TEST(ManifestText, RefusesTextAfterTheObject) {
   // Sealed with the tail inside, so that the refusal comes from the reader, not the seal.
   const std::string body = CheckSeal(*EncodeManifest(Tiny()), "tiny").value();

@@ -1,6 +1,11 @@
 #include "shardckpt/engine/model/chunk_list_text.h"
 
+#include <simdjson.h>
+
 #include <cstdint>
+#include <cstring>
+#include <iterator>
+#include <string>
 
 namespace shardckpt {
 namespace {
@@ -36,7 +41,8 @@ inline const char* Signed(const char* p, const char* end, int64_t* value) {
 inline const char* Char(const char* p, const char* end, char c) { return p != nullptr && p != end && *p == c ? p + 1 : nullptr; }
 
 // `[` integers separated by `,` `]`, possibly empty (a 0-d tensor's box).
-const char* IntList(const char* p, const char* end, Dims* out) {
+template <typename IntVector>  // Dims or Shape
+const char* IntList(const char* p, const char* end, IntVector* out) {
   if ((p = Char(p, end, '[')) == nullptr) return nullptr;
   if (p != end && *p == ']') return p + 1;
   while (true) {
@@ -70,20 +76,82 @@ const char* Chunk(const char* p, const char* end, ChunkRecord* chunk) {
   return Char(p, end, ']');
 }
 
+// The whole chunk list, appended to `out`.
+const char* ChunkList(const char* p, const char* end, std::vector<ChunkRecord>* out) {
+  if ((p = Char(p, end, '[')) == nullptr) return nullptr;
+  if (p != end && *p == ']') return p + 1;
+  while (true) {
+    out->emplace_back();
+    if ((p = Chunk(p, end, &out->back())) == nullptr || p == end) return nullptr;
+    if (*p == ']') return p + 1;
+    if (*p++ != ',') return nullptr;
+  }
+}
+
+// `literal` itself.
+inline const char* Literal(const char* p, const char* end, std::string_view literal) {
+  if (p == nullptr || static_cast<size_t>(end - p) < literal.size() || std::memcmp(p, literal.data(), literal.size()) != 0) {
+    return nullptr;
+  }
+  return p + literal.size();
+}
+
+// A string's bytes up to its closing quote (not consumed), when there is nothing to unescape and
+// no control character (the general reader refuses those) and they are valid UTF-8 (which the
+// general reader checks of the whole text, and never sees of this list).
+const char* PlainString(const char* p, const char* end, std::string* out) {
+  if (p == nullptr) return nullptr;
+  const char* start = p;
+  while (p != end && *p != '"') {
+    const unsigned char c = static_cast<unsigned char>(*p);
+    if (c < 0x20 || c == '\\') return nullptr;
+    ++p;
+  }
+  if (p == end || !simdjson::validate_utf8(start, static_cast<size_t>(p - start))) return nullptr;
+  out->assign(start, p);
+  return p;
+}
+
+// `{"name": "N", "dtype": "D", "shape": [...], "chunks": [...]}`. `scratch` is reused from entry to
+// entry, so that each entry's chunk list is allocated once, at its size.
+const char* Entry(const char* p, const char* end, EntryRecord* e, std::vector<ChunkRecord>* scratch) {
+  p = PlainString(Literal(p, end, "{\"name\": \""), end, &e->name);
+  std::string dtype;
+  p = PlainString(Literal(p, end, "\", \"dtype\": \""), end, &dtype);
+  if (p == nullptr) return nullptr;
+  Result<DType> parsed = ParseDType(dtype);
+  if (!parsed.ok()) return nullptr;
+  e->dtype = *parsed;
+  e->shape.clear();
+  p = IntList(Literal(p, end, "\", \"shape\": "), end, &e->shape);
+  scratch->clear();
+  p = ChunkList(Literal(p, end, ", \"chunks\": "), end, scratch);
+  if ((p = Char(p, end, '}')) == nullptr) return nullptr;
+  e->chunks.assign(std::make_move_iterator(scratch->begin()), std::make_move_iterator(scratch->end()));
+  return p;
+}
+
 }  // namespace
 
 size_t ReadCompactChunkList(std::string_view text, std::vector<ChunkRecord>* out) {
+  const char* p = ChunkList(text.data(), text.data() + text.size(), out);
+  return p == nullptr ? 0 : static_cast<size_t>(p - text.data());
+}
+
+size_t ReadCompactEntryList(std::string_view text, std::vector<EntryRecord>* out) {
   const char* const begin = text.data();
   const char* const end = begin + text.size();
-  const char* p = Char(begin, end, '[');
-  if (p == nullptr) return 0;
-  if (p != end && *p == ']') return 2;
-  while (true) {
+  out->clear();
+  if (const char* p = Literal(begin, end, "[]")) return static_cast<size_t>(p - begin);
+  const char* p = Literal(begin, end, "[\n  ");
+  std::vector<ChunkRecord> scratch;
+  while (p != nullptr) {
     out->emplace_back();
-    if ((p = Chunk(p, end, &out->back())) == nullptr || p == end) return 0;
-    if (*p == ']') return static_cast<size_t>(p + 1 - begin);
-    if (*p++ != ',') return 0;
+    if ((p = Entry(p, end, &out->back(), &scratch)) == nullptr) return 0;
+    if (const char* last = Literal(p, end, "\n ]")) return static_cast<size_t>(last - begin);
+    p = Literal(p, end, ",\n  ");
   }
+  return 0;
 }
 
 }  // namespace shardckpt

@@ -1,6 +1,7 @@
-// A manifest entry's "chunks" list read straight from its text, when it is in the compact form
-// EncodeManifest writes: `[[file,offset,bytes,begin,end],[file,offset,bytes,[offsets],[sizes]],...]`
-// with no spaces, integers of at most 18 digits. Pure.
+// A manifest's "entries" list, and an entry's "chunks" list, read straight from their text when
+// they are in the compact form EncodeManifest writes. A chunk list is
+// `[[file,offset,bytes,begin,end],[file,offset,bytes,[offsets],[sizes]],...]` with no spaces,
+// integers of at most 18 digits; the entries list is one entry per line (below). Pure.
 //
 // Why by hand: a 3-million-chunk manifest is 15 million small integers in short lists, and a
 // general JSON reader's per-value work (type checks, iterator state, error plumbing) was most of
@@ -25,5 +26,17 @@ namespace shardckpt {
 // file index past UINT32_MAX, an integer the reader would not take): `out` then holds an
 // unspecified prefix, to be cleared.
 size_t ReadCompactChunkList(std::string_view text, std::vector<ChunkRecord>* out);
+
+// Reads the entries list that starts at `text[0]` (its '['), replacing `out` with its entries, in
+// exactly the spelling EncodeManifest writes:
+//   [\n  {"name": "N", "dtype": "D", "shape": [d,...], "chunks": CHUNKS},\n  {...}\n ]   or   []
+// where N has nothing to unescape (no quote, backslash or control character) and is valid UTF-8,
+// D is a dtype this build knows, and CHUNKS is a compact chunk list. Returns the length through
+// the closing ']', or 0 for any other spelling or value (`out` is then unspecified): the general
+// reader then reads the list, and names what is wrong with it.
+//
+// Why: the entries are nearly all of a large manifest's text. Read here, the general reader never
+// indexes or skips them: DecodeManifest gives it the text with this list cut out.
+size_t ReadCompactEntryList(std::string_view text, std::vector<EntryRecord>* out);
 
 }  // namespace shardckpt

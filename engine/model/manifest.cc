@@ -479,26 +479,63 @@ struct Place {
   }
 };
 
+// The sealed text's body: all of it before the seal (which stands in for its closing "\n}").
+std::string_view SealedBody(const std::string& text) { return std::string_view(text).substr(0, text.size() - kSealTail); }
+
 // The text simdjson parses: the sealed text without its seal (a copy is needed anyway for
 // simdjson's padding), or the whole text when it has no seal.
 simdjson::padded_string ParsedText(const std::string& text, SealShape seal) {
   if (seal != SealShape::kPresent) return simdjson::padded_string(text);
-  const size_t body = text.size() - kSealTail;
-  simdjson::padded_string out(body + 2);
-  std::memcpy(out.data(), text.data(), body);
-  std::memcpy(out.data() + body, "\n}", 2);
+  const std::string_view body = SealedBody(text);
+  simdjson::padded_string out(body.size() + 2);
+  std::memcpy(out.data(), body.data(), body.size());
+  std::memcpy(out.data() + body.size(), "\n}", 2);
   return out;
 }
 
-}  // namespace
+// The entries list, read ahead of the general reader when it is spelled as EncodeManifest spells
+// it (ReadCompactEntryList): where its '[' stands in the text, its length, and its entries.
+struct CompactEntries {
+  size_t open = 0;
+  size_t length = 0;
+  std::vector<EntryRecord> entries;
+};
 
-Result<Manifest> DecodeManifest(const std::string& text, const std::string& origin) {
+// The list after the first `,\n "entries": `. A raw newline never stands inside a JSON string, but
+// the key could still stand inside a nested object: DecodeText checks that the top-level
+// "entries" is the list read here.
+bool ReadCompactEntries(std::string_view body, CompactEntries* out) {
+  constexpr std::string_view kKey = ",\n \"entries\": ";
+  const size_t key = body.find(kKey);
+  if (key == std::string_view::npos) return false;
+  out->open = key + kKey.size();
+  out->length = ReadCompactEntryList(body.substr(out->open), &out->entries);
+  return out->length != 0;
+}
+
+// The sealed text with the compact entries list cut down to `[]`: simdjson never indexes or skips
+// what is nearly all of a large manifest's text.
+simdjson::padded_string TextWithoutEntries(const std::string& text, const CompactEntries& compact) {
+  const std::string_view body = SealedBody(text);
+  const std::string_view after = body.substr(compact.open + compact.length);
+  simdjson::padded_string out(compact.open + 2 + after.size() + 2);
+  char* p = out.data();
+  std::memcpy(p, body.data(), compact.open);
+  p += compact.open;
+  std::memcpy(p, "[]", 2);
+  std::memcpy(p + 2, after.data(), after.size());
+  std::memcpy(p + 2 + after.size(), "\n}", 2);
+  return out;
+}
+
+// Decodes `text`. With `compact`, the entries are those read ahead, and the rest of the text is
+// parsed without them; any refusal then is only "not shown", and the caller decodes again without.
+Result<Manifest> DecodeText(const std::string& text, SealShape seal, uint64_t recorded, CompactEntries* compact,
+                            const std::string& origin) {
   Manifest m;
   Place where;
   try {
-    uint64_t recorded = 0;
-    const SealShape seal = FindSeal(text, &recorded);
-    const simdjson::padded_string parsed = ParsedText(text, seal);
+    const simdjson::padded_string parsed = compact != nullptr ? TextWithoutEntries(text, *compact) : ParsedText(text, seal);
     const simdjson::padded_string_view view = parsed;
     od::parser parser;
     od::document doc;
@@ -540,7 +577,7 @@ Result<Manifest> DecodeManifest(const std::string& text, const std::string& orig
     }
     m.format_major = static_cast<int>(version[0]);
     m.format_minor = static_cast<int>(version[1]);
-    if (seal != SealShape::kPresent || Checksum64(parsed.data(), parsed.size()) != recorded) {
+    if (seal != SealShape::kPresent || Checksum64(SealedBody(text), "\n}") != recorded) {
       return SealError(seal, origin);
     }
 
@@ -599,6 +636,12 @@ Result<Manifest> DecodeManifest(const std::string& text, const std::string& orig
           break;
         }
         case 7: {
+          if (compact != nullptr) {
+            if (v.raw_json_token().data() != parsed.data() + compact->open) Refuse("not the entries read ahead");
+            Consume(v);
+            m.entries = std::move(compact->entries);
+            break;
+          }
           size_t i = 0;
           ForEachElement(v, "entries", [&](od::value& x) {
             m.entries.emplace_back();
@@ -629,6 +672,20 @@ Result<Manifest> DecodeManifest(const std::string& text, const std::string& orig
   Status valid = ValidateManifest(m);
   if (!valid.ok()) return valid.WithContext(origin);
   return m;
+}
+
+}  // namespace
+
+Result<Manifest> DecodeManifest(const std::string& text, const std::string& origin) {
+  uint64_t recorded = 0;
+  const SealShape seal = FindSeal(text, &recorded);
+  CompactEntries compact;
+  if (seal == SealShape::kPresent && ReadCompactEntries(SealedBody(text), &compact)) {
+    Result<Manifest> m = DecodeText(text, seal, recorded, &compact, origin);
+    if (m.ok()) return m;
+    // Whatever was refused, the general reader refuses it again and names it where it is.
+  }
+  return DecodeText(text, seal, recorded, nullptr, origin);
 }
 
 std::string SealManifestText(std::string text) {
