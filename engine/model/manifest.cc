@@ -528,8 +528,9 @@ simdjson::padded_string TextWithoutEntries(const std::string& text, const Compac
   return out;
 }
 
-// Decodes `text`. With `compact`, the entries are those read ahead, and the rest of the text is
-// parsed without them; any refusal then is only "not shown", and the caller decodes again without.
+// Decodes `text`. With `compact`, the entries are those read ahead and the rest of the text is
+// parsed without them; a refusal then is discarded, and the caller decodes again without
+// `compact`, so that every error comes from the general path, named as it names it.
 Result<Manifest> DecodeText(const std::string& text, SealShape seal, uint64_t recorded, CompactEntries* compact,
                             const std::string& origin) {
   Manifest m;
@@ -679,11 +680,16 @@ Result<Manifest> DecodeText(const std::string& text, SealShape seal, uint64_t re
 Result<Manifest> DecodeManifest(const std::string& text, const std::string& origin) {
   uint64_t recorded = 0;
   const SealShape seal = FindSeal(text, &recorded);
-  CompactEntries compact;
-  if (seal == SealShape::kPresent && ReadCompactEntries(SealedBody(text), &compact)) {
-    Result<Manifest> m = DecodeText(text, seal, recorded, &compact, origin);
-    if (m.ok()) return m;
-    // Whatever was refused, the general reader refuses it again and names it where it is.
+  // Past simdjson's largest document the general path refuses the text; so does this one, though
+  // the text without its entries would fit.
+  if (seal == SealShape::kPresent && text.size() <= simdjson::SIMDJSON_MAXSIZE_BYTES) {
+    CompactEntries compact;
+    if (ReadCompactEntries(SealedBody(text), &compact)) {
+      Result<Manifest> m = DecodeText(text, seal, recorded, &compact, origin);
+      if (m.ok()) return m;
+    }
+    // Whatever was refused, the general reader refuses it again and names it where it is. A
+    // damaged or hostile manifest is read twice then, but never held twice: `compact` is gone.
   }
   return DecodeText(text, seal, recorded, nullptr, origin);
 }
