@@ -1,7 +1,7 @@
 // bench_replicated_load: a model whose state is entirely replicated (DDP), loaded by every rank
 // of one node (issue 14 part 4), against every rank reading the checkpoint's data files itself
 // (sequential 8 MiB O_DIRECT preads of every file, as the load reads; on tmpfs that is the page
-// cache), all in one run. Three ways to load: read once and broadcast as before the
+// cache), into one 8 MiB buffer and into memory the size of the files, all in one run. Three ways to load: read once and broadcast as before the
 // change (one broadcast per entry: --batch-bytes 1 makes every entry go alone), read once and
 // broadcast in packed batches (the default from storage or across nodes), every rank reading (the
 // default on one node from tmpfs), and the default itself.
@@ -34,15 +34,20 @@ namespace po = boost::program_options;
 
 namespace {
 
-// Every data file of the checkpoint, whole, 8 MiB per pread; a short read fails.
-Status ReadEveryFile(const std::string& dir, const Manifest& manifest, AlignedBuffer* buffer) {
+// Every data file of the checkpoint, whole, 8 MiB per pread; a short read fails. With `spread`
+// false into the first 8 MiB of `buffer` again and again (the bytes land nowhere a model could
+// use them, and stay in cache); with `spread` true one file after the other into `buffer`, as large
+// as all the files: the memory a load's bytes must land in, the size of the state.
+Status ReadEveryFile(const std::string& dir, const Manifest& manifest, AlignedBuffer* buffer, bool spread) {
+  constexpr uint64_t kReadBytes = 8u << 20;
+  uint64_t base = 0;
   for (const FileRecord& f : manifest.files) {
     const std::string path = JoinPath(dir, f.name);
     int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
     if (fd < 0) return ErrnoStatus(errno, "open " + path);
     for (uint64_t at = 0; at < f.size;) {
-      size_t n = static_cast<size_t>(std::min<uint64_t>(buffer->size(), f.size - at));
-      ssize_t got = ::pread(fd, buffer->data(), n, static_cast<off_t>(at));
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(kReadBytes, f.size - at));
+      ssize_t got = ::pread(fd, buffer->data() + (spread ? base + at : 0), n, static_cast<off_t>(at));
       if (got <= 0) {
         ::close(fd);
         return got < 0 ? ErrnoStatus(errno, "pread " + path) : DataLoss("short read of " + path);
@@ -50,6 +55,7 @@ Status ReadEveryFile(const std::string& dir, const Manifest& manifest, AlignedBu
       at += static_cast<uint64_t>(got);
     }
     ::close(fd);
+    base += f.size;
   }
   return Status::Ok();
 }
@@ -66,7 +72,9 @@ int main(int argc, char** argv) {
       ("large", po::value<int>()->default_value(4), "large replicated tensors")
       ("large-bytes", po::value<std::string>()->default_value("64MiB"), "bytes of each large tensor")
       ("dir", po::value<std::string>()->default_value("/dev/shm/shardckpt-bench-replicated"), "folder")
-      ("iters", po::value<int>()->default_value(3), "repetitions (median reported)");
+      ("iters", po::value<int>()->default_value(3), "repetitions (median reported)")
+      ("memory-max-extent", po::value<std::string>()->default_value(std::to_string(ReadPlanOptions{}.memory_backed_max_extent)),
+       "the loads' ReadPlanOptions::memory_backed_max_extent (0: 8 MiB reads from tmpfs too, as before 2026-12-02)");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, flags), vm);
   if (vm.count("help")) {
@@ -78,6 +86,8 @@ int main(int argc, char** argv) {
   const uint64_t small_bytes = ParseSize(vm["small-bytes"].as<std::string>());
   const uint64_t large_bytes = ParseSize(vm["large-bytes"].as<std::string>());
   const std::string dir = vm["dir"].as<std::string>();
+  const std::string memory_max_extent_text = vm["memory-max-extent"].as<std::string>();
+  const uint64_t memory_max_extent = memory_max_extent_text == "0" ? 0 : ParseSize(memory_max_extent_text);
   const std::string root = JoinPath(dir, "root");
   std::vector<std::vector<unsigned char>> memory;
   auto build = [&](bool fill) {
@@ -102,12 +112,15 @@ int main(int argc, char** argv) {
   CheckOrExit(manifest.status(), "manifest");
   const std::vector<unsigned char> expected_first = memory[0], expected_last = memory.back();
   ShardedState targets = build(false);
-  AlignedBuffer read_buffer = AlignedBuffer::Allocate(8u << 20).value();
-  std::vector<double> direct_t, alone_t, batched_t, every_t, auto_t;
+  uint64_t file_bytes = 0;
+  for (const FileRecord& f : manifest->files) file_bytes += f.size;
+  AlignedBuffer read_buffer = AlignedBuffer::Allocate(file_bytes).value();
+  std::vector<double> direct_t, spread_t, alone_t, batched_t, every_t, auto_t;
   auto load = [&](ReplicatedReads mode, uint64_t batch) {
     LoadOptions options;
     options.replicated_reads = mode;
     options.broadcast_batch_bytes = batch;
+    options.plan.memory_backed_max_extent = memory_max_extent;
     Result<LoadReport> report = Internal("not run");
     double t = TimeCollective(*comm, [&] { report = Load(*comm, root, targets, options); });
     CheckOrExit(report.status(), "load");
@@ -116,21 +129,24 @@ int main(int argc, char** argv) {
   };
   for (int it = 0; it < vm["iters"].as<int>(); ++it) {
     Status direct;
-    direct_t.push_back(TimeCollective(*comm, [&] { direct = ReadEveryFile(saved->path, *manifest, &read_buffer); }));
+    direct_t.push_back(TimeCollective(*comm, [&] { direct = ReadEveryFile(saved->path, *manifest, &read_buffer, false); }));
     CheckOrExit(AgreeOnStatus(*comm, direct), "every rank reading the files");
+    spread_t.push_back(TimeCollective(*comm, [&] { direct = ReadEveryFile(saved->path, *manifest, &read_buffer, true); }));
+    CheckOrExit(AgreeOnStatus(*comm, direct), "every rank reading the files into state-sized memory");
     alone_t.push_back(load(ReplicatedReads::kBroadcast, 1));
     batched_t.push_back(load(ReplicatedReads::kBroadcast, 16u << 20));
     every_t.push_back(load(ReplicatedReads::kEveryRank, 16u << 20));
     auto_t.push_back(load(ReplicatedReads::kAuto, 16u << 20));
   }
-  const double d = Median(direct_t), a = Median(alone_t), b = Median(batched_t), e = Median(every_t),
-               au = Median(auto_t);
+  const double d = Median(direct_t), ds = Median(spread_t), a = Median(alone_t), b = Median(batched_t),
+               e = Median(every_t), au = Median(auto_t);
   if (rank == 0) {
     const double state_mib = (small * small_bytes + large * large_bytes) / 1048576.0;
     std::printf("bench_replicated_load: %d ranks, %d x %llu B + %d x %llu B replicated (%.0f MiB per rank) in %s\n", world,
                 small, static_cast<unsigned long long>(small_bytes), large, static_cast<unsigned long long>(large_bytes),
                 state_mib, dir.c_str());
-    std::printf("  every rank reads the files itself: %.3fs\n", d);
+    std::printf("  every rank reads the files itself: %.3fs (into one 8 MiB buffer; %.3fs into memory the size of the files, "
+                "where a load's bytes land: the load's ratio to that is %.2fx with auto)\n", d, ds, ds / au);
     std::printf("  load, read once + one broadcast per entry (before): %.3fs = %.2fx of that\n", a, d / a);
     std::printf("  load, read once + batched broadcasts:               %.3fs = %.2fx\n", b, d / b);
     std::printf("  load, every rank reads:                             %.3fs = %.2fx\n", e, d / e);
@@ -139,7 +155,8 @@ int main(int argc, char** argv) {
     PrintJson({{"ranks", Num(world)}, {"direct_s", Num(d)}, {"broadcast_each_s", Num(a)}, {"broadcast_batched_s", Num(b)},
                {"every_rank_s", Num(e)}, {"auto_s", Num(au)}, {"auto_vs_direct", Num(d / au)},
                {"broadcast_each_vs_direct", Num(d / a)},
-               {"broadcast_batched_vs_direct", Num(d / b)}, {"every_rank_vs_direct", Num(d / e)}});
+               {"broadcast_batched_vs_direct", Num(d / b)}, {"every_rank_vs_direct", Num(d / e)},
+               {"direct_state_sized_s", Num(ds)}, {"auto_vs_direct_state_sized", Num(ds / au)}});
   }
   comm->Barrier().IgnoreError();
   if (rank == 0) RemoveTree(dir).IgnoreError();

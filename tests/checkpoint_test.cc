@@ -325,6 +325,32 @@ TEST_F(CheckpointTest, MemoryBackedFileSystemWritesTheSameBytes) {
   ASSERT_TRUE(RemoveTree(shm).ok());
 }
 
+// From tmpfs a load cuts its reads at ReadPlanOptions::memory_backed_max_extent, so each is
+// verified while still in the CPU's cache; 0 keeps max_extent.
+TEST_F(CheckpointTest, ALoadFromTmpfsCutsItsReadsForTheCache) {
+  struct statfs fs;
+  if (::statfs("/dev/shm", &fs) != 0 || fs.f_type != TMPFS_MAGIC) GTEST_SKIP() << "no tmpfs at /dev/shm";
+  const std::string shm = "/dev/shm/shardckpt-test-cut-" + std::to_string(::getpid());
+  ASSERT_TRUE(RemoveTree(shm).ok());
+  const Shape shape = {256, 1024};  // 1 MiB of float32
+  std::vector<uint8_t> saved_bytes = testing::PieceBytes("cut", DType::kFloat32, shape, Layout::Whole());
+  ShardedState state;
+  ASSERT_TRUE(state.AddTensor("w", DType::kFloat32, shape, Layout::Whole(), saved_bytes.data()).ok());
+  ASSERT_TRUE(Save(*comm_, shm, 1, state, SaveOptions{}).ok());
+  for (uint64_t cut : {ReadPlanOptions{}.memory_backed_max_extent, uint64_t{256} << 10, uint64_t{0}}) {
+    std::vector<uint8_t> loaded(saved_bytes.size(), 0);
+    ShardedState want;
+    ASSERT_TRUE(want.AddTensor("w", DType::kFloat32, shape, Layout::Whole(), loaded.data()).ok());
+    LoadOptions options;
+    options.plan.memory_backed_max_extent = cut;
+    Result<LoadReport> report = Load(*comm_, shm, want, options);
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    EXPECT_EQ(report->stats.extents, cut == 0 ? 1u : (1u << 20) / cut) << cut;
+    EXPECT_TRUE(loaded == saved_bytes) << cut;
+  }
+  ASSERT_TRUE(RemoveTree(shm).ok());
+}
+
 TEST_F(CheckpointTest, AFailureAtEachCommitStepKeepsThePreviousCheckpoint) {
   const char* steps[] = {"save.write_data",        "io.write",               "io.fsync",
                          "commit.sync_tmp",        "commit.manifest.write",  "commit.manifest.fsync",

@@ -102,6 +102,29 @@ TEST(ReadPlan, LargeExtentsAreCutAndCopiesSplitAtTheCuts) {
   }
 }
 
+TEST(PlanOptionsFor, CutsExtentsOnlyForMemoryBackedFolders) {
+  struct Case {
+    uint64_t max_extent, memory_cut;
+    bool memory_backed;
+    uint64_t planned;
+  };
+  const Case cases[] = {
+      {8u << 20, 256u << 10, false, 8u << 20},   // storage: as asked
+      {8u << 20, 256u << 10, true, 256u << 10},  // tmpfs: cut
+      {64u << 10, 256u << 10, true, 64u << 10},  // asked smaller still: kept
+      {8u << 20, 0, true, 8u << 20},             // the cut turned off
+  };
+  for (const Case& c : cases) {
+    ReadPlanOptions asked;
+    asked.merge_gap = 4096;
+    asked.max_extent = c.max_extent;
+    asked.memory_backed_max_extent = c.memory_cut;
+    const ReadPlanOptions planned = PlanOptionsFor(asked, c.memory_backed);
+    EXPECT_EQ(planned.max_extent, c.planned) << c.max_extent << " " << c.memory_cut << " " << c.memory_backed;
+    EXPECT_EQ(planned.merge_gap, 4096u);
+  }
+}
+
 // ---- Property test: random shapes, random saved layouts at N, random wanted layouts at M. ----
 
 // Many small chunks packed into shared blocks (format 1.1), a reader wanting every third one

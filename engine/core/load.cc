@@ -4,6 +4,7 @@
 #include "shardckpt/engine/core/load_phases.h"
 #include "shardckpt/engine/formats/dcp_read.h"
 #include "shardckpt/io/fs.h"
+#include "shardckpt/io/io_engine.h"
 
 namespace shardckpt {
 namespace {
@@ -59,7 +60,9 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
   SC_ASSIGN_OR_RETURN(Match match, MatchEntries(comm, manifest, read.dir, targets, options, &report));
   clock.Lap("match");
   // 4-5. Plan and read.
-  ReadWork work = PlanReads(manifest, targets, match, comm.rank(), comm.size(), options.plan, &report);
+  // Each rank plans its own reads: a rank that sees the folder in memory cuts them for its cache.
+  const ReadPlanOptions plan_options = PlanOptionsFor(options.plan, IsMemoryBacked(JoinPath(read.dir, kManifestName)));
+  ReadWork work = PlanReads(manifest, targets, match, comm.rank(), comm.size(), plan_options, &report);
   report.bytes_wanted = work.plan.bytes_wanted;
   clock.Lap("plan");
   SC_RETURN_IF_ERROR(AgreeOnStatus(comm, ReadExtents(read.dir, manifest, work, options, &report.stats)));

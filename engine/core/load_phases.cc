@@ -408,6 +408,7 @@ ReadWork PlanReads(const Manifest& manifest, const ShardedState& targets, const 
     read_targets.copier.push_back(nullptr);
   }
   work.plan = CoalesceReads(std::move(copies), plan_options);
+  work.max_extent = plan_options.max_extent;
   return work;
 }
 
@@ -423,7 +424,7 @@ StagingSize SizeStaging(const ReadPlan& plan, size_t staging_buffers, uint64_t m
 // ---- 5.
 Status ReadExtents(const std::string& dir, const Manifest& manifest, const ReadWork& work,
                    const LoadOptions& options, ReadStats* stats) {
-  const StagingSize staging = SizeStaging(work.plan, options.staging_buffers, options.plan.max_extent);
+  const StagingSize staging = SizeStaging(work.plan, options.staging_buffers, work.max_extent);
   SC_ASSIGN_OR_RETURN(StagingLease lease, StagingLease::Acquire(staging.buffers, staging.buffer_bytes,
                                                                StagingHostAllocator(work.any_device_target),
                                                                options.keep_staging, options.staging_buffers));

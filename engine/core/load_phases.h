@@ -126,6 +126,7 @@ struct ReadWork {
   ReadTargets targets;
   bool any_device_target = false;
   ReadPlan plan;
+  uint64_t max_extent = 0;  // the plan's (plan_options.max_extent), which sizes its staging
 };
 ReadWork PlanReads(const Manifest& manifest, const ShardedState& targets, const Match& match, int rank, int world,
                    const ReadPlanOptions& plan_options, LoadReport* report);

@@ -139,4 +139,12 @@ ReadPlan CoalesceReads(std::vector<CopyRequest> copies, const ReadPlanOptions& o
   return plan;
 }
 
+ReadPlanOptions PlanOptionsFor(const ReadPlanOptions& asked, bool memory_backed) {
+  ReadPlanOptions out = asked;
+  if (memory_backed && asked.memory_backed_max_extent != 0) {
+    out.max_extent = std::min(asked.max_extent, asked.memory_backed_max_extent);
+  }
+  return out;
+}
+
 }  // namespace shardckpt
