@@ -72,8 +72,8 @@ struct ReadExtent {
 struct ReadPlanOptions {
   uint64_t merge_gap = 0;             // bytes of unneeded data worth reading to save an I/O
   uint64_t max_extent = 8ull << 20;  // must be a multiple of 4096
-  // A load from a memory-backed folder (tmpfs) cuts its extents at most this long instead (0: as
-  // max_extent). There a read is a copy out of the page cache, and an extent that still fits in
+  // A load into host memory from a memory-backed folder (tmpfs) cuts its extents at most this
+  // long instead (0: as max_extent). There a read is a copy out of the page cache, and an extent that still fits in
   // the CPU's cache is verified there, not read back from memory: a replicated load from tmpfs ran
   // 20% faster (64-256 KiB measured best; benchmarks/README.md), and 40% while another process
   // used memory bandwidth. From storage, larger reads keep the device busy.
