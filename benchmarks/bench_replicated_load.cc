@@ -1,10 +1,10 @@
 // bench_replicated_load: a model whose state is entirely replicated (DDP), loaded by every rank
 // of one node (issue 14 part 4), against every rank reading the checkpoint's data files itself
 // (sequential 8 MiB O_DIRECT preads of every file, as the load reads; on tmpfs that is the page
-// cache), into one 8 MiB buffer and into memory the size of the files, all in one run. Three ways to load: read once and broadcast as before the
-// change (one broadcast per entry: --batch-bytes 1 makes every entry go alone), read once and
-// broadcast in packed batches (the default from storage or across nodes), every rank reading (the
-// default on one node from tmpfs), and the default itself.
+// cache), into one reused 8 MiB buffer and into memory the size of the files, all in one run.
+// Four ways to load: read once and broadcast one entry per collective (as before batching), read
+// once and broadcast in packed batches (the default from storage or across nodes), every rank
+// reading (the default on one node from tmpfs), and the default itself.
 //
 //   mpirun -np 2 build/bin/bench_replicated_load --small 4000 --small-bytes 4096 --large 4 --large-bytes 64MiB --dir /dev/shm/b
 //

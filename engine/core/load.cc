@@ -62,13 +62,15 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
   SC_ASSIGN_OR_RETURN(Match match, MatchEntries(comm, manifest, read.dir, targets, options, &report));
   clock.Lap("match");
   // 4-5. Plan and read.
-  // Each rank plans its own reads: a rank that sees the folder in memory cuts them for its cache,
-  // unless it loads into device memory, where each extent's copies are waited for before its
-  // buffer is reused and small extents would cost a wait each.
+  // Each rank plans its own reads: a rank that sees the folder in memory cuts them so that it
+  // verifies each while in its cache (ReadPlanOptions::memory_backed_max_extent), when it does
+  // verify and loads into host memory only.
   const bool any_device = std::any_of(targets.pieces().begin(), targets.pieces().end(),
                                       [](const TensorPiece& p) { return p.space != MemorySpace::kHost; });
-  const ReadPlanOptions plan_options =
-      PlanOptionsFor(options.plan, !any_device && IsMemoryBacked(JoinPath(read.dir, kManifestName)));
+  const bool verifies = options.verify_checksums &&
+                        std::any_of(manifest.files.begin(), manifest.files.end(), [](const FileRecord& f) { return f.checksums; });
+  const ReadPlanOptions plan_options = PlanOptionsFor(
+      options.plan, verifies && !any_device && IsMemoryBacked(JoinPath(read.dir, kManifestName)));
   ReadWork work = PlanReads(manifest, targets, match, comm.rank(), comm.size(), plan_options, &report);
   report.bytes_wanted = work.plan.bytes_wanted;
   clock.Lap("plan");

@@ -139,9 +139,9 @@ ReadPlan CoalesceReads(std::vector<CopyRequest> copies, const ReadPlanOptions& o
   return plan;
 }
 
-ReadPlanOptions PlanOptionsFor(const ReadPlanOptions& asked, bool memory_backed) {
+ReadPlanOptions PlanOptionsFor(const ReadPlanOptions& asked, bool cut_for_cache) {
   ReadPlanOptions out = asked;
-  if (memory_backed && asked.memory_backed_max_extent != 0) {
+  if (cut_for_cache && asked.memory_backed_max_extent != 0) {
     out.max_extent = std::min(asked.max_extent, asked.memory_backed_max_extent);
   }
   return out;

@@ -72,17 +72,20 @@ struct ReadExtent {
 struct ReadPlanOptions {
   uint64_t merge_gap = 0;             // bytes of unneeded data worth reading to save an I/O
   uint64_t max_extent = 8ull << 20;  // must be a multiple of 4096
-  // A load into host memory from a memory-backed folder (tmpfs) cuts its extents at most this
-  // long instead (0: as max_extent). There a read is a copy out of the page cache, and an extent that still fits in
-  // the CPU's cache is verified there, not read back from memory: a replicated load from tmpfs ran
-  // 20% faster (64-256 KiB measured best; benchmarks/README.md), and 40% while another process
-  // used memory bandwidth. From storage, larger reads keep the device busy.
+  // Used by Load only (not by CoalesceReads itself, nor by CheckpointReader): a load that verifies
+  // checksums, into host memory only, from a memory-backed folder (tmpfs) cuts its extents at
+  // most this long instead (rounded down to a multiple of 4096; 0: as max_extent). There a read
+  // is a copy out of the page cache, and an extent that still fits in the CPU's cache is verified
+  // there, not read back from memory: a replicated load from tmpfs ran 20% faster (64-256 KiB
+  // measured best; benchmarks/README.md), 40% while another process used memory bandwidth. From
+  // storage, larger reads keep the device busy; into device memory, each extent's copies are
+  // waited for before its buffer is reused.
   uint64_t memory_backed_max_extent = 128u << 10;
 };
 
-// The options a load plans with: `asked`, its max_extent cut to memory_backed_max_extent when the
-// checkpoint is in memory.
-ReadPlanOptions PlanOptionsFor(const ReadPlanOptions& asked, bool memory_backed);
+// The options a load plans with: `asked`, its max_extent cut to memory_backed_max_extent when
+// `cut_for_cache` (Load: the conditions above).
+ReadPlanOptions PlanOptionsFor(const ReadPlanOptions& asked, bool cut_for_cache);
 
 struct ReadPlan {
   std::vector<ReadExtent> extents;
