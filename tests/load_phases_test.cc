@@ -309,7 +309,7 @@ TEST(PlanReads, SkipsEntriesAnotherRankReadsAndPerRankBlobsOfAnotherWorld) {
   match.local.entry_of_piece = {0, 1};
   match.reader_of = {1, -1};  // rank 1 reads "a" for everyone
   LoadReport report;
-  ReadWork work = PlanReads(m, targets, match, 0, 3, ReadPlanOptions{}, &report);
+  ReadWork work = PlanReads(m, targets, match, 0, 3, ReadPlanOptions{}, false, &report);
   EXPECT_THAT(work.targets.names, ElementsAre("b", "blob step"));
   EXPECT_FALSE(work.any_device_target);
   EXPECT_EQ(work.plan.bytes_wanted, 16u + 4u);
@@ -321,9 +321,15 @@ TEST(PlanReads, SkipsEntriesAnotherRankReadsAndPerRankBlobsOfAnotherWorld) {
 
   // Same world: this rank's own per-rank blob only.
   LoadReport same;
-  work = PlanReads(m, targets, match, 1, 2, ReadPlanOptions{}, &same);
+  work = PlanReads(m, targets, match, 1, 2, ReadPlanOptions{}, false, &same);
   EXPECT_THAT(work.targets.names, ElementsAre("a", "b", "blob step", "blob rng"));
   EXPECT_TRUE(same.blobs.at("rng").available);
+  EXPECT_EQ(work.max_extent, ReadPlanOptions{}.max_extent);
+
+  // Verified from memory into host memory: extents cut for the cache.
+  LoadReport cut;
+  work = PlanReads(m, targets, match, 1, 2, ReadPlanOptions{}, true, &cut);
+  EXPECT_EQ(work.max_extent, ReadPlanOptions{}.memory_backed_max_extent);
 }
 
 // The collective phases, on one rank, against a checkpoint saved for the purpose.
@@ -422,7 +428,7 @@ TEST_F(LoadPhasesOnDisk, MatchEntriesFillsTheReportAndAgrees) {
   EXPECT_TRUE(loose_report.unexpected.empty());
 
   // Read and share: the whole phase sequence of Load, one rank.
-  ReadWork work = PlanReads(read.manifest, targets, *match, 0, 1, loose.plan, &loose_report);
+  ReadWork work = PlanReads(read.manifest, targets, *match, 0, 1, loose.plan, false, &loose_report);
   ASSERT_TRUE(ReadExtents(read.dir, read.manifest, work, loose, &loose_report.stats).ok());
   EXPECT_EQ(std::vector<float>(a, a + 4), std::vector<float>(saved_, saved_ + 4));
   EXPECT_TRUE(ShareReplicated(*comm_, read.manifest, targets, *match, loose, &loose_report).ok());

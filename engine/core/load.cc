@@ -62,16 +62,12 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
   SC_ASSIGN_OR_RETURN(Match match, MatchEntries(comm, manifest, read.dir, targets, options, &report));
   clock.Lap("match");
   // 4-5. Plan and read.
-  // Each rank plans its own reads: a rank that sees the folder in memory cuts them so that it
-  // verifies each while in its cache (ReadPlanOptions::memory_backed_max_extent), when it does
-  // verify and loads into host memory only.
-  const bool any_device = std::any_of(targets.pieces().begin(), targets.pieces().end(),
-                                      [](const TensorPiece& p) { return p.space != MemorySpace::kHost; });
+  // Each rank plans its own reads: a rank that sees the folder in memory, and verifies, cuts them
+  // so that it verifies each while in its cache (ReadPlanOptions::memory_backed_max_extent).
   const bool verifies = options.verify_checksums &&
                         std::any_of(manifest.files.begin(), manifest.files.end(), [](const FileRecord& f) { return f.checksums; });
-  const ReadPlanOptions plan_options = PlanOptionsFor(
-      options.plan, verifies && !any_device && IsMemoryBacked(JoinPath(read.dir, kManifestName)));
-  ReadWork work = PlanReads(manifest, targets, match, comm.rank(), comm.size(), plan_options, &report);
+  const bool verified_from_memory = verifies && IsMemoryBacked(JoinPath(read.dir, kManifestName));
+  ReadWork work = PlanReads(manifest, targets, match, comm.rank(), comm.size(), options.plan, verified_from_memory, &report);
   report.bytes_wanted = work.plan.bytes_wanted;
   clock.Lap("plan");
   SC_RETURN_IF_ERROR(AgreeOnStatus(comm, ReadExtents(read.dir, manifest, work, options, &report.stats)));

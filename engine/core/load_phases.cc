@@ -361,7 +361,7 @@ Result<Match> MatchEntries(Communicator& comm, const Manifest& manifest, const s
 
 // ---- 4.
 ReadWork PlanReads(const Manifest& manifest, const ShardedState& targets, const Match& match, int rank, int world,
-                   const ReadPlanOptions& plan_options, LoadReport* report) {
+                   const ReadPlanOptions& plan_options, bool verified_from_memory, LoadReport* report) {
   ReadWork work;
   ReadTargets& read_targets = work.targets;
   std::vector<WantedPiece> wanted;
@@ -407,8 +407,11 @@ ReadWork PlanReads(const Manifest& manifest, const ShardedState& targets, const 
     read_targets.names.push_back("blob " + name);
     read_targets.copier.push_back(nullptr);
   }
-  work.plan = CoalesceReads(std::move(copies), plan_options);
-  work.max_extent = plan_options.max_extent;
+  // Into device memory each extent's copies are waited for before its buffer is reused: small
+  // extents would cost a wait each.
+  const ReadPlanOptions planned = PlanOptionsFor(plan_options, verified_from_memory && !work.any_device_target);
+  work.plan = CoalesceReads(std::move(copies), planned);
+  work.max_extent = planned.max_extent;
   return work;
 }
 

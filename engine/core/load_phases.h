@@ -121,15 +121,17 @@ Status CheckDevices(const ShardedState& targets);
 
 // ---- 4. Plan this rank's reads: its pieces (not those another rank reads for broadcast), every
 // global blob, and its own per-rank blobs when the world size is unchanged. Blob buffers live in
-// report->blobs, which the read fills.
+// report->blobs, which the read fills. `verified_from_memory`: the folder is memory-backed and the
+// load verifies checksums; then, when this rank reads into host memory only, its extents are cut
+// at plan_options.memory_backed_max_extent (PlanOptionsFor), to be verified while in cache.
 struct ReadWork {
   ReadTargets targets;
   bool any_device_target = false;
   ReadPlan plan;
-  uint64_t max_extent = 0;  // the plan's (plan_options.max_extent), which sizes its staging
+  uint64_t max_extent = 0;  // the max_extent the plan was cut at, which sizes its staging
 };
 ReadWork PlanReads(const Manifest& manifest, const ShardedState& targets, const Match& match, int rank, int world,
-                   const ReadPlanOptions& plan_options, LoadReport* report);
+                   const ReadPlanOptions& plan_options, bool verified_from_memory, LoadReport* report);
 
 // Staging buffers for a plan: a few large buffers for large extents, many small ones (so many
 // reads in flight) when resharding cuts the reads into row segments.
