@@ -242,6 +242,67 @@ TEST(ChunkOffset, ReadAheadServesPackedPiecesAndNamesTheDamagedOne) {
   EXPECT_THAT(damaged.message(), HasSubstr("checksum mismatch"));
 }
 
+// A file walked in order, window after window: from the second window on, the next one is read in
+// the background while this one is served; entries straddling two windows come back whole, each
+// block is read once, a read-ahead window with a damaged block still serves its other entries,
+// and the damaged one is named.
+TEST(ChunkOffset, ReadAheadWalksAFileWindowAfterWindow) {
+  testing::TempDir dir;
+  const std::string root = JoinPath(dir.path(), "root");
+  // One file of about 3.3 windows of packed entries of about 28 KiB (straddling every boundary).
+  const uint64_t window = CheckpointReader::kMaxWindow;
+  const int count = static_cast<int>(window * 33 / 10 / 28000);
+  const std::vector<std::vector<uint8_t>> data = WriteSmallWholeEntries(root, 1, 1, count, [](int i) { return 7000 + i % 13; });
+  ASSERT_FALSE(HasFailure());
+  auto walk = [&](CheckpointReader& reader, std::vector<std::string>* failed) {
+    const Manifest& m = reader.manifest();
+    std::vector<uint8_t> got;
+    for (size_t e = 0; e < m.entries.size(); ++e) {
+      const size_t i = std::stoul(m.entries[e].name.substr(1));
+      got.assign(data[i].size(), 0xEE);
+      Status read = reader.ReadPiece(e, Layout::Whole(), got.data());
+      if (!read.ok()) {
+        EXPECT_EQ(read.code(), Code::kDataLoss) << read.ToString();
+        EXPECT_THAT(read.message(), HasSubstr("'" + m.entries[e].name + "'"));
+        failed->push_back(m.entries[e].name);
+        continue;
+      }
+      EXPECT_EQ(got, data[i]) << m.entries[e].name;
+    }
+  };
+  auto reader = CheckpointReader::Open(root).value();
+  const Manifest m = reader->manifest();
+  ASSERT_EQ(m.files.size(), 1u);
+  ASSERT_GT(m.files[0].table_offset, 3 * window);
+  std::vector<std::string> failed;
+  walk(*reader, &failed);
+  EXPECT_TRUE(failed.empty());
+  EXPECT_EQ(reader->stats().data_bytes_read, m.files[0].table_offset);  // each block once
+  // The first two windows read when needed (the walk is seen going on at the second), the rest
+  // in the background.
+  EXPECT_EQ(reader->stats().bytes_read_ahead, m.files[0].table_offset - 2 * window);
+  // Back to the start (a jump): served again, exactly.
+  std::vector<uint8_t> got(data[0].size());
+  ASSERT_TRUE(reader->ReadPiece(0, Layout::Whole(), got.data()).ok());
+  EXPECT_EQ(got, data[0]);
+
+  // Damage an entry in the third window, which is read ahead.
+  const EntryRecord* damaged = nullptr;
+  for (const EntryRecord& e : m.entries) {
+    if (damaged == nullptr && e.chunks[0].offset > 2 * window + kBlockSize) damaged = &e;
+  }
+  ASSERT_NE(damaged, nullptr);
+  const std::string path = JoinPath(JoinPath(root, StepDirName(1)), "rank-00000.bin");
+  std::string file = ReadFileLimited(path, 64 << 20).value();
+  file[damaged->chunks[0].offset + 12000] ^= 1;  // a block of this entry alone
+  ASSERT_TRUE(WriteFileAtomic(path, file, "test").ok());
+  reader = CheckpointReader::Open(root).value();
+  failed.clear();
+  walk(*reader, &failed);
+  EXPECT_EQ(failed, std::vector<std::string>{damaged->name});
+  EXPECT_GT(reader->stats().bytes_read_ahead, 0u);  // the damaged window was one read ahead
+}
+
 // An entry cut across every file of a wide checkpoint (a consolidation after a reshard to many
 // ranks): one window per file, so reading entry after entry still reads each block once.
 TEST(ChunkOffset, ReadAheadReadsEachBlockOnceAcrossManyFiles) {

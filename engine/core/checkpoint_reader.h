@@ -3,6 +3,7 @@
 // reshard) stream through it one window at a time.
 #pragma once
 
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,15 +25,24 @@ class CheckpointReader {
   // Each part of a piece that lies within one window's size is served from a verified read-ahead
   // window of its file, one per file: tools walking many small entries in file order (reshard,
   // consolidate) read each block once instead of once per piece, which dominated with thousands of
-  // packed chunks. Windows are kWindowBudget / files bytes (8 MiB to 64 KiB), so a piece cut
+  // packed chunks. Windows are kWindowBudget / files bytes (4 MiB to 64 KiB), so a piece cut
   // across every file of a wide checkpoint never evicts the window the next piece needs.
+  // Once a file is walked forward (a window follows the one before it), its next window is read
+  // in the background while the current one is served, so the device is never idle while the
+  // caller copies (memory: at most twice the budget). A
+  // piece straddling the two is served from both; a background read that failed is done again in
+  // the foreground, which reports as before.
   Status ReadPiece(size_t entry, const Layout& layout, void* out);
   static constexpr uint64_t kWindowBudget = 64u << 20;
-  static constexpr uint64_t kMaxWindow = 8u << 20, kMinWindow = 64u << 10;
+  static constexpr uint64_t kMaxWindow = 4u << 20, kMinWindow = 64u << 10;
   // A blob's bytes; in a DCP folder a byte item of plain values comes back as a value blob
   // (DcpByteItemValue), others as their torch.save bytes.
   Result<std::string> ReadBlob(const BlobRecord& blob);
-  const ReadStats& stats() const { return stats_; }
+  // Bytes read so far, a background read in flight included (it is waited for).
+  const ReadStats& stats() {
+    JoinAhead();
+    return stats_;
+  }
 
  private:
   CheckpointReader() = default;
@@ -44,9 +54,27 @@ class CheckpointReader {
     uint64_t size = 0;
     AlignedBuffer bytes;
   };
-  // The window holding [begin, end) of `file`, read (and verified) if it does not yet; null when
-  // the range is wider than a window or its blocks fail verification (the caller reads alone).
-  Result<const Window*> WindowFor(uint32_t file, uint64_t begin, uint64_t end);
+  // The window after a file's current one, read on a helper thread with its own ring and staging.
+  struct Ahead {
+    uint64_t from = 0;  // set before the read starts; `window` is the helper's until joined
+    Window window;
+    std::future<Status> done;  // valid from the start of the read until its result is taken
+  };
+  static constexpr uint64_t kWindowPart = 1u << 20;  // windows are read in parts of this, 4 at once
+  static constexpr size_t kPartsInFlight = 4;
+  // Copies `c` (a part of a piece, within one file) into `target` from the file's windows,
+  // reading (and verifying) them as needed; false when it is wider than a window or its blocks
+  // fail verification (the caller reads it alone).
+  Result<bool> CopyFromWindows(const CopyRequest& c, unsigned char* target);
+  // Reads [from, from + window) of `file`, cut short at its checksum table, into `into`.
+  Status ReadWindow(uint32_t file, uint64_t from, Window* into, IoEngine* io, BufferPool* pool, ReadStats* stats);
+  // Starts reading the window after windows_[file] in the background, when the file has one
+  // (and a thread and staging can be had: else it is read when needed, logged once).
+  void StartAhead(uint32_t file);
+  // Waits for the background read in flight, if any, and counts its bytes.
+  void JoinAhead();
+  // Takes the result of `file`'s background read: true when it succeeded.
+  bool TakeAhead(uint32_t file);
 
   CheckpointHold hold_;  // retention leaves the folder while this reader is open
   std::string dir_;
@@ -60,6 +88,13 @@ class CheckpointReader {
   std::vector<WantedPiece> wanted_;  // ReadPiece's scratch, kept across pieces
   std::vector<CopyRequest> piece_copies_, piece_direct_;
   uint64_t window_bytes_ = kMaxWindow;
+  // Background reads: one in flight at a time (its ring and staging are not shared), results
+  // kept by file until taken. Last members: destroyed first, each waiting for its read.
+  std::unique_ptr<IoEngine> ahead_io_;
+  std::unique_ptr<BufferPool> ahead_pool_;
+  ReadStats ahead_stats_;  // written by the helper, merged into stats_ once it is joined
+  int64_t reading_ahead_ = -1;  // the file whose background read may still be running
+  std::vector<Ahead> ahead_;  // by file
 };
 
 }  // namespace shardckpt

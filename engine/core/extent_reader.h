@@ -21,6 +21,7 @@ struct ReadStats {
   uint64_t table_bytes_read = 0;
   uint64_t extents = 0;
   uint64_t bytes_read_in_place = 0;  // read straight into the targets, no staging copy
+  uint64_t bytes_read_ahead = 0;     // CheckpointReader: window bytes read in the background
 };
 
 struct ReadTargets {
