@@ -116,6 +116,7 @@ int main(int argc, char** argv) {
   for (const FileRecord& f : manifest->files) file_bytes += f.size;
   AlignedBuffer read_buffer = AlignedBuffer::Allocate(file_bytes).value();
   std::vector<double> direct_t, spread_t, alone_t, batched_t, every_t, auto_t;
+  std::vector<PhaseTime> auto_phases;  // rank 0's, of the last auto load: where its time went
   auto load = [&](ReplicatedReads mode, uint64_t batch) {
     LoadOptions options;
     options.replicated_reads = mode;
@@ -124,6 +125,7 @@ int main(int argc, char** argv) {
     Result<LoadReport> report = Internal("not run");
     double t = TimeCollective(*comm, [&] { report = Load(*comm, root, targets, options); });
     CheckOrExit(report.status(), "load");
+    if (mode == ReplicatedReads::kAuto) auto_phases = report->phases;
     if (memory[0] != expected_first || memory.back() != expected_last) CheckOrExit(Internal("loaded bytes differ"), "load");
     return t;
   };
@@ -152,6 +154,9 @@ int main(int argc, char** argv) {
     std::printf("  load, every rank reads:                             %.3fs = %.2fx\n", e, d / e);
     std::printf("  load, auto (%s here):                 %.3fs = %.2fx\n",
                 IsMemoryBacked(JoinPath(saved->path, "manifest.json")) ? "every rank, tmpfs" : "broadcast, storage", au, d / au);
+    std::printf("  rank 0's phases of the last auto load:");
+    for (const PhaseTime& p : auto_phases) std::printf(" %s %.1f ms", p.name.c_str(), p.seconds * 1e3);
+    std::printf("\n");
     PrintJson({{"ranks", Num(world)}, {"direct_s", Num(d)}, {"broadcast_each_s", Num(a)}, {"broadcast_batched_s", Num(b)},
                {"every_rank_s", Num(e)}, {"auto_s", Num(au)}, {"auto_vs_direct", Num(d / au)},
                {"broadcast_each_vs_direct", Num(d / a)},
