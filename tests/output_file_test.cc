@@ -86,5 +86,22 @@ TEST(OutputFileTest, AnAbandonedExportLeavesNothing) {
   EXPECT_FALSE(PathExists(path + ".sha256"));
 }
 
+// Staging in proportion to the file: a small export faults in little fresh memory, a large one
+// keeps eight 4 MiB writes in flight; unknown sizes get eight.
+TEST(OutputFileTest, StagingGrowsWithTheFile) {
+  const std::vector<std::pair<uint64_t, size_t>> table = {
+      {0, 8}, {1, 2}, {56u << 20, 2}, {96u << 20, 3}, {128u << 20, 4}, {255u << 20, 7}, {256u << 20, 8}, {64ull << 30, 8}};
+  for (const auto& [bytes, buffers] : table) EXPECT_EQ(OutputFile::BuffersFor(bytes), buffers) << bytes;
+  // A file written through the fewest buffers still comes out whole.
+  testing::TempDir dir;
+  const std::string path = JoinPath(dir.path(), "small.bin");
+  std::string data(9u << 20, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 131 + (i >> 12));
+  auto out = OutputFile::Create(path, 1).value();
+  for (size_t at = 0; at < data.size(); at += 1000003) ASSERT_TRUE(out->Write(data.data() + at, std::min<size_t>(1000003, data.size() - at)).ok());
+  ASSERT_TRUE(out->Close().ok());
+  EXPECT_EQ(ReadFileLimited(path, 64u << 20).value(), data);
+}
+
 }  // namespace
 }  // namespace shardckpt

@@ -328,7 +328,7 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
   };
 
   if (options.format == ExportFormat::kTorch) {
-    SC_ASSIGN_OR_RETURN(std::unique_ptr<OutputFile> file, OutputFile::Create(out));
+    SC_ASSIGN_OR_RETURN(std::unique_ptr<OutputFile> file, OutputFile::Create(out, report.tensor_bytes));
     ZipWriter zip(file.get());
     SC_ASSIGN_OR_RETURN(std::string pickle, TorchStateDictPickle(*reader, options, selected, &report));
     const std::string root = "archive/";
@@ -357,7 +357,7 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
     std::vector<GgufTensorInfo> infos;
     for (const Selected& s : selected) infos.push_back(GgufTensorInfo{s.name, s.dtype, s.shape});
     SC_ASSIGN_OR_RETURN(std::string header, EncodeGgufHeader(options.gguf_metadata, infos));
-    SC_ASSIGN_OR_RETURN(std::unique_ptr<OutputFile> file, OutputFile::Create(out));
+    SC_ASSIGN_OR_RETURN(std::unique_ptr<OutputFile> file, OutputFile::Create(out, report.tensor_bytes));
     SC_RETURN_IF_ERROR(file->Write(header.data(), header.size()));
     std::vector<size_t> all(selected.size());
     for (size_t k = 0; k < all.size(); ++k) all[k] = k;
@@ -409,7 +409,9 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
         path = JoinPath(DirName(out), Stem(out) + name);
       }
       const std::string& header = headers[s];
-      SC_ASSIGN_OR_RETURN(std::unique_ptr<OutputFile> file, OutputFile::Create(path));
+      uint64_t shard_bytes = header.size();
+      for (size_t k : shards[s]) shard_bytes += selected[k].bytes;
+      SC_ASSIGN_OR_RETURN(std::unique_ptr<OutputFile> file, OutputFile::Create(path, shard_bytes));
       SC_RETURN_IF_ERROR(file->Write(header.data(), header.size()));
       const std::string base = BaseName(path);
       SC_RETURN_IF_ERROR(StreamEntries(

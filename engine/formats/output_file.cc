@@ -18,20 +18,28 @@ namespace {
 // Writes in flight while the next buffer fills: with two, a 1 GiB .pt export ran at 0.46-0.60x
 // fio's read+write on this VM's disk, with eight 0.61-0.79x. At least two in any case: a buffer
 // is hashed while the next fills, and refilled only after that one is submitted, whose hook
-// waits for the hash.
-constexpr size_t kBuffers = 8;
-static_assert(kBuffers >= 2);
+// waits for the hash. Fewer for a small file: each buffer is fresh memory that a short-lived tool
+// faults in, and a 56 MB export staged through eight took 0.22-1.08 s on this VM, where fresh
+// pages are sometimes slow to come, against 0.22-0.25 s through less.
+constexpr size_t kMaxBuffers = 8, kMinBuffers = 2;
 constexpr size_t kBufferBytes = 4u << 20;
+constexpr uint64_t kBytesPerBuffer = 32u << 20;  // of the file, for each buffer
 }  // namespace
 
-Result<std::unique_ptr<OutputFile>> OutputFile::Create(const std::string& path) {
+size_t OutputFile::BuffersFor(uint64_t expected_bytes) {
+  if (expected_bytes == 0) return kMaxBuffers;
+  return static_cast<size_t>(std::clamp<uint64_t>(expected_bytes / kBytesPerBuffer, kMinBuffers, kMaxBuffers));
+}
+
+Result<std::unique_ptr<OutputFile>> OutputFile::Create(const std::string& path, uint64_t expected_bytes) {
   std::unique_ptr<OutputFile> out(new OutputFile());
   out->path_ = path;
   out->temp_ = path + ".partial";
+  const size_t buffers = BuffersFor(expected_bytes);
   IoOptions options;
-  options.queue_depth = kBuffers;
+  options.queue_depth = buffers;
   out->io_ = CreateIoEngine(options);
-  SC_ASSIGN_OR_RETURN(out->pool_, BufferPool::Create(kBuffers, kBufferBytes));
+  SC_ASSIGN_OR_RETURN(out->pool_, BufferPool::Create(buffers, kBufferBytes));
   out->sha_ = EVP_MD_CTX_new();
   EVP_DigestInit_ex(out->sha_, EVP_sha256(), nullptr);
   OutputFile* self = out.get();

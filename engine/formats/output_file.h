@@ -27,7 +27,11 @@ namespace shardckpt {
 
 class OutputFile {
  public:
-  static Result<std::unique_ptr<OutputFile>> Create(const std::string& path);
+  // `expected_bytes`, the file's size about (0: unknown), sizes the staging: writes in flight in
+  // proportion to the file, 2 to 8 buffers of 4 MiB.
+  static Result<std::unique_ptr<OutputFile>> Create(const std::string& path, uint64_t expected_bytes = 0);
+  // The staging buffers (4 MiB each) Create gives a file of `expected_bytes`.
+  static size_t BuffersFor(uint64_t expected_bytes);
   ~OutputFile();
   Status Write(const void* data, size_t bytes);
   uint64_t position() const { return position_; }
