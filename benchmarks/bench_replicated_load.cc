@@ -115,17 +115,18 @@ int main(int argc, char** argv) {
   uint64_t file_bytes = 0;
   for (const FileRecord& f : manifest->files) file_bytes += f.size;
   AlignedBuffer read_buffer = AlignedBuffer::Allocate(file_bytes).value();
-  std::vector<double> direct_t, spread_t, alone_t, batched_t, every_t, auto_t;
+  std::vector<double> direct_t, spread_t, alone_t, batched_t, every_t, auto_t, unverified_t;
   std::vector<PhaseTime> auto_phases;  // rank 0's, of the last auto load: where its time went
-  auto load = [&](ReplicatedReads mode, uint64_t batch) {
+  auto load = [&](ReplicatedReads mode, uint64_t batch, bool verify = true) {
     LoadOptions options;
     options.replicated_reads = mode;
     options.broadcast_batch_bytes = batch;
+    options.verify_checksums = verify;
     options.plan.memory_backed_max_extent = memory_max_extent;
     Result<LoadReport> report = Internal("not run");
     double t = TimeCollective(*comm, [&] { report = Load(*comm, root, targets, options); });
     CheckOrExit(report.status(), "load");
-    if (mode == ReplicatedReads::kAuto) auto_phases = report->phases;
+    if (mode == ReplicatedReads::kAuto && verify) auto_phases = report->phases;
     if (memory[0] != expected_first || memory.back() != expected_last) CheckOrExit(Internal("loaded bytes differ"), "load");
     return t;
   };
@@ -139,9 +140,10 @@ int main(int argc, char** argv) {
     batched_t.push_back(load(ReplicatedReads::kBroadcast, 16u << 20));
     every_t.push_back(load(ReplicatedReads::kEveryRank, 16u << 20));
     auto_t.push_back(load(ReplicatedReads::kAuto, 16u << 20));
+    unverified_t.push_back(load(ReplicatedReads::kAuto, 16u << 20, /*verify=*/false));
   }
   const double d = Median(direct_t), ds = Median(spread_t), a = Median(alone_t), b = Median(batched_t),
-               e = Median(every_t), au = Median(auto_t);
+               e = Median(every_t), au = Median(auto_t), un = Median(unverified_t);
   if (rank == 0) {
     const double state_mib = (small * small_bytes + large * large_bytes) / 1048576.0;
     std::printf("bench_replicated_load: %d ranks, %d x %llu B + %d x %llu B replicated (%.0f MiB per rank) in %s\n", world,
@@ -154,6 +156,9 @@ int main(int argc, char** argv) {
     std::printf("  load, every rank reads:                             %.3fs = %.2fx\n", e, d / e);
     std::printf("  load, auto (%s here):                 %.3fs = %.2fx\n",
                 IsMemoryBacked(JoinPath(saved->path, "manifest.json")) ? "every rank, tmpfs" : "broadcast, storage", au, d / au);
+    // What checking every block's checksum costs here (loads verify by default).
+    std::printf("  load, auto, checksums not verified:                 %.3fs = %.2fx (%.2fx of state-sized memory)\n", un,
+                d / un, ds / un);
     std::printf("  rank 0's phases of the last auto load:");
     for (const PhaseTime& p : auto_phases) std::printf(" %s %.1f ms", p.name.c_str(), p.seconds * 1e3);
     std::printf("\n");
@@ -161,7 +166,8 @@ int main(int argc, char** argv) {
                {"every_rank_s", Num(e)}, {"auto_s", Num(au)}, {"auto_vs_direct", Num(d / au)},
                {"broadcast_each_vs_direct", Num(d / a)},
                {"broadcast_batched_vs_direct", Num(d / b)}, {"every_rank_vs_direct", Num(d / e)},
-               {"direct_state_sized_s", Num(ds)}, {"auto_vs_direct_state_sized", Num(ds / au)}});
+               {"direct_state_sized_s", Num(ds)}, {"auto_vs_direct_state_sized", Num(ds / au)},
+               {"auto_unverified_s", Num(un)}, {"auto_unverified_vs_direct_state_sized", Num(ds / un)}});
   }
   comm->Barrier().IgnoreError();
   if (rank == 0) RemoveTree(dir).IgnoreError();
