@@ -1,6 +1,7 @@
 #include "shardckpt/engine/core/convert.h"
 
 #include <cstring>
+#include <algorithm>
 #include <map>
 #include <optional>
 
@@ -50,11 +51,12 @@ Status WriteTensor(OfflineCheckpointWriter& out, Policy policy, int world, size_
   }
   SC_ASSIGN_OR_RETURN(const std::vector<RunPiece> pieces, RunPieces(shape, world, policy == Policy::kDim0));
   const size_t element = DTypeSize(dtype);
+  const size_t chunks = static_cast<size_t>(std::count_if(pieces.begin(), pieces.end(), [](const RunPiece& p) { return p.count > 0; }));
   for (size_t r = 0; r < pieces.size(); ++r) {
     const RunPiece& p = pieces[r];
     SC_RETURN_IF_ERROR(out.AddPiece(static_cast<int>(r), name, dtype, shape, p.layout,
                                     full.data() + static_cast<size_t>(p.first) * element,
-                                    static_cast<size_t>(p.count) * element));
+                                    static_cast<size_t>(p.count) * element, chunks));
   }
   return Status::Ok();
 }
@@ -305,7 +307,8 @@ Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::stri
       const int writer = policy == Policy::kReplicated ? static_cast<int>(i % world) : static_cast<int>(r);
       piece.resize(static_cast<size_t>(pieces[r].count) * element);
       SC_RETURN_IF_ERROR(reader->ReadPiece(i, pieces[r].layout, piece.data()));
-      SC_RETURN_IF_ERROR(out->AddPiece(writer, e.name, e.dtype, e.shape, pieces[r].layout, piece.data(), piece.size()));
+      SC_RETURN_IF_ERROR(out->AddPiece(writer, e.name, e.dtype, e.shape, pieces[r].layout, piece.data(), piece.size(),
+                                       pieces.size()));
       report.bytes += piece.size();
       if (options.progress) options.progress(report.bytes, total);
     }

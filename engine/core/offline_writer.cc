@@ -73,13 +73,14 @@ size_t OfflineCheckpointWriter::EntryIndex(const std::string& name, bool* fresh)
 }
 
 Status OfflineCheckpointWriter::AddPiece(int rank, const std::string& name, DType dtype, const Shape& shape,
-                                         const Layout& layout, const void* data, size_t bytes) {
+                                         const Layout& layout, const void* data, size_t bytes, size_t entry_chunks) {
   bool fresh = false;
   const size_t entry = EntryIndex(name, &fresh);
   EntryRecord& record = entries_[entry];
   if (fresh) {
     record.dtype = dtype;
     record.shape = shape;
+    record.chunks.reserve(entry_chunks);
   } else if (record.dtype != dtype || record.shape != shape) {
     return InvalidArgument("entry '" + name + "' added with two dtypes or shapes");
   }

@@ -19,8 +19,10 @@ class OfflineCheckpointWriter {
   static Result<std::unique_ptr<OfflineCheckpointWriter>> Begin(const std::string& root, int64_t step, int world);
   ~OfflineCheckpointWriter();
 
+  // `entry_chunks`: how many chunks the entry will have, when the caller knows (a reshard adds
+  // one per rank in a row); its list is then allocated once instead of grown chunk by chunk.
   Status AddPiece(int rank, const std::string& name, DType dtype, const Shape& shape, const Layout& layout,
-                  const void* data, size_t bytes);
+                  const void* data, size_t bytes, size_t entry_chunks = 0);
   Status AddBlob(int rank, const std::string& name, BlobScope scope, const std::string& bytes);
   // `name` is the entry `target` under a second name (tied weights): its manifest entry points at
   // the same chunks, so the bytes are stored once. `target` must be added (before Commit).
