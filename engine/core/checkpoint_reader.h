@@ -29,9 +29,8 @@ class CheckpointReader {
   // across every file of a wide checkpoint never evicts the window the next piece needs.
   // Once a file is walked forward (a window follows the one before it), its next window is read
   // in the background while the current one is served, so the device is never idle while the
-  // caller copies (memory: at most twice the budget). A
-  // piece straddling the two is served from both; a background read that failed is done again in
-  // the foreground, which reports as before.
+  // caller copies (memory: at most twice the budget). A piece straddling the two is served from
+  // both; a background read that failed is done again in the foreground, which reports as before.
   Status ReadPiece(size_t entry, const Layout& layout, void* out);
   static constexpr uint64_t kWindowBudget = 64u << 20;
   static constexpr uint64_t kMaxWindow = 4u << 20, kMinWindow = 64u << 10;

@@ -1,7 +1,7 @@
 #include "shardckpt/engine/core/convert.h"
 
-#include <cstring>
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <optional>
 
@@ -51,7 +51,8 @@ Status WriteTensor(OfflineCheckpointWriter& out, Policy policy, int world, size_
   }
   SC_ASSIGN_OR_RETURN(const std::vector<RunPiece> pieces, RunPieces(shape, world, policy == Policy::kDim0));
   const size_t element = DTypeSize(dtype);
-  const size_t chunks = static_cast<size_t>(std::count_if(pieces.begin(), pieces.end(), [](const RunPiece& p) { return p.count > 0; }));
+  const size_t chunks =
+      static_cast<size_t>(std::count_if(pieces.begin(), pieces.end(), [](const RunPiece& p) { return p.count > 0; }));
   for (size_t r = 0; r < pieces.size(); ++r) {
     const RunPiece& p = pieces[r];
     SC_RETURN_IF_ERROR(out.AddPiece(static_cast<int>(r), name, dtype, shape, p.layout,
