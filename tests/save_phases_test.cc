@@ -371,6 +371,10 @@ TEST(DescriptionDigest, ChangesWithEveryDescribedFieldAndNotWithTheBytes) {
     ASSERT_TRUE(s.AddBlob("rng", "seed", BlobScope::kPerRank).ok());
     changed.push_back(DescriptionDigest("h", s));
   }
+  ShardedState renamed;
+  ASSERT_TRUE(renamed.AddTensor("v", DType::kFloat32, {8}, Layout::Box({0}, {8}), a).ok());
+  ASSERT_TRUE(renamed.AddBlob("rng", "seed", BlobScope::kPerRank).ok());
+  changed.push_back(DescriptionDigest("h", renamed));
   ShardedState longer_blob;
   ASSERT_TRUE(longer_blob.AddTensor("w", DType::kFloat32, {8}, Layout::Box({0}, {8}), a).ok());
   ASSERT_TRUE(longer_blob.AddBlob("rng", "seed2", BlobScope::kPerRank).ok());
@@ -379,6 +383,31 @@ TEST(DescriptionDigest, ChangesWithEveryDescribedFieldAndNotWithTheBytes) {
     EXPECT_NE(changed[i], base) << "change " << i;
     for (size_t j = i + 1; j < changed.size(); ++j) EXPECT_NE(changed[i], changed[j]) << i << " vs " << j;
   }
+  // Pieces count in order; a cleared state starts afresh.
+  auto two = [&](const char* first, const char* second) {
+    ShardedState s;
+    EXPECT_TRUE(s.AddTensor(first, DType::kFloat32, {8}, Layout::Whole(), a).ok());
+    EXPECT_TRUE(s.AddTensor(second, DType::kFloat32, {8}, Layout::Whole(), a).ok());
+    return s;
+  };
+  EXPECT_NE(DescriptionDigest("h", two("p", "q")), DescriptionDigest("h", two("q", "p")));
+  ShardedState refilled = two("q", "p");
+  refilled.Clear();
+  ASSERT_TRUE(refilled.AddTensor("p", DType::kFloat32, {8}, Layout::Whole(), a).ok());
+  ASSERT_TRUE(refilled.AddTensor("q", DType::kFloat32, {8}, Layout::Whole(), a).ok());
+  EXPECT_EQ(DescriptionDigest("h", refilled), DescriptionDigest("h", two("p", "q")));
+  // A piece of more fields than one fold holds: its last ones count too.
+  auto twelve_dims = [&](int64_t last_size) {
+    ShardedState s;
+    Shape shape(12, 1);
+    shape.back() = 8;
+    Dims offsets(std::vector<int64_t>(12, 0)), sizes(std::vector<int64_t>(12, 1));
+    sizes[11] = last_size;
+    EXPECT_TRUE(s.AddTensor("t", DType::kFloat32, shape, Layout::Box(offsets, sizes), a).ok());
+    return DescriptionDigest("h", s);
+  };
+  EXPECT_EQ(twelve_dims(4), twelve_dims(4));
+  EXPECT_NE(twelve_dims(4), twelve_dims(8));
   // The digest hashes exactly the description's encoding.
   ShardedState s;
   ASSERT_TRUE(s.AddTensor("w", DType::kFloat32, {8}, Layout::Box({0}, {8}), a).ok());

@@ -33,6 +33,16 @@ int64_t SizeOf(const BlobItem& b) { return static_cast<int64_t>(b.bytes.size());
 
 // One encoding for a description and for a state described in place: a state's encoding and
 // digest need no RankDescription built first (a million pieces on a repeat save).
+template <class W, class Blobs>
+void WriteBlobs(W& w, const Blobs& blobs) {
+  w.U64(blobs.size());
+  for (const auto& b : blobs) {
+    w.Str(b.name);
+    w.U64(static_cast<uint64_t>(b.scope));
+    w.I64(SizeOf(b));
+  }
+}
+
 template <class W, class Pieces, class Blobs>
 void WriteDescription(W& w, const Pieces& pieces, const Blobs& blobs) {
   w.U64(pieces.size());
@@ -43,12 +53,7 @@ void WriteDescription(W& w, const Pieces& pieces, const Blobs& blobs) {
     w.Layout(p.layout);
     w.I64(p.bytes);
   }
-  w.U64(blobs.size());
-  for (const auto& b : blobs) {
-    w.Str(b.name);
-    w.U64(static_cast<uint64_t>(b.scope));
-    w.I64(SizeOf(b));
-  }
+  WriteBlobs(w, blobs);
 }
 
 // XXH3 of everything appended, fed in 64 KiB runs (a call per 8-byte field would cost more
@@ -93,7 +98,9 @@ std::string EncodeStateDescription(const ShardedState& state) {
 
 uint64_t DigestStateDescription(const ShardedState& state) {
   BasicWireWriter<HashSink> w;
-  WriteDescription(w, state.pieces(), state.blobs());
+  w.U64(state.pieces().size());
+  w.U64(state.pieces_digest());  // folded in as the pieces were added
+  WriteBlobs(w, state.blobs());
   return w.sink().Digest();
 }
 

@@ -39,9 +39,10 @@ RankDescription DescribeState(const ShardedState& state);
 std::string EncodeRankDescription(const RankDescription& description);
 // EncodeRankDescription(DescribeState(state)), written straight from the state.
 std::string EncodeStateDescription(const ShardedState& state);
-// A hash of EncodeStateDescription(state) computed without building it: names, dtypes, shapes,
-// layouts and blob sizes, so a rank tells cheaply whether its description changed since the
-// save whose plan it keeps (save_plan_cache.h). Data pointers and bytes are not part of it.
+// A digest of what EncodeStateDescription(state) holds, computed without building it: names,
+// dtypes, shapes, layouts (the pieces' part folded in by AddTensor) and blob sizes, so a rank
+// tells cheaply whether its description changed since the save whose plan it keeps
+// (save_plan_cache.h). Data pointers and bytes are not part of it.
 uint64_t DigestStateDescription(const ShardedState& state);
 Result<RankDescription> DecodeRankDescription(const std::string& bytes);
 

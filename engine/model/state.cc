@@ -1,6 +1,55 @@
 #include "shardckpt/engine/model/state.h"
 
+#include <xxhash.h>
+
 namespace shardckpt {
+
+namespace {
+
+// Folds 8-byte fields into a running XXH3 seed, a bufferful at a time (one XXH3 call per piece
+// for shapes of up to about eight dims).
+class FieldFold {
+ public:
+  explicit FieldFold(uint64_t seed) : seed_(seed) {}
+  void Add(int64_t v) {
+    if (count_ == kCapacity) Flush();
+    fields_[count_++] = v;
+  }
+  template <class Ints>  // Shape or Dims: the count, then the values
+  void AddAll(const Ints& values) {
+    Add(static_cast<int64_t>(values.size()));
+    for (int64_t v : values) Add(v);
+  }
+  uint64_t Done() {
+    Flush();
+    return seed_;
+  }
+
+ private:
+  void Flush() {
+    seed_ = XXH3_64bits_withSeed(fields_, count_ * sizeof(int64_t), seed_);
+    count_ = 0;
+  }
+  static constexpr size_t kCapacity = 32;
+  int64_t fields_[kCapacity];
+  size_t count_ = 0;
+  uint64_t seed_;
+};
+
+}  // namespace
+
+uint64_t FoldPieceDescription(uint64_t digest, const TensorPiece& piece) {
+  FieldFold fold(XXH3_64bits_withSeed(piece.name.data(), piece.name.size(), digest));
+  fold.Add(static_cast<int64_t>(piece.dtype));
+  fold.AddAll(piece.global_shape);
+  fold.Add(static_cast<int64_t>(piece.layout.kind));
+  fold.AddAll(piece.layout.offsets);
+  fold.AddAll(piece.layout.sizes);
+  fold.Add(piece.layout.begin);
+  fold.Add(piece.layout.end);
+  fold.Add(piece.bytes);
+  return fold.Done();
+}
 
 Status ShardedState::AddTensor(const std::string& name, DType dtype, const Shape& global_shape,
                                const Layout& layout, void* data) {
@@ -11,6 +60,7 @@ Status ShardedState::AddTensor(const std::string& name, DType dtype, const Shape
   int64_t bytes = *count * static_cast<int64_t>(DTypeSize(dtype));
   if (data == nullptr && bytes > 0) return InvalidArgument("tensor '" + name + "' has no data pointer");
   pieces_.push_back(TensorPiece{name, dtype, global_shape, layout, data, bytes});
+  pieces_digest_ = FoldPieceDescription(pieces_digest_, pieces_.back());
   return Status::Ok();
 }
 
