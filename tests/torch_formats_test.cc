@@ -175,6 +175,20 @@ TEST(StateTree, RestoresRecordedListsAndKeepsTopLevelKeysDotted) {
   EXPECT_EQ(t.items[1].first, "2");
 }
 
+TEST(StateTree, APlainStateDictKeepsItsOrderAndRefusesARepeatedName) {
+  StateTreeBuilder tree({});
+  const std::vector<std::string> names = {"layers.1.w", "layers.0.w", "step", "a", "layers.10.b"};
+  for (size_t i = 0; i < names.size(); ++i) ASSERT_TRUE(tree.Add(names[i], Leaf(i)).ok());
+  EXPECT_EQ(tree.Add("step", Leaf(9)).message(), "'step' names two values (an entry and a blob?)");
+  PickleNode root = tree.Finish();
+  EXPECT_EQ(root.kind, PickleNode::kDict);
+  ASSERT_EQ(root.items.size(), names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    EXPECT_EQ(root.items[i].first, names[i]);  // dotted names stay single keys, in the order added
+    EXPECT_EQ(root.items[i].second.tensor, i);
+  }
+}
+
 TEST(EntryAliasTest, EntriesSharingEveryChunkAreAliases) {
   Manifest m;
   const ChunkRecord c0{0, 0, 16, Layout::FlatRange(0, 4)}, c1{0, 4096, 16, Layout::FlatRange(4, 8)};

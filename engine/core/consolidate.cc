@@ -213,6 +213,7 @@ Result<std::string> TorchStateDictPickle(CheckpointReader& reader, const Consoli
   }
   std::stable_sort(values.begin(), values.end(), [](const ValueLeaf& a, const ValueLeaf& b) { return a.before_entry < b.before_entry; });
   StateTreeBuilder tree(containers);
+  tree.Reserve(selected.size() + values.size());
   size_t next_value = 0;
   auto add_values_before = [&](size_t entry) -> Status {
     for (; next_value < values.size() && values[next_value].before_entry <= entry; ++next_value) {
@@ -222,6 +223,7 @@ Result<std::string> TorchStateDictPickle(CheckpointReader& reader, const Consoli
     return Status::Ok();
   };
   std::vector<PickleTensor> tensors;
+  tensors.reserve(selected.size());
   for (size_t k = 0; k < selected.size(); ++k) {
     const Selected& s = selected[k];
     SC_RETURN_IF_ERROR(add_values_before(s.entry));
@@ -285,14 +287,17 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
   ConsolidateReport report;
   report.checkpoint = reader->dir();
   std::vector<Selected> selected;
+  // Entry names are unique (the manifest is validated): only a stripped prefix can make two equal.
+  const bool renames = !options.strip_prefix.empty();
   std::unordered_set<std::string> names;  // hashed: a hundred thousand entries, each looked up once
-  names.reserve(m.entries.size());
+  if (renames) names.reserve(m.entries.size());
+  selected.reserve(m.entries.size());
   for (size_t i = 0; i < m.entries.size(); ++i) {
     const EntryRecord& e = m.entries[i];
     if (!options.include.empty() && !Matches(options.include, e.name)) continue;
     if (Matches(options.exclude, e.name)) continue;
     const std::string name = OutputName(options, e.name);
-    if (name.empty() || !names.insert(name).second) {
+    if (name.empty() || (renames && !names.insert(name).second)) {
       return InvalidArgument("entry '" + e.name + "' becomes '" + name + "', which is empty or taken, after --strip-prefix");
     }
     DType dtype = options.cast && IsFloatingDType(e.dtype) ? *options.cast : e.dtype;

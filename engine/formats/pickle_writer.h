@@ -17,6 +17,8 @@ namespace shardckpt {
 class PickleWriter {
  public:
   explicit PickleWriter(int protocol = 2);
+  // Room for `bytes` of opcodes: a state dict's pickle is megabytes, grown otherwise by copies.
+  void Reserve(size_t bytes) { s_.reserve(bytes); }
   void None() { s_ += 'N'; }
   void Bool(bool v) { s_ += v ? '\x88' : '\x89'; }
   void Int(int64_t v);

@@ -1,7 +1,6 @@
 #include "shardckpt/engine/formats/state_tree.h"
 
-#include <unordered_map>
-#include <vector>
+#include <string_view>
 
 namespace shardckpt {
 
@@ -47,7 +46,36 @@ StateTreeBuilder::StateTreeBuilder(std::map<std::string, std::string> containers
     : containers_(std::move(containers)), root_(std::make_unique<Tree>()) {}
 StateTreeBuilder::~StateTreeBuilder() = default;
 
+namespace {
+
+Status TwoValuesNamed(const std::string& name) {
+  return InvalidArgument("'" + name + "' names two values (an entry and a blob?)");
+}
+
+}  // namespace
+
+void StateTreeBuilder::Reserve(size_t leaves) {
+  if (!containers_.empty()) return;
+  root_items_.reserve(leaves);
+  root_item_of_hash_.reserve(leaves);
+}
+
+Status StateTreeBuilder::AddToRoot(const std::string& name, PickleNode leaf) {
+  const size_t hash = std::hash<std::string_view>()(name);
+  auto [it, fresh] = root_item_of_hash_.try_emplace(hash, root_items_.size());
+  if (!fresh) {
+    if (root_items_[it->second].first == name) return TwoValuesNamed(name);
+    // Another name of the same hash (rare): only a walk over every key can tell.
+    for (const auto& item : root_items_) {
+      if (item.first == name) return TwoValuesNamed(name);
+    }
+  }
+  root_items_.emplace_back(name, std::move(leaf));
+  return Status::Ok();
+}
+
 Status StateTreeBuilder::Add(const std::string& name, PickleNode leaf) {
+  if (containers_.empty()) return AddToRoot(name, std::move(leaf));
   auto kind_of = [&](const std::string& path) {
     auto it = containers_.find(path);
     if (it == containers_.end()) return PickleNode::kDict;
@@ -77,8 +105,8 @@ Status StateTreeBuilder::Add(const std::string& name, PickleNode leaf) {
   }
   auto taken = node->children.find(rest);
   if (taken != node->children.end()) {
-    return InvalidArgument("'" + name + (taken->second->is_leaf ? "' names two values (an entry and a blob?)"
-                                                                 : "' is both a value and a container of others"));
+    return taken->second->is_leaf ? TwoValuesNamed(name)
+                                  : InvalidArgument("'" + name + "' is both a value and a container of others");
   }
   node->keys.push_back(rest);
   auto& slot = node->children[rest];
@@ -88,6 +116,12 @@ Status StateTreeBuilder::Add(const std::string& name, PickleNode leaf) {
   return Status::Ok();
 }
 
-PickleNode StateTreeBuilder::Finish() { return root_->Take(); }
+PickleNode StateTreeBuilder::Finish() {
+  if (!containers_.empty()) return root_->Take();
+  PickleNode root;
+  root.kind = PickleNode::kDict;
+  root.items = std::move(root_items_);
+  return root;
+}
 
 }  // namespace shardckpt

@@ -6,6 +6,9 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "shardckpt/engine/formats/torch_pickle.h"
 
@@ -23,6 +26,8 @@ class StateTreeBuilder {
  public:
   explicit StateTreeBuilder(std::map<std::string, std::string> containers);
   ~StateTreeBuilder();
+  // Room for `leaves` leaves at the root (a plain state dict's tensors and values).
+  void Reserve(size_t leaves);
   // Adds a leaf (a tensor or a value node) under its dotted name; errors name a clash.
   Status Add(const std::string& name, PickleNode leaf);
   // The root dict. A list whose items are not exactly 0..n-1 (some were not selected) becomes a
@@ -31,8 +36,15 @@ class StateTreeBuilder {
 
  private:
   struct Tree;
+  Status AddToRoot(const std::string& name, PickleNode leaf);
+
   std::map<std::string, std::string> containers_;
   std::unique_ptr<Tree> root_;
+  // With no containers recorded (a plain state dict) every name is a key of the root: kept as
+  // the root's items, in order, with a hash of each key for finding repeats. Building a node per
+  // leaf cost a quarter of a 20,000-tensor consolidation.
+  std::vector<std::pair<std::string, PickleNode>> root_items_;
+  std::unordered_map<size_t, size_t> root_item_of_hash_;
 };
 
 }  // namespace shardckpt
