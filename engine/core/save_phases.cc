@@ -4,12 +4,12 @@
 
 #include <algorithm>
 #include <string_view>
-#include <unordered_map>
 
 #include "shardckpt/engine/core/commit.h"
 #include "shardckpt/engine/core/save_plan_cache.h"
 #include "shardckpt/engine/core/shard_writer.h"
 #include "shardckpt/engine/core/staging_cache.h"
+#include "shardckpt/engine/model/name_index.h"
 #include "shardckpt/engine/model/wire.h"
 #include "shardckpt/io/checksum.h"
 #include "shardckpt/io/failpoint.h"
@@ -390,8 +390,7 @@ Manifest BuildManifest(int64_t step, const Descriptions& described, const std::v
   // views of the descriptions and sorted as indices, and each entry's chunk list is sized before
   // it is filled: at tens of thousands of entries, the copies, moves and regrowth were most of
   // this function's time.
-  std::unordered_map<std::string_view, uint32_t> entry_of_name;
-  entry_of_name.reserve(described.ranks.empty() ? 0 : described.ranks[0].pieces.size());
+  NameIndex entry_of_name(described.ranks.empty() ? 0 : described.ranks[0].pieces.size());
   std::vector<const PieceDescription*> first_piece;  // by entry, in order of first appearance
   std::vector<uint32_t> chunk_count;
   // By rank, by described piece (kNone where not reported). Ranks of one job mostly describe
@@ -409,12 +408,12 @@ Manifest BuildManifest(int64_t step, const Descriptions& described, const std::v
       const PieceDescription& p = pieces[index];
       uint32_t entry = previous != nullptr && index < previous->size() ? (*previous)[index] : kNone;
       if (entry == kNone || first_piece[entry]->name != p.name) {
-        auto [it, fresh] = entry_of_name.try_emplace(p.name, static_cast<uint32_t>(first_piece.size()));
+        auto [found, fresh] = entry_of_name.TryEmplace(p.name, first_piece.size());
         if (fresh) {
           first_piece.push_back(&p);
           chunk_count.push_back(0);
         }
-        entry = it->second;
+        entry = static_cast<uint32_t>(found);
       }
       if (p.bytes != 0) chunk_count[entry]++;  // empty pieces (uneven splits) need no chunk
       entry_of[r][index] = entry;

@@ -17,6 +17,7 @@
 #include "shardckpt/engine/model/chunk_packing.h"
 #include "shardckpt/engine/model/coverage.h"
 #include "shardckpt/engine/model/json_text.h"
+#include "shardckpt/engine/model/name_index.h"
 #include "shardckpt/io/checksum.h"
 
 namespace shardckpt {
@@ -1008,12 +1009,11 @@ Status ValidateManifest(const Manifest& m) {
     }
     return Status::Ok();
   };
-  std::unordered_set<std::string_view> entry_names;
-  entry_names.reserve(m.entries.size());
+  NameIndex entry_names(m.entries.size());
   std::vector<std::pair<int64_t, int64_t>> spans;
   for (const EntryRecord& e : m.entries) {
     if (e.name.empty()) return bad("an entry has an empty name");
-    if (!entry_names.insert(std::string_view(e.name)).second) return bad("entry '" + e.name + "' is listed twice");
+    if (!entry_names.TryEmplace(e.name, 0).second) return bad("entry '" + e.name + "' is listed twice");
     Result<int64_t> bytes = NumBytes(e.shape, DTypeSize(e.dtype));
     if (!bytes.ok()) return bad("entry '" + e.name + "': " + bytes.status().message());
     const int64_t numel = NumElements(e.shape).value();  // valid: NumBytes checked it

@@ -8,6 +8,7 @@
 #include <xxhash.h>
 
 #include "shardckpt/engine/model/coverage.h"
+#include "shardckpt/engine/model/name_index.h"
 #include "shardckpt/engine/model/wire.h"
 
 namespace shardckpt {
@@ -178,20 +179,19 @@ Result<SavePlan> PlanSave(const std::vector<RankDescription>& ranks) {
   // ranks has millions of pieces). Entries by name, groups by a hash of (entry, layout), checked
   // for equality; on a hash collision the entry's groups are searched.
   std::vector<Entry> entries;
-  std::unordered_map<std::string_view, size_t> entry_of;
+  NameIndex entry_of(ranks.empty() ? 0 : ranks[0].pieces.size());
   std::unordered_map<uint64_t, size_t> group_of;  // hash -> group index in its entry
   size_t pieces = 0;
   for (const RankDescription& r : ranks) pieces += r.pieces.size();
   entries.reserve(ranks.empty() ? 0 : ranks[0].pieces.size());
-  entry_of.reserve(ranks.empty() ? 0 : ranks[0].pieces.size());
   group_of.reserve(pieces);
   for (int r = 0; r < world; ++r) {
     plan.writes_piece[r].assign(ranks[r].pieces.size(), false);
     for (size_t i = 0; i < ranks[r].pieces.size(); ++i) {
       const PieceDescription& p = ranks[r].pieces[i];
-      auto [it, inserted] = entry_of.try_emplace(p.name, entries.size());
+      auto [entry, inserted] = entry_of.TryEmplace(p.name, entries.size());
       if (inserted) entries.push_back(Entry{p.name, p.dtype, &p.shape, r, {}});
-      Entry& e = entries[it->second];
+      Entry& e = entries[entry];
       if (!inserted && (e.dtype != p.dtype || *e.shape != p.shape)) {
         return InvalidArgument("entry '" + p.name + "' is " + DTypeName(p.dtype) + " " +
                                ShapeString(p.shape) + " on rank " + std::to_string(r) + " but " +
@@ -199,7 +199,7 @@ Result<SavePlan> PlanSave(const std::vector<RankDescription>& ranks) {
                                std::to_string(e.first_rank));
       }
       Layout normal = Normalize(p.layout, p.shape);
-      const uint64_t hash = LayoutHash(normal, it->second);
+      const uint64_t hash = LayoutHash(normal, entry);
       auto [slot, fresh] = group_of.try_emplace(hash, e.groups.size());
       Group* group = nullptr;
       if (!fresh) {
