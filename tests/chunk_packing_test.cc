@@ -166,11 +166,13 @@ TEST(ChunkOffset, PackedFileReadsBackThroughAlignedVerifiedReads) {
   std::vector<CopyRequest> copies;
   std::vector<std::vector<uint8_t>> got(sizes.size());
   ReadTargets targets;
+  std::vector<std::string> names;
+  for (size_t i = 0; i < sizes.size(); ++i) names.push_back("t" + std::to_string(i));
   for (size_t i = 0; i < sizes.size(); ++i) {
     got[i].assign(sizes[i], 0xEE);
     copies.push_back(CopyRequest{0, offsets[i], sizes[i], static_cast<uint32_t>(i), 0});
     targets.base.push_back(got[i].data());
-    targets.names.push_back("t" + std::to_string(i));
+    targets.names.push_back(names[i]);
   }
   ReadPlanOptions options;
   options.max_extent = pool->buffer_bytes();

@@ -102,6 +102,28 @@ TEST(ReadPlan, LargeExtentsAreCutAndCopiesSplitAtTheCuts) {
   }
 }
 
+// Copies that overlap (one block wanted by two targets) and one that spans a cut: each cut
+// extent lists its own copies, in the order the range had them, and nothing else.
+TEST(ReadPlan, CutExtentsKeepOverlappingCopiesInOrder) {
+  const uint64_t b = kBlockSize;
+  std::vector<CopyRequest> copies = {{0, 0, 3 * b, 0, 0}, {0, b, b, 1, 0}, {0, 2 * b + 8, 16, 2, 0}, {1, 0, 8, 3, 0}};
+  ReadPlan plan = CoalesceReads(copies, {0, 2 * b});
+  EXPECT_THAT(Extents(plan), ElementsAre(Extent{0, 0, 2 * b, 2}, Extent{0, 2 * b, b, 2}, Extent{1, 0, b, 1}));
+  struct Copy {
+    uint64_t at, length;
+    uint32_t target;
+    uint64_t target_offset;
+    bool operator==(const Copy& o) const {
+      return at == o.at && length == o.length && target == o.target && target_offset == o.target_offset;
+    }
+  };
+  std::vector<Copy> got;
+  for (const ScatterCopy& c : plan.copies) got.push_back(Copy{c.extent_offset, c.length, c.target, c.target_offset});
+  EXPECT_EQ(got, (std::vector<Copy>{{0, 2 * b, 0, 0}, {b, b, 1, 0}, {0, b, 0, 2 * b}, {8, 16, 2, 0}, {0, 8, 3, 0}}));
+  EXPECT_EQ(plan.bytes_wanted, 4 * b + 24);
+  EXPECT_EQ(plan.bytes_read, 4 * b);
+}
+
 TEST(PlanOptionsFor, CutsExtentsOnlyForMemoryBackedFolders) {
   struct Case {
     uint64_t max_extent, memory_cut;

@@ -49,9 +49,9 @@ Status CheckpointReader::ReadWindow(uint32_t file, uint64_t from, Window* into, 
   ReadPlanOptions cut;
   cut.max_extent = kWindowPart;
   const ReadPlan plan = CoalesceReads({CopyRequest{file, from, to - from, 0, 0}}, cut);
-  SC_RETURN_IF_ERROR(ExecuteReadPlan(io, pool, dir_, manifest_, plan,
-                                     ReadTargets{{into->bytes.data()}, {"read-ahead of " + manifest_.files[file].name}, {}},
-                                     true, stats));
+  const std::string label = "read-ahead of " + manifest_.files[file].name;
+  SC_RETURN_IF_ERROR(
+      ExecuteReadPlan(io, pool, dir_, manifest_, plan, ReadTargets{{into->bytes.data()}, {label}, {}}, true, stats));
   into->size = to - from;
   return Status::Ok();
 }
@@ -182,8 +182,9 @@ Status CheckpointReader::ReadPiece(size_t entry, const Layout& layout, void* out
 
 Result<std::string> CheckpointReader::ReadBlob(const BlobRecord& blob) {
   std::string bytes(blob.bytes, '\0');
+  const std::string label = "blob " + blob.name;
   SC_RETURN_IF_ERROR(Run({CopyRequest{blob.file, blob.offset, blob.bytes, 0, 0}},
-                         ReadTargets{{reinterpret_cast<unsigned char*>(bytes.data())}, {"blob " + blob.name}, {}}));
+                         ReadTargets{{reinterpret_cast<unsigned char*>(bytes.data())}, {label}, {}}));
   if (dcp_) {
     Result<std::string> value = DcpByteItemValue(bytes, blob.name);
     if (value.ok()) return value;

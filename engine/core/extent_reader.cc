@@ -34,7 +34,7 @@ std::string TargetsInBlock(const ReadPlan& plan, const ReadExtent& extent, uint6
   for (size_t k = extent.first_copy; k < extent.first_copy + extent.copy_count; ++k) {
     const ScatterCopy& c = plan.copies[k];
     if (c.extent_offset < block_begin + kBlockSize && c.extent_offset + c.length > block_begin) {
-      names.insert(targets.names[c.target]);
+      names.emplace(targets.names[c.target]);
     }
   }
   std::string out;
@@ -134,7 +134,7 @@ Status ExecuteReadPlan(IoEngine* io, BufferPool* pool, const std::string& dir,
       }
       if (device_copies != nullptr && device_copies != copier) SC_RETURN_IF_ERROR(device_copies->Synchronize());
       SC_RETURN_IF_ERROR(copier->CopyToDeviceAsync(targets.base[c.target] + c.target_offset, data + c.extent_offset,
-                                                   c.length).WithContext(targets.names[c.target]));
+                                                   c.length).WithContext(std::string(targets.names[c.target])));
       device_copies = copier;
     }
     // The buffer is read again by the next extent; its host-to-device copies must have landed.

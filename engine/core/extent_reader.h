@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "shardckpt/engine/model/manifest.h"
@@ -26,7 +27,10 @@ struct ReadStats {
 
 struct ReadTargets {
   std::vector<unsigned char*> base;  // by target index
-  std::vector<std::string> names;    // for error messages: the entry or blob each target holds
+  // For error messages: the entry or blob each target holds. Views (of the manifest's names, or
+  // of labels the caller keeps until the plan has run): a load of thousands of small tensors
+  // copied every name here, for messages it almost never writes.
+  std::vector<std::string_view> names;
   std::vector<DeviceCopier*> copier; // by target; null (or empty vector) for host memory
 };
 

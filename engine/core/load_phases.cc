@@ -5,13 +5,13 @@
 #include <cstring>
 #include <set>
 #include <string_view>
-#include <unordered_map>
 #include <unordered_set>
 
 #include "shardckpt/engine/core/load.h"
 #include "shardckpt/engine/core/save_phases.h"
 #include "shardckpt/engine/core/staging_cache.h"
 #include "shardckpt/engine/model/manifest_wire.h"
+#include "shardckpt/engine/model/name_index.h"
 #include "shardckpt/io/checksum.h"
 #include "shardckpt/io/failpoint.h"
 #include "shardckpt/io/fs.h"
@@ -128,10 +128,9 @@ LocalMatch MatchPieces(const Manifest& manifest, const ShardedState& targets, co
     renamed.reserve(manifest.entries.size());
     for (const EntryRecord& e : manifest.entries) renamed.push_back(options.rename(e.name));
   }
-  std::unordered_map<std::string_view, size_t> by_name;
-  by_name.reserve(manifest.entries.size());
+  NameIndex by_name(manifest.entries.size());
   for (size_t i = 0; i < manifest.entries.size(); ++i) {
-    by_name.emplace(options.rename ? std::string_view(renamed[i]) : std::string_view(manifest.entries[i].name), i);
+    by_name.TryEmplace(options.rename ? std::string_view(renamed[i]) : std::string_view(manifest.entries[i].name), i);
   }
   LocalMatch match;
   match.wants.assign(manifest.entries.size(), EntryWant());
@@ -139,12 +138,12 @@ LocalMatch MatchPieces(const Manifest& manifest, const ShardedState& targets, co
   std::unordered_set<std::string_view> missing;
   for (size_t p = 0; p < targets.pieces().size(); ++p) {
     const TensorPiece& piece = targets.pieces()[p];
-    auto it = by_name.find(piece.name);
-    if (it == by_name.end()) {
+    const size_t entry = by_name.Find(piece.name);
+    if (entry == NameIndex::kAbsent) {
       if (missing.insert(piece.name).second) match.missing.push_back(piece.name);
       continue;
     }
-    const EntryRecord& e = manifest.entries[it->second];
+    const EntryRecord& e = manifest.entries[entry];
     if (e.dtype != piece.dtype && match.status.ok()) {
       match.status = InvalidArgument("entry '" + e.name + "' is " + DTypeName(e.dtype) + " in the checkpoint but " +
                                      DTypeName(piece.dtype) + " in the target (no silent casts)");
@@ -153,8 +152,8 @@ LocalMatch MatchPieces(const Manifest& manifest, const ShardedState& targets, co
       match.status = InvalidArgument("entry '" + e.name + "' has shape " + ShapeString(e.shape) +
                                      " in the checkpoint but " + ShapeString(piece.global_shape) + " in the target");
     }
-    match.entry_of_piece[p] = static_cast<long>(it->second);
-    match.wants[it->second].Add(IsWhole(piece), piece.space == MemorySpace::kCuda);
+    match.entry_of_piece[p] = static_cast<long>(entry);
+    match.wants[entry].Add(IsWhole(piece), piece.space == MemorySpace::kCuda);
   }
   return match;
 }
@@ -364,7 +363,14 @@ ReadWork PlanReads(const Manifest& manifest, const ShardedState& targets, const 
                    const ReadPlanOptions& plan_options, bool verified_from_memory, LoadReport* report) {
   ReadWork work;
   ReadTargets& read_targets = work.targets;
+  // Sized up front: at thousands of pieces, growing these one push at a time was most of this
+  // phase (each regrowth faults in fresh pages, slow on a VM).
+  const size_t most = targets.pieces().size() + manifest.blobs.size();
+  read_targets.base.reserve(most);
+  read_targets.names.reserve(most);
+  read_targets.copier.reserve(most);
   std::vector<WantedPiece> wanted;
+  wanted.reserve(targets.pieces().size());
   for (size_t p = 0; p < targets.pieces().size(); ++p) {
     if (match.local.entry_of_piece[p] < 0) continue;
     size_t entry = static_cast<size_t>(match.local.entry_of_piece[p]);
@@ -382,6 +388,7 @@ ReadWork PlanReads(const Manifest& manifest, const ShardedState& targets, const 
   }
   ChunkIndex index(&manifest);
   std::vector<CopyRequest> copies;
+  copies.reserve(wanted.size() + manifest.blobs.size());  // one each at the saved layout
   PlanPieceCopies(manifest, index, wanted, &copies);
   std::vector<std::pair<std::string, const BlobRecord*>> blob_reads;
   for (const BlobRecord& b : manifest.blobs) {
@@ -404,7 +411,7 @@ ReadWork PlanReads(const Manifest& manifest, const ShardedState& targets, const 
     copies.push_back(CopyRequest{record->file, record->offset, record->bytes,
                                  static_cast<uint32_t>(read_targets.base.size()), 0});
     read_targets.base.push_back(reinterpret_cast<unsigned char*>(result.bytes.data()));
-    read_targets.names.push_back("blob " + name);
+    read_targets.names.push_back(work.labels.emplace_back("blob " + name));
     read_targets.copier.push_back(nullptr);
   }
   // Into device memory each extent's copies are waited for before its buffer is reused: small

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -126,6 +127,9 @@ Status CheckDevices(const ShardedState& targets);
 // at plan_options.memory_backed_max_extent (PlanOptionsFor), to be verified while in cache.
 struct ReadWork {
   ReadTargets targets;
+  // The blobs' labels in targets.names ("blob <name>"): a deque, so that a view of one stays
+  // valid as more are added and when the work is moved.
+  std::deque<std::string> labels;
   bool any_device_target = false;
   ReadPlan plan;
   uint64_t max_extent = 0;  // the max_extent the plan was cut at, which sizes its staging

@@ -108,32 +108,59 @@ ReadPlan CoalesceReads(std::vector<CopyRequest> copies, const ReadPlanOptions& o
   }
   // Pass 2: cut each range into staging-buffer-sized extents, splitting copies at the cuts.
   const uint64_t max = std::max<uint64_t>(kBlockSize, AlignDown(options.max_extent, kBlockSize));
-  plan.extents.reserve(merged.size());
-  plan.copies.reserve(merged_copies.size());
-  std::vector<std::vector<ScatterCopy>> pieces;
+  size_t extents = 0, cut_copies = 0;
   for (const ReadExtent& range : merged) {
     plan.bytes_read += range.length;
+    extents += (range.length + max - 1) / max;
+    if (range.length <= max) continue;
+    const ScatterCopy* first = merged_copies.data() + range.first_copy;
+    for (const ScatterCopy* c = first; c != first + range.copy_count; ++c) {
+      cut_copies += (c->extent_offset + c->length - 1) / max - c->extent_offset / max;
+    }
+  }
+  if (extents == merged.size()) {  // nothing to cut: the merged ranges are the plan
+    plan.extents = std::move(merged);
+    plan.copies = std::move(merged_copies);
+    return plan;
+  }
+  plan.extents.reserve(extents);
+  plan.copies.resize(merged_copies.size() + cut_copies);
+  std::vector<size_t> fill;  // per cut extent of the range: where its next copy goes
+  size_t next = 0;
+  for (const ReadExtent& range : merged) {
     const ScatterCopy* first = merged_copies.data() + range.first_copy;
     if (range.length <= max) {
-      plan.extents.push_back(ReadExtent{range.file, range.offset, range.length, plan.copies.size(), range.copy_count});
-      plan.copies.insert(plan.copies.end(), first, first + range.copy_count);
+      plan.extents.push_back(ReadExtent{range.file, range.offset, range.length, next, range.copy_count});
+      std::copy(first, first + range.copy_count, plan.copies.begin() + static_cast<std::ptrdiff_t>(next));
+      next += range.copy_count;
       continue;
     }
-    pieces.assign((range.length + max - 1) / max, {});
+    // Counted, then placed: a cut extent's copies are consecutive, in the order the range had them.
+    const size_t parts = (range.length + max - 1) / max;
+    const size_t first_extent = plan.extents.size();
+    for (size_t k = 0; k < parts; ++k) {
+      plan.extents.push_back(ReadExtent{range.file, range.offset + k * max, std::min(max, range.length - k * max), 0, 0});
+    }
+    for (const ScatterCopy* c = first; c != first + range.copy_count; ++c) {
+      for (uint64_t k = c->extent_offset / max; k <= (c->extent_offset + c->length - 1) / max; ++k) {
+        plan.extents[first_extent + k].copy_count++;
+      }
+    }
+    fill.assign(parts, 0);
+    for (size_t k = 0; k < parts; ++k) {
+      plan.extents[first_extent + k].first_copy = next;
+      fill[k] = next;
+      next += plan.extents[first_extent + k].copy_count;
+    }
     for (const ScatterCopy* c = first; c != first + range.copy_count; ++c) {
       uint64_t begin = c->extent_offset, end = c->extent_offset + c->length;
       while (begin < end) {
-        uint64_t piece = begin / max;
-        uint64_t stop = std::min(end, (piece + 1) * max);
-        pieces[piece].push_back(
-            ScatterCopy{begin - piece * max, stop - begin, c->target, c->target_offset + (begin - c->extent_offset)});
+        const uint64_t k = begin / max;
+        const uint64_t stop = std::min(end, (k + 1) * max);
+        plan.copies[fill[k]++] =
+            ScatterCopy{begin - k * max, stop - begin, c->target, c->target_offset + (begin - c->extent_offset)};
         begin = stop;
       }
-    }
-    for (size_t k = 0; k < pieces.size(); ++k) {
-      plan.extents.push_back(ReadExtent{range.file, range.offset + k * max, std::min(max, range.length - k * max),
-                                        plan.copies.size(), pieces[k].size()});
-      plan.copies.insert(plan.copies.end(), pieces[k].begin(), pieces[k].end());
     }
   }
   return plan;
