@@ -236,6 +236,28 @@ TEST(CompactEntryList, ReadsTheFormTheWriterUses) {
   EXPECT_EQ(length, 2u);
 }
 
+// The list is sized once, from its lines; a text of bare newlines reserves by its size, not its
+// line count.
+TEST(CompactEntryList, IsSizedOnceAndAHostileTextReservesLittle) {
+  std::string list = "[";
+  for (int i = 0; i < 1000; ++i) {
+    list += std::string(i ? ",\n  " : "\n  ") + "{\"name\": \"t" + std::to_string(i) +
+            "\", \"dtype\": \"float32\", \"shape\": [1], \"chunks\": [[0," + std::to_string(4 * i) + ",4,0,1]]}";
+  }
+  list += "\n ]";
+  std::vector<EntryRecord> entries;
+  ASSERT_EQ(ReadCompactEntryList(list + ",\n \"blobs\": [\n  {}\n ]", &entries), list.size());
+  ASSERT_EQ(entries.size(), 1000u);
+  EXPECT_EQ(entries.capacity(), 1000u);
+  EXPECT_EQ(entries[999].chunks[0].offset, 3996u);
+  const std::string hostile = "[\n  " + std::string(96000, '\n');
+  EXPECT_EQ(ReadCompactEntryList(hostile, &entries), 0u);
+  EXPECT_LE(entries.capacity(), std::max<size_t>(1000, hostile.size() / 48));
+  std::vector<EntryRecord> fresh;
+  EXPECT_EQ(ReadCompactEntryList(hostile, &fresh), 0u);
+  EXPECT_LE(fresh.capacity(), hostile.size() / 48);
+}
+
 // Names with something to unescape or not UTF-8, another spacing or order, an unknown dtype or
 // field: all left to the general reader.
 TEST(CompactEntryList, LeavesEveryOtherSpellingToTheGeneralReader) {

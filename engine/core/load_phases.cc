@@ -128,18 +128,17 @@ LocalMatch MatchPieces(const Manifest& manifest, const ShardedState& targets, co
     renamed.reserve(manifest.entries.size());
     for (const EntryRecord& e : manifest.entries) renamed.push_back(options.rename(e.name));
   }
-  NameIndex by_name(manifest.entries.size());
-  for (size_t i = 0; i < manifest.entries.size(); ++i) {
-    by_name.TryEmplace(options.rename ? std::string_view(renamed[i]) : std::string_view(manifest.entries[i].name), i);
-  }
+  auto name_of = [&](uint32_t i) -> std::string_view { return options.rename ? renamed[i] : manifest.entries[i].name; };
+  NameIndex by_name(manifest.entries.size(), name_of);
+  for (size_t i = 0; i < manifest.entries.size(); ++i) by_name.TryEmplace(name_of(static_cast<uint32_t>(i)), static_cast<uint32_t>(i));
   LocalMatch match;
   match.wants.assign(manifest.entries.size(), EntryWant());
   match.entry_of_piece.assign(targets.pieces().size(), -1);
   std::unordered_set<std::string_view> missing;
   for (size_t p = 0; p < targets.pieces().size(); ++p) {
     const TensorPiece& piece = targets.pieces()[p];
-    const size_t entry = by_name.Find(piece.name);
-    if (entry == NameIndex::kAbsent) {
+    const uint32_t entry = by_name.Find(piece.name);
+    if (entry == decltype(by_name)::kAbsent) {
       if (missing.insert(piece.name).second) match.missing.push_back(piece.name);
       continue;
     }

@@ -390,8 +390,9 @@ Manifest BuildManifest(int64_t step, const Descriptions& described, const std::v
   // views of the descriptions and sorted as indices, and each entry's chunk list is sized before
   // it is filled: at tens of thousands of entries, the copies, moves and regrowth were most of
   // this function's time.
-  NameIndex entry_of_name(described.ranks.empty() ? 0 : described.ranks[0].pieces.size());
   std::vector<const PieceDescription*> first_piece;  // by entry, in order of first appearance
+  NameIndex entry_of_name(described.ranks.empty() ? 0 : described.ranks[0].pieces.size(),
+                          [&](uint32_t e) -> std::string_view { return first_piece[e]->name; });
   std::vector<uint32_t> chunk_count;
   // By rank, by described piece (kNone where not reported). Ranks of one job mostly describe
   // the same names at the same indices: the previous rank's entry at this index is tried first,
@@ -408,12 +409,12 @@ Manifest BuildManifest(int64_t step, const Descriptions& described, const std::v
       const PieceDescription& p = pieces[index];
       uint32_t entry = previous != nullptr && index < previous->size() ? (*previous)[index] : kNone;
       if (entry == kNone || first_piece[entry]->name != p.name) {
-        auto [found, fresh] = entry_of_name.TryEmplace(p.name, first_piece.size());
+        auto [found, fresh] = entry_of_name.TryEmplace(p.name, static_cast<uint32_t>(first_piece.size()));
         if (fresh) {
           first_piece.push_back(&p);
           chunk_count.push_back(0);
         }
-        entry = static_cast<uint32_t>(found);
+        entry = found;
       }
       if (p.bytes != 0) chunk_count[entry]++;  // empty pieces (uneven splits) need no chunk
       entry_of[r][index] = entry;

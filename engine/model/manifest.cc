@@ -1009,11 +1009,12 @@ Status ValidateManifest(const Manifest& m) {
     }
     return Status::Ok();
   };
-  NameIndex entry_names(m.entries.size());
+  NameIndex entry_names(m.entries.size(), [&](uint32_t i) -> std::string_view { return m.entries[i].name; });
+  uint32_t entry_number = 0;
   std::vector<std::pair<int64_t, int64_t>> spans;
   for (const EntryRecord& e : m.entries) {
     if (e.name.empty()) return bad("an entry has an empty name");
-    if (!entry_names.TryEmplace(e.name, 0).second) return bad("entry '" + e.name + "' is listed twice");
+    if (!entry_names.TryEmplace(e.name, entry_number++).second) return bad("entry '" + e.name + "' is listed twice");
     Result<int64_t> bytes = NumBytes(e.shape, DTypeSize(e.dtype));
     if (!bytes.ok()) return bad("entry '" + e.name + "': " + bytes.status().message());
     const int64_t numel = NumElements(e.shape).value();  // valid: NumBytes checked it

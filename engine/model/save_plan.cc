@@ -179,7 +179,7 @@ Result<SavePlan> PlanSave(const std::vector<RankDescription>& ranks) {
   // ranks has millions of pieces). Entries by name, groups by a hash of (entry, layout), checked
   // for equality; on a hash collision the entry's groups are searched.
   std::vector<Entry> entries;
-  NameIndex entry_of(ranks.empty() ? 0 : ranks[0].pieces.size());
+  NameIndex entry_of(ranks.empty() ? 0 : ranks[0].pieces.size(), [&](uint32_t e) { return entries[e].name; });
   std::unordered_map<uint64_t, size_t> group_of;  // hash -> group index in its entry
   size_t pieces = 0;
   for (const RankDescription& r : ranks) pieces += r.pieces.size();
@@ -189,7 +189,7 @@ Result<SavePlan> PlanSave(const std::vector<RankDescription>& ranks) {
     plan.writes_piece[r].assign(ranks[r].pieces.size(), false);
     for (size_t i = 0; i < ranks[r].pieces.size(); ++i) {
       const PieceDescription& p = ranks[r].pieces[i];
-      auto [entry, inserted] = entry_of.TryEmplace(p.name, entries.size());
+      auto [entry, inserted] = entry_of.TryEmplace(p.name, static_cast<uint32_t>(entries.size()));
       if (inserted) entries.push_back(Entry{p.name, p.dtype, &p.shape, r, {}});
       Entry& e = entries[entry];
       if (!inserted && (e.dtype != p.dtype || *e.shape != p.shape)) {
