@@ -250,12 +250,19 @@ TEST(CompactEntryList, IsSizedOnceAndAHostileTextReservesLittle) {
   ASSERT_EQ(entries.size(), 1000u);
   EXPECT_EQ(entries.capacity(), 1000u);
   EXPECT_EQ(entries[999].chunks[0].offset, 3996u);
-  const std::string hostile = "[\n  " + std::string(96000, '\n');
-  EXPECT_EQ(ReadCompactEntryList(hostile, &entries), 0u);
-  EXPECT_LE(entries.capacity(), std::max<size_t>(1000, hostile.size() / 48));
+  // Newlines and no close: nothing reserved. Newlines, then a close: at most a 61st of the size.
+  const std::string open = "[\n  " + std::string(96000, '\n');
   std::vector<EntryRecord> fresh;
-  EXPECT_EQ(ReadCompactEntryList(hostile, &fresh), 0u);
-  EXPECT_LE(fresh.capacity(), hostile.size() / 48);
+  EXPECT_EQ(ReadCompactEntryList(open, &fresh), 0u);
+  EXPECT_LE(fresh.capacity(), 1u);  // the one entry it tried to read
+  const std::string closed = open + "\n ]";
+  EXPECT_EQ(ReadCompactEntryList(closed, &fresh), 0u);
+  EXPECT_LE(fresh.capacity(), closed.size() / 61);
+  EXPECT_GT(fresh.capacity(), 1u);
+  // Not the compact form at all: no scan, nothing reserved.
+  std::vector<EntryRecord> other;
+  EXPECT_EQ(ReadCompactEntryList("[\n {\"name\": \"w\"}\n ]" + std::string(1000, '\n'), &other), 0u);
+  EXPECT_EQ(other.capacity(), 0u);
 }
 
 // Names with something to unescape or not UTF-8, another spacing or order, an unknown dtype or

@@ -46,6 +46,25 @@ TEST(NameIndex, NamesOnOneHashAreToldApartByTheirBytes) {
   ExpectIndexes<OneHash>(names);
 }
 
+// As a save plan uses it: a name is stored under the next index and joins the list only when it
+// was new, repeats come between, and the table grows from nothing on the way.
+TEST(NameIndex, GrowsWhileTheNamesArriveWithRepeats) {
+  std::vector<std::string> stored;
+  auto name_of = [&](uint32_t i) -> std::string_view { return stored[i]; };
+  NameIndex index(0, name_of);
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < 4000; ++i) {
+      const std::string name = "rank." + std::to_string(i % (1000 * (round + 1))) + ".w";
+      auto [at, added] = index.TryEmplace(name, static_cast<uint32_t>(stored.size()));
+      if (added) stored.push_back(name);
+      ASSERT_EQ(stored[at], name);
+    }
+  }
+  EXPECT_EQ(stored.size(), 3000u);
+  EXPECT_EQ(index.size(), 3000u);
+  for (uint32_t i = 0; i < stored.size(); ++i) EXPECT_EQ(index.Find(stored[i]), i);
+}
+
 TEST(NameIndex, AbsentNamesAreAbsent) {
   const std::vector<std::string> names = {"layers.0.weight"};
   auto name_of = [&](uint32_t i) -> std::string_view { return names[i]; };

@@ -124,6 +124,53 @@ TEST(ReadPlan, CutExtentsKeepOverlappingCopiesInOrder) {
   EXPECT_EQ(plan.bytes_read, 4 * b);
 }
 
+// Random copies (overlapping, repeated, empty, across two files), any merge gap and cut: every
+// copy comes back whole, as parts that tile it, each inside its extent and at its file offset.
+TEST(ReadPlanProperty, CutExtentsTileEveryCopy) {
+  std::mt19937_64 rng(20261203);
+  const uint64_t b = kBlockSize;
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::vector<CopyRequest> copies;
+    const int n = 1 + static_cast<int>(rng() % 12);
+    uint64_t wanted = 0;
+    for (int i = 0; i < n; ++i) {
+      const uint64_t offset = rng() % (16 * b), length = rng() % 3 == 0 ? 0 : 1 + rng() % (6 * b);
+      copies.push_back(CopyRequest{static_cast<uint32_t>(rng() % 2), offset, length, static_cast<uint32_t>(i), 0});
+      wanted += length;
+    }
+    const ReadPlanOptions options{(rng() % 3) * b, b * (1 + rng() % 4) + (rng() % 2) * 100};
+    const ReadPlan plan = CoalesceReads(copies, options);
+    EXPECT_EQ(plan.bytes_wanted, wanted);
+    std::vector<std::vector<std::pair<uint64_t, uint64_t>>> parts(n);  // target offset, length
+    size_t listed = 0;
+    for (size_t x = 0; x < plan.extents.size(); ++x) {
+      const ReadExtent& e = plan.extents[x];
+      ASSERT_EQ(e.offset % b, 0u);
+      ASSERT_LE(e.length, AlignDown(options.max_extent, b));
+      ASSERT_EQ(e.first_copy, listed) << "trial " << trial;  // each extent's copies follow the last's
+      listed += e.copy_count;
+      for (size_t k = e.first_copy; k < e.first_copy + e.copy_count; ++k) {
+        const ScatterCopy& c = plan.copies[k];
+        ASSERT_LE(c.extent_offset + c.length, e.length) << "trial " << trial;
+        const CopyRequest& asked = copies[c.target];
+        ASSERT_EQ(e.file, asked.file);
+        ASSERT_EQ(e.offset + c.extent_offset, asked.file_offset + c.target_offset) << "trial " << trial;
+        parts[c.target].emplace_back(c.target_offset, c.length);
+      }
+    }
+    EXPECT_EQ(listed, plan.copies.size());
+    for (int i = 0; i < n; ++i) {
+      std::sort(parts[i].begin(), parts[i].end());
+      uint64_t at = 0;
+      for (auto [offset, length] : parts[i]) {
+        ASSERT_EQ(offset, at) << "trial " << trial << " copy " << i;
+        at += length;
+      }
+      ASSERT_EQ(at, copies[i].length) << "trial " << trial << " copy " << i;
+    }
+  }
+}
+
 TEST(PlanOptionsFor, CutsExtentsOnlyForMemoryBackedFolders) {
   struct Case {
     uint64_t max_extent, memory_cut;

@@ -133,8 +133,8 @@ Status ExecuteReadPlan(IoEngine* io, BufferPool* pool, const std::string& dir,
         continue;
       }
       if (device_copies != nullptr && device_copies != copier) SC_RETURN_IF_ERROR(device_copies->Synchronize());
-      SC_RETURN_IF_ERROR(copier->CopyToDeviceAsync(targets.base[c.target] + c.target_offset, data + c.extent_offset,
-                                                   c.length).WithContext(std::string(targets.names[c.target])));
+      Status copied = copier->CopyToDeviceAsync(targets.base[c.target] + c.target_offset, data + c.extent_offset, c.length);
+      if (!copied.ok()) return copied.WithContext(std::string(targets.names[c.target]));  // the name only on failure
       device_copies = copier;
     }
     // The buffer is read again by the next extent; its host-to-device copies must have landed.

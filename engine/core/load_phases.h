@@ -130,6 +130,13 @@ struct ReadWork {
   // The blobs' labels in targets.names ("blob <name>"): a deque, so that a view of one stays
   // valid as more are added and when the work is moved.
   std::deque<std::string> labels;
+
+  ReadWork() = default;
+  // A copy's names would view the original's labels: moves only.
+  ReadWork(const ReadWork&) = delete;
+  ReadWork& operator=(const ReadWork&) = delete;
+  ReadWork(ReadWork&&) = default;
+  ReadWork& operator=(ReadWork&&) = default;
   bool any_device_target = false;
   ReadPlan plan;
   uint64_t max_extent = 0;  // the max_extent the plan was cut at, which sizes its staging

@@ -144,16 +144,18 @@ namespace {
 // An upper bound on the entries of the compact list at the start of `text`, to size the list
 // once: grown one entry at a time, every entry was moved at each regrowth, onto fresh pages (a
 // fifth of a 20,000-entry decode). Each entry starts a line, and a raw newline never stands inside
-// a JSON string, so the lines before the list's closing "\n ]" bound them. Capped by the shortest
-// entry's length, so that a hostile text reserves no more than about twice its own size.
+// a JSON string, so the lines before the list's closing "\n ]" bound them; without that close the
+// list is not compact and none is reserved. Capped by the shortest entry the reader accepts, so
+// that a hostile text reserves (untouched) about one and a half times its own size at most.
 size_t EntryLinesBound(std::string_view text) {
-  constexpr size_t kShortestEntry = 48;  // {"name": "", "dtype": "", "shape": [], "chunks": []}
+  // `{"name": "a", "dtype": "bool", "shape": [], "chunks": []}` and its ",\n  " separator
+  constexpr size_t kShortestEntry = 61;
   size_t lines = 0;
   for (size_t at = text.find('\n'); at != std::string_view::npos; at = text.find('\n', at + 1)) {
-    if (text.compare(at, 3, "\n ]") == 0) break;
+    if (text.compare(at, 3, "\n ]") == 0) return std::min(lines, text.size() / kShortestEntry);
     ++lines;
   }
-  return std::min(lines, text.size() / kShortestEntry);
+  return 0;
 }
 
 }  // namespace
@@ -163,8 +165,8 @@ size_t ReadCompactEntryList(std::string_view text, std::vector<EntryRecord>* out
   const char* const end = begin + text.size();
   out->clear();
   if (const char* p = Literal(begin, end, "[]")) return static_cast<size_t>(p - begin);
-  out->reserve(EntryLinesBound(text));
   const char* p = Literal(begin, end, "[\n  ");
+  if (p != nullptr) out->reserve(EntryLinesBound(text));
   std::vector<ChunkRecord> scratch;
   while (p != nullptr) {
     out->emplace_back();

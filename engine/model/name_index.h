@@ -13,6 +13,7 @@
 // not move them.
 #pragma once
 
+#include <cassert>
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
@@ -40,6 +41,7 @@ class NameIndex {
   // holds for the name and whether it was added (as std::unordered_map::try_emplace). Until a
   // later call, `name_of(index)` need not give the name yet.
   std::pair<uint32_t, bool> TryEmplace(std::string_view name, uint32_t index) {
+    assert(index != kAbsent);
     if (4 * (size_ + 1) > 3 * slots_.size()) Rehash(2 * slots_.size());
     const uint64_t hash = Hash{}(name);
     Slot& slot = slots_[Probe(hash, name)];
@@ -77,8 +79,8 @@ class NameIndex {
     }
   }
 
-  // Slots keep only 32 bits of each hash, so growing hashes the names again (sized up front,
-  // the table never grows).
+  // Slots keep only 32 bits of each hash, so growing hashes the names again (a table sized for
+  // its names up front never grows; a save plan's grows when later ranks name more entries).
   void Rehash(size_t slots) {
     std::vector<Slot> old = std::move(slots_);
     slots_.assign(slots, Slot{});
