@@ -165,8 +165,7 @@ Status CheckpointReader::ReadPiece(size_t entry, const Layout& layout, void* out
   std::vector<CopyRequest>& direct = piece_direct_;
   copies.clear();
   direct.clear();
-  wanted_.assign(1, WantedPiece{entry, layout, 0});
-  PlanPieceCopies(manifest_, *index_, wanted_, &copies);
+  PlanPieceCopy(manifest_, *index_, entry, layout, 0, &copies);
   auto* target = static_cast<unsigned char*>(out);
   const std::string& name = manifest_.entries[entry].name;
   // Small copies (a piece of a small entry, cut from the chunks of several files) come from the

@@ -84,7 +84,6 @@ class CheckpointReader {
   std::unique_ptr<BufferPool> pool_;
   ReadStats stats_;
   std::vector<Window> windows_;  // by file
-  std::vector<WantedPiece> wanted_;  // ReadPiece's scratch, kept across pieces
   std::vector<CopyRequest> piece_copies_, piece_direct_;
   uint64_t window_bytes_ = kMaxWindow;
   // Background reads: one in flight at a time (its ring and staging are not shared), results

@@ -368,8 +368,9 @@ ReadWork PlanReads(const Manifest& manifest, const ShardedState& targets, const 
   read_targets.base.reserve(most);
   read_targets.names.reserve(most);
   read_targets.copier.reserve(most);
-  std::vector<WantedPiece> wanted;
-  wanted.reserve(targets.pieces().size());
+  ChunkIndex index(&manifest);
+  std::vector<CopyRequest> copies;
+  copies.reserve(most);  // one each at the saved layout
   for (size_t p = 0; p < targets.pieces().size(); ++p) {
     if (match.local.entry_of_piece[p] < 0) continue;
     size_t entry = static_cast<size_t>(match.local.entry_of_piece[p]);
@@ -380,15 +381,11 @@ ReadWork PlanReads(const Manifest& manifest, const ShardedState& targets, const 
       copier = CudaCopier(piece.device).value();  // checked by CheckDevices
       work.any_device_target = true;
     }
-    wanted.push_back(WantedPiece{entry, piece.layout, static_cast<uint32_t>(read_targets.base.size())});
+    PlanPieceCopy(manifest, index, entry, piece.layout, static_cast<uint32_t>(read_targets.base.size()), &copies);
     read_targets.base.push_back(static_cast<unsigned char*>(piece.data));
     read_targets.names.push_back(manifest.entries[entry].name);
     read_targets.copier.push_back(copier);
   }
-  ChunkIndex index(&manifest);
-  std::vector<CopyRequest> copies;
-  copies.reserve(wanted.size() + manifest.blobs.size());  // one each at the saved layout
-  PlanPieceCopies(manifest, index, wanted, &copies);
   std::vector<std::pair<std::string, const BlobRecord*>> blob_reads;
   for (const BlobRecord& b : manifest.blobs) {
     if (b.scope == BlobScope::kGlobal) {

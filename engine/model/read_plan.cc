@@ -37,48 +37,61 @@ const ChunkRecord* ExactChunk(const EntryRecord& e, const Layout& normal) {
   return nullptr;
 }
 
+// Whether a (validated) layout of `shape` holds no element: a rank's share of a tensor too small
+// to cut for every rank. Such a piece needs no copy, and searching the entry's chunks for one
+// built a region index per entry for nothing.
+bool HoldsNothing(const Layout& layout, const Shape& shape) {
+  switch (layout.kind) {
+    case LayoutKind::kWhole: return std::find(shape.begin(), shape.end(), 0) != shape.end();
+    case LayoutKind::kBox: return std::find(layout.sizes.begin(), layout.sizes.end(), 0) != layout.sizes.end();
+    case LayoutKind::kFlatRange: return layout.end <= layout.begin;
+  }
+  return false;
+}
+
 }  // namespace
+
+void PlanPieceCopy(const Manifest& manifest, ChunkIndex& index, size_t entry, const Layout& layout, uint32_t target,
+                   std::vector<CopyRequest>* out) {
+  const EntryRecord& e = manifest.entries[entry];
+  if (HoldsNothing(layout, e.shape)) return;
+  const uint64_t element = DTypeSize(e.dtype);
+  const Layout normal = Normalize(layout, e.shape);
+  if (const ChunkRecord* chunk = ExactChunk(e, normal)) {
+    out->push_back(CopyRequest{chunk->file, chunk->offset, chunk->bytes, target, 0});
+    return;
+  }
+  auto emit = [&](const ChunkRecord& chunk, const Region& from, const Region& want) {
+    ForEachCopy(from, want, [&](int64_t src, int64_t dst, int64_t count) {
+      out->push_back(CopyRequest{chunk.file, chunk.offset + static_cast<uint64_t>(src) * element,
+                                 static_cast<uint64_t>(count) * element, target, static_cast<uint64_t>(dst) * element});
+    });
+  };
+  if (normal.kind == LayoutKind::kWhole) {
+    // The whole tensor (consolidate, reshard): every chunk lies in it; no index needed, and no
+    // regions unless a chunk is not one run (built then, once: most pieces need none).
+    std::vector<Region> wants;
+    for (const ChunkRecord& chunk : e.chunks) {
+      if (const int64_t start = ContiguousStart(chunk.layout, e.shape); start >= 0) {  // one run: no regions
+        out->push_back(CopyRequest{chunk.file, chunk.offset, chunk.bytes, target, static_cast<uint64_t>(start) * element});
+        continue;
+      }
+      if (wants.empty()) wants = LayoutRegions(layout, e.shape);
+      for (const Region& want : wants) {
+        for (const Region& from : LayoutRegions(chunk.layout, e.shape)) emit(chunk, from, want);
+      }
+    }
+    return;
+  }
+  const ChunkIndex::EntryIndex& saved = index.For(entry);
+  for (const Region& want : LayoutRegions(layout, e.shape)) {
+    saved.index->ForEachIntersecting(want, [&](size_t id) { emit(e.chunks[saved.chunk_of_region[id]], saved.regions[id], want); });
+  }
+}
 
 void PlanPieceCopies(const Manifest& manifest, ChunkIndex& index,
                      const std::vector<WantedPiece>& wanted, std::vector<CopyRequest>* out) {
-  for (const WantedPiece& w : wanted) {
-    const EntryRecord& e = manifest.entries[w.entry];
-    const uint64_t element = DTypeSize(e.dtype);
-    const Layout normal = Normalize(w.layout, e.shape);
-    if (const ChunkRecord* chunk = ExactChunk(e, normal)) {
-      out->push_back(CopyRequest{chunk->file, chunk->offset, chunk->bytes, w.target, 0});
-      continue;
-    }
-    auto emit = [&](const ChunkRecord& chunk, const Region& from, const Region& want) {
-      ForEachCopy(from, want, [&](int64_t src, int64_t dst, int64_t count) {
-        out->push_back(CopyRequest{chunk.file, chunk.offset + static_cast<uint64_t>(src) * element,
-                                   static_cast<uint64_t>(count) * element, w.target,
-                                   static_cast<uint64_t>(dst) * element});
-      });
-    };
-    if (normal.kind == LayoutKind::kWhole) {
-      // The whole tensor (consolidate, reshard): every chunk lies in it; no index needed, and no
-      // regions unless a chunk is not one run (built then, once: most pieces need none).
-      std::vector<Region> wants;
-      for (const ChunkRecord& chunk : e.chunks) {
-        if (const int64_t start = ContiguousStart(chunk.layout, e.shape); start >= 0) {  // one run: no regions
-          out->push_back(CopyRequest{chunk.file, chunk.offset, chunk.bytes, w.target, static_cast<uint64_t>(start) * element});
-          continue;
-        }
-        if (wants.empty()) wants = LayoutRegions(w.layout, e.shape);
-        for (const Region& want : wants) {
-          for (const Region& from : LayoutRegions(chunk.layout, e.shape)) emit(chunk, from, want);
-        }
-      }
-      continue;
-    }
-    const ChunkIndex::EntryIndex& saved = index.For(w.entry);
-    for (const Region& want : LayoutRegions(w.layout, e.shape)) {
-      saved.index->ForEachIntersecting(want, [&](size_t id) {
-        emit(e.chunks[saved.chunk_of_region[id]], saved.regions[id], want);
-      });
-    }
-  }
+  for (const WantedPiece& w : wanted) PlanPieceCopy(manifest, index, w.entry, w.layout, w.target, out);
 }
 
 ReadPlan CoalesceReads(std::vector<CopyRequest> copies, const ReadPlanOptions& options) {
