@@ -130,6 +130,9 @@ struct ReadWork {
   // The blobs' labels in targets.names ("blob <name>"): a deque, so that a view of one stays
   // valid as more are added and when the work is moved.
   std::deque<std::string> labels;
+  bool any_device_target = false;
+  ReadPlan plan;
+  uint64_t max_extent = 0;  // the max_extent the plan was cut at, which sizes its staging
 
   ReadWork() = default;
   // A copy's names would view the original's labels: moves only.
@@ -137,9 +140,6 @@ struct ReadWork {
   ReadWork& operator=(const ReadWork&) = delete;
   ReadWork(ReadWork&&) = default;
   ReadWork& operator=(ReadWork&&) = default;
-  bool any_device_target = false;
-  ReadPlan plan;
-  uint64_t max_extent = 0;  // the max_extent the plan was cut at, which sizes its staging
 };
 ReadWork PlanReads(const Manifest& manifest, const ShardedState& targets, const Match& match, int rank, int world,
                    const ReadPlanOptions& plan_options, bool verified_from_memory, LoadReport* report);

@@ -246,9 +246,19 @@ Layout FlatShardLayout(const Shape& global, int parts, int index) {
   return OrInvalid(CheckedFlatShardLayout(global, parts, index), "FlatShardLayout");
 }
 
+bool HoldsNoElements(const Layout& layout, const Shape& global) {
+  switch (layout.kind) {
+    case LayoutKind::kWhole: return std::find(global.begin(), global.end(), 0) != global.end();
+    case LayoutKind::kBox: return std::find(layout.sizes.begin(), layout.sizes.end(), 0) != layout.sizes.end();
+    case LayoutKind::kFlatRange: return layout.end <= layout.begin;
+  }
+  return false;
+}
+
 std::vector<Region> LayoutRegions(const Layout& layout, const Shape& global) {
   const size_t n = global.size();
   std::vector<Region> regions;
+  if (HoldsNoElements(layout, global)) return regions;
   if (layout.kind != LayoutKind::kFlatRange) {
     Region region;
     if (layout.kind == LayoutKind::kBox) {
@@ -257,9 +267,6 @@ std::vector<Region> LayoutRegions(const Layout& layout, const Shape& global) {
     } else {
       region.lo.assign(n, 0);
       region.size = global;
-    }
-    for (int64_t s : region.size) {
-      if (s == 0) return regions;
     }
     region.stride = RowMajorStrides(region.size);
     for (size_t d = 0; d < n; ++d) region.base -= region.lo[d] * region.stride[d];

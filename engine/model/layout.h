@@ -95,6 +95,11 @@ struct Region {
   std::vector<int64_t> stride;  // row-major strides of the piece's buffer (or the global tensor)
 };
 
+// Whether a (validated) layout of `global` holds no element: a zero extent in its box (or in the
+// tensor, for a whole one), or an empty flat range. A rank's share of a tensor too small to cut
+// for every rank is such a piece.
+bool HoldsNoElements(const Layout& layout, const Shape& global);
+
 // The regions of a (validated) layout. Empty pieces give none; a 0-d tensor has one region of
 // zero dims.
 std::vector<Region> LayoutRegions(const Layout& layout, const Shape& global);

@@ -37,24 +37,12 @@ const ChunkRecord* ExactChunk(const EntryRecord& e, const Layout& normal) {
   return nullptr;
 }
 
-// Whether a (validated) layout of `shape` holds no element: a rank's share of a tensor too small
-// to cut for every rank. Such a piece needs no copy, and searching the entry's chunks for one
-// built a region index per entry for nothing.
-bool HoldsNothing(const Layout& layout, const Shape& shape) {
-  switch (layout.kind) {
-    case LayoutKind::kWhole: return std::find(shape.begin(), shape.end(), 0) != shape.end();
-    case LayoutKind::kBox: return std::find(layout.sizes.begin(), layout.sizes.end(), 0) != layout.sizes.end();
-    case LayoutKind::kFlatRange: return layout.end <= layout.begin;
-  }
-  return false;
-}
-
 }  // namespace
 
 void PlanPieceCopy(const Manifest& manifest, ChunkIndex& index, size_t entry, const Layout& layout, uint32_t target,
                    std::vector<CopyRequest>* out) {
   const EntryRecord& e = manifest.entries[entry];
-  if (HoldsNothing(layout, e.shape)) return;
+  if (HoldsNoElements(layout, e.shape)) return;  // nothing to copy, no chunk to search
   const uint64_t element = DTypeSize(e.dtype);
   const Layout normal = Normalize(layout, e.shape);
   if (const ChunkRecord* chunk = ExactChunk(e, normal)) {
