@@ -10,12 +10,11 @@ namespace shardckpt {
 
 uint64_t Checksum64(const void* data, size_t len) { return XXH3_64bits(data, len); }
 
-uint64_t Checksum64(std::string_view first, std::string_view second) {
+uint64_t Checksum64(std::initializer_list<std::string_view> pieces) {
   XXH3_state_t state;
   XXH3_INITSTATE(&state);
   XXH3_64bits_reset(&state);
-  XXH3_64bits_update(&state, first.data(), first.size());
-  XXH3_64bits_update(&state, second.data(), second.size());
+  for (std::string_view piece : pieces) XXH3_64bits_update(&state, piece.data(), piece.size());
   return XXH3_64bits_digest(&state);
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 
@@ -13,9 +14,9 @@ namespace shardckpt {
 inline constexpr uint64_t kBlockSize = 4096;
 
 uint64_t Checksum64(const void* data, size_t len);
-// The Checksum64 of `first` followed by `second`, without joining them (a manifest's text is
-// sealed over its body and a closing brace that stands elsewhere).
-uint64_t Checksum64(std::string_view first, std::string_view second);
+// The Checksum64 of `pieces` one after the other, without joining them (a manifest's text is
+// sealed over pieces that stand apart: a kept body, a closing brace).
+uint64_t Checksum64(std::initializer_list<std::string_view> pieces);
 // Checksums `len` bytes (a multiple of kBlockSize) block by block into out[len / kBlockSize].
 void ChecksumBlocks(const void* data, size_t len, uint64_t* out);
 

@@ -7,8 +7,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 
+#include "shardckpt/io/checksum.h"  // AlignUp
+#include "shardckpt/io/direct_io.h"
 #include "shardckpt/io/failpoint.h"
 
 namespace shardckpt {
@@ -146,25 +149,67 @@ Result<uint64_t> FileSize(const std::string& path) {
   return static_cast<uint64_t>(st.st_size);
 }
 
-Result<std::string> ReadFileLimited(const std::string& path, uint64_t max_bytes) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, "open " + path);
+namespace {
+
+class FdCloser {
+ public:
+  explicit FdCloser(int fd) : fd_(fd) {}
+  ~FdCloser() { ::close(fd_); }
+  FdCloser(const FdCloser&) = delete;
+  FdCloser& operator=(const FdCloser&) = delete;
+
+ private:
+  int fd_;
+};
+
+// O_DIRECT reads whole blocks into aligned memory: the string is read into at its first aligned
+// byte, `size` rounded up (the read stops at end of file), and the bytes are then moved to its
+// front. One buffer, not an aligned one and a copy: fresh memory is what such a read spends most on.
+Result<std::string> ReadDirect(int fd, uint64_t size, const std::string& path) {
+  const size_t padded = AlignUp(size, kDirectIoAlignment);
+  std::string bytes(padded + kDirectIoAlignment, '\0');
+  const size_t skip = AlignUp(reinterpret_cast<uintptr_t>(bytes.data()), kDirectIoAlignment) -
+                      reinterpret_cast<uintptr_t>(bytes.data());
+  char* const into = bytes.data() + skip;
+  size_t done = 0;
+  while (done < size) {
+    if (done % kDirectIoAlignment != 0) {
+      // A short read that was not the end of the file: the rest without O_DIRECT, which demands
+      // aligned offsets.
+      const int flags = ::fcntl(fd, F_GETFL);
+      if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_DIRECT) != 0) return ErrnoStatus(errno, "fcntl " + path);
+      SC_RETURN_IF_ERROR(ReadFullyAt(fd, into + done, size - done, done, path));
+      break;
+    }
+    const ssize_t n = ::pread(fd, into + done, padded - done, static_cast<off_t>(done));
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return TransferError(false, path, done, padded - done, errno);
+    }
+    if (n == 0) return UnexpectedEndOfFile(path, done);
+    done += static_cast<size_t>(n);
+  }
+  bytes.erase(0, skip);
+  bytes.resize(size);
+  return bytes;
+}
+
+}  // namespace
+
+Result<std::string> ReadFileLimited(const std::string& path, uint64_t max_bytes, bool prefer_direct) {
+  bool direct = false;
+  SC_ASSIGN_OR_RETURN(int fd, OpenPreferDirect(path, O_RDONLY, prefer_direct, &direct));
+  FdCloser closer(fd);
   struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
-    return ErrnoStatus(err, "fstat " + path);
+  if (::fstat(fd, &st) != 0) return ErrnoStatus(errno, "fstat " + path);
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size > max_bytes) {
+    return Status(Code::kInvalidArgument,
+                  path + " is " + std::to_string(size) + " bytes, over the limit of " + std::to_string(max_bytes));
   }
-  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
-    ::close(fd);
-    return Status(Code::kInvalidArgument, path + " is " + std::to_string(st.st_size) +
-                                              " bytes, over the limit of " +
-                                              std::to_string(max_bytes));
-  }
-  std::string bytes(static_cast<size_t>(st.st_size), '\0');
-  Status read = ReadFullyAt(fd, bytes.data(), bytes.size(), 0, path);
-  ::close(fd);
-  if (!read.ok()) return read;
+  if (direct) return ReadDirect(fd, size, path);
+  std::string bytes(static_cast<size_t>(size), '\0');
+  SC_RETURN_IF_ERROR(ReadFullyAt(fd, bytes.data(), bytes.size(), 0, path));
   return bytes;
 }
 
@@ -185,6 +230,44 @@ Status WriteFileAtomic(const std::string& path, const std::string& bytes,
     return status;
   }
   return SyncDir(DirName(path), (prefix + ".sync_dir").c_str());
+}
+
+Status WriteFileDurably(const std::string& path, const std::vector<std::string_view>& pieces,
+                        AlignedBuffer* staging, const char* failpoint_prefix) {
+  const std::string prefix = failpoint_prefix;
+  SC_RETURN_IF_ERROR(Failpoint((prefix + ".write").c_str(), "write " + path));
+  size_t size = 0;
+  for (std::string_view piece : pieces) size += piece.size();
+  bool direct = false;
+  SC_ASSIGN_OR_RETURN(int fd, OpenPreferDirect(path, O_WRONLY | O_CREAT | O_TRUNC, size != 0, &direct));
+  FdCloser closer(fd);
+  if (direct) {
+    const size_t padded = AlignUp(size, kDirectIoAlignment);
+    if (staging->size() < padded) {
+      // Room for a manifest that grows by a little between saves (its metrics, its time).
+      SC_ASSIGN_OR_RETURN(*staging, AlignedBuffer::Allocate(padded + padded / 16));
+    }
+    unsigned char* at = staging->data();
+    for (std::string_view piece : pieces) {
+      std::memcpy(at, piece.data(), piece.size());
+      at += piece.size();
+    }
+    std::memset(at, 0, padded - size);
+    SC_RETURN_IF_ERROR(WriteFullyAt(fd, staging->data(), padded, 0, path));
+    if (padded != size && ::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+      return ErrnoStatus(errno, "truncate " + path + " to " + std::to_string(size) + " bytes");
+    }
+  } else {
+    uint64_t offset = 0;
+    for (std::string_view piece : pieces) {
+      SC_RETURN_IF_ERROR(WriteFullyAt(fd, piece.data(), piece.size(), offset, path));
+      offset += piece.size();
+    }
+  }
+  SC_RETURN_IF_ERROR(Failpoint((prefix + ".fsync").c_str(), "fsync " + path));
+  // The file's size is metadata fdatasync writes too: the truncation is durable with the bytes.
+  if (::fdatasync(fd) != 0) return ErrnoStatus(errno, "fsync " + path);
+  return Status::Ok();
 }
 
 }  // namespace shardckpt

@@ -6,8 +6,10 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "shardckpt/io/aligned_buffer.h"
 #include "shardckpt/io/status.h"
 
 namespace shardckpt {
@@ -46,11 +48,23 @@ Status TransferFullyAt(bool write, int fd, void* buffer, size_t length, uint64_t
 Status TransferError(bool write, const std::string& path, uint64_t offset, size_t length, int err);
 Status UnexpectedEndOfFile(const std::string& path, uint64_t at);
 
-// Reads a whole file, refusing files larger than max_bytes before allocating anything.
-Result<std::string> ReadFileLimited(const std::string& path, uint64_t max_bytes);
+// Reads a whole file, refusing files larger than max_bytes before allocating anything. With
+// `prefer_direct`, O_DIRECT where the file system takes it (direct_io.h): for a file written that
+// way (WriteFileDurably), which is not in the page cache, that is the fast read (a 2.6 MB
+// manifest here: 2.6 ms, where a buffered read of it took 3-16 ms).
+Result<std::string> ReadFileLimited(const std::string& path, uint64_t max_bytes, bool prefer_direct = false);
 // Writes `bytes` to `path` durably and atomically: temp file in the same folder, fsync, rename,
 // fsync of the folder. Readers see the old contents or the new, never a mix.
 Status WriteFileAtomic(const std::string& path, const std::string& bytes,
                        const char* failpoint_prefix);
+// Creates (or truncates) `path`, writes `pieces` one after the other and fdatasyncs it, with O_DIRECT where the file
+// system takes it. Not atomic: for a file in a folder not yet published, whose own fsync and
+// rename publish it (the commit's manifest). Why O_DIRECT: new page-cache pages are slow to get;
+// a 2.6 MB manifest written through the page cache took 7 ms plus 2 ms of fsync on this
+// project's test VM, with O_DIRECT 1.6-2.3 ms plus 0.4 ms. The bytes pass through `*staging`,
+// reallocated only when too small, so a caller that keeps it (a job's repeat saves) stages in
+// warm memory. The failpoints `<failpoint_prefix>.write` and `.fsync` fire before those steps.
+Status WriteFileDurably(const std::string& path, const std::vector<std::string_view>& pieces,
+                        AlignedBuffer* staging, const char* failpoint_prefix);
 
 }  // namespace shardckpt

@@ -1,9 +1,7 @@
 #include "shardckpt/io/io_engine.h"
 
 #include <fcntl.h>
-#include <linux/magic.h>
 #include <sys/stat.h>
-#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -11,6 +9,7 @@
 #include <cstring>
 
 #include "shardckpt/io/checksum.h"
+#include "shardckpt/io/direct_io.h"
 #include "shardckpt/io/failpoint.h"
 #include "shardckpt/io/fs.h"
 #include "shardckpt/io/log.h"
@@ -32,34 +31,11 @@ std::atomic<uint64_t> g_usage[2][2];  // [io_uring][direct]
 
 }  // namespace
 
-bool IsMemoryBacked(const std::string& path) {
-  struct statfs fs;
-  if (::statfs(DirName(path).c_str(), &fs) != 0) return false;
-  return fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC;
-}
-
 Result<std::unique_ptr<File>> IoEngine::Open(const std::string& path, OpenMode mode) {
-  int flags = O_CLOEXEC | (mode == OpenMode::kRead ? O_RDONLY : (O_WRONLY | O_CREAT | O_TRUNC));
-  bool direct = options_.use_direct;
-  // tmpfs and ramfs are page cache: O_DIRECT there still copies into it, but demands aligned
-  // memory, which would force a staging copy of every unaligned tensor first.
-  if (direct && IsMemoryBacked(path)) {
-    direct = false;
-    LogOnce(LogLevel::kInfo, "memory-backed",
-            DirName(path) + " is memory-backed (tmpfs/ramfs): reading and writing without O_DIRECT, "
-                            "straight from and into tensor memory");
-  }
-  if (direct) {
-    int fd = ::open(path.c_str(), flags | O_DIRECT, 0644);
-    if (fd >= 0) return std::make_unique<File>(fd, path, true);
-    if (errno != EINVAL) return ErrnoStatus(errno, "open " + path);
-    LogOnce(LogLevel::kWarn, "odirect-refused",
-            "O_DIRECT refused by the file system of " + path +
-                "; using buffered I/O for such files");
-  }
-  int fd = ::open(path.c_str(), flags, 0644);
-  if (fd < 0) return ErrnoStatus(errno, "open " + path);
-  return std::make_unique<File>(fd, path, false);
+  const int flags = mode == OpenMode::kRead ? O_RDONLY : (O_WRONLY | O_CREAT | O_TRUNC);
+  bool direct = false;
+  SC_ASSIGN_OR_RETURN(int fd, OpenPreferDirect(path, flags, options_.use_direct, &direct));
+  return std::make_unique<File>(fd, path, direct);
 }
 
 Status IoEngine::Drain() {

@@ -27,6 +27,7 @@
 #include <memory>
 #include <string>
 
+#include "shardckpt/io/direct_io.h"  // IsMemoryBacked, OpenPreferDirect
 #include "shardckpt/io/fs.h"  // kMaxTransferBytes, the pread/pwrite loop
 #include "shardckpt/io/status.h"
 
@@ -69,10 +70,6 @@ class File {
   std::string path_;
   bool direct_;
 };
-
-// Whether the folder holding `path` is memory-backed (tmpfs, ramfs): files there are page cache,
-// opened without O_DIRECT, and every process reading them shares the same copy.
-bool IsMemoryBacked(const std::string& path);
 
 class IoEngine {
  public:

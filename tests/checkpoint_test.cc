@@ -361,11 +361,10 @@ TEST_F(CheckpointTest, ALoadFromTmpfsCutsItsReadsForTheCache) {
 }
 
 TEST_F(CheckpointTest, AFailureAtEachCommitStepKeepsThePreviousCheckpoint) {
-  const char* steps[] = {"save.write_data",        "io.write",               "io.fsync",
-                         "commit.sync_tmp",        "commit.manifest.write",  "commit.manifest.fsync",
-                         "commit.manifest.rename", "commit.manifest.sync_dir", "commit.rename_dir",
-                         "commit.sync_root",       "commit.latest.write",    "commit.latest.fsync",
-                         "commit.latest.rename"};
+  const char* steps[] = {"save.write_data",       "io.write",            "io.fsync",
+                         "commit.manifest.write", "commit.manifest.fsync", "commit.sync_tmp",
+                         "commit.rename_dir",     "commit.sync_root",    "commit.latest.write",
+                         "commit.latest.fsync",   "commit.latest.rename"};
   ASSERT_TRUE(SaveStep(1).ok());
   int64_t step = 2;
   for (const char* failpoint : steps) {

@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -151,15 +152,19 @@ TEST(AlignedBufferTest, LargeBuffersAskForHugePagesUnlessTurnedOff) {
   EXPECT_THAT(VmFlagsOf(plain.data()), HasSubstr("VmFlags:"));
 }
 
-// The manifest's seal is hashed over its body and a closing brace that stands elsewhere.
-TEST(Checksum64, TwoPiecesAreTheChecksumOfBothJoined) {
+// The manifest's seal is hashed over pieces that stand apart: a head, a kept body, a closing brace.
+TEST(Checksum64, PiecesAreTheChecksumOfThemJoined) {
   std::string text(3000, '\0');
   for (size_t i = 0; i < text.size(); ++i) text[i] = static_cast<char>(i * 131 + (i >> 7));
+  const std::string_view all(text);
   for (size_t split : {size_t{0}, size_t{1}, size_t{240}, size_t{1024}, size_t{2999}, size_t{3000}}) {
-    const std::string_view all(text);
-    EXPECT_EQ(Checksum64(all.substr(0, split), all.substr(split)), Checksum64(text.data(), text.size())) << split;
+    EXPECT_EQ(Checksum64({all.substr(0, split), all.substr(split)}), Checksum64(text.data(), text.size())) << split;
+    const size_t second = std::min(split + 700, text.size());
+    EXPECT_EQ(Checksum64({all.substr(0, split), "", all.substr(split, second - split), all.substr(second)}),
+              Checksum64(text.data(), text.size()))
+        << split;
   }
-  EXPECT_NE(Checksum64(std::string_view("ab"), std::string_view("c")), Checksum64("abd", 3));
+  EXPECT_NE(Checksum64({"ab", "c"}), Checksum64("abd", 3));
 }
 
 TEST(BufferPool, AnEmptyPoolIsRefusedNamingTheOptions) {

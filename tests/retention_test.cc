@@ -171,10 +171,9 @@ class RetentionTest : public ::testing::Test {
 // `latest` included, leaves a root that resolves to a complete checkpoint, that a resumed run
 // loads, and that the next save (of the next step) commits into without anyone's help.
 TEST_F(RetentionTest, ACrashAtEachCommitStepLeavesARootThatResumesAndSavesOn) {
-  const char* steps[] = {"commit.sync_tmp",        "commit.manifest.write", "commit.manifest.fsync",
-                         "commit.manifest.rename", "commit.manifest.sync_dir", "commit.rename_dir",
-                         "commit.sync_root",       "commit.latest.write",  "commit.latest.fsync",
-                         "commit.latest.rename",   "commit.latest.sync_dir"};
+  const char* steps[] = {"commit.manifest.write", "commit.manifest.fsync", "commit.sync_tmp",
+                         "commit.rename_dir",     "commit.sync_root",      "commit.latest.write",
+                         "commit.latest.fsync",   "commit.latest.rename",  "commit.latest.sync_dir"};
   ASSERT_TRUE(SaveStep(1).ok());
   int64_t step = 2;
   int renamed = 0;

@@ -38,16 +38,23 @@ Status CommitCheckpoint(const std::string& root, const std::string& temp_name, c
                         const RetentionPolicy& retention) {
   SC_RETURN_IF_ERROR(CheckBuiltManifest(manifest));
   SC_ASSIGN_OR_RETURN(std::string json, EncodeManifest(manifest));
-  return PublishCheckpoint(root, temp_name, manifest.step, json, retention);
+  return PublishCheckpoint(root, temp_name, manifest.step, {json}, retention);
 }
 
 Status PublishCheckpoint(const std::string& root, const std::string& temp_name, int64_t step,
-                         const std::string& json, const RetentionPolicy& retention) {
+                         const std::vector<std::string_view>& manifest_text, const RetentionPolicy& retention,
+                         AlignedBuffer* manifest_staging) {
   const std::string temp_dir = JoinPath(root, temp_name);
   const std::string final_name = StepDirName(step);
   const std::string final_dir = JoinPath(root, final_name);
+  // The manifest is written in place: the temp folder is not a checkpoint until it is renamed,
+  // and a save that dies before that leaves it to the next save's cleanup. One fsync of the
+  // folder then makes the data files' names and the manifest's durable together.
+  AlignedBuffer local_staging;
+  SC_RETURN_IF_ERROR(WriteFileDurably(JoinPath(temp_dir, kManifestName), manifest_text,
+                                      manifest_staging != nullptr ? manifest_staging : &local_staging,
+                                      "commit.manifest"));
   SC_RETURN_IF_ERROR(SyncDir(temp_dir, "commit.sync_tmp"));
-  SC_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(temp_dir, kManifestName), json, "commit.manifest"));
   SC_RETURN_IF_ERROR(Rename(temp_dir, final_dir, "commit.rename_dir"));
   Status status = SyncDir(root, "commit.sync_root");
   if (status.ok()) status = WriteFileAtomic(JoinPath(root, kLatestName), final_name + "\n", "commit.latest");

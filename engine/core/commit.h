@@ -4,9 +4,12 @@
 #pragma once
 
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "shardckpt/engine/model/manifest.h"
 #include "shardckpt/engine/core/retention.h"
+#include "shardckpt/io/aligned_buffer.h"
 
 namespace shardckpt {
 
@@ -24,9 +27,13 @@ Status CommitCheckpoint(const std::string& root, const std::string& temp_name, c
 // of ours (Internal), not a damaged file.
 Status CheckBuiltManifest(const Manifest& manifest);
 // CommitCheckpoint's steps after validation and encoding: `manifest_text` is the manifest of
-// `step`, already validated and encoded (a repeat save's kept entries, save_phases.h).
+// `step`, already validated and encoded, in pieces written one after the other (a repeat save's
+// kept entries between a new head and seal, save_phases.h). It is written with O_DIRECT through
+// `manifest_staging` (WriteFileDurably), which a caller that saves again keeps; nullptr stages
+// in memory of this call's own.
 Status PublishCheckpoint(const std::string& root, const std::string& temp_name, int64_t step,
-                         const std::string& manifest_text, const RetentionPolicy& retention);
+                         const std::vector<std::string_view>& manifest_text, const RetentionPolicy& retention,
+                         AlignedBuffer* manifest_staging = nullptr);
 
 // The creation facts every manifest carries; `torch_version` and `git_commit` may be empty.
 CreationInfo MakeCreationInfo(int hosts, const std::string& torch_version, const std::string& git_commit,

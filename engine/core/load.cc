@@ -36,7 +36,7 @@ Result<Manifest> ReadManifest(const std::string& dir, std::string* text_out) {
     return m;
   }
   const std::string path = JoinPath(dir, kManifestName);
-  SC_ASSIGN_OR_RETURN(std::string text, ReadFileLimited(path, kMaxManifestBytes));
+  SC_ASSIGN_OR_RETURN(std::string text, ReadFileLimited(path, kMaxManifestBytes, /*prefer_direct=*/true));
   SC_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(text, path));
   Status files = CheckDataFiles(m, [&](const std::string& name) { return FileSize(JoinPath(dir, name)); });
   if (!files.ok()) return files.WithContext(dir);

@@ -494,14 +494,19 @@ Status RefreshKeptManifest(int64_t step, const Descriptions& described, std::vec
 }
 
 // A manifest built for this save, validated and encoded; with a kept plan, kept for its next
-// save (its entries and blobs as text). Without one it is encoded in one piece: no body copy.
-Result<std::string> EncodeBuiltManifest(Manifest&& m, const PlannedSave& planned, std::vector<WriteReport>&& reports,
-                                        SavePlanCache* cache) {
+// save (its entries and blobs as text, which the pieces view). Without one it is encoded in one
+// piece, the head: no body copy.
+Result<ManifestTextPieces> EncodeBuiltManifest(Manifest&& m, const PlannedSave& planned,
+                                               std::vector<WriteReport>&& reports, SavePlanCache* cache) {
   SC_RETURN_IF_ERROR(CheckBuiltManifest(m));
-  if (cache == nullptr || cache->plan_id != planned.plan_id) return EncodeManifest(m);
+  if (cache == nullptr || cache->plan_id != planned.plan_id) {
+    ManifestTextPieces whole;
+    SC_ASSIGN_OR_RETURN(whole.head, EncodeManifest(m));
+    return whole;
+  }
   auto kept = std::make_shared<KeptManifest>();
   SC_ASSIGN_OR_RETURN(kept->body, EncodeManifestBody(m));
-  SC_ASSIGN_OR_RETURN(std::string text, EncodeManifestWithBody(m, kept->body));
+  SC_ASSIGN_OR_RETURN(ManifestTextPieces text, EncodeManifestWithBody(m, kept->body));
   kept->plan_id = planned.plan_id;
   kept->reports = std::move(reports);
   m.entries = {};  // said by the body
@@ -524,18 +529,20 @@ Status CommitOnRoot(const std::string& root, int64_t step, const PlannedSave& pl
                                  cache->manifest->plan_id == planned.plan_id && PlacedAlike(*reports, cache->manifest->reports)
                              ? cache->manifest.get()
                              : nullptr;
-    Result<std::string> text = Internal("not encoded");
+    Result<ManifestTextPieces> text = Internal("not encoded");
     if (kept != nullptr) {
       Status refreshed =
           RefreshKeptManifest(step, *planned.described, std::move(reports).value(), options, kept, total_bytes);
       if (clock != nullptr) clock->Lap("build_manifest");
-      text = refreshed.ok() ? EncodeManifestWithBody(kept->head, kept->body) : Result<std::string>(refreshed);
+      text = refreshed.ok() ? EncodeManifestWithBody(kept->head, kept->body) : Result<ManifestTextPieces>(refreshed);
     } else {
       Manifest m = BuildManifest(step, *planned.described, *reports, options, total_bytes);
       if (clock != nullptr) clock->Lap("build_manifest");
       text = EncodeBuiltManifest(std::move(m), planned, std::move(reports).value(), cache);
     }
-    committed = text.ok() ? PublishCheckpoint(root, planned.temp_name, step, *text, options.retention()) : text.status();
+    committed = text.ok() ? PublishCheckpoint(root, planned.temp_name, step, {text->head, text->body, text->seal},
+                                              options.retention(), cache != nullptr ? &cache->manifest_staging : nullptr)
+                          : text.status();
     if (clock != nullptr) clock->Lap("commit");
     if (!committed.ok()) committed = committed.WithContext(StepFailed(step) + " on rank 0 while committing");
   }

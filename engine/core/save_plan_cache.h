@@ -15,6 +15,7 @@
 #include <memory>
 
 #include "shardckpt/engine/core/save_phases.h"
+#include "shardckpt/io/aligned_buffer.h"
 
 namespace shardckpt {
 
@@ -32,6 +33,9 @@ struct SavePlanCache {
   // Rank 0: the last committed manifest of this plan, for a repeat save that places every piece
   // where it did (save_phases.h).
   std::shared_ptr<save_phases::KeptManifest> manifest;
+  // Rank 0: the aligned memory its manifest is written from (PublishCheckpoint). Kept by Clear:
+  // a new plan's manifest is about as large.
+  AlignedBuffer manifest_staging;
 
   void Clear() {
     plan_id = 0;

@@ -65,7 +65,7 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::functi
   report.checkpoint = hold.dir();
   if (IsDcpFolder(report.checkpoint)) return VerifyDcpStructure(std::move(report));
   const std::string manifest_path = JoinPath(report.checkpoint, kManifestName);
-  SC_ASSIGN_OR_RETURN(std::string text, ReadFileLimited(manifest_path, uint64_t{4} << 30));
+  SC_ASSIGN_OR_RETURN(std::string text, ReadFileLimited(manifest_path, uint64_t{4} << 30, /*prefer_direct=*/true));
   SC_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(text, manifest_path));
   std::vector<std::vector<Span>> spans(m.files.size());
   for (const EntryRecord& e : m.entries) {

@@ -579,7 +579,7 @@ Result<Manifest> DecodeText(const std::string& text, SealShape seal, uint64_t re
     }
     m.format_major = static_cast<int>(version[0]);
     m.format_minor = static_cast<int>(version[1]);
-    if (seal != SealShape::kPresent || Checksum64(SealedBody(text), "\n}") != recorded) {
+    if (seal != SealShape::kPresent || Checksum64({SealedBody(text), "\n}"}) != recorded) {
       return SealError(seal, origin);
     }
 
@@ -695,13 +695,23 @@ Result<Manifest> DecodeManifest(const std::string& text, const std::string& orig
   return DecodeText(text, seal, recorded, nullptr, origin);
 }
 
+namespace {
+
+// The last field and closing brace of a manifest whose text without them has checksum `sum`.
+std::string SealField(uint64_t sum) {
+  std::string field(kSealKey);
+  field.append(Hex64(sum));
+  field.append(kSealEnd);
+  return field;
+}
+
+}  // namespace
+
 std::string SealManifestText(std::string text) {
   // `text` is a JSON object whose text ends with "\n}" (EncodeManifest's, or an older writer's).
-  const std::string sum = Hex64(Checksum64(text.data(), text.size()));
+  const uint64_t sum = Checksum64(text.data(), text.size());
   text.resize(text.size() >= 2 ? text.size() - 2 : 0);
-  text.append(kSealKey);
-  text.append(sum);
-  text.append(kSealEnd);
+  text.append(SealField(sum));
   return text;
 }
 
@@ -810,11 +820,11 @@ Status AppendBody(const Manifest& m, std::string& out) {
 // The text without its seal, then sealed (docs/format.md, "manifest.json"): the top-level fields
 // one per line, then each file, entry and blob on a line of its own, lists of numbers without
 // spaces. The head (format, step, creation, metrics, files) is written here, the entries and
-// blobs by `append_body`. Written straight into one string: a million chunks take tens of
-// milliseconds.
+// blobs by `append_body`, without the closing brace and seal. Written straight into one string:
+// a million chunks take tens of milliseconds.
 template <typename AppendBodyFn>
-Result<std::string> EncodeManifestText(const Manifest& m, bool packed_offsets, size_t body_bytes,
-                                       AppendBodyFn append_body) {
+Result<std::string> EncodeUnsealed(const Manifest& m, bool packed_offsets, size_t body_bytes,
+                                   AppendBodyFn append_body) {
   size_t sums = 0;
   for (const FileRecord& f : m.files) sums += f.table_page_sums.size();
   std::string out;
@@ -886,15 +896,16 @@ Result<std::string> EncodeManifestText(const Manifest& m, bool packed_offsets, s
   }
   out.append(m.files.empty() ? "]" : "\n ]");
   SC_RETURN_IF_ERROR(append_body(out));
-  out.append("\n}");
-  return SealManifestText(std::move(out));
+  return out;
 }
 
 }  // namespace
 
 Result<std::string> EncodeManifest(const Manifest& m) {
-  return EncodeManifestText(m, UsesPackedOffsets(m), BodyBytesEstimate(m),
-                            [&](std::string& out) { return AppendBody(m, out); });
+  SC_ASSIGN_OR_RETURN(std::string text, EncodeUnsealed(m, UsesPackedOffsets(m), BodyBytesEstimate(m) + kSealTail,
+                                                       [&](std::string& out) { return AppendBody(m, out); }));
+  text.append("\n}");
+  return SealManifestText(std::move(text));
 }
 
 Result<ManifestBody> EncodeManifestBody(const Manifest& m) {
@@ -905,11 +916,20 @@ Result<ManifestBody> EncodeManifestBody(const Manifest& m) {
   return body;
 }
 
-Result<std::string> EncodeManifestWithBody(const Manifest& head, const ManifestBody& body) {
-  return EncodeManifestText(head, body.packed_offsets, body.text.size(), [&](std::string& out) {
-    out.append(body.text);
-    return Status::Ok();
-  });
+std::string ManifestTextPieces::Joined() const {
+  std::string text;
+  text.reserve(head.size() + body.size() + seal.size());
+  text.append(head).append(body).append(seal);
+  return text;
+}
+
+Result<ManifestTextPieces> EncodeManifestWithBody(const Manifest& head, const ManifestBody& body) {
+  ManifestTextPieces pieces;
+  SC_ASSIGN_OR_RETURN(pieces.head,
+                      EncodeUnsealed(head, body.packed_offsets, 0, [](std::string&) { return Status::Ok(); }));
+  pieces.body = body.text;
+  pieces.seal = SealField(Checksum64({pieces.head, pieces.body, "\n}"}));
+  return pieces;
 }
 
 namespace {

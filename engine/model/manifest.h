@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "shardckpt/engine/model/dtype.h"
@@ -105,9 +106,16 @@ struct ManifestBody {
   bool packed_offsets = false;  // UsesPackedOffsets of the entries and blobs it says (format 1.1)
 };
 Result<ManifestBody> EncodeManifestBody(const Manifest& m);
-// EncodeManifest of `head` with the entries and blobs `body` says: head's own entries and blobs
-// are not read.
-Result<std::string> EncodeManifestWithBody(const Manifest& head, const ManifestBody& body);
+// EncodeManifest of `head` with the entries and blobs `body` says (head's own are not read), as
+// the three pieces that text is: a repeat save writes them out as they are, not joined into a
+// new string of megabytes first.
+struct ManifestTextPieces {
+  std::string head;       // up to the entries and blobs
+  std::string_view body;  // the ManifestBody's text, which must outlive this
+  std::string seal;       // the checksum field and the closing brace
+  std::string Joined() const;
+};
+Result<ManifestTextPieces> EncodeManifestWithBody(const Manifest& head, const ManifestBody& body);
 // Parses and validates. `origin` (the file path) prefixes every message. Reads the layout of
 // every writer so far (the older one-number-per-line text included) and fields in any order.
 Result<Manifest> DecodeManifest(const std::string& json, const std::string& origin);

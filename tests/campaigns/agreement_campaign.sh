@@ -17,10 +17,9 @@ root="$work/root"
 # so load.replicate's broadcasts are on the error paths tried.
 run() { mpirun --oversubscribe --allow-run-as-root --mca btl self,vader,tcp -np 3 -x SHARDCKPT_REPLICATED_READS=broadcast "$@"; }
 
-save_points=(fs.mkdir save.decode_plan save.write_data io.write io.fsync commit.sync_tmp
-             commit.manifest.write commit.manifest.fsync commit.manifest.rename commit.manifest.sync_dir
-             commit.rename_dir commit.sync_root commit.latest.write commit.latest.fsync
-             commit.latest.rename commit.latest.sync_dir)
+save_points=(fs.mkdir save.decode_plan save.write_data io.write io.fsync commit.manifest.write
+             commit.manifest.fsync commit.sync_tmp commit.rename_dir commit.sync_root commit.latest.write
+             commit.latest.fsync commit.latest.rename commit.latest.sync_dir)
 load_points=(load.read_manifest load.decode_manifest io.read load.replicate)
 # The async path: its own snapshot, then the save's points in the background persist.
 async_points=(async.snapshot "${save_points[@]}")

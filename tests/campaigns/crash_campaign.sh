@@ -19,9 +19,9 @@ check=$1; cli=$2; work=$3; trials=${4:-50}; RANDOM=${5:-7}
 rm -rf "$work"; mkdir -p "$work"
 root="$work/root"
 run() { mpirun --oversubscribe --allow-run-as-root --mca btl self,vader,tcp -np 3 "$@"; }
-commit_points=(commit.sync_tmp commit.manifest.write commit.manifest.fsync commit.manifest.rename
-               commit.manifest.sync_dir commit.rename_dir commit.sync_root commit.latest.write
-               commit.latest.fsync commit.latest.rename commit.latest.sync_dir)
+commit_points=(commit.manifest.write commit.manifest.fsync commit.sync_tmp commit.rename_dir
+               commit.sync_root commit.latest.write commit.latest.fsync commit.latest.rename
+               commit.latest.sync_dir)
 data_points=(io.write io.fsync save.write_data)
 
 run "$check" save "$root" --step 1 --staging-bytes 65536 > /dev/null || { echo "first save failed"; exit 1; }
