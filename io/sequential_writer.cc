@@ -41,6 +41,7 @@ Status SequentialWriter::FlushStaged() {
   position_ = offset + length;
   current_ = (current_ + 1) % pool_->count();
   fill_ = 0;
+  capacity_ = std::min(2 * capacity_, pool_->buffer_bytes());
   // The next buffer is filled only once its last write has completed.
   while (busy_[current_]) SC_RETURN_IF_ERROR(ReapOne());
   return Status::Ok();
@@ -49,7 +50,7 @@ Status SequentialWriter::FlushStaged() {
 Status SequentialWriter::Advance(size_t bytes) {
   fill_ += bytes;
   position_ += bytes;
-  return fill_ == pool_->at(current_).size() ? FlushStaged() : Status::Ok();
+  return fill_ == capacity_ ? FlushStaged() : Status::Ok();
 }
 
 Status SequentialWriter::Stage(const void* data, size_t bytes) {

@@ -2,10 +2,16 @@
 // system takes it, buffered with a log line where it does not): bytes are staged in a ring of
 // aligned buffers, and each full buffer is written while the next one fills, with up to
 // pool.count() writes in flight. Aligned memory the caller keeps valid can be written in place.
+//
+// The first buffers of a file are written when 1, 2, then 4 MiB of them are full, not the whole
+// buffer (8 MiB by default): the disk starts writing after one small copy rather than idling
+// while the first buffer fills. With thousands of small tensors, staged at a few GB/s, filling an
+// 8 MiB buffer kept the disk idle for 3 ms of a 25 ms save.
 // It serves rank data files (engine/core/shard_writer) and exported files
 // (engine/formats/output_file); each adds what its format needs in a BeforeWrite hook.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -25,7 +31,11 @@ class SequentialWriter {
   using BeforeWrite = std::function<Status(size_t buffer, const unsigned char* data, size_t length)>;
 
   SequentialWriter(IoEngine* io, BufferPool* pool, BeforeWrite before_write = nullptr)
-      : io_(io), pool_(pool), before_write_(std::move(before_write)), busy_(pool->count(), false) {}
+      : io_(io),
+        pool_(pool),
+        before_write_(std::move(before_write)),
+        busy_(pool->count(), false),
+        capacity_(std::min(kFirstWriteBytes, pool->buffer_bytes())) {}
   ~SequentialWriter();  // waits for the writes in flight
 
   Status Open(const std::string& path);
@@ -39,7 +49,9 @@ class SequentialWriter {
   // where its free room starts and how large that is. Advance(n) counts n bytes placed there.
   size_t current_buffer() const { return current_; }
   unsigned char* room() const { return pool_->at(current_).data() + fill_; }
-  size_t room_bytes() const { return pool_->at(current_).size() - fill_; }
+  size_t room_bytes() const { return capacity_ - fill_; }
+  // Bytes staged in the buffer being filled.
+  size_t filled() const { return fill_; }
   Status Advance(size_t bytes);
   // Writes what is staged, zero-padded to a whole block: position() moves past the padding.
   Status FlushStaged();
@@ -64,8 +76,10 @@ class SequentialWriter {
   BeforeWrite before_write_;
   std::vector<bool> busy_;  // per buffer: a write from it in flight
   std::unique_ptr<File> file_;
+  static constexpr size_t kFirstWriteBytes = 1u << 20;
   size_t current_ = 0;      // buffer being filled
   size_t fill_ = 0;         // bytes in it
+  size_t capacity_;         // written when this full: doubles from kFirstWriteBytes to the buffer size
   uint64_t position_ = 0;
 };
 

@@ -10,6 +10,7 @@
 
 #include "shardckpt/io/checksum.h"
 #include "shardckpt/io/fs.h"
+#include "shardckpt/io/sequential_writer.h"
 #include "tests/test_util.h"
 
 namespace shardckpt {
@@ -87,6 +88,40 @@ void ExpectTableMatches(const std::string& file, const FileRecord& record) {
 }
 
 std::string Bytes(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
+
+// The disk starts on a file's first MiB rather than idling while a whole buffer fills: the
+// first staged writes are 1, 2, then 4 MiB, then whole buffers; the bytes are the same.
+TEST(SequentialWriter, TheFirstWritesOfAFileRampUpToTheBufferSize) {
+  testing::TempDir dir;
+  RecordingEngine io(IoOptions{});
+  auto pool = BufferPool::Create(3, 4 << 20).value();
+  const std::vector<uint8_t> bytes = Pattern((13 << 20) + 1000, 9);
+  {
+    SequentialWriter writer(&io, pool.get());
+    ASSERT_TRUE(writer.Open(JoinPath(dir.path(), "f")).ok());
+    for (size_t at = 0; at < bytes.size(); at += 1000) {
+      ASSERT_TRUE(writer.Stage(bytes.data() + at, std::min<size_t>(1000, bytes.size() - at)).ok());
+    }
+    ASSERT_TRUE(writer.Finish(bytes.size()).ok());
+  }
+  std::vector<uint64_t> lengths, offsets;
+  for (const IoOp& op : io.writes) {
+    lengths.push_back(op.length);
+    offsets.push_back(op.offset);
+  }
+  EXPECT_EQ(lengths, (std::vector<uint64_t>{1 << 20, 2 << 20, 4 << 20, 4 << 20, (2 << 20) + 4096}));
+  EXPECT_EQ(offsets, (std::vector<uint64_t>{0, 1 << 20, 3 << 20, 7 << 20, 11 << 20}));
+  EXPECT_EQ(ReadFileLimited(JoinPath(dir.path(), "f"), 32 << 20).value(), Bytes(bytes));
+  // A pool of small buffers (tests, tools) writes whole buffers from the start.
+  RecordingEngine small(IoOptions{});
+  auto small_pool = BufferPool::Create(2, 64 << 10).value();
+  SequentialWriter writer(&small, small_pool.get());
+  ASSERT_TRUE(writer.Open(JoinPath(dir.path(), "g")).ok());
+  ASSERT_TRUE(writer.Stage(bytes.data(), 200 << 10).ok());
+  ASSERT_TRUE(writer.Finish().ok());
+  ASSERT_EQ(small.writes.size(), 4u);
+  EXPECT_EQ(small.writes[0].length, 64u << 10);
+}
 
 // Two pieces from two devices land in one staging buffer; the buffer is checksummed and written
 // only once both copies have arrived.

@@ -74,23 +74,23 @@ Status ShardFileWriter::BeforeWrite(size_t buffer, const unsigned char* data, si
 
 // One pass over the bytes: each run of blocks is summed right after it is copied into the ring,
 // while it is still in cache, instead of a copy of the whole buffer and then a checksum pass over
-// it from memory. Sums stay in file order: blocks of the buffer staged before and not summed yet
-// are summed first (not while a device copy into the buffer may still be landing: then the
-// bytes are only copied, and BeforeWrite sums the buffer's rest).
+// it from memory. Every block a copy completes is summed then, with the blocks before it not
+// summed yet (padding, the start of a packed chunk's block), so sums stay in file order; only
+// the partial block at the end waits for the next copy. Packed small chunks mostly end off a
+// block: summing only runs that started on one left 8 MiB buffers of them to BeforeWrite, read
+// back from memory. Not while a device copy into the buffer may still be landing: then the bytes
+// are only copied, and BeforeWrite sums the buffer's rest.
 Status ShardFileWriter::StageHashed(const unsigned char* p, size_t bytes) {
   while (bytes > 0) {
     const size_t buffer = writer_.current_buffer();
-    const size_t fill = pool_->at(buffer).size() - writer_.room_bytes();
-    if (!copying_[buffer].empty() || fill % kBlockSize != 0) return writer_.Stage(p, bytes);
-    if (hashed_ < fill) {
-      Sum(pool_->at(buffer).data() + hashed_, fill - hashed_);
-      hashed_ = fill;
-    }
+    if (!copying_[buffer].empty()) return writer_.Stage(p, bytes);
     const size_t n = std::min({bytes, writer_.room_bytes(), kHashRunBytes});
     std::memcpy(writer_.room(), p, n);
-    const size_t whole = AlignDown(n, kBlockSize);
-    Sum(writer_.room(), whole);
-    hashed_ += whole;
+    const size_t whole = AlignDown(writer_.filled() + n, kBlockSize);
+    if (hashed_ < whole) {
+      Sum(pool_->at(buffer).data() + hashed_, whole - hashed_);
+      hashed_ = whole;
+    }
     p += n;
     bytes -= n;
     SC_RETURN_IF_ERROR(writer_.Advance(n));
