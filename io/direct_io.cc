@@ -24,8 +24,8 @@ Result<int> OpenPreferDirect(const std::string& path, int flags, bool prefer_dir
   if (prefer_direct && IsMemoryBacked(path)) {
     prefer_direct = false;
     LogOnce(LogLevel::kInfo, "memory-backed",
-            DirName(path) + " is memory-backed (tmpfs/ramfs): reading and writing without O_DIRECT, "
-                            "straight from and into tensor memory");
+            DirName(path) + " is memory-backed (tmpfs/ramfs): reading and writing its files without O_DIRECT "
+                            "(checkpoint data straight from and into tensor memory)");
   }
   if (prefer_direct) {
     int fd = ::open(path.c_str(), flags | O_DIRECT, 0644);

@@ -164,7 +164,8 @@ class FdCloser {
 
 // O_DIRECT reads whole blocks into aligned memory: the string is read into at its first aligned
 // byte, `size` rounded up (the read stops at end of file), and the bytes are then moved to its
-// front. One buffer, not an aligned one and a copy: fresh memory is what such a read spends most on.
+// front, within it. One buffer of fresh memory, not an aligned one and a string copied from it:
+// faulting fresh memory in is what such a read spends most on here; the move runs in cache.
 Result<std::string> ReadDirect(int fd, uint64_t size, const std::string& path) {
   const size_t padded = AlignUp(size, kDirectIoAlignment);
   std::string bytes(padded + kDirectIoAlignment, '\0');
@@ -243,9 +244,13 @@ Status WriteFileDurably(const std::string& path, const std::vector<std::string_v
   FdCloser closer(fd);
   if (direct) {
     const size_t padded = AlignUp(size, kDirectIoAlignment);
+    AlignedBuffer local;
+    if (staging == nullptr) staging = &local;
     if (staging->size() < padded) {
       // Room for a manifest that grows by a little between saves (its metrics, its time).
-      SC_ASSIGN_OR_RETURN(*staging, AlignedBuffer::Allocate(padded + padded / 16));
+      Result<AlignedBuffer> grown = AlignedBuffer::Allocate(padded + padded / 16);
+      if (!grown.ok()) return grown.status().WithContext("write " + path);
+      *staging = std::move(grown).value();
     }
     unsigned char* at = staging->data();
     for (std::string_view piece : pieces) {

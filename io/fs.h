@@ -63,7 +63,7 @@ Status WriteFileAtomic(const std::string& path, const std::string& bytes,
 // a 2.6 MB manifest written through the page cache took 7 ms plus 2 ms of fsync on this
 // project's test VM, with O_DIRECT 1.6-2.3 ms plus 0.4 ms. The bytes pass through `*staging`,
 // reallocated only when too small, so a caller that keeps it (a job's repeat saves) stages in
-// warm memory. The failpoints `<failpoint_prefix>.write` and `.fsync` fire before those steps.
+// warm memory; nullptr stages in memory of this call's own. The failpoints `<failpoint_prefix>.write` and `.fsync` fire before those steps.
 Status WriteFileDurably(const std::string& path, const std::vector<std::string_view>& pieces,
                         AlignedBuffer* staging, const char* failpoint_prefix);
 

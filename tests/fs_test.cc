@@ -94,6 +94,9 @@ TEST_F(WholeFile, PiecesAreWrittenOneAfterTheOther) {
     EXPECT_EQ(ReadFileLimited(path, 8 << 20, true).value(), head + body + seal);
     ASSERT_TRUE(WriteFileDurably(path, {"", ""}, &staging, "t").ok());
     EXPECT_EQ(SizeOf(path), 0u);
+    // No kept staging: the call stages in memory of its own.
+    ASSERT_TRUE(WriteFileDurably(path, {seal, head}, nullptr, "t").ok());
+    EXPECT_EQ(ReadFileLimited(path, 8 << 20, true).value(), seal + head);
   }
   if (dirs.size() > 1) ASSERT_TRUE(RemoveTree(shm).ok());
 }

@@ -50,9 +50,7 @@ Status PublishCheckpoint(const std::string& root, const std::string& temp_name, 
   // The manifest is written in place: the temp folder is not a checkpoint until it is renamed,
   // and a save that dies before that leaves it to the next save's cleanup. One fsync of the
   // folder then makes the data files' names and the manifest's durable together.
-  AlignedBuffer local_staging;
-  SC_RETURN_IF_ERROR(WriteFileDurably(JoinPath(temp_dir, kManifestName), manifest_text,
-                                      manifest_staging != nullptr ? manifest_staging : &local_staging,
+  SC_RETURN_IF_ERROR(WriteFileDurably(JoinPath(temp_dir, kManifestName), manifest_text, manifest_staging,
                                       "commit.manifest"));
   SC_RETURN_IF_ERROR(SyncDir(temp_dir, "commit.sync_tmp"));
   SC_RETURN_IF_ERROR(Rename(temp_dir, final_dir, "commit.rename_dir"));

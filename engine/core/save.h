@@ -11,7 +11,8 @@
 //      [failpoints save.write_data, io.write, io.fsync].
 //   3. rank 0 gathers the chunk records and each rank's status; if any failed, it removes the
 //      temp folder and every rank returns the same error naming the failing ranks.
-//   4. rank 0 writes manifest.json into the temp folder (O_DIRECT) and fdatasyncs it
+//   4. rank 0 writes manifest.json into the temp folder (O_DIRECT where the file system takes
+//      it) and fdatasyncs it
 //                                                          [commit.manifest.write, .fsync]
 //   5. fsyncs the temp folder: the data files' and the manifest's names [commit.sync_tmp]
 //   6. renames the folder to step-N                         [commit.rename_dir]
