@@ -254,6 +254,7 @@ Status WriteFileDurably(const std::string& path, const std::vector<std::string_v
     }
     unsigned char* at = staging->data();
     for (std::string_view piece : pieces) {
+      if (piece.empty()) continue;  // its data() may be null, which memcpy may not be given
       std::memcpy(at, piece.data(), piece.size());
       at += piece.size();
     }
