@@ -214,33 +214,18 @@ Result<std::string> ReadFileLimited(const std::string& path, uint64_t max_bytes,
   return bytes;
 }
 
-Status WriteFileAtomic(const std::string& path, const std::string& bytes,
-                       const char* failpoint_prefix) {
-  const std::string prefix = failpoint_prefix;
-  const std::string temp = path + ".tmp";
-  SC_RETURN_IF_ERROR(Failpoint((prefix + ".write").c_str(), "write " + temp));
-  int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoStatus(errno, "open " + temp);
-  Status status = WriteFullyAt(fd, bytes.data(), bytes.size(), 0, temp);
-  if (status.ok()) status = Failpoint((prefix + ".fsync").c_str(), "fsync " + temp);
-  if (status.ok() && ::fsync(fd) != 0) status = ErrnoStatus(errno, "fsync " + temp);
-  ::close(fd);
-  if (status.ok()) status = Rename(temp, path, (prefix + ".rename").c_str());
-  if (!status.ok()) {
-    ::unlink(temp.c_str());
-    return status;
-  }
-  return SyncDir(DirName(path), (prefix + ".sync_dir").c_str());
-}
+namespace {
 
-Status WriteFileDurably(const std::string& path, const std::vector<std::string_view>& pieces,
-                        AlignedBuffer* staging, const char* failpoint_prefix) {
-  const std::string prefix = failpoint_prefix;
-  SC_RETURN_IF_ERROR(Failpoint((prefix + ".write").c_str(), "write " + path));
+// Creates (or truncates) `path`, writes `pieces` one after the other and fdatasyncs it; with
+// `prefer_direct`, O_DIRECT through `staging` where the file system takes it.
+Status WriteAndSync(const std::string& path, const std::vector<std::string_view>& pieces, bool prefer_direct,
+                    AlignedBuffer* staging, const std::string& failpoint_prefix) {
+  SC_RETURN_IF_ERROR(Failpoint((failpoint_prefix + ".write").c_str(), "write " + path));
   size_t size = 0;
   for (std::string_view piece : pieces) size += piece.size();
   bool direct = false;
-  SC_ASSIGN_OR_RETURN(int fd, OpenPreferDirect(path, O_WRONLY | O_CREAT | O_TRUNC, size != 0, &direct));
+  SC_ASSIGN_OR_RETURN(int fd,
+                      OpenPreferDirect(path, O_WRONLY | O_CREAT | O_TRUNC, prefer_direct && size != 0, &direct));
   FdCloser closer(fd);
   if (direct) {
     const size_t padded = AlignUp(size, kDirectIoAlignment);
@@ -270,10 +255,31 @@ Status WriteFileDurably(const std::string& path, const std::vector<std::string_v
       offset += piece.size();
     }
   }
-  SC_RETURN_IF_ERROR(Failpoint((prefix + ".fsync").c_str(), "fsync " + path));
-  // The file's size is metadata fdatasync writes too: the truncation is durable with the bytes.
+  SC_RETURN_IF_ERROR(Failpoint((failpoint_prefix + ".fsync").c_str(), "fsync " + path));
+  // The file's size is metadata fdatasync writes too: a truncation is durable with the bytes.
   if (::fdatasync(fd) != 0) return ErrnoStatus(errno, "fsync " + path);
   return Status::Ok();
+}
+
+}  // namespace
+
+Status WriteFileAtomic(const std::string& path, const std::string& bytes,
+                       const char* failpoint_prefix) {
+  const std::string prefix = failpoint_prefix;
+  const std::string temp = path + ".tmp";
+  // Small files (`latest`) through the page cache: no staging to allocate for a few bytes.
+  Status status = WriteAndSync(temp, {bytes}, /*prefer_direct=*/false, nullptr, prefix);
+  if (status.ok()) status = Rename(temp, path, (prefix + ".rename").c_str());
+  if (!status.ok()) {
+    ::unlink(temp.c_str());
+    return status;
+  }
+  return SyncDir(DirName(path), (prefix + ".sync_dir").c_str());
+}
+
+Status WriteFileDurably(const std::string& path, const std::vector<std::string_view>& pieces,
+                        AlignedBuffer* staging, const char* failpoint_prefix) {
+  return WriteAndSync(path, pieces, /*prefer_direct=*/true, staging, failpoint_prefix);
 }
 
 }  // namespace shardckpt

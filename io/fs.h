@@ -57,13 +57,14 @@ Result<std::string> ReadFileLimited(const std::string& path, uint64_t max_bytes,
 // fsync of the folder. Readers see the old contents or the new, never a mix.
 Status WriteFileAtomic(const std::string& path, const std::string& bytes,
                        const char* failpoint_prefix);
-// Creates (or truncates) `path`, writes `pieces` one after the other and fdatasyncs it, with O_DIRECT where the file
-// system takes it. Not atomic: for a file in a folder not yet published, whose own fsync and
-// rename publish it (the commit's manifest). Why O_DIRECT: new page-cache pages are slow to get;
-// a 2.6 MB manifest written through the page cache took 7 ms plus 2 ms of fsync on this
-// project's test VM, with O_DIRECT 1.6-2.3 ms plus 0.4 ms. The bytes pass through `*staging`,
-// reallocated only when too small, so a caller that keeps it (a job's repeat saves) stages in
-// warm memory; nullptr stages in memory of this call's own. The failpoints `<failpoint_prefix>.write` and `.fsync` fire before those steps.
+// Creates (or truncates) `path`, writes `pieces` one after the other and fdatasyncs it, with
+// O_DIRECT where the file system takes it. Not atomic: for a file in a folder not yet published,
+// whose own fsync and rename publish it (the commit's manifest). Why O_DIRECT: new page-cache
+// pages are slow to get; a 2.6 MB manifest written through the page cache took 7 ms plus 2 ms of
+// fsync on this project's test VM, with O_DIRECT 1.6-2.3 ms plus 0.4 ms. The bytes pass through
+// `*staging`, reallocated only when too small, so a caller that keeps it (a job's repeat saves)
+// stages in warm memory; nullptr stages in memory of this call's own. The failpoints
+// `<failpoint_prefix>.write` and `.fsync` fire before those steps, as in WriteFileAtomic.
 Status WriteFileDurably(const std::string& path, const std::vector<std::string_view>& pieces,
                         AlignedBuffer* staging, const char* failpoint_prefix);
 

@@ -904,8 +904,8 @@ Result<std::string> EncodeUnsealed(const Manifest& m, bool packed_offsets, size_
 Result<std::string> EncodeManifest(const Manifest& m) {
   SC_ASSIGN_OR_RETURN(std::string text, EncodeUnsealed(m, UsesPackedOffsets(m), BodyBytesEstimate(m) + kSealTail,
                                                        [&](std::string& out) { return AppendBody(m, out); }));
-  text.append("\n}");
-  return SealManifestText(std::move(text));
+  text.append(SealField(Checksum64({text, "\n}"})));
+  return text;
 }
 
 Result<ManifestBody> EncodeManifestBody(const Manifest& m) {
