@@ -5,6 +5,9 @@
 //
 //   mpirun -np 2 build/bin/bench_save_load --bytes-per-rank 1GiB --tensors 16 --layout flat --dir /tmp/b
 //
+// --keep-best K saves with retention keep_last=1 and keep_best=K by a varying metric, so each save
+// ranks every checkpoint it keeps (its commit phase shows what that costs).
+//
 // --many-small N adds N small tensors (4 B to 16 KiB, log-uniform, as tests/packing/small_tensors.py
 // makes them; every 97th 0-d) in the chosen layout, so each is cut into one piece per rank: the
 // per-chunk costs of issue 14 part 5 against fio moving the same bytes. The torch.save baseline
@@ -209,6 +212,9 @@ int main(int argc, char** argv) {
       ("async", "also measure async save (see issue 6)")
       ("plan-cache", "keep the save plan between iterations, as a training loop's repeated saves do (the first save plans; the median then shows repeats)")
       ("many-small", po::value<int>()->default_value(0), "also this many small tensors (4 B to 16 KiB), cut per rank")
+      ("keep-best", po::value<int>()->default_value(0),
+       "save with retention keep_last=1, keep_best=K by a metric that varies per save, applied inside the save (which "
+       "ranks every kept checkpoint), instead of removing the previous checkpoint after it")
       ("python", po::value<std::string>()->default_value("/usr/bin/python3"), "Python with torch, for the torch.save baseline")
       ("torch-script", po::value<std::string>()->default_value(SHARDCKPT_BENCH_DIR "/torch_save_rank.py"), "the torch.save baseline");
   po::variables_map vm;
@@ -231,6 +237,7 @@ int main(int argc, char** argv) {
   comm->Barrier().IgnoreError();
 
   const int many_small = vm["many-small"].as<int>();
+  const int keep_best = vm["keep-best"].as<int>();
   Workload work = MakeWorkload(bytes_per_rank, vm["tensors"].as<int>(), layout, world, rank, false, many_small);
   double total_bytes = static_cast<double>(work.bytes);
   comm->AllReduceSumDouble(&total_bytes, 1).IgnoreError();
@@ -268,6 +275,12 @@ int main(int argc, char** argv) {
     const std::string root = JoinPath(dir, "ckpt");
     SaveOptions save_options;
     if (keep_plan) save_options.plan_cache = &plan_cache;
+    if (keep_best > 0) {
+      save_options.keep_last = 1;
+      save_options.keep_best = keep_best;
+      save_options.best_metric = "loss";
+      save_options.metrics["loss"] = 1.0 + (it * 7 % 13) * 0.01;  // no trend: the best are spread over the run
+    }
     // The save alone is timed; deleting the previous checkpoint (what keep_last=1 would do in the
     // same call) is timed on its own below, so both figures are visible.
     Result<SaveResult> saved = Internal("not run");
@@ -278,7 +291,7 @@ int main(int argc, char** argv) {
     }
     our_written = static_cast<double>(saved->total_bytes);
     AddPhases(saved->phases, &save_phases);
-    if (it > 0) {
+    if (it > 0 && keep_best == 0) {
       RetentionPolicy keep_one;
       keep_one.keep_last = 1;
       Status pruned;
@@ -350,6 +363,12 @@ int main(int argc, char** argv) {
     std::printf("  fio write %.3f GiB/s, read %.3f GiB/s (medians; %.0f MiB in all, one job per rank)\n", fw, fr,
                 raw_total / 1048576);
     std::printf("  old sync 8 MiB pwrite/pread baseline: write %.3f GiB/s, read %.3f GiB/s\n", rw, rr);
+    if (keep_best > 0) {
+      Result<std::vector<CheckpointInfo>> kept = ListCheckpoints(JoinPath(dir, "ckpt"), false);
+      const auto committed = kept.ok() ? std::count_if(kept->begin(), kept->end(), [](const CheckpointInfo& c) { return c.committed; }) : 0;
+      std::printf("  each save applied keep_last=1, keep_best=%d: %ld checkpoints committed in the root at the end\n",
+                  keep_best, static_cast<long>(committed));
+    }
     if (keep_plan) {
       std::printf("  plan kept between saves: %llu planned, %llu reused; first save %.3fs\n",
                   static_cast<unsigned long long>(plan_cache.plans_made),
