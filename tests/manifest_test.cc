@@ -211,12 +211,12 @@ TEST(Manifest, CheckDataFilesNamesMissingAndTruncatedFiles) {
       return uint64_t{8192};
     };
   };
-  EXPECT_TRUE(CheckDataFiles(m, sizes(16384, false)).ok());
-  Status truncated = CheckDataFiles(m, sizes(9000, false));
+  EXPECT_TRUE(CheckDataFiles(m.files, sizes(16384, false)).ok());
+  Status truncated = CheckDataFiles(m.files, sizes(9000, false));
   EXPECT_EQ(truncated.code(), Code::kDataLoss);
   EXPECT_THAT(truncated.message(), HasSubstr("'rank-00000.bin' is 9000 bytes"));
   EXPECT_THAT(truncated.message(), HasSubstr("truncated"));
-  Status missing = CheckDataFiles(m, sizes(16384, true));
+  Status missing = CheckDataFiles(m.files, sizes(16384, true));
   EXPECT_EQ(missing.code(), Code::kNotFound);
   EXPECT_THAT(missing.message(), HasSubstr("'rank-00001.bin' is missing"));
 }

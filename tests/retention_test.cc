@@ -21,8 +21,10 @@
 #include "shardckpt/engine/core/background_removal.h"
 #include "shardckpt/engine/core/checkpoint_dir.h"
 #include "shardckpt/engine/core/load.h"
+#include "shardckpt/engine/core/manifest_summary.h"
 #include "shardckpt/engine/core/retention.h"
 #include "shardckpt/engine/core/save.h"
+#include "shardckpt/engine/core/save_plan_cache.h"
 #include "shardckpt/engine/core/verify.h"
 #include "shardckpt/io/failpoint.h"
 #include "shardckpt/io/fs.h"
@@ -123,6 +125,16 @@ class RetentionTest : public ::testing::Test {
       EXPECT_TRUE(state.AddBlob("step", std::to_string(step)).ok());
     }
   };
+
+  // Retention of the newest checkpoint and the two with the lowest "loss"; this save records `loss`.
+  static SaveOptions KeepLastOneAndBestTwoByLoss(double loss) {
+    SaveOptions options;
+    options.keep_last = 1;
+    options.keep_best = 2;
+    options.best_metric = "loss";
+    options.metrics["loss"] = loss;
+    return options;
+  }
 
   Result<SaveResult> SaveStep(int64_t step, SaveOptions options = {}, Communicator* comm = nullptr) {
     State s(step);
@@ -302,21 +314,11 @@ TEST_F(RetentionTest, ABadRetentionRuleOrMetricFailsTheSaveBeforeItWrites) {
 TEST_F(RetentionTest, KeepLastOneAndBestTwoEndsWithTheNewestAndTheTwoLowest) {
   const std::map<int64_t, double> loss = {{10, 0.9}, {20, 0.3}, {30, 0.5}, {40, 0.2}, {50, 0.4}, {60, 0.8}};
   for (const auto& [step, value] : loss) {
-    SaveOptions options;
-    options.keep_last = 1;
-    options.keep_best = 2;
-    options.best_metric = "loss";
-    options.metrics["loss"] = value;
-    ASSERT_TRUE(SaveStep(step, options).ok()) << step;
+    ASSERT_TRUE(SaveStep(step, KeepLastOneAndBestTwoByLoss(value)).ok()) << step;
   }
   EXPECT_THAT(Names(), ElementsAre(StepDirName(20), StepDirName(40), StepDirName(60)));
   // `latest` is never removed, even with the worst metric of all.
-  SaveOptions options;
-  options.keep_last = 1;
-  options.keep_best = 2;
-  options.best_metric = "loss";
-  options.metrics["loss"] = 99.0;
-  ASSERT_TRUE(SaveStep(70, options).ok());
+  ASSERT_TRUE(SaveStep(70, KeepLastOneAndBestTwoByLoss(99.0)).ok());
   EXPECT_THAT(Names(), ElementsAre(StepDirName(20), StepDirName(40), StepDirName(70)));
   EXPECT_EQ(Or(LoadStep(root()), int64_t{-1}), 70);
   // Dry run lists without removing.
@@ -324,6 +326,75 @@ TEST_F(RetentionTest, KeepLastOneAndBestTwoEndsWithTheNewestAndTheTwoLowest) {
   ASSERT_TRUE(dry.ok());
   EXPECT_THAT(dry->removed, ElementsAre(StepDirName(20), StepDirName(40)));
   EXPECT_THAT(Names(), ElementsAre(StepDirName(20), StepDirName(40), StepDirName(70)));
+}
+
+// Every save with keep_best ranks every committed checkpoint of its root by the metric. The
+// manifests are not decoded for that again and again (manifest_summary.h): a save remembers what
+// it committed, and a manifest read once is read again only when the file is another.
+TEST_F(RetentionTest, SavesThatKeepTheBestDecodeNoManifestTheyCommitted) {
+  const std::map<int64_t, double> loss = {{10, 0.9}, {20, 0.3}, {30, 0.5}, {40, 0.2}, {50, 0.4}, {60, 0.8}};
+  SavePlanCache plan_cache;  // repeat saves publish a kept manifest: their summaries too
+  const uint64_t decodes = ManifestSummaryDecodes();
+  for (const auto& [step, value] : loss) {
+    SaveOptions options = KeepLastOneAndBestTwoByLoss(value);
+    if (step > 30) options.plan_cache = &plan_cache;
+    ASSERT_TRUE(SaveStep(step, options).ok()) << step;
+  }
+  EXPECT_THAT(Names(), ElementsAre(StepDirName(20), StepDirName(40), StepDirName(60)));
+  EXPECT_EQ(ManifestSummaryDecodes(), decodes);
+  WaitForBackgroundRemovals();  // the retired folders, listed until their files are gone
+  std::vector<CheckpointInfo> listed = ListCheckpoints(root()).value();
+  ASSERT_EQ(listed.size(), 3u);
+  EXPECT_EQ(listed[1].metrics, (std::map<std::string, double>{{"loss", 0.2}}));
+  EXPECT_EQ(listed[2].world_size, 1);
+  EXPECT_EQ(listed[2].time, ReadManifest(StepDir(60)).value().created.time);
+  EXPECT_EQ(ManifestSummaryDecodes(), decodes);
+}
+
+TEST_F(RetentionTest, AManifestReplacedUnderTheSamePathIsDecodedAgainOnce) {
+  SaveOptions options;
+  options.metrics["loss"] = 0.5;
+  ASSERT_TRUE(SaveStep(1, options).ok());
+  ASSERT_TRUE(SaveStep(2, options).ok());
+  // Another manifest for step 1, with another metric, written as a new file (a copy restored by
+  // hand, an older writer): the summary follows the file, not the path.
+  Manifest m = ReadManifest(StepDir(1)).value();
+  m.metrics["loss"] = 0.125;
+  ASSERT_TRUE(WriteFileAtomic(JoinPath(StepDir(1), kManifestName), EncodeManifest(m).value(), "test.manifest").ok());
+  const uint64_t decodes = ManifestSummaryDecodes();
+  std::vector<CheckpointInfo> listed = ListCheckpoints(root()).value();
+  ASSERT_EQ(listed.size(), 2u);
+  EXPECT_EQ(listed[0].metrics.at("loss"), 0.125);
+  EXPECT_EQ(listed[1].metrics.at("loss"), 0.5);
+  EXPECT_EQ(ManifestSummaryDecodes(), decodes + 1);
+  ASSERT_TRUE(ListCheckpoints(root()).ok());
+  EXPECT_EQ(ManifestSummaryDecodes(), decodes + 1);
+  // A manifest damaged after it was remembered is a problem again, named, without metrics.
+  std::string text = ReadFileLimited(JoinPath(StepDir(1), kManifestName), 1 << 20).value();
+  text[text.size() / 2] ^= 0x20;
+  ASSERT_TRUE(WriteFileAtomic(JoinPath(StepDir(1), kManifestName), text, "test.manifest").ok());
+  listed = ListCheckpoints(root()).value();
+  EXPECT_THAT(listed[0].problem, HasSubstr(JoinPath(StepDir(1), kManifestName)));
+  EXPECT_TRUE(listed[0].metrics.empty());
+}
+
+TEST_F(RetentionTest, ARememberedCheckpointWithAMissingOrTruncatedDataFileIsAProblem) {
+  SaveOptions options;
+  options.metrics["loss"] = 0.5;
+  ASSERT_TRUE(SaveStep(1, options).ok());
+  ASSERT_TRUE(SaveStep(2, options).ok());
+  const std::string data = JoinPath(StepDir(1), RankFileName(0));
+  ASSERT_EQ(::truncate(data.c_str(), 4096), 0);
+  std::vector<CheckpointInfo> listed = ListCheckpoints(root()).value();
+  EXPECT_THAT(listed[0].problem, HasSubstr("data file 'rank-00000.bin' is 4096 bytes"));
+  EXPECT_THAT(listed[0].problem, HasSubstr("(truncated)"));
+  EXPECT_TRUE(listed[0].metrics.empty());
+  ASSERT_EQ(::unlink(data.c_str()), 0);
+  listed = ListCheckpoints(root()).value();
+  EXPECT_THAT(listed[0].problem, HasSubstr("data file 'rank-00000.bin' is missing"));
+  EXPECT_THAT(listed[0].problem, HasSubstr(StepDir(1)));
+  EXPECT_EQ(listed[1].metrics.at("loss"), 0.5);
+  EXPECT_TRUE(listed[1].problem.empty());
 }
 
 // ---- Deletion: links, crashes, readers. ----

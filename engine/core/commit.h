@@ -7,8 +7,9 @@
 #include <string_view>
 #include <vector>
 
-#include "shardckpt/engine/model/manifest.h"
+#include "shardckpt/engine/core/manifest_summary.h"
 #include "shardckpt/engine/core/retention.h"
+#include "shardckpt/engine/model/manifest.h"
 #include "shardckpt/io/aligned_buffer.h"
 
 namespace shardckpt {
@@ -30,10 +31,11 @@ Status CheckBuiltManifest(const Manifest& manifest);
 // `step`, already validated and encoded, in pieces written one after the other (a repeat save's
 // kept entries between a new head and seal, save_phases.h). It is written with O_DIRECT through
 // `manifest_staging` (WriteFileDurably), which a caller that saves again keeps; nullptr stages
-// in memory of this call's own.
+// in memory of this call's own. `summary` is the manifest's (SummaryOf), remembered for retention
+// once the checkpoint is published, so that later saves need not decode it.
 Status PublishCheckpoint(const std::string& root, const std::string& temp_name, int64_t step,
-                         const std::vector<std::string_view>& manifest_text, const RetentionPolicy& retention,
-                         AlignedBuffer* manifest_staging = nullptr);
+                         const std::vector<std::string_view>& manifest_text, ManifestSummary summary,
+                         const RetentionPolicy& retention, AlignedBuffer* manifest_staging = nullptr);
 
 // The creation facts every manifest carries; `torch_version` and `git_commit` may be empty.
 CreationInfo MakeCreationInfo(int hosts, const std::string& torch_version, const std::string& git_commit,

@@ -35,11 +35,15 @@ Result<Manifest> ReadManifest(const std::string& dir, std::string* text_out) {
     }
     return m;
   }
-  const std::string path = JoinPath(dir, kManifestName);
+  SC_ASSIGN_OR_RETURN(Manifest m, ReadManifestFile(JoinPath(dir, kManifestName), text_out));
+  Status files = CheckDataFiles(m.files, [&](const std::string& name) { return FileSize(JoinPath(dir, name)); });
+  if (!files.ok()) return files.WithContext(dir);
+  return m;
+}
+
+Result<Manifest> ReadManifestFile(const std::string& path, std::string* text_out) {
   SC_ASSIGN_OR_RETURN(std::string text, ReadFileLimited(path, kMaxManifestBytes, /*prefer_direct=*/true));
   SC_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(text, path));
-  Status files = CheckDataFiles(m, [&](const std::string& name) { return FileSize(JoinPath(dir, name)); });
-  if (!files.ok()) return files.WithContext(dir);
   if (text_out != nullptr) *text_out = std::move(text);
   return m;
 }

@@ -95,6 +95,8 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
 // Reads and validates a checkpoint's manifest (and its data files' sizes) without a job;
 // `text`, when given, receives the file's bytes as read.
 Result<Manifest> ReadManifest(const std::string& checkpoint_dir, std::string* text = nullptr);
+// The same for one manifest.json file, its data files not looked at.
+Result<Manifest> ReadManifestFile(const std::string& path, std::string* text = nullptr);
 
 // Prefix helpers for LoadOptions::rename.
 std::function<std::string(const std::string&)> StripPrefix(const std::string& prefix);

@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "shardckpt/engine/core/checkpoint_dir.h"
-#include "shardckpt/engine/core/load.h"
+#include "shardckpt/engine/core/manifest_summary.h"
 #include "shardckpt/engine/model/manifest.h"
 #include "shardckpt/io/fs.h"
 #include "shardckpt/io/log.h"
@@ -71,10 +71,12 @@ Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, boo
     const std::string dir = JoinPath(root, name);
     struct stat st;
     c.symlink = ::lstat(dir.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
+    std::map<std::string, Result<uint64_t>> sizes;
     if (Result<std::vector<std::string>> files = ListDir(dir); files.ok()) {
       for (const std::string& f : *files) {
         Result<uint64_t> size = FileSize(JoinPath(dir, f));
         if (size.ok()) c.bytes += *size;
+        sizes.emplace(f, std::move(size));
       }
     }
     c.committed = step_dir && PathExists(JoinPath(dir, kManifestName));
@@ -82,13 +84,24 @@ Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, boo
     else if (c.temp) c.problem = "save in progress, or left by one that did not finish";
     else if (!c.committed) c.problem = "no manifest (a deletion or commit cut short); the next save removes it";
     if (c.committed && with_manifests) {
-      Result<Manifest> m = ReadManifest(dir);
-      if (m.ok()) {
-        c.time = m->created.time;
-        c.world_size = m->world_size;
-        c.metrics = m->metrics;
+      // As ReadManifest checks a checkpoint, but with the data files' sizes listed above and the
+      // manifest decoded once per process (manifest_summary.h): every save with keep_best ranks
+      // every checkpoint kept.
+      Result<ManifestSummary> summary = ReadManifestSummary(dir);
+      Status files = summary.status();
+      if (summary.ok()) {
+        files = CheckDataFiles(summary->files, [&](const std::string& name) -> Result<uint64_t> {
+          auto it = sizes.find(name);
+          return it != sizes.end() ? it->second : FileSize(JoinPath(dir, name));
+        });
+        files = files.ok() ? files : files.WithContext(dir);
+      }
+      if (files.ok()) {
+        c.time = summary->time;
+        c.world_size = summary->world_size;
+        c.metrics = summary->metrics;
       } else {
-        c.problem = m.status().ToString();
+        c.problem = files.ToString();
       }
     }
     out.push_back(std::move(c));

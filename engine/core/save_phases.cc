@@ -530,18 +530,22 @@ Status CommitOnRoot(const std::string& root, int64_t step, const PlannedSave& pl
                              ? cache->manifest.get()
                              : nullptr;
     Result<ManifestTextPieces> text = Internal("not encoded");
+    ManifestSummary summary;
     if (kept != nullptr) {
       Status refreshed =
           RefreshKeptManifest(step, *planned.described, std::move(reports).value(), options, kept, total_bytes);
       if (clock != nullptr) clock->Lap("build_manifest");
       text = refreshed.ok() ? EncodeManifestWithBody(kept->head, kept->body) : Result<ManifestTextPieces>(refreshed);
+      summary = SummaryOf(kept->head);
     } else {
       Manifest m = BuildManifest(step, *planned.described, *reports, options, total_bytes);
       if (clock != nullptr) clock->Lap("build_manifest");
+      summary = SummaryOf(m);
       text = EncodeBuiltManifest(std::move(m), planned, std::move(reports).value(), cache);
     }
     committed = text.ok() ? PublishCheckpoint(root, planned.temp_name, step, {text->head, text->body, text->seal},
-                                              options.retention(), cache != nullptr ? &cache->manifest_staging : nullptr)
+                                              std::move(summary), options.retention(),
+                                              cache != nullptr ? &cache->manifest_staging : nullptr)
                           : text.status();
     if (clock != nullptr) clock->Lap("commit");
     if (!committed.ok()) committed = committed.WithContext(StepFailed(step) + " on rank 0 while committing");

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "shardckpt/engine/core/checkpoint_dir.h"
+#include "shardckpt/engine/core/load.h"
 #include "shardckpt/engine/formats/dcp_read.h"
 #include "shardckpt/engine/model/manifest.h"
 #include "shardckpt/io/aligned_buffer.h"
@@ -65,8 +66,7 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::functi
   report.checkpoint = hold.dir();
   if (IsDcpFolder(report.checkpoint)) return VerifyDcpStructure(std::move(report));
   const std::string manifest_path = JoinPath(report.checkpoint, kManifestName);
-  SC_ASSIGN_OR_RETURN(std::string text, ReadFileLimited(manifest_path, uint64_t{4} << 30, /*prefer_direct=*/true));
-  SC_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(text, manifest_path));
+  SC_ASSIGN_OR_RETURN(Manifest m, ReadManifestFile(manifest_path));
   std::vector<std::vector<Span>> spans(m.files.size());
   for (const EntryRecord& e : m.entries) {
     for (const ChunkRecord& c : e.chunks) spans[c.file].push_back(Span{c.offset, c.offset + c.bytes, e.name});

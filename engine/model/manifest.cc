@@ -1076,9 +1076,9 @@ Status ValidateManifest(const Manifest& m) {
   return Status::Ok();
 }
 
-Status CheckDataFiles(const Manifest& m,
+Status CheckDataFiles(const std::vector<FileRecord>& files,
                       const std::function<Result<uint64_t>(const std::string&)>& size_of) {
-  for (const FileRecord& f : m.files) {
+  for (const FileRecord& f : files) {
     Result<uint64_t> size = size_of(f.name);
     if (!size.ok()) {
       if (size.status().code() == Code::kNotFound) {

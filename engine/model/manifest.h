@@ -127,7 +127,7 @@ Status ValidateManifest(const Manifest& manifest);
 // Metric names of 1 to 255 characters, finite values.
 Status ValidateMetrics(const std::map<std::string, double>& metrics);
 // Compares each data file's recorded size with `size_of(name)` (missing or truncated files).
-Status CheckDataFiles(const Manifest& manifest,
+Status CheckDataFiles(const std::vector<FileRecord>& files,
                       const std::function<Result<uint64_t>(const std::string&)>& size_of);
 // The manifest checks itself: its last field, "checksum": "xxh3:<hex>", is the XXH3 of the
 // text without it. Seal adds it to the text of an object that ends with "\n}" (EncodeManifest's,
