@@ -5,6 +5,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "shardckpt/engine/core/save.h"
 #include "shardckpt/engine/model/manifest_wire.h"
 #include "shardckpt/io/failpoint.h"
@@ -97,6 +99,38 @@ TEST(MatchPieces, FlagsMissingAndMismatches) {
       EXPECT_EQ(match.status.code(), Code::kInvalidArgument) << c.what;
       EXPECT_THAT(match.status.message(), HasSubstr(c.error)) << c.what;
     }
+  }
+}
+
+// More pieces than the lookups MatchPieces runs ahead, in another order than the manifest's
+// (sorted) entries, with names the checkpoint lacks between them, renamed and not.
+TEST(MatchPieces, ManyPiecesInTheirOwnOrderFindTheirEntries) {
+  float buffer[4] = {};
+  Manifest m;
+  m.world_size = 1;
+  for (int i = 0; i < 500; ++i) m.entries.push_back(EntryRecord{"layer." + std::to_string(i), DType::kFloat32, {4}, {}});
+  std::sort(m.entries.begin(), m.entries.end(), [](const EntryRecord& a, const EntryRecord& b) { return a.name < b.name; });
+  for (const char* prefix : {"", "model."}) {
+    ShardedState targets;
+    std::vector<long> expected;
+    std::vector<std::string> missing;
+    for (int i = 499; i >= 0; i -= (i % 7 == 0 ? 2 : 1)) {
+      const std::string name = prefix + ("layer." + std::to_string(i));
+      ASSERT_TRUE(targets.AddTensor(name, DType::kFloat32, {4}, Layout::Whole(), buffer).ok());
+      auto at = std::find_if(m.entries.begin(), m.entries.end(), [&](const EntryRecord& e) { return prefix + e.name == name; });
+      expected.push_back(at - m.entries.begin());
+      if (i % 5 == 0) {
+        missing.push_back(prefix + ("extra." + std::to_string(i)));
+        ASSERT_TRUE(targets.AddTensor(missing.back(), DType::kFloat32, {4}, Layout::Whole(), buffer).ok());
+        expected.push_back(-1);
+      }
+    }
+    LoadOptions options;
+    if (*prefix != '\0') options.rename = AddPrefix(prefix);
+    LocalMatch match = MatchPieces(m, targets, options);
+    EXPECT_EQ(match.entry_of_piece, expected) << prefix;
+    EXPECT_EQ(match.missing, missing) << prefix;
+    EXPECT_TRUE(match.status.ok()) << match.status.ToString();
   }
 }
 

@@ -23,7 +23,10 @@ void ExpectIndexes(const std::vector<std::string>& names) {
     EXPECT_EQ(value, i);
   }
   EXPECT_EQ(index.size(), names.size());
-  for (uint32_t i = 0; i < names.size(); ++i) EXPECT_EQ(index.Find(names[i]), i) << names[i];
+  for (uint32_t i = 0; i < names.size(); ++i) {
+    EXPECT_EQ(index.Find(names[i]), i) << names[i];
+    EXPECT_EQ(index.Find(names[i], index.HashOf(names[i])), i) << names[i];
+  }
   // A repeat keeps the first index and says it was there.
   auto [value, added] = index.TryEmplace(names.back(), 12345);
   EXPECT_FALSE(added);
@@ -63,6 +66,26 @@ TEST(NameIndex, GrowsWhileTheNamesArriveWithRepeats) {
   EXPECT_EQ(stored.size(), 3000u);
   EXPECT_EQ(index.size(), 3000u);
   for (uint32_t i = 0; i < stored.size(); ++i) EXPECT_EQ(index.Find(stored[i]), i);
+}
+
+// The hint a pipelined lookup prefetches by: the index of the first slot with the name's tag.
+// With distinct hashes it is the name's own index; with one hash for all, the first name's, and
+// only Find, which compares names, tells them apart.
+TEST(NameIndex, TheLikelyIndexIsTheNamesOwnUnlessTagsCollide) {
+  const std::vector<std::string> names = Names();
+  auto name_of = [&](uint32_t i) -> std::string_view { return names[i]; };
+  NameIndex index(names.size(), name_of);
+  NameIndex<decltype(name_of), OneHash> colliding(names.size(), name_of);
+  for (uint32_t i = 0; i < names.size(); ++i) {
+    index.TryEmplace(names[i], i);
+    if (i < 300) colliding.TryEmplace(names[i], i);
+  }
+  for (uint32_t i = 0; i < names.size(); ++i) EXPECT_EQ(index.LikelyIndex(index.HashOf(names[i])), i) << names[i];
+  EXPECT_EQ(index.LikelyIndex(index.HashOf("not.a.name")), decltype(index)::kAbsent);
+  for (uint32_t i = 0; i < 300; ++i) {
+    EXPECT_EQ(colliding.LikelyIndex(colliding.HashOf(names[i])), 0u);
+    EXPECT_EQ(colliding.Find(names[i], colliding.HashOf(names[i])), i);
+  }
 }
 
 TEST(NameIndex, AbsentNamesAreAbsent) {

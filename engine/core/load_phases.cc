@@ -135,9 +135,36 @@ LocalMatch MatchPieces(const Manifest& manifest, const ShardedState& targets, co
   match.wants.assign(manifest.entries.size(), EntryWant());
   match.entry_of_piece.assign(targets.pieces().size(), -1);
   std::unordered_set<std::string_view> missing;
-  for (size_t p = 0; p < targets.pieces().size(); ++p) {
-    const TensorPiece& piece = targets.pieces()[p];
-    const uint32_t entry = by_name.Find(piece.name);
+  // Each lookup misses cache four or five times, one after the other: the piece's name, its
+  // slot, the entry, the entry's name and shape (entries are sorted by name, pieces come in the
+  // caller's order). Lookups are independent, so the misses of the pieces a few places ahead are
+  // started early, a stage per distance (as a hash join pipelines its probes): at
+  // kSlotAhead the name is hashed and its slot fetched, at kEntryAhead the entry the slot names,
+  // at kDataAhead that entry's name and shape and the piece's shape.
+  const std::vector<TensorPiece>& pieces = targets.pieces();
+  constexpr size_t kSlotAhead = 12, kEntryAhead = 8, kDataAhead = 4, kRing = 16;
+  uint64_t hash_ring[kRing];  // the hash of piece p at p % kRing, from kSlotAhead places ahead
+  auto hash_of = [&](size_t p) -> uint64_t& { return hash_ring[p % kRing]; };
+  for (size_t p = 0; p < std::min(kSlotAhead, pieces.size()); ++p) hash_of(p) = by_name.HashOf(pieces[p].name);
+  for (size_t p = 0; p < pieces.size(); ++p) {
+    if (const size_t q = p + kSlotAhead; q < pieces.size()) {
+      hash_of(q) = by_name.HashOf(pieces[q].name);
+      by_name.PrefetchSlot(hash_of(q));
+    }
+    if (const size_t q = p + kEntryAhead; q < pieces.size()) {
+      if (const uint32_t e = by_name.LikelyIndex(hash_of(q)); e != decltype(by_name)::kAbsent) {
+        __builtin_prefetch(&manifest.entries[e]);
+      }
+    }
+    if (const size_t q = p + kDataAhead; q < pieces.size()) {
+      if (const uint32_t e = by_name.LikelyIndex(hash_of(q)); e != decltype(by_name)::kAbsent) {
+        __builtin_prefetch(name_of(e).data());
+        __builtin_prefetch(manifest.entries[e].shape.data());
+      }
+      __builtin_prefetch(pieces[q].global_shape.data());
+    }
+    const TensorPiece& piece = pieces[p];
+    const uint32_t entry = by_name.Find(piece.name, hash_of(p));
     if (entry == decltype(by_name)::kAbsent) {
       if (missing.insert(piece.name).second) match.missing.push_back(piece.name);
       continue;

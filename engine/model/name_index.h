@@ -52,7 +52,26 @@ class NameIndex {
   }
 
   // The index held for `name`, or kAbsent.
-  uint32_t Find(std::string_view name) const { return slots_[Probe(Hash{}(name), name)].index; }
+  uint32_t Find(std::string_view name) const { return Find(name, HashOf(name)); }
+
+  // For a caller that pipelines many independent lookups (MatchPieces): each lookup of a cold
+  // name misses cache several times in a row, and these let the misses of the lookups a few
+  // places ahead start before this one's result is needed.
+  static uint64_t HashOf(std::string_view name) { return Hash{}(name); }
+  // Find, given HashOf(name).
+  uint32_t Find(std::string_view name, uint64_t hash) const { return slots_[Probe(hash, name)].index; }
+  // Starts loading the slot where a lookup of `hash` begins.
+  void PrefetchSlot(uint64_t hash) const { __builtin_prefetch(&slots_[static_cast<size_t>(hash) & (slots_.size() - 1)]); }
+  // The index Find most likely returns for `hash` (the first slot of its probe run with its tag,
+  // no name compared), for prefetching what the caller holds under it; kAbsent if none.
+  uint32_t LikelyIndex(uint64_t hash) const {
+    const size_t mask = slots_.size() - 1;
+    const uint32_t tag = Tag(hash);
+    for (size_t i = static_cast<size_t>(hash) & mask;; i = (i + 1) & mask) {
+      const Slot& slot = slots_[i];
+      if (slot.index == kAbsent || slot.tag == tag) return slot.index;
+    }
+  }
 
   size_t size() const { return size_; }
 
