@@ -398,7 +398,19 @@ ReadWork PlanReads(const Manifest& manifest, const ShardedState& targets, const 
   ChunkIndex index(&manifest);
   std::vector<CopyRequest> copies;
   copies.reserve(most);  // one each at the saved layout
+  // As in MatchPieces: the entries of pieces in the caller's order are cold and scattered, so
+  // the entry of the piece 8 ahead is fetched, and 4 ahead its shape and chunk list.
+  const std::vector<long>& entry_of = match.local.entry_of_piece;
+  constexpr size_t kEntryAhead = 8, kDataAhead = 4;
   for (size_t p = 0; p < targets.pieces().size(); ++p) {
+    if (p + kEntryAhead < entry_of.size() && entry_of[p + kEntryAhead] >= 0) {
+      __builtin_prefetch(&manifest.entries[static_cast<size_t>(entry_of[p + kEntryAhead])]);
+    }
+    if (p + kDataAhead < entry_of.size() && entry_of[p + kDataAhead] >= 0) {
+      const EntryRecord& ahead = manifest.entries[static_cast<size_t>(entry_of[p + kDataAhead])];
+      __builtin_prefetch(ahead.shape.data());
+      __builtin_prefetch(ahead.chunks.data());
+    }
     if (match.local.entry_of_piece[p] < 0) continue;
     size_t entry = static_cast<size_t>(match.local.entry_of_piece[p]);
     if (match.reader_of[entry] >= 0 && match.reader_of[entry] != rank) continue;
