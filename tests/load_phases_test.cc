@@ -134,6 +134,37 @@ TEST(MatchPieces, ManyPiecesInTheirOwnOrderFindTheirEntries) {
   }
 }
 
+// Every count of pieces around the look-ahead distances, the piece list often exactly full (a
+// power of two): no stage reads past its end (ASan runs this), and each piece finds its entry
+// and is planned once.
+TEST(MatchPieces, AnyNumberOfPiecesAroundTheLookAheadIsMatchedAndPlanned) {
+  float buffer[4] = {};
+  for (int n = 0; n <= 40; ++n) {
+    Manifest m;
+    m.world_size = 1;
+    m.files.push_back(FileRecord{"rank-00000.bin", 8192, 4096, {0}});
+    for (int i = 0; i < n; ++i) {
+      char name[16];
+      std::snprintf(name, sizeof(name), "t%03d", i);  // sorted as the manifest's entries are
+      m.entries.push_back(EntryRecord{name, DType::kFloat32, {4}, {ChunkRecord{0, uint64_t(16 * i), 16, Layout::Whole()}}});
+    }
+    ShardedState targets;
+    std::vector<long> expected;
+    for (int i = n - 1; i >= 0; --i) {
+      ASSERT_TRUE(targets.AddTensor(m.entries[i].name, DType::kFloat32, {4}, Layout::Whole(), buffer).ok());
+      expected.push_back(i);
+    }
+    Match match;
+    match.local = MatchPieces(m, targets, LoadOptions{});
+    EXPECT_EQ(match.local.entry_of_piece, expected) << n;
+    match.reader_of.assign(m.entries.size(), -1);
+    LoadReport report;
+    ReadWork work = PlanReads(m, targets, match, 0, 1, ReadPlanOptions{}, false, &report);
+    EXPECT_EQ(work.targets.names.size(), static_cast<size_t>(n));
+    EXPECT_EQ(work.plan.bytes_wanted, 16u * n);
+  }
+}
+
 TEST(CombineWants, ByEntryOverRanks) {
   const char W = kWanted | kWantedWhole, P = kWanted | kWantedPart, D = kWanted | kWantedWhole | kWholeOnDevice;
   struct Case {

@@ -335,6 +335,7 @@ TEST_F(RetentionTest, SavesThatKeepTheBestDecodeNoManifestTheyCommitted) {
   const std::map<int64_t, double> loss = {{10, 0.9}, {20, 0.3}, {30, 0.5}, {40, 0.2}, {50, 0.4}, {60, 0.8}};
   SavePlanCache plan_cache;  // repeat saves publish a kept manifest: their summaries too
   const uint64_t decodes = ManifestSummaryDecodes();
+  const size_t remembered = ManifestSummariesRemembered();
   for (const auto& [step, value] : loss) {
     SaveOptions options = KeepLastOneAndBestTwoByLoss(value);
     if (step > 30) options.plan_cache = &plan_cache;
@@ -349,26 +350,43 @@ TEST_F(RetentionTest, SavesThatKeepTheBestDecodeNoManifestTheyCommitted) {
   EXPECT_EQ(listed[2].world_size, 1);
   EXPECT_EQ(listed[2].time, ReadManifest(StepDir(60)).value().created.time);
   EXPECT_EQ(ManifestSummaryDecodes(), decodes);
+  // What retention removed is forgotten: the process remembers the checkpoints kept.
+  EXPECT_EQ(ManifestSummariesRemembered(), remembered + 3);
 }
 
 TEST_F(RetentionTest, AManifestReplacedUnderTheSamePathIsDecodedAgainOnce) {
-  SaveOptions options;
-  options.metrics["loss"] = 0.5;
-  ASSERT_TRUE(SaveStep(1, options).ok());
-  ASSERT_TRUE(SaveStep(2, options).ok());
+  ASSERT_TRUE(SaveStep(1, KeepLastOneAndBestTwoByLoss(0.5)).ok());  // both kept, both remembered
+  ASSERT_TRUE(SaveStep(2, KeepLastOneAndBestTwoByLoss(0.5)).ok());
   // Another manifest for step 1, with another metric, written as a new file (a copy restored by
   // hand, an older writer): the summary follows the file, not the path.
   Manifest m = ReadManifest(StepDir(1)).value();
-  m.metrics["loss"] = 0.125;
-  ASSERT_TRUE(WriteFileAtomic(JoinPath(StepDir(1), kManifestName), EncodeManifest(m).value(), "test.manifest").ok());
+  m.metrics["loss"] = 0.7;  // the same length: a file of the same size
+  const std::string path = JoinPath(StepDir(1), kManifestName);
+  const uint64_t size = FileSize(path).value();
+  ASSERT_TRUE(WriteFileAtomic(path, EncodeManifest(m).value(), "test.manifest").ok());
+  ASSERT_EQ(FileSize(path).value(), size);
   const uint64_t decodes = ManifestSummaryDecodes();
   std::vector<CheckpointInfo> listed = ListCheckpoints(root()).value();
   ASSERT_EQ(listed.size(), 2u);
-  EXPECT_EQ(listed[0].metrics.at("loss"), 0.125);
+  EXPECT_EQ(listed[0].metrics.at("loss"), 0.7);
   EXPECT_EQ(listed[1].metrics.at("loss"), 0.5);
   EXPECT_EQ(ManifestSummaryDecodes(), decodes + 1);
   ASSERT_TRUE(ListCheckpoints(root()).ok());
   EXPECT_EQ(ManifestSummaryDecodes(), decodes + 1);
+  // Rewritten in place, same inode and size: its times tell (the pause outlasts their grain).
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  m.metrics["loss"] = 0.3;
+  {
+    const std::string text = EncodeManifest(m).value();
+    ASSERT_EQ(text.size(), size);
+    FILE* f = std::fopen(path.c_str(), "r+");
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(std::fwrite(text.data(), 1, text.size(), f), text.size());
+    ASSERT_EQ(std::fclose(f), 0);
+  }
+  listed = ListCheckpoints(root()).value();
+  EXPECT_EQ(listed[0].metrics.at("loss"), 0.3);
+  EXPECT_EQ(ManifestSummaryDecodes(), decodes + 2);
   // A manifest damaged after it was remembered is a problem again, named, without metrics.
   std::string text = ReadFileLimited(JoinPath(StepDir(1), kManifestName), 1 << 20).value();
   text[text.size() / 2] ^= 0x20;

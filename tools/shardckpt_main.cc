@@ -512,7 +512,7 @@ int Prune(int argc, char** argv) {
     Status repaired = RepairLatest(root);
     if (!repaired.ok()) return Fail(repaired);
   }
-  Result<std::vector<CheckpointInfo>> all = ListCheckpoints(root, false);
+  Result<std::vector<CheckpointInfo>> all = ListCheckpoints(root, /*with_manifests=*/false, /*with_bytes=*/false);
   if (!all.ok()) return Fail(all.status());
   for (const CheckpointInfo& c : *all) {
     if (!c.committed) leftovers.push_back(c.name);

@@ -72,7 +72,8 @@ Status PublishCheckpoint(const std::string& root, const std::string& temp_name, 
       return status;
     }
   }
-  RememberManifestSummary(final_dir, std::move(summary));
+  // Only a policy that ranks by a metric reads the summaries (ListCheckpoints).
+  if (retention.keep_best > 0) RememberManifestSummary(final_dir, std::move(summary));
   // The removed checkpoints' bytes are freed off the save's path; the next save waits for that.
   Result<RetentionReport> kept = ApplyRetention(root, retention, final_name, /*dry_run=*/false, Removal::kInBackground);
   if (!kept.ok()) SC_LOG(kWarn) << "retention after " << final_name << " failed (the save stands): " << kept.status().ToString();

@@ -31,8 +31,9 @@ Status CheckBuiltManifest(const Manifest& manifest);
 // `step`, already validated and encoded, in pieces written one after the other (a repeat save's
 // kept entries between a new head and seal, save_phases.h). It is written with O_DIRECT through
 // `manifest_staging` (WriteFileDurably), which a caller that saves again keeps; nullptr stages
-// in memory of this call's own. `summary` is the manifest's (SummaryOf), remembered for retention
-// once the checkpoint is published, so that later saves need not decode it.
+// in memory of this call's own. `summary` is the manifest's (SummaryOf), remembered once the
+// checkpoint is published when `retention` ranks by a metric, so that later saves need not
+// decode it.
 Status PublishCheckpoint(const std::string& root, const std::string& temp_name, int64_t step,
                          const std::vector<std::string_view>& manifest_text, ManifestSummary summary,
                          const RetentionPolicy& retention, AlignedBuffer* manifest_staging = nullptr);

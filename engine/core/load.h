@@ -93,7 +93,8 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
                         const LoadOptions& options = {});
 
 // Reads and validates a checkpoint's manifest (and its data files' sizes) without a job;
-// `text`, when given, receives the file's bytes as read.
+// `text`, when given, receives the file's bytes as read (also when only the data files' check
+// fails).
 Result<Manifest> ReadManifest(const std::string& checkpoint_dir, std::string* text = nullptr);
 // The same for one manifest.json file, its data files not looked at.
 Result<Manifest> ReadManifestFile(const std::string& path, std::string* text = nullptr);

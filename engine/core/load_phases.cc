@@ -143,21 +143,27 @@ LocalMatch MatchPieces(const Manifest& manifest, const ShardedState& targets, co
   // at kDataAhead that entry's name and shape and the piece's shape.
   const std::vector<TensorPiece>& pieces = targets.pieces();
   constexpr size_t kSlotAhead = 12, kEntryAhead = 8, kDataAhead = 4, kRing = 16;
-  uint64_t hash_ring[kRing];  // the hash of piece p at p % kRing, from kSlotAhead places ahead
+  // Piece p's hash and likely entry sit at p % kRing from kSlotAhead (kEntryAhead) places ahead
+  // until p is matched: a ring longer than the farthest stage never overwrites one still needed.
+  static_assert(kRing > kSlotAhead && kSlotAhead > kEntryAhead && kEntryAhead > kDataAhead);
+  constexpr uint32_t kAbsent = decltype(by_name)::kAbsent;
+  uint64_t hash_ring[kRing];
+  uint32_t likely_ring[kRing];
   auto hash_of = [&](size_t p) -> uint64_t& { return hash_ring[p % kRing]; };
+  auto likely_of = [&](size_t p) -> uint32_t& { return likely_ring[p % kRing]; };
   for (size_t p = 0; p < std::min(kSlotAhead, pieces.size()); ++p) hash_of(p) = by_name.HashOf(pieces[p].name);
+  for (size_t p = 0; p < std::min(kEntryAhead, pieces.size()); ++p) likely_of(p) = kAbsent;
   for (size_t p = 0; p < pieces.size(); ++p) {
     if (const size_t q = p + kSlotAhead; q < pieces.size()) {
       hash_of(q) = by_name.HashOf(pieces[q].name);
       by_name.PrefetchSlot(hash_of(q));
     }
     if (const size_t q = p + kEntryAhead; q < pieces.size()) {
-      if (const uint32_t e = by_name.LikelyIndex(hash_of(q)); e != decltype(by_name)::kAbsent) {
-        __builtin_prefetch(&manifest.entries[e]);
-      }
+      likely_of(q) = by_name.LikelyIndex(hash_of(q));
+      if (likely_of(q) != kAbsent) __builtin_prefetch(&manifest.entries[likely_of(q)]);
     }
     if (const size_t q = p + kDataAhead; q < pieces.size()) {
-      if (const uint32_t e = by_name.LikelyIndex(hash_of(q)); e != decltype(by_name)::kAbsent) {
+      if (const uint32_t e = likely_of(q); e != kAbsent) {
         __builtin_prefetch(name_of(e).data());
         __builtin_prefetch(manifest.entries[e].shape.data());
       }
@@ -165,7 +171,7 @@ LocalMatch MatchPieces(const Manifest& manifest, const ShardedState& targets, co
     }
     const TensorPiece& piece = pieces[p];
     const uint32_t entry = by_name.Find(piece.name, hash_of(p));
-    if (entry == decltype(by_name)::kAbsent) {
+    if (entry == kAbsent) {
       if (missing.insert(piece.name).second) match.missing.push_back(piece.name);
       continue;
     }
@@ -411,8 +417,8 @@ ReadWork PlanReads(const Manifest& manifest, const ShardedState& targets, const 
       __builtin_prefetch(ahead.shape.data());
       __builtin_prefetch(ahead.chunks.data());
     }
-    if (match.local.entry_of_piece[p] < 0) continue;
-    size_t entry = static_cast<size_t>(match.local.entry_of_piece[p]);
+    if (entry_of[p] < 0) continue;
+    size_t entry = static_cast<size_t>(entry_of[p]);
     if (match.reader_of[entry] >= 0 && match.reader_of[entry] != rank) continue;
     const TensorPiece& piece = targets.pieces()[p];
     DeviceCopier* copier = nullptr;

@@ -39,8 +39,10 @@ struct Remembered {
   ManifestSummary summary;
 };
 
-// One per process. Bounded: a root listed with more checkpoints than this forgets them all and
-// starts over, which costs a decode each, as before the memory existed.
+// One per process. Retention forgets what it removes, so a job holds about the checkpoints it
+// keeps. Bounded all the same (other roots listed, folders deleted by hand count too): past
+// this many, all is forgotten and each manifest costs a decode again, as before the memory
+// existed. An entry is about 100 bytes per data file.
 constexpr size_t kMaxRemembered = 4096;
 
 struct Memory {
@@ -105,10 +107,22 @@ void RememberManifestSummary(const std::string& dir, ManifestSummary summary) {
   if (IdentityOf(path, &identity)) TheMemory().Put(path, identity, summary);
 }
 
+void ForgetManifestSummary(const std::string& dir) {
+  Memory& memory = TheMemory();
+  std::lock_guard<std::mutex> lock(memory.mu);
+  memory.by_path.erase(JoinPath(dir, kManifestName));
+}
+
 uint64_t ManifestSummaryDecodes() {
   Memory& memory = TheMemory();
   std::lock_guard<std::mutex> lock(memory.mu);
   return memory.decodes;
+}
+
+size_t ManifestSummariesRemembered() {
+  Memory& memory = TheMemory();
+  std::lock_guard<std::mutex> lock(memory.mu);
+  return memory.by_path.size();
 }
 
 }  // namespace shardckpt

@@ -9,6 +9,11 @@
 // file's path and identity (device, inode, size, modification and change times), so a manifest
 // replaced under the same path is decoded again; the commit that writes a manifest records its
 // summary as it publishes it, so a training job decodes none of its own.
+//
+// What that assumes: a manifest is never changed in place (the commit writes each one once, as
+// a new file), and a file replaced under the same path has another inode or times. A manifest
+// damaged in place later, with its times unchanged (bit rot), keeps its remembered metrics in
+// this process; a load, `verify` and any other process read it whole and refuse it.
 #pragma once
 
 #include <cstdint>
@@ -39,8 +44,12 @@ Result<ManifestSummary> ReadManifestSummary(const std::string& checkpoint_dir);
 // Records the summary of the manifest just published in `checkpoint_dir` (the commit, which
 // built it), under the identity the file has now.
 void RememberManifestSummary(const std::string& checkpoint_dir, ManifestSummary summary);
+// Drops what is remembered of `checkpoint_dir` (retention removed it).
+void ForgetManifestSummary(const std::string& checkpoint_dir);
 
-// Manifests ReadManifestSummary has decoded in this process (tests count them).
+// Manifests ReadManifestSummary has decoded in this process, and summaries remembered now
+// (tests count them).
 uint64_t ManifestSummaryDecodes();
+size_t ManifestSummariesRemembered();
 
 }  // namespace shardckpt

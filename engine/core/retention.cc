@@ -57,7 +57,7 @@ void PlanRetention(const RetentionPolicy& policy, const std::string& latest, std
   }
 }
 
-Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, bool with_manifests) {
+Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, bool with_manifests, bool with_bytes) {
   SC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(root));
   std::vector<CheckpointInfo> out;
   for (const std::string& name : names) {
@@ -72,11 +72,12 @@ Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, boo
     struct stat st;
     c.symlink = ::lstat(dir.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
     std::map<std::string, Result<uint64_t>> sizes;
-    if (Result<std::vector<std::string>> files = ListDir(dir); files.ok()) {
+    Result<std::vector<std::string>> files = with_bytes ? ListDir(dir) : Result<std::vector<std::string>>(std::vector<std::string>{});
+    if (files.ok()) {
       for (const std::string& f : *files) {
         Result<uint64_t> size = FileSize(JoinPath(dir, f));
         if (size.ok()) c.bytes += *size;
-        sizes.emplace(f, std::move(size));
+        if (with_manifests) sizes.emplace(f, std::move(size));
       }
     }
     c.committed = step_dir && PathExists(JoinPath(dir, kManifestName));
@@ -84,9 +85,9 @@ Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, boo
     else if (c.temp) c.problem = "save in progress, or left by one that did not finish";
     else if (!c.committed) c.problem = "no manifest (a deletion or commit cut short); the next save removes it";
     if (c.committed && with_manifests) {
-      // As ReadManifest checks a checkpoint, but with the data files' sizes listed above and the
-      // manifest decoded once per process (manifest_summary.h): every save with keep_best ranks
-      // every checkpoint kept.
+      // As ReadManifest checks a checkpoint, but with the data files' sizes listed above (when
+      // listed) and the manifest decoded once per process (manifest_summary.h): every save with
+      // keep_best ranks every checkpoint kept.
       Result<ManifestSummary> summary = ReadManifestSummary(dir);
       Status files = summary.status();
       if (summary.ok()) {
@@ -117,7 +118,8 @@ Result<RetentionReport> ApplyRetention(const std::string& root, const RetentionP
   SC_RETURN_IF_ERROR(ValidatePolicy(policy));
   RetentionReport report;
   if (policy.KeepsEverything()) return report;
-  SC_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, ListCheckpoints(root, policy.keep_best > 0));
+  // No byte counts: a save applies this, and on a parallel file system each stat is a round trip.
+  SC_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, ListCheckpoints(root, policy.keep_best > 0, /*with_bytes=*/false));
   PlanRetention(policy, ReadLatestName(root), &all);
   for (const CheckpointInfo& c : all) {
     if (!c.committed || c.keep || c.name == just_committed) continue;
@@ -127,6 +129,7 @@ Result<RetentionReport> ApplyRetention(const std::string& root, const RetentionP
     }
     SC_LOG(kInfo) << "retention: removing " << JoinPath(root, c.name);
     SC_ASSIGN_OR_RETURN(bool removed, RemoveCheckpointDir(root, c.name, when));
+    if (removed) ForgetManifestSummary(JoinPath(root, c.name));
     (removed ? report.removed : report.deferred).push_back(c.name);
     if (!removed) SC_LOG(kInfo) << "retention: " << JoinPath(root, c.name) << " is being read; a later save removes it";
   }

@@ -52,7 +52,10 @@ void PlanRetention(const RetentionPolicy& policy, const std::string& latest, std
 
 // Every step folder under root (committed, temp, or left without a manifest), oldest first,
 // with what the manifests record. `with_manifests` false skips reading them (faster; no metrics).
-Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, bool with_manifests = true);
+// `with_bytes` false leaves `bytes` 0 and stats only the data files a manifest names, not every
+// file of every folder.
+Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, bool with_manifests = true,
+                                                    bool with_bytes = true);
 
 struct RetentionReport {
   std::vector<std::string> removed;   // or, on a dry run, would be removed
