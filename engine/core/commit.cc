@@ -38,11 +38,13 @@ Status CommitCheckpoint(const std::string& root, const std::string& temp_name, c
                         const RetentionPolicy& retention) {
   SC_RETURN_IF_ERROR(CheckBuiltManifest(manifest));
   SC_ASSIGN_OR_RETURN(std::string json, EncodeManifest(manifest));
-  return PublishCheckpoint(root, temp_name, manifest.step, {json}, SummaryOf(manifest), retention);
+  std::optional<ManifestSummary> summary;
+  if (retention.RanksByMetric()) summary = SummaryOf(manifest);
+  return PublishCheckpoint(root, temp_name, manifest.step, {json}, std::move(summary), retention);
 }
 
 Status PublishCheckpoint(const std::string& root, const std::string& temp_name, int64_t step,
-                         const std::vector<std::string_view>& manifest_text, ManifestSummary summary,
+                         const std::vector<std::string_view>& manifest_text, std::optional<ManifestSummary> summary,
                          const RetentionPolicy& retention, AlignedBuffer* manifest_staging) {
   const std::string temp_dir = JoinPath(root, temp_name);
   const std::string final_name = StepDirName(step);
@@ -72,8 +74,7 @@ Status PublishCheckpoint(const std::string& root, const std::string& temp_name, 
       return status;
     }
   }
-  // Only a policy that ranks by a metric reads the summaries (ListCheckpoints).
-  if (retention.keep_best > 0) RememberManifestSummary(final_dir, std::move(summary));
+  if (summary.has_value()) RememberManifestSummary(final_dir, std::move(*summary));
   // The removed checkpoints' bytes are freed off the save's path; the next save waits for that.
   Result<RetentionReport> kept = ApplyRetention(root, retention, final_name, /*dry_run=*/false, Removal::kInBackground);
   if (!kept.ok()) SC_LOG(kWarn) << "retention after " << final_name << " failed (the save stands): " << kept.status().ToString();

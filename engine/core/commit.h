@@ -3,6 +3,7 @@
 // writers (import, reshard).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -31,11 +32,11 @@ Status CheckBuiltManifest(const Manifest& manifest);
 // `step`, already validated and encoded, in pieces written one after the other (a repeat save's
 // kept entries between a new head and seal, save_phases.h). It is written with O_DIRECT through
 // `manifest_staging` (WriteFileDurably), which a caller that saves again keeps; nullptr stages
-// in memory of this call's own. `summary` is the manifest's (SummaryOf), remembered once the
-// checkpoint is published when `retention` ranks by a metric, so that later saves need not
-// decode it.
+// in memory of this call's own. `summary`, the manifest's (SummaryOf), is remembered once the
+// checkpoint is published, so that later saves need not decode it: callers give it when
+// `retention` ranks by a metric, the one reader of summaries, and build none otherwise.
 Status PublishCheckpoint(const std::string& root, const std::string& temp_name, int64_t step,
-                         const std::vector<std::string_view>& manifest_text, ManifestSummary summary,
+                         const std::vector<std::string_view>& manifest_text, std::optional<ManifestSummary> summary,
                          const RetentionPolicy& retention, AlignedBuffer* manifest_staging = nullptr);
 
 // The creation facts every manifest carries; `torch_version` and `git_commit` may be empty.

@@ -36,9 +36,13 @@ Result<Manifest> ReadManifest(const std::string& dir, std::string* text_out) {
     return m;
   }
   SC_ASSIGN_OR_RETURN(Manifest m, ReadManifestFile(JoinPath(dir, kManifestName), text_out));
-  Status files = CheckDataFiles(m.files, [&](const std::string& name) { return FileSize(JoinPath(dir, name)); });
-  if (!files.ok()) return files.WithContext(dir);
+  SC_RETURN_IF_ERROR(CheckDataFilesIn(dir, m.files));
   return m;
+}
+
+Status CheckDataFilesIn(const std::string& dir, const std::vector<FileRecord>& files) {
+  Status checked = CheckDataFiles(files, [&](const std::string& name) { return FileSize(JoinPath(dir, name)); });
+  return checked.ok() ? checked : checked.WithContext(dir);
 }
 
 Result<Manifest> ReadManifestFile(const std::string& path, std::string* text_out) {

@@ -98,6 +98,9 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
 Result<Manifest> ReadManifest(const std::string& checkpoint_dir, std::string* text = nullptr);
 // The same for one manifest.json file, its data files not looked at.
 Result<Manifest> ReadManifestFile(const std::string& path, std::string* text = nullptr);
+// ReadManifest's check of the data files: each of `files` is in `checkpoint_dir` at its size;
+// the error names the folder and the file.
+Status CheckDataFilesIn(const std::string& checkpoint_dir, const std::vector<FileRecord>& files);
 
 // Prefix helpers for LoadOptions::rename.
 std::function<std::string(const std::string&)> StripPrefix(const std::string& prefix);

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "shardckpt/engine/core/checkpoint_dir.h"
+#include "shardckpt/engine/core/load.h"
 #include "shardckpt/engine/core/manifest_summary.h"
 #include "shardckpt/engine/model/manifest.h"
 #include "shardckpt/io/fs.h"
@@ -71,13 +72,10 @@ Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, boo
     const std::string dir = JoinPath(root, name);
     struct stat st;
     c.symlink = ::lstat(dir.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
-    std::map<std::string, Result<uint64_t>> sizes;
-    Result<std::vector<std::string>> files = with_bytes ? ListDir(dir) : Result<std::vector<std::string>>(std::vector<std::string>{});
-    if (files.ok()) {
+    if (Result<std::vector<std::string>> files = with_bytes ? ListDir(dir) : std::vector<std::string>{}; files.ok()) {
       for (const std::string& f : *files) {
         Result<uint64_t> size = FileSize(JoinPath(dir, f));
         if (size.ok()) c.bytes += *size;
-        if (with_manifests) sizes.emplace(f, std::move(size));
       }
     }
     c.committed = step_dir && PathExists(JoinPath(dir, kManifestName));
@@ -85,18 +83,10 @@ Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, boo
     else if (c.temp) c.problem = "save in progress, or left by one that did not finish";
     else if (!c.committed) c.problem = "no manifest (a deletion or commit cut short); the next save removes it";
     if (c.committed && with_manifests) {
-      // As ReadManifest checks a checkpoint, but with the data files' sizes listed above (when
-      // listed) and the manifest decoded once per process (manifest_summary.h): every save with
-      // keep_best ranks every checkpoint kept.
+      // As ReadManifest checks a checkpoint, but with the manifest decoded once per process
+      // (manifest_summary.h): every save with keep_best ranks every checkpoint kept.
       Result<ManifestSummary> summary = ReadManifestSummary(dir);
-      Status files = summary.status();
-      if (summary.ok()) {
-        files = CheckDataFiles(summary->files, [&](const std::string& name) -> Result<uint64_t> {
-          auto it = sizes.find(name);
-          return it != sizes.end() ? it->second : FileSize(JoinPath(dir, name));
-        });
-        files = files.ok() ? files : files.WithContext(dir);
-      }
+      const Status files = summary.ok() ? CheckDataFilesIn(dir, summary->files) : summary.status();
       if (files.ok()) {
         c.time = summary->time;
         c.world_size = summary->world_size;
@@ -119,7 +109,7 @@ Result<RetentionReport> ApplyRetention(const std::string& root, const RetentionP
   RetentionReport report;
   if (policy.KeepsEverything()) return report;
   // No byte counts: a save applies this, and on a parallel file system each stat is a round trip.
-  SC_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, ListCheckpoints(root, policy.keep_best > 0, /*with_bytes=*/false));
+  SC_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, ListCheckpoints(root, policy.RanksByMetric(), /*with_bytes=*/false));
   PlanRetention(policy, ReadLatestName(root), &all);
   for (const CheckpointInfo& c : all) {
     if (!c.committed || c.keep || c.name == just_committed) continue;

@@ -25,6 +25,8 @@ struct RetentionPolicy {
   bool higher_is_better = false;  // mode max; default min (a loss)
   // Neither keep_last nor keep_best set: every checkpoint is kept.
   bool KeepsEverything() const { return keep_last <= 0 && keep_best <= 0; }
+  // keep_best set: applying the policy reads every committed checkpoint's metrics.
+  bool RanksByMetric() const { return keep_best > 0; }
 };
 
 // Refuses negative counts and keep_best without a metric name.

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 #include <string_view>
 
 #include "shardckpt/engine/core/commit.h"
@@ -530,17 +531,19 @@ Status CommitOnRoot(const std::string& root, int64_t step, const PlannedSave& pl
                              ? cache->manifest.get()
                              : nullptr;
     Result<ManifestTextPieces> text = Internal("not encoded");
-    ManifestSummary summary;
+    // For retention by a metric, which reads it; no copy of the files list otherwise.
+    const bool summarize = options.retention().RanksByMetric();
+    std::optional<ManifestSummary> summary;
     if (kept != nullptr) {
       Status refreshed =
           RefreshKeptManifest(step, *planned.described, std::move(reports).value(), options, kept, total_bytes);
       if (clock != nullptr) clock->Lap("build_manifest");
       text = refreshed.ok() ? EncodeManifestWithBody(kept->head, kept->body) : Result<ManifestTextPieces>(refreshed);
-      summary = SummaryOf(kept->head);
+      if (summarize) summary = SummaryOf(kept->head);
     } else {
       Manifest m = BuildManifest(step, *planned.described, *reports, options, total_bytes);
       if (clock != nullptr) clock->Lap("build_manifest");
-      summary = SummaryOf(m);
+      if (summarize) summary = SummaryOf(m);
       text = EncodeBuiltManifest(std::move(m), planned, std::move(reports).value(), cache);
     }
     committed = text.ok() ? PublishCheckpoint(root, planned.temp_name, step, {text->head, text->body, text->seal},
