@@ -191,6 +191,8 @@ TEST(ChunkOffset, PackedFileReadsBackThroughAlignedVerifiedReads) {
   ASSERT_LT(offsets[2], kBlockSize);
   const std::string path = JoinPath(dir.path(), "rank-00000.bin");
   std::string file = ReadFileLimited(path, 64 << 20).value();
+  AlignedBuffer good = AlignedBuffer::Allocate(file.size()).value();
+  std::memcpy(good.data(), file.data(), file.size());
   file[offsets[2]] ^= 1;
   ASSERT_TRUE(WriteFileAtomic(path, file, "test").ok());
   Status corrupt = ExecuteReadPlan(io.get(), pool.get(), dir.path(), m, plan, targets, true, &stats);
@@ -198,6 +200,34 @@ TEST(ChunkOffset, PackedFileReadsBackThroughAlignedVerifiedReads) {
   EXPECT_THAT(corrupt.message(), HasSubstr("checksum mismatch in the block at offset 0 holding"));
   EXPECT_THAT(corrupt.message(), HasSubstr("'t1'"));
   EXPECT_THAT(corrupt.message(), HasSubstr("'t2'"));
+
+  // A file already in memory (a load's read ahead) is read from there, table pages included:
+  // the good copy loads although the file is damaged, and the damaged copy fails alike although
+  // the file is whole again.
+  for (auto& g : got) std::fill(g.begin(), g.end(), 0xEE);
+  ReadStats from_memory;
+  Status read_good = ExecuteReadPlan(io.get(), pool.get(), dir.path(), m, plan, targets, true, &from_memory,
+                                     FileInMemory{0, good.data(), file.size()});
+  ASSERT_TRUE(read_good.ok()) << read_good.ToString();
+  for (size_t i = 0; i < sizes.size(); ++i) ASSERT_EQ(got[i], data[i]) << "chunk " << i;
+  EXPECT_EQ(from_memory.data_bytes_read, 0u);
+  EXPECT_EQ(from_memory.table_bytes_read, 0u);
+  EXPECT_EQ(from_memory.extents, plan.extents.size());
+  AlignedBuffer damaged = AlignedBuffer::Allocate(file.size()).value();
+  std::memcpy(damaged.data(), file.data(), file.size());
+  file[offsets[2]] ^= 1;
+  ASSERT_TRUE(WriteFileAtomic(path, file, "test").ok());
+  Status read_damaged = ExecuteReadPlan(io.get(), pool.get(), dir.path(), m, plan, targets, true, &from_memory,
+                                        FileInMemory{0, damaged.data(), file.size()});
+  ASSERT_FALSE(read_damaged.ok());
+  EXPECT_THAT(read_damaged.message(), HasSubstr("checksum mismatch in the block at offset 0 holding"));
+  EXPECT_THAT(read_damaged.message(), HasSubstr("'t2'"));
+  // Bytes it does not cover (here: all of them) are read from the file.
+  ReadStats short_copy;
+  ASSERT_TRUE(ExecuteReadPlan(io.get(), pool.get(), dir.path(), m, plan, targets, true, &short_copy,
+                              FileInMemory{0, damaged.data(), kBlockSize / 2})
+                  .ok());
+  EXPECT_EQ(short_copy.data_bytes_read, plan.bytes_read);
 }
 
 // The tools read small entries through CheckpointReader's read-ahead windows: many pieces per

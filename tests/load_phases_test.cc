@@ -397,6 +397,13 @@ TEST(PlanReads, SkipsEntriesAnotherRankReadsAndPerRankBlobsOfAnotherWorld) {
   EXPECT_EQ(work.max_extent, ReadPlanOptions{}.memory_backed_max_extent);
 }
 
+// Phase 1 whole, as Load runs it on one rank.
+ManifestRead ReadOnRoot(int rank, const std::string& path) {
+  ManifestRead read = OpenManifestOnRoot(rank, 1, path);
+  DecodeManifestOnRoot(rank, &read);
+  return read;
+}
+
 // The collective phases, on one rank, against a checkpoint saved for the purpose.
 class LoadPhasesOnDisk : public ::testing::Test {
  protected:
@@ -414,30 +421,34 @@ class LoadPhasesOnDisk : public ::testing::Test {
 };
 
 TEST_F(LoadPhasesOnDisk, ReadManifestOnRootReadsOnlyOnRankZero) {
-  ManifestRead read = ReadManifestOnRoot(0, root());
+  ManifestRead read = ReadOnRoot(0, root());
   ASSERT_TRUE(read.status.ok()) << read.status.ToString();
   EXPECT_EQ(read.dir, JoinPath(root(), StepDirName(3)));
   EXPECT_EQ(read.manifest.step, 3);
   ASSERT_EQ(read.manifest.entries.size(), 1u);
   EXPECT_EQ(read.manifest.entries[0].name, "a");
+  EXPECT_TRUE(read.text.empty());  // not held past its decode
+  EXPECT_GT(read.hint.manifest_bytes, 0u);
+  EXPECT_TRUE(read.hint.same_world);  // rank-00000.bin and no rank-00001.bin, for 1 rank
+  EXPECT_FALSE(OpenManifestOnRoot(0, 2, root()).hint.same_world);
 
-  ManifestRead elsewhere = ReadManifestOnRoot(1, root());
+  ManifestRead elsewhere = ReadOnRoot(1, root());
   EXPECT_TRUE(elsewhere.status.ok());
   EXPECT_TRUE(elsewhere.dir.empty());
   EXPECT_TRUE(elsewhere.manifest.entries.empty());
 
-  EXPECT_EQ(ReadManifestOnRoot(0, JoinPath(dir_.path(), "none")).status.code(), Code::kNotFound);
+  EXPECT_EQ(ReadOnRoot(0, JoinPath(dir_.path(), "none")).status.code(), Code::kNotFound);
   ASSERT_TRUE(SetFailpoints("load.read_manifest=EIO").ok());
-  Status failed = ReadManifestOnRoot(0, root()).status;
+  Status failed = ReadOnRoot(0, root()).status;
   EXPECT_FALSE(failed.ok());
   EXPECT_THAT(failed.ToString(), HasSubstr("read " + JoinPath(read.dir, kManifestName)));
 }
 
 TEST_F(LoadPhasesOnDisk, ShareManifestReturnsRankZerosStatus) {
-  ManifestRead read = ReadManifestOnRoot(0, JoinPath(dir_.path(), "none"));
+  ManifestRead read = ReadOnRoot(0, JoinPath(dir_.path(), "none"));
   Status shared = ShareManifest(*comm_, &read);
   EXPECT_EQ(shared.code(), Code::kNotFound);
-  read = ReadManifestOnRoot(0, root());
+  read = ReadOnRoot(0, root());
   EXPECT_TRUE(ShareManifest(*comm_, &read).ok());
   EXPECT_EQ(read.manifest.step, 3);
   ASSERT_EQ(read.manifest.entries.size(), 1u);
@@ -449,7 +460,7 @@ TEST_F(LoadPhasesOnDisk, ShareManifestReturnsRankZerosStatus) {
   std::string text = ReadFileLimited(manifest_path, 1 << 20).value();
   text[text.find("\"a\"") + 1] = 'b';
   ASSERT_TRUE(WriteFileAtomic(manifest_path, text, "test").ok());
-  read = ReadManifestOnRoot(0, root());
+  read = ReadOnRoot(0, root());
   EXPECT_EQ(read.status.code(), Code::kDataLoss);
   shared = ShareManifest(*comm_, &read);
   EXPECT_EQ(shared.code(), Code::kDataLoss);
@@ -457,7 +468,7 @@ TEST_F(LoadPhasesOnDisk, ShareManifestReturnsRankZerosStatus) {
 }
 
 TEST_F(LoadPhasesOnDisk, DecodeSharedManifestReadsRankZerosMessage) {
-  ManifestRead read = ReadManifestOnRoot(0, root());
+  ManifestRead read = ReadOnRoot(0, root());
   const std::string message = EncodeManifestMessage(read.manifest);
   Result<Manifest> parsed = DecodeSharedManifest(read.dir, message);
   ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
@@ -472,7 +483,7 @@ TEST_F(LoadPhasesOnDisk, DecodeSharedManifestReadsRankZerosMessage) {
 }
 
 TEST_F(LoadPhasesOnDisk, MatchEntriesFillsTheReportAndAgrees) {
-  ManifestRead read = ReadManifestOnRoot(0, root());
+  ManifestRead read = ReadOnRoot(0, root());
   ASSERT_TRUE(ShareManifest(*comm_, &read).ok());
   float a[4] = {}, extra[2] = {};
   ShardedState targets;

@@ -5,6 +5,7 @@
 // O_DIRECT; any target on memory-backed file systems, which are opened without O_DIRECT).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -22,7 +23,9 @@ struct ReadStats {
   uint64_t table_bytes_read = 0;
   uint64_t extents = 0;
   uint64_t bytes_read_in_place = 0;  // read straight into the targets, no staging copy
-  uint64_t bytes_read_ahead = 0;     // CheckpointReader: window bytes read in the background
+  // Read before the plan was known: CheckpointReader's windows read in the background, and a
+  // load's read of its own file during the metadata phases (engine/core/read_ahead.h).
+  uint64_t bytes_read_ahead = 0;
 };
 
 struct ReadTargets {
@@ -34,8 +37,16 @@ struct ReadTargets {
   std::vector<DeviceCopier*> copier; // by target; null (or empty vector) for host memory
 };
 
+// One data file whose bytes are in memory already (engine/core/read_ahead.h), all of it: the
+// plan's extents there (and its checksum-table pages) are verified and copied from memory.
+struct FileInMemory {
+  uint32_t file = UINT32_MAX;  // manifest.files index; UINT32_MAX: none
+  const unsigned char* data = nullptr;
+  uint64_t bytes = 0;
+};
+
 Status ExecuteReadPlan(IoEngine* io, BufferPool* pool, const std::string& dir,
                        const Manifest& manifest, const ReadPlan& plan, const ReadTargets& targets,
-                       bool verify, ReadStats* stats);
+                       bool verify, ReadStats* stats, const FileInMemory& in_memory = {});
 
 }  // namespace shardckpt

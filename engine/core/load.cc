@@ -45,8 +45,12 @@ Status CheckDataFilesIn(const std::string& dir, const std::vector<FileRecord>& f
   return checked.ok() ? checked : checked.WithContext(dir);
 }
 
+Result<std::string> ReadManifestText(const std::string& path) {
+  return ReadFileLimited(path, kMaxManifestBytes, /*prefer_direct=*/true);
+}
+
 Result<Manifest> ReadManifestFile(const std::string& path, std::string* text_out) {
-  SC_ASSIGN_OR_RETURN(std::string text, ReadFileLimited(path, kMaxManifestBytes, /*prefer_direct=*/true));
+  SC_ASSIGN_OR_RETURN(std::string text, ReadManifestText(path));
   SC_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(text, path));
   if (text_out != nullptr) *text_out = std::move(text);
   return m;
@@ -57,8 +61,12 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
   using namespace load_phases;
   LoadReport report;
   PhaseClock clock(&report.phases);
-  // 1-2. One metadata read, on rank 0, shared with the rest.
-  ManifestRead read = ReadManifestOnRoot(comm.rank(), path);
+  // 1-2. One metadata read, on rank 0, shared with the rest; each rank's own file is read
+  // meanwhile where that pays.
+  ManifestRead read = OpenManifestOnRoot(comm.rank(), comm.size(), path);
+  SC_RETURN_IF_ERROR(ShareFolder(comm, &read));
+  std::unique_ptr<FileReadAhead> ahead = StartReadAhead(read, comm.rank(), options);
+  DecodeManifestOnRoot(comm.rank(), &read);
   clock.Lap("read_manifest");
   SC_RETURN_IF_ERROR(ShareManifest(comm, &read));
   clock.Lap("share_manifest");
@@ -78,7 +86,7 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
   ReadWork work = PlanReads(manifest, targets, match, comm.rank(), comm.size(), options.plan, verified_from_memory, &report);
   report.bytes_wanted = work.plan.bytes_wanted;
   clock.Lap("plan");
-  SC_RETURN_IF_ERROR(AgreeOnStatus(comm, ReadExtents(read.dir, manifest, work, options, &report.stats)));
+  SC_RETURN_IF_ERROR(AgreeOnStatus(comm, ReadExtents(read.dir, manifest, work, options, &report.stats, ahead.get())));
   clock.Lap("read");
   // 6. Replicated entries: readers broadcast.
   SC_RETURN_IF_ERROR(ShareReplicated(comm, manifest, targets, match, options, &report));

@@ -48,6 +48,10 @@ struct LoadOptions {
   // dict of plain values to one item per leaf): the leaf names its nesting has. The value is
   // then found whole when its own blob or every one of these is there.
   std::vector<std::vector<std::string>> wanted_value_leaves;
+  // A rank reads its own data file whole while the manifest is decoded, shared, matched and
+  // planned, where that pays (engine/core/read_ahead.h: same world size, a large manifest, a file
+  // under 16x its size), if the file is no larger than this; 0: never.
+  uint64_t read_ahead_max_bytes = 64u << 20;
   // Maps a checkpoint name to the name the job uses (e.g. strip "module."); identity when empty.
   std::function<std::string(const std::string&)> rename;
   bool verify_checksums = true;
@@ -98,6 +102,8 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
 Result<Manifest> ReadManifest(const std::string& checkpoint_dir, std::string* text = nullptr);
 // The same for one manifest.json file, its data files not looked at.
 Result<Manifest> ReadManifestFile(const std::string& path, std::string* text = nullptr);
+// Only the file's bytes (with O_DIRECT where it works; refused past 4 GiB).
+Result<std::string> ReadManifestText(const std::string& path);
 // ReadManifest's check of the data files: each of `files` is in `checkpoint_dir` at its size;
 // the error names the folder and the file.
 Status CheckDataFilesIn(const std::string& checkpoint_dir, const std::vector<FileRecord>& files);

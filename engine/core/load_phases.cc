@@ -10,6 +10,7 @@
 #include "shardckpt/engine/core/load.h"
 #include "shardckpt/engine/core/save_phases.h"
 #include "shardckpt/engine/core/staging_cache.h"
+#include "shardckpt/engine/formats/dcp_read.h"
 #include "shardckpt/engine/model/manifest_wire.h"
 #include "shardckpt/engine/model/name_index.h"
 #include "shardckpt/io/checksum.h"
@@ -77,22 +78,52 @@ Status CopyPiece(const TensorPiece& to, const TensorPiece& from) {
 }
 
 // ---- 1.
-ManifestRead ReadManifestOnRoot(int rank, const std::string& path) {
+ManifestRead OpenManifestOnRoot(int rank, int world, const std::string& path) {
   ManifestRead read;
   if (rank != 0) return read;
   Result<CheckpointHold> resolved = HoldCheckpoint(path);
   read.status = resolved.status();
-  if (read.status.ok()) {
-    read.hold = std::move(resolved).value();
-    read.dir = read.hold.dir();
-    read.status = Failpoint("load.read_manifest", "read " + JoinPath(read.dir, kManifestName));
-  }
-  if (read.status.ok()) {
-    Result<Manifest> manifest = ReadManifest(read.dir);
-    read.status = manifest.status();
-    if (manifest.ok()) read.manifest = std::move(manifest).value();
-  }
+  if (!read.status.ok()) return read;
+  read.hold = std::move(resolved).value();
+  read.dir = read.hold.dir();
+  const std::string manifest_path = JoinPath(read.dir, kManifestName);
+  read.status = Failpoint("load.read_manifest", "read " + manifest_path);
+  if (!read.status.ok() || IsDcpFolder(read.dir)) return read;  // a DCP folder is read whole when decoded
+  Result<std::string> text = ReadManifestText(manifest_path);
+  read.status = text.status();
+  if (!text.ok()) return read;
+  read.text = std::move(text).value();
+  read.hint.manifest_bytes = read.text.size();
+  read.hint.same_world = PathExists(JoinPath(read.dir, RankFileName(world - 1))) &&
+                         !PathExists(JoinPath(read.dir, RankFileName(world)));
   return read;
+}
+
+void DecodeManifestOnRoot(int rank, ManifestRead* read) {
+  if (rank != 0 || !read->status.ok()) return;
+  const bool dcp = IsDcpFolder(read->dir);
+  Result<Manifest> manifest = dcp ? ReadManifest(read->dir) : DecodeManifest(read->text, JoinPath(read->dir, kManifestName));
+  if (!dcp && manifest.ok()) read->status = CheckDataFilesIn(read->dir, manifest->files);
+  std::string().swap(read->text);
+  if (read->status.ok()) read->status = manifest.status();
+  if (read->status.ok()) read->manifest = std::move(manifest).value();
+}
+
+// ---- 2.
+Status ShareFolder(Communicator& comm, ManifestRead* read) {
+  // Rank 0's verdict first: on a bad folder every rank reports what its check found.
+  SC_RETURN_IF_ERROR(BroadcastStatus(comm, read->status, 0));
+  if (comm.size() == 1) return Status::Ok();
+  SC_RETURN_IF_ERROR(BroadcastString(comm, &read->dir, 0));
+  uint64_t hint[2] = {read->hint.manifest_bytes, read->hint.same_world ? 1u : 0u};
+  SC_RETURN_IF_ERROR(comm.Broadcast(hint, sizeof(hint), 0));
+  read->hint = ReadAheadHint{hint[0], hint[1] != 0};
+  return Status::Ok();
+}
+
+std::unique_ptr<FileReadAhead> StartReadAhead(const ManifestRead& read, int rank, const LoadOptions& options) {
+  return FileReadAhead::Start(JoinPath(read.dir, RankFileName(rank)), read.hint, options.read_ahead_max_bytes,
+                              options.io);
 }
 
 // ---- 2.
@@ -106,7 +137,6 @@ Status ShareManifest(Communicator& comm, ManifestRead* read) {
   // Rank 0's verdict first: on a bad manifest every rank reports what its full check found.
   SC_RETURN_IF_ERROR(BroadcastStatus(comm, read->status, 0));
   if (comm.size() == 1) return Status::Ok();
-  SC_RETURN_IF_ERROR(BroadcastString(comm, &read->dir, 0));
   std::string message;
   if (comm.rank() == 0) message = EncodeManifestMessage(read->manifest);
   SC_RETURN_IF_ERROR(BroadcastString(comm, &message, 0));
@@ -474,7 +504,20 @@ StagingSize SizeStaging(const ReadPlan& plan, size_t staging_buffers, uint64_t m
 
 // ---- 5.
 Status ReadExtents(const std::string& dir, const Manifest& manifest, const ReadWork& work,
-                   const LoadOptions& options, ReadStats* stats) {
+                   const LoadOptions& options, ReadStats* stats, FileReadAhead* ahead) {
+  FileInMemory in_memory;
+  if (ahead != nullptr) {
+    const unsigned char* data = ahead->Wait();
+    const std::string name = BaseName(ahead->path());
+    for (uint32_t f = 0; f < manifest.files.size() && data != nullptr; ++f) {
+      // The size rank 0 checked against the manifest: the bytes read are the file it describes.
+      if (manifest.files[f].name == name && manifest.files[f].size == ahead->bytes()) in_memory = {f, data, ahead->bytes()};
+    }
+    if (data != nullptr) {  // read, whether the plan takes any of it or not
+      stats->data_bytes_read += ahead->bytes();
+      stats->bytes_read_ahead += ahead->bytes();
+    }
+  }
   const StagingSize staging = SizeStaging(work.plan, options.staging_buffers, work.max_extent);
   SC_ASSIGN_OR_RETURN(StagingLease lease, StagingLease::Acquire(staging.buffers, staging.buffer_bytes,
                                                                StagingHostAllocator(work.any_device_target),
@@ -483,7 +526,7 @@ Status ReadExtents(const std::string& dir, const Manifest& manifest, const ReadW
   io_options.queue_depth = std::max<size_t>(io_options.queue_depth, lease.pool()->count() + 1);
   std::unique_ptr<IoEngine> io = CreateIoEngine(io_options);
   return ExecuteReadPlan(io.get(), lease.pool(), dir, manifest, work.plan, work.targets, options.verify_checksums,
-                         stats);
+                         stats, in_memory);
 }
 
 // ---- 6.

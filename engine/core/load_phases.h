@@ -8,12 +8,14 @@
 
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "shardckpt/collectives/communicator.h"
 #include "shardckpt/engine/core/checkpoint_dir.h"
 #include "shardckpt/engine/core/load.h"
+#include "shardckpt/engine/core/read_ahead.h"
 #include "shardckpt/engine/model/entry_wants.h"
 
 namespace shardckpt::load_phases {
@@ -22,19 +24,29 @@ namespace shardckpt::load_phases {
 std::string NameList(const std::vector<std::string>& names);
 
 // ---- 1. Resolve, hold, read and fully check the manifest (rank 0 only: validation and data
-// file sizes; other ranks return an empty one).
+// file sizes; other ranks return an empty one), in two steps with the folder's sharing and the
+// read ahead of each rank's own file (read_ahead.h) between them.
 struct ManifestRead {
   Status status;        // rank 0's; Ok elsewhere
   std::string dir;      // the checkpoint folder
+  std::string text;     // rank 0's manifest.json as read, until decoded (empty for a DCP folder)
+  ReadAheadHint hint;   // rank 0's, for `world` ranks; the others' once shared
   Manifest manifest;    // rank 0's (a DCP folder's built from its .metadata); the others' once shared
   // Held until every rank has read (the status agreement after the reads): retention leaves it.
   CheckpointHold hold;
 };
-ManifestRead ReadManifestOnRoot(int rank, const std::string& path);
+// Resolves and holds the folder and reads the manifest's bytes [load.read_manifest].
+ManifestRead OpenManifestOnRoot(int rank, int world, const std::string& path);
+// Decodes and validates them, and checks the data files' sizes.
+void DecodeManifestOnRoot(int rank, ManifestRead* read);
 
-// ---- 2. Broadcast rank 0's status, folder and checked manifest, as a binary message
-// (manifest_wire.h) that the other ranks read without parsing JSON.
-// On return every rank holds the same `dir` and manifest, or every rank has the same error.
+// ---- 2. Broadcast rank 0's status so far, the folder and the read-ahead hint.
+Status ShareFolder(Communicator& comm, ManifestRead* read);
+// This rank's read ahead of its own data file, where worth it; null otherwise.
+std::unique_ptr<FileReadAhead> StartReadAhead(const ManifestRead& read, int rank, const LoadOptions& options);
+// Broadcast rank 0's status and checked manifest, as a binary message (manifest_wire.h) that the
+// other ranks read without parsing JSON. On return every rank holds the same `dir` and manifest,
+// or every rank has the same error.
 Status ShareManifest(Communicator& comm, ManifestRead* read);
 // The other ranks' reading of rank 0's message [load.decode_manifest].
 Result<Manifest> DecodeSharedManifest(const std::string& dir, const std::string& message);
@@ -152,9 +164,10 @@ struct StagingSize {
 };
 StagingSize SizeStaging(const ReadPlan& plan, size_t staging_buffers, uint64_t max_extent);
 
-// ---- 5. Read and verify the planned extents (local; Load agrees on the status).
+// ---- 5. Read and verify the planned extents (local; Load agrees on the status); the extents in
+// the file `ahead` read (if any, and if its read succeeded) come from its memory.
 Status ReadExtents(const std::string& dir, const Manifest& manifest, const ReadWork& work,
-                   const LoadOptions& options, ReadStats* stats);
+                   const LoadOptions& options, ReadStats* stats, FileReadAhead* ahead = nullptr);
 
 // ---- 6. Replicated entries: each reader broadcasts (BatchBroadcasts: small entries packed,
 // many per collective); extra whole copies on one rank are local copies [load.replicate]. Ends

@@ -57,6 +57,8 @@ struct Args {
   uint64_t broadcast_batch = 16u << 20;   // load: LoadOptions::broadcast_batch_bytes
   bool deferred = false;                  // async: StartSave + Fence (copy while training)
   bool no_rank_blobs = false; // load: a checkpoint written by `shardckpt reshard`
+  // load: 1, every rank reads its own file ahead (where io_uring and O_DIRECT work); 0, none does.
+  int expect_read_ahead = -1;
 };
 
 struct Held {
@@ -170,12 +172,24 @@ int DoLoad(Communicator& comm, const Args& a) {
     return Fail(rank, "every rank should have read the replicated entries itself, but " +
                           std::to_string(report->bytes_received) + " bytes came by broadcast");
   }
+  if (a.expect_read_ahead == 0 && report->stats.bytes_read_ahead != 0) {
+    return Fail(rank, "read " + std::to_string(report->stats.bytes_read_ahead) + " bytes ahead; expected none");
+  }
+  std::string why;
+  if (a.expect_read_ahead == 1 && report->stats.bytes_read_ahead == 0) {
+    if (!IsMemoryBacked(report->path) && testing::UringAvailable(&why) && testing::DirectIoAvailable(report->path, &why)) {
+      return Fail(rank, "read nothing ahead of the plan, although io_uring and O_DIRECT work here");
+    }
+    std::printf("rank %d: no read ahead here (%s)\n", rank, IsMemoryBacked(report->path) ? "memory-backed" : why.c_str());
+  }
   double amplification = report->bytes_wanted ? double(report->stats.data_bytes_read) / report->bytes_wanted : 1.0;
   std::printf("rank %d/%d: OK loaded step %lld saved by %d ranks (%s layout): verified %llu bytes, read %llu data "
-              "+ %llu table bytes for %llu wanted (amplification %.3f), received %llu by broadcast\n",
+              "+ %llu table bytes (%llu of them ahead of the plan) for %llu wanted (amplification %.3f), received %llu by "
+              "broadcast\n",
               rank, world, static_cast<long long>(report->step), report->saved_world_size, a.family.c_str(),
               static_cast<unsigned long long>(verified), static_cast<unsigned long long>(report->stats.data_bytes_read),
               static_cast<unsigned long long>(report->stats.table_bytes_read),
+              static_cast<unsigned long long>(report->stats.bytes_read_ahead),
               static_cast<unsigned long long>(report->bytes_wanted), amplification,
               static_cast<unsigned long long>(report->bytes_received));
   return 0;
@@ -483,6 +497,7 @@ int main(int argc, char** argv) {
       else if (flag == "--broadcast-batch") a.broadcast_batch = std::strtoull(argv[i + 1], nullptr, 10);
       else if (flag == "--many-small") AddManySmallEntries(std::atoi(argv[i + 1]));
       else if (flag == "--no-rank-blobs") a.no_rank_blobs = std::atoi(argv[i + 1]) != 0;
+      else if (flag == "--expect-read-ahead") a.expect_read_ahead = std::atoi(argv[i + 1]);
       else if (flag == "--pid-dir") {
         std::ofstream(JoinPath(argv[i + 1], "rank-" + std::to_string(comm->rank()) + ".pid")) << ::getpid() << "\n";
       }

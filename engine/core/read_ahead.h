@@ -1,0 +1,72 @@
+// A load's read of this rank's own data file, started before the manifest is decoded.
+//
+// Why: a checkpoint of many small tensors has a manifest that takes about as long to read,
+// decode, share, match and plan (tens of milliseconds for 20,000 tensors) as its data take to
+// read, and the reads used to wait for all of it (issue 14 part 5: the load stood at 0.4x of fio).
+// At the world size the checkpoint was saved by, a rank's own file (rank-NNNNN.bin) is what a
+// resuming rank loads, so each rank reads it whole, with O_DIRECT through io_uring, while the
+// metadata phases run on the CPU; the read phase then verifies and copies from memory.
+//
+// Only where it pays (WorthReadingAhead): the job has the checkpoint's world size (rank 0's probe
+// of the rank files), the manifest is large enough for its phases to hide a read, and the file is
+// small next to the manifest (so the read is hidden, the memory held is bounded and a rank that
+// wants only part of its file wastes little) and under LoadOptions::read_ahead_max_bytes.
+// Memory-backed folders are never read ahead (a read there is a copy, nothing to overlap), nor
+// where the read would not run in the background (no io_uring, or no O_DIRECT).
+//
+// A read ahead never fails a load: on any error its bytes are dropped and the load reads the file
+// the normal way, which reports the failure if it is real.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "shardckpt/io/aligned_buffer.h"
+#include "shardckpt/io/io_engine.h"
+
+namespace shardckpt {
+
+// Rank 0's facts for the decision, shared with the checkpoint folder before the manifest is decoded.
+struct ReadAheadHint {
+  uint64_t manifest_bytes = 0;
+  // rank-(W-1).bin is in the folder and rank-W.bin is not, W being the loading job's world size.
+  bool same_world = false;
+};
+
+// Below this a manifest's phases take a few milliseconds at most: nothing worth hiding a read behind.
+inline constexpr uint64_t kReadAheadMinManifestBytes = 256u << 10;
+// A file up to this many times the manifest's size is read in about the time the metadata phases
+// take (about 10 ns per manifest byte against 0.5-1 ns per data byte read, measured in
+// benchmarks/README.md "Reading a rank's own file during the metadata phases").
+inline constexpr uint64_t kReadAheadBytesPerManifestByte = 16;
+
+// Whether a rank reads its own file of `file_bytes` ahead; `max_bytes` 0 turns it off.
+bool WorthReadingAhead(const ReadAheadHint& hint, uint64_t file_bytes, uint64_t max_bytes);
+
+class FileReadAhead {
+ public:
+  // Starts reading `path` whole when WorthReadingAhead agrees and the reads can run in the
+  // background; null otherwise (the reason logged at debug level).
+  static std::unique_ptr<FileReadAhead> Start(const std::string& path, const ReadAheadHint& hint, uint64_t max_bytes,
+                                              const IoOptions& io_options);
+  ~FileReadAhead();
+
+  // Waits for the reads; the file's bytes, or null where a read failed (logged at debug level).
+  const unsigned char* Wait();
+  const std::string& path() const { return path_; }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  FileReadAhead() = default;
+
+  std::string path_;
+  uint64_t bytes_ = 0;
+  AlignedBuffer buffer_;
+  std::unique_ptr<IoEngine> io_;
+  std::unique_ptr<File> file_;
+  Status failure_;
+  bool waited_ = false;
+};
+
+}  // namespace shardckpt
