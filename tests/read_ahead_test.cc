@@ -13,6 +13,7 @@
 #include "shardckpt/engine/core/checkpoint_dir.h"
 #include "shardckpt/engine/core/load.h"
 #include "shardckpt/engine/core/save.h"
+#include "shardckpt/io/aligned_buffer.h"
 #include "shardckpt/io/fs.h"
 #include "test_util.h"
 
@@ -136,6 +137,13 @@ TEST_F(ReadAheadLoad, ASameWorldLoadReadsItsOwnFileAheadAndLoadsTheSameValues) {
   const uint64_t file_bytes = FileSize(file_).value();
   EXPECT_EQ(report->stats.bytes_read_ahead, reads_ahead ? file_bytes : 0u);
   if (reads_ahead) EXPECT_EQ(report->stats.data_bytes_read, file_bytes);  // nothing read twice
+  // Again: its memory is the kept spare's (no buffer allocated), and its bytes are this load's.
+  const uint64_t allocations = HostBufferAllocations();
+  report = LoadInto(&got);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(got, saved_);
+  EXPECT_EQ(report->stats.bytes_read_ahead, reads_ahead ? file_bytes : 0u);
+  EXPECT_EQ(HostBufferAllocations(), allocations);
 
   LoadOptions off;
   off.read_ahead_max_bytes = 0;

@@ -85,6 +85,32 @@ TEST(StagingLease, TakesTheSpareWhenLargeEnoughAndKeepsTheLarger) {
   ReleaseSpareStaging();
 }
 
+// A load's read ahead and its pipeline each keep a spare: neither replaces the other's.
+TEST(StagingLease, EachUseKeepsItsOwnSpare) {
+  ReleaseSpareStaging();
+  BufferPool* pipeline = nullptr;
+  BufferPool* ahead = nullptr;
+  {
+    StagingLease p = StagingLease::Acquire(8, 8192, DefaultHostAllocator()).value();
+    StagingLease a = StagingLease::Acquire(1, 65536, DefaultHostAllocator(), true, 1, StagingUse::kReadAhead).value();
+    pipeline = p.pool();
+    ahead = a.pool();
+  }
+  const uint64_t before = HostBufferAllocations();
+  for (int load = 0; load < 3; ++load) {
+    StagingLease a = StagingLease::Acquire(1, 40000, DefaultHostAllocator(), true, 1, StagingUse::kReadAhead).value();
+    StagingLease p = StagingLease::Acquire(8, 8192, DefaultHostAllocator()).value();
+    EXPECT_EQ(a.pool(), ahead) << "load " << load;
+    EXPECT_EQ(p.pool(), pipeline) << "load " << load;
+  }
+  EXPECT_EQ(HostBufferAllocations(), before);
+  ReleaseSpareStaging();  // both
+  StagingLease a = StagingLease::Acquire(1, 4096, DefaultHostAllocator(), true, 1, StagingUse::kReadAhead).value();
+  StagingLease p = StagingLease::Acquire(1, 4096, DefaultHostAllocator()).value();
+  EXPECT_FALSE(a.reused());
+  EXPECT_FALSE(p.reused());
+}
+
 // Entries of `count` sizes from 1 to a few thousand bytes plus one of 3 MiB, bytes from `seed`.
 struct State {
   std::vector<std::string> names;

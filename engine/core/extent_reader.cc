@@ -91,20 +91,24 @@ Status ExecuteReadPlan(IoEngine* io, BufferPool* pool, const std::string& dir,
       uint64_t first = e.offset / kBlockSize, last = (e.offset + e.length) / kBlockSize - 1;
       for (uint64_t p = first / kSumsPerTablePage; p <= last / kSumsPerTablePage; ++p) needed.insert({e.file, p});
     }
-    SC_ASSIGN_OR_RETURN(pages, AlignedBuffer::Allocate(needed.size() * kBlockSize));
+    auto page_offset = [&](const PageKey& key) { return manifest.files[key.first].table_offset + key.second * kBlockSize; };
+    const size_t to_read = std::count_if(needed.begin(), needed.end(), [&](const PageKey& key) {
+      return !from_memory(key.first, page_offset(key), kBlockSize);
+    });
+    if (to_read > 0) {
+      SC_ASSIGN_OR_RETURN(pages, AlignedBuffer::Allocate(to_read * kBlockSize));
+    }
     std::vector<std::pair<File*, IoOp>> ops;
-    size_t slot = 0;
     for (const PageKey& key : needed) {
-      const uint64_t page_offset = manifest.files[key.first].table_offset + key.second * kBlockSize;
-      if (from_memory(key.first, page_offset, kBlockSize)) {
-        sums[key] = reinterpret_cast<const uint64_t*>(in_memory.data + page_offset);
+      if (from_memory(key.first, page_offset(key), kBlockSize)) {
+        sums[key] = reinterpret_cast<const uint64_t*>(in_memory.data + page_offset(key));
         continue;
       }
-      unsigned char* at = pages.data() + slot++ * kBlockSize;
+      unsigned char* at = pages.data() + ops.size() * kBlockSize;
       if (!files.count(key.first)) {
         SC_ASSIGN_OR_RETURN(files[key.first], io->Open(JoinPath(dir, manifest.files[key.first].name), OpenMode::kRead));
       }
-      ops.push_back({files[key.first].get(), IoOp{IoKind::kRead, page_offset, at, kBlockSize}});
+      ops.push_back({files[key.first].get(), IoOp{IoKind::kRead, page_offset(key), at, kBlockSize}});
       sums[key] = reinterpret_cast<const uint64_t*>(at);
     }
     SC_RETURN_IF_ERROR(RunAll(io, ops));

@@ -123,7 +123,7 @@ Status ShareFolder(Communicator& comm, ManifestRead* read) {
 
 std::unique_ptr<FileReadAhead> StartReadAhead(const ManifestRead& read, int rank, const LoadOptions& options) {
   return FileReadAhead::Start(JoinPath(read.dir, RankFileName(rank)), read.hint, options.read_ahead_max_bytes,
-                              options.io);
+                              options.io, options.keep_staging);
 }
 
 // ---- 2.

@@ -24,7 +24,7 @@ bool WorthReadingAhead(const ReadAheadHint& hint, uint64_t file_bytes, uint64_t 
 }
 
 std::unique_ptr<FileReadAhead> FileReadAhead::Start(const std::string& path, const ReadAheadHint& hint,
-                                                    uint64_t max_bytes, const IoOptions& io_options) {
+                                                    uint64_t max_bytes, const IoOptions& io_options, bool keep_memory) {
   Result<uint64_t> bytes = FileSize(path);
   if (!bytes.ok() || !WorthReadingAhead(hint, *bytes, max_bytes) || IsMemoryBacked(path)) return nullptr;
   std::unique_ptr<FileReadAhead> ahead(new FileReadAhead());
@@ -49,15 +49,17 @@ std::unique_ptr<FileReadAhead> FileReadAhead::Start(const std::string& path, con
     return nullptr;
   }
   ahead->file_ = std::move(file).value();
-  Result<AlignedBuffer> buffer = AlignedBuffer::Allocate(static_cast<size_t>(*bytes));
-  if (!buffer.ok()) {
-    SC_LOG(kDebug) << "no read ahead of " << path << ": " << buffer.status().ToString();
+  Result<StagingLease> memory = StagingLease::Acquire(1, static_cast<size_t>(*bytes), DefaultHostAllocator(), keep_memory,
+                                                      1, StagingUse::kReadAhead);
+  if (!memory.ok()) {
+    SC_LOG(kDebug) << "no read ahead of " << path << ": " << memory.status().ToString();
     return nullptr;
   }
-  ahead->buffer_ = std::move(buffer).value();
+  ahead->memory_ = std::move(memory).value();
+  unsigned char* buffer = ahead->memory_.pool()->at(0).data();
   for (size_t i = 0; i < reads && ahead->failure_.ok(); ++i) {
     const uint64_t offset = i * read_bytes;
-    const IoOp op{IoKind::kRead, offset, ahead->buffer_.data() + offset,
+    const IoOp op{IoKind::kRead, offset, buffer + offset,
                   static_cast<size_t>(std::min<uint64_t>(read_bytes, *bytes - offset))};
     ahead->failure_ = ahead->io_->Submit(ahead->file_.get(), op, i);
   }
@@ -76,7 +78,7 @@ const unsigned char* FileReadAhead::Wait() {
     waited_ = true;
     if (!failure_.ok()) SC_LOG(kDebug) << "read ahead of " << path_ << " dropped: " << failure_.ToString();
   }
-  return failure_.ok() ? buffer_.data() : nullptr;
+  return failure_.ok() ? memory_.pool()->at(0).data() : nullptr;
 }
 
 }  // namespace shardckpt

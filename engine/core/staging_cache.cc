@@ -12,9 +12,9 @@ struct Spare {
   HostAllocator allocator;
 };
 
-Spare& TheSpare() {
-  static Spare* spare = new Spare();  // never destroyed: leases may end during exit
-  return *spare;
+Spare& TheSpare(StagingUse use) {
+  static Spare* spares = new Spare[2];  // never destroyed: leases may end during exit
+  return spares[use == StagingUse::kReadAhead ? 1 : 0];
 }
 
 bool SameAllocator(const HostAllocator& a, const HostAllocator& b) {
@@ -26,12 +26,13 @@ uint64_t TotalBytes(const BufferPool& pool) { return static_cast<uint64_t>(pool.
 }  // namespace
 
 Result<StagingLease> StagingLease::Acquire(size_t count, size_t buffer_bytes, HostAllocator allocator, bool keep,
-                                           size_t min_count) {
+                                           size_t min_count, StagingUse use) {
   StagingLease lease;
   lease.allocator_ = allocator;
+  lease.use_ = use;
   lease.keep_ = keep;
   if (keep) {
-    Spare& spare = TheSpare();
+    Spare& spare = TheSpare(use);
     std::lock_guard<std::mutex> lock(spare.mutex);
     const size_t needed = min_count == 0 ? count : std::min(count, min_count);
     if (spare.pool && SameAllocator(spare.allocator, allocator) && spare.pool->count() >= needed &&
@@ -50,6 +51,7 @@ StagingLease& StagingLease::operator=(StagingLease&& other) noexcept {
     Return();
     pool_ = std::move(other.pool_);
     allocator_ = other.allocator_;
+    use_ = other.use_;
     keep_ = other.keep_;
     reused_ = other.reused_;
   }
@@ -64,7 +66,7 @@ void StagingLease::Return() {
     return;
   }
   std::unique_ptr<BufferPool> dropped;  // freed outside the lock
-  Spare& spare = TheSpare();
+  Spare& spare = TheSpare(use_);
   std::lock_guard<std::mutex> lock(spare.mutex);
   if (!spare.pool || TotalBytes(*pool_) >= TotalBytes(*spare.pool)) {
     dropped = std::move(spare.pool);
@@ -76,10 +78,12 @@ void StagingLease::Return() {
 }
 
 void ReleaseSpareStaging() {
-  std::unique_ptr<BufferPool> dropped;
-  Spare& spare = TheSpare();
-  std::lock_guard<std::mutex> lock(spare.mutex);
-  dropped = std::move(spare.pool);
+  for (StagingUse use : {StagingUse::kPipeline, StagingUse::kReadAhead}) {
+    std::unique_ptr<BufferPool> dropped;
+    Spare& spare = TheSpare(use);
+    std::lock_guard<std::mutex> lock(spare.mutex);
+    dropped = std::move(spare.pool);
+  }
 }
 
 }  // namespace shardckpt

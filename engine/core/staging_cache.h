@@ -4,8 +4,8 @@
 // which dominated loads of many small entries. A lease takes the spare pool when it will do
 // (buffers at least as large as asked, at least `min_count` of them, same allocator) and gives it
 // back when it ends; otherwise it allocates one of its own, which then becomes the spare if it
-// is the larger. One spare per process: memory held between calls is at most one pool, and
-// ReleaseSpareStaging frees it.
+// is the larger. One spare per process and use (StagingUse): memory held between calls is at
+// most one pool per use, and ReleaseSpareStaging frees them.
 #pragma once
 
 #include <cstddef>
@@ -15,13 +15,18 @@
 
 namespace shardckpt {
 
+// What a pool is for. Each use keeps a spare of its own: a load's read ahead wants one buffer
+// the size of a file, the pipelines several of a few MiB, and one spare for both would be
+// replaced, and its memory faulted in afresh, at every load.
+enum class StagingUse { kPipeline, kReadAhead };
+
 class StagingLease {
  public:
   // `count` buffers of `buffer_bytes` when allocating; the spare serves with as few as
   // `min_count` (fewer reads or writes in flight, none smaller; 0: `count`). `keep`: false gives a pool of
   // its own that is freed at the end, the spare left alone.
   static Result<StagingLease> Acquire(size_t count, size_t buffer_bytes, HostAllocator allocator, bool keep = true,
-                                      size_t min_count = 0);
+                                      size_t min_count = 0, StagingUse use = StagingUse::kPipeline);
   StagingLease() = default;
   StagingLease(StagingLease&&) noexcept = default;
   StagingLease& operator=(StagingLease&& other) noexcept;
@@ -37,11 +42,12 @@ class StagingLease {
   void Return();
   std::unique_ptr<BufferPool> pool_;
   HostAllocator allocator_;
+  StagingUse use_ = StagingUse::kPipeline;
   bool keep_ = true;
   bool reused_ = false;
 };
 
-// Frees the spare pool, if any (tests, and processes done with checkpoints).
+// Frees the spare pools, if any (tests, and processes done with checkpoints).
 void ReleaseSpareStaging();
 
 }  // namespace shardckpt
