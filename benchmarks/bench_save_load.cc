@@ -215,6 +215,9 @@ int main(int argc, char** argv) {
       ("keep-best", po::value<int>()->default_value(0),
        "save with retention keep_last=1, keep_best=K by a metric that varies per save, applied inside the save (which "
        "ranks every kept checkpoint), instead of removing the previous checkpoint after it")
+      ("read-ahead-max", po::value<std::string>()->default_value(""),
+       "LoadOptions::read_ahead_max_bytes (e.g. 0 to turn reading a rank's own file during the metadata phases off, or "
+       "256MiB); empty: the default")
       ("python", po::value<std::string>()->default_value("/usr/bin/python3"), "Python with torch, for the torch.save baseline")
       ("torch-script", po::value<std::string>()->default_value(SHARDCKPT_BENCH_DIR "/torch_save_rank.py"), "the torch.save baseline");
   po::variables_map vm;
@@ -238,6 +241,12 @@ int main(int argc, char** argv) {
 
   const int many_small = vm["many-small"].as<int>();
   const int keep_best = vm["keep-best"].as<int>();
+  LoadOptions load_options;
+  if (!vm["read-ahead-max"].as<std::string>().empty()) {
+    const std::string max = vm["read-ahead-max"].as<std::string>();
+    load_options.read_ahead_max_bytes = max == "0" ? 0 : ParseSize(max);  // sizes are positive; 0 is "off"
+  }
+  uint64_t read_ahead_bytes = 0;  // rank 0's, in the last load
   Workload work = MakeWorkload(bytes_per_rank, vm["tensors"].as<int>(), layout, world, rank, false, many_small);
   double total_bytes = static_cast<double>(work.bytes);
   comm->AllReduceSumDouble(&total_bytes, 1).IgnoreError();
@@ -309,9 +318,10 @@ int main(int argc, char** argv) {
     ShardedState targets = StateOf(into);
     Status loaded;
     load_t.push_back(TimeCollective(*comm, [&] {
-      Result<LoadReport> report = Load(*comm, root, targets);
+      Result<LoadReport> report = Load(*comm, root, targets, load_options);
       loaded = report.status();
       if (report.ok()) AddPhases(report->phases, &load_phases);
+      if (report.ok()) read_ahead_bytes = report->stats.bytes_read_ahead;
     }));
     bool equal = loaded.ok();
     for (size_t t = 0; equal && t < work.local.size(); ++t) equal = into.local[t].equal(work.local[t]);
@@ -382,8 +392,9 @@ int main(int argc, char** argv) {
     if (with_torch) std::printf("  torch.save+fsync per rank (Python): %.3fs, %.0f MiB written; shardckpt save %.3fs, %.0f MiB written:"
                 " torch.save takes %.2fx shardckpt's time\n", torch_s, torch_written / 1048576, save_s, our_written / 1048576, torch_s / save_s);
     // Where rank 0's time went (SaveResult::phases, LoadReport::phases), medians over the iterations.
-    std::printf("  rank 0 save phases (s): %s\n  rank 0 load phases (s): %s\n", DescribePhases(save_phases).c_str(),
-                DescribePhases(load_phases).c_str());
+    std::printf("  rank 0 save phases (s): %s\n  rank 0 load phases (s): %s; %.1f MiB of its own file read ahead\n",
+                DescribePhases(save_phases).c_str(), DescribePhases(load_phases).c_str(),
+                static_cast<double>(read_ahead_bytes) / 1048576);
     std::map<std::string, std::string> extra;
     if (!retention_t.empty()) {
       // What keep_last=1 adds to a save: retiring the previous checkpoint; freeing its files
