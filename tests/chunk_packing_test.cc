@@ -230,6 +230,63 @@ TEST(ChunkOffset, PackedFileReadsBackThroughAlignedVerifiedReads) {
   EXPECT_EQ(short_copy.data_bytes_read, plan.bytes_read);
 }
 
+// An extent larger than the scatter window (256 KiB) is verified and scattered window by window:
+// copies across windows, ending on a window's last byte, overlapping each other, at the end,
+// and in an order other than the extent's (which goes the two-pass way) all land exactly, and a
+// damaged block in a later window still names its tensor.
+TEST(ChunkOffset, AnExtentIsVerifiedAndScatteredWindowByWindow) {
+  testing::TempDir dir;
+  std::unique_ptr<IoEngine> io = CreateIoEngine();
+  auto pool = BufferPool::Create(2, 2 << 20).value();
+  const size_t bytes = (1 << 20) + 8192 + 100;
+  const std::vector<uint8_t> data = Pattern(bytes, 7);
+  ShardFileWriter writer(io.get(), pool.get(), /*always_stage=*/true);
+  ASSERT_TRUE(writer.Open(dir.path(), "rank-00000.bin").ok());
+  ASSERT_EQ(writer.Append(data.data(), bytes, 1).value(), 0u);
+  Manifest m;
+  m.files.push_back(writer.Finish().value());
+  const uint64_t window = 256 << 10;
+  const std::vector<std::pair<uint64_t, uint64_t>> ranges = {
+      {0, 10}, {100, 700 << 10}, {window - 4, 10}, {window - 1, 1}, {300000, 5000}, {bytes - 7, 7}};
+  std::vector<std::vector<uint8_t>> got(ranges.size());
+  std::vector<std::string> names;
+  for (size_t i = 0; i < ranges.size(); ++i) names.push_back("t" + std::to_string(i));
+  ReadTargets targets;
+  ReadPlan plan;
+  plan.extents.push_back(ReadExtent{0, 0, AlignUp(bytes, kBlockSize), 0, ranges.size()});
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    got[i].assign(ranges[i].second, 0xEE);
+    targets.base.push_back(got[i].data());
+    targets.names.push_back(names[i]);
+    plan.copies.push_back(ScatterCopy{ranges[i].first, ranges[i].second, static_cast<uint32_t>(i), 0});
+  }
+  auto expect_exact = [&](const std::string& what) {
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      const auto from = data.begin() + static_cast<std::ptrdiff_t>(ranges[i].first);
+      EXPECT_TRUE(std::equal(got[i].begin(), got[i].end(), from)) << what << ": " << names[i];
+      std::fill(got[i].begin(), got[i].end(), 0xEE);
+    }
+  };
+  ReadStats stats;
+  Status read = ExecuteReadPlan(io.get(), pool.get(), dir.path(), m, plan, targets, true, &stats);
+  ASSERT_TRUE(read.ok()) << read.ToString();
+  expect_exact("in extent order");
+  std::swap(plan.copies[1], plan.copies[4]);
+  read = ExecuteReadPlan(io.get(), pool.get(), dir.path(), m, plan, targets, true, &stats);
+  ASSERT_TRUE(read.ok()) << read.ToString();
+  expect_exact("out of order");
+  std::swap(plan.copies[1], plan.copies[4]);
+
+  const std::string path = JoinPath(dir.path(), "rank-00000.bin");
+  std::string file = ReadFileLimited(path, 64 << 20).value();
+  file[600 << 10] ^= 1;
+  ASSERT_TRUE(WriteFileAtomic(path, file, "test").ok());
+  Status corrupt = ExecuteReadPlan(io.get(), pool.get(), dir.path(), m, plan, targets, true, &stats);
+  ASSERT_FALSE(corrupt.ok());
+  EXPECT_THAT(corrupt.message(), HasSubstr("checksum mismatch in the block at offset " + std::to_string(600 << 10) +
+                                           " holding 't1'"));
+}
+
 // The tools read small entries through CheckpointReader's read-ahead windows: many pieces per
 // read, each block verified once; a damaged block fails only the pieces it holds, named.
 TEST(ChunkOffset, ReadAheadServesPackedPiecesAndNamesTheDamagedOne) {

@@ -19,6 +19,9 @@ namespace {
 
 using PageKey = std::pair<uint32_t, uint64_t>;  // (file, table page)
 
+// Verified and scattered together, well inside a core's L2 (1 MiB on the benchmark machines).
+constexpr uint64_t kScatterWindow = 256u << 10;
+
 // Reads `ops` with the engine's queue kept full; every op has its own buffer already.
 Status RunAll(IoEngine* io, const std::vector<std::pair<File*, IoOp>>& ops) {
   for (size_t i = 0; i < ops.size(); ++i) {
@@ -124,18 +127,53 @@ Status ExecuteReadPlan(IoEngine* io, BufferPool* pool, const std::string& dir,
   }
   // Level 2: the data, through the read ring (io/read_ring.h); in-place extents land in the target.
   std::vector<bool> read_in_place(plan.extents.size(), false);
-  auto complete = [&](size_t extent, const unsigned char* data) -> Status {
-    const ReadExtent& e = plan.extents[extent];
-    if (verify && manifest.files[e.file].checksums) {
-      for (uint64_t at = 0; at < e.length; at += kBlockSize) {
-        uint64_t block = (e.offset + at) / kBlockSize;
-        uint64_t expected = sums[{e.file, block / kSumsPerTablePage}][block % kSumsPerTablePage];
-        if (Checksum64(data + at, kBlockSize) != expected) {
-          return DataLoss(JoinPath(dir, manifest.files[e.file].name) + ": checksum mismatch in the block at offset " +
-                          std::to_string(e.offset + at) + " holding " + TargetsInBlock(plan, e, at, targets));
-        }
+  auto verify_blocks = [&](const ReadExtent& e, const unsigned char* data, uint64_t from, uint64_t to) -> Status {
+    for (uint64_t at = from; at < to; at += kBlockSize) {
+      uint64_t block = (e.offset + at) / kBlockSize;
+      uint64_t expected = sums[{e.file, block / kSumsPerTablePage}][block % kSumsPerTablePage];
+      if (Checksum64(data + at, kBlockSize) != expected) {
+        return DataLoss(JoinPath(dir, manifest.files[e.file].name) + ": checksum mismatch in the block at offset " +
+                        std::to_string(e.offset + at) + " holding " + TargetsInBlock(plan, e, at, targets));
       }
     }
+    return Status::Ok();
+  };
+  const bool any_device_target =
+      std::any_of(targets.copier.begin(), targets.copier.end(), [](const DeviceCopier* c) { return c != nullptr; });
+  std::vector<size_t> running;  // WindowedScatter's copies that go on past its window
+  // One pass over the bytes: each window of an extent is verified and then scattered while it is
+  // still in the CPU's cache. An extent (8 MiB) is larger than the cache, so verifying all of it
+  // before scattering read it from memory twice. Copies must come in extent order (CoalesceReads
+  // makes them so); a copy across windows is copied a window's part at a time.
+  auto windowed_scatter = [&](const ReadExtent& e, const unsigned char* data) -> Status {
+    running.clear();
+    size_t next = e.first_copy;
+    const size_t end = e.first_copy + e.copy_count;
+    for (uint64_t window = 0; window < e.length; window += kScatterWindow) {
+      const uint64_t window_end = std::min<uint64_t>(e.length, window + kScatterWindow);
+      SC_RETURN_IF_ERROR(verify_blocks(e, data, window, window_end));
+      while (next < end && plan.copies[next].extent_offset < window_end) running.push_back(next++);
+      size_t kept = 0;
+      for (size_t k : running) {
+        const ScatterCopy& c = plan.copies[k];
+        const uint64_t from = std::max(c.extent_offset, window), to = std::min(c.extent_offset + c.length, window_end);
+        if (to > from) std::memcpy(targets.base[c.target] + c.target_offset + (from - c.extent_offset), data + from, to - from);
+        if (c.extent_offset + c.length > window_end) running[kept++] = k;
+      }
+      running.resize(kept);
+    }
+    return Status::Ok();
+  };
+  auto complete = [&](size_t extent, const unsigned char* data) -> Status {
+    const ReadExtent& e = plan.extents[extent];
+    const bool verifies = verify && manifest.files[e.file].checksums;
+    const auto copies = plan.copies.begin() + static_cast<std::ptrdiff_t>(e.first_copy);
+    if (verifies && !read_in_place[extent] && !any_device_target &&
+        std::is_sorted(copies, copies + static_cast<std::ptrdiff_t>(e.copy_count),
+                       [](const ScatterCopy& a, const ScatterCopy& b) { return a.extent_offset < b.extent_offset; })) {
+      return windowed_scatter(e, data);
+    }
+    if (verifies) SC_RETURN_IF_ERROR(verify_blocks(e, data, 0, e.length));
     if (read_in_place[extent]) {
       stats->bytes_read_in_place += e.length;
       return Status::Ok();
