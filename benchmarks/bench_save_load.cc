@@ -218,6 +218,8 @@ int main(int argc, char** argv) {
       ("read-ahead-max", po::value<std::string>()->default_value(""),
        "LoadOptions::read_ahead_max_bytes (e.g. 0 to turn reading a rank's own file during the metadata phases off, or "
        "256MiB); empty: the default")
+      ("manifest-sharing", po::value<std::string>()->default_value("auto"),
+       "LoadOptions::manifest_sharing: auto | root (rank 0 sends a binary message) | every-rank (every rank parses)")
       ("python", po::value<std::string>()->default_value("/usr/bin/python3"), "Python with torch, for the torch.save baseline")
       ("torch-script", po::value<std::string>()->default_value(SHARDCKPT_BENCH_DIR "/torch_save_rank.py"), "the torch.save baseline");
   po::variables_map vm;
@@ -246,7 +248,12 @@ int main(int argc, char** argv) {
     const std::string max = vm["read-ahead-max"].as<std::string>();
     load_options.read_ahead_max_bytes = max == "0" ? 0 : ParseSize(max);  // sizes are positive; 0 is "off"
   }
+  const std::string sharing = vm["manifest-sharing"].as<std::string>();
+  load_options.manifest_sharing = sharing == "root"         ? ManifestSharing::kRootSends
+                                  : sharing == "every-rank" ? ManifestSharing::kEveryRankParses
+                                                            : ManifestSharing::kAuto;
   uint64_t read_ahead_bytes = 0;  // rank 0's, in the last load
+  bool every_rank_parsed = false;
   Workload work = MakeWorkload(bytes_per_rank, vm["tensors"].as<int>(), layout, world, rank, false, many_small);
   double total_bytes = static_cast<double>(work.bytes);
   comm->AllReduceSumDouble(&total_bytes, 1).IgnoreError();
@@ -322,6 +329,7 @@ int main(int argc, char** argv) {
       loaded = report.status();
       if (report.ok()) AddPhases(report->phases, &load_phases);
       if (report.ok()) read_ahead_bytes = report->stats.bytes_read_ahead;
+      if (report.ok()) every_rank_parsed = report->every_rank_parsed_manifest;
     }));
     bool equal = loaded.ok();
     for (size_t t = 0; equal && t < work.local.size(); ++t) equal = into.local[t].equal(work.local[t]);
@@ -392,9 +400,9 @@ int main(int argc, char** argv) {
     if (with_torch) std::printf("  torch.save+fsync per rank (Python): %.3fs, %.0f MiB written; shardckpt save %.3fs, %.0f MiB written:"
                 " torch.save takes %.2fx shardckpt's time\n", torch_s, torch_written / 1048576, save_s, our_written / 1048576, torch_s / save_s);
     // Where rank 0's time went (SaveResult::phases, LoadReport::phases), medians over the iterations.
-    std::printf("  rank 0 save phases (s): %s\n  rank 0 load phases (s): %s; %.1f MiB of its own file read ahead\n",
-                DescribePhases(save_phases).c_str(), DescribePhases(load_phases).c_str(),
-                static_cast<double>(read_ahead_bytes) / 1048576);
+    std::printf("  rank 0 save phases (s): %s\n  rank 0 load phases (s): %s; %.1f MiB of its own file read ahead; "
+                "manifest %s\n", DescribePhases(save_phases).c_str(), DescribePhases(load_phases).c_str(),
+                static_cast<double>(read_ahead_bytes) / 1048576, every_rank_parsed ? "parsed by every rank" : "sent by rank 0");
     std::map<std::string, std::string> extra;
     if (!retention_t.empty()) {
       // What keep_last=1 adds to a save: retiring the previous checkpoint; freeing its files

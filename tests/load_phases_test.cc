@@ -165,6 +165,27 @@ TEST(MatchPieces, AnyNumberOfPiecesAroundTheLookAheadIsMatchedAndPlanned) {
   }
 }
 
+TEST(EveryRankParses, ForcedOrWhereEveryHostHasACpuPerRank) {
+  using M = ManifestSharing;
+  EXPECT_TRUE(EveryRankParses(M::kEveryRankParses, {}));
+  EXPECT_FALSE(EveryRankParses(M::kRootSends, {"64 a", "64 a"}));
+  const struct {
+    const char* what;
+    std::vector<std::string> ranks;
+    bool expected;
+  } cases[] = {
+      {"2 ranks on 2 CPUs", {"2 a", "2 a"}, true},
+      {"3 ranks on 2 CPUs", {"2 a", "2 a", "2 a"}, false},
+      {"two hosts, each with enough", {"2 a", "2 b", "2 a", "2 b"}, true},
+      {"one host of two short", {"2 a", "2 a", "1 b", "1 b"}, false},
+      {"host names that share a prefix are other hosts", {"1 node1", "1 node10"}, true},
+      {"one rank", {"1 a"}, true},
+      {"nothing gathered", {}, false},
+      {"malformed", {"2"}, false},
+  };
+  for (const auto& c : cases) EXPECT_EQ(EveryRankParses(M::kAuto, c.ranks), c.expected) << c.what;
+}
+
 TEST(CombineWants, ByEntryOverRanks) {
   const char W = kWanted | kWantedWhole, P = kWanted | kWantedPart, D = kWanted | kWantedWhole | kWholeOnDevice;
   struct Case {

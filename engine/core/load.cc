@@ -64,7 +64,7 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
   // 1-2. One metadata read, on rank 0, shared with the rest; each rank's own file is read
   // meanwhile where that pays.
   ManifestRead read = OpenManifestOnRoot(comm.rank(), comm.size(), path);
-  SC_RETURN_IF_ERROR(ShareFolder(comm, &read));
+  SC_RETURN_IF_ERROR(ShareFolder(comm, options, &read));
   std::unique_ptr<FileReadAhead> ahead = StartReadAhead(read, comm.rank(), options);
   DecodeManifestOnRoot(comm.rank(), &read);
   clock.Lap("read_manifest");
@@ -72,6 +72,7 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
   clock.Lap("share_manifest");
   const Manifest& manifest = read.manifest;
   report.path = read.dir;
+  report.every_rank_parsed_manifest = read.every_rank_parses;
   report.step = manifest.step;
   report.saved_world_size = manifest.world_size;
   // 3. Match names, check dtypes and shapes, choose who reads what every rank wants whole.

@@ -35,6 +35,15 @@ namespace shardckpt {
 // The environment variable SHARDCKPT_REPLICATED_READS=auto|broadcast|every-rank overrides it.
 enum class ReplicatedReads { kAuto, kBroadcast, kEveryRank };
 
+// How the other ranks get the manifest rank 0 read. kRootSends: rank 0 decodes and checks it and
+// sends it as a binary message (engine/model/manifest_wire.h) that they read in about a third of
+// a parse's time. kEveryRankParses: rank 0 sends the text and every rank parses it, side by side
+// with rank 0, which saves the message's encoding and decoding on the load's path (a fifth of the
+// metadata phases of a 20,000-tensor load) but costs each rank a parse. kAuto: every rank parses
+// when every host has at least as many CPUs as ranks; with fewer, the parses would take turns on
+// the CPUs (16 ranks on 2 cores parsing the same text were most of a load). Rank 0's choice holds.
+enum class ManifestSharing { kAuto, kRootSends, kEveryRankParses };
+
 struct LoadOptions {
   // Strict: a wanted name missing from the checkpoint, or a checkpoint entry no rank wants, is
   // an error listing them. Not strict: both lists come back in the report.
@@ -52,6 +61,7 @@ struct LoadOptions {
   // planned, where that pays (engine/core/read_ahead.h: same world size, a large manifest, a file
   // under 16x its size), if the file is no larger than this; 0: never.
   uint64_t read_ahead_max_bytes = 64u << 20;
+  ManifestSharing manifest_sharing = ManifestSharing::kAuto;
   // Maps a checkpoint name to the name the job uses (e.g. strip "module."); identity when empty.
   std::function<std::string(const std::string&)> rename;
   bool verify_checksums = true;
@@ -88,6 +98,7 @@ struct LoadReport {
   uint64_t bytes_wanted = 0;  // by this rank, from storage
   ReadStats stats;            // this rank's reads
   uint64_t bytes_received = 0;  // replicated entries received from other ranks
+  bool every_rank_parsed_manifest = false;  // LoadOptions::manifest_sharing, as rank 0 chose
   // This rank's time in each phase, in order: read_manifest (rank 0 reads, decodes and checks
   // it), share_manifest, match, plan, read (reads, checks and copies out), replicated.
   std::vector<PhaseTime> phases;

@@ -1,8 +1,11 @@
 #include "shardckpt/engine/core/load_phases.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <set>
 #include <string_view>
 #include <unordered_set>
@@ -100,25 +103,50 @@ ManifestRead OpenManifestOnRoot(int rank, int world, const std::string& path) {
 }
 
 void DecodeManifestOnRoot(int rank, ManifestRead* read) {
-  if (rank != 0 || !read->status.ok()) return;
-  const bool dcp = IsDcpFolder(read->dir);
+  if ((rank != 0 && !read->every_rank_parses) || !read->status.ok()) return;
+  if (rank != 0) read->status = Failpoint("load.decode_manifest", "read the shared " + JoinPath(read->dir, kManifestName));
+  if (!read->status.ok()) return;
+  const bool dcp = rank == 0 && IsDcpFolder(read->dir);
   Result<Manifest> manifest = dcp ? ReadManifest(read->dir) : DecodeManifest(read->text, JoinPath(read->dir, kManifestName));
-  if (!dcp && manifest.ok()) read->status = CheckDataFilesIn(read->dir, manifest->files);
+  if (rank == 0 && !dcp && manifest.ok()) read->status = CheckDataFilesIn(read->dir, manifest->files);
   std::string().swap(read->text);
   if (read->status.ok()) read->status = manifest.status();
   if (read->status.ok()) read->manifest = std::move(manifest).value();
 }
 
 // ---- 2.
-Status ShareFolder(Communicator& comm, ManifestRead* read) {
+Status ShareFolder(Communicator& comm, const LoadOptions& options, ManifestRead* read) {
   // Rank 0's verdict first: on a bad folder every rank reports what its check found.
   SC_RETURN_IF_ERROR(BroadcastStatus(comm, read->status, 0));
   if (comm.size() == 1) return Status::Ok();
   SC_RETURN_IF_ERROR(BroadcastString(comm, &read->dir, 0));
-  uint64_t hint[2] = {read->hint.manifest_bytes, read->hint.same_world ? 1u : 0u};
+  // Rank 0's sharing mode drives every rank's collectives; a DCP folder has no text to share.
+  const ManifestSharing mode = comm.rank() == 0 && read->text.empty() ? ManifestSharing::kRootSends : options.manifest_sharing;
+  uint64_t hint[3] = {read->hint.manifest_bytes, read->hint.same_world ? 1u : 0u, static_cast<uint64_t>(mode)};
   SC_RETURN_IF_ERROR(comm.Broadcast(hint, sizeof(hint), 0));
   read->hint = ReadAheadHint{hint[0], hint[1] != 0};
+  const auto shared_mode = static_cast<ManifestSharing>(hint[2]);
+  std::vector<std::string> ranks;
+  if (shared_mode == ManifestSharing::kAuto) {
+    const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
+    SC_RETURN_IF_ERROR(comm.AllGather(std::to_string(std::max(cpus, 1L)) + " " + save_phases::HostName(), &ranks));
+  }
+  read->every_rank_parses = EveryRankParses(shared_mode, ranks);
+  if (read->every_rank_parses) SC_RETURN_IF_ERROR(BroadcastString(comm, &read->text, 0));
   return Status::Ok();
+}
+
+bool EveryRankParses(ManifestSharing mode, const std::vector<std::string>& ranks) {
+  if (mode != ManifestSharing::kAuto) return mode == ManifestSharing::kEveryRankParses;
+  std::map<std::string_view, std::pair<long, long>> hosts;  // host -> (ranks, CPUs)
+  for (const std::string& rank : ranks) {
+    const size_t space = rank.find(' ');
+    if (space == std::string::npos) return false;
+    std::pair<long, long>& host = hosts[std::string_view(rank).substr(space + 1)];
+    host.first++;
+    host.second = std::max(host.second, std::atol(rank.c_str()));
+  }
+  return !hosts.empty() && std::all_of(hosts.begin(), hosts.end(), [](const auto& h) { return h.second.first <= h.second.second; });
 }
 
 std::unique_ptr<FileReadAhead> StartReadAhead(const ManifestRead& read, int rank, const LoadOptions& options) {
@@ -137,6 +165,9 @@ Status ShareManifest(Communicator& comm, ManifestRead* read) {
   // Rank 0's verdict first: on a bad manifest every rank reports what its full check found.
   SC_RETURN_IF_ERROR(BroadcastStatus(comm, read->status, 0));
   if (comm.size() == 1) return Status::Ok();
+  // Every rank parsed the same text as rank 0, so it failed alike; only a failure of its own
+  // (memory) differs, and the next all-gather sizes its message by the manifest.
+  if (read->every_rank_parses) return AgreeOnStatus(comm, read->status);
   std::string message;
   if (comm.rank() == 0) message = EncodeManifestMessage(read->manifest);
   SC_RETURN_IF_ERROR(BroadcastString(comm, &message, 0));

@@ -27,26 +27,34 @@ std::string NameList(const std::vector<std::string>& names);
 // file sizes; other ranks return an empty one), in two steps with the folder's sharing and the
 // read ahead of each rank's own file (read_ahead.h) between them.
 struct ManifestRead {
-  Status status;        // rank 0's; Ok elsewhere
+  Status status;        // rank 0's, and where every rank parses, each rank's own parse's
   std::string dir;      // the checkpoint folder
-  std::string text;     // rank 0's manifest.json as read, until decoded (empty for a DCP folder)
+  std::string text;     // manifest.json as read, until decoded (empty for a DCP folder)
   ReadAheadHint hint;   // rank 0's, for `world` ranks; the others' once shared
+  // Rank 0's choice (LoadOptions::manifest_sharing, EveryRankParses), once shared: every rank
+  // parses `text` itself, rather than reading rank 0's binary message.
+  bool every_rank_parses = false;
   Manifest manifest;    // rank 0's (a DCP folder's built from its .metadata); the others' once shared
   // Held until every rank has read (the status agreement after the reads): retention leaves it.
   CheckpointHold hold;
 };
 // Resolves and holds the folder and reads the manifest's bytes [load.read_manifest].
 ManifestRead OpenManifestOnRoot(int rank, int world, const std::string& path);
-// Decodes and validates them, and checks the data files' sizes.
+// Decodes and validates them, and checks the data files' sizes (rank 0 only; where every rank
+// parses, the others decode their copy of the text).
 void DecodeManifestOnRoot(int rank, ManifestRead* read);
 
-// ---- 2. Broadcast rank 0's status so far, the folder and the read-ahead hint.
-Status ShareFolder(Communicator& comm, ManifestRead* read);
+// ---- 2. Broadcast rank 0's status so far, the folder and the read-ahead hint; decide whether
+// every rank parses the manifest and, if so, broadcast its text.
+Status ShareFolder(Communicator& comm, const LoadOptions& options, ManifestRead* read);
+// Every rank parses the text itself: forced, or under kAuto when every host has at least as many
+// CPUs as ranks. `ranks`: each rank's "<cpus> <host name>".
+bool EveryRankParses(ManifestSharing mode, const std::vector<std::string>& ranks);
 // This rank's read ahead of its own data file, where worth it; null otherwise.
 std::unique_ptr<FileReadAhead> StartReadAhead(const ManifestRead& read, int rank, const LoadOptions& options);
 // Broadcast rank 0's status and checked manifest, as a binary message (manifest_wire.h) that the
-// other ranks read without parsing JSON. On return every rank holds the same `dir` and manifest,
-// or every rank has the same error.
+// other ranks read without parsing JSON; or, where every rank parsed, agree on the parses. On
+// return every rank holds the same `dir` and manifest, or every rank has the same error.
 Status ShareManifest(Communicator& comm, ManifestRead* read);
 // The other ranks' reading of rank 0's message [load.decode_manifest].
 Result<Manifest> DecodeSharedManifest(const std::string& dir, const std::string& message);

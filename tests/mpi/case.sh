@@ -183,6 +183,14 @@ case "$case" in
     mount -o remount,size=64m "$mnt"
     run 2 -- save "$mnt/root" --step 2
     run 2 -- load "$mnt/root" --expect-step 2 ;;
+  manifest-sharing) # a round trip of the scenario with 1500 small entries, loaded with the manifest
+                    # parsed by every rank and sent by rank 0, at 2 and 3 ranks, and resharded
+    run 2 -- save "$work/root" --family mixed --step 3 --many-small 1500
+    for np in 2 3; do
+      for sharing in every-rank root; do
+        run $np -- load "$work/root" --family mixed --expect-step 3 --many-small 1500 --manifest-sharing $sharing
+      done
+    done ;;
   many-small) # COUNT: the scenario plus COUNT tiny entries, packed (format 1.1): a round trip at 2
               # ranks, a reshard on load (2 dim0 -> 3 flat), and `shardckpt reshard` to 16 ranks
               # loaded at 4 (mixed); every byte checked each time. At the saved world size each

@@ -59,6 +59,7 @@ struct Args {
   bool no_rank_blobs = false; // load: a checkpoint written by `shardckpt reshard`
   // load: 1, every rank reads its own file ahead (where io_uring and O_DIRECT work); 0, none does.
   int expect_read_ahead = -1;
+  std::string manifest_sharing = "auto";  // load: auto | root | every-rank
 };
 
 struct Held {
@@ -122,6 +123,9 @@ int DoLoad(Communicator& comm, const Args& a) {
                              : a.replicated_reads == "every-rank" ? ReplicatedReads::kEveryRank
                                                                   : ReplicatedReads::kAuto;
   options.broadcast_batch_bytes = a.broadcast_batch;
+  options.manifest_sharing = a.manifest_sharing == "root"         ? ManifestSharing::kRootSends
+                             : a.manifest_sharing == "every-rank" ? ManifestSharing::kEveryRankParses
+                                                                  : ManifestSharing::kAuto;
   Result<LoadReport> report = Load(comm, a.root, held.state, options);
   if (!a.expect.empty()) {  // load-fails
     if (report.ok()) return Fail(rank, "load succeeded but was expected to fail");
@@ -172,6 +176,10 @@ int DoLoad(Communicator& comm, const Args& a) {
     return Fail(rank, "every rank should have read the replicated entries itself, but " +
                           std::to_string(report->bytes_received) + " bytes came by broadcast");
   }
+  if (options.manifest_sharing != ManifestSharing::kAuto && world > 1 &&
+      report->every_rank_parsed_manifest != (options.manifest_sharing == ManifestSharing::kEveryRankParses)) {
+    return Fail(rank, "manifest sharing '" + a.manifest_sharing + "' was not followed");
+  }
   if (a.expect_read_ahead == 0 && report->stats.bytes_read_ahead != 0) {
     return Fail(rank, "read " + std::to_string(report->stats.bytes_read_ahead) + " bytes ahead; expected none");
   }
@@ -185,13 +193,14 @@ int DoLoad(Communicator& comm, const Args& a) {
   double amplification = report->bytes_wanted ? double(report->stats.data_bytes_read) / report->bytes_wanted : 1.0;
   std::printf("rank %d/%d: OK loaded step %lld saved by %d ranks (%s layout): verified %llu bytes, read %llu data "
               "+ %llu table bytes (%llu of them ahead of the plan) for %llu wanted (amplification %.3f), received %llu by "
-              "broadcast\n",
+              "broadcast; manifest %s\n",
               rank, world, static_cast<long long>(report->step), report->saved_world_size, a.family.c_str(),
               static_cast<unsigned long long>(verified), static_cast<unsigned long long>(report->stats.data_bytes_read),
               static_cast<unsigned long long>(report->stats.table_bytes_read),
               static_cast<unsigned long long>(report->stats.bytes_read_ahead),
               static_cast<unsigned long long>(report->bytes_wanted), amplification,
-              static_cast<unsigned long long>(report->bytes_received));
+              static_cast<unsigned long long>(report->bytes_received),
+              report->every_rank_parsed_manifest ? "parsed by every rank" : "sent by rank 0");
   return 0;
 }
 
@@ -493,6 +502,7 @@ int main(int argc, char** argv) {
       else if (flag == "--op") a.op = argv[i + 1];
       else if (flag == "--tiny") a.tiny = std::atoi(argv[i + 1]) != 0;
       else if (flag == "--replicated-reads") a.replicated_reads = argv[i + 1];
+      else if (flag == "--manifest-sharing") a.manifest_sharing = argv[i + 1];
       else if (flag == "--deferred") a.deferred = std::atoi(argv[i + 1]) != 0;
       else if (flag == "--broadcast-batch") a.broadcast_batch = std::strtoull(argv[i + 1], nullptr, 10);
       else if (flag == "--many-small") AddManySmallEntries(std::atoi(argv[i + 1]));
