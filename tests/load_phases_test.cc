@@ -421,7 +421,7 @@ TEST(PlanReads, SkipsEntriesAnotherRankReadsAndPerRankBlobsOfAnotherWorld) {
 // Phase 1 whole, as Load runs it on one rank.
 ManifestRead ReadOnRoot(int rank, const std::string& path) {
   ManifestRead read = OpenManifestOnRoot(rank, 1, path);
-  DecodeManifestOnRoot(rank, &read);
+  DecodeManifestText(rank, &read);
   return read;
 }
 

@@ -66,7 +66,8 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
   ManifestRead read = OpenManifestOnRoot(comm.rank(), comm.size(), path);
   SC_RETURN_IF_ERROR(ShareFolder(comm, options, &read));
   std::unique_ptr<FileReadAhead> ahead = StartReadAhead(read, comm.rank(), options);
-  DecodeManifestOnRoot(comm.rank(), &read);
+  SC_RETURN_IF_ERROR(ShareManifestText(comm, &read));
+  DecodeManifestText(comm.rank(), &read);
   clock.Lap("read_manifest");
   SC_RETURN_IF_ERROR(ShareManifest(comm, &read));
   clock.Lap("share_manifest");

@@ -102,7 +102,7 @@ ManifestRead OpenManifestOnRoot(int rank, int world, const std::string& path) {
   return read;
 }
 
-void DecodeManifestOnRoot(int rank, ManifestRead* read) {
+void DecodeManifestText(int rank, ManifestRead* read) {
   if ((rank != 0 && !read->every_rank_parses) || !read->status.ok()) return;
   if (rank != 0) read->status = Failpoint("load.decode_manifest", "read the shared " + JoinPath(read->dir, kManifestName));
   if (!read->status.ok()) return;
@@ -125,13 +125,18 @@ Status ShareFolder(Communicator& comm, const LoadOptions& options, ManifestRead*
   uint64_t hint[3] = {read->hint.manifest_bytes, read->hint.same_world ? 1u : 0u, static_cast<uint64_t>(mode)};
   SC_RETURN_IF_ERROR(comm.Broadcast(hint, sizeof(hint), 0));
   read->hint = ReadAheadHint{hint[0], hint[1] != 0};
-  const auto shared_mode = static_cast<ManifestSharing>(hint[2]);
+  read->sharing = static_cast<ManifestSharing>(hint[2]);
+  return Status::Ok();
+}
+
+Status ShareManifestText(Communicator& comm, ManifestRead* read) {
+  if (comm.size() == 1) return Status::Ok();
   std::vector<std::string> ranks;
-  if (shared_mode == ManifestSharing::kAuto) {
+  if (read->sharing == ManifestSharing::kAuto) {
     const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
     SC_RETURN_IF_ERROR(comm.AllGather(std::to_string(std::max(cpus, 1L)) + " " + save_phases::HostName(), &ranks));
   }
-  read->every_rank_parses = EveryRankParses(shared_mode, ranks);
+  read->every_rank_parses = EveryRankParses(read->sharing, ranks);
   if (read->every_rank_parses) SC_RETURN_IF_ERROR(BroadcastString(comm, &read->text, 0));
   return Status::Ok();
 }

@@ -31,8 +31,9 @@ struct ManifestRead {
   std::string dir;      // the checkpoint folder
   std::string text;     // manifest.json as read, until decoded (empty for a DCP folder)
   ReadAheadHint hint;   // rank 0's, for `world` ranks; the others' once shared
-  // Rank 0's choice (LoadOptions::manifest_sharing, EveryRankParses), once shared: every rank
-  // parses `text` itself, rather than reading rank 0's binary message.
+  // Rank 0's LoadOptions::manifest_sharing, once shared, and what it came to (EveryRankParses):
+  // every rank parses `text` itself, rather than reading rank 0's binary message.
+  ManifestSharing sharing = ManifestSharing::kRootSends;
   bool every_rank_parses = false;
   Manifest manifest;    // rank 0's (a DCP folder's built from its .metadata); the others' once shared
   // Held until every rank has read (the status agreement after the reads): retention leaves it.
@@ -40,13 +41,15 @@ struct ManifestRead {
 };
 // Resolves and holds the folder and reads the manifest's bytes [load.read_manifest].
 ManifestRead OpenManifestOnRoot(int rank, int world, const std::string& path);
-// Decodes and validates them, and checks the data files' sizes (rank 0 only; where every rank
-// parses, the others decode their copy of the text).
-void DecodeManifestOnRoot(int rank, ManifestRead* read);
+// Decodes and validates them, and checks the data files' sizes (rank 0; where every rank parses,
+// the others decode their copy of the text, and only rank 0 checks the files).
+void DecodeManifestText(int rank, ManifestRead* read);
 
-// ---- 2. Broadcast rank 0's status so far, the folder and the read-ahead hint; decide whether
-// every rank parses the manifest and, if so, broadcast its text.
+// ---- 2. Broadcast rank 0's status so far, the folder, the read-ahead hint and its sharing mode.
 Status ShareFolder(Communicator& comm, const LoadOptions& options, ManifestRead* read);
+// Decide whether every rank parses the manifest (one all-gather under kAuto) and, if so,
+// broadcast its text. After ShareFolder, so that the reads ahead are under way meanwhile.
+Status ShareManifestText(Communicator& comm, ManifestRead* read);
 // Every rank parses the text itself: forced, or under kAuto when every host has at least as many
 // CPUs as ranks. `ranks`: each rank's "<cpus> <host name>".
 bool EveryRankParses(ManifestSharing mode, const std::vector<std::string>& ranks);
