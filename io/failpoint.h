@@ -8,6 +8,9 @@
 // (SIGKILL to itself, the honest model of a node dying), `sleep:MS` (to give a test time to kill
 // from outside) or `short` (only the completion points io.read.complete and io.write.complete:
 // the kernel is made to stop halfway through the transfer).
+// io.read and io.read.complete count a load's read ahead of its own file too
+// (engine/core/read_ahead.h); a read ahead that fails is dropped and the file read again, so a
+// failpoint that fires once (#nth) there fails that read, not the load.
 // Each firing is logged; SHARDCKPT_FAILPOINTS_FIRED=FILE also appends "NAME RANK ACTION" to FILE,
 // so campaigns count what fired.
 #pragma once

@@ -174,16 +174,26 @@ TEST(EveryRankParses, ForcedOrWhereEveryHostHasACpuPerRank) {
     std::vector<std::string> ranks;
     bool expected;
   } cases[] = {
-      {"2 ranks on 2 CPUs", {"2 a", "2 a"}, true},
-      {"3 ranks on 2 CPUs", {"2 a", "2 a", "2 a"}, false},
-      {"two hosts, each with enough", {"2 a", "2 b", "2 a", "2 b"}, true},
-      {"one host of two short", {"2 a", "2 a", "1 b", "1 b"}, false},
-      {"host names that share a prefix are other hosts", {"1 node1", "1 node10"}, true},
-      {"one rank", {"1 a"}, true},
+      {"2 ranks, both on CPUs 0-1", {"0 3 a", "0 3 a"}, true},
+      {"2 ranks bound one to each CPU", {"0 1 a", "0 2 a"}, true},
+      {"2 ranks both bound to CPU 0 (taskset -c 0)", {"0 1 a", "0 1 a"}, false},
+      {"3 ranks on 2 CPUs", {"0 3 a", "0 3 a", "0 3 a"}, false},
+      {"CPUs 4-7 and 0-3", {"0 0f a", "0 f a"}, true},
+      {"two hosts, each with enough", {"0 3 a", "0 3 b", "0 3 a", "0 3 b"}, true},
+      {"one host of two short", {"0 3 a", "0 3 a", "0 1 b", "0 1 b"}, false},
+      {"a quota of 1 CPU on 2 ranks", {"1 3 a", "1 3 a"}, false},
+      {"a quota of 2 CPUs on 2 ranks", {"2 ff a", "2 ff a"}, true},
+      {"host names that share a prefix are other hosts", {"0 1 node1", "0 1 node10"}, true},
+      {"one rank", {"0 1 a"}, true},
       {"nothing gathered", {}, false},
-      {"malformed", {"2"}, false},
+      {"malformed", {"0 3"}, false},
+      {"not hex", {"0 xy a"}, false},
   };
   for (const auto& c : cases) EXPECT_EQ(EveryRankParses(M::kAuto, c.ranks), c.expected) << c.what;
+  // This process's own: a quota, then at least one CPU it may run on.
+  const std::string mine = ThisRanksCpus();
+  EXPECT_THAT(mine, ::testing::MatchesRegex("[0-9]+ [0-9a-f]+"));
+  EXPECT_TRUE(EveryRankParses(M::kAuto, {mine + " here"})) << mine;
 }
 
 TEST(CombineWants, ByEntryOverRanks) {

@@ -13,6 +13,8 @@
 #include "shardckpt/engine/core/checkpoint_dir.h"
 #include "shardckpt/engine/core/load.h"
 #include "shardckpt/engine/core/save.h"
+#include "shardckpt/engine/core/staging_cache.h"
+#include "shardckpt/io/failpoint.h"
 #include "shardckpt/io/aligned_buffer.h"
 #include "shardckpt/io/fs.h"
 #include "test_util.h"
@@ -157,6 +159,31 @@ TEST_F(ReadAheadLoad, ASameWorldLoadReadsItsOwnFileAheadAndLoadsTheSameValues) {
   report = LoadInto(&got, under_the_file);
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   EXPECT_EQ(report->stats.bytes_read_ahead, 0u);
+}
+
+// A read ahead that fails is dropped: the load reads the file again and loads the same values,
+// never the buffer's bytes (fresh, or an earlier load's), verified or not.
+TEST_F(ReadAheadLoad, AFailedReadAheadIsDroppedAndTheFileReadAgain) {
+  std::string why;
+  if (!ReadsAheadIn(dir_.path(), &why)) {
+    std::cout << "no read ahead here (" << why << "): nothing to fail\n";
+    return;
+  }
+  for (bool verify : {true, false}) {
+    ReleaseSpareStaging();
+    // The first completion through an engine in this load is the read ahead's (the manifest is
+    // read without one).
+    ASSERT_TRUE(SetFailpoints("io.read.complete#1=EIO").ok());
+    LoadOptions options;
+    options.verify_checksums = verify;
+    std::vector<float> got;
+    Result<LoadReport> report = LoadInto(&got, options);
+    SetFailpoints("").IgnoreError();
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    EXPECT_EQ(got, saved_) << "verify " << verify;
+    EXPECT_EQ(report->stats.bytes_read_ahead, 0u);
+    EXPECT_EQ(report->stats.data_bytes_read, FileSize(file_).value() - 4096);  // all but the table, read again
+  }
 }
 
 // The bytes read ahead are verified like any read: a flipped byte names its tensor.

@@ -89,6 +89,7 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
   report.bytes_wanted = work.plan.bytes_wanted;
   clock.Lap("plan");
   SC_RETURN_IF_ERROR(AgreeOnStatus(comm, ReadExtents(read.dir, manifest, work, options, &report.stats, ahead.get())));
+  ahead.reset();  // its memory back to the spare before the broadcasts
   clock.Lap("read");
   // 6. Replicated entries: readers broadcast.
   SC_RETURN_IF_ERROR(ShareReplicated(comm, manifest, targets, match, options, &report));

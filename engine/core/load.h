@@ -99,8 +99,10 @@ struct LoadReport {
   ReadStats stats;            // this rank's reads
   uint64_t bytes_received = 0;  // replicated entries received from other ranks
   bool every_rank_parsed_manifest = false;  // LoadOptions::manifest_sharing, as rank 0 chose
-  // This rank's time in each phase, in order: read_manifest (rank 0 reads, decodes and checks
-  // it), share_manifest, match, plan, read (reads, checks and copies out), replicated.
+  // This rank's time in each phase, in order: read_manifest (rank 0 reads the manifest and
+  // shares the folder, the reads ahead start, and rank 0 decodes and checks it; where every rank
+  // parses, the text is shared and every rank decodes it), share_manifest, match, plan, read
+  // (reads, checks and copies out), replicated.
   std::vector<PhaseTime> phases;
 };
 

@@ -1,8 +1,10 @@
 #include "shardckpt/engine/core/load_phases.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -133,25 +135,74 @@ Status ShareManifestText(Communicator& comm, ManifestRead* read) {
   if (comm.size() == 1) return Status::Ok();
   std::vector<std::string> ranks;
   if (read->sharing == ManifestSharing::kAuto) {
-    const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
-    SC_RETURN_IF_ERROR(comm.AllGather(std::to_string(std::max(cpus, 1L)) + " " + save_phases::HostName(), &ranks));
+    SC_RETURN_IF_ERROR(comm.AllGather(ThisRanksCpus() + " " + save_phases::HostName(), &ranks));
   }
   read->every_rank_parses = EveryRankParses(read->sharing, ranks);
   if (read->every_rank_parses) SC_RETURN_IF_ERROR(BroadcastString(comm, &read->text, 0));
   return Status::Ok();
 }
 
+std::string ThisRanksCpus() {
+  // The CPUs this rank may run on (binding, taskset, a Slurm allocation), as hex digits of four
+  // CPUs each, CPU 0 in the first digit's lowest bit.
+  std::string mask;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0) {
+    int last = -1;
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+      if (CPU_ISSET(cpu, &set)) last = cpu;
+    }
+    for (int first = 0; first <= last; first += 4) {
+      int digit = 0;
+      for (int bit = 0; bit < 4; ++bit) digit |= CPU_ISSET(first + bit, &set) ? 1 << bit : 0;
+      mask += "0123456789abcdef"[digit];
+    }
+  }
+  // A cgroup v2 CPU quota ("200000 100000": two CPUs' time; "max": none) caps the CPUs the
+  // whole container's ranks get, whatever their masks.
+  long quota_cpus = 0;
+  if (std::FILE* f = std::fopen("/sys/fs/cgroup/cpu.max", "r")) {
+    long quota = 0, period = 0;
+    if (std::fscanf(f, "%ld %ld", &quota, &period) == 2 && quota > 0 && period > 0) quota_cpus = (quota + period - 1) / period;
+    std::fclose(f);
+  }
+  return std::to_string(quota_cpus) + " " + (mask.empty() ? "0" : mask);
+}
+
 bool EveryRankParses(ManifestSharing mode, const std::vector<std::string>& ranks) {
   if (mode != ManifestSharing::kAuto) return mode == ManifestSharing::kEveryRankParses;
-  std::map<std::string_view, std::pair<long, long>> hosts;  // host -> (ranks, CPUs)
-  for (const std::string& rank : ranks) {
-    const size_t space = rank.find(' ');
-    if (space == std::string::npos) return false;
-    std::pair<long, long>& host = hosts[std::string_view(rank).substr(space + 1)];
-    host.first++;
-    host.second = std::max(host.second, std::atol(rank.c_str()));
+  struct Host {
+    long ranks = 0;
+    long quota = 0;              // the smallest of its ranks' quotas; 0: none
+    std::vector<uint8_t> cpus;   // the union of its ranks' masks, as hex digits' values
+  };
+  std::map<std::string, Host> hosts;
+  for (const std::string& rank : ranks) {  // "<quota CPUs> <mask> <host>"
+    const size_t first = rank.find(' ');
+    const size_t second = first == std::string::npos ? first : rank.find(' ', first + 1);
+    if (second == std::string::npos) return false;
+    Host& host = hosts[rank.substr(second + 1)];
+    host.ranks++;
+    const long quota = std::atol(rank.c_str());
+    if (quota > 0) host.quota = host.quota == 0 ? quota : std::min(host.quota, quota);
+    const std::string_view mask = std::string_view(rank).substr(first + 1, second - first - 1);
+    if (host.cpus.size() < mask.size()) host.cpus.resize(mask.size(), 0);
+    for (size_t i = 0; i < mask.size(); ++i) {
+      const char c = mask[i];
+      const int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+      if (digit < 0) return false;
+      host.cpus[i] |= static_cast<uint8_t>(digit);
+    }
   }
-  return !hosts.empty() && std::all_of(hosts.begin(), hosts.end(), [](const auto& h) { return h.second.first <= h.second.second; });
+  if (hosts.empty()) return false;
+  for (const auto& [name, host] : hosts) {
+    long cpus = 0;
+    for (uint8_t digit : host.cpus) cpus += __builtin_popcount(digit);
+    if (host.quota > 0) cpus = std::min(cpus, host.quota);
+    if (host.ranks > cpus) return false;
+  }
+  return true;
 }
 
 std::unique_ptr<FileReadAhead> StartReadAhead(const ManifestRead& read, int rank, const LoadOptions& options) {

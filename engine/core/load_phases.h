@@ -51,8 +51,11 @@ Status ShareFolder(Communicator& comm, const LoadOptions& options, ManifestRead*
 // broadcast its text. After ShareFolder, so that the reads ahead are under way meanwhile.
 Status ShareManifestText(Communicator& comm, ManifestRead* read);
 // Every rank parses the text itself: forced, or under kAuto when every host has at least as many
-// CPUs as ranks. `ranks`: each rank's "<cpus> <host name>".
+// CPUs as ranks: the CPUs its ranks may run on together (the union of their affinity masks),
+// capped by a CPU quota. `ranks`: each rank's ThisRanksCpus() and host name, space-separated.
 bool EveryRankParses(ManifestSharing mode, const std::vector<std::string>& ranks);
+// "<quota CPUs, 0 for none> <affinity mask as hex digits, CPU 0 in the first digit's low bit>".
+std::string ThisRanksCpus();
 // This rank's read ahead of its own data file, where worth it; null otherwise.
 std::unique_ptr<FileReadAhead> StartReadAhead(const ManifestRead& read, int rank, const LoadOptions& options);
 // Broadcast rank 0's status and checked manifest, as a binary message (manifest_wire.h) that the

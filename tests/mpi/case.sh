@@ -197,6 +197,8 @@ case "$case" in
               # rank reads its own file during the metadata phases; resharded, none does.
     cli=$(dirname "$check")/shardckpt
     run 2 -- roundtrip "$work/root" --family mixed --many-small "$1" --expect-read-ahead 1
+    run 2 -- load "$work/root" --family mixed --expect-step 1 --many-small "$1" --expect-read-ahead 1 \
+      --manifest-sharing root
     run 2 -- save "$work/dim0" --family dim0 --step 4 --many-small "$1"
     python3 -c "import json,sys; v=json.load(open(sys.argv[1]))['format_version']; assert v==[1,1], v" \
       "$work"/dim0/step-000000004/manifest.json
