@@ -248,10 +248,9 @@ int main(int argc, char** argv) {
     const std::string max = vm["read-ahead-max"].as<std::string>();
     load_options.read_ahead_max_bytes = max == "0" ? 0 : ParseSize(max);  // sizes are positive; 0 is "off"
   }
-  const std::string sharing = vm["manifest-sharing"].as<std::string>();
-  load_options.manifest_sharing = sharing == "root"         ? ManifestSharing::kRootSends
-                                  : sharing == "every-rank" ? ManifestSharing::kEveryRankParses
-                                                            : ManifestSharing::kAuto;
+  const Result<ManifestSharing> sharing = ParseManifestSharing(vm["manifest-sharing"].as<std::string>());
+  CheckOrExit(sharing.status(), "--manifest-sharing");
+  load_options.manifest_sharing = *sharing;
   uint64_t read_ahead_bytes = 0;  // rank 0's, in the last load
   bool every_rank_parsed = false;
   Workload work = MakeWorkload(bytes_per_rank, vm["tensors"].as<int>(), layout, world, rank, false, many_small);

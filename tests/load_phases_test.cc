@@ -165,6 +165,17 @@ TEST(MatchPieces, AnyNumberOfPiecesAroundTheLookAheadIsMatchedAndPlanned) {
   }
 }
 
+TEST(ParseManifestSharing, TheThreeNamesAndNothingElse) {
+  EXPECT_EQ(ParseManifestSharing("auto").value(), ManifestSharing::kAuto);
+  EXPECT_EQ(ParseManifestSharing("root").value(), ManifestSharing::kRootSends);
+  EXPECT_EQ(ParseManifestSharing("every-rank").value(), ManifestSharing::kEveryRankParses);
+  for (const char* bad : {"", "Root", "every_rank", "all"}) {
+    const Result<ManifestSharing> parsed = ParseManifestSharing(bad);
+    EXPECT_EQ(parsed.status().code(), Code::kInvalidArgument) << bad;
+    EXPECT_THAT(parsed.status().message(), HasSubstr("use auto, root or every-rank")) << bad;
+  }
+}
+
 TEST(EveryRankParses, ForcedOrWhereEveryHostHasACpuPerRank) {
   using M = ManifestSharing;
   EXPECT_TRUE(EveryRankParses(M::kEveryRankParses, {}));

@@ -25,6 +25,13 @@ std::function<std::string(const std::string&)> AddPrefix(const std::string& pref
   return [prefix](const std::string& name) { return prefix + name; };
 }
 
+Result<ManifestSharing> ParseManifestSharing(const std::string& text) {
+  if (text == "auto") return ManifestSharing::kAuto;
+  if (text == "root") return ManifestSharing::kRootSends;
+  if (text == "every-rank") return ManifestSharing::kEveryRankParses;
+  return InvalidArgument("manifest sharing '" + text + "': use auto, root or every-rank");
+}
+
 Result<Manifest> ReadManifest(const std::string& dir, std::string* text_out) {
   if (IsDcpFolder(dir)) {  // built from .metadata, and validated there
     SC_ASSIGN_OR_RETURN(Manifest m, ReadDcpFolder(dir));

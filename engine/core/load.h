@@ -43,6 +43,8 @@ enum class ReplicatedReads { kAuto, kBroadcast, kEveryRank };
 // when every host has at least as many CPUs as ranks; with fewer, the parses would take turns on
 // the CPUs (16 ranks on 2 cores parsing the same text were most of a load). Rank 0's choice holds.
 enum class ManifestSharing { kAuto, kRootSends, kEveryRankParses };
+// "auto", "root" or "every-rank" (tools' flags); anything else is an error naming the choices.
+Result<ManifestSharing> ParseManifestSharing(const std::string& text);
 
 struct LoadOptions {
   // Strict: a wanted name missing from the checkpoint, or a checkpoint entry no rank wants, is

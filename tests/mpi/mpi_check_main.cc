@@ -123,9 +123,9 @@ int DoLoad(Communicator& comm, const Args& a) {
                              : a.replicated_reads == "every-rank" ? ReplicatedReads::kEveryRank
                                                                   : ReplicatedReads::kAuto;
   options.broadcast_batch_bytes = a.broadcast_batch;
-  options.manifest_sharing = a.manifest_sharing == "root"         ? ManifestSharing::kRootSends
-                             : a.manifest_sharing == "every-rank" ? ManifestSharing::kEveryRankParses
-                                                                  : ManifestSharing::kAuto;
+  const Result<ManifestSharing> sharing = ParseManifestSharing(a.manifest_sharing);
+  if (!sharing.ok()) return Fail(rank, sharing.status().ToString());
+  options.manifest_sharing = *sharing;
   Result<LoadReport> report = Load(comm, a.root, held.state, options);
   if (!a.expect.empty()) {  // load-fails
     if (report.ok()) return Fail(rank, "load succeeded but was expected to fail");
