@@ -245,7 +245,7 @@ TEST_F(CheckpointTest, ConsolidateWithPrefetchMatchesTheCheckpoint) {
 // `before` ran on them: a save or load that fell back to pread/pwrite or to buffered I/O fails.
 void ExpectOnlyUringDirectSince(const IoUsage& before, const std::string& dir) {
   std::string why;
-  if (!testing::UringAvailable(&why) || !testing::DirectIoAvailable(dir, &why)) {
+  if (!testing::FastPathAvailable(dir, &why)) {
     std::cout << "fast path not checked: " << why << "\n";
     return;
   }
@@ -270,7 +270,7 @@ TEST_F(CheckpointTest, StagedAndDirectWritesProduceTheSameBytes) {
 // The main path is the one that runs: sync save, async save and load.
 TEST_F(CheckpointTest, SavesAndLoadsRunOnIoUringWithODirectWhereBothWork) {
   std::string why;
-  if (!testing::UringAvailable(&why) || !testing::DirectIoAvailable(dir_.path(), &why)) GTEST_SKIP() << why;
+  if (!testing::FastPathAvailable(dir_.path(), &why)) GTEST_SKIP() << why;
   const IoUsage before = ProcessIoUsage();
   ASSERT_TRUE(SaveStep(1).ok());
   ExpectLoads(root(), 1);

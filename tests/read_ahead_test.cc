@@ -51,16 +51,6 @@ TEST(WorthReadingAhead, OnlyASmallFileNextToALargeManifestAtTheSavedWorldSize) {
   }
 }
 
-// Whether reads ahead can run in `dir` here; the reason when not.
-bool ReadsAheadIn(const std::string& dir, std::string* why) {
-  if (!testing::UringAvailable(why) || !testing::DirectIoAvailable(dir, why)) return false;
-  if (IsMemoryBacked(dir)) {
-    *why = dir + " is memory-backed";
-    return false;
-  }
-  return true;
-}
-
 TEST(FileReadAhead, ReadsTheWholeFileOrNothing) {
   testing::TempDir dir;
   const std::string path = JoinPath(dir.path(), "rank-00000.bin");
@@ -69,7 +59,7 @@ TEST(FileReadAhead, ReadsTheWholeFileOrNothing) {
   ASSERT_TRUE(WriteFileAtomic(path, bytes, "test").ok());
   const ReadAheadHint hint{4 * kMiB, true};
   std::string why;
-  if (!ReadsAheadIn(dir.path(), &why)) {
+  if (!testing::FastPathAvailable(dir.path(), &why)) {
     std::cout << "no read ahead here (" << why << "): only its refusal is checked\n";
     EXPECT_EQ(FileReadAhead::Start(path, hint, 64 * kMiB, IoOptions{}), nullptr);
     return;
@@ -130,7 +120,7 @@ class ReadAheadLoad : public ::testing::Test {
 
 TEST_F(ReadAheadLoad, ASameWorldLoadReadsItsOwnFileAheadAndLoadsTheSameValues) {
   std::string why;
-  const bool reads_ahead = ReadsAheadIn(dir_.path(), &why);
+  const bool reads_ahead = testing::FastPathAvailable(dir_.path(), &why);
   if (!reads_ahead) std::cout << "no read ahead here (" << why << "): the load must read as before\n";
   std::vector<float> got;
   Result<LoadReport> report = LoadInto(&got);
@@ -165,7 +155,7 @@ TEST_F(ReadAheadLoad, ASameWorldLoadReadsItsOwnFileAheadAndLoadsTheSameValues) {
 // never the buffer's bytes (fresh, or an earlier load's), verified or not.
 TEST_F(ReadAheadLoad, AFailedReadAheadIsDroppedAndTheFileReadAgain) {
   std::string why;
-  if (!ReadsAheadIn(dir_.path(), &why)) {
+  if (!testing::FastPathAvailable(dir_.path(), &why)) {
     std::cout << "no read ahead here (" << why << "): nothing to fail\n";
     return;
   }

@@ -73,6 +73,10 @@ bool DirectIoAvailable(const std::string& dir, std::string* why) {
   return true;
 }
 
+bool FastPathAvailable(const std::string& dir, std::string* why) {
+  return UringAvailable(why) && DirectIoAvailable(dir, why);
+}
+
 bool FdHasODirect(int fd) {
   int flags = ::fcntl(fd, F_GETFL);
   return flags >= 0 && (flags & O_DIRECT) != 0;

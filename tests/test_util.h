@@ -22,6 +22,9 @@ std::vector<uint8_t> PieceBytes(const std::string& name, DType dtype, const Shap
 // Where both say yes, a save or load that fell back to pread/pwrite or buffered I/O is a bug.
 bool UringAvailable(std::string* why);                               // io_uring_queue_init
 bool DirectIoAvailable(const std::string& dir, std::string* why);    // a file created with O_DIRECT
+// Both: the engine's fast path (io_uring with O_DIRECT, so also a load's read ahead) works in
+// `dir`, which is not memory-backed.
+bool FastPathAvailable(const std::string& dir, std::string* why);
 // Whether the kernel has O_DIRECT set on `fd` (fcntl F_GETFL), whatever the engine believes.
 bool FdHasODirect(int fd);
 

@@ -185,10 +185,10 @@ int DoLoad(Communicator& comm, const Args& a) {
   }
   std::string why;
   if (a.expect_read_ahead == 1 && report->stats.bytes_read_ahead == 0) {
-    if (!IsMemoryBacked(report->path) && testing::UringAvailable(&why) && testing::DirectIoAvailable(report->path, &why)) {
+    if (testing::FastPathAvailable(report->path, &why)) {
       return Fail(rank, "read nothing ahead of the plan, although io_uring and O_DIRECT work here");
     }
-    std::printf("rank %d: no read ahead here (%s)\n", rank, IsMemoryBacked(report->path) ? "memory-backed" : why.c_str());
+    std::printf("rank %d: no read ahead here (%s)\n", rank, why.c_str());
   }
   double amplification = report->bytes_wanted ? double(report->stats.data_bytes_read) / report->bytes_wanted : 1.0;
   std::printf("rank %d/%d: OK loaded step %lld saved by %d ranks (%s layout): verified %llu bytes, read %llu data "
