@@ -129,13 +129,15 @@ TEST_F(ReadAheadLoad, ASameWorldLoadReadsItsOwnFileAheadAndLoadsTheSameValues) {
   const uint64_t file_bytes = FileSize(file_).value();
   EXPECT_EQ(report->stats.bytes_read_ahead, reads_ahead ? file_bytes : 0u);
   if (reads_ahead) EXPECT_EQ(report->stats.data_bytes_read, file_bytes);  // nothing read twice
-  // Again: its memory is the kept spare's (no buffer allocated), and its bytes are this load's.
+  // Again: its memory is the kept spare's, and its bytes are this load's.
   const uint64_t allocations = HostBufferAllocations();
   report = LoadInto(&got);
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   EXPECT_EQ(got, saved_);
   EXPECT_EQ(report->stats.bytes_read_ahead, reads_ahead ? file_bytes : 0u);
-  EXPECT_EQ(HostBufferAllocations(), allocations);
+  // Without a read ahead (tmpfs, no io_uring or O_DIRECT) the table page is read into a buffer
+  // of its own, as before; with one, nothing is allocated.
+  EXPECT_EQ(HostBufferAllocations(), allocations + (reads_ahead ? 0 : 1));
 
   LoadOptions off;
   off.read_ahead_max_bytes = 0;
