@@ -6,22 +6,42 @@
 
 #include <cstdio>
 
-namespace shardckpt {
+#if SHARDCKPT_HAVE_XXH3_DISPATCH
+// libxxhash's plain entry points are built for the distribution's baseline CPU (SSE2 on x86-64);
+// its *_dispatch ones pick AVX2 or AVX-512 at run time. A 4096-byte block in cache hashes at about
+// 63 GB/s through them against 18 GB/s (AVX-512 Xeon), and every byte a save writes or a load
+// verifies is hashed. XXH3's value does not depend on the vector width, so files stay the same.
+#define XXH_DISPATCH_DISABLE_REPLACE
+#include <xxh_x86dispatch.h>
+#endif
 
-uint64_t Checksum64(const void* data, size_t len) { return XXH3_64bits(data, len); }
+namespace shardckpt {
+namespace {
+
+#if SHARDCKPT_HAVE_XXH3_DISPATCH
+inline uint64_t Xxh3(const void* data, size_t len) { return XXH3_64bits_dispatch(data, len); }
+inline void Xxh3Update(XXH3_state_t* state, const void* data, size_t len) { XXH3_64bits_update_dispatch(state, data, len); }
+#else
+inline uint64_t Xxh3(const void* data, size_t len) { return XXH3_64bits(data, len); }
+inline void Xxh3Update(XXH3_state_t* state, const void* data, size_t len) { XXH3_64bits_update(state, data, len); }
+#endif
+
+}  // namespace
+
+uint64_t Checksum64(const void* data, size_t len) { return Xxh3(data, len); }
 
 uint64_t Checksum64(std::initializer_list<std::string_view> pieces) {
   XXH3_state_t state;
   XXH3_INITSTATE(&state);
   XXH3_64bits_reset(&state);
-  for (std::string_view piece : pieces) XXH3_64bits_update(&state, piece.data(), piece.size());
+  for (std::string_view piece : pieces) Xxh3Update(&state, piece.data(), piece.size());
   return XXH3_64bits_digest(&state);
 }
 
 void ChecksumBlocks(const void* data, size_t len, uint64_t* out) {
   const auto* bytes = static_cast<const unsigned char*>(data);
   for (size_t i = 0; i * kBlockSize < len; ++i) {
-    out[i] = XXH3_64bits(bytes + i * kBlockSize, kBlockSize);
+    out[i] = Xxh3(bytes + i * kBlockSize, kBlockSize);
   }
 }
 

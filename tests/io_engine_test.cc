@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include <fstream>
 #include <set>
 #include <tuple>
+#include <vector>
 
 #include "shardckpt/io/aligned_buffer.h"
 #include "shardckpt/io/checksum.h"
@@ -165,6 +167,24 @@ TEST(Checksum64, PiecesAreTheChecksumOfThemJoined) {
         << split;
   }
   EXPECT_NE(Checksum64({"ab", "c"}), Checksum64("abd", 3));
+}
+
+// Checksum64 may run libxxhash's AVX2/AVX-512 code (io/checksum.cc); every file ever written
+// holds the values of XXH3 as specified, which the library's plain entry point computes.
+TEST(Checksum64, IsXxh3AsSpecifiedAtEveryLengthAndAlignment) {
+  EXPECT_EQ(Checksum64("", 0), 0x2D06800538D394C2ull);  // XXH3_64bits of no bytes, from the specification
+  std::vector<unsigned char> bytes(3 * kBlockSize + 64);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<unsigned char>(i * 131 + (i >> 9));
+  for (size_t shift : {size_t{0}, size_t{1}, size_t{7}, size_t{32}}) {
+    for (size_t len = 0; len + shift <= bytes.size(); len += (len < 300 ? 1 : 97)) {
+      ASSERT_EQ(Checksum64(bytes.data() + shift, len), XXH3_64bits(bytes.data() + shift, len)) << len << " at +" << shift;
+    }
+  }
+  uint64_t sums[3];
+  ChecksumBlocks(bytes.data(), 3 * kBlockSize, sums);
+  for (int b = 0; b < 3; ++b) EXPECT_EQ(sums[b], XXH3_64bits(bytes.data() + b * kBlockSize, kBlockSize)) << b;
+  const std::string_view all(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  EXPECT_EQ(Checksum64({all.substr(0, 5000), all.substr(5000)}), XXH3_64bits(bytes.data(), bytes.size()));
 }
 
 TEST(BufferPool, AnEmptyPoolIsRefusedNamingTheOptions) {
