@@ -247,7 +247,13 @@ LocalMatch MatchPieces(const Manifest& manifest, const ShardedState& targets, co
   }
   auto name_of = [&](uint32_t i) -> std::string_view { return options.rename ? renamed[i] : manifest.entries[i].name; };
   NameIndex by_name(manifest.entries.size(), name_of);
-  for (size_t i = 0; i < manifest.entries.size(); ++i) by_name.TryEmplace(name_of(static_cast<uint32_t>(i)), static_cast<uint32_t>(i));
+  // A name longer than a string's inline 15 bytes lives on the heap, a cache miss away.
+  constexpr size_t kNameAhead = 16;
+  const uint32_t entry_count = static_cast<uint32_t>(manifest.entries.size());
+  for (uint32_t i = 0; i < entry_count; ++i) {
+    if (i + kNameAhead < entry_count) __builtin_prefetch(name_of(i + kNameAhead).data());
+    by_name.TryEmplace(name_of(i), i);
+  }
   LocalMatch match;
   match.wants.assign(manifest.entries.size(), EntryWant());
   match.entry_of_piece.assign(targets.pieces().size(), -1);
@@ -255,22 +261,24 @@ LocalMatch MatchPieces(const Manifest& manifest, const ShardedState& targets, co
   // Each lookup misses cache four or five times, one after the other: the piece's name, its
   // slot, the entry, the entry's name and shape (entries are sorted by name, pieces come in the
   // caller's order). Lookups are independent, so the misses of the pieces a few places ahead are
-  // started early, a stage per distance (as a hash join pipelines its probes): at
-  // kSlotAhead the name is hashed and its slot fetched, at kEntryAhead the entry the slot names,
-  // at kDataAhead that entry's name and shape and the piece's shape.
+  // started early, a stage per distance (as a hash join pipelines its probes): at kNameAhead the
+  // piece's name is fetched, at kSlotAhead it is hashed and its slot fetched, at kEntryAhead the
+  // entry the slot names, at kDataAhead that entry's name and shape and the piece's shape.
   const std::vector<TensorPiece>& pieces = targets.pieces();
   constexpr size_t kSlotAhead = 12, kEntryAhead = 8, kDataAhead = 4, kRing = 16;
   // Piece p's hash and likely entry sit at p % kRing from kSlotAhead (kEntryAhead) places ahead
   // until p is matched: a ring longer than the farthest stage never overwrites one still needed.
-  static_assert(kRing > kSlotAhead && kSlotAhead > kEntryAhead && kEntryAhead > kDataAhead);
+  static_assert(kNameAhead > kSlotAhead && kRing > kSlotAhead && kSlotAhead > kEntryAhead && kEntryAhead > kDataAhead);
   constexpr uint32_t kAbsent = decltype(by_name)::kAbsent;
   uint64_t hash_ring[kRing];
   uint32_t likely_ring[kRing];
   auto hash_of = [&](size_t p) -> uint64_t& { return hash_ring[p % kRing]; };
   auto likely_of = [&](size_t p) -> uint32_t& { return likely_ring[p % kRing]; };
+  for (size_t p = 0; p < std::min(kNameAhead, pieces.size()); ++p) __builtin_prefetch(pieces[p].name.data());
   for (size_t p = 0; p < std::min(kSlotAhead, pieces.size()); ++p) hash_of(p) = by_name.HashOf(pieces[p].name);
   for (size_t p = 0; p < std::min(kEntryAhead, pieces.size()); ++p) likely_of(p) = kAbsent;
   for (size_t p = 0; p < pieces.size(); ++p) {
+    if (const size_t q = p + kNameAhead; q < pieces.size()) __builtin_prefetch(pieces[q].name.data());
     if (const size_t q = p + kSlotAhead; q < pieces.size()) {
       hash_of(q) = by_name.HashOf(pieces[q].name);
       by_name.PrefetchSlot(hash_of(q));
