@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -302,11 +303,23 @@ py::tuple SaveCall(Comm& comm, const std::string& root, int64_t step,
 py::tuple LoadCall(Comm& comm, const std::string& path, const std::vector<PieceTuple>& pieces,
                    bool strict, const std::string& strip_prefix, bool verify_checksums,
                    const LocalError& error, const std::vector<std::string>& wanted_values,
-                   const std::vector<std::vector<std::string>>& wanted_value_leaves) {
+                   const std::vector<std::vector<std::string>>& wanted_value_leaves,
+                   const std::string& replicated_reads, const std::string& manifest_sharing,
+                   std::optional<uint64_t> read_ahead_max_bytes) {
   ShardedState state;
-  Status built = FromPython(error);
-  if (built.ok()) built = BuildState(pieces, {}, &state);
   LoadOptions options;
+  Status built = FromPython(error);
+  if (built.ok()) {  // a bad choice is refused on every rank, like any other bad argument
+    Result<ReplicatedReads> replicated = ParseReplicatedReads(replicated_reads);
+    Result<ManifestSharing> sharing = ParseManifestSharing(manifest_sharing);
+    built = !replicated.ok() ? replicated.status() : sharing.status();
+    if (built.ok()) {
+      options.replicated_reads = *replicated;
+      options.manifest_sharing = *sharing;
+    }
+  }
+  if (read_ahead_max_bytes.has_value()) options.read_ahead_max_bytes = *read_ahead_max_bytes;
+  if (built.ok()) built = BuildState(pieces, {}, &state);
   options.strict = strict;
   options.wanted_values = wanted_values;
   options.wanted_value_leaves = wanted_value_leaves;
@@ -334,6 +347,8 @@ py::tuple LoadCall(Comm& comm, const std::string& path, const std::vector<PieceT
   out["bytes_wanted"] = report.bytes_wanted;
   out["bytes_read"] = report.stats.data_bytes_read;
   out["bytes_received"] = report.bytes_received;
+  out["bytes_read_ahead"] = report.stats.bytes_read_ahead;
+  out["every_rank_parsed_manifest"] = report.every_rank_parsed_manifest;
   out["phases"] = PhaseDict(report.phases);
   return Reply(Status::Ok(), out);
 }

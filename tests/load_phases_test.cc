@@ -331,7 +331,18 @@ TEST(ChooseBroadcast, OptionEnvironmentHostsAndStorage) {
                                  << " " << c.memory;
   }
   Result<bool> bad = ChooseBroadcast(true, R::kAuto, "always", true, true);
-  EXPECT_EQ(bad.status().message(), "SHARDCKPT_REPLICATED_READS='always': use auto, broadcast or every-rank");
+  EXPECT_EQ(bad.status().message(), "SHARDCKPT_REPLICATED_READS: replicated reads 'always': use auto, broadcast or every-rank");
+}
+
+TEST(ParseReplicatedReads, TheThreeNamesAndNothingElse) {
+  EXPECT_EQ(ParseReplicatedReads("auto").value(), ReplicatedReads::kAuto);
+  EXPECT_EQ(ParseReplicatedReads("broadcast").value(), ReplicatedReads::kBroadcast);
+  EXPECT_EQ(ParseReplicatedReads("every-rank").value(), ReplicatedReads::kEveryRank);
+  for (const char* bad : {"", "Broadcast", "every_rank", "root"}) {
+    const Result<ReplicatedReads> parsed = ParseReplicatedReads(bad);
+    EXPECT_EQ(parsed.status().code(), Code::kInvalidArgument) << bad;
+    EXPECT_EQ(parsed.status().message(), "replicated reads '" + std::string(bad) + "': use auto, broadcast or every-rank");
+  }
 }
 
 TEST(BatchBroadcasts, SmallEntriesPackedPerReaderLargeOrDeviceOnesAlone) {

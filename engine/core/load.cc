@@ -25,6 +25,13 @@ std::function<std::string(const std::string&)> AddPrefix(const std::string& pref
   return [prefix](const std::string& name) { return prefix + name; };
 }
 
+Result<ReplicatedReads> ParseReplicatedReads(const std::string& text) {
+  if (text == "auto") return ReplicatedReads::kAuto;
+  if (text == "broadcast") return ReplicatedReads::kBroadcast;
+  if (text == "every-rank") return ReplicatedReads::kEveryRank;
+  return InvalidArgument("replicated reads '" + text + "': use auto, broadcast or every-rank");
+}
+
 Result<ManifestSharing> ParseManifestSharing(const std::string& text) {
   if (text == "auto") return ManifestSharing::kAuto;
   if (text == "root") return ManifestSharing::kRootSends;

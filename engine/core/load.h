@@ -34,6 +34,9 @@ namespace shardckpt {
 // would move the bytes from the device once per rank).
 // The environment variable SHARDCKPT_REPLICATED_READS=auto|broadcast|every-rank overrides it.
 enum class ReplicatedReads { kAuto, kBroadcast, kEveryRank };
+// "auto", "broadcast" or "every-rank" (the environment variable, the Python package); anything
+// else is an error naming the choices.
+Result<ReplicatedReads> ParseReplicatedReads(const std::string& text);
 
 // How the other ranks get the manifest rank 0 read. kRootSends: rank 0 decodes and checks it and
 // sends it as a binary message (engine/model/manifest_wire.h) that they read in about a third of

@@ -416,11 +416,9 @@ std::vector<int> AssignReaders(const Demand& demand, bool broadcast_replicated, 
 Result<bool> ChooseBroadcast(bool broadcast_replicated, ReplicatedReads mode, const char* env, bool one_host,
                              bool memory_backed) {
   if (env != nullptr && *env != '\0') {
-    const std::string value = env;
-    if (value == "auto") mode = ReplicatedReads::kAuto;
-    else if (value == "broadcast") mode = ReplicatedReads::kBroadcast;
-    else if (value == "every-rank") mode = ReplicatedReads::kEveryRank;
-    else return InvalidArgument("SHARDCKPT_REPLICATED_READS='" + value + "': use auto, broadcast or every-rank");
+    Result<ReplicatedReads> forced = ParseReplicatedReads(env);
+    if (!forced.ok()) return forced.status().WithContext("SHARDCKPT_REPLICATED_READS");
+    mode = *forced;
   }
   if (!broadcast_replicated || mode == ReplicatedReads::kEveryRank) return false;
   return mode == ReplicatedReads::kBroadcast || !one_host || !memory_backed;

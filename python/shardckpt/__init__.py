@@ -94,6 +94,8 @@ class LoadReport:
     # Seconds this rank spent in each phase, in order: read_manifest (rank 0), share_manifest,
     # match, plan, read, replicated.
     phases: Dict[str, float] = dataclasses.field(default_factory=dict)
+    bytes_read_ahead: int = 0  # of bytes_read, read during the metadata phases (its own file)
+    every_rank_parsed_manifest: bool = False  # rather than receiving rank 0's decoded copy
 
 
 def _piece(name: str, tensor: torch.Tensor, shape: List[int], layout: Tuple[str, Any, Any]) -> tuple:
@@ -214,7 +216,8 @@ def _strict_refusal(path: str, missing: List[str], unexpected: List[str]) -> Sha
 
 
 def load(state_dict: Dict[str, Any], path: str, *, strict: bool = True, strip_prefix: str = "",
-         verify_checksums: bool = True, comm: Any = None) -> LoadReport:
+         verify_checksums: bool = True, comm: Any = None, replicated_reads: str = "auto",
+         manifest_sharing: str = "auto", read_ahead_max_bytes: Optional[int] = None) -> LoadReport:
     """Loads a checkpoint into ``state_dict`` in place (collective).
 
     ``path`` is a checkpoint folder or a root (then its newest committed checkpoint). Tensors,
@@ -231,6 +234,15 @@ def load(state_dict: Dict[str, Any], path: str, *, strict: bool = True, strip_pr
     ``strip_prefix`` drops a prefix from the checkpoint's names (e.g. ``"module."``).
     A wrong dtype or shape raises :class:`InvalidArgument` naming the tensor; corrupt data
     raises :class:`DataLoss` naming the file.
+
+    Tuning (every rank passes the same; the defaults choose from the job and the storage):
+    ``replicated_reads``: how tensors every rank holds whole (DDP-style) are loaded:
+    ``"broadcast"`` (one rank reads each, then broadcasts: storage, or several hosts),
+    ``"every-rank"`` (each rank reads them: one host and tmpfs) or ``"auto"``.
+    ``manifest_sharing``: ``"every-rank"`` (rank 0 sends the manifest's text and every rank parses
+    it), ``"root"`` (rank 0 sends its decoded copy: hosts with fewer CPUs than ranks) or ``"auto"``.
+    ``read_ahead_max_bytes``: at the saved world size, a rank reads its own data file up to this
+    size while the manifest is decoded (default 64 MiB; 0 never).
     """
     from . import _core
     comm = resolve(comm)
@@ -246,8 +258,15 @@ def load(state_dict: Dict[str, Any], path: str, *, strict: bool = True, strip_pr
     # is told which names this state dict takes as values.
     names = list(wanted)
     leaves = [[] if isinstance(wanted[n], PerRank) else dcp_leaf_names(n, wanted[n]) for n in names]
+    ahead_max = None if read_ahead_max_bytes is None else int(read_ahead_max_bytes)
+    if ahead_max is not None and ahead_max < 0:  # refused on every rank, with the rest
+        if error[0] == "OK":
+            error = ("InvalidArgument", "read_ahead_max_bytes=%d: a size in bytes, 0 or more" % ahead_max)
+        ahead_max = None
     code, message, raw = _core.load(comm, str(path), pieces, bool(strict), strip_prefix,
-                                    bool(verify_checksums), error, names, leaves)
+                                    bool(verify_checksums), error, names, leaves,
+                                    str(replicated_reads), str(manifest_sharing),
+                                    ahead_max)
     raise_for(code, message)
     # Blobs: matched here, and any failure agreed on, so every rank raises the same.
     saved = {_strip(name, strip_prefix): blob for name, blob in raw["blobs"].items()}
@@ -300,7 +319,9 @@ def load(state_dict: Dict[str, Any], path: str, *, strict: bool = True, strip_pr
     return LoadReport(path=raw["path"], step=raw["step"], saved_world_size=raw["saved_world_size"],
                       missing=missing, unexpected=unexpected, unavailable=unavailable,
                       bytes_read=raw["bytes_read"], bytes_wanted=raw["bytes_wanted"],
-                      bytes_received=raw["bytes_received"], phases=raw["phases"])
+                      bytes_received=raw["bytes_received"], phases=raw["phases"],
+                      bytes_read_ahead=raw["bytes_read_ahead"],
+                      every_rank_parsed_manifest=raw["every_rank_parsed_manifest"])
 
 
 

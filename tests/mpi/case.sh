@@ -136,7 +136,7 @@ case "$case" in
     run 3 -x SHARDCKPT_REPLICATED_READS=broadcast -- load "$work/root" --family replicated --expect-step 4 \
       --replicated-reads every-rank
     run 3 -x SHARDCKPT_REPLICATED_READS=sometimes -- load-fails "$work/root" --family replicated \
-      --expect "SHARDCKPT_REPLICATED_READS='sometimes'" --expect "ranks 0-2: " ;;
+      --expect "SHARDCKPT_REPLICATED_READS: replicated reads 'sometimes'" --expect "ranks 0-2: " ;;
   plan-cache) # repeat saves reuse the save plan until one rank's layout changes (issue 14 part 6)
     run 3 -- plan-cache "$work/root" --step 1 ;;
   dead-rank)  # HOW (exit|hang) [async]: rank 2 of 4 never reaches the save's first collective

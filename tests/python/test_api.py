@@ -3,6 +3,7 @@
 import collections
 import math
 import os
+import re
 
 import pytest
 
@@ -91,6 +92,40 @@ def test_nested_round_trip_every_dtype(comm, root):
     assert list(saved.phases) == ["plan", "write", "gather_reports"] + commit + ["share_outcome"]
     assert list(report.phases) == ["read_manifest", "share_manifest", "match", "plan", "read", "replicated"]
     assert all(s >= 0 for s in list(saved.phases.values()) + list(report.phases.values()))
+
+
+def test_load_tuning_choices_load_the_same_values_their_own_way(comm, root):
+    state = nested_state()  # the same on every rank: replicated
+    shardckpt.save(state, root, step=2)
+    for how in ["broadcast", "every-rank", "auto"]:
+        target = zeros_like(state)
+        report = shardckpt.load(target, root, replicated_reads=how)
+        assert_same(state, target)
+        if how == "every-rank":
+            assert report.bytes_received == 0 and report.bytes_read >= report.bytes_wanted
+        if how == "broadcast" and comm.size > 1:
+            assert report.bytes_received > 0  # entries read by another rank came to this one
+    for how, parsed in [("root", False), ("every-rank", comm.size > 1)]:
+        target = zeros_like(state)
+        report = shardckpt.load(target, root, manifest_sharing=how)
+        assert_same(state, target)
+        assert report.every_rank_parsed_manifest == parsed, how
+    target = zeros_like(state)
+    report = shardckpt.load(target, root, read_ahead_max_bytes=0)
+    assert_same(state, target)
+    assert report.bytes_read_ahead == 0
+
+
+@pytest.mark.parametrize("choice, message", [
+    ({"replicated_reads": "always"}, "replicated reads 'always': use auto, broadcast or every-rank"),
+    ({"manifest_sharing": "all"}, "manifest sharing 'all': use auto, root or every-rank"),
+    ({"read_ahead_max_bytes": -1}, "read_ahead_max_bytes=-1: a size in bytes, 0 or more"),
+])
+def test_a_bad_tuning_choice_is_refused_on_every_rank_naming_the_choices(root, choice, message):
+    state = {"w": make(torch.float32, (4,), 1)}
+    shardckpt.save(state, root, step=1)
+    with pytest.raises(shardckpt.InvalidArgument, match=re.escape(message)):
+        shardckpt.load({"w": torch.zeros(4)}, root, **choice)
 
 
 def test_load_writes_into_the_callers_tensors(root):
