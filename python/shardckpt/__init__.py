@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import numbers
 import sys
 import threading
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -235,14 +236,18 @@ def load(state_dict: Dict[str, Any], path: str, *, strict: bool = True, strip_pr
     A wrong dtype or shape raises :class:`InvalidArgument` naming the tensor; corrupt data
     raises :class:`DataLoss` naming the file.
 
-    Tuning (every rank passes the same; the defaults choose from the job and the storage):
-    ``replicated_reads``: how tensors every rank holds whole (DDP-style) are loaded:
+    Tuning (the defaults choose from the job and the storage; a bad value is refused on every
+    rank): ``replicated_reads``: how tensors every rank holds whole (DDP-style) are loaded:
     ``"broadcast"`` (one rank reads each, then broadcasts: storage, or several hosts),
-    ``"every-rank"`` (each rank reads them: one host and tmpfs) or ``"auto"``.
+    ``"every-rank"`` (each rank reads them: one host and tmpfs) or ``"auto"``; the environment
+    variable ``SHARDCKPT_REPLICATED_READS``, where set, overrides it.
     ``manifest_sharing``: ``"every-rank"`` (rank 0 sends the manifest's text and every rank parses
-    it), ``"root"`` (rank 0 sends its decoded copy: hosts with fewer CPUs than ranks) or ``"auto"``.
-    ``read_ahead_max_bytes``: at the saved world size, a rank reads its own data file up to this
-    size while the manifest is decoded (default 64 MiB; 0 never).
+    it), ``"root"`` (rank 0 sends its decoded copy: hosts with fewer CPUs than ranks) or
+    ``"auto"``; rank 0's choice holds for all.
+    ``read_ahead_max_bytes``: a rank reads its own data file, up to this size, while the manifest
+    is decoded (default 64 MiB; 0 never), where that pays: at the saved world size, with a
+    manifest of at least 256 KiB and a file at most 16 times its size, on storage with io_uring
+    and O_DIRECT (not tmpfs); ``LoadReport.bytes_read_ahead`` says what it read.
     """
     from . import _core
     comm = resolve(comm)
@@ -258,11 +263,16 @@ def load(state_dict: Dict[str, Any], path: str, *, strict: bool = True, strip_pr
     # is told which names this state dict takes as values.
     names = list(wanted)
     leaves = [[] if isinstance(wanted[n], PerRank) else dcp_leaf_names(n, wanted[n]) for n in names]
-    ahead_max = None if read_ahead_max_bytes is None else int(read_ahead_max_bytes)
-    if ahead_max is not None and ahead_max < 0:  # refused on every rank, with the rest
-        if error[0] == "OK":
-            error = ("InvalidArgument", "read_ahead_max_bytes=%d: a size in bytes, 0 or more" % ahead_max)
-        ahead_max = None
+    # A bad size is refused on every rank with the rest, never raised here on one rank alone:
+    # the others would pair their collectives with this rank's next call.
+    ahead_max = None
+    if read_ahead_max_bytes is not None:
+        size = read_ahead_max_bytes
+        if isinstance(size, numbers.Integral) and not isinstance(size, bool) and 0 <= size < 2 ** 64:
+            ahead_max = int(size)
+        elif error[0] == "OK":
+            error = ("InvalidArgument", "read_ahead_max_bytes=%r: a whole number of bytes, 0 to 2**64 - 1"
+                     % (size,))
     code, message, raw = _core.load(comm, str(path), pieces, bool(strict), strip_prefix,
                                     bool(verify_checksums), error, names, leaves,
                                     str(replicated_reads), str(manifest_sharing),
