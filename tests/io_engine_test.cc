@@ -18,6 +18,7 @@
 #include <fstream>
 #include <set>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "shardckpt/io/aligned_buffer.h"
@@ -172,7 +173,21 @@ TEST(Checksum64, PiecesAreTheChecksumOfThemJoined) {
 // Checksum64 may run libxxhash's AVX2/AVX-512 code (io/checksum.cc); every file ever written
 // holds the values of XXH3 as specified, which the library's plain entry point computes.
 TEST(Checksum64, IsXxh3AsSpecifiedAtEveryLengthAndAlignment) {
-  EXPECT_EQ(Checksum64("", 0), 0x2D06800538D394C2ull);  // XXH3_64bits of no bytes, from the specification
+  // xxHash's own sanity vectors (XXH3_64bits, seed 0): its generated buffer, one length per code
+  // path, 241 bytes the first of the long, vectorized one.
+  std::vector<unsigned char> sanity(241);
+  uint64_t generator = 0x9E3779B1u;  // PRIME32, multiplied by PRIME64 byte by byte
+  for (unsigned char& b : sanity) {
+    b = static_cast<unsigned char>(generator >> 56);
+    generator *= 0x9E3779B185EBCA8Dull;
+  }
+  const std::pair<size_t, uint64_t> vectors[] = {
+      {0, 0x2D06800538D394C2ull},   {1, 0xC44BDFF4074EECDBull},   {6, 0x27B56A84CD2D7325ull},
+      {12, 0xA713DAF0DFBB77E7ull},  {24, 0xA3FE70BF9D3510EBull},  {48, 0x397DA259ECBA1F11ull},
+      {80, 0xBCDEFBBB2C47C90Aull},  {128, 0xFCFF24126754D861ull}, {240, 0x81C3C2B67F568CCFull},
+      {241, 0xC5A639ECD2030E5Eull},
+  };
+  for (const auto& [length, expected] : vectors) EXPECT_EQ(Checksum64(sanity.data(), length), expected) << length;
   std::vector<unsigned char> bytes(3 * kBlockSize + 64);
   for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<unsigned char>(i * 131 + (i >> 9));
   for (size_t shift : {size_t{0}, size_t{1}, size_t{7}, size_t{32}}) {
