@@ -119,9 +119,9 @@ int DoLoad(Communicator& comm, const Args& a) {
   const int rank = comm.rank(), world = comm.size();
   Held held = Build(a.family, world, rank, 0, false);
   LoadOptions options;
-  options.replicated_reads = a.replicated_reads == "broadcast"    ? ReplicatedReads::kBroadcast
-                             : a.replicated_reads == "every-rank" ? ReplicatedReads::kEveryRank
-                                                                  : ReplicatedReads::kAuto;
+  const Result<ReplicatedReads> replicated = ParseReplicatedReads(a.replicated_reads);
+  if (!replicated.ok()) return Fail(rank, replicated.status().ToString());
+  options.replicated_reads = *replicated;
   options.broadcast_batch_bytes = a.broadcast_batch;
   const Result<ManifestSharing> sharing = ParseManifestSharing(a.manifest_sharing);
   if (!sharing.ok()) return Fail(rank, sharing.status().ToString());
