@@ -100,7 +100,7 @@ inline const char* Literal(const char* p, const char* end, std::string_view lite
 // A string's bytes up to its closing quote (not consumed), when there is nothing to unescape and
 // no control character (the general reader refuses those) and they are valid UTF-8 (which the
 // general reader checks of the whole text, and never sees of this list).
-const char* PlainString(const char* p, const char* end, std::string* out) {
+const char* PlainString(const char* p, const char* end, std::string_view* out) {
   if (p == nullptr) return nullptr;
   const char* start = p;
   unsigned char any_high = 0;
@@ -115,22 +115,27 @@ const char* PlainString(const char* p, const char* end, std::string* out) {
   if (p == end || ((any_high & 0x80) != 0 && !simdjson::validate_utf8(start, static_cast<size_t>(p - start)))) {
     return nullptr;
   }
-  out->assign(start, p);
+  *out = std::string_view(start, static_cast<size_t>(p - start));
   return p;
 }
 
 // `{"name": "N", "dtype": "D", "shape": [...], "chunks": [...]}`. `scratch` is reused from entry to
 // entry, so that each entry's chunk list is allocated once, at its size.
 const char* Entry(const char* p, const char* end, EntryRecord* e, std::vector<ChunkRecord>* scratch) {
-  p = PlainString(Literal(p, end, "{\"name\": \""), end, &e->name);
-  std::string dtype;
+  std::string_view name, dtype;
+  p = PlainString(Literal(p, end, "{\"name\": \""), end, &name);
   p = PlainString(Literal(p, end, "\", \"dtype\": \""), end, &dtype);
   if (p == nullptr) return nullptr;
   Result<DType> parsed = ParseDType(dtype);
   if (!parsed.ok()) return nullptr;
+  e->name.assign(name);
   e->dtype = *parsed;
-  e->shape.clear();
-  p = IntList(Literal(p, end, "\", \"shape\": "), end, &e->shape);
+  // Read into inline Dims first, so that the shape is allocated once at its size: pushed onto
+  // the Shape, a 2-d one took two allocations and a free (a 20,000-entry decode, best of 30:
+  // 7.7-8.0 -> 7.4 ms with the name and dtype read as views).
+  Dims shape;
+  p = IntList(Literal(p, end, "\", \"shape\": "), end, &shape);
+  e->shape.assign(shape.begin(), shape.end());
   scratch->clear();
   p = ChunkList(Literal(p, end, ", \"chunks\": "), end, scratch);
   if ((p = Char(p, end, '}')) == nullptr) return nullptr;

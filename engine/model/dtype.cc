@@ -40,11 +40,11 @@ const char* DTypeName(DType dtype) { return Info(dtype).name; }
 const char* SafetensorsDTypeName(DType dtype) { return Info(dtype).safetensors; }
 const char* TorchStorageName(DType dtype) { return Info(dtype).torch_storage; }
 
-Result<DType> ParseDType(const std::string& name) {
+Result<DType> ParseDType(std::string_view name) {
   for (const DTypeInfo& info : kInfo) {
     if (name == info.name) return info.dtype;
   }
-  return InvalidArgument("unknown dtype '" + name + "'");
+  return InvalidArgument("unknown dtype '" + std::string(name) + "'");
 }
 
 Result<DType> ParseSafetensorsDType(const std::string& name) {

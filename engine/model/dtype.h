@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "shardckpt/io/status.h"
 
@@ -34,7 +35,7 @@ inline constexpr int kNumDTypes = 17;
 size_t DTypeSize(DType dtype);
 // Manifest name: "float32", "bfloat16", "float8_e4m3fn", ...
 const char* DTypeName(DType dtype);
-Result<DType> ParseDType(const std::string& name);
+Result<DType> ParseDType(std::string_view name);
 // safetensors header name: "F32", "BF16", "F8_E4M3", ...; nullptr where safetensors (0.8) has
 // none (complex128).
 const char* SafetensorsDTypeName(DType dtype);
