@@ -31,7 +31,7 @@ std::multimap<std::string, Armed> g_armed;
 
 int ErrnoByName(const std::string& name) {
   // A plain array, never destroyed: failpoints fire on helper threads that may still run while
-  // the process's statics are being destroyed (background_removal.cc drains at exit).
+  // the process's statics are being destroyed (helper_thread.cc drains its queue at exit).
   static constexpr struct {
     const char* name;
     int value;

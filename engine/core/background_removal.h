@@ -5,8 +5,8 @@
 // retention policy used to pay it before returning. What has to happen before the save returns
 // is only what makes the old checkpoint invisible and that decision durable: its manifest
 // unlinked and the folder synced, then the folder renamed out of the step namespace
-// (RetiredDirName). The rest, freeing the bytes, is done here on one helper thread, while the
-// training loop computes.
+// (RetiredDirName). The rest, freeing the bytes, is done on the process's helper thread
+// (helper_thread.h), while the training loop computes.
 //
 // A crash at any point leaves either a step folder without a manifest or a `.removing-*`
 // folder; the next save of the root removes both (RemoveStaleTempDirs). The next save in this
@@ -25,7 +25,8 @@ namespace shardckpt {
 // descriptor still the caller's, when no helper thread could be started.
 bool RemoveInBackground(std::string path, int locked_fd);
 
-// Returns once every folder queued so far has been deleted (or its failure logged).
+// Returns once every folder queued so far has been deleted (or its failure logged), and whatever
+// else the helper thread had queued has run.
 void WaitForBackgroundRemovals();
 
 }  // namespace shardckpt
