@@ -357,7 +357,9 @@ TEST_F(CheckpointTest, ALoadFromTmpfsCutsItsReadsForTheCache) {
   ASSERT_TRUE(RemoveTree(shm).ok());
   // The test's own folder, where it is on storage (CI's may be tmpfs too).
   ASSERT_TRUE(Save(*comm_, root(), 1, state, SaveOptions{}).ok());
-  if (!IsMemoryBacked(JoinPath(root(), "latest"))) EXPECT_EQ(extents(root(), 128u << 10, true), 1u);
+  if (!IsMemoryBacked(JoinPath(root(), "latest"))) {
+    EXPECT_EQ(extents(root(), 128u << 10, true), 1u);
+  }
 }
 
 TEST_F(CheckpointTest, AFailureAtEachCommitStepKeepsThePreviousCheckpoint) {
@@ -604,7 +606,9 @@ TEST_F(CheckpointTest, RenameDtypeAndShapeChecks) {
       const void* loaded = t.name == "model.float64" ? static_cast<void*>(buffer.data())
                            : t.name == "model.int8"  ? static_cast<void*>(int8.data())
                                                      : nullptr;
-      if (loaded != nullptr) EXPECT_EQ(std::memcmp(loaded, t.bytes.data(), t.bytes.size()), 0) << t.name;
+      if (loaded != nullptr) {
+        EXPECT_EQ(std::memcmp(loaded, t.bytes.data(), t.bytes.size()), 0) << t.name;
+      }
     }
   }
   options.rename = nullptr;

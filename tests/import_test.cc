@@ -147,7 +147,7 @@ TEST_F(ImportTest, Float8IsWrittenAsTorch2WritesItAndReadBack) {
   EXPECT_NE(pickle.find("UntypedStorage"), std::string::npos);
   EXPECT_NE(pickle.find("float8_e5m2"), std::string::npos);
   EXPECT_NE(pickle.find("FloatStorage"), std::string::npos) << "other dtypes keep what torch 1.13 reads";
-  const testing::TorchFileCase c{"f8", pickle, {{"0", 6}, {"1", 4}, {"2", 4}}, ""};
+  const testing::TorchFileCase c{"f8", pickle, {{"0", 6}, {"1", 4}, {"2", 4}}, "", ""};
   ASSERT_TRUE(testing::WriteTorchFile(Path("f8.pt"), c).ok());
   ASSERT_TRUE(ImportFile(Path("f8.pt"), Path("root"), Options()).ok());
   auto reader = CheckpointReader::Open(Path("root")).value();

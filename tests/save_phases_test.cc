@@ -156,7 +156,9 @@ TEST(CollectReports, OneErrorNamingEveryFailingRank) {
     Result<std::vector<WriteReport>> reports = CollectReports(5, c.reports);
     EXPECT_EQ(reports.status().code(), c.code) << c.message;
     EXPECT_EQ(reports.status().message(), c.message);
-    if (reports.ok()) EXPECT_EQ(reports->size(), c.reports.size());
+    if (reports.ok()) {
+      EXPECT_EQ(reports->size(), c.reports.size());
+    }
   }
 }
 

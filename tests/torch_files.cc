@@ -59,7 +59,7 @@ PickleTensor Record(const std::string& name, DType dtype, Shape sizes, std::vect
 
 TorchFileCase Case(const std::string& name, const std::vector<PickleTensor>& tensors, std::vector<TorchRecord> records,
                    const std::string& refusal) {
-  return TorchFileCase{name, PickleStateDict(tensors).value(), std::move(records), refusal};
+  return TorchFileCase{name, PickleStateDict(tensors).value(), std::move(records), refusal, ""};
 }
 
 }  // namespace
@@ -99,7 +99,7 @@ std::vector<TorchFileCase> ValidTorchFiles() {
       TorchFileCase{"untyped_views",
                     kProto + "}(" + Str("f8") + TensorV3("float8_e4m3fn", 6, 1, 2, 2) + Str("bf16") +
                         TensorV3("bfloat16", 6, 1, 2, 1) + "u.",
-                    {{"0", 6}}, ""},
+                    {{"0", 6}}, "", ""},
   };
 }
 
@@ -137,7 +137,7 @@ std::vector<TorchFileCase> HostileTensorRecords() {
       Case("too_many_dims", {Record("w", D::kFloat32, Shape(33, 1), std::vector<int64_t>(33, 1), 0, "0", 1)}, {{"0", 4}},
            "tensor 'w': sizes: shape"),
       TorchFileCase{"untyped_view_past_end", kProto + "}" + Str("w") + TensorV3("float32", 5, 0, 2, 1) + "s.", {{"0", 5}},
-                    "tensor 'w': the view (storage_offset 0, sizes [2], strides [1]) reaches element 1 of a storage of 1 elements"},
+                    "tensor 'w': the view (storage_offset 0, sizes [2], strides [1]) reaches element 1 of a storage of 1 elements", ""},
       Case("missing_record", {Record("w", D::kFloat32, {2}, {1}, 0, "9", 2)}, {{"0", 8}},
            "tensor 'w': storage record data/9 is missing"),
       Case("storage_claims_differ",
