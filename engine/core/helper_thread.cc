@@ -3,7 +3,7 @@
 #include <pthread.h>
 
 #include <condition_variable>
-#include <cstdint>
+#include <cstdlib>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -11,25 +11,34 @@
 #include <system_error>
 #include <thread>
 #include <utility>
+#include <vector>
 
 namespace shardckpt {
 namespace {
 
+// What a forked child inherited and must never touch again: kept reachable from here, so that a
+// leak checker in the child does not report it.
+struct LeftByParent {
+  std::deque<HelperJob> jobs;
+  std::vector<std::unique_ptr<std::thread>> threads;
+};
+
 class HelperThread {
  public:
-  HelperThread() {
-    // The child must not inherit a held lock or the parent's queue: see the header.
-    ::pthread_atfork([] { Instance().mu_.lock(); }, [] { Instance().mu_.unlock(); },
-                     [] { Instance().ForgetParentAfterFork(); });
-  }
-
+  // Never destroyed: a thread still running at exit (a Python daemon thread loading) may call
+  // Add after the exit hook, which must find a live object that refuses.
   static HelperThread& Instance() {
-    static HelperThread helper;
-    return helper;
+    static HelperThread* helper = new HelperThread();
+    return *helper;
   }
 
   Status Add(HelperJob job) {
+    if (!job.run) return InvalidArgument("a helper job needs something to run");
     std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return Status(Code::kAborted, "the process is exiting");
+    if (job.only_if_idle && (running_.run || !queue_.empty())) {
+      return FailedPrecondition("the helper thread is busy");
+    }
     if (!worker_) {
       try {
         worker_ = std::make_unique<std::thread>([this] { Run(); });
@@ -37,28 +46,46 @@ class HelperThread {
         return Internal(std::string("no helper thread could be started: ") + e.what());
       }
     }
-    queue_.push_back(std::move(job));
     ++queued_;
+    if (job.awaited) awaited_ = queued_;
+    queue_.push_back(std::move(job));
     wake_.notify_all();
     return Status::Ok();
   }
 
   void WaitIdle() {
     std::unique_lock<std::mutex> lock(mu_);
-    const uint64_t target = queued_;
+    const uint64_t target = awaited_;
     done_cv_.wait(lock, [&] { return finished_ >= target; });
   }
 
-  ~HelperThread() {
+  uint64_t Queued() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return queued_;
+  }
+
+ private:
+  HelperThread() {
+    // The child must not inherit a held lock or the parent's queue: see the header.
+    ::pthread_atfork([] { Instance().mu_.lock(); }, [] { Instance().mu_.unlock(); },
+                     [] { Instance().ForgetParentAfterFork(); });
+    // At exit the queue is finished, not dropped: a dropped folder would only be removed by the
+    // next save of its root, which may never come. Registered after the statics this thread's
+    // jobs use (the logger, the failpoints) were built, so it runs before they are destroyed.
+    std::atexit([] { Instance().FinishAtExit(); });
+  }
+
+  void FinishAtExit() {
+    std::unique_ptr<std::thread> worker;
     {
       std::lock_guard<std::mutex> lock(mu_);
       stopping_ = true;
       wake_.notify_all();
+      worker = std::move(worker_);
     }
-    if (worker_) worker_->join();
+    if (worker) worker->join();
   }
 
- private:
   void Run() {
     std::unique_lock<std::mutex> lock(mu_);
     while (true) {
@@ -70,6 +97,7 @@ class HelperThread {
       lock.unlock();
       running_.run();
       lock.lock();
+      if (running_.finish) running_.finish();
       running_ = HelperJob{};
       ++finished_;
       done_cv_.notify_all();
@@ -78,19 +106,21 @@ class HelperThread {
 
   // In the child, right after fork, with mu_ held by the prepare handler.
   void ForgetParentAfterFork() {
+    static LeftByParent* left = new LeftByParent();
     for (HelperJob& job : queue_) {
       if (job.drop) job.drop();
     }
+    // Moving a deque or a std::function hands over its storage without touching what it holds.
+    for (HelperJob& job : queue_) left->jobs.push_back(std::move(job));
     queue_.clear();
-    if (running_.drop) running_.drop();
     if (running_.run) {
-      // The parent's thread may be halfway through changing what this job holds (freeing a
-      // manifest): the child's copy is never touched again, not even to destroy it.
-      (void)new HelperJob(std::move(running_));
+      if (running_.drop) running_.drop();
+      left->jobs.push_back(std::move(running_));
       new (&running_) HelperJob();
     }
     finished_ = queued_;
-    (void)worker_.release();  // the thread exists only in the parent: neither joined nor freed
+    // The thread exists only in the parent: neither joined nor destroyed here.
+    if (worker_) left->threads.push_back(std::move(worker_));
     // The parent's worker may have been waiting on these: start the child's afresh.
     new (&wake_) std::condition_variable();
     new (&done_cv_) std::condition_variable();
@@ -102,6 +132,7 @@ class HelperThread {
   std::deque<HelperJob> queue_;
   HelperJob running_;
   uint64_t queued_ = 0, finished_ = 0;
+  uint64_t awaited_ = 0;  // the number of the last awaited job queued (jobs run in order)
   bool stopping_ = false;
   std::unique_ptr<std::thread> worker_;
 };
@@ -111,5 +142,7 @@ class HelperThread {
 Status RunOnHelperThread(HelperJob job) { return HelperThread::Instance().Add(std::move(job)); }
 
 void WaitForHelperThread() { HelperThread::Instance().WaitIdle(); }
+
+uint64_t HelperJobsQueued() { return HelperThread::Instance().Queued(); }
 
 }  // namespace shardckpt

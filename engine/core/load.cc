@@ -27,10 +27,14 @@ void ReleaseOffThePath(Manifest manifest) {
   if (manifest.entries.size() < kEntriesWorthHandingOff) return;
   auto held = std::make_shared<Manifest>(std::move(manifest));
   HelperJob job;
-  // Moved in, so that the job holds the only reference whenever it runs.
+  // Moved in, so that the job holds the only reference whenever it runs. Refused, it is freed
+  // here as the job goes: while the thread is busy (a removal can take seconds, and the next
+  // load would allocate another manifest meanwhile) and while the process exits.
   job.run = [held = std::move(held)]() mutable { held.reset(); };
+  job.awaited = false;
+  job.only_if_idle = true;
   Status queued = RunOnHelperThread(std::move(job));
-  if (!queued.ok()) {
+  if (queued.code() == Code::kInternal) {
     static std::once_flag logged;
     std::call_once(logged, [&] { SC_LOG(kWarn) << queued.message() << "; a load frees its manifest before it returns"; });
   }
