@@ -32,13 +32,17 @@ struct DeviceBytes {
   size_t size = 0;
   explicit DeviceBytes(const std::vector<uint8_t>& bytes) : size(bytes.size()) {
     EXPECT_EQ(cudaMalloc(&ptr, std::max<size_t>(size, 1)), cudaSuccess);
-    if (size) EXPECT_EQ(cudaMemcpy(ptr, bytes.data(), size, cudaMemcpyHostToDevice), cudaSuccess);
+    if (size) {
+      EXPECT_EQ(cudaMemcpy(ptr, bytes.data(), size, cudaMemcpyHostToDevice), cudaSuccess);
+    }
   }
   DeviceBytes(const DeviceBytes&) = delete;
   ~DeviceBytes() { cudaFree(ptr); }
   std::vector<uint8_t> Read() const {
     std::vector<uint8_t> out(size);
-    if (size) EXPECT_EQ(cudaMemcpy(out.data(), ptr, size, cudaMemcpyDeviceToHost), cudaSuccess);
+    if (size) {
+      EXPECT_EQ(cudaMemcpy(out.data(), ptr, size, cudaMemcpyDeviceToHost), cudaSuccess);
+    }
     return out;
   }
 };

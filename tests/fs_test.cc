@@ -99,7 +99,9 @@ TEST_F(WholeFile, PiecesAreWrittenOneAfterTheOther) {
     ASSERT_TRUE(WriteFileDurably(path, {seal, head}, nullptr, "t").ok());
     EXPECT_EQ(ReadFileLimited(path, 8 << 20, true).value(), seal + head);
   }
-  if (dirs.size() > 1) ASSERT_TRUE(RemoveTree(shm).ok());
+  if (dirs.size() > 1) {
+    ASSERT_TRUE(RemoveTree(shm).ok());
+  }
 }
 
 TEST_F(WholeFile, AShorterWriteReplacesALongerFileWhole) {

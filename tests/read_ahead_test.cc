@@ -128,7 +128,9 @@ TEST_F(ReadAheadLoad, ASameWorldLoadReadsItsOwnFileAheadAndLoadsTheSameValues) {
   EXPECT_EQ(got, saved_);
   const uint64_t file_bytes = FileSize(file_).value();
   EXPECT_EQ(report->stats.bytes_read_ahead, reads_ahead ? file_bytes : 0u);
-  if (reads_ahead) EXPECT_EQ(report->stats.data_bytes_read, file_bytes);  // nothing read twice
+  if (reads_ahead) {
+    EXPECT_EQ(report->stats.data_bytes_read, file_bytes);  // nothing read twice
+  }
   // Again: its memory is the kept spare's, and its bytes are this load's.
   const uint64_t allocations = HostBufferAllocations();
   report = LoadInto(&got);
