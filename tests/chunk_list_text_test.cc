@@ -265,6 +265,61 @@ TEST(CompactEntryList, IsSizedOnceAndAHostileTextReservesLittle) {
   EXPECT_EQ(other.capacity(), 0u);
 }
 
+// A list of several MiB read on 2 to 7 threads gives what one thread reads, field by field; a
+// flaw in any part refuses the whole list, as it does on one thread.
+TEST(CompactEntryList, ReadsTheSameOnManyThreads) {
+  std::mt19937_64 rng(7);
+  const char* const dtypes[] = {"float32", "bfloat16", "int64", "bool"};
+  std::string list = "[";
+  for (int i = 0; i < 40000; ++i) {
+    list += std::string(i ? ",\n  " : "\n  ") + "{\"name\": \"layers." + std::to_string(i) + ".w\", \"dtype\": \"" +
+            dtypes[rng() % 4] + "\", \"shape\": [" + std::to_string(i % 7 + 1) + ",3], \"chunks\": [";
+    const int chunks = static_cast<int>(rng() % 4);
+    for (int k = 0; k < chunks; ++k) {
+      list += (k ? ",[" : "[") + std::to_string(rng() % 64) + "," + std::to_string(rng() % 100000000) + "," +
+              std::to_string(rng() % 1000) + (k % 2 ? ",[0,1],[2,3]]" : "," + std::to_string(k) + ",9]");
+    }
+    list += "]}";
+  }
+  list += "\n ]";
+  const std::string text = list + ",\n \"blobs\": [\n  {}\n ]";
+  ASSERT_GT(list.size(), size_t{4} << 20);
+  std::vector<EntryRecord> one;
+  ASSERT_EQ(ReadCompactEntryList(text, &one, 1), list.size());
+  ASSERT_EQ(one.size(), 40000u);
+  for (size_t threads : {2, 3, 4, 7}) {
+    std::vector<EntryRecord> many;
+    ASSERT_EQ(ReadCompactEntryList(text, &many, threads), list.size()) << threads;
+    ASSERT_EQ(many.size(), one.size()) << threads;
+    for (size_t i = 0; i < one.size(); ++i) {
+      ASSERT_EQ(many[i].name, one[i].name) << threads;
+      ASSERT_EQ(many[i].dtype, one[i].dtype) << one[i].name;
+      ASSERT_EQ(many[i].shape, one[i].shape) << one[i].name;
+      ASSERT_EQ(many[i].chunks.size(), one[i].chunks.size()) << one[i].name;
+      for (size_t k = 0; k < one[i].chunks.size(); ++k) {
+        ASSERT_EQ(many[i].chunks[k].file, one[i].chunks[k].file) << one[i].name;
+        ASSERT_EQ(many[i].chunks[k].offset, one[i].chunks[k].offset) << one[i].name;
+        ASSERT_EQ(many[i].chunks[k].bytes, one[i].chunks[k].bytes) << one[i].name;
+        ASSERT_EQ(many[i].chunks[k].layout, one[i].chunks[k].layout) << one[i].name;
+      }
+    }
+  }
+  // Flaws at a fifth, a half and near the end, and a separator with one space too few.
+  for (double at : {0.2, 0.5, 0.97}) {
+    for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+             {"\"float32\"", "\"float33\""}, {"\"bool\"", "\"bool \""}, {",\n  {", ",\n {"}, {"]]}", "]] }"}}) {
+      std::string flawed = text;
+      const size_t where = flawed.find(from, static_cast<size_t>(static_cast<double>(list.size()) * at));
+      ASSERT_LT(where, list.size());
+      flawed.replace(where, from.size(), to);
+      for (size_t threads : {1, 2, 4}) {
+        std::vector<EntryRecord> read;
+        EXPECT_EQ(ReadCompactEntryList(flawed, &read, threads), 0u) << from << " at " << at << ", " << threads << " threads";
+      }
+    }
+  }
+}
+
 // Names with something to unescape or not UTF-8, another spacing or order, an unknown dtype or
 // field: all left to the general reader.
 TEST(CompactEntryList, LeavesEveryOtherSpellingToTheGeneralReader) {

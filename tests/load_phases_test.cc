@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <thread>
 
 #include "shardckpt/engine/core/save.h"
 #include "shardckpt/engine/model/manifest_wire.h"
@@ -180,31 +181,45 @@ TEST(EveryRankParses, ForcedOrWhereEveryHostHasACpuPerRank) {
   using M = ManifestSharing;
   EXPECT_TRUE(EveryRankParses(M::kEveryRankParses, {}));
   EXPECT_FALSE(EveryRankParses(M::kRootSends, {"64 a", "64 a"}));
+  // With the CPUs each rank has to itself, and the threads each decodes on.
   const struct {
     const char* what;
     std::vector<std::string> ranks;
     bool expected;
+    long cpus_per_rank;
+    size_t decode_threads;
   } cases[] = {
-      {"2 ranks, both on CPUs 0-1", {"0 3 a", "0 3 a"}, true},
-      {"2 ranks bound one to each CPU", {"0 1 a", "0 2 a"}, true},
-      {"2 ranks both bound to CPU 0 (taskset -c 0)", {"0 1 a", "0 1 a"}, false},
-      {"3 ranks on 2 CPUs", {"0 3 a", "0 3 a", "0 3 a"}, false},
-      {"CPUs 4-7 and 0-3", {"0 0f a", "0 f a"}, true},
-      {"two hosts, each with enough", {"0 3 a", "0 3 b", "0 3 a", "0 3 b"}, true},
-      {"one host of two short", {"0 3 a", "0 3 a", "0 1 b", "0 1 b"}, false},
-      {"a quota of 1 CPU on 2 ranks", {"1 3 a", "1 3 a"}, false},
-      {"a quota of 2 CPUs on 2 ranks", {"2 ff a", "2 ff a"}, true},
-      {"host names that share a prefix are other hosts", {"0 1 node1", "0 1 node10"}, true},
-      {"one rank", {"0 1 a"}, true},
-      {"nothing gathered", {}, false},
-      {"malformed", {"0 3"}, false},
-      {"not hex", {"0 xy a"}, false},
+      {"2 ranks, both on CPUs 0-1", {"0 3 a", "0 3 a"}, true, 1, 1},
+      {"2 ranks bound one to each CPU", {"0 1 a", "0 2 a"}, true, 1, 1},
+      {"2 ranks both bound to CPU 0 (taskset -c 0)", {"0 1 a", "0 1 a"}, false, 0, 1},
+      {"3 ranks on 2 CPUs", {"0 3 a", "0 3 a", "0 3 a"}, false, 0, 1},
+      {"CPUs 4-7 and 0-3", {"0 0f a", "0 f a"}, true, 4, 4},
+      {"two hosts, each with enough", {"0 3 a", "0 3 b", "0 3 a", "0 3 b"}, true, 1, 1},
+      {"one host of two short", {"0 3 a", "0 3 a", "0 1 b", "0 1 b"}, false, 0, 1},
+      {"a quota of 1 CPU on 2 ranks", {"1 3 a", "1 3 a"}, false, 0, 1},
+      {"a quota of 2 CPUs on 2 ranks", {"2 ff a", "2 ff a"}, true, 1, 1},
+      {"host names that share a prefix are other hosts", {"0 1 node1", "0 1 node10"}, true, 1, 1},
+      {"one rank", {"0 1 a"}, true, 1, 1},
+      {"8 ranks on 96 CPUs: 12 each, 4 threads", std::vector<std::string>(8, "0 ffffffffffffffffffffffff a"), true, 12, 4},
+      {"3 ranks on 8 CPUs: 2 each", {"0 ff a", "0 ff a", "0 ff a"}, true, 2, 2},
+      {"the more crowded of two hosts", {"0 ff a", "0 ff a", "0 ff b"}, true, 4, 4},
+      {"the more crowded of two hosts, the other way", {"0 f a", "0 f a", "0 ff b"}, true, 2, 2},
+      {"nothing gathered", {}, false, 0, 1},
+      {"malformed", {"0 3"}, false, 0, 1},
+      {"not hex", {"0 xy a"}, false, 0, 1},
   };
-  for (const auto& c : cases) EXPECT_EQ(EveryRankParses(M::kAuto, c.ranks), c.expected) << c.what;
+  for (const auto& c : cases) {
+    EXPECT_EQ(EveryRankParses(M::kAuto, c.ranks), c.expected) << c.what;
+    EXPECT_EQ(CpusPerRank(c.ranks), c.cpus_per_rank) << c.what;
+    EXPECT_EQ(DecodeThreadsFor(CpusPerRank(c.ranks)), c.decode_threads) << c.what;
+  }
   // This process's own: a quota, then at least one CPU it may run on.
   const std::string mine = ThisRanksCpus();
   EXPECT_THAT(mine, ::testing::MatchesRegex("[0-9]+ [0-9a-f]+"));
   EXPECT_TRUE(EveryRankParses(M::kAuto, {mine + " here"})) << mine;
+  const size_t threads = ThisProcessDecodeThreads();
+  EXPECT_GE(threads, 1u);
+  EXPECT_LE(threads, std::min<size_t>(4, std::thread::hardware_concurrency()));
 }
 
 TEST(CombineWants, ByEntryOverRanks) {

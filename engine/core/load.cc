@@ -92,7 +92,7 @@ Result<std::string> ReadManifestText(const std::string& path) {
 
 Result<Manifest> ReadManifestFile(const std::string& path, std::string* text_out) {
   SC_ASSIGN_OR_RETURN(std::string text, ReadManifestText(path));
-  SC_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(text, path));
+  SC_ASSIGN_OR_RETURN(Manifest m, DecodeManifest(text, path, load_phases::ThisProcessDecodeThreads()));
   if (text_out != nullptr) *text_out = std::move(text);
   return m;
 }

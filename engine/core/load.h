@@ -116,7 +116,9 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
 
 // Reads and validates a checkpoint's manifest (and its data files' sizes) without a job;
 // `text`, when given, receives the file's bytes as read (also when only the data files' check
-// fails).
+// fails). A large manifest is decoded on up to 4 of the CPUs this process may run on (its affinity
+// mask, capped by a cgroup CPU quota): these are for a process reading alone (the tools, rank 0's
+// retention). Load's ranks, which decode side by side, each use their share of their host's CPUs.
 Result<Manifest> ReadManifest(const std::string& checkpoint_dir, std::string* text = nullptr);
 // The same for one manifest.json file, its data files not looked at.
 Result<Manifest> ReadManifestFile(const std::string& path, std::string* text = nullptr);

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -109,7 +110,8 @@ void DecodeManifestText(int rank, ManifestRead* read) {
   if (rank != 0) read->status = Failpoint("load.decode_manifest", "read the shared " + JoinPath(read->dir, kManifestName));
   if (!read->status.ok()) return;
   const bool dcp = rank == 0 && IsDcpFolder(read->dir);
-  Result<Manifest> manifest = dcp ? ReadManifest(read->dir) : DecodeManifest(read->text, JoinPath(read->dir, kManifestName));
+  Result<Manifest> manifest =
+      dcp ? ReadManifest(read->dir) : DecodeManifest(read->text, JoinPath(read->dir, kManifestName), read->decode_threads);
   if (rank == 0 && !dcp && manifest.ok()) read->status = CheckDataFilesIn(read->dir, manifest->files);
   std::string().swap(read->text);
   if (read->status.ok()) read->status = manifest.status();
@@ -132,12 +134,17 @@ Status ShareFolder(Communicator& comm, const LoadOptions& options, ManifestRead*
 }
 
 Status ShareManifestText(Communicator& comm, ManifestRead* read) {
-  if (comm.size() == 1) return Status::Ok();
+  if (comm.size() == 1) {
+    read->decode_threads = ThisProcessDecodeThreads();
+    return Status::Ok();
+  }
   std::vector<std::string> ranks;
   if (read->sharing == ManifestSharing::kAuto) {
     SC_RETURN_IF_ERROR(comm.AllGather(ThisRanksCpus() + " " + save_phases::HostName(), &ranks));
   }
   read->every_rank_parses = EveryRankParses(read->sharing, ranks);
+  // Known only where gathered (kAuto): a forced mode decodes on one thread per rank.
+  if (read->every_rank_parses && !ranks.empty()) read->decode_threads = DecodeThreadsFor(CpusPerRank(ranks));
   if (read->every_rank_parses) SC_RETURN_IF_ERROR(BroadcastString(comm, &read->text, 0));
   return Status::Ok();
 }
@@ -170,8 +177,7 @@ std::string ThisRanksCpus() {
   return std::to_string(quota_cpus) + " " + (mask.empty() ? "0" : mask);
 }
 
-bool EveryRankParses(ManifestSharing mode, const std::vector<std::string>& ranks) {
-  if (mode != ManifestSharing::kAuto) return mode == ManifestSharing::kEveryRankParses;
+long CpusPerRank(const std::vector<std::string>& ranks) {
   struct Host {
     long ranks = 0;
     long quota = 0;              // the smallest of its ranks' quotas; 0: none
@@ -181,7 +187,7 @@ bool EveryRankParses(ManifestSharing mode, const std::vector<std::string>& ranks
   for (const std::string& rank : ranks) {  // "<quota CPUs> <mask> <host>"
     const size_t first = rank.find(' ');
     const size_t second = first == std::string::npos ? first : rank.find(' ', first + 1);
-    if (second == std::string::npos) return false;
+    if (second == std::string::npos) return 0;
     Host& host = hosts[rank.substr(second + 1)];
     host.ranks++;
     const long quota = std::atol(rank.c_str());
@@ -191,19 +197,29 @@ bool EveryRankParses(ManifestSharing mode, const std::vector<std::string>& ranks
     for (size_t i = 0; i < mask.size(); ++i) {
       const char c = mask[i];
       const int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-      if (digit < 0) return false;
+      if (digit < 0) return 0;
       host.cpus[i] |= static_cast<uint8_t>(digit);
     }
   }
-  if (hosts.empty()) return false;
+  if (hosts.empty()) return 0;
+  long fewest = LONG_MAX;
   for (const auto& [name, host] : hosts) {
     long cpus = 0;
     for (uint8_t digit : host.cpus) cpus += __builtin_popcount(digit);
     if (host.quota > 0) cpus = std::min(cpus, host.quota);
-    if (host.ranks > cpus) return false;
+    fewest = std::min(fewest, cpus / host.ranks);
   }
-  return true;
+  return fewest;
 }
+
+bool EveryRankParses(ManifestSharing mode, const std::vector<std::string>& ranks) {
+  if (mode != ManifestSharing::kAuto) return mode == ManifestSharing::kEveryRankParses;
+  return CpusPerRank(ranks) >= 1;
+}
+
+size_t DecodeThreadsFor(long cpus_per_rank) { return static_cast<size_t>(std::clamp(cpus_per_rank, 1L, 4L)); }
+
+size_t ThisProcessDecodeThreads() { return DecodeThreadsFor(CpusPerRank({ThisRanksCpus() + " this-host"})); }
 
 std::unique_ptr<FileReadAhead> StartReadAhead(const ManifestRead& read, int rank, const LoadOptions& options) {
   return FileReadAhead::Start(JoinPath(read.dir, RankFileName(rank)), read.hint, options.read_ahead_max_bytes,

@@ -35,6 +35,9 @@ struct ManifestRead {
   // every rank parses `text` itself, rather than reading rank 0's binary message.
   ManifestSharing sharing = ManifestSharing::kRootSends;
   bool every_rank_parses = false;
+  // Threads each rank decodes the text on: the CPUs every rank has to itself (CpusPerRank), at
+  // most 4, where the ranks' CPUs were gathered (kAuto) or the job is one process; else 1.
+  size_t decode_threads = 1;
   Manifest manifest;    // rank 0's (a DCP folder's built from its .metadata); the others' once shared
   // Held until every rank has read (the status agreement after the reads): retention leaves it.
   CheckpointHold hold;
@@ -54,6 +57,14 @@ Status ShareManifestText(Communicator& comm, ManifestRead* read);
 // CPUs as ranks: the CPUs its ranks may run on together (the union of their affinity masks),
 // capped by a CPU quota. `ranks`: each rank's ThisRanksCpus() and host name, space-separated.
 bool EveryRankParses(ManifestSharing mode, const std::vector<std::string>& ranks);
+// The CPUs each rank has to itself on the most crowded host: its ranks' CPUs (as above) over its
+// ranks, rounded down; 0 when there are fewer CPUs than ranks somewhere, or a record is unreadable.
+long CpusPerRank(const std::vector<std::string>& ranks);
+// Threads to decode a manifest on, given CpusPerRank: at least 1, at most 4 (past that a decode is
+// held by its sequential parts).
+size_t DecodeThreadsFor(long cpus_per_rank);
+// The same for this process alone (the tools, a one-rank job, rank 0 reading for retention).
+size_t ThisProcessDecodeThreads();
 // "<quota CPUs, 0 for none> <affinity mask as hex digits, CPU 0 in the first digit's low bit>".
 std::string ThisRanksCpus();
 // This rank's read ahead of its own data file, where worth it; null otherwise.

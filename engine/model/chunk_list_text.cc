@@ -7,6 +7,8 @@
 #include <cstring>
 #include <iterator>
 #include <string>
+#include <system_error>
+#include <thread>
 
 namespace shardckpt {
 namespace {
@@ -152,40 +154,105 @@ size_t ReadCompactChunkList(std::string_view text, std::vector<ChunkRecord>* out
 
 namespace {
 
-// An upper bound on the entries of the compact list at the start of `text`, to size the list
-// once: grown one entry at a time, every entry was moved at each regrowth, onto fresh pages (a
-// fifth of a 20,000-entry decode). Each entry starts a line, and a raw newline never stands inside
-// a JSON string, so the lines before the list's closing "\n ]" bound them; without that close the
-// list is not compact and none is reserved. Capped by the shortest entry the reader accepts, so
-// that a hostile text reserves (untouched) about one and a half times its own size at most.
-size_t EntryLinesBound(std::string_view text) {
+// Where the compact list at the start of `text` closes (its "\n ]") and an upper bound on its
+// entries, to size the list once: grown one entry at a time, every entry was moved at each
+// regrowth, onto fresh pages (a fifth of a 20,000-entry decode). Each entry starts a line, and a
+// raw newline never stands inside a JSON string or anywhere in an entry this reader accepts, so
+// the first "\n ]" closes the list, and the lines before it bound the entries. Capped by the
+// shortest entry the reader accepts, so that a hostile text reserves (untouched) about one and a
+// half times its own size at most. `close` is npos without that close: the list is not compact.
+struct ListClose {
+  size_t close = std::string_view::npos;
+  size_t entries_bound = 0;
+};
+ListClose FindListClose(std::string_view text) {
   // `{"name": "a", "dtype": "bool", "shape": [], "chunks": []}` and its ",\n  " separator
   constexpr size_t kShortestEntry = 61;
   size_t lines = 0;
   for (size_t at = text.find('\n'); at != std::string_view::npos; at = text.find('\n', at + 1)) {
-    if (text.compare(at, 3, "\n ]") == 0) return std::min(lines, text.size() / kShortestEntry);
+    if (text.compare(at, 3, "\n ]") == 0) return ListClose{at, std::min(lines, text.size() / kShortestEntry)};
     ++lines;
   }
-  return 0;
+  return ListClose{};
+}
+
+// The entries from `p` (an entry's '{') to `stop` (where a ",\n  " separator or the closing
+// "\n ]" stands), appended to `out`: false unless they end exactly there.
+bool EntriesUpTo(const char* p, const char* stop, std::vector<EntryRecord>* out) {
+  std::vector<ChunkRecord> scratch;
+  while (true) {
+    out->emplace_back();
+    if ((p = Entry(p, stop, &out->back(), &scratch)) == nullptr) return false;
+    if (p == stop) return true;
+    if ((p = Literal(p, stop, ",\n  ")) == nullptr) return false;
+  }
+}
+
+// Below this, a thread's start costs more than it saves.
+constexpr size_t kBytesPerThread = size_t{1} << 20;
+
+// The list's entries, [first, close), read by up to `threads` threads, each from a separator on:
+// the grammar is a sequence of entries with one separator between each two, and every entry this
+// reader accepts is one line, so reading from any separator on gives the entries a reading from
+// the start gives, and the parts join exactly when each ends at the next part's separator.
+bool EntriesInParallel(const char* first, const char* close, size_t threads, size_t entries_bound,
+                       std::vector<EntryRecord>* out) {
+  const std::string_view list(first, static_cast<size_t>(close - first));
+  std::vector<const char*> starts = {first}, stops;
+  for (size_t k = 1; k < threads; ++k) {
+    const size_t from = std::max(list.size() * k / threads, static_cast<size_t>(starts.back() - first));
+    const size_t separator = list.find(",\n  {", from);
+    if (separator == std::string_view::npos) break;
+    stops.push_back(first + separator);
+    starts.push_back(first + separator + 4);
+  }
+  stops.push_back(close);
+  const size_t parts = starts.size();
+  std::vector<std::vector<EntryRecord>> read(parts);
+  std::vector<char> ok(parts, 0);
+  auto read_part = [&](size_t i) {
+    read[i].reserve(entries_bound * static_cast<size_t>(stops[i] - starts[i]) / list.size() + 16);
+    ok[i] = EntriesUpTo(starts[i], stops[i], &read[i]);
+  };
+  std::vector<std::thread> helpers;
+  for (size_t i = 1; i < parts; ++i) {
+    try {
+      helpers.emplace_back(read_part, i);
+    } catch (const std::system_error&) {
+      read_part(i);  // no thread to be had (a pids limit): read it here
+    }
+  }
+  read_part(0);
+  for (std::thread& helper : helpers) helper.join();
+  if (std::find(ok.begin(), ok.end(), 0) != ok.end()) return false;
+  size_t total = 0;
+  for (const auto& part : read) total += part.size();
+  out->reserve(total);
+  for (auto& part : read) std::move(part.begin(), part.end(), std::back_inserter(*out));
+  return true;
 }
 
 }  // namespace
 
-size_t ReadCompactEntryList(std::string_view text, std::vector<EntryRecord>* out) {
+size_t ReadCompactEntryList(std::string_view text, std::vector<EntryRecord>* out, size_t threads) {
   const char* const begin = text.data();
   const char* const end = begin + text.size();
   out->clear();
   if (const char* p = Literal(begin, end, "[]")) return static_cast<size_t>(p - begin);
-  const char* p = Literal(begin, end, "[\n  ");
-  if (p != nullptr) out->reserve(EntryLinesBound(text));
-  std::vector<ChunkRecord> scratch;
-  while (p != nullptr) {
-    out->emplace_back();
-    if ((p = Entry(p, end, &out->back(), &scratch)) == nullptr) return 0;
-    if (const char* last = Literal(p, end, "\n ]")) return static_cast<size_t>(last - begin);
-    p = Literal(p, end, ",\n  ");
+  const char* first = Literal(begin, end, "[\n  ");
+  if (first == nullptr) return 0;
+  const ListClose list = FindListClose(text);
+  if (list.close == std::string_view::npos || begin + list.close < first) return 0;
+  const char* close = begin + list.close;
+  const size_t useful_threads = std::min(threads, static_cast<size_t>(close - first) / kBytesPerThread);
+  bool read = false;
+  if (useful_threads > 1) {
+    read = EntriesInParallel(first, close, useful_threads, list.entries_bound, out);
+  } else {
+    out->reserve(list.entries_bound);
+    read = EntriesUpTo(first, close, out);
   }
-  return 0;
+  return read ? list.close + 3 : 0;
 }
 
 }  // namespace shardckpt

@@ -505,12 +505,12 @@ struct CompactEntries {
 // The list after the first `,\n "entries": `. A raw newline never stands inside a JSON string, but
 // the key could still stand inside a nested object: DecodeText checks that the top-level
 // "entries" is the list read here.
-bool ReadCompactEntries(std::string_view body, CompactEntries* out) {
+bool ReadCompactEntries(std::string_view body, CompactEntries* out, size_t threads) {
   constexpr std::string_view kKey = ",\n \"entries\": ";
   const size_t key = body.find(kKey);
   if (key == std::string_view::npos) return false;
   out->open = key + kKey.size();
-  out->length = ReadCompactEntryList(body.substr(out->open), &out->entries);
+  out->length = ReadCompactEntryList(body.substr(out->open), &out->entries, threads);
   return out->length != 0;
 }
 
@@ -678,14 +678,14 @@ Result<Manifest> DecodeText(const std::string& text, SealShape seal, uint64_t re
 
 }  // namespace
 
-Result<Manifest> DecodeManifest(const std::string& text, const std::string& origin) {
+Result<Manifest> DecodeManifest(const std::string& text, const std::string& origin, size_t threads) {
   uint64_t recorded = 0;
   const SealShape seal = FindSeal(text, &recorded);
   // Past simdjson's largest document the general path refuses the text; so does this one, though
   // the text without its entries would fit.
   if (seal == SealShape::kPresent && text.size() <= simdjson::SIMDJSON_MAXSIZE_BYTES) {
     CompactEntries compact;
-    if (ReadCompactEntries(SealedBody(text), &compact)) {
+    if (ReadCompactEntries(SealedBody(text), &compact, threads)) {
       Result<Manifest> m = DecodeText(text, seal, recorded, &compact, origin);
       if (m.ok()) return m;
     }

@@ -118,7 +118,9 @@ struct ManifestTextPieces {
 Result<ManifestTextPieces> EncodeManifestWithBody(const Manifest& head, const ManifestBody& body);
 // Parses and validates. `origin` (the file path) prefixes every message. Reads the layout of
 // every writer so far (the older one-number-per-line text included) and fields in any order.
-Result<Manifest> DecodeManifest(const std::string& json, const std::string& origin);
+// `threads` > 1 reads a large entries list on that many threads (ReadCompactEntryList): for a
+// process that has the CPUs to itself, not ranks that decode side by side.
+Result<Manifest> DecodeManifest(const std::string& json, const std::string& origin, size_t threads = 1);
 // Whether any chunk or blob starts off a 4096-byte block (format 1.1).
 bool UsesPackedOffsets(const Manifest& manifest);
 // Everything that can be checked without touching the data files: names, bounds, overflow,
