@@ -144,7 +144,11 @@ Status ShareManifestText(Communicator& comm, ManifestRead* read) {
   }
   read->every_rank_parses = EveryRankParses(read->sharing, ranks);
   // Known only where gathered (kAuto): a forced mode decodes on one thread per rank.
-  if (read->every_rank_parses && !ranks.empty()) read->decode_threads = DecodeThreadsFor(CpusPerRank(ranks));
+  // Capped by this rank's own CPUs: ranks bound unevenly (one to a single CPU, another to seven)
+  // share their host's CPUs unevenly too.
+  if (read->every_rank_parses && !ranks.empty()) {
+    read->decode_threads = std::min(DecodeThreadsFor(CpusPerRank(ranks)), ThisProcessDecodeThreads());
+  }
   if (read->every_rank_parses) SC_RETURN_IF_ERROR(BroadcastString(comm, &read->text, 0));
   return Status::Ok();
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <iterator>
 #include <string>
 #include <system_error>
@@ -188,8 +189,10 @@ bool EntriesUpTo(const char* p, const char* stop, std::vector<EntryRecord>* out)
   }
 }
 
-// Below this, a thread's start costs more than it saves.
+// Below this, a thread's start costs more than it saves; past the most, a decode is held by its
+// sequential parts (the callers ask for 4 at most).
 constexpr size_t kBytesPerThread = size_t{1} << 20;
+constexpr size_t kMostThreads = 16;
 
 // The list's entries, [first, close), read by up to `threads` threads, each from a separator on:
 // the grammar is a sequence of entries with one separator between each two, and every entry this
@@ -210,11 +213,19 @@ bool EntriesInParallel(const char* first, const char* close, size_t threads, siz
   const size_t parts = starts.size();
   std::vector<std::vector<EntryRecord>> read(parts);
   std::vector<char> ok(parts, 0);
-  auto read_part = [&](size_t i) {
-    read[i].reserve(entries_bound * static_cast<size_t>(stops[i] - starts[i]) / list.size() + 16);
-    ok[i] = EntriesUpTo(starts[i], stops[i], &read[i]);
+  // What a part threw (std::bad_alloc), rethrown here as the one-thread read would throw it: out of
+  // a helper thread it would end the process.
+  std::vector<std::exception_ptr> thrown(parts);
+  auto read_part = [&](size_t i) noexcept {
+    try {
+      read[i].reserve(entries_bound * static_cast<size_t>(stops[i] - starts[i]) / list.size() + 16);
+      ok[i] = EntriesUpTo(starts[i], stops[i], &read[i]);
+    } catch (...) {
+      thrown[i] = std::current_exception();
+    }
   };
   std::vector<std::thread> helpers;
+  helpers.reserve(parts);
   for (size_t i = 1; i < parts; ++i) {
     try {
       helpers.emplace_back(read_part, i);
@@ -224,6 +235,9 @@ bool EntriesInParallel(const char* first, const char* close, size_t threads, siz
   }
   read_part(0);
   for (std::thread& helper : helpers) helper.join();
+  for (const std::exception_ptr& e : thrown) {
+    if (e) std::rethrow_exception(e);
+  }
   if (std::find(ok.begin(), ok.end(), 0) != ok.end()) return false;
   size_t total = 0;
   for (const auto& part : read) total += part.size();
@@ -244,7 +258,8 @@ size_t ReadCompactEntryList(std::string_view text, std::vector<EntryRecord>* out
   const ListClose list = FindListClose(text);
   if (list.close == std::string_view::npos || begin + list.close < first) return 0;
   const char* close = begin + list.close;
-  const size_t useful_threads = std::min(threads, static_cast<size_t>(close - first) / kBytesPerThread);
+  const size_t useful_threads =
+      std::min({threads, kMostThreads, static_cast<size_t>(close - first) / kBytesPerThread});
   bool read = false;
   if (useful_threads > 1) {
     read = EntriesInParallel(first, close, useful_threads, list.entries_bound, out);

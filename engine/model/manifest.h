@@ -118,8 +118,8 @@ struct ManifestTextPieces {
 Result<ManifestTextPieces> EncodeManifestWithBody(const Manifest& head, const ManifestBody& body);
 // Parses and validates. `origin` (the file path) prefixes every message. Reads the layout of
 // every writer so far (the older one-number-per-line text included) and fields in any order.
-// `threads` > 1 reads a large entries list on that many threads (ReadCompactEntryList): for a
-// process that has the CPUs to itself, not ranks that decode side by side.
+// `threads` > 1 reads a large entries list on up to that many threads (ReadCompactEntryList): as
+// many as the CPUs the caller has to itself (a tool's, a rank's share of its host's).
 Result<Manifest> DecodeManifest(const std::string& json, const std::string& origin, size_t threads = 1);
 // Whether any chunk or blob starts off a 4096-byte block (format 1.1).
 bool UsesPackedOffsets(const Manifest& manifest);
