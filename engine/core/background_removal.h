@@ -25,8 +25,8 @@ namespace shardckpt {
 // descriptor still the caller's, when no helper thread could be started.
 bool RemoveInBackground(std::string path, int locked_fd);
 
-// Returns once every folder queued so far has been deleted (or its failure logged), and whatever
-// else the helper thread had queued has run.
+// Returns once every folder queued so far has been deleted (or its failure logged), with the
+// helper thread's other awaited jobs queued before it (not a load's manifest frees).
 void WaitForBackgroundRemovals();
 
 }  // namespace shardckpt

@@ -139,15 +139,17 @@ Status ShareManifestText(Communicator& comm, ManifestRead* read) {
     return Status::Ok();
   }
   std::vector<std::string> ranks;
+  std::string mine;
   if (read->sharing == ManifestSharing::kAuto) {
-    SC_RETURN_IF_ERROR(comm.AllGather(ThisRanksCpus() + " " + save_phases::HostName(), &ranks));
+    mine = ThisRanksCpus();
+    SC_RETURN_IF_ERROR(comm.AllGather(mine + " " + save_phases::HostName(), &ranks));
   }
   read->every_rank_parses = EveryRankParses(read->sharing, ranks);
-  // Known only where gathered (kAuto): a forced mode decodes on one thread per rank.
-  // Capped by this rank's own CPUs: ranks bound unevenly (one to a single CPU, another to seven)
-  // share their host's CPUs unevenly too.
+  // Known only where gathered (kAuto): a forced mode decodes on one thread per rank. Capped by
+  // this rank's own CPUs: ranks bound unevenly (one to a single CPU, another to seven) share their
+  // host's CPUs unevenly too.
   if (read->every_rank_parses && !ranks.empty()) {
-    read->decode_threads = std::min(DecodeThreadsFor(CpusPerRank(ranks)), ThisProcessDecodeThreads());
+    read->decode_threads = std::min(DecodeThreadsFor(CpusPerRank(ranks)), ThisProcessDecodeThreads(mine));
   }
   if (read->every_rank_parses) SC_RETURN_IF_ERROR(BroadcastString(comm, &read->text, 0));
   return Status::Ok();
@@ -223,7 +225,7 @@ bool EveryRankParses(ManifestSharing mode, const std::vector<std::string>& ranks
 
 size_t DecodeThreadsFor(long cpus_per_rank) { return static_cast<size_t>(std::clamp(cpus_per_rank, 1L, 4L)); }
 
-size_t ThisProcessDecodeThreads() { return DecodeThreadsFor(CpusPerRank({ThisRanksCpus() + " this-host"})); }
+size_t ThisProcessDecodeThreads(const std::string& cpus) { return DecodeThreadsFor(CpusPerRank({cpus + " this-host"})); }
 
 std::unique_ptr<FileReadAhead> StartReadAhead(const ManifestRead& read, int rank, const LoadOptions& options) {
   return FileReadAhead::Start(JoinPath(read.dir, RankFileName(rank)), read.hint, options.read_ahead_max_bytes,

@@ -63,10 +63,11 @@ long CpusPerRank(const std::vector<std::string>& ranks);
 // Threads to decode a manifest on, given CpusPerRank: at least 1, at most 4 (past that a decode is
 // held by its sequential parts).
 size_t DecodeThreadsFor(long cpus_per_rank);
-// The same for this process alone (the tools, a one-rank job, rank 0 reading for retention).
-size_t ThisProcessDecodeThreads();
 // "<quota CPUs, 0 for none> <affinity mask as hex digits, CPU 0 in the first digit's low bit>".
 std::string ThisRanksCpus();
+// The same for this process alone (the tools, a one-rank job, rank 0 reading for retention), from
+// its ThisRanksCpus() (read again when not given).
+size_t ThisProcessDecodeThreads(const std::string& cpus = ThisRanksCpus());
 // This rank's read ahead of its own data file, where worth it; null otherwise.
 std::unique_ptr<FileReadAhead> StartReadAhead(const ManifestRead& read, int rank, const LoadOptions& options);
 // Broadcast rank 0's status and checked manifest, as a binary message (manifest_wire.h) that the

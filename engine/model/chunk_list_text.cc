@@ -256,7 +256,7 @@ size_t ReadCompactEntryList(std::string_view text, std::vector<EntryRecord>* out
   const char* first = Literal(begin, end, "[\n  ");
   if (first == nullptr) return 0;
   const ListClose list = FindListClose(text);
-  if (list.close == std::string_view::npos || begin + list.close < first) return 0;
+  if (list.close == std::string_view::npos) return 0;  // after `first`: "[\n  " holds no "\n ]"
   const char* close = begin + list.close;
   const size_t useful_threads =
       std::min({threads, kMostThreads, static_cast<size_t>(close - first) / kBytesPerThread});
