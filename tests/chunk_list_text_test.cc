@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -250,6 +252,7 @@ TEST(CompactEntryList, IsSizedOnceAndAHostileTextReservesLittle) {
   ASSERT_EQ(entries.size(), 1000u);
   EXPECT_EQ(entries.capacity(), 1000u);
   EXPECT_EQ(entries[999].chunks[0].offset, 3996u);
+  EXPECT_EQ(entries[999].chunks.get_allocator().arena(), nullptr);  // 100 KB of text: on the heap
   // Newlines and no close: nothing reserved. Newlines, then a close: at most a 61st of the size.
   const std::string open = "[\n  " + std::string(96000, '\n');
   std::vector<EntryRecord> fresh;
@@ -287,10 +290,21 @@ TEST(CompactEntryList, ReadsTheSameOnManyThreads) {
   std::vector<EntryRecord> one;
   ASSERT_EQ(ReadCompactEntryList(text, &one, 1), list.size());
   ASSERT_EQ(one.size(), 40000u);
+  // A list this large puts its chunks in an arena (record_arena.h): one for one thread, one per
+  // part for several, so that no two threads share one.
+  auto arenas_of = [](const std::vector<EntryRecord>& entries) {
+    std::set<const RecordArena*> arenas;
+    for (const EntryRecord& e : entries) arenas.insert(e.chunks.get_allocator().arena().get());
+    return arenas;
+  };
+  EXPECT_EQ(arenas_of(one).size(), 1u);
+  EXPECT_EQ(arenas_of(one).count(nullptr), 0u);
   for (size_t threads : {2, 3, 4, 7}) {
     std::vector<EntryRecord> many;
     ASSERT_EQ(ReadCompactEntryList(text, &many, threads), list.size()) << threads;
     ASSERT_EQ(many.size(), one.size()) << threads;
+    EXPECT_EQ(arenas_of(many).size(), std::min(threads, list.size() >> 20));  // a part is 1 MiB at least
+    EXPECT_EQ(arenas_of(many).count(nullptr), 0u);
     for (size_t i = 0; i < one.size(); ++i) {
       ASSERT_EQ(many[i].name, one[i].name) << threads;
       ASSERT_EQ(many[i].dtype, one[i].dtype) << one[i].name;

@@ -5,7 +5,9 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <random>
+#include <string>
 
 #include "shardckpt/engine/model/wire.h"
 
@@ -121,6 +123,35 @@ TEST(ManifestMessage, SmallNumbersTakeOneByte) {
   const size_t one = EncodeManifestMessage(m).size();
   m.entries[0].chunks.push_back(ChunkRecord{1, 64, 64, Layout::FlatRange(16, 32)});
   EXPECT_EQ(EncodeManifestMessage(m).size(), one + 6);
+}
+
+// A large message's chunk lists share one arena (record_arena.h); a small one's stay on the heap,
+// where a 2 MiB block would be mostly unused.
+TEST(ManifestMessage, LargeMessagesDecodeIntoAnArena) {
+  Manifest m;
+  for (int i = 0; i < 30000; ++i) {
+    EntryRecord e{"layers." + std::to_string(i) + ".weight", DType::kFloat32, {64, 8}, {}};
+    for (int64_t r = 0; r < 4; ++r) {
+      e.chunks.push_back(ChunkRecord{static_cast<uint32_t>(r), 4096u * i, 512, Layout::Box({16 * r, 0}, {16, 8})});
+    }
+    m.entries.push_back(e);
+  }
+  const std::string message = EncodeManifestMessage(m);
+  ASSERT_GE(message.size(), kArenaMinTextBytes);
+  Result<Manifest> back = DecodeManifestMessage(message, "m");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ASSERT_EQ(back->entries.size(), 30000u);
+  const std::shared_ptr<RecordArena> arena = back->entries[0].chunks.get_allocator().arena();
+  ASSERT_NE(arena, nullptr);
+  for (const EntryRecord& e : back->entries) ASSERT_EQ(e.chunks.get_allocator().arena(), arena) << e.name;
+  EXPECT_EQ(back->entries[29999].chunks[3].layout, Layout::Box({48, 0}, {16, 8}));
+  EXPECT_EQ(back->entries[29999].chunks[3].offset, 4096u * 29999);
+  // Blocks double: what is mapped stays under twice what is used, plus the first block.
+  EXPECT_LT(arena->ReservedBytes(), 2 * 120000 * sizeof(ChunkRecord) + (size_t{2} << 20));
+
+  Result<Manifest> small = DecodeManifestMessage(EncodeManifestMessage(Everything()), "m");
+  ASSERT_TRUE(small.ok());
+  EXPECT_EQ(small->entries[0].chunks.get_allocator().arena(), nullptr);
 }
 
 // Whatever a cut or changed message holds, reading it is refused with the origin named or gives

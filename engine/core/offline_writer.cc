@@ -119,7 +119,7 @@ namespace {
 // Chunks were added naming their rank (AddPiece); the manifest names the file and lists an
 // entry's chunks in file order, each file's in the order they were added (a stable sort, and
 // none at all for the usual rank-by-rank adds).
-void NumberChunkFiles(const std::vector<uint32_t>& file_of_rank, std::vector<ChunkRecord>* chunks) {
+void NumberChunkFiles(const std::vector<uint32_t>& file_of_rank, ChunkRecords* chunks) {
   for (ChunkRecord& c : *chunks) c.file = file_of_rank[c.file];
   auto by_file = [](const ChunkRecord& a, const ChunkRecord& b) { return a.file < b.file; };
   if (!std::is_sorted(chunks->begin(), chunks->end(), by_file)) std::stable_sort(chunks->begin(), chunks->end(), by_file);

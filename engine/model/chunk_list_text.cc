@@ -7,6 +7,7 @@
 #include <cstring>
 #include <exception>
 #include <iterator>
+#include <memory>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -123,8 +124,9 @@ const char* PlainString(const char* p, const char* end, std::string_view* out) {
 }
 
 // `{"name": "N", "dtype": "D", "shape": [...], "chunks": [...]}`. `scratch` is reused from entry to
-// entry, so that each entry's chunk list is allocated once, at its size.
-const char* Entry(const char* p, const char* end, EntryRecord* e, std::vector<ChunkRecord>* scratch) {
+// entry, so that each entry's chunk list is allocated once, at its size, from `chunk_memory`.
+const char* Entry(const char* p, const char* end, EntryRecord* e, std::vector<ChunkRecord>* scratch,
+                  const ArenaAllocator<ChunkRecord>& chunk_memory) {
   std::string_view name, dtype;
   p = PlainString(Literal(p, end, "{\"name\": \""), end, &name);
   p = PlainString(Literal(p, end, "\", \"dtype\": \""), end, &dtype);
@@ -142,7 +144,7 @@ const char* Entry(const char* p, const char* end, EntryRecord* e, std::vector<Ch
   scratch->clear();
   p = ChunkList(Literal(p, end, ", \"chunks\": "), end, scratch);
   if ((p = Char(p, end, '}')) == nullptr) return nullptr;
-  e->chunks.assign(std::make_move_iterator(scratch->begin()), std::make_move_iterator(scratch->end()));
+  e->chunks = ChunkRecords(std::make_move_iterator(scratch->begin()), std::make_move_iterator(scratch->end()), chunk_memory);
   return p;
 }
 
@@ -178,12 +180,15 @@ ListClose FindListClose(std::string_view text) {
 }
 
 // The entries from `p` (an entry's '{') to `stop` (where a ",\n  " separator or the closing
-// "\n ]" stands), appended to `out`: false unless they end exactly there.
+// "\n ]" stands), appended to `out`: false unless they end exactly there. A large text's chunk
+// lists go to an arena of this call's own, so that threads reading parts never share one.
 bool EntriesUpTo(const char* p, const char* stop, std::vector<EntryRecord>* out) {
   std::vector<ChunkRecord> scratch;
+  const ArenaAllocator<ChunkRecord> chunk_memory(
+      static_cast<size_t>(stop - p) >= kArenaMinTextBytes ? std::make_shared<RecordArena>() : nullptr);
   while (true) {
     out->emplace_back();
-    if ((p = Entry(p, stop, &out->back(), &scratch)) == nullptr) return false;
+    if ((p = Entry(p, stop, &out->back(), &scratch, chunk_memory)) == nullptr) return false;
     if (p == stop) return true;
     if ((p = Literal(p, stop, ",\n  ")) == nullptr) return false;
   }

@@ -20,6 +20,7 @@
 
 #include "shardckpt/engine/model/dtype.h"
 #include "shardckpt/engine/model/layout.h"
+#include "shardckpt/engine/model/record_arena.h"
 
 namespace shardckpt {
 
@@ -50,11 +51,14 @@ struct ChunkRecord {
   Layout layout;
 };
 
+// An entry's chunks: on the heap, or in the arena of the decode that read them (record_arena.h).
+using ChunkRecords = std::vector<ChunkRecord, ArenaAllocator<ChunkRecord>>;
+
 struct EntryRecord {
   std::string name;
   DType dtype = DType::kFloat32;
   Shape shape;
-  std::vector<ChunkRecord> chunks;
+  ChunkRecords chunks;
 };
 
 enum class BlobScope : uint8_t { kGlobal, kPerRank };

@@ -2,6 +2,7 @@
 
 #include <climits>
 #include <cstring>
+#include <memory>
 #include <utility>
 
 #include "shardckpt/engine/model/wire.h"
@@ -174,13 +175,16 @@ Result<Manifest> DecodeManifestMessage(const std::string& message, const std::st
     if (!r.ok()) break;
   }
   m.entries.resize(r.VarCount(kMinEntryBytes));
+  // A large message's chunk lists share an arena (record_arena.h says why).
+  const ArenaAllocator<ChunkRecord> chunk_memory(message.size() >= kArenaMinTextBytes ? std::make_shared<RecordArena>()
+                                                                                      : nullptr);
   for (EntryRecord& e : m.entries) {
     e.name = r.VarStr();
     const uint64_t dtype = r.Var();
     if (dtype >= static_cast<uint64_t>(kNumDTypes)) r.Fail();
     e.dtype = static_cast<DType>(dtype);
     r.VarIntsInto(&e.shape);
-    e.chunks.resize(r.VarCount(kMinChunkBytes));
+    e.chunks = ChunkRecords(r.VarCount(kMinChunkBytes), chunk_memory);
     for (ChunkRecord& chunk : e.chunks) {
       chunk.file = u32();
       chunk.offset = r.Var();
