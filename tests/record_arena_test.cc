@@ -43,6 +43,36 @@ TEST(RecordArena, HandsOutAlignedDisjointMemoryInGrowingBlocks) {
   EXPECT_GE(arena.ReservedBytes(), before + (size_t{100} << 20));
 }
 
+// A finished arena's blocks serve the next arena (memory already faulted in); at most 64 MiB are
+// kept, the rest freed.
+TEST(RecordArena, TheNextArenaReusesTheBlocksOfTheLast) {
+  constexpr size_t kMiB = size_t{1} << 20;
+  ReleaseCachedArenaBlocks();
+  ASSERT_EQ(RecordArenaCachedBytes(), 0u);
+  void* first_block = nullptr;
+  void* second_block = nullptr;
+  {
+    RecordArena arena;
+    first_block = arena.Allocate(kMiB);       // the 2 MiB block
+    second_block = arena.Allocate(3 * kMiB);  // the 4 MiB block
+  }
+  EXPECT_EQ(RecordArenaCachedBytes(), 6 * kMiB);
+  {
+    RecordArena arena;
+    EXPECT_EQ(arena.Allocate(kMiB), first_block);
+    EXPECT_EQ(arena.Allocate(3 * kMiB), second_block);
+    EXPECT_EQ(RecordArenaCachedBytes(), 0u);
+  }
+  {
+    RecordArena arena;
+    for (int i = 0; i < 8; ++i) arena.Allocate(30 * kMiB);  // blocks of 2..64 MiB, then 64s
+  }
+  EXPECT_GT(RecordArenaCachedBytes(), 0u);
+  EXPECT_LE(RecordArenaCachedBytes(), size_t{64} << 20);
+  ReleaseCachedArenaBlocks();
+  EXPECT_EQ(RecordArenaCachedBytes(), 0u);
+}
+
 ChunkRecord Chunk(uint64_t offset) {
   ChunkRecord c;
   c.offset = offset;

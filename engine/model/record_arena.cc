@@ -1,5 +1,7 @@
 #include "shardckpt/engine/model/record_arena.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <new>
 
@@ -12,11 +14,61 @@ namespace {
 constexpr size_t kFirstBlockBytes = size_t{2} << 20;
 constexpr size_t kLargestBlockBytes = size_t{64} << 20;
 constexpr size_t kAlignment = alignof(std::max_align_t);
+
+// Blocks of arenas that are gone, kept for the next: a process that decodes again (a message after
+// its text, the next load) reuses memory already faulted in, where the heap would have reused
+// what it kept. Without them a warm decode of 40,000 chunks took 4.3-4.8 ms instead of 2.8 (the
+// manifest message, best of 10). At most kCachedBytes are kept; arenas ask for the same
+// doubling sizes, so a block is taken again only at its own size.
+constexpr size_t kCachedBytes = size_t{64} << 20;
+struct BlockCache {
+  std::mutex mutex;
+  std::vector<std::pair<void*, size_t>> blocks;
+  size_t bytes = 0;
+};
+BlockCache& Cache() {
+  // Never destroyed: arenas may be freed by static destructors after it would be.
+  static BlockCache* const cache = [] {
+    auto* made = new BlockCache();
+    // A fork while another thread holds the lock would leave the child's copy locked for good.
+    pthread_atfork([] { Cache().mutex.lock(); }, [] { Cache().mutex.unlock(); }, [] { Cache().mutex.unlock(); });
+    return made;
+  }();
+  return *cache;
+}
+
+void* TakeBlock(size_t bytes) {
+  {
+    BlockCache& cache = Cache();
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    for (auto it = cache.blocks.begin(); it != cache.blocks.end(); ++it) {
+      if (it->second == bytes) {
+        void* block = it->first;
+        cache.bytes -= bytes;
+        cache.blocks.erase(it);
+        return block;
+      }
+    }
+  }
+  return DefaultHostAllocator().allocate(bytes);
+}
+
+void GiveBack(void* block, size_t bytes) {
+  {
+    BlockCache& cache = Cache();
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    if (cache.bytes + bytes <= kCachedBytes) {
+      cache.blocks.emplace_back(block, bytes);
+      cache.bytes += bytes;
+      return;
+    }
+  }
+  DefaultHostAllocator().release(block);
+}
 }  // namespace
 
 RecordArena::~RecordArena() {
-  const HostAllocator allocator = DefaultHostAllocator();
-  for (const auto& [block, bytes] : blocks_) allocator.release(block);
+  for (const auto& [block, bytes] : blocks_) GiveBack(block, bytes);
 }
 
 void* RecordArena::Allocate(size_t bytes) {
@@ -26,7 +78,7 @@ void* RecordArena::Allocate(size_t bytes) {
     size_t block_bytes = blocks_.empty() ? kFirstBlockBytes : std::min(blocks_.back().second * 2, kLargestBlockBytes);
     block_bytes = std::max(block_bytes, bytes);
     blocks_.reserve(blocks_.size() + 1);  // so that the push below cannot throw and leak the block
-    void* block = DefaultHostAllocator().allocate(block_bytes);
+    void* block = TakeBlock(block_bytes);
     if (block == nullptr) throw std::bad_alloc();
     blocks_.emplace_back(block, block_bytes);
     next_ = static_cast<char*>(block);
@@ -35,6 +87,23 @@ void* RecordArena::Allocate(size_t bytes) {
   void* out = next_;
   next_ += bytes;
   return out;
+}
+
+size_t RecordArenaCachedBytes() {
+  BlockCache& cache = Cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  return cache.bytes;
+}
+
+void ReleaseCachedArenaBlocks() {
+  std::vector<std::pair<void*, size_t>> blocks;
+  {
+    BlockCache& cache = Cache();
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    blocks.swap(cache.blocks);
+    cache.bytes = 0;
+  }
+  for (const auto& block : blocks) DefaultHostAllocator().release(block.first);
 }
 
 size_t RecordArena::ReservedBytes() const {

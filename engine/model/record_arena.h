@@ -7,6 +7,8 @@
 // which maps them on huge pages where the kernel offers transparent huge pages (512 times fewer
 // faults; SHARDCKPT_HUGE_PAGES=0 turns that off), and frees them all at once.
 //
+// A finished arena's blocks are kept for the next arena, up to 64 MiB in the process.
+//
 // An ArenaAllocator holds its arena by shared_ptr, so a list outlives neither its memory nor a
 // manifest that was moved, and a copied list goes to the heap (select_on_container_copy_
 // construction): a copy never pins a decode's arena. A default-constructed allocator is the heap.
@@ -85,6 +87,12 @@ class ArenaAllocator {
  private:
   std::shared_ptr<RecordArena> arena_;
 };
+
+// Blocks of finished arenas kept for the next ones (process-wide, 64 MiB at most), so that a
+// process that decodes again reuses memory it already faulted in, as the heap would.
+size_t RecordArenaCachedBytes();
+// Frees the kept blocks: for a program that wants that memory back now, and for tests.
+void ReleaseCachedArenaBlocks();
 
 // Where a decoder puts lists whose total size it cannot know ahead: an arena once the text it
 // decodes is large enough that the arena's first huge page is well used, else the heap.
