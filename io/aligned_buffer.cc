@@ -1,5 +1,6 @@
 #include "shardckpt/io/aligned_buffer.h"
 
+#include <pthread.h>
 #include <sys/mman.h>
 
 #include <atomic>
@@ -42,6 +43,12 @@ size_t KernelHugePageBytes() {
 
 // Mappings made for huge pages, by address: release unmaps them, frees everything else.
 std::mutex g_mapped_mutex;
+// Huge-page buffers are freed on helper threads too (a decoded manifest's arena, freed off a
+// load's path): a fork while one holds the lock would leave the child's copy locked for good.
+[[maybe_unused]] const bool kMappedForkHandlers = [] {
+  pthread_atfork([] { g_mapped_mutex.lock(); }, [] { g_mapped_mutex.unlock(); }, [] { g_mapped_mutex.unlock(); });
+  return true;
+}();
 std::unordered_map<void*, size_t>& Mapped() {
   static auto* mapped = new std::unordered_map<void*, size_t>();
   return *mapped;

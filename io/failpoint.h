@@ -11,6 +11,8 @@
 // io.read and io.read.complete count a load's read ahead of its own file too
 // (engine/core/read_ahead.h); a read ahead that fails is dropped and the file read again, so a
 // failpoint that fires once (#nth) there fails that read, not the load.
+// arena.block fails the allocation of a block for a decode's chunk lists (engine/model/record_arena.h),
+// as if memory ran out: the decode then fails with an out-of-memory Status.
 // Each firing is logged; SHARDCKPT_FAILPOINTS_FIRED=FILE also appends "NAME RANK ACTION" to FILE,
 // so campaigns count what fired.
 #pragma once

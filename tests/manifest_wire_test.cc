@@ -10,6 +10,7 @@
 #include <string>
 
 #include "shardckpt/engine/model/wire.h"
+#include "shardckpt/io/failpoint.h"
 
 namespace shardckpt {
 namespace {
@@ -152,6 +153,21 @@ TEST(ManifestMessage, LargeMessagesDecodeIntoAnArena) {
   Result<Manifest> small = DecodeManifestMessage(EncodeManifestMessage(Everything()), "m");
   ASSERT_TRUE(small.ok());
   EXPECT_EQ(small->entries[0].chunks.get_allocator().arena(), nullptr);
+
+  // No memory for the arena: a Status naming the origin, as every rank must hear of it, not a
+  // throw. The JSON decoder does the same.
+  Result<std::string> text = EncodeManifest(*back);
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  ReleaseCachedArenaBlocks();
+  ASSERT_TRUE(SetFailpoints("arena.block=EIO").ok());
+  Result<Manifest> starved = DecodeManifestMessage(message, "ckpt/step-7/manifest.json");
+  Result<Manifest> starved_text = DecodeManifest(*text, "ckpt/step-7/manifest.json");
+  ASSERT_TRUE(SetFailpoints("").ok());
+  ASSERT_FALSE(starved.ok());
+  EXPECT_THAT(starved.status().message(), HasSubstr("ckpt/step-7/manifest.json: out of memory decoding the manifest"));
+  ASSERT_FALSE(starved_text.ok());
+  EXPECT_THAT(starved_text.status().message(), HasSubstr("ckpt/step-7/manifest.json: out of memory decoding the manifest"));
+  EXPECT_TRUE(DecodeManifestMessage(message, "m").ok());
 }
 
 // Whatever a cut or changed message holds, reading it is refused with the origin named or gives

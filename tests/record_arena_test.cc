@@ -65,9 +65,17 @@ TEST(RecordArena, TheNextArenaReusesTheBlocksOfTheLast) {
   }
   {
     RecordArena arena;
-    for (int i = 0; i < 8; ++i) arena.Allocate(30 * kMiB);  // blocks of 2..64 MiB, then 64s
+    arena.Allocate(kMiB);
+    arena.Allocate(40 * kMiB);  // past the next size (4 MiB): a block of its own, not kept
   }
-  EXPECT_GT(RecordArenaCachedBytes(), 0u);
+  EXPECT_EQ(RecordArenaCachedBytes(), 6 * kMiB);  // the 2 and 4 MiB blocks again, not the 40 MiB one
+  {
+    RecordArena arena;
+    for (int i = 0; i < 12; ++i) arena.Allocate(kMiB + kMiB / 2);  // blocks of 2, 4, 8 and 16 MiB
+    EXPECT_EQ(arena.ReservedBytes(), 30 * kMiB);
+    for (int i = 0; i < 40; ++i) arena.Allocate(30 * kMiB);  // then 32, 64, 64, ... MiB
+  }
+  EXPECT_GT(RecordArenaCachedBytes(), 30 * kMiB);
   EXPECT_LE(RecordArenaCachedBytes(), size_t{64} << 20);
   ReleaseCachedArenaBlocks();
   EXPECT_EQ(RecordArenaCachedBytes(), 0u);
@@ -117,7 +125,26 @@ TEST(ArenaAllocator, ListsKeepTheirArenaAndCopiesGoToTheHeap) {
     EXPECT_EQ(entries[0].chunks[500].offset, 501u);
     EXPECT_FALSE(watch.expired());
   }
+  // A move copies the allocator, so the lists moved from hold the arena until they are given
+  // another or are gone.
+  EXPECT_FALSE(watch.expired());
+  in_arena = ChunkRecords();
+  moved = ChunkRecords();
+  assigned = ChunkRecords();
   EXPECT_TRUE(watch.expired());
+}
+
+// A moved-from allocator still equals the original (containers other than vector free through
+// it after a move).
+TEST(ArenaAllocator, AMoveCopies) {
+  ArenaAllocator<ChunkRecord> original(std::make_shared<RecordArena>());
+  ArenaAllocator<ChunkRecord> moved_from = original;
+  ArenaAllocator<ChunkRecord> moved_to = std::move(moved_from);
+  EXPECT_EQ(moved_from, original);  // NOLINT(bugprone-use-after-move): what is tested
+  EXPECT_EQ(moved_to, original);
+  ArenaAllocator<ChunkRecord> assigned;
+  assigned = std::move(moved_to);
+  EXPECT_EQ(moved_to, original);  // NOLINT(bugprone-use-after-move)
 }
 
 TEST(ArenaAllocator, TheDefaultIsTheHeap) {

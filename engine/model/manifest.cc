@@ -678,7 +678,9 @@ Result<Manifest> DecodeText(const std::string& text, SealShape seal, uint64_t re
 
 }  // namespace
 
-Result<Manifest> DecodeManifest(const std::string& text, const std::string& origin, size_t threads) {
+namespace {
+
+Result<Manifest> DecodeManifestUnguarded(const std::string& text, const std::string& origin, size_t threads) {
   uint64_t recorded = 0;
   const SealShape seal = FindSeal(text, &recorded);
   // Past simdjson's largest document the general path refuses the text; so does this one, though
@@ -693,6 +695,24 @@ Result<Manifest> DecodeManifest(const std::string& text, const std::string& orig
     // damaged or hostile manifest is read twice then, but never held twice: `compact` is gone.
   }
   return DecodeText(text, seal, recorded, nullptr, origin);
+}
+
+}  // namespace
+
+Status OutOfMemoryDecoding(const std::string& origin, size_t text_bytes) {
+  return Status(Code::kInternal, origin + ": out of memory decoding the manifest (" + std::to_string(text_bytes) +
+                                     " bytes); give this process more memory");
+}
+
+Result<Manifest> DecodeManifest(const std::string& text, const std::string& origin, size_t threads) {
+  // Out of memory is the one failure a manifest within the size limit can still meet (a rank's
+  // memory limit): as a Status every rank hears of it, where a throw would leave the others
+  // waiting in the next collective.
+  try {
+    return DecodeManifestUnguarded(text, origin, threads);
+  } catch (const std::bad_alloc&) {
+    return OutOfMemoryDecoding(origin, text.size());
+  }
 }
 
 namespace {

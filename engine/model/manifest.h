@@ -125,6 +125,8 @@ Result<ManifestTextPieces> EncodeManifestWithBody(const Manifest& head, const Ma
 // `threads` > 1 reads a large entries list on up to that many threads (ReadCompactEntryList): as
 // many as the CPUs the caller has to itself (a tool's, a rank's share of its host's).
 Result<Manifest> DecodeManifest(const std::string& json, const std::string& origin, size_t threads = 1);
+// The error DecodeManifest and DecodeManifestMessage return when memory runs out mid-decode.
+Status OutOfMemoryDecoding(const std::string& origin, size_t text_bytes);
 // Whether any chunk or blob starts off a 4096-byte block (format 1.1).
 bool UsesPackedOffsets(const Manifest& manifest);
 // Everything that can be checked without touching the data files: names, bounds, overflow,

@@ -3,6 +3,7 @@
 #include <climits>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <utility>
 
 #include "shardckpt/engine/model/wire.h"
@@ -132,7 +133,9 @@ std::string EncodeManifestMessage(const Manifest& m) {
   return std::move(w.bytes());
 }
 
-Result<Manifest> DecodeManifestMessage(const std::string& message, const std::string& origin) {
+namespace {
+
+Result<Manifest> DecodeMessageUnguarded(const std::string& message, const std::string& origin) {
   WireReader r(message);
   Manifest m;
   auto i32 = [&r] {
@@ -207,6 +210,16 @@ Result<Manifest> DecodeManifestMessage(const std::string& message, const std::st
   }
   if (!r.ok() || !r.done()) return DataLoss(origin + ": the manifest another rank sent is malformed");
   return m;
+}
+
+}  // namespace
+
+Result<Manifest> DecodeManifestMessage(const std::string& message, const std::string& origin) {
+  try {
+    return DecodeMessageUnguarded(message, origin);
+  } catch (const std::bad_alloc&) {  // as DecodeManifest: a Status every rank hears of
+    return OutOfMemoryDecoding(origin, message.size());
+  }
 }
 
 }  // namespace shardckpt

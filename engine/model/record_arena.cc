@@ -6,6 +6,7 @@
 #include <new>
 
 #include "shardckpt/io/aligned_buffer.h"
+#include "shardckpt/io/failpoint.h"
 
 namespace shardckpt {
 namespace {
@@ -27,17 +28,34 @@ struct BlockCache {
   size_t bytes = 0;
 };
 BlockCache& Cache() {
-  // Never destroyed: arenas may be freed by static destructors after it would be.
+  // Never destroyed: arenas may be freed by static destructors after it would be. Room for every
+  // block it may keep (64 MiB of 2 MiB blocks at most), so that keeping one never allocates.
   static BlockCache* const cache = [] {
     auto* made = new BlockCache();
-    // A fork while another thread holds the lock would leave the child's copy locked for good.
-    pthread_atfork([] { Cache().mutex.lock(); }, [] { Cache().mutex.unlock(); }, [] { Cache().mutex.unlock(); });
+    made->blocks.reserve(kCachedBytes / kFirstBlockBytes);
     return made;
   }();
   return *cache;
 }
+// A fork while another thread (the helper thread freeing a manifest) holds the lock would leave
+// the child's copy locked for good. Registered as the program starts, before any thread can fork.
+[[maybe_unused]] const bool kForkHandlersRegistered = [] {
+  pthread_atfork([] { Cache().mutex.lock(); }, [] { Cache().mutex.unlock(); }, [] { Cache().mutex.unlock(); });
+  return true;
+}();
+
+// The sizes arenas ask for: 2 MiB doubling up to 64 MiB. Only those are kept; a block made for one
+// large request would rarely be asked for again at its size.
+bool StandardBlockSize(size_t bytes) {
+  for (size_t size = kFirstBlockBytes; size <= kLargestBlockBytes; size *= 2) {
+    if (bytes == size) return true;
+  }
+  return false;
+}
 
 void* TakeBlock(size_t bytes) {
+  // arena.block: as if the system had no memory for it (the decoders then fail as out of memory).
+  if (!Failpoint("arena.block", "a record arena's block").ok()) return nullptr;
   {
     BlockCache& cache = Cache();
     std::lock_guard<std::mutex> lock(cache.mutex);
@@ -57,7 +75,7 @@ void GiveBack(void* block, size_t bytes) {
   {
     BlockCache& cache = Cache();
     std::lock_guard<std::mutex> lock(cache.mutex);
-    if (cache.bytes + bytes <= kCachedBytes) {
+    if (StandardBlockSize(bytes) && cache.bytes + bytes <= kCachedBytes) {
       cache.blocks.emplace_back(block, bytes);
       cache.bytes += bytes;
       return;

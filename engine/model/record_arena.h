@@ -7,11 +7,15 @@
 // which maps them on huge pages where the kernel offers transparent huge pages (512 times fewer
 // faults; SHARDCKPT_HUGE_PAGES=0 turns that off), and frees them all at once.
 //
-// A finished arena's blocks are kept for the next arena, up to 64 MiB in the process.
+// A finished arena's blocks (those of the doubling sizes) are kept for the next arena, up to 64 MiB
+// in the process: resident memory a process that decoded once keeps until it decodes again, or
+// calls ReleaseCachedArenaBlocks.
 //
 // An ArenaAllocator holds its arena by shared_ptr, so a list outlives neither its memory nor a
-// manifest that was moved, and a copied list goes to the heap (select_on_container_copy_
-// construction): a copy never pins a decode's arena. A default-constructed allocator is the heap.
+// manifest that was moved. A list copy-constructed from an arena's list goes to the heap
+// (select_on_container_copy_construction), so copying a decode's entries does not pin its arena;
+// a list copy-assigned keeps its own allocator (records copied into a decoded list go to that
+// decode's arena). A default-constructed allocator is the heap.
 // Memory a list gives back inside an arena is reused only when the arena goes: lists that are
 // decoded once at their size waste nothing, and one that grows afterwards wastes at most its old
 // sizes (geometric: less than its final size).
@@ -59,6 +63,10 @@ class ArenaAllocator {
 
   ArenaAllocator() noexcept = default;
   explicit ArenaAllocator(std::shared_ptr<RecordArena> arena) noexcept : arena_(std::move(arena)) {}
+  // Declared so that a move copies: a moved-from allocator must still equal the original (the
+  // containers free through it), which an emptied shared_ptr would not.
+  ArenaAllocator(const ArenaAllocator&) noexcept = default;
+  ArenaAllocator& operator=(const ArenaAllocator&) noexcept = default;
   template <typename U>
   ArenaAllocator(const ArenaAllocator<U>& other) noexcept : arena_(other.arena()) {}  // NOLINT: rebinding
 
