@@ -66,7 +66,7 @@ size_t OfflineCheckpointWriter::EntryIndex(const std::string& name, bool* fresh)
   if (last_entry_ < entries_.size() && entries_[last_entry_].name == name) return last_entry_;
   auto [it, added] = entry_of_.try_emplace(name, entries_.size());
   if (added) {
-    entries_.push_back(EntryRecord{name, DType::kUInt8, {}, ChunkRecords(chunk_memory_)});
+    entries_.push_back(EntryRecord{name, DType::kUInt8, {}, {}});
     *fresh = true;
   }
   last_entry_ = it->second;

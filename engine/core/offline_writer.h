@@ -51,12 +51,13 @@ class OfflineCheckpointWriter {
   std::vector<RankFile> ranks_;  // by rank; a rank with no writer has no file
   // Entries in the order first added (the manifest keeps the caller's order), found by name;
   // until Commit each chunk's `file` holds its rank.
+  // The chunk lists stay on the heap: in a RecordArena on huge pages, a reshard to 64 ranks ran 12-18%
+  // faster with a warm page cache but 15-50% slower right after memory was freed on this project's
+  // VM (its host takes freed memory back), in the benchmark's own conditions (benchmarks/README.md,
+  // "Chunk lists in arenas on huge pages").
   std::vector<EntryRecord> entries_;
   std::unordered_map<std::string, size_t> entry_of_;
   size_t last_entry_ = 0;
-  // Where the entries' chunk lists live: a reshard to 64 ranks adds a million chunk records, and
-  // on the heap faulting their memory in was a third of its page faults (record_arena.h).
-  ArenaAllocator<ChunkRecord> chunk_memory_{std::make_shared<RecordArena>()};
   std::vector<std::pair<size_t, size_t>> aliases_;  // entry, target entry
 };
 
