@@ -6,6 +6,7 @@
 #include <new>
 
 #include "shardckpt/io/aligned_buffer.h"
+#include "shardckpt/io/checksum.h"
 #include "shardckpt/io/failpoint.h"
 
 namespace shardckpt {
@@ -90,7 +91,7 @@ RecordArena::~RecordArena() {
 }
 
 void* RecordArena::Allocate(size_t bytes) {
-  bytes = (std::max<size_t>(bytes, 1) + kAlignment - 1) & ~(kAlignment - 1);
+  bytes = static_cast<size_t>(AlignUp(std::max<size_t>(bytes, 1), kAlignment));
   std::lock_guard<std::mutex> lock(mutex_);
   if (static_cast<size_t>(end_ - next_) < bytes) {
     size_t block_bytes = blocks_.empty() ? kFirstBlockBytes : std::min(blocks_.back().second * 2, kLargestBlockBytes);
