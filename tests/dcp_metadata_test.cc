@@ -39,6 +39,20 @@ TEST(ParsedDcpMetadata, AllowedCallablesOnlyWithTheirOwnArguments) {
   EXPECT_NE(Message(ParseDcpMetadata(n, "m").status()).find("NEWOBJ of 'torch.Size' is not allowed"), std::string::npos);
 }
 
+TEST(ParsedDcpMetadata, MemoryFormatMembersByValueOnlyInRange) {
+  // _MEM_FORMAT_ENCODING(N): how Python pickles an Enum member except 3.11.0-3.11.2 (getattr by
+  // name). In range it is read (the pickle then fails only for not being a Metadata).
+  const std::string head = "\x80\x02" "ctorch.distributed.checkpoint.metadata\n_MEM_FORMAT_ENCODING\n";
+  for (char member : {'\x00', '\x01', '\x02'}) {
+    const std::string p = head + "K" + std::string(1, member) + "\x85R.";
+    EXPECT_NE(Message(ParseDcpMetadata(p, "m").status()).find("not a Metadata"), std::string::npos)
+        << Message(ParseDcpMetadata(p, "m").status());
+  }
+  const std::string bad = head + "K\x05\x85R.";
+  EXPECT_NE(Message(ParseDcpMetadata(bad, "m").status()).find("_MEM_FORMAT_ENCODING(5) is not a member"), std::string::npos)
+      << Message(ParseDcpMetadata(bad, "m").status());
+}
+
 TEST(ParsedDcpMetadata, ProtocolsAndOpcodesOutsideTheSetAreRefused) {
   EXPECT_NE(Message(ParseDcpMetadata("\x80\x01N.", "m").status()).find("pickle protocol 1 is not supported"),
             std::string::npos);

@@ -61,6 +61,13 @@ const std::set<std::string>& OtherGlobals() {
   return k;
 }
 
+// torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING's members by value.
+Result<std::string> MemoryFormatName(int64_t value) {
+  static const char* const kNames[] = {"TORCH_CONTIGUOUS_FORMAT", "TORCH_CHANNELS_LAST", "TORCH_PRESERVE_FORMAT"};
+  if (value < 0 || value > 2) return DataLoss("_MEM_FORMAT_ENCODING(" + std::to_string(value) + ") is not a member (0 to 2)");
+  return std::string(kNames[value]);
+}
+
 class Machine : public PickleStack<Value> {
  public:
   Machine(const std::string& data, bool allow_globals) : PickleStack(data.size()), data_(data), allow_globals_(allow_globals) {}
@@ -125,7 +132,11 @@ class Machine : public PickleStack<Value> {
       return Push(v);
     }
     SC_ASSIGN_OR_RETURN(Value* out, New(Value::kString));
-    if (name == "torch.serialization._get_layout" || name == std::string(kMeta) + "_MEM_FORMAT_ENCODING") {
+    if (name == std::string(kMeta) + "_MEM_FORMAT_ENCODING" && a.size() == 1 && a[0]->kind == Value::kInt) {
+      // An enum member by value, `_MEM_FORMAT_ENCODING(0)`: how Python pickles an Enum except
+      // 3.11.0-3.11.2, which write getattr(class, NAME) (below); pip's and conda's Pythons do this.
+      SC_ASSIGN_OR_RETURN(out->s, MemoryFormatName(a[0]->i));
+    } else if (name == "torch.serialization._get_layout" || name == std::string(kMeta) + "_MEM_FORMAT_ENCODING") {
       if (a.size() != 1 || a[0]->kind != Value::kString) return DataLoss(name + " of a non-string");
       out->s = a[0]->s;
     } else if (name == "builtins.getattr") {  // only an enum member: getattr(_MEM_FORMAT_ENCODING, 'NAME')

@@ -245,6 +245,27 @@ def test_every_pickle_protocol_reads(protocol, tmp_path):
     assert_equal_state(full_tensors("single"), torch.load(tmp_path / "o.pt", weights_only=True))
 
 
+def test_memory_format_pickled_by_value_reads(tmp_path):
+    # Python pickles an Enum member as EnumClass(value), except 3.11.0-3.11.2 (this venv's
+    # Debian Python), which write getattr(EnumClass, NAME): folders from pip's and conda's
+    # Pythons look like this one.
+    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
+    folder = copy_folder("single", tmp_path)
+    metadata = pickle.load(open(os.path.join(DATA, "single", ".metadata"), "rb"))
+    metadata.state_dict_metadata["w"].properties.memory_format = torch.channels_last
+    by_value = lambda member, protocol: (type(member), (member.value,))
+    saved = _MEM_FORMAT_ENCODING.__reduce_ex__
+    _MEM_FORMAT_ENCODING.__reduce_ex__ = by_value
+    try:
+        data = pickle.dumps(metadata, protocol=4)
+    finally:
+        _MEM_FORMAT_ENCODING.__reduce_ex__ = saved
+    assert b"getattr" not in data and b"_MEM_FORMAT_ENCODING" in data
+    (folder / ".metadata").write_bytes(data)
+    shardckpt.consolidate(str(folder), str(tmp_path / "o.pt"))
+    assert_equal_state(full_tensors("single"), torch.load(tmp_path / "o.pt", weights_only=True))
+
+
 @pytest.mark.parametrize("protocol", [0, 1])
 def test_old_pickle_protocols_are_refused_by_protocol(protocol, tmp_path):
     folder = copy_folder("single", tmp_path)
