@@ -12,6 +12,7 @@ timed-out operation is still queued), so this communicator refuses every later c
 
 from __future__ import annotations
 
+import collections
 import datetime
 import hashlib
 import os
@@ -89,6 +90,23 @@ class _Census:
         return missing
 
 
+# The last few collectives' Work handles (which hold their tensors). A gloo worker thread keeps
+# its own reference to each Work for a moment after wait() returns; if it drops the last one, it
+# frees Python tensors there and must take the GIL, and during interpreter shutdown that ends the
+# thread through a forced unwind that aborts the process ("terminate called without an active
+# exception", seen in about 1 of 20 torchrun jobs that saved and then exited without
+# destroy_process_group). Held here, the last reference is dropped by a later collective or at
+# module teardown, with the GIL held. Large buffers give their memory back at once (_release).
+_RECENT_WORK: "collections.deque[Any]" = collections.deque(maxlen=8)
+
+
+def _release(*tensors: torch.Tensor) -> None:
+    """Frees the memory of tensors a finished collective's Work still holds (it keeps the tensor
+    objects, now empty, alive in _RECENT_WORK)."""
+    for t in tensors:
+        t.set_()
+
+
 class TorchGroupComm:
     """Collectives for the engine over ``group`` (the default group when None)."""
 
@@ -111,6 +129,7 @@ class TorchGroupComm:
                 self.rank, what, self.broken))
         self.census.arrive(self.rank)
         work = launch()
+        _RECENT_WORK.append(work)
         if self.timeout_s <= 0:
             work.wait()
             self.census.leave(self.rank)
@@ -146,6 +165,7 @@ class TorchGroupComm:
                                                       async_op=True))
         if self.rank != root:
             view.copy_(tensor)
+        _release(tensor)
 
     def allgather(self, mine: bytes) -> List[bytes]:
         length = torch.tensor([len(mine)], dtype=torch.int64)
@@ -161,7 +181,9 @@ class TorchGroupComm:
         parts = [torch.empty(longest, dtype=torch.uint8) for _ in range(self.size)]
         self._run("all_gather", lambda: dist.all_gather(parts, padded, group=self.group,
                                                         async_op=True))
-        return [parts[r][:int(lengths[r])].numpy().tobytes() for r in range(self.size)]
+        gathered = [parts[r][:int(lengths[r])].numpy().tobytes() for r in range(self.size)]
+        _release(padded, *parts)
+        return gathered
 
     def gather(self, mine: bytes, root: int) -> List[bytes]:
         everything = self.allgather(mine)  # metadata only: small, and one code path
