@@ -40,7 +40,7 @@ TEST(ParsedDcpMetadata, AllowedCallablesOnlyWithTheirOwnArguments) {
 }
 
 TEST(ParsedDcpMetadata, MemoryFormatMembersByValueOnlyInRange) {
-  // _MEM_FORMAT_ENCODING(N): how Python pickles an Enum member except 3.11.0-3.11.2 (getattr by
+  // _MEM_FORMAT_ENCODING(N): how Python pickles an Enum member except early 3.11 releases (getattr by
   // name). In range it is read (the pickle then fails only for not being a Metadata).
   const std::string head = "\x80\x02" "ctorch.distributed.checkpoint.metadata\n_MEM_FORMAT_ENCODING\n";
   for (char member : {'\x00', '\x01', '\x02'}) {

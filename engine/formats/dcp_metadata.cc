@@ -133,8 +133,8 @@ class Machine : public PickleStack<Value> {
     }
     SC_ASSIGN_OR_RETURN(Value* out, New(Value::kString));
     if (name == std::string(kMeta) + "_MEM_FORMAT_ENCODING" && a.size() == 1 && a[0]->kind == Value::kInt) {
-      // An enum member by value, `_MEM_FORMAT_ENCODING(0)`: how Python pickles an Enum except
-      // 3.11.0-3.11.2, which write getattr(class, NAME) (below); pip's and conda's Pythons do this.
+      // An enum member by value, `_MEM_FORMAT_ENCODING(0)`: how pip's and conda's Pythons pickle
+      // an Enum; early 3.11 releases (Debian 12's 3.11.2) write getattr(class, NAME) (below).
       SC_ASSIGN_OR_RETURN(out->s, MemoryFormatName(a[0]->i));
     } else if (name == "torch.serialization._get_layout" || name == std::string(kMeta) + "_MEM_FORMAT_ENCODING") {
       if (a.size() != 1 || a[0]->kind != Value::kString) return DataLoss(name + " of a non-string");

@@ -246,9 +246,9 @@ def test_every_pickle_protocol_reads(protocol, tmp_path):
 
 
 def test_memory_format_pickled_by_value_reads(tmp_path):
-    # Python pickles an Enum member as EnumClass(value), except 3.11.0-3.11.2 (this venv's
-    # Debian Python), which write getattr(EnumClass, NAME): folders from pip's and conda's
-    # Pythons look like this one.
+    # Python pickles an Enum member as EnumClass(value), except early 3.11 releases such as
+    # Debian 12's 3.11.2 (this venv's), which write getattr(EnumClass, NAME): folders from pip's
+    # and conda's Pythons look like this one.
     from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
     folder = copy_folder("single", tmp_path)
     metadata = pickle.load(open(os.path.join(DATA, "single", ".metadata"), "rb"))
