@@ -53,6 +53,18 @@ TEST(ParsedDcpMetadata, MemoryFormatMembersByValueOnlyInRange) {
       << Message(ParseDcpMetadata(bad, "m").status());
 }
 
+TEST(ParsedDcpMetadata, PathsFromEveryPythonsPathlibModule) {
+  // storage_meta's checkpoint_id: pathlib.PosixPath, pathlib._local.PosixPath from Python 3.13.
+  for (const std::string module : {"pathlib", "pathlib._local"}) {
+    const std::string p = "\x80\x02" "c" + module + P("\nPosixPath\nX\x01\x00\x00\x00" "a\x85R.");
+    EXPECT_NE(Message(ParseDcpMetadata(p, "m").status()).find("not a Metadata"), std::string::npos)
+        << module << ": " << Message(ParseDcpMetadata(p, "m").status());
+  }
+  const std::string other = P("\x80\x02" "cpathlib._other\nPosixPath\nX\x01\x00\x00\x00" "a\x85R.");
+  EXPECT_NE(Message(ParseDcpMetadata(other, "m").status()).find("'pathlib._other.PosixPath' is not allowed"),
+            std::string::npos);
+}
+
 TEST(ParsedDcpMetadata, ProtocolsAndOpcodesOutsideTheSetAreRefused) {
   EXPECT_NE(Message(ParseDcpMetadata("\x80\x01N.", "m").status()).find("pickle protocol 1 is not supported"),
             std::string::npos);

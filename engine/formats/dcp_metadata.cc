@@ -48,9 +48,13 @@ const std::set<std::string>& Classes() {
 const std::set<std::string>& OtherGlobals() {
   static const std::set<std::string> k = [] {
     std::set<std::string> s = {"torch.Size", "torch.serialization._get_layout", "builtins.getattr",
-                               "pathlib.PosixPath", "pathlib.PurePosixPath", "pathlib.WindowsPath",
-                               "pathlib.PureWindowsPath", "collections.OrderedDict",
-                               std::string(kMeta) + "_MEM_FORMAT_ENCODING"};
+                               "collections.OrderedDict", std::string(kMeta) + "_MEM_FORMAT_ENCODING"};
+    // Python 3.13 pickles its paths from the module pathlib._local.
+    for (const char* module : {"pathlib.", "pathlib._local."}) {
+      for (const char* path : {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"}) {
+        s.insert(std::string(module) + path);
+      }
+    }
     for (int d = 0; d < kNumDTypes; ++d) s.insert(std::string("torch.") + DTypeName(static_cast<DType>(d)));
     for (const char* name : {"uint16", "uint32", "uint64", "complex32", "complex64", "complex128", "float8_e4m3fnuz",
                              "float8_e5m2fnuz", "float8_e8m0fnu", "qint8", "quint8", "qint32"}) {

@@ -266,6 +266,20 @@ def test_memory_format_pickled_by_value_reads(tmp_path):
     assert_equal_state(full_tensors("single"), torch.load(tmp_path / "o.pt", weights_only=True))
 
 
+def test_paths_pickled_by_python_3_13_read(tmp_path):
+    # Python 3.13 pickles pathlib's classes from pathlib._local: storage_meta's checkpoint_id,
+    # a PosixPath, as dcp.save wrote it there. Protocol 2 names globals as text lines.
+    folder = copy_folder("single", tmp_path)
+    metadata = pickle.load(open(os.path.join(DATA, "single", ".metadata"), "rb"))
+    assert metadata.storage_meta is not None
+    metadata.storage_meta.checkpoint_id = __import__("pathlib").PosixPath("/somewhere/ckpt")
+    data = pickle.dumps(metadata, protocol=2)
+    assert data.count(b"cpathlib\nPosixPath\n") == 1
+    (folder / ".metadata").write_bytes(data.replace(b"cpathlib\nPosixPath\n", b"cpathlib._local\nPosixPath\n"))
+    shardckpt.consolidate(str(folder), str(tmp_path / "o.pt"))
+    assert_equal_state(full_tensors("single"), torch.load(tmp_path / "o.pt", weights_only=True))
+
+
 @pytest.mark.parametrize("protocol", [0, 1])
 def test_old_pickle_protocols_are_refused_by_protocol(protocol, tmp_path):
     folder = copy_folder("single", tmp_path)
