@@ -62,9 +62,10 @@ trap 'stop USR1' USR1
 trap 'kill -INT "$job" 2> /dev/null || true' INT
 trap 'kill -HUP "$job" 2> /dev/null || true' HUP
 # Ctrl-Z and fg: mpirun passes SIGTSTP and SIGCONT on to the ranks; this script stops itself too,
-# so the shell sees the job stopped.
-trap 'kill -TSTP "$job" 2> /dev/null || true; kill -STOP $$' TSTP
-trap 'kill -CONT "$job" 2> /dev/null || true' CONT
+# so the shell sees the job stopped, and once continued (fg) continues mpirun. Not a CONT trap:
+# bash 5.2 then drops a TERM trap when SIGCONT follows at once, as coreutils `timeout` sends them,
+# and the job would run on to its end without its final checkpoint.
+trap 'kill -TSTP "$job" 2> /dev/null || true; kill -STOP $$; kill -CONT "$job" 2> /dev/null || true' TSTP
 # `wait` returns early (status > 128) whenever a trapped signal arrives: wait again while mpirun
 # runs, then once more for its own status (bash keeps it for a child already reaped).
 set +e

@@ -61,13 +61,15 @@ rank_pid() {  # RANK TAG: the pid of that rank of the job started with -x PREEMP
 }
 stopped_job() {  # TARGET COMMAND...: runs COMMAND into $work/stopped.log and, once step 12 is logged,
   # sends SIGTERM to TARGET (launcher: COMMAND's process; group: every process of COMMAND's
-  # process group, as `timeout` and Slurm do; rank1: that rank alone); sets $status
+  # process group, then SIGCONT, as `timeout` does; rank1: that rank alone); sets $status
   if [ "$1" = group ]; then setsid "${@:2}" > "$work/stopped.log" 2>&1 & else "${@:2}" > "$work/stopped.log" 2>&1 & fi
   local job=$!  # setsid execs (a background child leads no group): the group's id
   wait_for "$work/stopped.log" '^step 12 loss'
   case "$1" in
     launcher) kill -TERM "$job" ;;
-    group) kill -TERM -- "-$job" ;;
+    # As coreutils `timeout` sends them: SIGTERM to the command and its group, then at once
+    # SIGCONT to both (in case the job was stopped).
+    group) kill -TERM "$job"; kill -TERM -- "-$job"; kill -CONT "$job"; kill -CONT -- "-$job" ;;
     *) kill -TERM "$(rank_pid 1 "$work")" ;;
   esac
   ended "$job" "$work/stopped.log"
