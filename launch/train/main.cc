@@ -356,6 +356,10 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
     say(line);
     return kExitOk;
   };
+  if (step >= config.steps) {
+    say("nothing to train: the run is at step " + std::to_string(step) + " and --steps is " +
+        std::to_string(config.steps) + " (it trains until that global step)");
+  }
   while (step < config.steps) {
     Status paced = Failpoint("train.step", "step " + std::to_string(step + 1));  // tests pace steps with sleep:MS
     if (!paced.ok()) {

@@ -102,6 +102,9 @@ case "$case" in
     run 2 "$train" "${small[@]}" --ckpt "$work/a" --steps 30 --resume > "$work/resumed.log"
     grep -q "resumed from .*step-000000020 at step 20" "$work/resumed.log"
     diff <(losses "$work/full.log" 21 30) <(losses "$work/resumed.log" 21 30)
+    # Resumed at or past --steps: says so rather than exiting silently.
+    run 2 "$train" "${small[@]}" --ckpt "$work/a" --steps 20 --resume > "$work/nothing.log"
+    grep -q "^nothing to train: the run is at step 20 and --steps is 20" "$work/nothing.log"
     [ "$(losses "$work/resumed.log" 21 30 | wc -l)" -eq 10 ]
     run 2 "$train" "${small[@]}" --ckpt "$work/w" --steps 20 --save-every 20 > /dev/null
     run 2 "$train" "${small[@]}" --ckpt "$work/w" --steps 30 --resume-weights-only > "$work/weights.log"
