@@ -161,6 +161,12 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
     Result<LoadReport> report = Load(comm, config.ckpt, targets, options);
     if (!report.ok()) {
       std::fprintf(stderr, "rank %d: resume failed: %s\n", rank, report.status().ToString().c_str());
+      // --resume takes the newest committed checkpoint, whatever `latest` says.
+      if (rank == 0 && report.status().code() == Code::kDataLoss) {
+        std::fprintf(stderr, "to resume from an earlier checkpoint, move the damaged folder out of %s "
+                             "(`shardckpt list %s` shows them, `shardckpt verify FOLDER` checks one)\n",
+                     config.ckpt.c_str(), config.ckpt.c_str());
+      }
       return 1;
     }
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
