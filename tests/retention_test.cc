@@ -398,21 +398,36 @@ TEST_F(RetentionTest, AManifestReplacedUnderTheSamePathIsDecodedAgainOnce) {
 
 TEST_F(RetentionTest, ARememberedCheckpointWithAMissingOrTruncatedDataFileIsAProblem) {
   SaveOptions options;
-  options.metrics["loss"] = 0.5;
+  options.metrics["loss"] = 0.1;
   ASSERT_TRUE(SaveStep(1, options).ok());
+  options.metrics["loss"] = 0.5;
   ASSERT_TRUE(SaveStep(2, options).ok());
+  options.metrics["loss"] = 0.9;
+  ASSERT_TRUE(SaveStep(3, options).ok());
   const std::string data = JoinPath(StepDir(1), RankFileName(0));
   ASSERT_EQ(::truncate(data.c_str(), 4096), 0);
   std::vector<CheckpointInfo> listed = ListCheckpoints(root()).value();
   EXPECT_THAT(listed[0].problem, HasSubstr("data file 'rank-00000.bin' is 4096 bytes"));
   EXPECT_THAT(listed[0].problem, HasSubstr("(truncated)"));
-  EXPECT_TRUE(listed[0].metrics.empty());
+  // Its manifest reads: `list` still shows which run and step it was.
+  EXPECT_EQ(listed[0].metrics.at("loss"), 0.1);
+  EXPECT_EQ(listed[0].world_size, 1);
+  EXPECT_FALSE(listed[0].time.empty());
   ASSERT_EQ(::unlink(data.c_str()), 0);
   listed = ListCheckpoints(root()).value();
   EXPECT_THAT(listed[0].problem, HasSubstr("data file 'rank-00000.bin' is missing"));
   EXPECT_THAT(listed[0].problem, HasSubstr(StepDir(1)));
   EXPECT_EQ(listed[1].metrics.at("loss"), 0.5);
   EXPECT_TRUE(listed[1].problem.empty());
+  // The damaged checkpoint has the best loss but is never kept as the best: step 2 is.
+  RetentionPolicy policy;
+  policy.keep_last = 1;
+  policy.keep_best = 1;
+  policy.metric = "loss";
+  PlanRetention(policy, ReadLatestName(root()), &listed);
+  EXPECT_FALSE(listed[0].keep);
+  EXPECT_TRUE(listed[1].keep);
+  EXPECT_THAT(listed[1].why, HasSubstr("best 1 by loss"));
 }
 
 // ---- Deletion: links, crashes, readers. ----

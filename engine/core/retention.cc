@@ -43,7 +43,8 @@ void PlanRetention(const RetentionPolicy& policy, const std::string& latest, std
   for (size_t i = committed.size() - last; i < committed.size(); ++i) keep(committed[i], "last " + std::to_string(policy.keep_last));
   std::vector<CheckpointInfo*> ranked;
   for (CheckpointInfo* c : committed) {
-    if (c->metrics.count(policy.metric)) ranked.push_back(c);
+    // A damaged checkpoint shows its metrics but is never kept as one of the best.
+    if (c->problem.empty() && c->metrics.count(policy.metric)) ranked.push_back(c);
   }
   // Best first; among equal values the newer checkpoint wins.
   std::stable_sort(ranked.begin(), ranked.end(), [&](const CheckpointInfo* a, const CheckpointInfo* b) {
@@ -87,13 +88,12 @@ Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, boo
       // (manifest_summary.h): every save with keep_best ranks every checkpoint kept.
       Result<ManifestSummary> summary = ReadManifestSummary(dir);
       const Status files = summary.ok() ? CheckDataFilesIn(dir, summary->files) : summary.status();
-      if (files.ok()) {
+      if (summary.ok()) {  // shown even when a data file is missing: which run and step it was
         c.time = summary->time;
         c.world_size = summary->world_size;
         c.metrics = summary->metrics;
-      } else {
-        c.problem = files.ToString();
       }
+      if (!files.ok()) c.problem = files.ToString();
     }
     out.push_back(std::move(c));
   }
