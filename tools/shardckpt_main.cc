@@ -80,16 +80,17 @@ int Fail(const Status& status) {
   return 1;
 }
 
-// The kinds of layout an entry's chunks have, as "box", "flat", "replicated" joined by '+' in
-// that order. A bit per kind, not a set of strings: this runs for every chunk (millions).
+// The kinds of layout an entry's chunks have, as "box", "flat", "whole" joined by '+' in that
+// order. A bit per kind, not a set of strings: this runs for every chunk (millions). "whole", not
+// "replicated": a whole chunk is stored once, whether one rank held the tensor or every rank did.
 std::string LayoutsOf(const EntryRecord& e) {
-  enum : unsigned { kBoxBit = 1, kFlatBit = 2, kReplicatedBit = 4 };
+  enum : unsigned { kBoxBit = 1, kFlatBit = 2, kWholeBit = 4 };
   unsigned kinds = 0;
   for (const ChunkRecord& c : e.chunks) {
-    kinds |= c.layout.kind == LayoutKind::kFlatRange ? kFlatBit : c.layout.sizes == e.shape ? kReplicatedBit : kBoxBit;
+    kinds |= c.layout.kind == LayoutKind::kFlatRange ? kFlatBit : c.layout.sizes == e.shape ? kWholeBit : kBoxBit;
   }
   std::string out;
-  for (const auto& [bit, name] : {std::pair{kBoxBit, "box"}, {kFlatBit, "flat"}, {kReplicatedBit, "replicated"}}) {
+  for (const auto& [bit, name] : {std::pair{kBoxBit, "box"}, {kFlatBit, "flat"}, {kWholeBit, "whole"}}) {
     if (kinds & bit) out += (out.empty() ? "" : "+") + std::string(name);
   }
   return out.empty() ? "-" : out;

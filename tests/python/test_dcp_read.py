@@ -92,6 +92,9 @@ def test_inspect_lists_tensors_and_byte_items():
     entries = {e["name"]: e for e in out["entries"]}
     assert entries["rows"]["shape"] == [7, 5] and entries["rows"]["chunks"] == 2
     assert entries["bf"]["dtype"] == "bfloat16" and entries["tok"]["dtype"] == "int64"
+    # Shard(0)/Shard(1) pieces are boxes; a plain tensor every rank saved is one whole chunk.
+    assert entries["rows"]["layouts"] == "box" and entries["cols"]["layouts"] == "box"
+    assert entries["plain"]["layouts"] == "whole" and entries["plain"]["chunks"] == 1
     assert {b["name"]: b["plain"] for b in out["blobs"]} == {"epoch": True, "tags": True}
 
 
