@@ -86,6 +86,7 @@ struct Config {
   bool resume = false, resume_weights_only = false, async_save = false, copy_while_training = false;
   std::string device = "cpu";
   std::string dump_params;
+  std::string resume_from;  // a checkpoint folder or root to resume from instead of --ckpt
   AdamWConfig adamw;
 
   SaveOptions SaveOptionsFor() const {
@@ -141,8 +142,10 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
   // A root with a committed checkpoint, whether or not `latest` was written (checkpoint_dir.h).
   // Every rank takes the same branch: one that saw no checkpoint (a stale network-filesystem
   // view) would start training while the others wait in Load. Rank 0 resolves the root in Load.
-  int64_t resume = (config.resume || config.resume_weights_only) && !config.ckpt.empty() &&
-                   (PathExists(JoinPath(config.ckpt, "latest")) || ResolveCheckpoint(config.ckpt).ok());
+  // --resume-from names its checkpoint: there must be one (Load says why not).
+  int64_t resume = !config.resume_from.empty() ||
+                   ((config.resume || config.resume_weights_only) && !config.ckpt.empty() &&
+                    (PathExists(JoinPath(config.ckpt, "latest")) || ResolveCheckpoint(config.ckpt).ok()));
   Status decided = comm.AllReduceMaxInt64(&resume, 1);
   if (!decided.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, decided.ToString().c_str());
@@ -158,14 +161,16 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
     LoadOptions options;
     options.strict = !config.resume_weights_only;
     auto t0 = std::chrono::steady_clock::now();
-    Result<LoadReport> report = Load(comm, config.ckpt, targets, options);
+    const std::string from = config.resume_from.empty() ? config.ckpt : config.resume_from;
+    Result<LoadReport> report = Load(comm, from, targets, options);
     if (!report.ok()) {
       std::fprintf(stderr, "rank %d: resume failed: %s\n", rank, report.status().ToString().c_str());
       // --resume takes the newest committed checkpoint, whatever `latest` says.
-      if (rank == 0 && report.status().code() == Code::kDataLoss) {
-        std::fprintf(stderr, "to resume from an earlier checkpoint, move the damaged folder out of %s "
-                             "(`shardckpt list %s` shows them, `shardckpt verify FOLDER` checks one)\n",
-                     config.ckpt.c_str(), config.ckpt.c_str());
+      if (rank == 0 && report.status().code() == Code::kDataLoss && config.resume_from.empty()) {
+        std::fprintf(stderr, "to resume from an earlier checkpoint: --resume-from %s/step-N with --ckpt a new "
+                             "root, or move the damaged folder out of %s (`shardckpt list %s` shows them, "
+                             "`shardckpt verify FOLDER` checks one)\n",
+                     config.ckpt.c_str(), config.ckpt.c_str(), config.ckpt.c_str());
       }
       return 1;
     }
@@ -483,6 +488,9 @@ int main(int argc, char** argv) {
       ("keep-last", po::value(&config.keep_last)->default_value(3), "newest checkpoints to keep")
       ("keep-best", po::value(&config.keep_best)->default_value(0), "and the K with the lowest recorded loss")
       ("resume", po::bool_switch(&config.resume), "continue from `latest` in --ckpt when there is one")
+      ("resume-from", po::value(&config.resume_from),
+       "continue from this checkpoint folder (or this root's newest) instead; saves still go to --ckpt, "
+       "which must not hold later steps")
       ("resume-weights-only", po::bool_switch(&config.resume_weights_only),
        "load only the model weights; fresh optimizer, scheduler and RNG")
       ("async-save", po::bool_switch(&config.async_save), "snapshot and persist checkpoints in the background")

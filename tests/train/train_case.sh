@@ -105,6 +105,12 @@ case "$case" in
     # Resumed at or past --steps: says so rather than exiting silently.
     run 2 "$train" "${small[@]}" --ckpt "$work/a" --steps 20 --resume > "$work/nothing.log"
     grep -q "^nothing to train: the run is at step 20 and --steps is 20" "$work/nothing.log"
+    # --resume-from a checkpoint folder of another root: the same losses, saves go to --ckpt.
+    run 2 "$train" "${small[@]}" --ckpt "$work/from" --steps 30 --save-every 30 --resume-from "$work/a/step-000000020" \
+      > "$work/from.log"
+    grep -q "resumed from $work/a/step-000000020 at step 20" "$work/from.log"
+    diff <(losses "$work/full.log" 21 30) <(losses "$work/from.log" 21 30)
+    test -f "$work/from/step-000000030/manifest.json"
     [ "$(losses "$work/resumed.log" 21 30 | wc -l)" -eq 10 ]
     run 2 "$train" "${small[@]}" --ckpt "$work/w" --steps 20 --save-every 20 > /dev/null
     run 2 "$train" "${small[@]}" --ckpt "$work/w" --steps 30 --resume-weights-only > "$work/weights.log"
