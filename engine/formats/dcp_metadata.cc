@@ -12,6 +12,7 @@ namespace shardckpt {
 namespace {
 
 constexpr const char* kMeta = "torch.distributed.checkpoint.metadata.";
+constexpr const char* kMemFormatEnum = "torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING";
 
 // One unpickled value, owned by the machine's arena. kObject is a class instance as data: the
 // class's name, NEWOBJ's arguments and BUILD's state; nothing of the class runs.
@@ -48,7 +49,7 @@ const std::set<std::string>& Classes() {
 const std::set<std::string>& OtherGlobals() {
   static const std::set<std::string> k = [] {
     std::set<std::string> s = {"torch.Size", "torch.serialization._get_layout", "builtins.getattr",
-                               "collections.OrderedDict", std::string(kMeta) + "_MEM_FORMAT_ENCODING"};
+                               "collections.OrderedDict", kMemFormatEnum};
     // Python 3.13 pickles its paths from the module pathlib._local.
     for (const char* module : {"pathlib.", "pathlib._local."}) {
       for (const char* path : {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"}) {
@@ -136,15 +137,15 @@ class Machine : public PickleStack<Value> {
       return Push(v);
     }
     SC_ASSIGN_OR_RETURN(Value* out, New(Value::kString));
-    if (name == std::string(kMeta) + "_MEM_FORMAT_ENCODING" && a.size() == 1 && a[0]->kind == Value::kInt) {
+    if (name == kMemFormatEnum && a.size() == 1 && a[0]->kind == Value::kInt) {
       // An enum member by value, `_MEM_FORMAT_ENCODING(0)`: how pip's and conda's Pythons pickle
       // an Enum; early 3.11 releases (Debian 12's 3.11.2) write getattr(class, NAME) (below).
       SC_ASSIGN_OR_RETURN(out->s, MemoryFormatName(a[0]->i));
-    } else if (name == "torch.serialization._get_layout" || name == std::string(kMeta) + "_MEM_FORMAT_ENCODING") {
+    } else if (name == "torch.serialization._get_layout" || name == kMemFormatEnum) {
       if (a.size() != 1 || a[0]->kind != Value::kString) return DataLoss(name + " of a non-string");
       out->s = a[0]->s;
     } else if (name == "builtins.getattr") {  // only an enum member: getattr(_MEM_FORMAT_ENCODING, 'NAME')
-      if (a.size() != 2 || a[0]->kind != Value::kGlobal || a[0]->s != std::string(kMeta) + "_MEM_FORMAT_ENCODING" ||
+      if (a.size() != 2 || a[0]->kind != Value::kGlobal || a[0]->s != kMemFormatEnum ||
           a[1]->kind != Value::kString) {
         return InvalidArgument("getattr is allowed only for a member of _MEM_FORMAT_ENCODING");
       }
