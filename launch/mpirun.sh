@@ -8,8 +8,9 @@
 # * forwards a stop request to every rank: SIGTERM or SIGUSR1 sent to this script reaches each
 #   rank, on every host, as SIGUSR1, and the job's exit status is the ranks' (the trainer saves
 #   the step it agreed on and exits 0). A second SIGTERM, a second or more after the first, ends
-#   the job at once (mpirun's own SIGTERM handling). Ctrl-C (SIGINT) and SIGHUP are passed to mpirun once, which aborts the
-#   job as before; Ctrl-Z and fg (SIGTSTP, SIGCONT) pause and resume the ranks.
+#   the job at once (mpirun's own SIGTERM handling). Ctrl-C (SIGINT) and SIGHUP are passed to
+#   mpirun once, which aborts the job as before; Ctrl-Z and fg (SIGTSTP, SIGCONT) pause and
+#   resume the ranks.
 # * runs mpirun in a session of its own, so that a signal sent to this script's whole process
 #   group (`timeout`, `kill -TERM -PGID`, Slurm signalling every process of a batch script that
 #   calls this one, a terminal's Ctrl-C) reaches mpirun only as this script passes it on: a
@@ -47,18 +48,19 @@ trap '' PIPE
 # control), -w still makes $! end with mpirun, with its status.
 setsid -w mpirun "${args[@]}" "$@" <&0 &
 job=$!
-first_term=""
+first_term=""  # when the first SIGTERM came, in microseconds
 stop() {  # $1: the signal this script received
-  # A SIGTERM within a second of the first is the same request delivered twice: `timeout` signals
-  # this script and then its whole process group, this script included.
-  if [ "$1" = TERM ] && [ -z "$first_term" ]; then
-    first_term=${EPOCHREALTIME/[.,]/}
-  elif [ "$1" = TERM ] && [ $((${EPOCHREALTIME/[.,]/} - first_term)) -lt 1000000 ]; then
-    return
-  elif [ "$1" = TERM ]; then
-    kill -TERM "$job" 2> /dev/null || true
-    echo "launch/mpirun.sh: second SIGTERM: ending the job now" >&2 2> /dev/null
-    return
+  if [ "$1" = TERM ]; then
+    local now=${EPOCHREALTIME/[.,]/}
+    if [ -n "$first_term" ]; then
+      # Within a second of the first it is the same request delivered twice: `timeout` signals
+      # this script and then its whole process group, this script included.
+      [ $((now - first_term)) -lt 1000000 ] && return
+      kill -TERM "$job" 2> /dev/null || true
+      echo "launch/mpirun.sh: second SIGTERM: ending the job now" >&2 2> /dev/null
+      return
+    fi
+    first_term=$now
   fi
   kill -USR1 "$job" 2> /dev/null || true  # first: stderr may be a pipe nobody reads any more
   echo "launch/mpirun.sh: SIG$1: asking every rank to stop (forwarded as SIGUSR1)" >&2 2> /dev/null
