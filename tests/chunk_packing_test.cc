@@ -6,10 +6,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+
 #include <cstring>
 #include <functional>
 #include <vector>
 
+#include "shardckpt/collectives/communicator.h"
 #include "shardckpt/engine/core/checkpoint_dir.h"
 #include "shardckpt/engine/core/checkpoint_reader.h"
 #include "shardckpt/engine/core/consolidate.h"
@@ -228,6 +231,30 @@ TEST(ChunkOffset, PackedFileReadsBackThroughAlignedVerifiedReads) {
                               FileInMemory{0, damaged.data(), kBlockSize / 2})
                   .ok());
   EXPECT_EQ(short_copy.data_bytes_read, plan.bytes_read);
+
+  // A read that fails while reads issued before it are in flight (here a missing file of another
+  // format, read buffered) reports the earlier reads' failure, which happened first: the damaged
+  // block (in the last extent, still in flight), not only the missing file.
+  file[offsets.back()] ^= 1;
+  ASSERT_TRUE(WriteFileAtomic(path, file, "test").ok());
+  Manifest with_missing = m;
+  FileRecord missing;
+  missing.name = "missing.distcp";
+  missing.size = 100;
+  missing.checksums = false;
+  with_missing.files.push_back(missing);
+  std::vector<CopyRequest> then_missing = copies;
+  std::vector<uint8_t> tail_target(10);
+  then_missing.push_back(CopyRequest{1, 0, tail_target.size(), static_cast<uint32_t>(sizes.size()), 0});
+  ReadTargets with_tail = targets;
+  with_tail.base.push_back(tail_target.data());
+  with_tail.names.push_back("tail");
+  ReadPlan missing_plan = CoalesceReads(then_missing, options);
+  ASSERT_EQ(missing_plan.extents.back().file, 1u);
+  Status earlier = ExecuteReadPlan(io.get(), pool.get(), dir.path(), with_missing, missing_plan, with_tail, true, &stats);
+  ASSERT_FALSE(earlier.ok());
+  EXPECT_EQ(earlier.code(), Code::kDataLoss) << earlier.ToString();
+  EXPECT_THAT(earlier.message(), HasSubstr("'t" + std::to_string(sizes.size() - 1) + "'"));
 }
 
 // An extent larger than the scatter window (256 KiB) is verified and scattered window by window:
@@ -390,6 +417,43 @@ TEST(ChunkOffset, ReadAheadWalksAFileWindowAfterWindow) {
   walk(*reader, &failed);
   EXPECT_EQ(failed, std::vector<std::string>{damaged->name});
   EXPECT_GT(reader->stats().bytes_read_ahead, 0u);  // the damaged window was one read ahead
+}
+
+// A checkpoint of 300 rank files loaded by one process under an open-file limit of 100: the
+// load keeps a bounded number of files open (it opened all at once and failed with EMFILE at
+// about a thousand files under the default `ulimit -n`).
+TEST(ChunkOffset, ALoadOfManyFilesStaysUnderTheOpenFileLimit) {
+  testing::TempDir dir;
+  const std::string root = JoinPath(dir.path(), "root");
+  const int world = 300;
+  auto out = OfflineCheckpointWriter::Begin(root, 1, world).value();
+  std::vector<std::vector<uint8_t>> data;
+  for (int i = 0; i < 3; ++i) {
+    data.push_back(Pattern(4 * 1024 * world, static_cast<uint32_t>(i)));
+    const int64_t n = 1024 * world, per = 1024;
+    for (int r = 0; r < world; ++r) {
+      ASSERT_TRUE(out->AddPiece(r, "t" + std::to_string(i), DType::kFloat32, {n}, Layout::FlatRange(r * per, (r + 1) * per),
+                                data.back().data() + r * per * 4, static_cast<size_t>(per) * 4).ok());
+    }
+  }
+  ASSERT_TRUE(out->Commit(CreationInfo{}).ok());
+  out.reset();
+  std::vector<std::vector<uint8_t>> got(data.size());
+  ShardedState targets;
+  for (size_t i = 0; i < data.size(); ++i) {
+    got[i].assign(data[i].size(), 0xEE);
+    ASSERT_TRUE(targets.AddTensor("t" + std::to_string(i), DType::kFloat32, {1024 * world}, Layout::Whole(), got[i].data()).ok());
+  }
+  std::unique_ptr<Communicator> comm = CreateSingleProcessCommunicator();
+  struct rlimit before {};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &before), 0);
+  struct rlimit lowered = before;
+  lowered.rlim_cur = 100;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &lowered), 0);
+  Result<LoadReport> loaded = Load(*comm, root, targets);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &before), 0);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(got, data);
 }
 
 // An entry cut across every file of a wide checkpoint (a consolidation after a reshard to many

@@ -82,7 +82,10 @@ TEST(GgufHeader, RefusesWhatGgufOutputCannotHoldByName) {
     EXPECT_FALSE(r.ok()) << t.name;
     return r.ok() ? std::string() : r.status().message();
   };
-  EXPECT_NE(refused({"idx", DType::kInt64, {4}}).find("tensor 'idx' is int64"), std::string::npos);
+  // An integer tensor cannot be cast by --dtype: only excluding it is offered; float64 can.
+  EXPECT_TRUE(refused({"idx", DType::kInt64, {4}}).find("tensor 'idx' is int64") != std::string::npos &&
+              refused({"idx", DType::kInt64, {4}}).find("--dtype") == std::string::npos);
+  EXPECT_NE(refused({"d", DType::kFloat64, {4}}).find("--exclude it, or --dtype to cast it"), std::string::npos);
   EXPECT_NE(refused({"q", DType::kFloat8E4M3, {4}}).find("tensor 'q' is float8_e4m3fn"), std::string::npos);
   EXPECT_NE(refused({std::string(64, 'n'), DType::kFloat32, {4}}).find("1 to 63 bytes"), std::string::npos);
   EXPECT_NE(refused({"deep", DType::kFloat32, {1, 1, 1, 1, 1}}).find("tensor 'deep' has 5 dims"), std::string::npos);
@@ -92,6 +95,27 @@ TEST(GgufHeader, RefusesWhatGgufOutputCannotHoldByName) {
   Result<std::string> twice = EncodeGgufHeader({Text("general.architecture", "a"), Text("general.architecture", "b")}, {});
   ASSERT_FALSE(twice.ok());
   EXPECT_NE(twice.status().message().find("given twice"), std::string::npos);
+}
+
+// The general.* keys the specification types: llama.cpp refuses a non-string architecture.
+TEST(GgufHeader, GeneralKeysHaveTheirSpecifiedTypes) {
+  GgufKeyValue numeric_arch{"general.architecture", {}};
+  numeric_arch.value.kind = GgufValue::Kind::kInt;
+  numeric_arch.value.integer = 5;
+  Result<std::string> r = EncodeGgufHeader({numeric_arch}, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), "GGUF metadata key 'general.architecture' must be a string (the GGUF specification; "
+                                  "llama.cpp refuses the file otherwise), not an integer");
+  GgufKeyValue file_type{"general.file_type", {}};
+  file_type.value.kind = GgufValue::Kind::kFloat;
+  r = EncodeGgufHeader({Text("general.architecture", "llama"), Text("general.author", "me"), file_type}, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), "GGUF metadata key 'general.file_type' must be an unsigned 32-bit integer (the GGUF specification)");
+  file_type.value.kind = GgufValue::Kind::kInt;
+  file_type.value.integer = 1;
+  EXPECT_TRUE(EncodeGgufHeader({Text("general.architecture", "llama"), file_type}, {}).ok());
+  EXPECT_EQ(ParseGgufMetadataJson(R"({"a": null})", "m.json").status().message(),
+            "m.json: GGUF metadata key 'a' holds null; only strings, integers (64-bit), floats and bools are written");
 }
 
 TEST(GgufMetadataJson, TypedValuesInFileOrder) {

@@ -194,6 +194,43 @@ TEST(Chunking, RunPiecesAreThePerRankLayoutsUpToTheFirstEmpty) {
   EXPECT_FALSE(RunPieces({-1, 2}, 2, false).ok());
 }
 
+// Parts of a piece (an import writes a large piece part by part): valid layouts of the tensor,
+// following each other over exactly the piece, each within the bound unless one unit (a row)
+// alone is larger.
+TEST(Chunking, SplitRunPieceCutsAPieceIntoRunsWithinTheBound) {
+  struct Case {
+    Shape shape;
+    bool dim0;
+    uint64_t max_bytes;
+    size_t parts;  // of piece 1 of 3 (float32)
+  };
+  const std::vector<Case> cases = {
+      {{30, 10}, true, 400, 1},   // 10 rows of 40 bytes: within the bound, the piece itself
+      {{30, 10}, true, 100, 5},   // 2 rows per part
+      {{30, 10}, true, 10, 10},   // a row (40 bytes) alone is larger: one row per part
+      {{30, 10}, false, 40, 10},  // 100 elements, 10 per part
+      {{30, 10}, false, 396, 2},  // 99 per part: 99 + 1
+      {{7}, false, 4, 3},         // elements 3..5, one per part
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(ShapeString(c.shape) + (c.dim0 ? " dim0 " : " flat ") + std::to_string(c.max_bytes));
+    const RunPiece piece = RunPieces(c.shape, 3, c.dim0).value()[1];
+    const std::vector<RunPiece> parts = SplitRunPiece(piece, 4, c.max_bytes);
+    ASSERT_EQ(parts.size(), c.parts);
+    int64_t next = piece.first;
+    for (const RunPiece& part : parts) {
+      EXPECT_EQ(part.count, ValidateLayout(part.layout, c.shape).value());
+      EXPECT_EQ(part.first, ContiguousStart(part.layout, c.shape));
+      EXPECT_EQ(part.first, next);
+      EXPECT_EQ(part.layout.kind, piece.layout.kind);
+      next = part.first + part.count;
+    }
+    EXPECT_EQ(next, piece.first + piece.count);
+  }
+  const RunPiece whole{Layout::Whole(), 0, 100};
+  EXPECT_EQ(SplitRunPiece(whole, 4, 8).size(), 1u);
+}
+
 TEST(Chunking, RefusesBadDimPartsAndIndex) {
   struct Case {
     Shape shape;

@@ -92,6 +92,35 @@ TEST(TorchDTypes, TheTypesTorchHasAreNamedInEveryFormat) {
   Result<std::string> header = EncodeSafetensorsHeader(entries, {});
   ASSERT_FALSE(header.ok());
   EXPECT_THAT(header.status().message(), HasSubstr("tensor 'w': dtype complex128 has no safetensors type"));
+  std::vector<SafetensorsEntry> reserved = {{"__metadata__", DType::kFloat32, {2}, 0, 0}};
+  Result<std::string> named_metadata = EncodeSafetensorsHeader(reserved, {});
+  ASSERT_FALSE(named_metadata.ok());
+  EXPECT_THAT(named_metadata.status().message(), HasSubstr("tensor '__metadata__': safetensors reserves that name"));
+}
+
+// The header keeps the entries' order both ways (nested keys do not count as entries), at a
+// size where a key search per entry would take minutes; a name given twice is refused.
+TEST(Safetensors, HeaderKeepsTheOrderOfManyEntriesAndRefusesADuplicate) {
+  std::vector<SafetensorsEntry> entries;
+  for (int i = 0; i < 100000; ++i) entries.push_back({"layers." + std::to_string(99999 - i) + ".w", DType::kFloat16, {2, 3}, 0, 0});
+  const std::string encoded = EncodeSafetensorsHeader(entries, {{"author", "me"}}).value();
+  uint64_t n = 0;
+  std::memcpy(&n, encoded.data(), 8);
+  ASSERT_EQ(n % 8, 0u);
+  const std::string text = encoded.substr(8, n);
+  EXPECT_EQ(text.substr(0, 59), R"({"__metadata__":{"format":"pt","author":"me"},"layers.99999)");
+  Result<std::vector<SafetensorsEntry>> parsed = ParseSafetensorsHeader(text, 100000 * 12, "many.safetensors");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  ASSERT_EQ(parsed->size(), entries.size());
+  for (size_t i = 0; i < entries.size(); ++i) {
+    ASSERT_EQ((*parsed)[i].name, entries[i].name);
+    ASSERT_EQ((*parsed)[i].begin, 12 * i);
+    ASSERT_EQ((*parsed)[i].shape, (Shape{2, 3}));
+  }
+  const std::string twice = R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
+                            R"("a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})";
+  EXPECT_EQ(ParseSafetensorsHeader(twice, 2, "twice.safetensors").status().ToString(),
+            "DataLoss: twice.safetensors: invalid safetensors: entry 'a' is given twice");
 }
 
 TEST(TorchPickle, DTypesWithoutAStorageClassAreWrittenAsTorch2WritesThem) {

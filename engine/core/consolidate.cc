@@ -14,10 +14,12 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "shardckpt/engine/core/checkpoint_dir.h"
 #include "shardckpt/engine/core/checkpoint_reader.h"
 #include "shardckpt/engine/model/float_convert.h"
 #include "shardckpt/engine/formats/output_file.h"
 #include "shardckpt/engine/formats/byte_text.h"
+#include "shardckpt/engine/formats/dcp_read.h"
 #include "shardckpt/engine/formats/safetensors.h"
 #include "shardckpt/engine/formats/state_tree.h"
 #include "shardckpt/engine/model/entry_alias.h"
@@ -184,11 +186,16 @@ Result<std::string> TorchStateDictPickle(CheckpointReader& reader, const Consoli
     PickleNode node;
   };
   std::vector<ValueLeaf> values;
+  SC_ASSIGN_OR_RETURN(const auto opaque, DcpOpaqueByteItems(reader.dir(), m));
   for (const BlobRecord& b : m.blobs) {
     const std::string name = OutputName(options, b.name);
     if (name.empty()) continue;
     if (b.scope != BlobScope::kGlobal) {
       report->skipped.push_back(b.name + "@rank" + std::to_string(b.rank) + " (a per-rank value)");
+      continue;
+    }
+    if (auto it = opaque.find(b.name); it != opaque.end()) {
+      report->skipped.push_back(OpaqueByteItemSkipped(b.name, it->second));
       continue;
     }
     SC_ASSIGN_OR_RETURN(std::string bytes, reader.ReadBlob(b));
@@ -279,9 +286,22 @@ Result<ExportFormat> FormatFromPath(const std::string& path) {
   return InvalidArgument("cannot tell the format of '" + path + "' (use .pt, .pth, .safetensors or .gguf, or --format)");
 }
 
+Result<DType> ParseCastDType(const std::string& name) {
+  static const std::map<std::string, DType> kCasts = {
+      {"bf16", DType::kBFloat16}, {"bfloat16", DType::kBFloat16}, {"fp16", DType::kFloat16},
+      {"float16", DType::kFloat16}, {"fp32", DType::kFloat32}, {"float32", DType::kFloat32}};
+  auto it = kCasts.find(name);
+  if (it == kCasts.end()) return InvalidArgument("dtype must be bf16, fp16 or fp32 (or bfloat16, float16, float32), not '" + name + "'");
+  return it->second;
+}
+
 Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::string& out,
                                       const ConsolidateOptions& options) {
+  // Refused before reading: the file would be written whole under OUT.partial and then fail to
+  // replace the folder.
+  if (IsDirectory(out)) return InvalidArgument(out + " is a folder: name the file to write in it (" + JoinPath(out, "model.pt") + ")");
   SC_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(checkpoint));
+  SC_RETURN_IF_ERROR(RefuseOutputInCheckpoint(out, reader->dir()));
   SC_RETURN_IF_ERROR(MakeDirs(DirName(out)));
   const Manifest& m = reader->manifest();
   ConsolidateReport report;
@@ -321,9 +341,11 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
       }
     }
   }
-  // A state dict of values only (an optimizer's before its first step) is a .pt still; with
-  // --include, or in a format of tensors only, an empty selection is a mistake to report.
-  const bool values_only = options.format == ExportFormat::kTorch && options.include.empty() && !m.blobs.empty();
+  // A state dict of values only (an optimizer's before its first step), or of nothing at all
+  // (torch.save({}) imported), is a .pt still; with --include, or in a format of tensors only,
+  // an empty selection is a mistake to report.
+  const bool values_only =
+      options.format == ExportFormat::kTorch && options.include.empty() && (!m.blobs.empty() || m.entries.empty());
   if (selected.empty() && !values_only) return InvalidArgument("no entry of " + reader->dir() + " is selected");
   report.entries = selected.size();
   uint64_t done = 0;
@@ -390,8 +412,21 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
       in_shard += selected[k].bytes;
     }
     const bool sharded = options.max_shard_bytes > 0;
+    // The metadata of the safetensors file this checkpoint was imported from comes back.
+    std::map<std::string, std::string> header_metadata = {{"source", "shardckpt"}};
+    if (auto kept = m.created.user.find(kSafetensorsMetadataKey); kept != m.created.user.end()) {
+      nlohmann::json json = nlohmann::json::parse(kept->second, nullptr, false);
+      if (json.is_object()) {
+        for (const auto& [key, value] : json.items()) {
+          if (value.is_string() && key != "format") header_metadata[key] = value.get<std::string>();
+        }
+      }
+    }
     for (const BlobRecord& b : m.blobs) {
-      if (!OutputName(options, b.name).empty()) report.skipped.push_back(b.name + " (safetensors holds tensors only)");
+      if (OutputName(options, b.name).empty()) continue;
+      // Each rank's copy of a per-rank value named apart, as the .pt path names them.
+      const std::string name = b.scope == BlobScope::kGlobal ? b.name : b.name + "@rank" + std::to_string(b.rank);
+      report.skipped.push_back(name + " (safetensors holds tensors only)");
     }
     // Every shard's header before any file: a dtype or name safetensors cannot hold is refused
     // with nothing written, and a later failure (a full disk) removes the shards already done.
@@ -399,12 +434,15 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
     for (const std::vector<size_t>& shard : shards) {
       std::vector<SafetensorsEntry> entries;
       for (size_t k : shard) entries.push_back(SafetensorsEntry{selected[k].name, selected[k].dtype, selected[k].shape, 0, 0});
-      SC_ASSIGN_OR_RETURN(std::string header, EncodeSafetensorsHeader(entries, {{"source", "shardckpt"}}));
+      SC_ASSIGN_OR_RETURN(std::string header, EncodeSafetensorsHeader(entries, header_metadata));
       headers.push_back(std::move(header));
     }
     // Every file is written and fsynced under its .partial name first and renamed into place
     // only when all are: a failure while writing leaves the previous output whole.
-    nlohmann::ordered_json weight_map;
+    // (name, shard file) in tensor order; written as text, not as an ordered_json, which finds
+    // each key by a linear search (json_keys.h).
+    std::vector<std::pair<std::string_view, std::string>> weight_map;
+    if (sharded) weight_map.reserve(selected.size());
     std::vector<std::unique_ptr<OutputFile>> finished;
     for (size_t s = 0; s < shards.size(); ++s) {
       std::string path = out;
@@ -422,7 +460,7 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
       SC_RETURN_IF_ERROR(StreamEntries(
           *reader, selected, shards[s], options.window_bytes,
           [&](size_t k) {
-            weight_map[selected[k].name] = base;
+            if (sharded) weight_map.emplace_back(selected[k].name, base);
             return Status::Ok();
           },
           [&](const void* p, size_t n) {
@@ -454,8 +492,15 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
       report.sha256.push_back(file->sha256());
     }
     if (sharded) {
-      nlohmann::ordered_json index = {{"metadata", {{"total_size", report.tensor_bytes}}}, {"weight_map", weight_map}};
-      Status indexed = WriteFileAtomic(index_path, index.dump(2) + "\n", "export.index");
+      // As json.dumps(index, indent=2) writes it, the weight map in tensor order.
+      std::string index = "{\n  \"metadata\": {\n    \"total_size\": " + std::to_string(report.tensor_bytes) +
+                          "\n  },\n  \"weight_map\": {";
+      for (size_t k = 0; k < weight_map.size(); ++k) {
+        index += (k == 0 ? "\n    " : ",\n    ") + nlohmann::json(weight_map[k].first).dump() + ": " +
+                 nlohmann::json(weight_map[k].second).dump();
+      }
+      index += weight_map.empty() ? "}\n}\n" : "\n  }\n}\n";
+      Status indexed = WriteFileAtomic(index_path, index, "export.index");
       if (!indexed.ok()) return indexed.WithContext("the shards of this set are removed again: export again");
       report.files.push_back(index_path);
     }

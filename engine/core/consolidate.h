@@ -43,6 +43,10 @@ struct ConsolidateReport {
   std::vector<std::string> skipped;  // blobs not written (safetensors holds tensors only; per-rank)
 };
 
+// The dtype a consolidation casts floating entries to, in either spelling: bf16 or bfloat16,
+// fp16 or float16, fp32 or float32.
+Result<DType> ParseCastDType(const std::string& name);
+
 // Format from the extension: .pt/.pth -> torch, .safetensors -> safetensors, .gguf -> gguf.
 Result<ExportFormat> FormatFromPath(const std::string& path);
 Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::string& out,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <optional>
 
@@ -9,6 +10,7 @@
 #include "shardckpt/engine/core/commit.h"
 #include "shardckpt/engine/core/offline_writer.h"
 #include "shardckpt/engine/formats/dcp_read.h"
+#include "shardckpt/engine/formats/json_keys.h"
 #include "shardckpt/engine/formats/safetensors.h"
 #include "shardckpt/engine/formats/state_tree.h"
 #include "shardckpt/engine/formats/torch_file.h"
@@ -42,24 +44,49 @@ Layout LayoutOf(Policy policy, const Shape& shape, int world, int rank) {
   return Layout::Whole();
 }
 
-// Writes one full contiguous tensor as the pieces of `policy` for every rank. Flat and dim0 pieces
-// are runs of the whole tensor, added straight from it.
+// The bytes of elements [first, first + count) of the tensor being written, row-major: a pointer
+// into memory the reader keeps until its next call (a file's range read into a buffer, or a
+// tensor already in memory, uncopied).
+using ElementReader = std::function<Result<const unsigned char*>(int64_t first, int64_t count)>;
+
+// A piece larger than this is added in parts, each read when it is written: an import held each
+// whole tensor (a 2 GB embedding table needed 2 GB of memory), now a part of one. Replicated
+// pieces are one whole chunk, read whole.
+constexpr uint64_t kImportPartBytes = 64u << 20;
+
+// Writes one tensor as the pieces of `policy` for every rank. Flat and dim0 pieces are runs of
+// the whole tensor, read (in parts of at most kImportPartBytes) straight from `read`.
 Status WriteTensor(OfflineCheckpointWriter& out, Policy policy, int world, size_t index,
-                   const std::string& name, DType dtype, const Shape& shape, const std::vector<unsigned char>& full) {
+                   const std::string& name, DType dtype, const Shape& shape, const ElementReader& read) {
+  SC_ASSIGN_OR_RETURN(const int64_t numel, NumElements(shape));
+  const size_t element = DTypeSize(dtype);
   if (policy == Policy::kReplicated) {
-    return out.AddPiece(static_cast<int>(index % world), name, dtype, shape, Layout::Whole(), full.data(), full.size());
+    SC_ASSIGN_OR_RETURN(const unsigned char* data, read(0, numel));
+    return out.AddPiece(static_cast<int>(index % world), name, dtype, shape, Layout::Whole(), data,
+                        static_cast<size_t>(numel) * element);
   }
   SC_ASSIGN_OR_RETURN(const std::vector<RunPiece> pieces, RunPieces(shape, world, policy == Policy::kDim0));
-  const size_t element = DTypeSize(dtype);
-  const size_t chunks =
-      static_cast<size_t>(std::count_if(pieces.begin(), pieces.end(), [](const RunPiece& p) { return p.count > 0; }));
+  std::vector<std::vector<RunPiece>> parts(pieces.size());
+  size_t chunks = 0;
   for (size_t r = 0; r < pieces.size(); ++r) {
-    const RunPiece& p = pieces[r];
-    SC_RETURN_IF_ERROR(out.AddPiece(static_cast<int>(r), name, dtype, shape, p.layout,
-                                    full.data() + static_cast<size_t>(p.first) * element,
-                                    static_cast<size_t>(p.count) * element, chunks));
+    parts[r] = SplitRunPiece(pieces[r], element, kImportPartBytes);
+    chunks += static_cast<size_t>(std::count_if(parts[r].begin(), parts[r].end(), [](const RunPiece& p) { return p.count > 0; }));
+  }
+  for (size_t r = 0; r < parts.size(); ++r) {
+    for (const RunPiece& p : parts[r]) {
+      SC_ASSIGN_OR_RETURN(const unsigned char* data, read(p.first, p.count));
+      SC_RETURN_IF_ERROR(out.AddPiece(static_cast<int>(r), name, dtype, shape, p.layout, data,
+                                      static_cast<size_t>(p.count) * element, chunks));
+    }
   }
   return Status::Ok();
+}
+
+// A tensor already in memory, whole.
+ElementReader InMemory(const std::vector<unsigned char>& full, size_t element) {
+  return [&full, element](int64_t first, int64_t) -> Result<const unsigned char*> {
+    return full.data() + static_cast<size_t>(first) * element;
+  };
 }
 
 // Reshard reads entries up to this size whole, once, and cuts every rank's piece from memory;
@@ -76,18 +103,23 @@ Result<Layout> PolicyLayout(const std::string& policy, const Shape& shape, int w
 namespace {
 
 // The safetensors entries of `source` (header parsed and checked against the file's size).
-Result<std::vector<SafetensorsEntry>> ReadSafetensorsIndex(const ByteSource& source, uint64_t* data_start) {
+Result<std::vector<SafetensorsEntry>> ReadSafetensorsIndex(const ByteSource& source, uint64_t* data_start,
+                                                           std::map<std::string, std::string>* metadata) {
   const std::string& file = source.name();
   if (source.size() < 8) return DataLoss(file + ": too short for safetensors");
   uint64_t n = 0;
   SC_RETURN_IF_ERROR(source.ReadAt(0, &n, 8));
-  if (n > kMaxSafetensorsHeader || n > source.size() - 8) {
+  if (n > kMaxSafetensorsHeader) {
     return DataLoss(file + ": invalid safetensors: header size " + std::to_string(n) + " is too large");
+  }
+  if (n > source.size() - 8) {  // a plausible header the file does not hold: cut short
+    return DataLoss(file + ": invalid safetensors: the header is " + std::to_string(n) + " bytes but the file holds " +
+                    std::to_string(source.size() - 8) + " after its size (truncated)");
   }
   std::string header(n, '\0');
   SC_RETURN_IF_ERROR(source.ReadAt(8, header.data(), n));
   *data_start = 8 + n;
-  return ParseSafetensorsHeader(header, source.size() - 8 - n, file);
+  return ParseSafetensorsHeader(header, source.size() - 8 - n, file, metadata);
 }
 
 // One safetensors file of an import: its entries, checked against the file's size.
@@ -95,12 +127,13 @@ struct SafetensorsInput {
   ByteSource source;
   uint64_t data_start = 0;
   std::vector<SafetensorsEntry> entries;
+  std::map<std::string, std::string> metadata;  // its __metadata__
 };
 
 Result<SafetensorsInput> OpenSafetensors(const std::string& file) {
   SC_ASSIGN_OR_RETURN(ByteSource source, ByteSource::OpenFile(file));
-  SafetensorsInput in{std::move(source), 0, {}};
-  SC_ASSIGN_OR_RETURN(in.entries, ReadSafetensorsIndex(in.source, &in.data_start));
+  SafetensorsInput in{std::move(source), 0, {}, {}};
+  SC_ASSIGN_OR_RETURN(in.entries, ReadSafetensorsIndex(in.source, &in.data_start, &in.metadata));
   for (const SafetensorsEntry& e : in.entries) {
     if (e.name.empty()) {
       return InvalidArgument(file + ": a tensor has an empty name (valid in safetensors, but a checkpoint entry "
@@ -116,15 +149,25 @@ Result<SafetensorsInput> OpenSafetensors(const std::string& file) {
 Result<std::vector<SafetensorsInput>> OpenShardedSafetensors(const std::string& index_path,
                                                              std::vector<std::pair<size_t, size_t>>* order) {
   SC_ASSIGN_OR_RETURN(std::string text, ReadFileLimited(index_path, uint64_t{256} << 20));
-  nlohmann::ordered_json index = nlohmann::ordered_json::parse(text, nullptr, false);
+  // The weight map's order from a SAX pass, its values from a sorted object (json_keys.h).
+  const JsonKeys keys = JsonObjectKeys(text, {"weight_map"});
+  nlohmann::json index = nlohmann::json::parse(text, nullptr, false);
   auto bad = [&](const std::string& what) { return DataLoss(index_path + ": invalid safetensors index: " + what); };
-  if (index.is_discarded() || !index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
+  if (!keys.found || index.is_discarded() || !index.is_object() || !index.contains("weight_map") ||
+      !index["weight_map"].is_object()) {
     return bad("not a JSON object with a \"weight_map\" object");
   }
+  if (!keys.duplicate.empty()) return bad("tensor '" + keys.duplicate + "' is listed twice");
+  const nlohmann::json& weight_map = index["weight_map"];
   std::vector<SafetensorsInput> inputs;
   std::map<std::string, size_t> file_index;
   std::vector<std::map<std::string, size_t>> by_name;
-  for (const auto& [name, value] : index["weight_map"].items()) {
+  for (const std::string& name : keys.names) {
+    // The SAX pass reads the first "weight_map", the DOM keeps the last: a hostile index with two
+    // is refused here, not thrown on.
+    auto found_value = weight_map.find(name);
+    if (found_value == weight_map.end()) return bad("\"weight_map\" is given twice");
+    const nlohmann::json& value = *found_value;
     if (!value.is_string()) return bad("tensor '" + name + "' maps to a non-string");
     const std::string file = value.get<std::string>();
     if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..") {
@@ -232,24 +275,44 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
   std::vector<unsigned char> full;
   const size_t count = safetensors ? order.size() : dict.tensors.size();
   for (size_t i = 0; i < count; ++i) {
+    uint64_t bytes = 0;
     if (safetensors) {
       const SafetensorsInput& in = shards[order[i].first];
       const SafetensorsEntry& e = in.entries[order[i].second];
-      full.resize(e.end - e.begin);
-      SC_RETURN_IF_ERROR(in.source.ReadAt(in.data_start + e.begin, full.data(), full.size()));
-      SC_RETURN_IF_ERROR(WriteTensor(*out, policy, options.world_size, i, e.name, e.dtype, e.shape, full));
+      const size_t element = DTypeSize(e.dtype);
+      auto read = [&](int64_t first, int64_t count) -> Result<const unsigned char*> {
+        full.resize(static_cast<size_t>(count) * element);
+        SC_RETURN_IF_ERROR(in.source.ReadAt(in.data_start + e.begin + static_cast<uint64_t>(first) * element, full.data(),
+                                            full.size()));
+        return full.data();
+      };
+      SC_RETURN_IF_ERROR(WriteTensor(*out, policy, options.world_size, i, e.name, e.dtype, e.shape, read));
+      bytes = e.end - e.begin;
     } else if (tied[i] >= 0) {  // stored once; the manifest names it twice
       SC_RETURN_IF_ERROR(out->AddAlias(dict.tensors[i].name, dict.tensors[static_cast<size_t>(tied[i])].name));
       report.tensors++;
       continue;
     } else {
       const PickleTensor& t = dict.tensors[i];
-      Status read = zip ? ReadTorchTensor(*zip, t, &full) : ReadTorchTensor(*legacy_source, legacy, t, &full);
-      if (!read.ok()) return read.WithContext(file);
-      SC_RETURN_IF_ERROR(WriteTensor(*out, policy, options.world_size, i, t.name, t.dtype, t.sizes, full));
+      const size_t element = DTypeSize(t.dtype);
+      // A tensor stored contiguously is read part by part; a strided view is gathered whole, once.
+      const bool by_parts = StoredContiguously(t);
+      auto read_range = [&](int64_t first, int64_t count) -> Status {
+        Status read = zip ? ReadTorchTensor(*zip, t, &full, first, count)
+                          : ReadTorchTensor(*legacy_source, legacy, t, &full, first, count);
+        return read.ok() ? read : read.WithContext(file);
+      };
+      if (!by_parts) SC_RETURN_IF_ERROR(read_range(0, -1));
+      auto read = [&](int64_t first, int64_t count) -> Result<const unsigned char*> {
+        if (!by_parts) return full.data() + static_cast<size_t>(first) * element;
+        SC_RETURN_IF_ERROR(read_range(first, count));
+        return full.data();
+      };
+      SC_RETURN_IF_ERROR(WriteTensor(*out, policy, options.world_size, i, t.name, t.dtype, t.sizes, read));
+      bytes = static_cast<uint64_t>(NumBytes(t.sizes, element).value());
     }
     report.tensors++;
-    report.bytes += full.size();
+    report.bytes += bytes;
     if (options.progress) options.progress(i + 1, count);
   }
   nlohmann::ordered_json value_order = nlohmann::ordered_json::object();
@@ -261,6 +324,13 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
   std::map<std::string, std::string> user = {{"imported_from", input}};
   if (!containers.empty()) user[kTorchContainersKey] = containers.dump();
   if (!value_order.empty()) user[kTorchValueOrderKey] = value_order.dump();
+  // A safetensors file's own metadata (a Hugging Face set's first shard's), less "format", which
+  // consolidate writes itself: kept for safetensors output.
+  if (safetensors && !shards.empty()) {
+    std::map<std::string, std::string> kept = shards[0].metadata;
+    kept.erase("format");
+    if (!kept.empty()) user[kSafetensorsMetadataKey] = nlohmann::json(kept).dump();
+  }
   SC_ASSIGN_OR_RETURN(report.path, out->Commit(MakeCreationInfo(1, "", "", user)));
   return report;
 }
@@ -290,7 +360,7 @@ Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::stri
     if (entry_bytes <= kReshardWholeBelow) {
       full.resize(static_cast<size_t>(entry_bytes));
       SC_RETURN_IF_ERROR(reader->ReadPiece(i, Layout::Whole(), full.data()));
-      SC_RETURN_IF_ERROR(WriteTensor(*out, policy, world, i, e.name, e.dtype, e.shape, full));
+      SC_RETURN_IF_ERROR(WriteTensor(*out, policy, world, i, e.name, e.dtype, e.shape, InMemory(full, element)));
       report.bytes += entry_bytes;
       if (options.progress) options.progress(report.bytes, total);
       report.tensors++;
@@ -317,14 +387,10 @@ Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::stri
   }
   // A DCP folder's byte items whose pickle holds more than plain values are reported, not carried:
   // restoring them would mean running their pickle.
-  std::map<std::string, std::string> opaque;
-  if (IsDcpFolder(reader->dir())) {
-    SC_ASSIGN_OR_RETURN(auto items, DcpOpaqueByteItems(reader->dir(), m));
-    opaque.insert(items.begin(), items.end());
-  }
+  SC_ASSIGN_OR_RETURN(const auto opaque, DcpOpaqueByteItems(reader->dir(), m));
   for (const BlobRecord& b : m.blobs) {
-    if (opaque.count(b.name)) {
-      report.skipped.push_back(b.name + " (a DCP byte item that is not plain values: " + opaque[b.name] + ")");
+    if (auto it = opaque.find(b.name); it != opaque.end()) {
+      report.skipped.push_back(OpaqueByteItemSkipped(b.name, it->second));
       continue;
     }
     if (b.scope == BlobScope::kPerRank && m.world_size != world) {
@@ -336,7 +402,7 @@ Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::stri
   }
   CreationInfo created = m.created;
   created.user["resharded_from"] = reader->dir();
-  SC_ASSIGN_OR_RETURN(report.path, out->Commit(created));
+  SC_ASSIGN_OR_RETURN(report.path, out->Commit(created, m.metrics));
   return report;
 }
 

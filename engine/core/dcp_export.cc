@@ -5,6 +5,7 @@
 #include <set>
 #include <tuple>
 
+#include "shardckpt/engine/core/checkpoint_dir.h"
 #include "shardckpt/engine/core/checkpoint_reader.h"
 #include "shardckpt/engine/formats/dcp_writer.h"
 #include "shardckpt/engine/formats/output_file.h"
@@ -73,6 +74,7 @@ Result<DcpStorage> WriteTorchSave(OutputFile* file, const std::string& pickle, u
 
 Result<DcpExportReport> ExportDcp(const std::string& checkpoint, const std::string& out, const DcpExportOptions& options) {
   SC_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(checkpoint));
+  SC_RETURN_IF_ERROR(RefuseOutputInCheckpoint(out, reader->dir()));
   const Manifest& m = reader->manifest();
   if (PathExists(out)) {
     if (!IsDirectory(out)) return InvalidArgument(out + " exists and is not a folder");

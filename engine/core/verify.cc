@@ -20,31 +20,40 @@ namespace {
 struct Span {
   uint64_t begin, end;
   std::string name;
+  bool blob = false;
 };
 
-std::string Holders(const std::vector<Span>& spans, uint64_t begin, uint64_t end) {
-  std::string out;
+struct Holders {
+  std::vector<std::string> entries, blobs;
+};
+
+Holders HoldersOf(const std::vector<Span>& spans, uint64_t begin, uint64_t end) {
+  Holders out;
   // spans are sorted by begin; the few that overlap [begin, end) are near the lower bound.
   auto it = std::lower_bound(spans.begin(), spans.end(), begin, [](const Span& s, uint64_t v) { return s.end <= v; });
   for (; it != spans.end() && it->begin < end; ++it) {
-    if (it->end > begin) out += (out.empty() ? "" : ", ") + ("'" + it->name + "'");
+    if (it->end > begin) (it->blob ? out.blobs : out.entries).push_back(it->name);
   }
-  return out.empty() ? "padding" : out;
+  return out;
+}
+
+VerifyProblem FromDcp(DcpProblem p) {
+  VerifyProblem out{std::move(p.file), p.offset, {}, {}, std::move(p.what)};
+  if (!p.entries.empty()) (p.byte_item ? out.blobs : out.entries).push_back(std::move(p.entries));
+  return out;
 }
 
 Result<VerifyReport> VerifyDcpStructure(VerifyReport report) {
   std::vector<DcpProblem> problems;
   SC_ASSIGN_OR_RETURN(Manifest m, ReadDcpFolder(report.checkpoint, &problems));
-  for (DcpProblem& p : problems) {
-    report.problems.push_back(VerifyProblem{std::move(p.file), p.offset, std::move(p.entries), std::move(p.what)});
-  }
+  for (DcpProblem& p : problems) report.problems.push_back(FromDcp(std::move(p)));
   report.files = m.files.size();
   report.checksums = false;
   // `shardckpt export --format dcp` leaves a .sha256 beside each file: where all are there, the
   // bytes are checked after all, whole files at a time.
   uint64_t summed = 0;
   for (DcpProblem& p : CheckDcpSha256Files(report.checkpoint, m, &summed, &report.bytes_checked)) {
-    report.problems.push_back(VerifyProblem{std::move(p.file), p.offset, std::move(p.entries), std::move(p.what)});
+    report.problems.push_back(FromDcp(std::move(p)));
   }
   if (summed > 0 && summed == m.files.size()) {
     report.checksums = true;
@@ -60,6 +69,13 @@ Result<VerifyReport> VerifyDcpStructure(VerifyReport report) {
 
 }  // namespace
 
+std::string HoldersText(const VerifyProblem& problem) {
+  std::string out;
+  for (const std::string& name : problem.entries) out += (out.empty() ? "'" : ", '") + name + "'";
+  for (const std::string& name : problem.blobs) out += (out.empty() ? "blob '" : ", blob '") + name + "'";
+  return out.empty() ? "padding" : out;
+}
+
 Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::function<void(uint64_t, uint64_t)>& progress) {
   VerifyReport report;
   SC_ASSIGN_OR_RETURN(CheckpointHold hold, HoldCheckpoint(path));  // retention leaves it while held
@@ -71,7 +87,7 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::functi
   for (const EntryRecord& e : m.entries) {
     for (const ChunkRecord& c : e.chunks) spans[c.file].push_back(Span{c.offset, c.offset + c.bytes, e.name});
   }
-  for (const BlobRecord& b : m.blobs) spans[b.file].push_back(Span{b.offset, b.offset + b.bytes, "blob " + b.name});
+  for (const BlobRecord& b : m.blobs) spans[b.file].push_back(Span{b.offset, b.offset + b.bytes, b.name, true});
   uint64_t total = 0;
   for (const FileRecord& f : m.files) total += f.size;
   for (auto& s : spans) std::sort(s.begin(), s.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
@@ -98,17 +114,17 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::functi
     const FileRecord& f = m.files[fi];
     const std::string file_path = JoinPath(report.checkpoint, f.name);
     report.files++;
-    auto problem = [&](uint64_t offset, const std::string& holders, const std::string& what) {
-      report.problems.push_back(VerifyProblem{f.name, offset, holders, what});
+    auto problem = [&](uint64_t offset, Holders holders, const std::string& what) {
+      report.problems.push_back(VerifyProblem{f.name, offset, std::move(holders.entries), std::move(holders.blobs), what});
     };
     Result<uint64_t> size = FileSize(file_path);
     if (!size.ok()) {
-      problem(0, Holders(spans[fi], 0, f.table_offset), "missing: " + size.status().message());
+      problem(0, HoldersOf(spans[fi], 0, f.table_offset), "missing: " + size.status().message());
       done += f.size;
       continue;
     }
     if (*size != f.size) {
-      problem(std::min(*size, f.size), Holders(spans[fi], std::min(*size, f.table_offset), f.table_offset),
+      problem(std::min(*size, f.size), HoldersOf(spans[fi], std::min(*size, f.table_offset), f.table_offset),
               "file is " + std::to_string(*size) + " bytes, the manifest records " + std::to_string(f.size) +
                   (*size < f.size ? " (truncated)" : " (extra bytes)"));
       done += f.size;
@@ -116,7 +132,7 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::functi
     }
     Result<std::unique_ptr<File>> file = io->Open(file_path, OpenMode::kRead);
     if (!file.ok()) {
-      problem(0, "", file.status().message());
+      problem(0, Holders{}, file.status().message());
       continue;
     }
     // The table first (small), then the data against it.
@@ -135,7 +151,7 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::functi
         page_ok[page] = false;
         uint64_t first = page * kSumsPerTablePage * kBlockSize;
         problem(f.table_offset + page * kBlockSize,
-                Holders(spans[fi], first, std::min(f.table_offset, first + kSumsPerTablePage * kBlockSize)), wrong);
+                HoldersOf(spans[fi], first, std::min(f.table_offset, first + kSumsPerTablePage * kBlockSize)), wrong);
         continue;
       }
       std::memcpy(table.data() + page * kSumsPerTablePage, data, kBlockSize);
@@ -144,7 +160,7 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::functi
       uint64_t length = std::min(kExtent, f.table_offset - at);
       Status read = read_now(file->get(), at, length);
       if (!read.ok()) {
-        problem(at, Holders(spans[fi], at, at + length), read.message());
+        problem(at, HoldersOf(spans[fi], at, at + length), read.message());
         break;
       }
       for (uint64_t b = 0; b < length; b += kBlockSize) {
@@ -152,7 +168,7 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::functi
         report.blocks_checked++;
         if (!page_ok[block / kSumsPerTablePage]) continue;  // reported once, above
         if (Checksum64(data + b, kBlockSize) != table[block]) {
-          problem(at + b, Holders(spans[fi], at + b, at + b + kBlockSize), "checksum mismatch in a 4096-byte block");
+          problem(at + b, HoldersOf(spans[fi], at + b, at + b + kBlockSize), "checksum mismatch in a 4096-byte block");
         }
       }
       report.bytes_checked += length;

@@ -15,9 +15,13 @@ namespace shardckpt {
 struct VerifyProblem {
   std::string file;
   uint64_t offset = 0;
-  std::string entries;  // names of the entries/blobs stored there, comma-separated
+  std::vector<std::string> entries;  // the tensors whose bytes are there
+  std::vector<std::string> blobs;    // the values (blobs) whose bytes are there
   std::string what;
 };
+
+// For people: 'a', 'b', blob 'c' (or "padding" when nothing is stored there).
+std::string HoldersText(const VerifyProblem& problem);
 
 struct VerifyReport {
   std::string checkpoint;

@@ -1,9 +1,10 @@
 #include "shardckpt/engine/formats/dcp_metadata.h"
 
 #include <cstdio>
+#include <array>
 #include <deque>
+#include <string_view>
 #include <set>
-#include <unordered_map>
 
 #include "shardckpt/engine/formats/pickle_stack.h"
 #include "shardckpt/engine/formats/torch_pickle.h"
@@ -21,7 +22,10 @@ struct Value {
   Kind kind = kNone;
   bool is_size = false;  // a torch.Size (a tuple of ints)
   int64_t i = 0;
-  std::string s;              // string, global name, object class
+  // String, global name, object class: a view into the pickle, or into the machine's own
+  // strings for what it builds (a global's full name, a path). A .metadata holds millions of
+  // values; a std::string here made each one 16 bytes larger, and most fqns a heap allocation.
+  std::string_view s;
   std::vector<Value*> items;  // tuple, list, dict as key, value, ...; object: [args, state]
 };
 
@@ -104,7 +108,7 @@ class Machine : public PickleStack<Value> {
                              "nothing in the file is executed)");
     }
     SC_ASSIGN_OR_RETURN(Value* v, New(Value::kGlobal, full.size()));
-    v->s = full;
+    v->s = Own(full);
     return Push(v);
   }
   Status Tuple(std::vector<Value*> items) {
@@ -115,7 +119,7 @@ class Machine : public PickleStack<Value> {
   Status Strings(const std::vector<Value*>& a, std::string* out) {
     for (const Value* v : a) {
       if (v->kind != Value::kString) return DataLoss("a path made of a " + std::string(KindName(v->kind)));
-      *out += (out->empty() ? "" : "/") + v->s;
+      out->append(out->empty() ? "" : "/").append(v->s);
     }
     return Status::Ok();
   }
@@ -125,7 +129,7 @@ class Machine : public PickleStack<Value> {
     SC_ASSIGN_OR_RETURN(Value* fn, Pop());
     if (fn->kind != Value::kGlobal || args->kind != Value::kTuple) return DataLoss("REDUCE of a non-callable");
     const std::vector<Value*>& a = args->items;
-    const std::string& name = fn->s;
+    const std::string name(fn->s);
     if (name == "torch.Size") {
       if (a.size() != 1 || (a[0]->kind != Value::kTuple && a[0]->kind != Value::kList)) return DataLoss("torch.Size of a non-tuple");
       for (const Value* d : a[0]->items) {
@@ -140,7 +144,8 @@ class Machine : public PickleStack<Value> {
     if (name == kMemFormatEnum && a.size() == 1 && a[0]->kind == Value::kInt) {
       // An enum member by value, `_MEM_FORMAT_ENCODING(0)`: how pip's and conda's Pythons pickle
       // an Enum; early 3.11 releases (Debian 12's 3.11.2) write getattr(class, NAME) (below).
-      SC_ASSIGN_OR_RETURN(out->s, MemoryFormatName(a[0]->i));
+      SC_ASSIGN_OR_RETURN(std::string member, MemoryFormatName(a[0]->i));
+      out->s = Own(std::move(member));
     } else if (name == "torch.serialization._get_layout" || name == kMemFormatEnum) {
       if (a.size() != 1 || a[0]->kind != Value::kString) return DataLoss(name + " of a non-string");
       out->s = a[0]->s;
@@ -151,7 +156,9 @@ class Machine : public PickleStack<Value> {
       }
       out->s = a[1]->s;
     } else if (name.rfind("pathlib.", 0) == 0) {
-      SC_RETURN_IF_ERROR(Strings(a, &out->s));
+      std::string path;
+      SC_RETURN_IF_ERROR(Strings(a, &path));
+      out->s = Own(std::move(path));
     } else if (name == "collections.OrderedDict" && a.empty()) {
       out->kind = Value::kDict;
     } else {
@@ -175,13 +182,13 @@ class Machine : public PickleStack<Value> {
       case '.':
         done_ = true;
         return Status::Ok();
-      case 'N': return PushNew(Value::kNone);
-      case 0x88: case 0x89: return PushNew(Value::kBool, op == 0x88);
+      case 'N': return PushShared(Value::kNone, 0);
+      case 0x88: case 0x89: return PushShared(Value::kBool, op == 0x88);
       case 'K': case 'M': case 'J': {
         size_t n = op == 'K' ? 1 : op == 'M' ? 2 : 4;
         if (!Need(n)) return DataLoss("truncated integer");
         uint64_t raw = Le(n);
-        return PushNew(Value::kInt, op == 'J' ? static_cast<int32_t>(raw) : static_cast<int64_t>(raw));
+        return PushShared(Value::kInt, op == 'J' ? static_cast<int32_t>(raw) : static_cast<int64_t>(raw));
       }
       case 0x8a: {  // LONG1
         if (!Need(1)) return DataLoss("truncated LONG1");
@@ -193,7 +200,7 @@ class Machine : public PickleStack<Value> {
         }
         uint64_t raw = Le(n);
         if (n > 0 && n < 8 && (raw >> (8 * n - 1)) & 1) raw |= ~uint64_t{0} << (8 * n);
-        return PushNew(Value::kInt, static_cast<int64_t>(raw));
+        return PushShared(Value::kInt, static_cast<int64_t>(raw));
       }
       case 'G':
         if (!Need(8)) return DataLoss("truncated float");
@@ -205,25 +212,23 @@ class Machine : public PickleStack<Value> {
         uint64_t n = Le(width);
         if (!Need(n)) return DataLoss("string runs past the end");
         SC_ASSIGN_OR_RETURN(Value* v, New(Value::kString, n));
-        v->s = data_.substr(pos_, n);
+        v->s = std::string_view(data_).substr(pos_, n);
         pos_ += n;
         return Push(v);
       }
       case 'q': case 'r': case 0x94: {  // BINPUT, LONG_BINPUT, MEMOIZE
         size_t width = op == 'q' ? 1 : op == 'r' ? 4 : 0;
         if (!Need(width)) return DataLoss("truncated memo put");
-        uint64_t key = width ? Le(width) : memo_.size();
+        uint64_t key = width ? Le(width) : memo_count();
         SC_ASSIGN_OR_RETURN(Value* top, Top("memo put"));
-        SC_RETURN_IF_ERROR(Charge(64));
-        memo_[key] = top;
-        return Status::Ok();
+        return MemoPut(key, top);
       }
       case 'h': case 'j': {
         size_t width = op == 'h' ? 1 : 4;
         if (!Need(width)) return DataLoss("truncated memo get");
-        auto it = memo_.find(Le(width));
-        if (it == memo_.end()) return DataLoss("memo get of an unknown key");
-        return Push(it->second);
+        Value* v = MemoGet(Le(width));
+        if (v == nullptr) return DataLoss("memo get of an unknown key");
+        return Push(v);
       }
       case '(':
         marks_.push_back(stack_.size());
@@ -271,13 +276,13 @@ class Machine : public PickleStack<Value> {
         SC_ASSIGN_OR_RETURN(Value* module, Pop());
         if (module->kind != Value::kString || name->kind != Value::kString) return DataLoss("STACK_GLOBAL of non-strings");
         if (module->s.size() > 256 || name->s.size() > 256) return InvalidArgument("STACK_GLOBAL of a name over 256 bytes");
-        return Global(module->s, name->s);
+        return Global(std::string(module->s), std::string(name->s));
       }
       case 0x81: {  // NEWOBJ: an instance of an allowed class, as data
         SC_ASSIGN_OR_RETURN(Value* args, Pop());
         SC_ASSIGN_OR_RETURN(Value* cls, Pop());
-        if (cls->kind != Value::kGlobal || !Classes().count(cls->s) || args->kind != Value::kTuple) {
-          return InvalidArgument("NEWOBJ of " + (cls->kind == Value::kGlobal ? "'" + cls->s + "'" : std::string("a ") + KindName(cls->kind)) +
+        if (cls->kind != Value::kGlobal || !Classes().count(std::string(cls->s)) || args->kind != Value::kTuple) {
+          return InvalidArgument("NEWOBJ of " + (cls->kind == Value::kGlobal ? "'" + std::string(cls->s) + "'" : std::string("a ") + KindName(cls->kind)) +
                                  " is not allowed");
         }
         SC_ASSIGN_OR_RETURN(Value* obj, New(Value::kObject, cls->s.size()));
@@ -301,11 +306,34 @@ class Machine : public PickleStack<Value> {
     }
   }
 
+  // None, booleans and small ints are never changed once made: one value each serves every
+  // occurrence (a chunk's offsets and sizes are mostly small ints: a third of a .metadata's
+  // millions of values).
+  Status PushShared(Value::Kind kind, int64_t i) {
+    constexpr int64_t kSmall = 1024;
+    if (kind == Value::kInt && (i < 0 || i >= kSmall)) return PushNew(kind, i);
+    Value*& shared = kind == Value::kNone ? none_ : kind == Value::kBool ? bools_[i != 0] : small_ints_[i];
+    if (shared == nullptr) {
+      SC_ASSIGN_OR_RETURN(shared, New(kind));
+      shared->i = i;
+    }
+    return Push(shared);
+  }
+
+  // Strings the machine builds, charged to the budget; stable addresses, which values view.
+  std::string_view Own(std::string text) {
+    owned_.push_back(std::move(text));
+    return owned_.back();
+  }
+
   const std::string& data_;
   const bool allow_globals_;
+  std::deque<std::string> owned_;
+  Value* none_ = nullptr;
+  Value* bools_[2] = {nullptr, nullptr};
+  std::array<Value*, 1024> small_ints_{};
   size_t pos_ = 0;
   bool done_ = false;
-  std::unordered_map<uint64_t, Value*> memo_;
 };
 
 // ---- the tree to ParsedDcpMetadata
@@ -337,7 +365,7 @@ Result<std::vector<int64_t>> Ints(const Value* v, const std::string& what) {
 
 Result<std::string> Str(const Value* v, const std::string& what) {
   if (!v || v->kind != Value::kString) return Bad(what + " is not a string");
-  return v->s;
+  return std::string(v->s);
 }
 
 Result<uint64_t> U64(const Value* v, const std::string& what) {

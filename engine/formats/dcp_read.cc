@@ -212,14 +212,14 @@ Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* 
     bool fresh = s.offset ? tensor_at.emplace(std::make_pair(s.fqn, *s.offset), &s).second : bytes_at.emplace(s.fqn, &s).second;
     if (!fresh) return bad("'" + s.fqn + "' has two storage records for one chunk");
   }
-  auto problem = [&](const ParsedDcpStorage& s, const std::string& name, const Status& st) -> Status {
+  auto problem = [&](const ParsedDcpStorage& s, const std::string& name, const Status& st, bool byte_item) -> Status {
     const std::string what = "'" + name + "' at [" + std::to_string(s.offset_in_file) + ", +" + std::to_string(s.length) +
                              ") of " + s.relative_path + ": " + st.message();
     // Damage is a problem to list; a valid chunk this reader does not take is not.
     if (!problems || st.code() == Code::kUnimplemented) {
       return Status(st.code() == Code::kUnimplemented ? st.code() : Code::kDataLoss, JoinPath(dir, s.relative_path) + ": " + what);
     }
-    problems->push_back(DcpProblem{s.relative_path, s.offset_in_file, name, st.message()});
+    problems->push_back(DcpProblem{s.relative_path, s.offset_in_file, name, st.message(), byte_item});
     return Status::Ok();
   };
   for (const ParsedDcpItem& item : md.items) {
@@ -231,7 +231,8 @@ Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* 
       if (!sources[file]) continue;
       if (s.offset_in_file > m.files[file].size || s.length > m.files[file].size - s.offset_in_file) {
         SC_RETURN_IF_ERROR(problem(s, item.name, DataLoss("runs past the end of the file (" + std::to_string(m.files[file].size) +
-                                                          " bytes): truncated?")));
+                                                          " bytes): truncated?"),
+                                   /*byte_item=*/true));
         continue;
       }
       m.blobs.push_back(BlobRecord{item.name, BlobScope::kGlobal, 0, file, s.offset_in_file, s.length});
@@ -258,7 +259,7 @@ Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* 
       std::vector<ChunkRecord> located;
       Status status = LocateChunk(*sources[file], s, e.dtype, c, &located);
       if (!status.ok()) {
-        SC_RETURN_IF_ERROR(problem(s, e.name, status));
+        SC_RETURN_IF_ERROR(problem(s, e.name, status, /*byte_item=*/false));
         continue;
       }
       for (ChunkRecord& chunk : located) {
@@ -327,15 +328,20 @@ std::vector<DcpProblem> CheckDcpSha256Files(const std::string& dir, const Manife
   return problems;
 }
 
-Result<std::vector<std::pair<std::string, std::string>>> DcpOpaqueByteItems(const std::string& dir, const Manifest& m) {
-  std::vector<std::pair<std::string, std::string>> out;
+Result<std::map<std::string, std::string>> DcpOpaqueByteItems(const std::string& dir, const Manifest& m) {
+  std::map<std::string, std::string> out;
+  if (!IsDcpFolder(dir)) return out;
   for (const BlobRecord& b : m.blobs) {
     SC_ASSIGN_OR_RETURN(ByteSource file, ByteSource::OpenFile(JoinPath(dir, m.files[b.file].name)));
     SC_ASSIGN_OR_RETURN(ByteSource slice, file.Slice(b.offset, b.bytes, "byte item '" + b.name + "'"));
     Status plain = PlainByteItemPickle(std::move(slice)).status();
-    if (!plain.ok()) out.push_back({b.name, plain.message()});
+    if (!plain.ok()) out.emplace(b.name, plain.message());
   }
   return out;
+}
+
+std::string OpaqueByteItemSkipped(const std::string& name, const std::string& reason) {
+  return name + " (a DCP byte item that is not plain values: " + reason + ")";
 }
 
 Result<std::string> DcpByteItemValue(const std::string& item, const std::string& name) {

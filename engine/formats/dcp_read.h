@@ -11,6 +11,7 @@
 // ones into value blobs with DcpByteItemValue.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,7 @@ struct DcpProblem {
   uint64_t offset = 0;
   std::string entries;  // the tensor or byte item stored there
   std::string what;
+  bool byte_item = false;  // `entries` names a byte item (a blob), not a tensor
 };
 
 // Reads and validates the folder. With `problems`, damage in the data files (a missing or
@@ -42,8 +44,11 @@ Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* 
 std::vector<DcpProblem> CheckDcpSha256Files(const std::string& dir, const Manifest& m, uint64_t* checked, uint64_t* bytes);
 
 // Byte items whose torch.save pickle holds anything but plain values (refused by
-// CheckPlainPickle), each with the reason: listed by inspect, restored by nobody.
-Result<std::vector<std::pair<std::string, std::string>>> DcpOpaqueByteItems(const std::string& dir, const Manifest& m);
+// CheckPlainPickle), by name with the reason: listed by inspect, restored by nobody. Empty for a
+// folder that is not a DCP folder.
+Result<std::map<std::string, std::string>> DcpOpaqueByteItems(const std::string& dir, const Manifest& m);
+// How consolidate and import name such an item among what they did not write.
+std::string OpaqueByteItemSkipped(const std::string& name, const std::string& reason);
 
 // A byte item's bytes (its torch.save zip) as the value blob shardckpt stores plain values in
 // (kPickleValueTag and typed JSON, torch_pickle.h), so consolidate writes it into a .pt and

@@ -50,6 +50,31 @@ void PutValue(std::string& s, const GgufValue& v) {
   }
 }
 
+// The general.* keys the GGUF specification types: llama.cpp refuses a file whose
+// general.architecture is not a string, and reads the integer keys as uint32.
+Status CheckGeneralKeyTypes(const std::vector<GgufKeyValue>& metadata) {
+  static const std::set<std::string> kStrings = {
+      "general.architecture", "general.name",        "general.author",     "general.version",
+      "general.organization", "general.basename",    "general.finetune",   "general.description",
+      "general.quantized_by", "general.size_label",  "general.license",    "general.license.name",
+      "general.license.link", "general.url",         "general.doi",        "general.uuid",
+      "general.repo_url",     "general.source.url",  "general.source.doi", "general.source.uuid",
+      "general.source.repo_url"};
+  static const std::set<std::string> kUnsigned = {"general.quantization_version", "general.file_type"};
+  static const char* const kKindNames[] = {"a string", "an integer", "a float", "a bool"};
+  for (const GgufKeyValue& kv : metadata) {
+    const bool text = kStrings.count(kv.key) > 0, number = kUnsigned.count(kv.key) > 0;
+    if (text && kv.value.kind != GgufValue::Kind::kString) {
+      return InvalidArgument("GGUF metadata key '" + kv.key + "' must be a string (the GGUF specification; llama.cpp " +
+                             "refuses the file otherwise), not " + kKindNames[static_cast<int>(kv.value.kind)]);
+    }
+    if (number && (kv.value.kind != GgufValue::Kind::kInt || kv.value.integer < 0 || kv.value.integer > UINT32_MAX)) {
+      return InvalidArgument("GGUF metadata key '" + kv.key + "' must be an unsigned 32-bit integer (the GGUF specification)");
+    }
+  }
+  return Status::Ok();
+}
+
 uint32_t GgmlType(DType dtype) {
   return dtype == DType::kFloat16 ? kGgmlF16 : dtype == DType::kBFloat16 ? kGgmlBF16 : kGgmlF32;
 }
@@ -79,8 +104,9 @@ Result<std::vector<GgufKeyValue>> ParseGgufMetadataJson(const std::string& json,
       kv.value.kind = GgufValue::Kind::kFloat;
       kv.value.real = v.get<double>();
     } else {
-      return InvalidArgument(origin + ": GGUF metadata key '" + it.key() + "' holds " + std::string(v.type_name()) +
-                             " " + v.dump() + "; only strings, integers (64-bit), floats and bools are written");
+      return InvalidArgument(origin + ": GGUF metadata key '" + it.key() + "' holds " +
+                             (v.is_null() ? std::string("null") : std::string(v.type_name()) + " " + v.dump()) +
+                             "; only strings, integers (64-bit), floats and bools are written");
     }
     out.push_back(std::move(kv));
   }
@@ -112,9 +138,11 @@ std::vector<GgufKeyValue> GgufMetadataWith(const std::string& architecture, cons
 
 Status CheckGgufTensor(const GgufTensorInfo& t) {
   if (t.dtype != DType::kFloat32 && t.dtype != DType::kFloat16 && t.dtype != DType::kBFloat16) {
+    // --dtype casts floating tensors only: for an integer or bool tensor it is no way out.
+    const bool castable = t.dtype == DType::kFloat64;
     return InvalidArgument("tensor '" + t.name + "' is " + DTypeName(t.dtype) +
-                           ": GGUF output holds float32, float16 and bfloat16 tensors as they are (no quantization); "
-                           "--exclude it, or --dtype to cast floating tensors");
+                           ": GGUF output holds float32, float16 and bfloat16 tensors as they are (no quantization); " +
+                           (castable ? "--exclude it, or --dtype to cast it" : "--exclude it"));
   }
   if (t.name.empty() || t.name.size() > kGgufMaxName) {
     return InvalidArgument("tensor '" + t.name + "': a GGUF tensor name has 1 to " + std::to_string(kGgufMaxName) +
@@ -137,6 +165,7 @@ Result<std::string> EncodeGgufHeader(const std::vector<GgufKeyValue>& metadata, 
                            "line; the architecture argument of shardckpt.consolidate_gguf in Python)");
   }
   if (keys.count("general.alignment")) return InvalidArgument("general.alignment is set by the writer (32)");
+  SC_RETURN_IF_ERROR(CheckGeneralKeyTypes(metadata));
   std::string s = "GGUF";
   Put<uint32_t>(s, 3);
   Put<uint64_t>(s, tensors.size());

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -23,7 +24,9 @@ inline Status CheckPickleProtocol(unsigned proto) {
   return InvalidArgument("pickle protocol " + std::to_string(proto) + " is not supported (2 to 5 are)");
 }
 inline Status RefuseProtocolZeroOrOne() {
-  return InvalidArgument("a pickle of protocol 0 or 1 (no PROTO opcode) is not supported (2 to 5 are)");
+  // Garbage lands here too: the message says both, not only the protocol.
+  return InvalidArgument("not a pickle of protocol 2 to 5, which open with PROTO: a pickle of protocol 0 or 1 "
+                         "(no PROTO opcode) is not supported, and the bytes may not be a pickle at all");
 }
 
 template <typename Value>
@@ -87,6 +90,31 @@ class PickleStack {
     return stack_.back();
   }
 
+  // The memo: BINPUT, LONG_BINPUT and MEMOIZE store, BINGET and LONG_BINGET fetch. Pickles number
+  // their memo 0, 1, 2, ...: those keys index a vector (8 bytes an object, where a hash map took
+  // about 40 more on a .metadata of millions of memoized objects), any others a map.
+  Status MemoPut(uint64_t key, Value* v) {
+    if (key < memo_dense_.size()) {
+      memo_dense_[key] = v;
+      return Status::Ok();
+    }
+    if (key == memo_dense_.size()) {
+      SC_RETURN_IF_ERROR(Charge(2 * sizeof(Value*)));
+      memo_dense_.push_back(v);
+      if (memo_sparse_.erase(key) == 0) memo_count_++;
+      return Status::Ok();
+    }
+    SC_RETURN_IF_ERROR(Charge(64));
+    if (memo_sparse_.insert_or_assign(key, v).second) memo_count_++;
+    return Status::Ok();
+  }
+  Value* MemoGet(uint64_t key) const {
+    if (key < memo_dense_.size()) return memo_dense_[key];
+    auto it = memo_sparse_.find(key);
+    return it == memo_sparse_.end() ? nullptr : it->second;
+  }
+  uint64_t memo_count() const { return memo_count_; }  // MEMOIZE's next key
+
   // GLOBAL's module or name: a line of at most 256 bytes from `*pos`, which moves past it.
   static Result<std::string> GlobalLine(const std::string& data, size_t* pos) {
     const size_t end = data.find('\n', *pos);
@@ -101,6 +129,9 @@ class PickleStack {
   std::vector<size_t> marks_;
 
  private:
+  std::vector<Value*> memo_dense_;
+  std::map<uint64_t, Value*> memo_sparse_;
+  uint64_t memo_count_ = 0;
   size_t pickle_bytes_;
   uint64_t budget_;
   uint64_t used_ = 0;

@@ -179,11 +179,22 @@ void PickleWriter::Bytes(const std::string& bytes) {
 }
 
 void PickleWriter::Global(const std::string& module, const std::string& name) {
+  const std::string key = module + '\n' + name;
+  auto put_index = [&](char short_op, char long_op, uint32_t index) {
+    if (index < 256) {
+      s_ += short_op;
+      s_ += static_cast<char>(index);
+      return;
+    }
+    s_ += long_op;
+    for (int b = 0; b < 4; ++b) s_ += static_cast<char>((index >> (8 * b)) & 0xFF);
+  };
+  auto [it, fresh] = memo_.try_emplace(key, static_cast<uint32_t>(memo_.size()));
+  if (!fresh) return put_index('h', 'j', it->second);  // BINGET / LONG_BINGET
   s_ += 'c';
-  s_ += module;
+  s_ += key;
   s_ += '\n';
-  s_ += name;
-  s_ += '\n';
+  put_index('q', 'r', it->second);  // BINPUT / LONG_BINPUT
 }
 
 void PickleWriter::IntTuple(const std::vector<int64_t>& values) {

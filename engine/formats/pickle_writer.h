@@ -1,11 +1,14 @@
 // An append-only pickle encoder (protocol 2 or 3) for the few shapes of object torch's readers
 // unpickle from files shardckpt writes: DCP's .metadata dataclasses, the tensor inside a DCP
 // chunk's torch.save zip, and plain Python values (DCP byte items). It emits opcodes only; what
-// they build is the caller's business. No memo: every object is written where it is used.
+// they build is the caller's business. Only globals are memoized (written once, then fetched by
+// memo index, as Python's pickler does): a DCP .metadata names its record classes once per chunk,
+// and spelling each out every time made our files two to three times the size of torch's.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -50,6 +53,7 @@ class PickleWriter {
 
  private:
   std::string s_;
+  std::unordered_map<std::string, uint32_t> memo_;  // "module\nname" -> memo index
 };
 
 // The Python package's typed JSON of a value (python/shardckpt/_state.py: None, bool, int, float

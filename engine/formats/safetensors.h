@@ -26,8 +26,13 @@ struct SafetensorsEntry {
 Result<std::string> EncodeSafetensorsHeader(std::vector<SafetensorsEntry>& entries,
                                             const std::map<std::string, std::string>& metadata);
 inline constexpr uint64_t kMaxSafetensorsHeader = 100000000;
-// `header_json` is the N bytes after the prefix; `data_bytes` = file size - 8 - N.
+// `header_json` is the N bytes after the prefix; `data_bytes` = file size - 8 - N. `metadata`,
+// where given, gets the header's __metadata__ (string to string, as the format defines it).
 Result<std::vector<SafetensorsEntry>> ParseSafetensorsHeader(const std::string& header_json, uint64_t data_bytes,
-                                                             const std::string& origin);
+                                                             const std::string& origin,
+                                                             std::map<std::string, std::string>* metadata = nullptr);
+// The manifest's creation key (CreationInfo::user) under which import keeps a safetensors file's
+// __metadata__ (a JSON object), for consolidate to write back into safetensors output.
+inline constexpr const char* kSafetensorsMetadataKey = "safetensors_metadata";
 
 }  // namespace shardckpt

@@ -57,23 +57,49 @@ Status CheckTensorRecords(const std::string& path, const UnpickledStateDict& dic
 }
 
 // A validated tensor's elements from its record at `data_offset` of `record_bytes`.
+}  // namespace
+
+bool StoredContiguously(const PickleTensor& t) {
+  // Not validated yet, perhaps: a tensor whose view does not compute is "not contiguous", and
+  // the read that follows validates it and says why.
+  const Result<int64_t> numel = NumElements(t.sizes);
+  if (!numel.ok() || t.strides.size() != t.sizes.size()) return false;
+  if (*numel == 0) return true;
+  const Result<int64_t> end = ViewEnd(t, *numel, t.name);
+  if (!end.ok() || *end - t.storage_offset != *numel) return false;
+  bool contiguous = true;
+  for (int64_t d = static_cast<int64_t>(t.sizes.size()) - 1, stride = 1; d >= 0 && contiguous; stride *= t.sizes[d], --d) {
+    contiguous = t.sizes[d] == 1 || t.strides[d] == stride;
+  }
+  return contiguous;
+}
+
+namespace {
+
 Status ReadTensorFrom(const std::function<Status(uint64_t, void*, size_t)>& read_at, const ZipRecord& record,
-                      const PickleTensor& t, std::vector<unsigned char>* out) {
+                      const PickleTensor& t, std::vector<unsigned char>* out, int64_t from, int64_t count) {
   // Checked again here: this function is public, and a check costs nothing next to the read.
   SC_RETURN_IF_ERROR(ValidateTorchTensor(t, record.size));
   const size_t element = DTypeSize(t.dtype);
   const int64_t numel = NumElements(t.sizes).value();
-  out->resize(static_cast<size_t>(numel) * element);
-  if (numel == 0) return Status::Ok();
+  if (count < 0) count = numel - from;
+  if (from < 0 || count < 0 || from > numel || count > numel - from) {
+    return InvalidArgument("tensor '" + t.name + "': elements [" + std::to_string(from) + ", +" + std::to_string(count) +
+                           ") outside its " + std::to_string(numel));
+  }
+  out->resize(static_cast<size_t>(count) * element);
+  if (count == 0) return Status::Ok();
   const int64_t end = ViewEnd(t, numel, t.name).value();
   const uint64_t first = record.data_offset + static_cast<uint64_t>(t.storage_offset) * element;
-  // Row-major contiguous (what torch.save writes for a plain tensor): read straight into `out`.
+  // Row-major contiguous: the range read straight into `out`.
+  if (StoredContiguously(t)) return read_at(first + static_cast<uint64_t>(from) * element, out->data(), out->size());
   const size_t n = t.sizes.size();
-  bool contiguous = end - t.storage_offset == numel;
-  for (int64_t d = static_cast<int64_t>(n) - 1, stride = 1; d >= 0 && contiguous; stride *= t.sizes[d], --d) {
-    contiguous = t.sizes[d] == 1 || t.strides[d] == stride;
+  if (from != 0 || count != numel) {  // a strided view: gathered whole, then the range kept
+    std::vector<unsigned char> whole;
+    SC_RETURN_IF_ERROR(ReadTensorFrom(read_at, record, t, &whole, 0, numel));
+    std::memcpy(out->data(), whole.data() + static_cast<size_t>(from) * element, out->size());
+    return Status::Ok();
   }
-  if (contiguous) return read_at(first, out->data(), out->size());
   std::vector<unsigned char> span(static_cast<size_t>(end - t.storage_offset) * element);
   SC_RETURN_IF_ERROR(read_at(first, span.data(), span.size()));
   // Odometer over the view's indices, gathering a run of the last dim at a time where it is
@@ -161,10 +187,12 @@ Result<UnpickledStateDict> ReadTorchStateDict(const ZipReader& zip) {
 }
 
 
-Status ReadTorchTensor(const ZipReader& zip, const PickleTensor& t, std::vector<unsigned char>* out) {
+Status ReadTorchTensor(const ZipReader& zip, const PickleTensor& t, std::vector<unsigned char>* out, int64_t first,
+                       int64_t count) {
   auto record = zip.records().find(zip.prefix() + RecordName(t));
   if (record == zip.records().end()) return DataLoss(zip.path() + ": storage record " + RecordName(t) + " is missing");
-  return ReadTensorFrom([&](uint64_t at, void* p, size_t n) { return zip.ReadAt(at, p, n); }, record->second, t, out);
+  return ReadTensorFrom([&](uint64_t at, void* p, size_t n) { return zip.ReadAt(at, p, n); }, record->second, t, out,
+                        first, count);
 }
 
 bool IsLegacyTorchFile(const ByteSource& source) {
@@ -225,10 +253,11 @@ Result<LegacyTorchFile> ReadLegacyTorchFile(const ByteSource& source) {
 }
 
 Status ReadTorchTensor(const ByteSource& source, const LegacyTorchFile& file, const PickleTensor& t,
-                       std::vector<unsigned char>* out) {
+                       std::vector<unsigned char>* out, int64_t first, int64_t count) {
   auto record = file.storages.find(t.storage_key);
   if (record == file.storages.end()) return DataLoss(source.name() + ": storage '" + t.storage_key + "' is missing");
-  return ReadTensorFrom([&](uint64_t at, void* p, size_t n) { return source.ReadAt(at, p, n); }, record->second, t, out);
+  return ReadTensorFrom([&](uint64_t at, void* p, size_t n) { return source.ReadAt(at, p, n); }, record->second, t, out,
+                        first, count);
 }
 
 }  // namespace shardckpt

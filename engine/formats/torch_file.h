@@ -26,8 +26,15 @@ Result<UnpickledStateDict> ReadTorchStateDict(const ZipReader& zip);
 // negative; every element the view addresses inside the storage. Errors name the tensor and field.
 Status ValidateTorchTensor(const PickleTensor& t, uint64_t record_bytes);
 
-// A validated tensor's elements, row-major and contiguous, into `out`.
-Status ReadTorchTensor(const ZipReader& zip, const PickleTensor& t, std::vector<unsigned char>* out);
+// Whether a validated tensor's elements lie in its storage in row-major order, one after another
+// (what torch.save writes for a plain tensor), so that any range of them is one range of bytes.
+bool StoredContiguously(const PickleTensor& t);
+
+// A validated tensor's elements, row-major and contiguous, into `out`: `count` of them from
+// element `first` (count -1: to the end). A tensor stored contiguously is read for that range
+// only; a strided view is read whole and the range cut from it.
+Status ReadTorchTensor(const ZipReader& zip, const PickleTensor& t, std::vector<unsigned char>* out,
+                       int64_t first = 0, int64_t count = -1);
 
 // The legacy (pre-1.6, non-zip) format: the state dict (UnpickleLegacyHead) and each storage's
 // bytes located as a record, every element count checked against the file's size and against
@@ -39,6 +46,6 @@ struct LegacyTorchFile {
 };
 Result<LegacyTorchFile> ReadLegacyTorchFile(const ByteSource& source);
 Status ReadTorchTensor(const ByteSource& source, const LegacyTorchFile& file, const PickleTensor& t,
-                       std::vector<unsigned char>* out);
+                       std::vector<unsigned char>* out, int64_t first = 0, int64_t count = -1);
 
 }  // namespace shardckpt

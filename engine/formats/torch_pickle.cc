@@ -174,7 +174,10 @@ const std::set<std::string>& AllowedGlobals() {
                                // Quantized tensors: recognised only to be refused by name and dtype.
                                "torch._utils._rebuild_qtensor", "torch.per_tensor_affine", "torch.per_channel_affine",
                                "torch.per_tensor_symmetric", "torch.per_channel_symmetric",
-                               "torch.per_channel_affine_float_qparams"};
+                               "torch.per_channel_affine_float_qparams",
+                               // A torch.device value (weights_only takes it): read, then skipped
+                               // as a value with no typed-JSON form, like a torch.dtype value.
+                               "torch.device"};
     for (int d = 0; d < kNumDTypes; ++d) {
       if (const char* storage = TorchStorageName(static_cast<DType>(d))) s.insert(std::string("torch.") + storage);
       s.insert(std::string("torch.") + DTypeName(static_cast<DType>(d)));  // torch.float8_e4m3fn: the same names
@@ -259,26 +262,6 @@ class Unpickler : public PickleStack<Value> {
     SC_RETURN_IF_ERROR(Charge(kv.size() * sizeof(Value*)));
     dict->items.insert(dict->items.end(), kv.begin(), kv.end());
     return Status::Ok();
-  }
-  Status MemoPut(uint64_t key, Value* v) {
-    if (key < memo_dense_.size()) {
-      memo_dense_[key] = v;
-      return Status::Ok();
-    }
-    if (key == memo_dense_.size()) {
-      SC_RETURN_IF_ERROR(Charge(2 * sizeof(Value*)));
-      memo_dense_.push_back(v);
-      if (memo_sparse_.erase(key) == 0) memo_count_++;
-      return Status::Ok();
-    }
-    SC_RETURN_IF_ERROR(Charge(64));
-    if (memo_sparse_.insert_or_assign(key, v).second) memo_count_++;
-    return Status::Ok();
-  }
-  Value* MemoGet(uint64_t key) const {
-    if (key < memo_dense_.size()) return memo_dense_[key];
-    auto it = memo_sparse_.find(key);
-    return it == memo_sparse_.end() ? nullptr : it->second;
   }
   Status PushGlobal(const std::string& module, const std::string& name) {
     auto it = AllowedGlobals().find(module + "." + name);
@@ -407,6 +390,10 @@ class Unpickler : public PickleStack<Value> {
       if (a.size() != 1 || a[0]->kind != Value::kTuple) return DataLoss("torch.Size arguments are not (tuple,)");
       return Push(a[0]);
     }
+    if (name == "torch.device") {  // ("cuda", 0) or ("cpu",): an opaque value, skipped by import
+      if (a.empty() || a.size() > 2 || a[0]->kind != Value::kString) return DataLoss("torch.device arguments are not (str[, int])");
+      return Push(callable);
+    }
     if (name == "torch._utils._rebuild_sparse_tensor") {  // (layout, data): refused where its name is known
       if (a.empty() || a[0]->kind != Value::kString || a[0]->s.substr(0, 12) != "torch.sparse") {
         return DataLoss("_rebuild_sparse_tensor without a sparse layout");
@@ -504,7 +491,7 @@ class Unpickler : public PickleStack<Value> {
   Status OpMemoPut(unsigned char op) {
     size_t width = op == 'q' ? 1 : op == 'r' ? 4 : 0;
     if (!Need(width)) return DataLoss("truncated memo put");
-    uint64_t key = width ? ReadLe(width) : memo_count_;
+    uint64_t key = width ? ReadLe(width) : memo_count();
     SC_ASSIGN_OR_RETURN(Value* top, Top("memo put"));
     return MemoPut(key, top);
   }
@@ -663,10 +650,6 @@ class Unpickler : public PickleStack<Value> {
   std::map<std::string, size_t> storages_;
   bool done_ = false;
   std::vector<PickleTensor> tensors_;
-  // Pickles number their memo 0, 1, 2, ...: those keys index a vector, any others a map.
-  std::vector<Value*> memo_dense_;
-  std::map<uint64_t, Value*> memo_sparse_;
-  uint64_t memo_count_ = 0;
 };
 
 // Nested dicts, and lists and tuples holding tensors, to dotted names (list items by index, as

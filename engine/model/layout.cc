@@ -238,6 +238,29 @@ Result<std::vector<RunPiece>> RunPieces(const Shape& global, int parts, bool alo
   return pieces;
 }
 
+std::vector<RunPiece> SplitRunPiece(const RunPiece& piece, size_t element_size, uint64_t max_bytes) {
+  const uint64_t bytes = static_cast<uint64_t>(piece.count) * element_size;
+  const bool rows = piece.layout.kind == LayoutKind::kBox && !piece.layout.sizes.empty() && piece.layout.sizes[0] > 0;
+  if (bytes <= max_bytes || element_size == 0 || (piece.layout.kind != LayoutKind::kFlatRange && !rows)) return {piece};
+  // Elements in one unit of the cut: an element of a flat range, a row of a box of rows.
+  const int64_t unit = rows ? piece.count / piece.layout.sizes[0] : 1;
+  const int64_t units = rows ? piece.layout.sizes[0] : piece.count;
+  const int64_t per = std::max<int64_t>(1, static_cast<int64_t>(max_bytes / (static_cast<uint64_t>(unit) * element_size)));
+  std::vector<RunPiece> out;
+  for (int64_t at = 0; at < units; at += per) {
+    const int64_t n = std::min(per, units - at);
+    RunPiece& part = out.emplace_back(RunPiece{piece.layout, piece.first + at * unit, n * unit});
+    if (rows) {
+      part.layout.offsets[0] = piece.layout.offsets[0] + at;
+      part.layout.sizes[0] = n;
+    } else {
+      part.layout.begin = piece.layout.begin + at;
+      part.layout.end = part.layout.begin + n;
+    }
+  }
+  return out;
+}
+
 Layout ChunkLayout(const Shape& global, int dim, int parts, int index) {
   return OrInvalid(CheckedChunkLayout(global, dim, parts, index), "ChunkLayout");
 }

@@ -87,6 +87,10 @@ struct RunPiece {
 // there, so an empty tensor still has one. The shape is checked once: a reshard of 20,000 tensors
 // to 64 ranks cuts 630,000 pieces, and checking each one alone was a tenth of its time.
 Result<std::vector<RunPiece>> RunPieces(const Shape& global, int parts, bool along_dim0);
+// `piece` (of RunPieces) cut into runs of at most `max_bytes`, in order: a flat range into flat
+// ranges, a run of rows into runs of whole rows (one row each when a row alone is larger). A
+// piece within the bound, or a Whole one, comes back as it is.
+std::vector<RunPiece> SplitRunPiece(const RunPiece& piece, size_t element_size, uint64_t max_bytes);
 
 struct Region {
   std::vector<int64_t> lo;      // global index of the first element

@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
     Result<VerifyReport> v = VerifyCheckpoint(dir);
     std::string verify_text = v.ok() ? "" : v.status().message();
     if (v.ok()) {
-      for (const VerifyProblem& p : v->problems) verify_text += p.file + " " + p.entries + " " + p.what + "; ";
+      for (const VerifyProblem& p : v->problems) verify_text += p.file + " " + HoldersText(p) + " " + p.what + "; ";
     }
     bool verified = !v.ok() || !v->problems.empty();
     Status load = LoadEverything(dir);

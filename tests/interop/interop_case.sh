@@ -109,20 +109,101 @@ write("overlap.safetensors", {"a": {"dtype": "F32", "shape": [2], "data_offsets"
 write("trailing.safetensors", {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 16)
 write("huge.safetensors", {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8, n=2**62)
 write("badlen.safetensors", {"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, b"\0" * 8)
+write("meta.safetensors", {"__metadata__": {"format": "pt", "author": "me", "source": "lab"},
+                           "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8)
+write("badmeta.safetensors", {"__metadata__": {"n": 5}, "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}},
+      b"\0" * 8)
 PY
+    # A file's __metadata__ survives import, reshard and consolidate to safetensors (format: pt).
+    "$cli" import meta.safetensors --out metaroot --world-size 2 > /dev/null
+    "$cli" reshard metaroot --out metaroot3 --world-size 3 > /dev/null
+    "$cli" consolidate metaroot3 --out meta_back.safetensors > /dev/null
+    $py -c "
+import json, struct
+b = open('meta_back.safetensors', 'rb').read(); n = struct.unpack('<Q', b[:8])[0]
+meta = json.loads(b[8:8 + n])['__metadata__']
+assert meta == {'format': 'pt', 'author': 'me', 'source': 'lab'}, meta"
+    expect_fail "badmeta.safetensors: invalid safetensors: __metadata__ key 'n' holds a non-string" \
+      "$cli" import badmeta.safetensors --out r12 --world-size 2
     expect_fail "overlapping entries" "$cli" import overlap.safetensors --out r6 --world-size 2
     expect_fail "trailing bytes" "$cli" import trailing.safetensors --out r7 --world-size 2
     expect_fail "header size 4611686018427387904 is too large" "$cli" import huge.safetensors --out r8 --world-size 2
     expect_fail "its shape needs 12" "$cli" import badlen.safetensors --out r9 --world-size 2
+    head -c 60 overlap.safetensors > cut.safetensors
+    expect_fail "cut.safetensors: invalid safetensors: the header is 128 bytes but the file holds 52 after its size (truncated)" \
+      "$cli" import cut.safetensors --out r11 --world-size 2
+    # verify --json names what a damaged block holds as lists: a name with a comma and a quote
+    # stays one name, values are apart from tensors.
+    $py -c "import torch; torch.save({\"it's, x\": torch.ones(3), 'a': torch.ones(2), 'n': 7}, 'names.pt')"
+    "$cli" import names.pt --out named --world-size 1 > /dev/null
+    $py -c "
+import glob; f = open(glob.glob('named/step-*/rank-00000.bin')[0], 'r+b'); b = f.read(1); f.seek(0); f.write(bytes([b[0] ^ 1]))"
+    if "$cli" verify named --json > named.json; then echo "verify passed a flipped byte"; exit 1; fi
+    $py -c "
+import json; d = json.load(open('named.json')); p = d['problems'][0]
+assert d['ok'] is False and p['offset'] == 0 and sorted(p['entries']) == ['a', \"it's, x\"] and p['blobs'] == ['n'], p"
+    # torch.device and torch.dtype values (weights_only loads them): the import keeps the tensors
+    # and names each such value as skipped.
+    $py -c "import torch; torch.save({'w': torch.ones(2), 'dev': torch.device('cuda', 1), 'cpu': torch.device('cpu'), 'dt': torch.float16}, 'devices.pt')"
+    "$cli" import devices.pt --out devices --world-size 1 > devices.out
+    for v in dev cpu dt; do grep -qx "skipped (not a tensor, or a per-rank blob): $v" devices.out || { cat devices.out; exit 1; }; done
+    "$cli" inspect devices --json | $py -c "import json, sys; assert [e['name'] for e in json.load(sys.stdin)['entries']] == ['w']"
+    expect_fail "devices/step-000000000/manifest.json is a file: give the checkpoint folder (or the root) instead, such as devices/step-000000000" \
+      "$cli" verify devices/step-000000000/manifest.json
+    # An empty state dict goes through import and consolidate as one.
+    $py -c "import torch; torch.save({}, 'empty.pt')"
+    "$cli" import empty.pt --out emptyroot --world-size 2 > /dev/null
+    "$cli" consolidate emptyroot --out empty_back.pt > /dev/null
+    $py -c "import torch; assert torch.load('empty_back.pt') == {}"
     # A manifest edited to name a file outside the checkpoint: its own checksum refuses it (a
     # writer who recomputes the checksum is refused by validation: tests/checkpoint_test.cc).
     "$cli" import good.pt --out good --world-size 2
     m=$(ls -d good/step-*)/manifest.json
     sed -i 's/"rank-00000.bin"/"..\/..\/etc\/passwd"/' "$m"
     expect_fail "manifest checksum mismatch" "$cli" verify good
+    # --json asks for JSON on stdout on failure too: the code and the message naming the file.
+    for verb in inspect verify list; do
+        target=good; [ $verb = list ] && target=nowhere
+        if "$cli" $verb $target --json > fail.json 2> /dev/null; then echo "$verb --json succeeded on a bad input"; exit 1; fi
+        $py -c "
+import json, sys
+d = json.load(open('fail.json'))
+assert d['ok'] is False, d
+want = {'inspect': ('DataLoss', 'manifest checksum mismatch'), 'verify': ('DataLoss', 'manifest checksum mismatch'),
+        'list': ('NotFound', 'nowhere')}['$verb']
+assert d['error']['code'] == want[0] and want[1] in d['error']['message'], d
+print('$verb --json failure OK')"
+    done
+    # A usage error (exit 2) under --json is a JSON object too, even when the flags do not parse.
+    set +e; "$cli" reshard good --json > usage.json 2> /dev/null; rc=$?; set -e
+    [ $rc = 2 ] || { echo "usage error exited $rc"; exit 1; }
+    $py -c "import json; d = json.load(open('usage.json')); assert d == {'ok': False, 'error': {'code': 'Usage', 'message': \"the option '--out' is required but missing\"}}, d"
+    set +e; "$cli" reshard good --out r10 --world-size 2 --layout rows 2> layout.err; rc=$?; set -e
+    [ $rc = 2 ] && grep -q "layout 'rows': use flat, dim0 or replicated" layout.err || { echo "bad --layout: exit $rc"; cat layout.err; exit 1; }
+    # Not UTF-8 (Linux allows it in a path): the JSON error object still comes, the bytes replaced.
+    set +e; "$cli" inspect $'nowhere-\xff' --json > utf.json 2> /dev/null; rc=$?; set -e
+    [ $rc = 1 ] && $py -c "import json; assert json.load(open('utf.json'))['error']['code'] == 'NotFound'" ||
+      { echo "non-UTF-8 path under --json: exit $rc"; cat utf.json; exit 1; }
+    # A hostile index with two weight maps is refused, not thrown on.
+    printf '{"weight_map":{"x":"a.safetensors"},"weight_map":{"y":"a.safetensors"}}' > twice.safetensors.index.json
+    expect_fail 'invalid safetensors index: "weight_map" is given twice' "$cli" import twice.safetensors.index.json --out r13 --world-size 1
+    "$cli" --version | grep -Eq '^shardckpt [0-9]+\.[0-9]+\.[0-9]+ \(checkpoint format 1\.[0-9]+\)$'
     expect_fail "manifest checksum mismatch" "$cli" consolidate good --out x.pt
     expect_fail "bad size" "$cli" consolidate good --out x.safetensors --max-shard-size lots
-    expect_fail "cannot tell the format" "$cli" consolidate good --out x.bin ;;
+    expect_fail "cannot tell the format" "$cli" consolidate good --out x.bin
+    # list and prune take roots: a DCP folder is a checkpoint; a dry run writes nothing (no lock
+    # files either); a folder named like a step but not as saves name them is not touched.
+    mkdir -p dcpish plainroot/step-5 && touch dcpish/.metadata dcpish/__0_0.distcp plainroot/step-5/notes.txt
+    expect_fail "dcpish is a checkpoint, not a root" "$cli" list dcpish
+    expect_fail "dcpish is a checkpoint, not a root" "$cli" prune dcpish --keep-last 1 --dry-run
+    "$cli" prune plainroot --keep-last 1 --dry-run > dry.out
+    [ "$(ls -A plainroot)" = step-5 ] && grep -q "^0 folder(s) would be removed" dry.out || { ls -A plainroot; cat dry.out; exit 1; }
+    "$cli" prune plainroot --keep-last 1 > /dev/null
+    test -f plainroot/step-5/notes.txt
+    [ "$("$cli" list plainroot --json | $py -c 'import json,sys; print(len(json.load(sys.stdin)["checkpoints"]))')" = 0 ]
+    mkdir -p outdir
+    expect_fail "outdir is a folder: name the file to write in it (outdir/model.pt)" "$cli" consolidate good --out outdir --format torch
+    [ -z "$(ls -A outdir)" ] && [ ! -e outdir.partial ] || { echo "consolidate into a folder wrote something"; exit 1; } ;;
   *) echo "unknown case"; exit 2 ;;
 esac
 echo "interop case $case: passed"

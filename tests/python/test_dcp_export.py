@@ -265,7 +265,7 @@ def test_gguf_read_back_by_gguf_package(comm):
         shardckpt.consolidate_gguf(box, out, "llama")
     # consolidate() picks GGUF from the extension, as the command line does.
     out2 = os.path.join(WORK, "py2.gguf")
-    report = shardckpt.consolidate(box, out2, exclude=["i"], dtype="float16",
+    report = shardckpt.consolidate(box, out2, exclude=["i"], dtype="fp16",
                                    gguf_architecture="llama", gguf_name="t")
     assert report["files"] == [out2], report
     assert gguf.GGUFReader(out2).fields["general.name"].contents() == "t"

@@ -155,6 +155,12 @@ def test_truncated_distcp_is_found_by_verify(tmp_path):
     # A load or consolidation refuses it too, naming the file.
     with pytest.raises(shardckpt.DataLoss, match="__1_0.distcp"):
         shardckpt.consolidate(str(folder), str(tmp_path / "x.pt"))
+    # Cut into its first byte item: that is listed as a blob, not as a tensor.
+    os.truncate(victim, 1000)
+    problems = json.loads(cli("verify", str(folder), "--json").stdout)["problems"]
+    epoch = [p for p in problems if "epoch" in p["blobs"]]
+    assert epoch and epoch[0]["entries"] == [] and "past the end" in epoch[0]["problem"]
+    assert not any("epoch" in p["entries"] for p in problems)
 
 
 class RunsAShell:
@@ -201,6 +207,11 @@ def test_byte_items_that_are_not_plain_are_reported_never_run(tmp_path):
     report = shardckpt.import_checkpoint(folder, str(tmp_path / "root"), 2)
     assert sorted(s.split(" ")[0] for s in report["skipped"]) == ["dt", "evil"]
     assert {b["name"] for b in shardckpt.inspect(report["path"])["blobs"]} == {"n"}
+    # Consolidated straight from the folder: each such item named with inspect's reason.
+    out = shardckpt.consolidate(folder, str(tmp_path / "m.pt"))
+    skipped = {s.split(" ")[0]: s for s in out["skipped"]}
+    assert sorted(skipped) == ["dt", "evil"], out["skipped"]
+    assert "a DCP byte item that is not plain values" in skipped["dt"] and "posix.system" in skipped["evil"], skipped
     assert not os.path.exists(marker)
 
 
