@@ -55,9 +55,6 @@ std::unique_ptr<Communicator> CreateSingleProcessCommunicator() {
   return std::make_unique<SingleProcessCommunicator>();
 }
 
-namespace {
-
-// "rank 3", "ranks 0-2, 5, 7-9".
 std::string RankRanges(const std::vector<int>& ranks) {
   std::string out = ranks.size() == 1 ? "rank " : "ranks ";
   for (size_t i = 0; i < ranks.size();) {
@@ -70,8 +67,6 @@ std::string RankRanges(const std::vector<int>& ranks) {
   }
   return out;
 }
-
-}  // namespace
 
 Status MergeRankStatuses(const std::vector<Status>& by_rank) {
   std::vector<const Status*> causes;         // distinct failures, in order of first appearance

@@ -54,6 +54,8 @@ Status AgreeOnStatus(Communicator& comm, const Status& local);
 // has the first failure's code; a cause with another code keeps its code name ("IoError: rank 0:
 // read ...; ranks 1-2: NoSpace: write ...").
 Status MergeRankStatuses(const std::vector<Status>& by_rank);
+// "rank 3", "ranks 0-2, 5, 7-9" (ranks ascending).
+std::string RankRanges(const std::vector<int>& ranks);
 
 // Whether a gather of messages of these lengths (one per rank) fits in `limit` bytes per rank
 // and in all; the error names the rank. Every rank runs it on the same lengths, so every rank

@@ -43,7 +43,11 @@ Status ErrnoStatus(int err, const std::string& what) {
     case EINVAL: code = Code::kInvalidArgument; break;
     default: break;
   }
-  return Status(code, what + ": " + std::strerror(err) + " (errno " + std::to_string(err) + ")");
+  // A checkpoint of thousands of rank files meets the default `ulimit -n` of 1024 first.
+  const char* hint = err == EMFILE ? " (the process's open-file limit: raise it with `ulimit -n`)"
+                     : err == ENFILE ? " (the system's open-file limit, fs.file-max)"
+                                     : "";
+  return Status(code, what + ": " + std::strerror(err) + " (errno " + std::to_string(err) + ")" + hint);
 }
 
 }  // namespace shardckpt

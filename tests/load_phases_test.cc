@@ -318,6 +318,16 @@ TEST(MatchVerdict, AValueWithTensorsUnderItsNameIsExplained) {
   EXPECT_THAT(s.message(), ::testing::Not(HasSubstr("non-strict")));
 }
 
+// One name stored as a value and passed as a tensor (or the other way round): said in so many
+// words, not only listed as missing and as unloaded.
+TEST(MatchVerdict, ANameOfAnotherKindIsSaidToBeSo) {
+  Status s = MatchVerdict(Status::Ok(), true, "/c", {"step"}, {"w"}, ValueMatch{{"w"}, {"step"}}, {"w"});
+  EXPECT_THAT(s.message(), HasSubstr("'step' is a value in the checkpoint but a tensor in the state passed"));
+  EXPECT_THAT(s.message(), HasSubstr("'w' is a tensor in the checkpoint but a value in the state passed"));
+  Status plain = MatchVerdict(Status::Ok(), true, "/c", {"a"}, {"b"}, ValueMatch{{"c"}, {"d"}}, {"c"});
+  EXPECT_THAT(plain.message(), ::testing::Not(HasSubstr(" in the state passed")));
+}
+
 TEST(ChooseBroadcast, OptionEnvironmentHostsAndStorage) {
   using R = ReplicatedReads;
   struct Case {

@@ -19,14 +19,49 @@ namespace {
 
 using PageKey = std::pair<uint32_t, uint64_t>;  // (file, table page)
 
+// Data files open at once: a load of a checkpoint saved by thousands of ranks, on a few ranks,
+// reads from every file, and one descriptor per file met the default `ulimit -n` (1024) there.
+constexpr size_t kMaxOpenFiles = 64;
+
+// The data files being read, opened on first use; Close() only once no read of them is in flight.
+class OpenFiles {
+ public:
+  OpenFiles(IoEngine* io, const std::string& dir, const Manifest& manifest) : io_(io), dir_(dir), manifest_(manifest) {}
+  bool Has(uint32_t file) const { return files_.count(file) > 0; }
+  bool Full() const { return files_.size() >= kMaxOpenFiles; }
+  Result<File*> Get(uint32_t file) {
+    auto it = files_.find(file);
+    if (it != files_.end()) return it->second.get();
+    SC_ASSIGN_OR_RETURN(std::unique_ptr<File> opened, io_->Open(JoinPath(dir_, manifest_.files[file].name), OpenMode::kRead));
+    return (files_[file] = std::move(opened)).get();
+  }
+  void CloseAll() { files_.clear(); }
+
+ private:
+  IoEngine* io_;
+  const std::string& dir_;
+  const Manifest& manifest_;
+  std::map<uint32_t, std::unique_ptr<File>> files_;
+};
+
 // Verified and scattered together, well inside a core's L2 (1 MiB on the benchmark machines).
 constexpr uint64_t kScatterWindow = 256u << 10;
 
 // Reads `ops` with the engine's queue kept full; every op has its own buffer already.
+// On a failure the reads still in flight are drained before returning: their buffers and files
+// are the caller's, freed as it returns.
 Status RunAll(IoEngine* io, const std::vector<std::pair<File*, IoOp>>& ops) {
+  auto failed = [io](Status status) {
+    io->Drain().IgnoreError();
+    return status;
+  };
   for (size_t i = 0; i < ops.size(); ++i) {
-    while (io->in_flight() >= io->queue_depth()) SC_RETURN_IF_ERROR(io->Reap().status());
-    SC_RETURN_IF_ERROR(io->Submit(ops[i].first, ops[i].second, i));
+    while (io->in_flight() >= io->queue_depth()) {
+      Status reaped = io->Reap().status();
+      if (!reaped.ok()) return failed(reaped);
+    }
+    Status submitted = io->Submit(ops[i].first, ops[i].second, i);
+    if (!submitted.ok()) return failed(submitted);
   }
   return io->Drain();
 }
@@ -73,17 +108,13 @@ Status ReadTail(const std::string& dir, const FileRecord& f, const ReadExtent& e
 
 Status ExecuteReadPlan(IoEngine* io, BufferPool* pool, const std::string& dir,
                        const Manifest& manifest, const ReadPlan& plan, const ReadTargets& targets,
-                       bool verify, ReadStats* stats, const FileInMemory& in_memory) {
+                       bool verify, ReadStats* stats, const FileInMemory& in_memory, const SharedBlocks& shared) {
   // Manifests are validated (every extent and table page lies inside its file), but a read out
   // of bounds in memory is worse than a failed one: anything outside is read from the file.
   auto from_memory = [&](uint32_t file, uint64_t offset, uint64_t length) {
     return file == in_memory.file && in_memory.data != nullptr && offset + length <= in_memory.bytes;
   };
-  std::map<uint32_t, std::unique_ptr<File>> files;
-  for (const ReadExtent& e : plan.extents) {
-    if (files.count(e.file) || from_memory(e.file, e.offset, e.length)) continue;
-    SC_ASSIGN_OR_RETURN(files[e.file], io->Open(JoinPath(dir, manifest.files[e.file].name), OpenMode::kRead));
-  }
+  OpenFiles files(io, dir, manifest);
   // Level 1: the checksum-table pages covering the blocks we read, verified against the manifest.
   std::map<PageKey, const uint64_t*> sums;
   AlignedBuffer pages;
@@ -102,20 +133,24 @@ Status ExecuteReadPlan(IoEngine* io, BufferPool* pool, const std::string& dir,
       SC_ASSIGN_OR_RETURN(pages, AlignedBuffer::Allocate(to_read * kBlockSize));
     }
     std::vector<std::pair<File*, IoOp>> ops;
-    for (const PageKey& key : needed) {
+    size_t pages_read = 0;
+    for (const PageKey& key : needed) {  // in file order: each file's pages, then the next file's
       if (from_memory(key.first, page_offset(key), kBlockSize)) {
         sums[key] = reinterpret_cast<const uint64_t*>(in_memory.data + page_offset(key));
         continue;
       }
-      unsigned char* at = pages.data() + ops.size() * kBlockSize;
-      if (!files.count(key.first)) {
-        SC_ASSIGN_OR_RETURN(files[key.first], io->Open(JoinPath(dir, manifest.files[key.first].name), OpenMode::kRead));
+      if (!files.Has(key.first) && files.Full()) {
+        SC_RETURN_IF_ERROR(RunAll(io, ops));
+        ops.clear();
+        files.CloseAll();
       }
-      ops.push_back({files[key.first].get(), IoOp{IoKind::kRead, page_offset(key), at, kBlockSize}});
+      unsigned char* at = pages.data() + pages_read++ * kBlockSize;
+      SC_ASSIGN_OR_RETURN(File * file, files.Get(key.first));
+      ops.push_back({file, IoOp{IoKind::kRead, page_offset(key), at, kBlockSize}});
       sums[key] = reinterpret_cast<const uint64_t*>(at);
     }
     SC_RETURN_IF_ERROR(RunAll(io, ops));
-    stats->table_bytes_read += ops.size() * kBlockSize;
+    stats->table_bytes_read += pages_read * kBlockSize;
     for (const auto& [key, table] : sums) {
       const FileRecord& f = manifest.files[key.first];
       if (Checksum64(table, kBlockSize) != f.table_page_sums[key.second]) {
@@ -130,6 +165,11 @@ Status ExecuteReadPlan(IoEngine* io, BufferPool* pool, const std::string& dir,
   auto verify_blocks = [&](const ReadExtent& e, const unsigned char* data, uint64_t from, uint64_t to) -> Status {
     for (uint64_t at = from; at < to; at += kBlockSize) {
       uint64_t block = (e.offset + at) / kBlockSize;
+      if (shared.VerifiedElsewhere(e.file, block)) {
+        stats->blocks_verified_elsewhere++;
+        continue;
+      }
+      stats->blocks_verified++;
       uint64_t expected = sums[{e.file, block / kSumsPerTablePage}][block % kSumsPerTablePage];
       if (Checksum64(data + at, kBlockSize) != expected) {
         return DataLoss(JoinPath(dir, manifest.files[e.file].name) + ": checksum mismatch in the block at offset " +
@@ -196,6 +236,12 @@ Status ExecuteReadPlan(IoEngine* io, BufferPool* pool, const std::string& dir,
     return Status::Ok();
   };
   ReadRing ring(io, pool, complete);
+  // A failure met while issuing reads stops the ring; a failure of a read issued before it (a
+  // checksum mismatch found on completion) happened first and is the one reported.
+  auto stop = [&ring](Status failure) {
+    Status earlier = ring.Finish();
+    return earlier.ok() ? failure : earlier;
+  };
   std::vector<unsigned char> tail;
   for (size_t i = 0; i < plan.extents.size(); ++i) {
     const ReadExtent& e = plan.extents[i];
@@ -203,24 +249,28 @@ Status ExecuteReadPlan(IoEngine* io, BufferPool* pool, const std::string& dir,
     if (!f.checksums && e.offset + e.length > f.size) {
       // A file of another format (DCP) ends off the 4096-byte grid: its last extent is read
       // buffered up to the end, the rest of the block zero (no wanted byte lies there).
-      SC_RETURN_IF_ERROR(ReadTail(dir, f, e, &tail));
-      SC_RETURN_IF_ERROR(complete(i, tail.data()));
+      Status read = ReadTail(dir, f, e, &tail);
+      if (read.ok()) read = complete(i, tail.data());
+      if (!read.ok()) return stop(read);
       stats->data_bytes_read += f.size - std::min(f.size, e.offset);
       stats->extents++;
       continue;
     }
     if (from_memory(e.file, e.offset, e.length)) {  // counted as read by the read ahead
       Status copied = complete(i, in_memory.data + e.offset);
-      if (!copied.ok()) {
-        ring.Finish().IgnoreError();
-        return copied;
-      }
+      if (!copied.ok()) return stop(copied);
       stats->extents++;
       continue;
     }
-    unsigned char* into = InPlaceTarget(plan, e, targets, *files[e.file]);
+    if (!files.Has(e.file) && files.Full()) {  // the ring's reads of them land first
+      SC_RETURN_IF_ERROR(ring.Finish());
+      files.CloseAll();
+    }
+    Result<File*> file = files.Get(e.file);
+    if (!file.ok()) return stop(file.status());
+    unsigned char* into = InPlaceTarget(plan, e, targets, **file);
     read_in_place[i] = into != nullptr;
-    if (!ring.Read(files[e.file].get(), e.offset, e.length, i, into).ok()) break;
+    if (!ring.Read(*file, e.offset, e.length, i, into).ok()) break;
     stats->data_bytes_read += e.length;
     stats->extents++;
   }

@@ -26,6 +26,26 @@ struct ReadStats {
   // Read before the plan was known: CheckpointReader's windows read in the background, and a
   // load's read of its own file during the metadata phases (engine/core/read_ahead.h).
   uint64_t bytes_read_ahead = 0;
+  uint64_t blocks_verified = 0;
+  // Blocks read but verified by another rank of the host instead (SharedBlocks).
+  uint64_t blocks_verified_elsewhere = 0;
+};
+
+// Blocks that every rank of one host reads from the same page cache (a memory-backed folder):
+// the replicated entries every rank reads itself, and the global blobs. Each is verified by one
+// of those ranks, its owner, and read unverified by the rest: the load agrees on the read's
+// status, so a mismatch the owner finds fails every rank. The others copied the same pages, so
+// checking them again would find nothing more, and with every rank reading replicated state
+// the checksums were the largest part of the load that a plain read does not pay.
+struct SharedBlocks {
+  int rank = 0;
+  int world = 1;
+  std::vector<std::vector<bool>> by_file;  // by manifest.files index, then by data block
+
+  bool VerifiedElsewhere(uint32_t file, uint64_t block) const {
+    return file < by_file.size() && block < by_file[file].size() && by_file[file][block] &&
+           static_cast<int>((file + block) % static_cast<uint64_t>(world)) != rank;
+  }
 };
 
 struct ReadTargets {
@@ -47,6 +67,7 @@ struct FileInMemory {
 
 Status ExecuteReadPlan(IoEngine* io, BufferPool* pool, const std::string& dir,
                        const Manifest& manifest, const ReadPlan& plan, const ReadTargets& targets,
-                       bool verify, ReadStats* stats, const FileInMemory& in_memory = {});
+                       bool verify, ReadStats* stats, const FileInMemory& in_memory = {},
+                       const SharedBlocks& shared = {});
 
 }  // namespace shardckpt

@@ -405,6 +405,16 @@ Status MatchVerdict(const Status& local, bool strict, const std::string& dir, co
     message += (message.empty() ? "" : "; ") + std::string("checkpoint ") + dir + " has entries no rank loads: " +
                NameList(all_unexpected);
   }
+  // One name on both sides is one thing of two kinds: say so rather than list it twice.
+  auto kinds = [&](const std::vector<std::string>& wanted, const std::vector<std::string>& stored,
+                   const char* in_checkpoint, const char* in_state) {
+    for (const std::string& name : wanted) {
+      if (std::find(stored.begin(), stored.end(), name) == stored.end()) continue;
+      message += "; '" + name + "' is " + in_checkpoint + " in the checkpoint but " + in_state + " in the state passed";
+    }
+  };
+  kinds(missing, values.unexpected, "a value", "a tensor");
+  kinds(values.missing, unexpected, "a tensor", "a value");
   std::string holder;
   for (const std::string& want : wanted_values) {
     const std::string under = want + ".";
@@ -446,8 +456,8 @@ Result<bool> ChooseBroadcast(bool broadcast_replicated, ReplicatedReads mode, co
   return mode == ReplicatedReads::kBroadcast || !one_host || !memory_backed;
 }
 
-Result<bool> AgreeOnBroadcast(Communicator& comm, const LoadOptions& options, const std::string& dir) {
-  if (comm.size() <= 1) return false;
+Result<ReplicatedReadChoice> AgreeOnBroadcast(Communicator& comm, const LoadOptions& options, const std::string& dir) {
+  if (comm.size() <= 1) return ReplicatedReadChoice{};
   const char* env = std::getenv("SHARDCKPT_REPLICATED_READS");
   std::vector<std::string> all;
   // Each rank's own choice as if on one host from memory, on one host from storage and across
@@ -460,9 +470,10 @@ Result<bool> AgreeOnBroadcast(Communicator& comm, const LoadOptions& options, co
     mine += !choice.ok() ? '!' : *choice ? 'b' : 'r';
   }
   mine += IsMemoryBacked(JoinPath(dir, kManifestName)) ? 'm' : 'd';
+  mine += options.verify_checksums ? 'v' : 'u';
   SC_RETURN_IF_ERROR(AgreeOnStatus(comm, chosen));
   SC_RETURN_IF_ERROR(comm.AllGather(mine + save_phases::HostName(), &all));
-  constexpr size_t kChoices = 3, kHost = 4;
+  constexpr size_t kChoices = 3, kVerify = 4, kHost = 5;
   std::string differ;
   for (size_t r = 0; r < all.size(); ++r) {
     if (all[r].compare(0, kChoices, all[0], 0, kChoices) != 0) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
@@ -472,12 +483,19 @@ Result<bool> AgreeOnBroadcast(Communicator& comm, const LoadOptions& options, co
                            "and broadcasting them or every rank reading them (SHARDCKPT_REPLICATED_READS or "
                            "LoadOptions differ)");
   }
-  bool one_host = true, memory = true;
+  bool one_host = true, memory = true, all_verify = true, any_verify = false;
   for (const std::string& rank : all) {
     one_host &= rank.compare(kHost, std::string::npos, all[0], kHost, std::string::npos) == 0;
     memory &= rank[kChoices] == 'm';
+    all_verify &= rank[kVerify] == 'v';
+    any_verify |= rank[kVerify] == 'v';
   }
-  return (one_host ? mine[memory ? 0 : 1] : mine[2]) == 'b';
+  // Bytes one rank reads for others (a broadcast) or verifies for others (shared pages) would
+  // go unchecked where that rank does not verify, while a rank that asked for verification
+  // believed them checked: where ranks differ, each reads and verifies its own.
+  const bool mixed = any_verify && !all_verify;
+  const bool broadcast = (one_host ? mine[memory ? 0 : 1] : mine[2]) == 'b' && !mixed;
+  return ReplicatedReadChoice{broadcast, one_host && memory && all_verify};
 }
 
 std::vector<BroadcastBatch> BatchBroadcasts(const std::vector<int>& reader_of, const std::vector<uint64_t>& entry_bytes,
@@ -528,11 +546,33 @@ Result<Match> MatchEntries(Communicator& comm, const Manifest& manifest, const s
   SC_RETURN_IF_ERROR(AgreeOnStatus(comm, MatchVerdict(match.local.status, options.strict, dir, report->missing,
                                                       report->unexpected, values,
                                                       options.wanted_values ? *options.wanted_values : std::vector<std::string>{})));
-  SC_ASSIGN_OR_RETURN(bool broadcast, AgreeOnBroadcast(comm, options, dir));
-  match.reader_of = AssignReaders(match.demand, broadcast, comm.size());
+  SC_ASSIGN_OR_RETURN(ReplicatedReadChoice choice, AgreeOnBroadcast(comm, options, dir));
+  match.reader_of = AssignReaders(match.demand, choice.broadcast, comm.size());
+  match.same_pages = choice.same_pages;
   // Device pieces need a device this process can use; refuse on every rank before any reads.
   SC_RETURN_IF_ERROR(AgreeOnStatus(comm, CheckDevices(targets)));
   return match;
+}
+
+SharedBlocks BlocksEveryRankReads(const Manifest& manifest, const Match& match, int rank, int world) {
+  SharedBlocks shared{rank, world, {}};
+  if (!match.same_pages || world <= 1) return shared;
+  auto mark = [&](uint32_t file, uint64_t offset, uint64_t bytes) {
+    if (bytes == 0 || file >= manifest.files.size() || !manifest.files[file].checksums) return;
+    std::vector<bool>& blocks = shared.by_file[file];
+    if (blocks.empty()) blocks.resize(AlignUp(manifest.files[file].table_offset, kBlockSize) / kBlockSize, false);
+    const uint64_t last = std::min<uint64_t>((offset + bytes - 1) / kBlockSize, blocks.size() - 1);
+    for (uint64_t b = offset / kBlockSize; b <= last; ++b) blocks[b] = true;
+  };
+  shared.by_file.resize(manifest.files.size());
+  for (size_t e = 0; e < manifest.entries.size(); ++e) {
+    if (!match.demand.wanted_any[e] || !match.demand.wanted_whole_by_all[e] || match.reader_of[e] >= 0) continue;
+    for (const ChunkRecord& c : manifest.entries[e].chunks) mark(c.file, c.offset, c.bytes);
+  }
+  for (const BlobRecord& b : manifest.blobs) {
+    if (b.scope == BlobScope::kGlobal) mark(b.file, b.offset, b.bytes);
+  }
+  return shared;
 }
 
 // ---- 4.
@@ -605,6 +645,7 @@ ReadWork PlanReads(const Manifest& manifest, const ShardedState& targets, const 
   const ReadPlanOptions planned = PlanOptionsFor(plan_options, verified_from_memory && !work.any_device_target);
   work.plan = CoalesceReads(std::move(copies), planned);
   work.max_extent = planned.max_extent;
+  work.shared = BlocksEveryRankReads(manifest, match, rank, world);
   return work;
 }
 
@@ -641,7 +682,7 @@ Status ReadExtents(const std::string& dir, const Manifest& manifest, const ReadW
   io_options.queue_depth = std::max<size_t>(io_options.queue_depth, lease.pool()->count() + 1);
   std::unique_ptr<IoEngine> io = CreateIoEngine(io_options);
   return ExecuteReadPlan(io.get(), lease.pool(), dir, manifest, work.plan, work.targets, options.verify_checksums,
-                         stats, in_memory);
+                         stats, in_memory, work.shared);
 }
 
 // ---- 6.

@@ -131,7 +131,13 @@ Result<bool> ChooseBroadcast(bool broadcast_replicated, ReplicatedReads mode, co
                              bool memory_backed);
 // The same, agreed on by every rank: one allgather of each rank's host, choices and storage;
 // ranks that chose differently (their environments differ) fail alike, naming the ranks.
-Result<bool> AgreeOnBroadcast(Communicator& comm, const LoadOptions& options, const std::string& dir);
+struct ReplicatedReadChoice {
+  bool broadcast = false;
+  // Every rank runs on one host, sees the folder memory-backed and verifies checksums: the
+  // bytes every rank reads are copies of the same pages, each verified once (SharedBlocks).
+  bool same_pages = false;
+};
+Result<ReplicatedReadChoice> AgreeOnBroadcast(Communicator& comm, const LoadOptions& options, const std::string& dir);
 
 // Replicated entries of one reader sent in one broadcast: small entries are packed together up
 // to `batch_bytes`; an entry of `batch_bytes` or more, or one marked `alone` (device to device),
@@ -149,7 +155,13 @@ struct Match {
   LocalMatch local;
   Demand demand;
   std::vector<int> reader_of;  // by entry
+  bool same_pages = false;     // ReplicatedReadChoice::same_pages
 };
+
+// The blocks every rank reads (entries every rank wants whole and reads itself, and the global
+// blobs), when every rank reads them from the same pages and there is more than one rank; else
+// none. Each is then verified by one rank only (SharedBlocks).
+SharedBlocks BlocksEveryRankReads(const Manifest& manifest, const Match& match, int rank, int world);
 // Phase 3 as a whole: matches, exchanges wants (fills report->missing and ->unexpected), agrees
 // on the verdict, assigns readers and agrees every device piece has a usable device.
 Result<Match> MatchEntries(Communicator& comm, const Manifest& manifest, const std::string& dir,
@@ -171,6 +183,7 @@ struct ReadWork {
   bool any_device_target = false;
   ReadPlan plan;
   uint64_t max_extent = 0;  // the max_extent the plan was cut at, which sizes its staging
+  SharedBlocks shared;
 
   ReadWork() = default;
   // A copy's names would view the original's labels: moves only.

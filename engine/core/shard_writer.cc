@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <system_error>
 #include <thread>
 
 #include "shardckpt/io/checksum.h"
 #include "shardckpt/io/fs.h"
+#include "shardckpt/io/log.h"
 
 namespace shardckpt {
 
@@ -36,14 +38,24 @@ size_t ShardFileWriter::DefaultHashHelpers() {
 // into its own slots of the table, joined in Finish (or sooner when too many are running).
 void ShardFileWriter::SumInPlace(const unsigned char* data, size_t length) {
   if (hash_helpers_ == 0 || length < kBackgroundSumBytes) return Sum(data, length);
+  while (background_.size() >= hash_helpers_) JoinOldestSum();
+  std::future<std::vector<uint64_t>> sums;
+  try {
+    sums = std::async(std::launch::async, [data, length] {
+      std::vector<uint64_t> out(length / kBlockSize);
+      ChecksumBlocks(data, length, out.data());
+      return out;
+    });
+  } catch (const std::system_error& e) {
+    // No thread to be had (a pids limit): summed here instead. An exception escaping the save
+    // on one rank would leave the others waiting in its collectives for the deadline.
+    SC_LOG(kWarn) << "no helper thread for checksums (" << e.what() << "); summing on the writing thread";
+    hash_helpers_ = 0;
+    return Sum(data, length);
+  }
   const size_t first = sums_.size();
   sums_.resize(first + length / kBlockSize);
-  while (background_.size() >= hash_helpers_) JoinOldestSum();
-  background_.push_back(BackgroundSum{first, std::async(std::launch::async, [data, length] {
-                                        std::vector<uint64_t> sums(length / kBlockSize);
-                                        ChecksumBlocks(data, length, sums.data());
-                                        return sums;
-                                      })});
+  background_.push_back(BackgroundSum{first, std::move(sums)});
 }
 
 void ShardFileWriter::JoinOldestSum() {

@@ -133,10 +133,36 @@ case "$case" in
     run 3 -- load "$work/root" --family replicated --expect-step 4 --replicated-reads broadcast --broadcast-batch 4096
     run 3 -- load "$work/root" --family replicated --expect-step 4 --replicated-reads every-rank
     run 3 -- load "$work/root" --family replicated --expect-step 4
+    # Rank 1 does not verify: no rank reads for it nor it for others (the load checks that).
+    run 3 -- load "$work/root" --family replicated --expect-step 4 --unverified-rank 1
     run 3 -x SHARDCKPT_REPLICATED_READS=broadcast -- load "$work/root" --family replicated --expect-step 4 \
       --replicated-reads every-rank
     run 3 -x SHARDCKPT_REPLICATED_READS=sometimes -- load-fails "$work/root" --family replicated \
       --expect "SHARDCKPT_REPLICATED_READS: replicated reads 'sometimes'" --expect "ranks 0-2: " ;;
+  replicated-tmpfs) # every rank reads replicated state from one page cache: each block is
+              # verified by one rank (the load checks that), and a flipped bit in a block any rank
+              # owns fails the load on every rank, naming the file and the block
+    shm=$(mktemp -d /dev/shm/shardckpt-replicated-XXXXXX)
+    trap 'rm -rf "$shm"' EXIT
+    run 3 -- save "$shm" --family replicated --step 4
+    run 2 -- load "$shm" --family replicated --expect-step 4
+    run 3 -- load "$shm" --family replicated --expect-step 4 --replicated-reads every-rank
+    data=$(ls -d "$shm"/step-*)/rank-00000.bin
+    cp "$data" "$work/good.bin"
+    for block in 0 1 2; do  # owned by ranks 0, 1 and 0 of 2; 0, 1 and 2 of 3
+      for np in 2 3; do
+        cp "$work/good.bin" "$data"
+        printf '\x55' | dd of="$data" bs=1 seek=$((block * 4096 + 100)) conv=notrunc status=none
+        run $np -- load-fails "$shm" --family replicated --expect "DataLoss: rank $((block % np)): $data: checksum mismatch in the block at offset $((block * 4096))"
+      done
+    done
+    # A rank that loads without verifying verifies no other rank's share: rank 0 checks every
+    # block, block 1 (rank 1's share of 2) included.
+    cp "$work/good.bin" "$data"
+    run 2 -- load "$shm" --family replicated --expect-step 4 --unverified-rank 1
+    printf '\x55' | dd of="$data" bs=1 seek=$((4096 + 100)) conv=notrunc status=none
+    run 2 -- load-fails "$shm" --family replicated --unverified-rank 1 \
+      --expect "DataLoss: rank 0: $data: checksum mismatch in the block at offset 4096" ;;
   plan-cache) # repeat saves reuse the save plan until one rank's layout changes (issue 14 part 6)
     run 3 -- plan-cache "$work/root" --step 1 ;;
   dead-rank)  # HOW (exit|hang) [async]: rank 2 of 4 never reaches the save's first collective

@@ -60,6 +60,7 @@ struct Args {
   // load: 1, every rank reads its own file ahead (where io_uring and O_DIRECT work); 0, none does.
   int expect_read_ahead = -1;
   std::string manifest_sharing = "auto";  // load: auto | root | every-rank
+  int unverified_rank = -1;  // load: this rank loads with verify_checksums off
 };
 
 struct Held {
@@ -126,6 +127,7 @@ int DoLoad(Communicator& comm, const Args& a) {
   const Result<ManifestSharing> sharing = ParseManifestSharing(a.manifest_sharing);
   if (!sharing.ok()) return Fail(rank, sharing.status().ToString());
   options.manifest_sharing = *sharing;
+  options.verify_checksums = rank != a.unverified_rank;
   Result<LoadReport> report = Load(comm, a.root, held.state, options);
   if (!a.expect.empty()) {  // load-fails
     if (report.ok()) return Fail(rank, "load succeeded but was expected to fail");
@@ -166,8 +168,10 @@ int DoLoad(Communicator& comm, const Args& a) {
   // readers. On one host from tmpfs by default every rank reads them itself and receives nothing.
   const char* env = std::getenv("SHARDCKPT_REPLICATED_READS");
   const std::string mode = env != nullptr && *env ? std::string(env) : a.replicated_reads;
-  const bool broadcast =
-      mode == "broadcast" || (mode == "auto" && !IsMemoryBacked(JoinPath(report->path, "manifest.json")));
+  // Where some ranks verify and some do not, every rank reads (and verifies) its own.
+  const bool all_verify = a.unverified_rank < 0;
+  const bool broadcast = (mode == "broadcast" || (mode == "auto" && !IsMemoryBacked(JoinPath(report->path, "manifest.json")))) &&
+                         (all_verify || world == 1);
   if (a.family == "replicated" && world > 1 && broadcast && report->bytes_received == 0) {
     return Fail(rank, "no replicated entry was received by broadcast");
   }
@@ -175,6 +179,19 @@ int DoLoad(Communicator& comm, const Args& a) {
       report->bytes_received != 0) {
     return Fail(rank, "every rank should have read the replicated entries itself, but " +
                           std::to_string(report->bytes_received) + " bytes came by broadcast");
+  }
+  // Read by every rank from one page cache, each block of the replicated entries is verified by
+  // one rank only; from storage every rank verifies what it reads.
+  const bool memory_backed = IsMemoryBacked(JoinPath(report->path, "manifest.json"));
+  if (a.family == "replicated" && world > 1 && !broadcast && memory_backed && all_verify &&
+      report->stats.blocks_verified_elsewhere == 0) {
+    return Fail(rank, "every rank read the replicated entries from tmpfs, yet this rank verified every block itself (" +
+                          std::to_string(report->stats.blocks_verified) + ")");
+  }
+  if ((!memory_backed || !all_verify) && report->stats.blocks_verified_elsewhere != 0) {
+    return Fail(rank, std::to_string(report->stats.blocks_verified_elsewhere) + " blocks read from " +
+                          (all_verify ? "storage" : "tmpfs while a rank does not verify") +
+                          " were left to another rank to verify");
   }
   if (options.manifest_sharing != ManifestSharing::kAuto && world > 1 &&
       report->every_rank_parsed_manifest != (options.manifest_sharing == ManifestSharing::kEveryRankParses)) {
@@ -193,13 +210,15 @@ int DoLoad(Communicator& comm, const Args& a) {
   double amplification = report->bytes_wanted ? double(report->stats.data_bytes_read) / report->bytes_wanted : 1.0;
   std::printf("rank %d/%d: OK loaded step %lld saved by %d ranks (%s layout): verified %llu bytes, read %llu data "
               "+ %llu table bytes (%llu of them ahead of the plan) for %llu wanted (amplification %.3f), received %llu by "
-              "broadcast; manifest %s\n",
+              "broadcast; %llu blocks verified here, %llu by another rank; manifest %s\n",
               rank, world, static_cast<long long>(report->step), report->saved_world_size, a.family.c_str(),
               static_cast<unsigned long long>(verified), static_cast<unsigned long long>(report->stats.data_bytes_read),
               static_cast<unsigned long long>(report->stats.table_bytes_read),
               static_cast<unsigned long long>(report->stats.bytes_read_ahead),
               static_cast<unsigned long long>(report->bytes_wanted), amplification,
               static_cast<unsigned long long>(report->bytes_received),
+              static_cast<unsigned long long>(report->stats.blocks_verified),
+              static_cast<unsigned long long>(report->stats.blocks_verified_elsewhere),
               report->every_rank_parsed_manifest ? "parsed by every rank" : "sent by rank 0");
   return 0;
 }
@@ -503,6 +522,7 @@ int main(int argc, char** argv) {
       else if (flag == "--tiny") a.tiny = std::atoi(argv[i + 1]) != 0;
       else if (flag == "--replicated-reads") a.replicated_reads = argv[i + 1];
       else if (flag == "--manifest-sharing") a.manifest_sharing = argv[i + 1];
+      else if (flag == "--unverified-rank") a.unverified_rank = std::atoi(argv[i + 1]);
       else if (flag == "--deferred") a.deferred = std::atoi(argv[i + 1]) != 0;
       else if (flag == "--broadcast-batch") a.broadcast_batch = std::strtoull(argv[i + 1], nullptr, 10);
       else if (flag == "--many-small") AddManySmallEntries(std::atoi(argv[i + 1]));
