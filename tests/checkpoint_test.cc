@@ -17,7 +17,9 @@
 #include "shardckpt/collectives/communicator.h"
 #include "shardckpt/engine/core/async_save.h"
 #include "shardckpt/engine/core/checkpoint_dir.h"
+#include "shardckpt/engine/core/commit.h"
 #include "shardckpt/engine/core/consolidate.h"
+#include "shardckpt/engine/core/convert.h"
 #include "shardckpt/engine/core/load.h"
 #include "shardckpt/engine/formats/safetensors.h"
 #include "shardckpt/engine/core/save.h"
@@ -419,6 +421,57 @@ TEST_F(CheckpointTest, RefusesToOverwriteACommittedStep) {
   EXPECT_THAT(again.status().message(), HasSubstr("step 5 is already committed"));
 }
 
+// Loading a root reads its newest checkpoint: an earlier step saved beside it would be hidden,
+// with `latest` naming it. Refused before anything is written; the later checkpoint stays newest.
+TEST_F(CheckpointTest, RefusesAStepEarlierThanTheNewest) {
+  ASSERT_TRUE(SaveStep(50).ok());
+  Result<SaveResult> earlier = SaveStep(45);
+  ASSERT_FALSE(earlier.ok());
+  EXPECT_EQ(earlier.status().code(), Code::kFailedPrecondition);
+  EXPECT_THAT(earlier.status().message(),
+              HasSubstr("step 45 is earlier than step-000000050, the newest checkpoint in " + root()));
+  EXPECT_FALSE(PathExists(JoinPath(root(), StepDirName(45))));
+  EXPECT_EQ(ReadLatestName(root()), StepDirName(50));
+  ExpectLoads(root(), 50);
+  ASSERT_TRUE(SaveStep(51).ok());
+}
+
+// A checkpoint folder given for a root: saving there nested new checkpoints inside it, which
+// loading it never reads (it has a manifest), and retention of the real root would delete them.
+// Refused before anything is written into it, by saves, reshards and imports alike; and a
+// consolidation never writes into the checkpoint it reads.
+TEST_F(CheckpointTest, ACheckpointFolderIsNeitherARootNorAnOutputFolder) {
+  ASSERT_TRUE(SaveStep(1).ok());
+  const std::string folder = JoinPath(root(), StepDirName(1));
+  const std::vector<std::string> before = ListDir(folder).value();
+  const std::string refused = folder + " is a checkpoint, not a root";
+  Tensors tensors("step2");
+  Result<SaveResult> saved = Save(*comm_, folder, 2, tensors.State());
+  ASSERT_FALSE(saved.ok());
+  EXPECT_EQ(saved.status().code(), Code::kInvalidArgument);
+  EXPECT_THAT(saved.status().message(), HasSubstr(refused + ": save into the folder that holds its step folders"));
+  ConvertOptions two;
+  two.world_size = 2;
+  Result<ConvertReport> resharded = Reshard(root(), folder, two);
+  ASSERT_FALSE(resharded.ok());
+  EXPECT_THAT(resharded.status().message(), HasSubstr(refused));
+  EXPECT_THAT(CheckNoLaterStep(folder, 3).message(), HasSubstr(refused));
+  for (const std::string& out : {JoinPath(folder, RankFileName(0)), JoinPath(folder, "model.pt"),
+                                 JoinPath(root(), "./" + StepDirName(1) + "/sub/model.safetensors")}) {
+    ConsolidateOptions options;
+    options.format = out.size() > 3 && out.substr(out.size() - 3) == ".pt" ? ExportFormat::kTorch : ExportFormat::kSafetensors;
+    Result<ConsolidateReport> written = Consolidate(root(), out, options);
+    ASSERT_FALSE(written.ok()) << out;
+    EXPECT_THAT(written.status().message(), HasSubstr(out + " lies inside the checkpoint " + folder)) << out;
+  }
+  EXPECT_EQ(ListDir(folder).value(), before);
+  ExpectLoads(root(), 1);
+  // Beside the checkpoint, in its root, is fine.
+  ConsolidateOptions pt;
+  pt.format = ExportFormat::kTorch;
+  ASSERT_TRUE(Consolidate(root(), JoinPath(root(), StepDirName(1) + ".pt"), pt).ok());
+}
+
 TEST_F(CheckpointTest, SecondWriterGetsALockError) {
   ASSERT_TRUE(MakeDirs(root()).ok());
   Result<RootLock> held = RootLock::Acquire(root());
@@ -430,9 +483,9 @@ TEST_F(CheckpointTest, SecondWriterGetsALockError) {
 }
 
 TEST_F(CheckpointTest, LeftoverTempFoldersAreRemovedByTheNextSave) {
-  ASSERT_TRUE(MakeDirs(JoinPath(root(), "step-000000003.tmp-dead")).ok());
+  ASSERT_TRUE(MakeDirs(JoinPath(root(), "step-000000003.tmp-00000000deaddead")).ok());
   ASSERT_TRUE(SaveStep(4).ok());
-  EXPECT_FALSE(PathExists(JoinPath(root(), "step-000000003.tmp-dead")));
+  EXPECT_FALSE(PathExists(JoinPath(root(), "step-000000003.tmp-00000000deaddead")));
 }
 
 // ---- Damage on disk. ----

@@ -20,6 +20,7 @@
 #include "shardckpt/collectives/communicator.h"
 #include "shardckpt/engine/core/background_removal.h"
 #include "shardckpt/engine/core/checkpoint_dir.h"
+#include "shardckpt/engine/core/convert.h"
 #include "shardckpt/engine/core/load.h"
 #include "shardckpt/engine/core/manifest_summary.h"
 #include "shardckpt/engine/core/retention.h"
@@ -88,7 +89,7 @@ TEST(RetentionPlan, KeepsTheUnionOfLastAndBestAndNeverLatest) {
   }
   // Uncommitted folders are never marked kept (the next save removes them).
   CheckpointInfo temp;
-  temp.name = "step-000000070.tmp-x";
+  temp.name = "step-000000070.tmp-0123456789abcdef";
   temp.step = 70;
   temp.temp = true;
   all.push_back(temp);
@@ -98,6 +99,39 @@ TEST(RetentionPlan, KeepsTheUnionOfLastAndBestAndNeverLatest) {
 TEST(RetentionPlan, TiesGoToTheNewerCheckpoint) {
   std::vector<CheckpointInfo> all = {Committed(1, {{"m", 1.0}}), Committed(2, {{"m", 1.0}}), Committed(3, {{"m", 5.0}})};
   EXPECT_EQ(Kept({0, 1, "m", false}, "step-000000003", all), std::vector<int64_t>({2, 3}));
+}
+
+// Only folder names a save writes count as its leftovers, to be listed and removed: a user's own
+// folders that look alike are left alone.
+TEST(RetentionPlan, OnlyNamesASaveWritesAreLeftovers) {
+  const std::string id = RandomId();
+  struct Row {
+    std::string name;
+    bool temp, retired;
+    int64_t step;
+  } rows[] = {
+      {TempDirName(7, id), true, false, 7},
+      {RetiredDirName(StepDirName(7)), false, true, 7},
+      {StepDirName(7), false, false, -1},
+      {"step-7.tmp-" + id, false, false, -1},
+      {StepDirName(7) + ".tmp-old", false, false, -1},
+      {StepDirName(7) + ".tmp-" + id + "x", false, false, -1},
+      {StepDirName(7) + ".tmp-0123456789ABCDEF", false, false, -1},
+      {StepDirName(7) + ".bak.tmp-" + id, false, false, -1},
+      {".removing-step-7-" + id, false, false, -1},
+      {".removing-" + StepDirName(7), false, false, -1},
+      {".removing-" + StepDirName(7) + ".tmp-" + id, false, false, -1},
+      {".removing-notes", false, false, -1},
+  };
+  for (const Row& r : rows) {
+    int64_t step = -1;
+    EXPECT_EQ(IsTempDirName(r.name), r.temp) << r.name;
+    EXPECT_EQ(IsRetiredDirName(r.name), r.retired) << r.name;
+    EXPECT_EQ(ParseLeftoverStepDirName(r.name, &step), r.step >= 0) << r.name;
+    if (r.step >= 0) {
+      EXPECT_EQ(step, r.step) << r.name;
+    }
+  }
 }
 
 TEST(RetentionPlan, PolicyNeedsAMetricForKeepBest) {
@@ -328,6 +362,66 @@ TEST_F(RetentionTest, KeepLastOneAndBestTwoEndsWithTheNewestAndTheTwoLowest) {
   EXPECT_THAT(Names(), ElementsAre(StepDirName(20), StepDirName(40), StepDirName(70)));
 }
 
+// A misspelt metric would make nothing best, and keep_last 1 would then remove the best
+// checkpoint: the save commits, and retention removes nothing until some checkpoint records it.
+TEST_F(RetentionTest, AMetricNoCheckpointRecordsRemovesNothing) {
+  for (const auto& [step, value] : std::map<int64_t, double>{{10, 0.1}, {20, 0.5}, {30, 0.6}}) {
+    SaveOptions options;
+    options.metrics["val_loss"] = value;
+    ASSERT_TRUE(SaveStep(step, options).ok()) << step;
+  }
+  SaveOptions misspelt = KeepLastOneAndBestTwoByLoss(0.9);
+  misspelt.best_metric = "vall_loss";
+  misspelt.metrics = {{"val_loss", 0.9}};
+  ASSERT_TRUE(SaveStep(40, misspelt).ok());
+  EXPECT_THAT(Names(), ElementsAre(StepDirName(10), StepDirName(20), StepDirName(30), StepDirName(40)));
+  Result<RetentionReport> applied = ApplyRetention(root(), misspelt.retention(), "");
+  ASSERT_FALSE(applied.ok());
+  EXPECT_EQ(applied.status().ToString(), "InvalidArgument: no checkpoint in " + root() +
+                                             " records the metric 'vall_loss' (recorded: val_loss); nothing removed, "
+                                             "since keep-best would keep none");
+  // Spelt right, the best (step 10) and the newest stay.
+  misspelt.best_metric = "val_loss";
+  misspelt.keep_best = 1;
+  ASSERT_TRUE(SaveStep(50, misspelt).ok());
+  EXPECT_THAT(Names(), ElementsAre(StepDirName(10), StepDirName(50)));
+}
+
+// Saves before a run's first evaluation record no metric: nothing could rank as best even with
+// the metric spelt right, so keep_last applies; once one checkpoint records it, the best stays.
+// `prune` (a person's command) still refuses while nothing records it.
+TEST_F(RetentionTest, SavesBeforeAnyMetricIsRecordedApplyKeepLast) {
+  SaveOptions policy = KeepLastOneAndBestTwoByLoss(0);
+  policy.metrics.clear();
+  for (int64_t step : {10, 20, 30}) ASSERT_TRUE(SaveStep(step, policy).ok()) << step;
+  EXPECT_THAT(Names(), ElementsAre(StepDirName(30)));
+  Result<std::vector<CheckpointInfo>> all = ListCheckpoints(root());
+  ASSERT_TRUE(all.ok());
+  EXPECT_FALSE(CheckMetricRecorded(policy.retention(), root(), *all).ok());
+  policy.metrics = {{"loss", 0.1}};
+  ASSERT_TRUE(SaveStep(40, policy).ok());
+  policy.metrics = {{"loss", 0.7}};
+  ASSERT_TRUE(SaveStep(50, policy).ok());
+  policy.metrics.clear();
+  ASSERT_TRUE(SaveStep(60, policy).ok());
+  EXPECT_THAT(Names(), ElementsAre(StepDirName(40), StepDirName(50), StepDirName(60)));
+}
+
+// A resharded checkpoint keeps its source's metrics: `list` shows them and keep-best ranks it.
+TEST_F(RetentionTest, AReshardKeepsTheMetrics) {
+  SaveOptions options;
+  options.metrics = {{"loss", 0.25}, {"val_loss", 0.5}};
+  ASSERT_TRUE(SaveStep(10, options).ok());
+  ConvertOptions to_three;
+  to_three.world_size = 3;
+  const std::string resharded = JoinPath(dir_.path(), "r3");
+  ASSERT_TRUE(Reshard(root(), resharded, to_three).ok());
+  Result<Manifest> m = ReadManifest(JoinPath(resharded, StepDirName(10)));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->world_size, 3);
+  EXPECT_EQ(m->metrics, options.metrics);
+}
+
 // Every save with keep_best ranks every committed checkpoint of its root by the metric. The
 // manifests are not decoded for that again and again (manifest_summary.h): a save remembers what
 // it committed, and a manifest read once is read again only when the file is another.
@@ -446,7 +540,7 @@ TEST_F(RetentionTest, RetentionNeverFollowsALinkOutOfTheRoot) {
   const std::string outside_dir = JoinPath(dir_.path(), "outside-dir");
   ASSERT_TRUE(MakeDirs(outside_dir).ok());
   ASSERT_TRUE(WriteFileAtomic(JoinPath(outside_dir, "keep.me"), "x", "test").ok());
-  ASSERT_EQ(::symlink(outside_dir.c_str(), JoinPath(root(), "step-000000005.tmp-dead").c_str()), 0);
+  ASSERT_EQ(::symlink(outside_dir.c_str(), JoinPath(root(), "step-000000005.tmp-00000000deaddead").c_str()), 0);
 
   SaveOptions options;
   options.keep_last = 1;
@@ -517,6 +611,39 @@ TEST_F(RetentionTest, ASaveWaitsForAPruneAndAPruneForNobody) {
   Result<RootLock> refused = RootLock::AcquireForPrune(root());
   ASSERT_FALSE(refused.ok());
   EXPECT_THAT(refused.status().message(), HasSubstr("a save or another prune is writing into " + root()));
+}
+
+// A prune that ends between a save's two tests (root lock taken, prune lock free) is not taken
+// for another save: prunes come and go while saves take the lock, and none of them fails.
+TEST_F(RetentionTest, APruneEndingAsASaveLooksIsNotAnotherSave) {
+  ASSERT_TRUE(MakeDirs(root()).ok());
+  std::atomic<bool> stop{false};
+  std::atomic<int> pruned{0};
+  std::thread prunes([&] {
+    while (!stop) {
+      {
+        Result<RootLock> prune = RootLock::AcquireForPrune(root());
+        if (prune.ok()) {
+          pruned++;
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  });
+  int failed = 0, saved = 0;
+  std::string first;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (std::chrono::steady_clock::now() < until) {
+    Result<RootLock> save = RootLock::Acquire(root());
+    if (save.ok()) saved++;
+    if (!save.ok() && failed++ == 0) first = save.status().ToString();
+  }
+  stop = true;
+  prunes.join();
+  EXPECT_EQ(failed, 0) << first;
+  EXPECT_GT(pruned.load(), 10);  // the prunes and the saves met (a loaded CI machine: not many)
+  EXPECT_GT(saved, 10);
 }
 
 TEST_F(RetentionTest, AHeldCheckpointIsLeftForALaterSave) {

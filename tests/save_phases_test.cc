@@ -551,6 +551,48 @@ TEST(PlacedAlike, EveryPlacementAndFileFieldCountsButNotTheChecksumValues) {
   EXPECT_FALSE(PlacedAlike({base}, before));  // another world
 }
 
+// Every rank's global values, as EncodeGlobalValues gives them, judged together: a value held
+// with different bytes is named with who holds what; a value only some ranks hold is no conflict.
+TEST(GlobalValues, ConflictsAreNamedAndMissingValuesAreNot) {
+  auto state_with = [](std::vector<std::pair<std::string, std::string>> values) {
+    auto s = std::make_unique<ShardedState>();
+    for (auto& [name, bytes] : values) EXPECT_TRUE(s->AddBlob(name, bytes).ok());
+    EXPECT_TRUE(s->AddBlob("mine", "per rank " + std::to_string(values.size()), BlobScope::kPerRank).ok());
+    return s;
+  };
+  struct Case {
+    std::vector<std::vector<std::pair<std::string, std::string>>> ranks;
+    std::string error;  // "" for none
+  } cases[] = {
+      {{{{"step", "7"}, {"cfg", "x"}}, {{"cfg", "x"}, {"step", "7"}}}, ""},  // order does not matter
+      {{{{"step", "7"}}, {}, {{"step", "7"}}}, ""},                          // rank 1 lacks it
+      {{{{"step", "7"}, {"rng", "a"}}, {{"step", "7"}, {"rng", "a"}}, {{"step", "7"}, {"rng", "b"}}},
+       "the global value 'rng' differs between ranks (ranks 0-1 and rank 2 hold different bytes), but a global "
+       "value is saved once, from rank 0"},
+      {{{{"rng", "b"}}, {{"rng", "a"}}, {{"rng", "c"}}, {{"rng", "a"}}},
+       "the global value 'rng' differs between ranks (rank 0, ranks 1, 3 and rank 2 hold different bytes)"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> gathered;
+    uint64_t first = 0;
+    bool digests_differ = false;
+    for (size_t r = 0; r < c.ranks.size(); ++r) {
+      auto state = state_with(c.ranks[r]);
+      gathered.push_back(EncodeGlobalValues(*state));
+      if (r == 0) first = GlobalValuesDigest(*state);
+      digests_differ |= GlobalValuesDigest(*state) != first;
+    }
+    Status conflicts = GlobalValueConflicts(gathered);
+    if (c.error.empty()) {
+      EXPECT_TRUE(conflicts.ok()) << conflicts.ToString();
+    } else {
+      EXPECT_TRUE(digests_differ) << "the vote must see it";
+      EXPECT_EQ(conflicts.code(), Code::kInvalidArgument);
+      EXPECT_THAT(conflicts.message(), HasSubstr(c.error));
+    }
+  }
+}
+
 TEST_F(SavePhasesOnDisk, ReuseNeedsTheSameWorldAndAKeptPlan) {
   SavePlanCache cache;
   EXPECT_FALSE(AgreeOnReuse(*comm_, 1, 42, &cache).value());  // nothing kept

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -32,6 +33,9 @@ bool ParseStepDirName(const std::string& name, int64_t* step) {
     if (name[i] < '0' || name[i] > '9' || value > (INT64_MAX - 9) / 10) return false;
     value = value * 10 + (name[i] - '0');
   }
+  // Only the names StepDirName writes: a user's own "step-5" folder in a root is not ours to
+  // list as a partial checkpoint, nor to remove as one.
+  if (name != StepDirName(value)) return false;
   *step = value;
   return true;
 }
@@ -66,8 +70,23 @@ std::string RandomId() {
 
 std::string TempDirName(int64_t step, const std::string& id) { return StepDirName(step) + ".tmp-" + id; }
 
+namespace {
+// `name` is StepDirName(step) + separator + RandomId(): only folders a save made are ours to
+// list as leftovers and remove, not a user's own "step-3.tmp-old".
+bool ParseStepAndId(const std::string& name, const char* separator, int64_t* step) {
+  const size_t sep = name.rfind(separator);
+  constexpr size_t kIdLength = 16;
+  if (sep == std::string::npos || name.size() != sep + std::strlen(separator) + kIdLength) return false;
+  for (size_t i = name.size() - kIdLength; i < name.size(); ++i) {
+    if (!std::isdigit(static_cast<unsigned char>(name[i])) && (name[i] < 'a' || name[i] > 'f')) return false;
+  }
+  return ParseStepDirName(name.substr(0, sep), step);
+}
+}  // namespace
+
 bool IsTempDirName(const std::string& name) {
-  return name.compare(0, 5, "step-") == 0 && name.find(".tmp-") != std::string::npos;
+  int64_t step;
+  return ParseStepAndId(name, ".tmp-", &step);
 }
 
 namespace {
@@ -78,16 +97,37 @@ std::string RetiredDirName(const std::string& step_dir_name) {
   return kRetiredPrefix + step_dir_name + "-" + RandomId();
 }
 
+namespace {
+bool ParseRetiredDirName(const std::string& name, int64_t* step) {
+  const size_t prefix = sizeof(kRetiredPrefix) - 1;
+  return name.compare(0, prefix, kRetiredPrefix) == 0 && ParseStepAndId(name.substr(prefix), "-", step);
+}
+}  // namespace
+
 bool IsRetiredDirName(const std::string& name) {
-  const std::string prefix = std::string(kRetiredPrefix) + "step-";
-  return name.compare(0, prefix.size(), prefix) == 0;
+  int64_t step;
+  return ParseRetiredDirName(name, &step);
 }
 
 bool ParseLeftoverStepDirName(const std::string& name, int64_t* step) {
-  if (IsTempDirName(name)) return ParseStepDirName(name.substr(0, name.find(".tmp-")), step);
-  if (!IsRetiredDirName(name)) return false;
-  const std::string step_and_id = name.substr(sizeof(kRetiredPrefix) - 1);
-  return ParseStepDirName(step_and_id.substr(0, step_and_id.rfind('-')), step);
+  return ParseStepAndId(name, ".tmp-", step) || ParseRetiredDirName(name, step);
+}
+
+Status RefuseCheckpointAsRoot(const std::string& root, const std::string& verb) {
+  if (!PathExists(JoinPath(root, kManifestName)) && !IsDcpFolder(root)) return Status::Ok();
+  return InvalidArgument(root + " is a checkpoint, not a root: " + verb + " the folder that holds its step folders");
+}
+
+Status RefuseOutputInCheckpoint(const std::string& out, const std::string& checkpoint_dir) {
+  std::error_code out_error, dir_error;
+  const std::filesystem::path file =
+      std::filesystem::weakly_canonical(std::filesystem::absolute(out, out_error), out_error);
+  const std::filesystem::path dir = std::filesystem::weakly_canonical(checkpoint_dir, dir_error);
+  if (out_error || dir_error) return Status::Ok();  // nothing to compare: the write reports a bad path
+  auto [in_dir, in_file] = std::mismatch(dir.begin(), dir.end(), file.begin(), file.end());
+  if (in_dir != dir.end()) return Status::Ok();
+  return InvalidArgument(out + " lies inside the checkpoint " + checkpoint_dir +
+                         " being read: write it elsewhere (a checkpoint folder holds only what its save wrote)");
 }
 
 std::string ReadLatestName(const std::string& root) {
@@ -112,8 +152,12 @@ Result<std::string> ResolveCheckpoint(const std::string& path) {
   if (PathExists(JoinPath(path, kManifestName))) return path;
   if (IsDcpFolder(path)) return path;  // a PyTorch DCP folder, read in place (engine/formats/dcp_read.h)
   if (!PathExists(path)) return NotFound(path + " does not exist");
-  const std::string latest = JoinPath(path, kLatestName);
   const bool is_dir = IsDirectory(path);
+  if (!is_dir) {  // the manifest itself, a data file: the folder is what is meant
+    return InvalidArgument(path + " is a file: give the checkpoint folder (or the root) instead, such as " +
+                           DirName(path));
+  }
+  const std::string latest = JoinPath(path, kLatestName);
   Result<std::vector<std::pair<int64_t, std::string>>> committed = std::vector<std::pair<int64_t, std::string>>{};
   bool has_latest = false;
   // A listing is a snapshot: a save can rename its newer step into place after the listing and
@@ -230,7 +274,12 @@ Result<bool> RemoveCheckpointDir(const std::string& root, const std::string& nam
     return true;
   }
   int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, "open " + path);
+  if (fd < 0) {
+    // Gone since the lstat: another process finished removing it (a save's background removal
+    // of a retired folder while a prune cleans leftovers).
+    if (errno == ENOENT) return true;
+    return ErrnoStatus(errno, "open " + path);
+  }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     if (errno == EWOULDBLOCK) {
       ::close(fd);
@@ -317,9 +366,10 @@ Result<int> TryLockFile(const std::string& root, const char* name) {
   return ErrnoStatus(err, "flock " + path);
 }
 
-// Whether a prune holds root's prune lock (tested with a shared lock that is let go at once).
-bool PruneRunning(const std::string& root) {
-  int fd = ::open(JoinPath(root, kPruneLockName).c_str(), O_RDONLY | O_CLOEXEC);
+// Whether someone holds root's lock file `name` (tested with a shared lock that is let go at
+// once; a missing file is not held, and is not created).
+bool LockHeld(const std::string& root, const char* name) {
+  int fd = ::open(JoinPath(root, name).c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return false;
   const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
   ::close(fd);
@@ -331,13 +381,22 @@ bool PruneRunning(const std::string& root) {
 Result<RootLock> RootLock::Acquire(const std::string& root) {
   // A prune removes a few folders and lets go; ten minutes means it is stuck.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(10);
+  // The root lock held without the prune lock is another save, or a prune caught between
+  // letting go of the root lock and of its own (or the next prune between taking its two):
+  // only seen so several times running is it another save, which holds the lock for seconds.
+  int without_prune = 0;
   for (;;) {
     SC_ASSIGN_OR_RETURN(int fd, TryLockFile(root, kLockName));
     if (fd >= 0) return RootLock(fd, -1);
-    if (!PruneRunning(root)) {
+    if (!LockHeld(root, kPruneLockName)) {
+      if (++without_prune < 5) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        continue;
+      }
       return FailedPrecondition("another save is writing into " + root + " (lock " + JoinPath(root, kLockName) +
                                 " is held); two jobs must not save into one root");
     }
+    without_prune = 0;
     if (std::chrono::steady_clock::now() > deadline) {
       return FailedPrecondition("a prune has held " + root + " for 10 minutes (lock " + JoinPath(root, kPruneLockName) +
                                 " is held); the save gives up");
@@ -360,6 +419,8 @@ Result<RootLock> RootLock::AcquireForPrune(const std::string& root) {
   }
   return RootLock(*fd, prune_fd);
 }
+
+bool RootLock::Held(const std::string& root) { return LockHeld(root, kLockName); }
 
 RootLock::~RootLock() {
   // Closing releases each flock; the root lock goes first, so a save never sees it held

@@ -24,7 +24,7 @@ bool IsRetiredDirName(const std::string& name);
 // The step a temp or retired folder name was made for; false for other names.
 bool ParseLeftoverStepDirName(const std::string& name, int64_t* step);
 std::string RankFileName(int rank);  // rank-00003.bin
-std::string RandomId();              // for temp folder names
+std::string RandomId();              // 16 hex digits, for temp and retired folder names
 
 // What "committed" means, for every path that reads or writes a root: a folder named step-N
 // (no temp suffix) directly under the root that holds manifest.json. The manifest is written and
@@ -83,6 +83,16 @@ Result<bool> RemoveCheckpointDir(const std::string& root, const std::string& nam
 // first for this process's own background deletions. Called with the root lock held.
 Status RemoveStaleTempDirs(const std::string& root);
 
+// A root given that is itself a checkpoint (a step folder, or a DCP folder): InvalidArgument
+// "<root> is a checkpoint, not a root: <verb> the folder that holds its step folders". Saving
+// into one nested new checkpoints inside it, which loading it never reads.
+Status RefuseCheckpointAsRoot(const std::string& root, const std::string& verb);
+
+// An output file (consolidate's) that would land inside the checkpoint folder being read:
+// InvalidArgument. Written there, it could replace one of the checkpoint's own files, and
+// retention would delete it with the checkpoint. Links are resolved on both sides.
+Status RefuseOutputInCheckpoint(const std::string& out, const std::string& checkpoint_dir);
+
 // Rewrites `latest` when it does not name the newest committed checkpoint. Root lock held.
 Status RepairLatest(const std::string& root);
 
@@ -97,6 +107,8 @@ class RootLock {
   static Result<RootLock> Acquire(const std::string& root);
   // Never waits: a save or another prune holding the root is FailedPrecondition.
   static Result<RootLock> AcquireForPrune(const std::string& root);
+  // Whether a save or prune holds root now; creates no lock file (a dry run writes nothing).
+  static bool Held(const std::string& root);
   RootLock(RootLock&& other) noexcept : fd_(other.fd_), prune_fd_(other.prune_fd_) { other.fd_ = other.prune_fd_ = -1; }
   RootLock& operator=(RootLock&&) = delete;
   RootLock(const RootLock&) = delete;

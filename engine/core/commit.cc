@@ -17,14 +17,40 @@ CreationInfo MakeCreationInfo(int hosts, const std::string& torch_version, const
   return CreationInfo{buf, kVersion, torch_version, hosts, git_commit, user};
 }
 
-Status PrepareRoot(const std::string& root, int64_t step) {
+namespace {
+
+// A root resolves to its newest checkpoint: an earlier step saved beside a later one would never
+// be what loading the root reads, and `latest` would name it while a load read the other.
+Status NewestIsNotLater(const std::string& root, int64_t step) {
+  SC_ASSIGN_OR_RETURN(auto committed, ListCommitted(root));
+  if (!committed.empty() && committed.back().first > step) {
+    return FailedPrecondition("step " + std::to_string(step) + " is earlier than " + committed.back().second +
+                              ", the newest checkpoint in " + root + ", which loading the root reads: to go back to " +
+                              "an earlier step, save into another root, or remove the later checkpoints first");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<RootLock> LockRootForSave(const std::string& root, int64_t step) {
+  SC_RETURN_IF_ERROR(RefuseCheckpointAsRoot(root, "save into"));
+  SC_RETURN_IF_ERROR(MakeDirs(root));
+  SC_ASSIGN_OR_RETURN(RootLock lock, RootLock::Acquire(root));
   SC_RETURN_IF_ERROR(RemoveStaleTempDirs(root));
   SC_RETURN_IF_ERROR(RepairLatest(root));
   const std::string final_dir = JoinPath(root, StepDirName(step));
   if (PathExists(final_dir)) {
     return Status(Code::kAlreadyExists, "step " + std::to_string(step) + " is already committed in " + final_dir);
   }
-  return Status::Ok();
+  SC_RETURN_IF_ERROR(NewestIsNotLater(root, step));
+  return lock;
+}
+
+Status CheckNoLaterStep(const std::string& root, int64_t step) {
+  if (!IsDirectory(root)) return Status::Ok();
+  SC_RETURN_IF_ERROR(RefuseCheckpointAsRoot(root, "save into"));
+  return NewestIsNotLater(root, step);
 }
 
 Status CheckBuiltManifest(const Manifest& manifest) {

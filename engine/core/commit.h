@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "shardckpt/engine/core/checkpoint_dir.h"
 #include "shardckpt/engine/core/manifest_summary.h"
 #include "shardckpt/engine/core/retention.h"
 #include "shardckpt/engine/model/manifest.h"
@@ -15,9 +16,16 @@
 
 namespace shardckpt {
 
-// Before a save of `step` into root, with the root lock held: removes what dead saves left
-// (RemoveStaleTempDirs), repairs a stale `latest`, and refuses a step that is already committed.
-Status PrepareRoot(const std::string& root, int64_t step);
+// Opens root for a save of `step` (a job's or an offline writer's): refuses a checkpoint folder
+// given for the root (RefuseCheckpointAsRoot) before anything is written into it, makes the
+// root, takes its writer lock, removes what dead saves left (RemoveStaleTempDirs), repairs a
+// stale `latest`, and refuses a step that is already committed (AlreadyExists) or earlier than
+// the newest committed one (FailedPrecondition). The lock is the caller's to hold.
+Result<RootLock> LockRootForSave(const std::string& root, int64_t step);
+// LockRootForSave's checks of the root alone, without the lock (a checkpoint folder, a later
+// step): a job resumed from an earlier step than its root's newest, or given a checkpoint folder
+// for its root, learns it before training, not at its first save. A missing root is fine.
+Status CheckNoLaterStep(const std::string& root, int64_t step);
 
 // Validates `manifest`, writes it, renames the folder to step-N, fsyncs the root, replaces
 // `latest` and applies retention. On failure before `latest` names the new folder, the folder is

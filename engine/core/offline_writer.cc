@@ -25,10 +25,8 @@ Result<std::unique_ptr<OfflineCheckpointWriter>> OfflineCheckpointWriter::Begin(
   if (world < 1) return InvalidArgument("world size must be at least 1");
   SC_RETURN_IF_ERROR(ValidateStep(step));
   std::unique_ptr<OfflineCheckpointWriter> w(new OfflineCheckpointWriter());
-  SC_RETURN_IF_ERROR(MakeDirs(root));
-  SC_ASSIGN_OR_RETURN(RootLock lock, RootLock::Acquire(root));
+  SC_ASSIGN_OR_RETURN(RootLock lock, LockRootForSave(root, step));
   w->lock_ = std::make_unique<RootLock>(std::move(lock));
-  SC_RETURN_IF_ERROR(PrepareRoot(root, step));
   w->root_ = root;
   w->step_ = step;
   w->world_ = world;
@@ -159,11 +157,12 @@ Result<std::vector<std::optional<FileRecord>>> FinishAll(std::vector<ShardFileWr
 
 }  // namespace
 
-Result<std::string> OfflineCheckpointWriter::Commit(const CreationInfo& created, int keep_last) {
+Result<std::string> OfflineCheckpointWriter::Commit(const CreationInfo& created, const std::map<std::string, double>& metrics) {
   Manifest m;
   m.step = step_;
   m.world_size = world_;
   m.created = created;
+  m.metrics = metrics;
   std::vector<ShardFileWriter*> writers;
   for (RankFile& f : ranks_) writers.push_back(f.writer.get());
   SC_ASSIGN_OR_RETURN(std::vector<std::optional<FileRecord>> finished, FinishAll(std::move(writers)));
@@ -184,9 +183,7 @@ Result<std::string> OfflineCheckpointWriter::Commit(const CreationInfo& created,
   m.entries = std::move(entries_);
   entries_.clear();
   entry_of_.clear();
-  RetentionPolicy retention;
-  retention.keep_last = keep_last;
-  SC_RETURN_IF_ERROR(CommitCheckpoint(root_, temp_name_, m, retention));
+  SC_RETURN_IF_ERROR(CommitCheckpoint(root_, temp_name_, m, RetentionPolicy{}));
   committed_ = true;
   return JoinPath(root_, StepDirName(step_));
 }

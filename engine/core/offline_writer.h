@@ -3,6 +3,7 @@
 // each rank's staging ring at once, so callers may reuse their buffers after Add returns.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -27,8 +28,9 @@ class OfflineCheckpointWriter {
   // `name` is the entry `target` under a second name (tied weights): its manifest entry points at
   // the same chunks, so the bytes are stored once. `target` must be added (before Commit).
   Status AddAlias(const std::string& name, const std::string& target);
-  // Returns the committed folder.
-  Result<std::string> Commit(const CreationInfo& created, int keep_last = 0);
+  // Returns the committed folder. `metrics`: recorded in the manifest (a reshard keeps its
+  // source's, so keep-best retention and `list` still rank the checkpoint).
+  Result<std::string> Commit(const CreationInfo& created, const std::map<std::string, double>& metrics = {});
 
  private:
   OfflineCheckpointWriter() = default;

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <set>
 
 #include "shardckpt/engine/core/checkpoint_dir.h"
 #include "shardckpt/engine/core/load.h"
@@ -17,6 +18,21 @@ Status ValidatePolicy(const RetentionPolicy& p) {
   if (p.keep_last < 0 || p.keep_best < 0) return InvalidArgument("keep_last and keep_best must not be negative");
   if (p.keep_best > 0 && p.metric.empty()) return InvalidArgument("keep_best needs the name of a metric to rank by");
   return Status::Ok();
+}
+
+Status CheckMetricRecorded(const RetentionPolicy& policy, const std::string& root, const std::vector<CheckpointInfo>& all,
+                           MetricsNoneYet none_yet) {
+  if (!policy.RanksByMetric()) return Status::Ok();
+  std::set<std::string> recorded;
+  for (const CheckpointInfo& c : all) {
+    for (const auto& [name, value] : c.metrics) recorded.insert(name);
+  }
+  if (recorded.count(policy.metric)) return Status::Ok();
+  if (recorded.empty() && none_yet == MetricsNoneYet::kApplyTheRest) return Status::Ok();
+  std::string names;
+  for (const std::string& name : recorded) names += (names.empty() ? "" : ", ") + name;
+  return InvalidArgument("no checkpoint in " + root + " records the metric '" + policy.metric + "' (recorded: " +
+                         (names.empty() ? "none" : names) + "); nothing removed, since keep-best would keep none");
 }
 
 void PlanRetention(const RetentionPolicy& policy, const std::string& latest, std::vector<CheckpointInfo>* all) {
@@ -110,6 +126,7 @@ Result<RetentionReport> ApplyRetention(const std::string& root, const RetentionP
   if (policy.KeepsEverything()) return report;
   // No byte counts: a save applies this, and on a parallel file system each stat is a round trip.
   SC_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, ListCheckpoints(root, policy.RanksByMetric(), /*with_bytes=*/false));
+  SC_RETURN_IF_ERROR(CheckMetricRecorded(policy, root, all, MetricsNoneYet::kApplyTheRest));
   PlanRetention(policy, ReadLatestName(root), &all);
   for (const CheckpointInfo& c : all) {
     if (!c.committed || c.keep || c.name == just_committed) continue;

@@ -48,6 +48,17 @@ struct CheckpointInfo {
   std::string why;         // "latest", "last 3", "best 2 by val_loss", ...
 };
 
+// When no checkpoint records any metric yet (a run saves before its first evaluation), keep_best
+// could rank none even with its metric spelt right: a save applies the rest of the policy then,
+// as the policy itself would; a person's `prune` is refused, as likely a mistake.
+enum class MetricsNoneYet { kRefuse, kApplyTheRest };
+
+// Pure: with keep_best, the policy's metric must be recorded by some checkpoint of `all`, else
+// InvalidArgument naming the metrics recorded. A misspelt metric makes nothing best, so the
+// policy would remove every checkpoint but the newest K, the best among them.
+Status CheckMetricRecorded(const RetentionPolicy& policy, const std::string& root, const std::vector<CheckpointInfo>& all,
+                           MetricsNoneYet none_yet = MetricsNoneYet::kRefuse);
+
 // Pure: marks keep/why on every committed entry of `all` (others are left unkept). `latest` is
 // the folder name `latest` holds; it and the newest committed checkpoint are always kept.
 void PlanRetention(const RetentionPolicy& policy, const std::string& latest, std::vector<CheckpointInfo>* all);
@@ -65,6 +76,8 @@ struct RetentionReport {
 };
 
 // Applies `policy` to root; the caller holds the root lock. `just_committed` is never removed.
+// Removes nothing, and fails, when keep_best's metric is recorded nowhere while others are
+// (CheckMetricRecorded, kApplyTheRest): after a save, that is a warning and the save stands.
 // dry_run: reports what would go and removes nothing. A save passes Removal::kInBackground: what
 // it removes stops being a checkpoint before the call returns, and its bytes are freed on a
 // helper thread (background_removal.h).

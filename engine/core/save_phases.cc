@@ -139,11 +139,10 @@ int64_t NewPlanId() {
   return id;
 }
 
-// With the root lock held: clean up, plan (unless `cache` gives the plan), create the temp folder.
+// With the root open for the save (LockRootForSave): plan (unless `cache` gives the plan), create
+// the temp folder.
 Status PrepareLocked(const std::string& root, int64_t step, const std::vector<std::string>& gathered,
                      const SavePlanCache* cache, PlannedSave* planned) {
-  SC_RETURN_IF_ERROR(MakeDirs(root));
-  SC_RETURN_IF_ERROR(PrepareRoot(root, step));
   if (cache != nullptr) {
     planned->described = cache->described;
     planned->plan = cache->plan;
@@ -168,8 +167,7 @@ Status PlanLocked(const std::string& root, int64_t step, const std::vector<std::
   SC_RETURN_IF_ERROR(cache != nullptr ? ValidateStep(step) : CheckSteps(step, gathered));
   SC_RETURN_IF_ERROR(ValidatePolicy(options.retention()));
   SC_RETURN_IF_ERROR(ValidateMetrics(options.metrics));
-  SC_RETURN_IF_ERROR(MakeDirs(root));
-  SC_ASSIGN_OR_RETURN(RootLock lock, RootLock::Acquire(root));
+  SC_ASSIGN_OR_RETURN(RootLock lock, LockRootForSave(root, step));
   planned->lock = std::make_unique<RootLock>(std::move(lock));
   SC_RETURN_IF_ERROR(PrepareLocked(root, step, gathered, cache, planned));
   planned->plan_bytes =
@@ -199,14 +197,77 @@ uint64_t DescriptionDigest(const std::string& host, const ShardedState& state, b
   return Checksum64(parts, sizeof(parts));
 }
 
-Result<bool> AgreeOnReuse(Communicator& comm, int64_t step, uint64_t digest, const SavePlanCache* cache) {
+Result<bool> AgreeOnReuse(Communicator& comm, int64_t step, uint64_t digest, const SavePlanCache* cache,
+                          uint64_t values_digest, bool* values_differ) {
   const bool mine = cache != nullptr && cache->plan_id > 0 && cache->plan != nullptr && cache->digest == digest &&
                     cache->world == comm.size() && (comm.rank() != 0 || cache->described != nullptr);
   const int64_t id = mine ? cache->plan_id : 0;
+  const auto values = static_cast<int64_t>(values_digest >> 1);  // 63 bits: its negation fits
   // Maxima of each value and of its negation: every rank learns the least and the greatest.
-  int64_t votes[5] = {id, -id, mine ? 0 : 1, step, -step};
-  SC_RETURN_IF_ERROR(comm.AllReduceMaxInt64(votes, 5));
+  int64_t votes[7] = {id, -id, mine ? 0 : 1, step, -step, values, -values};
+  SC_RETURN_IF_ERROR(comm.AllReduceMaxInt64(votes, 7));
+  if (values_differ != nullptr) *values_differ = votes[5] != -votes[6];
   return votes[0] > 0 && votes[0] == -votes[1] && votes[2] == 0 && votes[3] == -votes[4];
+}
+
+namespace {
+
+uint64_t ValueDigest(const BlobItem& b) {
+  const uint64_t parts[2] = {Checksum64(b.name.data(), b.name.size()), Checksum64(b.bytes.data(), b.bytes.size())};
+  return Checksum64(parts, sizeof(parts));
+}
+
+}  // namespace
+
+uint64_t GlobalValuesDigest(const ShardedState& state) {
+  uint64_t digest = 0;
+  for (const BlobItem& b : state.blobs()) {
+    if (b.scope == BlobScope::kGlobal) digest ^= ValueDigest(b);
+  }
+  return digest;
+}
+
+std::string EncodeGlobalValues(const ShardedState& state) {
+  WireWriter w;
+  for (const BlobItem& b : state.blobs()) {
+    if (b.scope != BlobScope::kGlobal) continue;
+    w.Str(b.name);
+    w.U64(Checksum64(b.bytes.data(), b.bytes.size()));
+  }
+  return std::move(w.bytes());
+}
+
+Status GlobalValueConflicts(const std::vector<std::string>& gathered) {
+  // name -> digest -> ranks holding that value; names in the order rank 0 (then others) gives them.
+  std::map<std::string, std::map<uint64_t, std::vector<int>>> holders;
+  std::vector<std::string> order;
+  for (size_t r = 0; r < gathered.size(); ++r) {
+    WireReader reader(gathered[r]);
+    while (!reader.done()) {
+      std::string name = reader.Str();
+      const uint64_t digest = reader.U64();
+      if (!reader.ok()) return Internal("truncated global values from rank " + std::to_string(r));
+      auto& by_digest = holders[name];
+      if (by_digest.empty()) order.push_back(name);
+      by_digest[digest].push_back(static_cast<int>(r));
+    }
+  }
+  for (const std::string& name : order) {
+    const auto& by_digest = holders[name];
+    if (by_digest.size() < 2) continue;
+    std::vector<std::vector<int>> groups;
+    for (const auto& [digest, ranks] : by_digest) groups.push_back(ranks);
+    std::sort(groups.begin(), groups.end());  // the group of the lowest rank first
+    std::string which;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      which += (g == 0 ? "" : g + 1 == groups.size() ? " and " : ", ") + RankRanges(groups[g]);
+    }
+    return InvalidArgument("the global value '" + name + "' differs between ranks (" + which +
+                           " hold different bytes), but a global value is saved once, from rank " +
+                           std::to_string(groups[0][0]) + ": save a value that differs by rank per rank "
+                           "(Python: shardckpt.PerRank(value); C++: BlobScope::kPerRank), or make it equal");
+  }
+  return Status::Ok();
 }
 
 PlannedSave PlanOnRootFromCache(int rank, const std::string& root, int64_t step, const SaveOptions& options,
@@ -291,7 +352,13 @@ Result<PlannedSave> DecidePlan(Communicator& comm, const std::string& root, int6
   const std::string host = HostName();
   SavePlanCache* cache = options.plan_cache;
   const uint64_t digest = cache != nullptr ? DescriptionDigest(host, state, options.pack_small_chunks) : 0;
-  SC_ASSIGN_OR_RETURN(bool reuse, AgreeOnReuse(comm, step, digest, cache));
+  bool values_differ = false;
+  SC_ASSIGN_OR_RETURN(bool reuse, AgreeOnReuse(comm, step, digest, cache, GlobalValuesDigest(state), &values_differ));
+  if (values_differ) {  // every rank knows: one allgather to name the value, on every rank alike
+    std::vector<std::string> all;
+    SC_RETURN_IF_ERROR(comm.AllGather(EncodeGlobalValues(state), &all));
+    SC_RETURN_IF_ERROR(GlobalValueConflicts(all).WithContext(StepFailed(step)));
+  }
   PlannedSave planned;
   if (reuse) {
     planned = PlanOnRootFromCache(rank, root, step, options, *cache);

@@ -63,7 +63,22 @@ uint64_t DescriptionDigest(const std::string& host, const ShardedState& state, b
 // One allreduce, on every save (with or without a cache, so ranks that differ in that still
 // meet in the same collectives): true on every rank when every rank's cache holds the same plan,
 // made from the description it has now, for this world, and every rank saves the same step.
-Result<bool> AgreeOnReuse(Communicator& comm, int64_t step, uint64_t digest, const SavePlanCache* cache);
+// The same allreduce carries `values_digest` (GlobalValuesDigest): `values_differ`, where given,
+// is set on every rank when the ranks' digests are not all equal.
+Result<bool> AgreeOnReuse(Communicator& comm, int64_t step, uint64_t digest, const SavePlanCache* cache,
+                          uint64_t values_digest = 0, bool* values_differ = nullptr);
+
+// A global value (blob) is stored once, from the lowest rank holding it: a value that differs
+// between ranks (an RNG state, a per-rank data position saved as global) would come back as that
+// rank's on every rank, and a resume would quietly differ. Order-independent digest of a rank's
+// global values (names and bytes), compared in the reuse vote at no extra collective.
+uint64_t GlobalValuesDigest(const ShardedState& state);
+// This rank's global values as (name, digest of its bytes), encoded for an allgather.
+std::string EncodeGlobalValues(const ShardedState& state);
+// Pure: over every rank's EncodeGlobalValues, the first value that ranks holding it hold with
+// different bytes, as an InvalidArgument naming it and which ranks hold what; OK when only the
+// set of values differs (a value some ranks lack is not a conflict).
+Status GlobalValueConflicts(const std::vector<std::string>& gathered);
 // PlanOnRoot with the cached plan and descriptions (every rank agreed to reuse them): the same
 // checks, lock, cleanup and temp folder, no planning; the broadcast carries no plan.
 PlannedSave PlanOnRootFromCache(int rank, const std::string& root, int64_t step, const SaveOptions& options,
