@@ -153,6 +153,22 @@ def checkpoint_state(model, optim, sched, position: int, step: int) -> dict:
             "data": {"position": position}, "step": step, "rng": rng}
 
 
+def has_checkpoint(root: str, device: torch.device) -> bool:
+    """Whether root holds a committed checkpoint, as every rank agrees (collective): a rank
+    with a stale view of a network filesystem must not start training while the others load.
+    A first run with --resume (a requeued job's first attempt) starts fresh, as the C++
+    trainer does."""
+    import shardckpt
+    try:
+        shardckpt.inspect(root)
+        found = 1
+    except shardckpt.NotFound:
+        found = 0
+    agreed = torch.tensor([found], device=device)  # NCCL reduces device tensors only
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+    return bool(agreed.item())
+
+
 def resume(args, model, optim, sched, rank: int) -> tuple:
     """Loads --resume-from, or the newest checkpoint under --ckpt, into the job (collective);
     returns (step, data position)."""
@@ -209,7 +225,8 @@ def main() -> int:
     p.add_argument("--ckpt", required=True, help="checkpoint root (every rank sees the same)")
     p.add_argument("--steps", type=int, default=30, help="train until this step")
     p.add_argument("--save-every", type=int, default=10)
-    p.add_argument("--resume", action="store_true", help="continue from --ckpt's newest checkpoint")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from --ckpt's newest checkpoint (from step 0 when it has none)")
     p.add_argument("--resume-from", metavar="PATH",
                    help="continue from this checkpoint (or root's newest) instead; saves still "
                         "go to --ckpt")
@@ -263,7 +280,10 @@ def main() -> int:
 
     sched = torch.optim.lr_scheduler.LambdaLR(optim, schedule)
     step, position = 0, 0
-    if args.resume or args.resume_from:
+    if args.resume and not args.resume_from and not has_checkpoint(args.ckpt, device):
+        if rank == 0:
+            print("no checkpoint in %s yet: starting at step 0" % args.ckpt, flush=True)
+    elif args.resume or args.resume_from:
         step, position = resume(args, model, optim, sched, rank)
 
     handle = None

@@ -367,11 +367,21 @@ py::tuple AgreeCall(Comm& comm, const std::string& code, const std::string& mess
 // reused by every later save. The pieces' memory is only read during Save (the snapshot).
 class Saver {
  public:
-  std::unique_ptr<AsyncSaver> saver;
+  // Ending the saver waits for its persist in flight, whose collectives over a torch.distributed
+  // group call back into Python: holding the GIL here (Python drops the saver at exit, or after
+  // an exception left the save unwaited) deadlocked the process. The saver ends before
+  // `started`, which its copy may still read.
+  ~Saver() { Close(); }
+  void Close() {
+    if (saver == nullptr) return;
+    py::gil_scoped_release release;
+    saver.reset();
+  }
   // StartSave's state: its copy reads it in the background, so it lives here until the next
   // StartSave (which waits for that copy first). The tensors it points to are kept alive by the
   // Python handle until fence().
   ShardedState started;
+  std::unique_ptr<AsyncSaver> saver;
 };
 
 class Handle {
@@ -511,7 +521,7 @@ py::tuple VerifyCall(const std::string& path) {
   if (!r.ok()) return Reply(r.status());
   py::list problems;
   for (const VerifyProblem& p : r->problems) {
-    problems.append(py::make_tuple(p.file, p.offset, p.entries, p.what));
+    problems.append(py::make_tuple(p.file, p.offset, p.entries, p.blobs, p.what, HoldersText(p)));
   }
   py::dict out;
   out["checkpoint"] = r->checkpoint;
@@ -539,6 +549,8 @@ py::tuple RunConsolidate(const std::string& path, const std::string& out_file, c
   out["entries"] = r->entries;
   out["tensor_bytes"] = r->tensor_bytes;
   out["bytes_read"] = r->bytes_read;
+  out["values"] = r->values;
+  out["skipped"] = r->skipped;
   return Reply(Status::Ok(), out);
 }
 
@@ -559,11 +571,9 @@ py::tuple ConsolidateCall(const std::string& path, const std::string& out_file, 
   options.exclude = exclude;
   options.strip_prefix = strip_prefix;
   if (!dtype.empty()) {
-    const std::map<std::string, DType> casts = {{"bf16", DType::kBFloat16}, {"fp16", DType::kFloat16},
-                                                {"fp32", DType::kFloat32}};
-    auto it = casts.find(dtype);
-    if (it == casts.end()) return Reply(InvalidArgument("dtype must be bf16, fp16 or fp32, not '" + dtype + "'"));
-    options.cast = it->second;
+    Result<DType> cast = ParseCastDType(dtype);
+    if (!cast.ok()) return Reply(cast.status());
+    options.cast = *cast;
   }
   if (max_shard_bytes != 0) {
     if (options.format != ExportFormat::kSafetensors) {
@@ -639,10 +649,9 @@ py::tuple ConsolidateGgufCall(const std::string& path, const std::string& out, c
   options.exclude = exclude;
   options.strip_prefix = strip_prefix;
   if (!dtype.empty()) {
-    if (dtype != "bfloat16" && dtype != "float16" && dtype != "float32") {
-      return Reply(InvalidArgument("dtype must be bfloat16, float16 or float32, not '" + dtype + "'"));
-    }
-    options.cast = ParseDType(dtype).value();
+    Result<DType> cast = ParseCastDType(dtype);
+    if (!cast.ok()) return Reply(cast.status());
+    options.cast = *cast;
   }
   return RunConsolidate(path, out, options);
 }

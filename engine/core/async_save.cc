@@ -3,13 +3,49 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <exception>
+#include <new>
+#include <system_error>
 
 #include "shardckpt/io/checksum.h"
 #include "shardckpt/io/failpoint.h"
 
 namespace shardckpt {
 
-Status SaveHandle::Wait() { return result_.get().status(); }
+Status SaveHandle::Wait() {
+  // An exception escaping the persist thread (it should return a Status) is rethrown here; in
+  // ~AsyncSaver that would terminate the process.
+  try {
+    return result_.get().status();
+  } catch (const std::exception& e) {
+    return Internal(std::string("the save of step ") + std::to_string(step_) + " failed with an exception: " + e.what());
+  }
+}
+
+namespace {
+// The snapshot's own failures are Statuses; what it allocates (staging, the snapshot's pieces)
+// can still throw std::bad_alloc, which must reach the agreement as an error like any other.
+template <typename F>
+Status Guarded(F&& f) {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    return Internal("out of memory (std::bad_alloc)");
+  } catch (const std::exception& e) {
+    return Internal(e.what());
+  }
+}
+
+// std::async throws std::system_error when no thread can be made (a pids limit).
+template <typename F>
+Result<std::shared_future<Result<SaveResult>>> StartThread(F&& f) {
+  try {
+    return std::async(std::launch::async, std::forward<F>(f)).share();
+  } catch (const std::system_error& e) {
+    return Internal(std::string("cannot start the save's thread: ") + e.what());
+  }
+}
+}  // namespace
 
 bool SaveHandle::Done() const {
   return result_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
@@ -92,20 +128,33 @@ Result<std::shared_ptr<SaveHandle>> AsyncSaver::Save(const std::string& root, in
   auto start = std::chrono::steady_clock::now();
   // Every rank learns whether every snapshot succeeded before any starts a persist: a rank that
   // failed alone would leave the others' background threads in the save's collectives.
-  Status taken = Snapshot(state);
+  Status taken = Guarded([&] { return Snapshot(state); });
   if (!taken.ok()) taken = taken.WithContext("snapshot of step " + std::to_string(step));
-  SC_RETURN_IF_ERROR(AgreeOnStatus(*comm_, taken));
-  last_snapshot_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-  auto handle = std::make_shared<SaveHandle>();
-  handle->step_ = step;
+  // The persist thread is started before the agreement and held until it: a rank that cannot
+  // start one (a pids limit) fails the save on every rank, rather than leaving the others'
+  // threads in the save's collectives until the deadline.
+  auto go = std::make_shared<std::promise<bool>>();
+  std::shared_future<bool> agreed_to_go = go->get_future().share();
   Communicator* comm = comm_.get();
   const ShardedState* snapshot = &snapshot_;
   SaveOptions options = options_;
   if (!metrics.empty()) options.metrics = metrics;
-  handle->result_ = std::async(std::launch::async, [comm, root, step, snapshot, options]() {
-                      return shardckpt::Save(*comm, root, step, *snapshot, options);
-                    }).share();
+  Result<std::shared_future<Result<SaveResult>>> thread =
+      StartThread([comm, root, step, snapshot, options, agreed_to_go]() -> Result<SaveResult> {
+        if (!agreed_to_go.get()) return Status(Code::kAborted, "not started: the save was refused");
+        return shardckpt::Save(*comm, root, step, *snapshot, options);
+      });
+  Status agreed = AgreeOnStatus(*comm_, taken.ok() ? thread.status() : taken);
+  if (thread.ok()) go->set_value(agreed.ok());
+  if (!agreed.ok()) {
+    if (thread.ok()) thread->wait();
+    return agreed;
+  }
+  last_snapshot_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  auto handle = std::make_shared<SaveHandle>();
+  handle->step_ = step;
+  handle->result_ = std::move(*thread);
   in_flight_ = handle;
   return handle;
 }
@@ -124,9 +173,9 @@ Result<std::shared_ptr<SaveHandle>> AsyncSaver::StartSave(const std::string& roo
   if (!metrics.empty()) options.metrics = metrics;
   // Only this thread touches the staging area, ring and snapshot until Wait: every later call
   // that could (Save, StartSave) waits for the persist first.
-  handle->result_ = std::async(std::launch::async, [this, comm, root, step, caller, options, taken]() -> Result<SaveResult> {
+  Result<std::shared_future<Result<SaveResult>>> started = StartThread([this, comm, root, step, caller, options, taken]() -> Result<SaveResult> {
                       auto start = std::chrono::steady_clock::now();
-                      Status status = Snapshot(*caller);
+                      Status status = Guarded([&] { return Snapshot(*caller); });
                       if (!status.ok()) status = status.WithContext("snapshot of step " + std::to_string(step));
                       status = AgreeOnStatus(*comm, status);
                       last_snapshot_seconds_ =
@@ -134,7 +183,12 @@ Result<std::shared_ptr<SaveHandle>> AsyncSaver::StartSave(const std::string& roo
                       taken->set_value(status);
                       if (!status.ok()) return status;
                       return shardckpt::Save(*comm, root, step, snapshot_, options);
-                    }).share();
+                    });
+  if (!started.ok()) {
+    snapshot_taken_ = {};
+    return started.status();
+  }
+  handle->result_ = std::move(*started);
   in_flight_ = handle;
   return handle;
 }

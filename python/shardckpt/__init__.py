@@ -39,7 +39,7 @@ import dataclasses
 import numbers
 import sys
 import threading
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -104,8 +104,32 @@ def _piece(name: str, tensor: torch.Tensor, shape: List[int], layout: Tuple[str,
             tensor.data_ptr())
 
 
+def _check_dense(tensor: torch.Tensor, name: str, verb: str) -> None:
+    """Refuses, naming the key, what holds no strided bytes to save or load into: a meta
+    tensor (FSDP2's meta-device init before ``to_empty``; a load into one copied into nothing
+    and reported success) and a sparse or otherwise non-strided one."""
+    if tensor.device.type == "meta":
+        raise InvalidArgument("'%s' is a meta tensor, which holds no memory to %s: materialize it first "
+                              "(e.g. model.to_empty(device=...))" % (name, verb))
+    if tensor.layout != torch.strided:
+        raise InvalidArgument("'%s' has layout %s: shardckpt %ss dense (strided) tensors; convert it "
+                              "(e.g. .to_dense()) first" % (name, tensor.layout, verb))
+
+
+def _named(name: str, describe: Callable[[], Any]) -> Any:
+    """describe(), with an error of torch or Python's (not a ShardckptError) turned into an
+    InvalidArgument naming the key, so that it is agreed on by every rank like the others."""
+    try:
+        return describe()
+    except ShardckptError:
+        raise
+    except Exception as e:  # noqa: BLE001 (any error here is the state's, reported by name)
+        raise InvalidArgument("'%s': %s: %s" % (name, type(e).__name__, e)) from e
+
+
 def _save_view(tensor: torch.Tensor, name: str, keep: List[torch.Tensor]) -> torch.Tensor:
     """A contiguous host tensor with the values of ``tensor`` (itself when it is one)."""
+    _check_dense(tensor, name, "save")
     view = tensor.detach()
     if view.device.type != "cpu":
         view = view.cpu()
@@ -117,32 +141,42 @@ def _save_view(tensor: torch.Tensor, name: str, keep: List[torch.Tensor]) -> tor
 def _describe_save(state: Mapping[str, Any], keep: List[torch.Tensor]) -> Tuple[list, list]:
     pieces, blobs = [], []
     for name, value in walk(state):
-        if isinstance(value, FlatShard):
-            local = _save_view(value.local, name, keep)
-            begin = value.begin
-            pieces.append(_piece(name, local, value.global_shape,
-                                 ("flat", begin, begin + local.numel())))
-        elif is_dtensor(value):
-            local, global_shape, layout = dtensor_piece(name, value)
-            pieces.append(_piece(name, _save_view(local, name, keep), global_shape, layout))
-        elif isinstance(value, torch.Tensor):
-            view = _save_view(value, name, keep)
-            pieces.append(_piece(name, view, list(view.shape), ("replicated", None, None)))
-        elif isinstance(value, PerRank):
-            blobs.append((name, encode_blob(value.value, name), True))
-        else:
-            blobs.append((name, encode_blob(value, name), False))
+        _named(name, lambda: _describe_save_item(name, value, keep, pieces, blobs))
     return pieces, blobs
 
-def _describe_for_collective(state: Mapping[str, Any],
-                             keep: List[torch.Tensor]) -> Tuple[list, list, Tuple[str, str]]:
-    """_describe_save, with a refusal returned as (code, message) instead of raised: the engine
-    tells it to every rank, so a rank whose state is refused does not leave the others waiting."""
+
+def _describe_save_item(name: str, value: Any, keep: List[torch.Tensor], pieces: list, blobs: list) -> None:
+    if isinstance(value, FlatShard):
+        local = _save_view(value.local, name, keep)
+        begin = value.begin
+        pieces.append(_piece(name, local, value.global_shape,
+                             ("flat", begin, begin + local.numel())))
+    elif is_dtensor(value):
+        local, global_shape, layout = dtensor_piece(name, value)
+        pieces.append(_piece(name, _save_view(local, name, keep), global_shape, layout))
+    elif isinstance(value, torch.Tensor):
+        view = _save_view(value, name, keep)
+        pieces.append(_piece(name, view, list(view.shape), ("replicated", None, None)))
+    elif isinstance(value, PerRank):
+        blobs.append((name, encode_blob(value.value, name), True))
+    else:
+        blobs.append((name, encode_blob(value, name), False))
+
+
+def _describe_for_collective(state: Mapping[str, Any], step: Any,
+                             keep: List[torch.Tensor]) -> Tuple[int, list, list, Tuple[str, str]]:
+    """The step and _describe_save, with a refusal returned as (code, message) instead of
+    raised: the engine tells it to every rank, so a rank whose state is refused does not leave
+    the others waiting."""
+    if isinstance(step, torch.Tensor) and step.numel() == 1 and float(step.item()).is_integer():
+        step = int(step.item())  # an optimizer's state["step"], a tensor in torch 2.x
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral):
+        return 0, [], [], ("InvalidArgument", "step must be a whole number, not %r" % (step,))
     try:
         pieces, blobs = _describe_save(state, keep)
-        return pieces, blobs, ("OK", "")
+        return int(step), pieces, blobs, ("OK", "")
     except ShardckptError as failure:
-        return [], [], (failure.code, failure.message)
+        return int(step), [], [], (failure.code, failure.message)
 
 
 def save(state_dict: Mapping[str, Any], root: str, step: int, *, keep_last: int = 0,
@@ -165,9 +199,9 @@ def save(state_dict: Mapping[str, Any], root: str, step: int, *, keep_last: int 
     from . import _core
     comm = resolve(comm)
     keep: List[torch.Tensor] = []
-    pieces, blobs, error = _describe_for_collective(state_dict, keep)
+    step, pieces, blobs, error = _describe_for_collective(state_dict, step, keep)
     code, message, result = _core.save(
-        comm, str(root), int(step), pieces, blobs, int(keep_last), int(keep_best), best_metric,
+        comm, str(root), step, pieces, blobs, int(keep_last), int(keep_best), best_metric,
         bool(best_higher_is_better), dict(metrics or {}), dict(user_metadata or {}),
         torch.__version__, error)
     raise_for(code, message)
@@ -179,25 +213,30 @@ def _describe_load(state: Mapping[str, Any]) -> Tuple[list, Dict[str, Any], list
     afterwards (target, temporary) for targets the engine cannot write in place."""
     pieces, wanted_blobs, copies = [], {}, []
     for name, value in walk(state):
-        if isinstance(value, (torch.Tensor, FlatShard)):
-            target = value.local if isinstance(value, FlatShard) else value
-            layout = None
-            if is_dtensor(value):
-                target, global_shape, layout = dtensor_piece(name, value)
-            into = target
-            if target.device.type != "cpu" or not target.is_contiguous():
-                into = torch.empty(target.shape, dtype=target.dtype)
-                copies.append((target, into))
-            if layout is not None:
-                pieces.append(_piece(name, into, global_shape, layout))
-            elif isinstance(value, FlatShard):
-                pieces.append(_piece(name, into, value.global_shape,
-                                     ("flat", value.begin, value.begin + into.numel())))
-            else:
-                pieces.append(_piece(name, into, list(into.shape), ("replicated", None, None)))
-        else:
-            wanted_blobs[name] = value
+        _named(name, lambda: _describe_load_item(name, value, pieces, wanted_blobs, copies))
     return pieces, wanted_blobs, copies
+
+
+def _describe_load_item(name: str, value: Any, pieces: list, wanted_blobs: Dict[str, Any], copies: list) -> None:
+    if isinstance(value, (torch.Tensor, FlatShard)):
+        target = value.local if isinstance(value, FlatShard) else value
+        layout = None
+        if is_dtensor(value):
+            target, global_shape, layout = dtensor_piece(name, value)
+        _check_dense(target, name, "load")
+        into = target
+        if target.device.type != "cpu" or not target.is_contiguous():
+            into = torch.empty(target.shape, dtype=target.dtype)
+            copies.append((target, into))
+        if layout is not None:
+            pieces.append(_piece(name, into, global_shape, layout))
+        elif isinstance(value, FlatShard):
+            pieces.append(_piece(name, into, value.global_shape,
+                                 ("flat", value.begin, value.begin + into.numel())))
+        else:
+            pieces.append(_piece(name, into, list(into.shape), ("replicated", None, None)))
+    else:
+        wanted_blobs[name] = value
 
 
 def _strip(name: str, prefix: str) -> str:
@@ -395,8 +434,16 @@ _unfenced: Dict[int, AsyncSaveHandle] = {}
 
 
 def _drop_savers() -> None:
-    """At exit, before MPI is finalized (registered after world()): ends each saver, which
-    waits for its persist in flight, then the communicators made over foreign groups."""
+    """At exit, before MPI is finalized (registered after world()): waits for every saver's
+    copy and persist in flight, the savers a user's handle still holds included, and only then
+    lets go of the savers, the tensors unfenced copies read and the communicators made over
+    foreign groups."""
+    from . import _core
+    with _savers_lock:
+        savers = [saver for _, saver in _savers.values()]
+        savers += [h._saver for h in _unfenced.values() if h._saver is not None]
+    for saver in savers:
+        _core.saver_wait(saver)  # the GIL released: a persist over torch.distributed needs it
     with _savers_lock:
         _unfenced.clear()
         _savers.clear()
@@ -474,7 +521,7 @@ def async_save(state_dict: Mapping[str, Any], root: str, step: int, *, keep_last
     saver = _saver_for(comm, (int(keep_last), int(keep_best), str(best_metric),
                               bool(best_higher_is_better)), dict(user_metadata or {}))
     keep: List[torch.Tensor] = []
-    pieces, blobs, error = _describe_for_collective(state_dict, keep)
+    step, pieces, blobs, error = _describe_for_collective(state_dict, step, keep)
     if copy_while_training:
         # A snapshot still unfenced on this saver is taken before the next one starts.
         previous = _unfenced.pop(id(saver), None)
@@ -483,13 +530,13 @@ def async_save(state_dict: Mapping[str, Any], root: str, step: int, *, keep_last
                 previous.fence()
             except ShardckptError:
                 pass  # raised again by that handle's fence()/wait()
-        code, message, handle = _core.start_save(comm, saver, str(root), int(step), pieces,
+        code, message, handle = _core.start_save(comm, saver, str(root), step, pieces,
                                                  blobs, dict(metrics or {}), error)
         raise_for(code, message)
         started = AsyncSaveHandle(handle, saver, keep + [state_dict])
         _unfenced[id(saver)] = started
         return started
-    code, message, handle = _core.async_save(comm, saver, str(root), int(step), pieces, blobs,
+    code, message, handle = _core.async_save(comm, saver, str(root), step, pieces, blobs,
                                              dict(metrics or {}), error)
     raise_for(code, message)
     return AsyncSaveHandle(handle)
@@ -499,12 +546,14 @@ def async_save(state_dict: Mapping[str, Any], root: str, step: int, *, keep_last
 
 @dataclasses.dataclass
 class VerifyProblem:
-    """One damaged block: ``file`` (relative to the checkpoint), byte ``offset``, the
-    ``entries`` stored there, and ``what`` is wrong."""
+    """One damaged block: ``file`` (relative to the checkpoint), byte ``offset``, the tensors
+    (``entries``) and values (``blobs``) stored there, and ``what`` is wrong."""
     file: str
     offset: int
-    entries: str
+    entries: List[str]
+    blobs: List[str]
     what: str
+    holders: str = ""  # entries and blobs as the message names them ("padding" for none)
 
 
 @dataclasses.dataclass
@@ -555,13 +604,14 @@ def verify(path: str) -> VerifyReport:
     from . import _core
     code, message, raw = _core.verify(str(path))
     raise_for(code, message)
-    problems = [VerifyProblem(*p) for p in raw["problems"]]
+    problems = [VerifyProblem(file, offset, list(entries), list(blobs), what, holders)
+                for file, offset, entries, blobs, what, holders in raw["problems"]]
     report = VerifyReport(checkpoint=raw["checkpoint"], files=raw["files"],
                           bytes_checked=raw["bytes_checked"], blocks_checked=raw["blocks_checked"],
                           problems=problems, checksums=raw.get("checksums", True), note=raw.get("note", ""))
     if problems:
         error = DataLoss("checkpoint %s is damaged: %s" % (report.checkpoint, "; ".join(
-            "%s/%s at offset %d (%s): %s" % (report.checkpoint, p.file, p.offset, p.entries, p.what)
+            "%s/%s at offset %d (%s): %s" % (report.checkpoint, p.file, p.offset, p.holders, p.what)
             for p in problems)))
         error.problems = problems  # type: ignore[attr-defined]
         error.report = report  # type: ignore[attr-defined]
@@ -581,7 +631,8 @@ def consolidate(path: str, out: str, format: Optional[str] = None, *,
     ``exclude``: globs of entry names; ``dtype``: cast floating tensors to ``"bf16"``, ``"fp16"``
     or ``"fp32"``; ``max_shard_bytes``: split safetensors output. GGUF needs
     ``gguf_architecture`` (see :func:`consolidate_gguf`). Returns ``{"checkpoint", "files",
-    "sha256", "entries", "tensor_bytes", "bytes_read"}``."""
+    "sha256", "entries", "tensor_bytes", "bytes_read", "values", "skipped"}`` (values: the
+    non-tensor values written; skipped: those not written, each with the reason)."""
     if format == "gguf" or (format is None and str(out).endswith(".gguf")):
         return consolidate_gguf(path, out, gguf_architecture, name=gguf_name,
                                 metadata=gguf_metadata, include=include, exclude=exclude,
@@ -594,11 +645,28 @@ def consolidate(path: str, out: str, format: Optional[str] = None, *,
     return dict(result)
 
 
+def _raise_open_file_limit() -> None:
+    # An import or reshard writes every output rank's file at once, each with its own
+    # descriptor: at the usual soft limit of 1024, a reshard to about 500 ranks failed with
+    # EMFILE. The hard limit is the operator's ceiling; the soft one is only a default, which
+    # the `shardckpt` CLI raises too.
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass  # the engine's EMFILE error names the limit then
+
+
 def import_checkpoint(src: str, out_root: str, world_size: int, layout: str = "flat") -> Dict[str, Any]:
     """A .pt or .safetensors file as a sharded checkpoint under ``out_root`` for ``world_size``
-    ranks (``shardckpt import``); ``layout``: ``"flat"``, ``"dim0"`` or ``"replicated"``.
+    ranks (``shardckpt import``); ``layout``: ``"flat"``, ``"dim0"`` or ``"replicated"``. It
+    writes every rank's file at once, so it raises this process's soft open-file limit to the
+    hard one, as the command does (``reshard`` too).
     Returns ``{"path", "tensors", "bytes", "skipped"}`` (skipped: values that are not tensors)."""
     from . import _core
+    _raise_open_file_limit()
     code, message, result = _core.convert(True, str(src), str(out_root), int(world_size), layout)
     raise_for(code, message)
     return dict(result)
@@ -609,6 +677,7 @@ def reshard(path: str, out_root: str, world_size: int, layout: str = "flat") -> 
     (``shardckpt reshard``). Returns ``{"path", "tensors", "bytes", "skipped"}`` (skipped:
     per-rank blobs, which have no meaning at another world size)."""
     from . import _core
+    _raise_open_file_limit()
     code, message, result = _core.convert(False, str(path), str(out_root), int(world_size), layout)
     raise_for(code, message)
     return dict(result)

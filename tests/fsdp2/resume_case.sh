@@ -6,7 +6,8 @@
 # the same strings (exact) or within 1e-5 relative (close). The step-20 save was still being
 # written while the uninterrupted run trained on, so this also checks that async_save kept the
 # state as it was when called. Needs the cached torch 2.x environment (launch/torch2_venv.sh):
-# skipped (77) without it unless SHARDCKPT_REQUIRE_TORCH2=1.
+# skipped (77) without it unless SHARDCKPT_REQUIRE_TORCH2=1. In exact mode, --resume on an empty root
+# also starts at step 0 with the uninterrupted losses.
 set -euo pipefail
 build=$1 work=$2 launcher=$3 np_save=$4 np_load=$5 mode=$6
 here=$(cd "$(dirname "$0")" && pwd)
@@ -42,3 +43,10 @@ grep -q "^checkpoint step 30 committed" "$work/resumed.log" || {
 if [ "$mode" = exact ]; then how=--exact; else how="--rtol 1e-5"; fi
 # shellcheck disable=SC2086
 "$py" "$here/compare_losses.py" "$work/full.log" "$work/resumed.log" --steps 21-30 $how
+if [ "$mode" = exact ]; then
+  # --resume with nothing to resume from (a requeued job's first attempt): starts at step 0.
+  run "$work/fresh.log" "$np_save" --ckpt "$work/fresh" --steps 5 --save-every 5 --resume
+  grep -q "^no checkpoint in $work/fresh yet: starting at step 0" "$work/fresh.log" || {
+    echo "--resume on an empty root:"; head -5 "$work/fresh.log"; exit 1; }
+  "$py" "$here/compare_losses.py" "$work/full.log" "$work/fresh.log" --steps 1-5 --exact
+fi

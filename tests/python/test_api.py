@@ -364,6 +364,56 @@ def test_unsupported_value_is_refused_on_every_rank_naming_its_key(comm, root):
     assert not os.path.exists(os.path.join(root, "step-000000001"))
 
 
+@pytest.mark.parametrize("bad", ["meta", "sparse", "raises"])
+def test_a_tensor_without_dense_memory_is_refused_on_every_rank_naming_its_key(comm, root, bad):
+    """Held by the last rank only: a meta tensor (FSDP2's meta init), a sparse one, or a tensor
+    subclass whose methods raise. Every rank raises InvalidArgument naming the key, none waits
+    for the others; loading into a meta or sparse tensor is refused alike (it reported success
+    and left the meta tensor empty)."""
+    class Raises(torch.Tensor):
+        def detach(self):
+            raise RuntimeError("no data here")
+    odd = {"meta": torch.empty(3, 4, device="meta"), "sparse": torch.ones(3, 4).to_sparse(),
+           "raises": torch.ones(3, 4).as_subclass(Raises)}[bad]
+    last = comm.rank == comm.size - 1
+    state = {"w": odd if last else torch.ones(3, 4), "b": torch.zeros(5), "step": 1}
+    with pytest.raises(shardckpt.InvalidArgument) as error:
+        shardckpt.save(state, root, step=1)
+    assert "'w'" in error.value.message, error.value.message
+    assert {"meta": "meta tensor", "sparse": "layout torch.sparse_coo",
+            "raises": "RuntimeError: no data here"}[bad] in error.value.message, error.value.message
+    assert not os.path.exists(os.path.join(root, "step-000000001"))
+    if bad == "raises":
+        return
+    shardckpt.save({"w": torch.ones(3, 4), "b": torch.zeros(5), "step": 1}, root, step=1)
+    with pytest.raises(shardckpt.InvalidArgument) as error:
+        shardckpt.load(state, root)
+    assert "'w'" in error.value.message, error.value.message
+
+
+@pytest.mark.parametrize("step", [5.7, "5", True, None, torch.tensor(5.5), torch.tensor([5, 6])])
+def test_a_step_that_is_not_a_whole_number_is_refused(comm, root, step):
+    with pytest.raises(shardckpt.InvalidArgument, match="step must be a whole number"):
+        shardckpt.save({"w": torch.ones(2)}, root, step=step)
+    assert not os.path.exists(root) or os.listdir(root) == []
+    # A one-element tensor holding a whole number (torch 2.x's optimizer state["step"]) is one.
+    assert shardckpt.save({"w": torch.ones(2)}, root, step=torch.tensor(7.0)).path.endswith("step-000000007")
+
+
+def test_a_global_value_that_differs_between_ranks_is_refused_on_every_rank(comm, root):
+    # Saved once, from rank 0, it would come back as rank 0's on every rank.
+    if comm.size < 2:
+        pytest.skip("needs two ranks")
+    state = {"w": torch.ones(2), "epoch": 3, "cursor": {"pos": 10 * min(comm.rank, 1)}}
+    with pytest.raises(shardckpt.InvalidArgument) as error:
+        shardckpt.save(state, root, step=1)
+    assert "the global value 'cursor' differs between ranks (rank 0 and rank 1 hold different bytes)" in error.value.message, error.value.message
+    assert "shardckpt.PerRank(value)" in error.value.message
+    assert not os.path.exists(os.path.join(root, "step-000000001"))
+    state["cursor"] = shardckpt.PerRank(state["cursor"])
+    shardckpt.save(state, root, step=1)
+
+
 def test_keep_last_prunes_old_checkpoints(root):
     for step in range(4):
         shardckpt.save({"w": torch.full((2,), float(step))}, root, step=step, keep_last=2)

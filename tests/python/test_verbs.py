@@ -59,7 +59,11 @@ def test_verify_good_and_flipped_byte(comm, root):
     with pytest.raises(shardckpt.DataLoss) as caught:
         shardckpt.verify(path)
     assert "rank-00000.bin" in caught.value.message
-    assert caught.value.problems and caught.value.problems[0].file == "rank-00000.bin"
+    problem = caught.value.problems[0]
+    assert problem.file == "rank-00000.bin" and problem.offset == 0
+    # Lists of names, tensors apart from values; the message names them as the CLI does.
+    assert problem.entries and all(isinstance(n, str) for n in problem.entries) and isinstance(problem.blobs, list)
+    assert "(%s)" % problem.holders in caught.value.message and problem.entries[0] in problem.holders
 
 
 def test_consolidate_to_pt(comm, root, tmp_path):
@@ -75,6 +79,15 @@ def test_consolidate_to_pt(comm, root, tmp_path):
         assert torch.equal(loaded["model." + name], tensor), name
     with pytest.raises(shardckpt.InvalidArgument):
         shardckpt.consolidate(path, out, format="numpy")
+    # A cast in either spelling; floating entries only.
+    for spelling in ("bf16", "bfloat16"):
+        cast = os.path.join(root, "rank%d-%s.pt" % (comm.rank, spelling))
+        shardckpt.consolidate(path, cast, dtype=spelling)
+        loaded = torch.load(cast)
+        assert loaded["model.w"].dtype == torch.bfloat16 and loaded["model.n"].dtype == torch.int64, spelling
+        assert torch.equal(loaded["model.w"], sample()["model"]["w"].to(torch.bfloat16)), spelling
+    with pytest.raises(shardckpt.InvalidArgument, match="dtype must be bf16, fp16 or fp32 .or bfloat16"):
+        shardckpt.consolidate(path, out, dtype="int8")
 
 
 def test_import_then_load(comm, root):
@@ -118,3 +131,24 @@ def test_reshard_then_load_at_new_world_size(comm, root):
         shard = into["model"][name]
         expected = tensor.reshape(-1)[shard.begin:shard.begin + shard.local.numel()]
         assert torch.equal(shard.local, expected), name
+
+
+def test_reshard_to_more_ranks_than_the_soft_open_file_limit(comm, root):
+    """Every output rank's file is written at once: under a soft limit of 64 open files a
+    reshard to 200 ranks needs the soft limit raised to the hard one, as the CLI does."""
+    import resource
+    import subprocess
+    import sys
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1024:
+        pytest.skip("hard open-file limit %d is below what 200 ranks need" % hard)
+    path = mine(root, comm)
+    out = os.path.join(root, "wide%d" % comm.rank)
+    script = ("import resource, sys, shardckpt\n"
+              "resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
+              "r = shardckpt.reshard(sys.argv[1], sys.argv[2], 200)\n"
+              "print(r['tensors'])\n")
+    done = subprocess.run([sys.executable, "-c", script, path, out], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "4"
+    assert shardckpt.inspect(out)["world_size"] == 200
