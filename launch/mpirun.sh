@@ -2,6 +2,7 @@
 # Launches a shardckpt program under OpenMPI's mpirun with what it needs on one host or many:
 #   launch/mpirun.sh -np 4 build/bin/shardckpt-train --ckpt /tmp/run --steps 40
 #   launch/mpirun.sh -np 16 --hostfile hosts build/bin/shardckpt-train ...
+#   launch/mpirun.sh --bind-to none -np 4 -x OMP_NUM_THREADS build/bin/shardckpt-train ...
 # * as root, adds --allow-run-as-root (containers); as any other user, nothing;
 # * with more ranks than cores on one host, adds --oversubscribe;
 # * passes SHARDCKPT_* variables (log level, failpoints) to every rank;
@@ -28,10 +29,20 @@ set -euo pipefail
 args=()
 np=1
 hostfile=""
+# mpirun's own options come first, in any order; the program is the first word that is not one
+# of them. Options not named here are passed on as flags without a value.
 while [ $# -gt 0 ]; do
   case "$1" in
-    -np|-n) np=$2; args+=("$1" "$2"); shift 2 ;;
-    --hostfile|-hostfile) hostfile=$2; args+=("$1" "$2"); shift 2 ;;
+    -np|-n|--np|--n|-c) np=$2; args+=("$1" "$2"); shift 2 ;;
+    -np=*|-n=*|--np=*|--n=*|-c=*) np=${1#*=}; args+=("${1%%=*}" "$np"); shift ;;
+    --hostfile|-hostfile|--machinefile|-machinefile|-H|--host|-host) hostfile=$2; args+=("$1" "$2"); shift 2 ;;
+    --hostfile=*|--machinefile=*|--host=*) hostfile=${1#*=}; args+=("$1"); shift ;;
+    --mca|-mca|--gmca|-gmca) args+=("$1" "$2" "$3"); shift 3 ;;
+    -x|--bind-to|-bind-to|--map-by|-map-by|--rank-by|-rank-by|--rankfile|-rf|--npernode|-npernode|-N|--npersocket|\
+      --output-filename|--prefix|--wdir|-wdir|--tune|--cpu-set|--cpus-per-proc|--report-bindings-file)
+      args+=("$1" "$2"); shift 2 ;;
+    --) shift; break ;;
+    -*) args+=("$1"); shift ;;
     *) break ;;
   esac
 done

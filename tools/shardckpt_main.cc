@@ -18,7 +18,9 @@
 #include <cstdio>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
+#include <sys/resource.h>
 #include <set>
 
 #include "shardckpt/engine/core/consolidate.h"
@@ -26,6 +28,7 @@
 #include "shardckpt/engine/core/dcp_export.h"
 #include "shardckpt/engine/core/load.h"
 #include "shardckpt/engine/core/verify.h"
+#include "shardckpt/engine/core/version.h"
 #include "shardckpt/engine/core/checkpoint_dir.h"
 #include "shardckpt/engine/core/retention.h"
 #include "shardckpt/engine/formats/dcp_read.h"
@@ -50,6 +53,10 @@ uint64_t ParseSize(const std::string& text) {
   return *bytes;
 }
 
+// Set by Parse when the one command this process runs asked for --json: a script reading stdout
+// then gets a JSON object on failure too, not an empty stream it must tell apart from a crash.
+bool json_output = false;
+
 po::variables_map Parse(const std::string& command, po::options_description& flags, const std::string& positional,
                         int argc, char** argv) {
   flags.add_options()("help,h", "this text");
@@ -72,11 +79,23 @@ po::variables_map Parse(const std::string& command, po::options_description& fla
     throw Usage{e.what()};
   }
   if (!positional.empty() && !vm.count(positional)) throw Usage{command + " needs " + positional};
+  json_output = vm.count("json") > 0;
   return vm;
+}
+
+// The --json failure object, for runtime and usage errors alike. A path need not be UTF-8: its
+// bytes are replaced, not thrown on (a throw here would abort the tool).
+void PrintJsonError(const std::string& code, const std::string& message) {
+  std::cout << json{{"ok", false}, {"error", {{"code", code}, {"message", message}}}}.dump(
+                   2, ' ', false, json::error_handler_t::replace)
+            << "\n";
 }
 
 int Fail(const Status& status) {
   std::fprintf(stderr, "shardckpt: %s\n", status.ToString().c_str());
+  if (json_output) {
+    PrintJsonError(CodeName(status.code()), status.message());
+  }
   return 1;
 }
 
@@ -150,12 +169,9 @@ int Inspect(int argc, char** argv) {
   // A DCP folder's byte items are torch.save files: those holding more than plain values are
   // named (restoring them would run their pickle), never unpickled here.
   const bool dcp = IsDcpFolder(*dir);
-  std::map<std::string, std::string> opaque;
-  if (dcp) {
-    Result<std::vector<std::pair<std::string, std::string>>> items = DcpOpaqueByteItems(*dir, *m);
-    if (!items.ok()) return Fail(items.status());
-    opaque.insert(items->begin(), items->end());
-  }
+  Result<std::map<std::string, std::string>> opaque_items = DcpOpaqueByteItems(*dir, *m);
+  if (!opaque_items.ok()) return Fail(opaque_items.status());
+  std::map<std::string, std::string>& opaque = *opaque_items;
   json blobs = json::array();
   for (const BlobRecord& b : m->blobs) {
     blobs.push_back({{"name", b.name}, {"scope", b.scope == BlobScope::kGlobal ? "global" : "per_rank"}, {"rank", b.rank},
@@ -224,7 +240,7 @@ int Verify(int argc, char** argv) {
   if (as_json) {
     json problems = json::array();
     for (const VerifyProblem& p : r->problems) {
-      problems.push_back({{"file", p.file}, {"offset", p.offset}, {"entries", p.entries}, {"problem", p.what}});
+      problems.push_back({{"file", p.file}, {"offset", p.offset}, {"entries", p.entries}, {"blobs", p.blobs}, {"problem", p.what}});
     }
     std::cout << json{{"checkpoint", r->checkpoint}, {"ok", r->problems.empty()}, {"files", r->files},
                       {"bytes_checked", r->bytes_checked}, {"blocks_checked", r->blocks_checked}, {"problems", problems},
@@ -234,7 +250,7 @@ int Verify(int argc, char** argv) {
   } else {
     for (const VerifyProblem& p : r->problems) {
       std::fprintf(stderr, "%s/%s at offset %llu (%s): %s\n", r->checkpoint.c_str(), p.file.c_str(),
-                   static_cast<unsigned long long>(p.offset), p.entries.c_str(), p.what.c_str());
+                   static_cast<unsigned long long>(p.offset), HoldersText(p).c_str(), p.what.c_str());
     }
     // A DCP folder has no block checksums: say what was checked instead of "0 blocks checked".
     const std::string checked = r->blocks_checked > 0 || (r->checksums && r->files == 0)
@@ -292,10 +308,9 @@ int ConsolidateCommand(int argc, char** argv) {
   if (vm.count("exclude")) options.exclude = vm["exclude"].as<std::vector<std::string>>();
   if (vm.count("strip-prefix")) options.strip_prefix = vm["strip-prefix"].as<std::string>();
   if (vm.count("dtype")) {
-    const std::map<std::string, DType> casts = {{"bf16", DType::kBFloat16}, {"fp16", DType::kFloat16}, {"fp32", DType::kFloat32}};
-    auto it = casts.find(vm["dtype"].as<std::string>());
-    if (it == casts.end()) throw Usage{"--dtype must be bf16, fp16 or fp32"};
-    options.cast = it->second;
+    Result<DType> cast = ParseCastDType(vm["dtype"].as<std::string>());
+    if (!cast.ok()) throw Usage{"--" + cast.status().message()};
+    options.cast = *cast;
   }
   if (vm.count("max-shard-size")) {
     if (options.format != ExportFormat::kSafetensors) throw Usage{"--max-shard-size applies to safetensors output"};
@@ -347,6 +362,9 @@ int Convert(bool import, int argc, char** argv) {
   options.world_size = vm["world-size"].as<int>();
   options.layout = vm["layout"].as<std::string>();
   if (options.world_size < 1) throw Usage{"--world-size must be at least 1"};
+  if (options.layout != "flat" && options.layout != "dim0" && options.layout != "replicated") {
+    throw Usage{"--layout '" + options.layout + "': use flat, dim0 or replicated"};
+  }
   ProgressBar bar(import ? "import" : "reshard", !vm.count("json"));
   options.progress = [&](uint64_t d, uint64_t t) { bar.Update(d, t); };
   const std::string input = vm[import ? "FILE" : "CHECKPOINT"].as<std::string>();
@@ -449,11 +467,12 @@ int List(int argc, char** argv) {
   po::variables_map vm = Parse("list", flags, "ROOT", argc, argv);
   const std::string root = vm["ROOT"].as<std::string>();
   RetentionPolicy policy = PolicyFrom(vm);
-  if (PathExists(JoinPath(root, kManifestName))) {
-    return Fail(InvalidArgument(root + " is a checkpoint, not a root: list the folder that holds its step folders"));
-  }
+  if (Status root_ok = RefuseCheckpointAsRoot(root, "list"); !root_ok.ok()) return Fail(root_ok);
   Result<std::vector<CheckpointInfo>> all = ListCheckpoints(root);
   if (!all.ok()) return Fail(all.status());
+  // The preview refuses what prune would refuse, rather than show removals that will not happen.
+  Status recorded = CheckMetricRecorded(policy, root, *all);
+  if (!recorded.ok()) return Fail(recorded);
   const std::string latest = ReadLatestName(root);
   PlanRetention(policy, latest, &*all);
   if (vm.count("json")) {
@@ -486,27 +505,21 @@ int Prune(int argc, char** argv) {
   if (policy.KeepsEverything()) throw Usage{"prune needs --keep-last K and/or --keep-best K (K >= 1)"};
   const bool dry_run = vm.count("dry-run") > 0;
   if (!IsDirectory(root)) return Fail(NotFound(root + " is not a folder"));
-  if (PathExists(JoinPath(root, kManifestName))) {
-    return Fail(InvalidArgument(root + " is a checkpoint, not a root: prune the folder that holds its step folders"));
-  }
+  if (Status root_ok = RefuseCheckpointAsRoot(root, "prune"); !root_ok.ok()) return Fail(root_ok);
   // The writer lock: a save into this root and a prune never interleave (a save waits for it).
-  Result<RootLock> lock = RootLock::AcquireForPrune(root);
-  if (!lock.ok()) return Fail(lock.status());
+  // A dry run writes nothing, not even the lock files, and shows a moment's view.
+  std::optional<RootLock> lock;
+  if (!dry_run) {
+    Result<RootLock> held = RootLock::AcquireForPrune(root);
+    if (!held.ok()) return Fail(held.status());
+    lock.emplace(std::move(*held));
+  }
   if (policy.keep_best > 0) {
     // A misspelt metric would make nothing best: every checkpoint but the newest would go.
     Result<std::vector<CheckpointInfo>> ranked = ListCheckpoints(root);
     if (!ranked.ok()) return Fail(ranked.status());
-    std::set<std::string> recorded;
-    for (const CheckpointInfo& c : *ranked) {
-      for (const auto& [name, value] : c.metrics) recorded.insert(name);
-    }
-    if (!recorded.count(policy.metric)) {
-      std::string names;
-      for (const std::string& name : recorded) names += (names.empty() ? "" : ", ") + name;
-      return Fail(InvalidArgument("no checkpoint in " + root + " records the metric '" + policy.metric +
-                                  "' (recorded: " + (names.empty() ? "none" : names) +
-                                  "); nothing removed, since --keep-best would keep none"));
-    }
+    Status recorded = CheckMetricRecorded(policy, root, *ranked);
+    if (!recorded.ok()) return Fail(recorded);
   }
   std::vector<std::string> leftovers;
   if (!dry_run) {
@@ -515,8 +528,10 @@ int Prune(int argc, char** argv) {
   }
   Result<std::vector<CheckpointInfo>> all = ListCheckpoints(root, /*with_manifests=*/false, /*with_bytes=*/false);
   if (!all.ok()) return Fail(all.status());
+  // A dry run beside a live save must not call the save's temporary folder a leftover.
+  const bool save_running = dry_run && RootLock::Held(root);
   for (const CheckpointInfo& c : *all) {
-    if (!c.committed) leftovers.push_back(c.name);
+    if (!c.committed && !(save_running && c.temp)) leftovers.push_back(c.name);
   }
   if (!dry_run) {
     Status cleaned = RemoveStaleTempDirs(root);
@@ -526,9 +541,16 @@ int Prune(int argc, char** argv) {
   if (!r.ok()) return Fail(r.status());
   r->removed.insert(r->removed.begin(), leftovers.begin(), leftovers.end());
   if (vm.count("json")) {
-    std::cout << json{{"root", root}, {"dry_run", dry_run}, {"removed", r->removed}, {"deferred", r->deferred}}.dump(2)
+    std::cout << json{{"root", root}, {"dry_run", dry_run}, {"removed", r->removed}, {"deferred", r->deferred},
+                      {"save_running", save_running}}
+                     .dump(2)
               << "\n";
     return 0;
+  }
+  if (save_running) {
+    std::printf("a save or prune holds %s now: temporary folders are not listed (they may be its own), and "
+                "prune without --dry-run fails until it is done\n",
+                root.c_str());
   }
   for (const std::string& name : r->removed) std::printf("%s %s\n", dry_run ? "would remove" : "removed", JoinPath(root, name).c_str());
   for (const std::string& name : r->deferred) std::printf("kept for now (a reader holds it): %s\n", JoinPath(root, name).c_str());
@@ -537,7 +559,7 @@ int Prune(int argc, char** argv) {
 }
 
 const char* kUsage =
-    "usage: shardckpt COMMAND [options]   (COMMAND --help for each)\n"
+    "usage: shardckpt COMMAND [options]   (COMMAND --help for each; --version)\n"
     "  CHECKPOINT: a shardckpt checkpoint (or its root: the newest) or a PyTorch DCP folder\n"
     "  inspect CHECKPOINT       what a checkpoint holds\n"
     "  verify CHECKPOINT        read everything, check every checksum\n"
@@ -550,7 +572,23 @@ const char* kUsage =
 
 }  // namespace
 
+// import and reshard write every rank's file at once, each with its own descriptor and ring: at
+// the default soft limit of 1024 open files a reshard to about 500 ranks failed. The hard limit
+// is the operator's ceiling; the soft one is only a default, which a tool that needs more raises.
+void RaiseOpenFileLimit() {
+  struct rlimit limit {};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &limit);
+  }
+}
+
 int main(int argc, char** argv) {
+  RaiseOpenFileLimit();
+  if (argc >= 2 && std::string(argv[1]) == "--version") {
+    std::printf("shardckpt %s (checkpoint format %d.%d)\n", kVersion, kFormatMajor, kFormatMinor);
+    return 0;
+  }
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
@@ -569,6 +607,13 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const Usage& u) {
     std::fprintf(stderr, "shardckpt %s: %s\n", command.c_str(), u.message.c_str());
+    // --json is looked for in argv: the error may be that the flags did not parse at all.
+    for (int i = 2; i < argc; ++i) {
+      if (std::string(argv[i]) == "--json") {
+        PrintJsonError("Usage", u.message);
+        break;
+      }
+    }
     return 2;
   }
 }

@@ -43,6 +43,7 @@
 #endif
 #include "shardckpt/engine/core/async_save.h"
 #include "shardckpt/engine/core/checkpoint_dir.h"
+#include "shardckpt/engine/core/commit.h"
 #include "shardckpt/engine/core/load.h"
 #include "shardckpt/engine/core/save.h"
 #include "shardckpt/engine/core/save_plan_cache.h"
@@ -104,6 +105,35 @@ struct Config {
             {"horizon_steps", adamw.horizon_steps}};
   }
 };
+
+// Every flag's range, checked before training starts: out of range, libtorch aborted the ranks
+// (a negative width, a dropout above 1), a zero batch trained on NaN, and a bad retention count
+// or a --ckpt that is a file failed only at the first save.
+Status ValidateConfig(const Config& c) {
+  auto at_least = [](const char* flag, double value, double least) {
+    return value >= least ? Status::Ok()
+                          : InvalidArgument(std::string(flag) + " must be at least " + std::to_string(static_cast<int64_t>(least)) +
+                                            ", not " + std::to_string(static_cast<int64_t>(value)));
+  };
+  SC_RETURN_IF_ERROR(at_least("--steps", static_cast<double>(c.steps), 0));
+  SC_RETURN_IF_ERROR(at_least("--save-every", static_cast<double>(c.save_every), 0));
+  SC_RETURN_IF_ERROR(at_least("--keep-last", c.keep_last, 0));
+  SC_RETURN_IF_ERROR(at_least("--keep-best", c.keep_best, 0));
+  SC_RETURN_IF_ERROR(at_least("--global-batch", static_cast<double>(c.global_batch), 1));
+  SC_RETURN_IF_ERROR(at_least("--hidden", static_cast<double>(c.hidden), 1));
+  auto text = [](double value) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%g", value);
+    return std::string(buf);
+  };
+  if (!(c.dropout >= 0 && c.dropout < 1)) return InvalidArgument("--dropout must be a probability in [0, 1), not " + text(c.dropout));
+  if (!(c.preempt_grace_s >= 0)) return InvalidArgument("--preempt-grace-s must be seconds >= 0, not " + text(c.preempt_grace_s));
+  if (c.copy_while_training && !c.async_save) return InvalidArgument("--copy-while-training needs --async-save");
+  if (!c.ckpt.empty() && PathExists(c.ckpt) && !IsDirectory(c.ckpt)) {
+    return InvalidArgument("--ckpt " + c.ckpt + " is a file, not a folder to save checkpoints in");
+  }
+  return Status::Ok();
+}
 
 std::string GeneratorState(at::Generator& gen) {
   at::Tensor state = gen.get_state();
@@ -201,11 +231,24 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
       say(line);
     }
   }
+  // Where the run saves, checked before training rather than at its first save: a checkpoint
+  // folder given for the root, or (resumed) a root holding a later step than the run's.
+  if (!config.ckpt.empty()) {
+    Status root_ok = Status::Ok();
+    if (rank == 0) root_ok = resume ? CheckNoLaterStep(config.ckpt, step) : RefuseCheckpointAsRoot(config.ckpt, "save into");
+    root_ok = AgreeOnStatus(comm, root_ok);
+    if (!root_ok.ok()) {
+      std::fprintf(stderr, "rank %d: cannot save into --ckpt %s: %s%s\n", rank, config.ckpt.c_str(),
+                   root_ok.message().c_str(), config.resume_from.empty() ? "" : " (with --resume-from OLD, pass --ckpt NEW_ROOT)");
+      return 1;
+    }
+  }
 
-  std::unique_ptr<AsyncSaver> saver;
   // --copy-while-training: the state the copy reads until the next step's Fence, and whether
-  // that Fence is still due.
+  // that Fence is still due. Declared before the saver, so that it outlives it: a run that
+  // returns early (a failed step) ends the saver, which waits for a copy still reading it.
   ShardedState started;
+  std::unique_ptr<AsyncSaver> saver;
   bool fence_due = false;
   std::shared_ptr<SaveHandle> pending;
   Clock::time_point pending_started;
@@ -503,29 +546,29 @@ int main(int argc, char** argv) {
       ("seed", po::value(&config.seed)->default_value(1234), "seed of data, init and dropout")
       ("global-batch", po::value(&config.global_batch)->default_value(48), "samples per step over all ranks")
       ("hidden", po::value(&config.hidden)->default_value(1024), "hidden width")
-      ("dropout", po::value(&config.dropout)->default_value(0.1), "dropout probability")
+      ("dropout", po::value(&config.dropout)->default_value(0.1, "0.1"), "dropout probability")
       ("dump-params", po::value(&config.dump_params), "write the final gathered parameters here (rank 0)")
       ("device", po::value(&config.device)->default_value("cpu"),
        "cpu | cuda: where parameters, moments and compute live (cuda: a CUDA libtorch and NCCL)");
   po::variables_map vm;
+  std::string usage_error;
   try {
     po::store(po::parse_command_line(argc, argv, flags), vm);
     po::notify(vm);
+    if (Status valid = ValidateConfig(config); !valid.ok() && !vm.count("help")) usage_error = valid.message();
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "shardckpt-train: %s\n", e.what());
-    return 2;
-  }
-  if (config.copy_while_training && !config.async_save) {
-    std::fprintf(stderr, "shardckpt-train: --copy-while-training needs --async-save\n");
-    return 2;
-  }
-  if (!(config.preempt_grace_s >= 0)) {
-    std::fprintf(stderr, "shardckpt-train: --preempt-grace-s must be seconds >= 0, not %g\n", config.preempt_grace_s);
-    return 2;
+    usage_error = e.what();
   }
   int code;
   {
     auto comm = CreateMpiCommunicator().value();
+    if (!usage_error.empty()) {
+      std::fprintf(stderr, "shardckpt-train: %s\n", usage_error.c_str());
+      // Every rank has printed before any exits: mpirun ends the job at the first nonzero exit,
+      // and a rank still starting would be killed before naming the flag.
+      AgreeOnStatus(*comm, InvalidArgument(usage_error)).IgnoreError();
+      return 2;
+    }
     if (vm.count("help")) {
       if (comm->rank() == 0) std::cout << flags << "\n" << kExitStatusHelp;
       return 0;

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # The demo trainer's promises, run by CTest: bash train_case.sh TRAIN_BINARY WORKDIR CASE
+#   bad-flags      every flag out of range exits 2 on every rank naming it, before training
 #   exact-resume   steps 21-30 after resuming from step 20 print exactly the uninterrupted losses;
 #                  --resume-weights-only does not
 #   reshard N M    a run saved at N ranks resumed at M follows the uninterrupted N-rank run within
@@ -35,7 +36,8 @@
 #   preempt-startup  SIGTERM to every rank while MPI starts (the moment MPI_Init installs its own
 #                  handlers): every rank stops after the same step (the first), which is saved, exit 0
 #   launcher-tstp  SIGTSTP to launch/mpirun.sh's process group pauses the ranks; SIGCONT resumes them
-#   log-follow     progress lines reach a pipe and a file as they happen, not at exit
+#   log-follow     progress lines reach a pipe and a file as they happen, not at exit; launch/mpirun.sh
+#                  reads --np=N, -n=N and -c N
 #   slurm-requeue  launch/slurm.sbatch with srun and scontrol stubbed: SIGUSR1 to the batch shell
 #                  (what --signal=B:USR1@180 sends) stops the ranks with a final checkpoint, the
 #                  script requeues the job, and the next attempt resumes to the uninterrupted losses
@@ -96,6 +98,27 @@ stop_step() {  # NP LOG: the step after which every one of NP ranks said it stop
 }
 
 case "$case" in
+  bad-flags)  # every flag out of range: exit 2 on every rank with the flag named, before training
+    touch "$work/afile"
+    while IFS='|' read -r flags message; do
+      set +e; run 2 "$train" "${small[@]}" $flags > "$work/bad.log" 2>&1; rc=$?; set -e
+      [ $rc = 2 ] && [ "$(grep -c "^shardckpt-train: $message" "$work/bad.log")" = 2 ] && ! grep -q '^step ' "$work/bad.log" ||
+        { echo "flags '$flags': exit $rc, expected 2 and '$message' from both ranks:"; cat "$work/bad.log"; exit 1; }
+    done <<EOF2
+--dropout 1.5|--dropout must be a probability in \[0, 1), not 1.5$
+--dropout -0.1|--dropout must be a probability
+--hidden -3|--hidden must be at least 1, not -3
+--hidden 0|--hidden must be at least 1, not 0
+--global-batch 0|--global-batch must be at least 1, not 0
+--steps -1|--steps must be at least 0, not -1
+--save-every -1|--save-every must be at least 0, not -1
+--keep-last -1|--keep-last must be at least 0, not -1
+--keep-best -2|--keep-best must be at least 0, not -2
+--ckpt $work/afile|--ckpt $work/afile is a file, not a folder to save checkpoints in
+--copy-while-training|--copy-while-training needs --async-save
+--preempt-grace-s -1|--preempt-grace-s must be seconds >= 0
+EOF2
+    run 1 "$train" --help | grep -qE -- '--dropout arg \(=0\.1\)' ;;
   exact-resume)
     run 2 "$train" "${small[@]}" --steps 30 > "$work/full.log"
     run 2 "$train" "${small[@]}" --ckpt "$work/a" --steps 20 --save-every 10 > "$work/first.log"
@@ -111,6 +134,24 @@ case "$case" in
     grep -q "resumed from $work/a/step-000000020 at step 20" "$work/from.log"
     diff <(losses "$work/full.log" 21 30) <(losses "$work/from.log" 21 30)
     test -f "$work/from/step-000000030/manifest.json"
+    # --resume-from an earlier step of the root it saves into (which holds step 20): refused by
+    # every rank before training, not at its first save.
+    set +e; run 2 "$train" "${small[@]}" --ckpt "$work/a" --steps 30 --save-every 10 \
+      --resume-from "$work/a/step-000000010" > "$work/back.log" 2>&1; rc=$?; set -e
+    [ $rc = 1 ] && [ "$(grep -c "is earlier than step-000000020, the newest checkpoint in $work/a" "$work/back.log")" = 2 ] &&
+      grep -q -- "with --resume-from OLD, pass --ckpt NEW_ROOT" "$work/back.log" && ! grep -q '^step ' "$work/back.log" ||
+      { echo "resume-from an earlier step into its own root: exit $rc"; cat "$work/back.log"; exit 1; }
+    # --ckpt a checkpoint folder, not its root: refused before training, nothing written in it.
+    before=$(ls -A "$work/a/step-000000020")
+    set +e; run 2 "$train" "${small[@]}" --ckpt "$work/a/step-000000020" --steps 30 --save-every 10 --resume \
+      > "$work/folder.log" 2>&1; rc=$?; set -e
+    [ $rc = 1 ] && [ "$(grep -c "is a checkpoint, not a root" "$work/folder.log")" = 2 ] && ! grep -q '^step ' "$work/folder.log" &&
+      [ "$(ls -A "$work/a/step-000000020")" = "$before" ] ||
+      { echo "--ckpt a checkpoint folder: exit $rc"; cat "$work/folder.log"; ls -A "$work/a/step-000000020"; exit 1; }
+    set +e; run 2 "$train" "${small[@]}" --ckpt "$work/a/step-000000020" --steps 30 --save-every 10 \
+      > "$work/folder.log" 2>&1; rc=$?; set -e  # not resuming: the same
+    [ $rc = 1 ] && [ "$(grep -c "is a checkpoint, not a root" "$work/folder.log")" = 2 ] && ! grep -q '^step ' "$work/folder.log" ||
+      { echo "--ckpt a checkpoint folder without --resume: exit $rc"; cat "$work/folder.log"; exit 1; }
     [ "$(losses "$work/resumed.log" 21 30 | wc -l)" -eq 10 ]
     run 2 "$train" "${small[@]}" --ckpt "$work/w" --steps 20 --save-every 20 > /dev/null
     run 2 "$train" "${small[@]}" --ckpt "$work/w" --steps 30 --resume-weights-only > "$work/weights.log"
@@ -140,7 +181,18 @@ case "$case" in
     grep -q "at step 10" "$work/resumed.log"
     diff <(losses "$work/full.log" 11 30) <(losses "$work/resumed.log" 11 30)
     if run 2 "$train" "${small[@]}" --steps 1 --copy-while-training 2> "$work/flag.err"; then exit 1; fi
-    grep -q "needs --async-save" "$work/flag.err" ;;
+    grep -q "needs --async-save" "$work/flag.err"
+    # A step that fails while the copy of step 2 still runs: the run ends with the step's error
+    # (exit 1) and step 2 commits; the copy's state outlived the saver (it was freed first, and
+    # the copy read freed memory: std::bad_alloc, terminate, exit 134, nothing committed).
+    set +e
+    run 2 -x SHARDCKPT_FAILPOINTS="train.step#3=EIO;async.snapshot=sleep:1500" "$train" "${small[@]}" \
+      --ckpt "$work/f" --steps 6 --save-every 2 --async-save --copy-while-training > "$work/failed.log" 2>&1
+    rc=$?
+    set -e
+    [ $rc = 1 ] && grep -q "rank 0: IoError: step 3" "$work/failed.log" && ! grep -q "terminate called" "$work/failed.log" ||
+      { echo "a step failing during the copy: exit $rc"; cat "$work/failed.log"; exit 1; }
+    test "$(cat "$work/f/latest")" = step-000000002 ;;
   reshard)
     n=$1; m=$2
     run "$n" "$train" "${small[@]}" --steps 30 > "$work/full.log"
@@ -233,6 +285,15 @@ PY
     cat "$work/dry.out"
     [ "$(ls "$work/r")" = "$before" ] || { echo "prune --dry-run removed something"; exit 1; }
     [ "$(grep -c '^would remove' "$work/dry.out")" -eq "$(( $(echo "$before" | grep -c '^step-') - 1 ))" ]
+    # Beside a live save (its lock held), the save's temporary folder is not called a leftover.
+    tmp_dir="$work/r/step-000000070.tmp-0123456789abcdef"
+    mkdir "$tmp_dir"
+    flock "$work/r/.shardckpt.lock" "$cli" prune "$work/r" --keep-last 1 --dry-run > "$work/live.out"
+    grep -q "^a save or prune holds $work/r now" "$work/live.out" && ! grep -q "tmp-0123456789abcdef" "$work/live.out" ||
+      { echo "prune --dry-run beside a live save:"; cat "$work/live.out"; exit 1; }
+    "$cli" prune "$work/r" --keep-last 1 --dry-run | grep -q "^would remove $tmp_dir" ||
+      { echo "prune --dry-run did not list a dead save's temporary folder"; exit 1; }
+    rmdir "$tmp_dir"
     # A metric no checkpoint records would make nothing best: refused, naming it, nothing removed.
     if "$cli" prune "$work/r" --keep-last 1 --keep-best 2 --metric val_loss > "$work/typo.out" 2>&1; then
       echo "prune by a metric no checkpoint records succeeded"; exit 1
@@ -397,7 +458,14 @@ PY
     wait_for "$work/file.log" '^step 3 loss'
     kill -0 "$job" 2> /dev/null || { echo "step 3 reached the log file only when the job ended"; exit 1; }
     wait "$job"
-    [ "$(losses "$work/file.log" 1 30 | wc -l)" -eq 30 ] ;;
+    [ "$(losses "$work/file.log" 1 30 | wc -l)" -eq 30 ]
+    # The launcher reads the rank count in mpirun's other spellings too: more ranks than cores
+    # need --oversubscribe, which it adds only when it knows the count.
+    more=$(( $(nproc) + 2 ))
+    for spelling in "--np=$more" "-c $more" "-n=$more"; do
+      # shellcheck disable=SC2086  # the spelling is two words or one
+      [ "$("$launcher" $spelling hostname | wc -l)" -eq "$more" ] || { echo "launcher $spelling: not $more ranks"; exit 1; }
+    done ;;
   slurm-requeue)
     run 2 "$train" "${small[@]}" --steps 40 > "$work/full.log"
     mkdir -p "$work/bin" "$work/submit/build/bin"
@@ -410,9 +478,9 @@ PY
     printf '#!/usr/bin/env bash\necho "$*" >> %q\n' "$work/scontrol.calls" > "$work/bin/scontrol"
     chmod +x "$work/bin/srun" "$work/bin/scontrol"
     slurm=(env PATH="$work/bin:$PATH" SLURM_JOB_ID=4242 SLURM_CPUS_PER_TASK=1 SLURM_NNODES=1 SLURM_NTASKS=2
-           CKPT="$work/s" STEPS=40 SAVE_EVERY=10)
+           SLURM_SUBMIT_DIR="$work/submit" CKPT="$work/s" STEPS=40 SAVE_EVERY=10 DEVICE=cpu)
     sbatch=$(cd "$(dirname "$0")/../../launch" && pwd)/slurm.sbatch
-    cd "$work/submit"
+    cd "$work"  # not the submit folder: the script finds the trainer from SLURM_SUBMIT_DIR
     "${slurm[@]}" SLURM_RESTART_COUNT=0 SHARDCKPT_FAILPOINTS="$pace" bash "$sbatch" > "$work/attempt0.log" 2>&1 &
     job=$!
     wait_for "$work/attempt0.log" '^step 12 loss'
