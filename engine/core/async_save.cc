@@ -36,9 +36,13 @@ Status Guarded(F&& f) {
   }
 }
 
-// std::async throws std::system_error when no thread can be made (a pids limit).
+// std::async throws std::system_error when no thread can be made (a pids limit); the failpoint
+// async.thread stands for that in tests.
 template <typename F>
 Result<std::shared_future<Result<SaveResult>>> StartThread(F&& f) {
+  if (Status injected = Failpoint("async.thread", "the save's thread"); !injected.ok()) {
+    return Internal("cannot start the save's thread: " + injected.message());
+  }
   try {
     return std::async(std::launch::async, std::forward<F>(f)).share();
   } catch (const std::system_error& e) {
@@ -185,8 +189,14 @@ Result<std::shared_ptr<SaveHandle>> AsyncSaver::StartSave(const std::string& roo
                       return shardckpt::Save(*comm, root, step, snapshot_, options);
                     });
   if (!started.ok()) {
-    snapshot_taken_ = {};
-    return started.status();
+    // The other ranks' threads agree on their snapshots: this rank's failure joins that agreement
+    // from here, so that every rank's fence reports it, rather than the others waiting in the
+    // agreement until the collective deadline.
+    Status agreed = AgreeOnStatus(*comm, started.status().WithContext("snapshot of step " + std::to_string(step)));
+    taken->set_value(agreed);
+    std::promise<Result<SaveResult>> failed;
+    failed.set_value(agreed);
+    started = failed.get_future().share();
   }
   handle->result_ = std::move(*started);
   in_flight_ = handle;

@@ -125,7 +125,13 @@ case "$case" in
     # Copy while training (issue 14 part 7): StartSave, then the fence before the tensors change.
     run 2 -- async "$work/deferred" --step 5 --staging-bytes 65536 --deferred 1
     run 2 -x SHARDCKPT_FAILPOINTS="async.snapshot@1=EIO" -- async "$work/deferred-failing" --step 5 --deferred 1 \
-      --expect "IoError: rank 1: snapshot of step 5" ;;
+      --expect "IoError: rank 1: snapshot of step 5"
+    # No thread for the persist on one rank (a pids limit): every rank fails, none waits in the
+    # save's collectives for the deadline, and the next save goes ahead.
+    run 2 -x SHARDCKPT_FAILPOINTS="async.thread@1#1=EAGAIN" -- async "$work/no-thread" --step 5 \
+      --expect "Internal: rank 1: cannot start the save's thread" --expect "injected at failpoint async.thread" --then-succeeds 1
+    run 2 -x SHARDCKPT_FAILPOINTS="async.thread@1#1=EAGAIN" -- async "$work/no-thread-deferred" --step 5 --deferred 1 \
+      --expect "Internal: rank 1: snapshot of step 5: cannot start the save's thread" --then-succeeds 1 ;;
   replicated-reads) # issue 14 part 4: replicated state read once and broadcast (batched), or by
               # every rank; chosen by option or environment, the same on every rank
     run 3 -- save "$work/root" --family replicated --step 4

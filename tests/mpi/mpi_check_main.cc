@@ -56,6 +56,7 @@ struct Args {
   std::string replicated_reads = "auto";  // load: auto | broadcast | every-rank
   uint64_t broadcast_batch = 16u << 20;   // load: LoadOptions::broadcast_batch_bytes
   bool deferred = false;                  // async: StartSave + Fence (copy while training)
+  bool then_succeeds = false;             // async: after the expected failure, the next save works
   bool no_rank_blobs = false; // load: a checkpoint written by `shardckpt reshard`
   // load: 1, every rank reads its own file ahead (where io_uring and O_DIRECT work); 0, none does.
   int expect_read_ahead = -1;
@@ -242,12 +243,18 @@ int DoAsync(Communicator& comm, const Args& a) {
     return handle;
   };
   Result<std::shared_ptr<SaveHandle>> first = save(a.step);
-  if (!first.ok() && a.deferred && !a.expect.empty()) {  // a snapshot failure, from the fence on every rank
+  if (!first.ok() && !a.expect.empty()) {  // a snapshot failure: from Save, or from the fence, on every rank
     Status waited = (*saver)->Wait();
-    if (waited.ToString() != first.status().ToString()) {
+    if (a.deferred && waited.ToString() != first.status().ToString()) {
       return Fail(rank, "the handle says '" + waited.ToString() + "' but the fence said '" + first.status().ToString() + "'");
     }
-    return CheckExpected(comm, a, first.status().ToString());
+    if (int failed = CheckExpected(comm, a, first.status().ToString()); failed != 0 || !a.then_succeeds) return failed;
+    // The failure was one-shot: the saver serves the next save as if nothing had happened.
+    Result<std::shared_ptr<SaveHandle>> next = save(a.step + 1);
+    Status persisted = next.ok() ? (*next)->Wait() : next.status();
+    if (!persisted.ok()) return Fail(rank, "the save after the failed one: " + persisted.ToString());
+    std::printf("rank %d: OK the next save succeeded\n", rank);
+    return 0;
   }
   if (!first.ok()) return Fail(rank, "snapshot: " + first.status().ToString());
   for (auto& buffer : held.buffers) std::fill(buffer.begin(), buffer.end(), 0xEE);  // the loop moves on
@@ -524,6 +531,7 @@ int main(int argc, char** argv) {
       else if (flag == "--manifest-sharing") a.manifest_sharing = argv[i + 1];
       else if (flag == "--unverified-rank") a.unverified_rank = std::atoi(argv[i + 1]);
       else if (flag == "--deferred") a.deferred = std::atoi(argv[i + 1]) != 0;
+      else if (flag == "--then-succeeds") a.then_succeeds = std::atoi(argv[i + 1]) != 0;
       else if (flag == "--broadcast-batch") a.broadcast_batch = std::strtoull(argv[i + 1], nullptr, 10);
       else if (flag == "--many-small") AddManySmallEntries(std::atoi(argv[i + 1]));
       else if (flag == "--no-rank-blobs") a.no_rank_blobs = std::atoi(argv[i + 1]) != 0;
