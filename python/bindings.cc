@@ -27,6 +27,7 @@
 #include "shardckpt/engine/core/save_plan_cache.h"
 #include "shardckpt/engine/core/staging_cache.h"
 #include "shardckpt/engine/core/verify.h"
+#include "shardckpt/engine/formats/dcp_read.h"
 #include "shardckpt/io/failpoint.h"
 #include "shardckpt/io/log.h"
 
@@ -341,7 +342,10 @@ py::tuple LoadCall(Comm& comm, const std::string& path, const std::vector<PieceT
   out["unexpected"] = report.unexpected;
   py::dict blobs;
   for (const auto& [name, blob] : report.blobs) {
-    blobs[py::str(name)] = py::make_tuple(blob.available, py::bytes(blob.bytes), blob.reason);
+    // A DCP byte item's bytes object, tagged as the package tags bytes: untagged bytes that
+    // began with another tag would be read as that.
+    py::bytes data = blob.python_bytes ? py::bytes(std::string("\0B", 2) + blob.bytes) : py::bytes(blob.bytes);
+    blobs[py::str(name)] = py::make_tuple(blob.available, data, blob.reason);
   }
   out["blobs"] = blobs;
   out["bytes_wanted"] = report.bytes_wanted;
@@ -479,6 +483,10 @@ py::tuple InspectCall(const std::string& path) {
     d["chunks"] = e.chunks.size();
     entries.append(d);
   }
+  // A DCP folder's byte items say whether they hold plain values, as `inspect --json` does.
+  const bool dcp = IsDcpFolder(hold->dir());
+  Result<std::map<std::string, std::string>> opaque = DcpOpaqueByteItems(hold->dir(), *m);
+  if (!opaque.ok()) return Reply(opaque.status());
   py::list blobs;
   for (const BlobRecord& b : m->blobs) {
     py::dict d;
@@ -486,6 +494,8 @@ py::tuple InspectCall(const std::string& path) {
     d["scope"] = b.scope == BlobScope::kGlobal ? "global" : "per_rank";
     d["rank"] = b.rank;
     d["bytes"] = b.bytes;
+    if (dcp) d["plain"] = !opaque->count(b.name);
+    if (auto why = opaque->find(b.name); why != opaque->end()) d["not_plain_because"] = why->second;
     blobs.append(d);
   }
   uint64_t file_bytes = 0;

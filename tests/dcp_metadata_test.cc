@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "shardckpt/engine/formats/dcp_metadata.h"
+#include "shardckpt/engine/formats/torch_pickle.h"
 #include "shardckpt/engine/model/manifest.h"
 #include "shardckpt/engine/model/manifest_wire.h"
 
@@ -78,10 +79,19 @@ TEST(ParsedDcpMetadata, ProtocolsAndOpcodesOutsideTheSetAreRefused) {
   EXPECT_NE(Message(ParseDcpMetadata("\x80\x02N.", "m").status()).find("not a Metadata"), std::string::npos);
 }
 
-TEST(ParsedDcpMetadata, PlainPicklesOnly) {
-  EXPECT_TRUE(CheckPlainPickle("\x80\x02K\x03.").ok());
-  EXPECT_TRUE(CheckPlainPickle(P("\x80\x02](X\x01\x00\x00\x00" "aX\x01\x00\x00\x00" "be.")).ok());
-  EXPECT_FALSE(CheckPlainPickle(std::string("\x80\x02") + "ctorch\nSize\n.").ok());
+TEST(ParsedDcpMetadata, ByteItemsHoldPlainValuesOnly) {
+  // What a byte item's data.pkl may hold is what UnpickleValueBlob restores: plain values, bytes
+  // in protocol 2's form (torch.save's) and protocol 3's; no other global.
+  Result<std::string> three = UnpickleValueBlob("\x80\x02K\x03.");
+  ASSERT_TRUE(three.ok()) << three.status().ToString();
+  EXPECT_EQ(three->substr(2), "3");
+  EXPECT_TRUE(UnpickleValueBlob(P("\x80\x02](X\x01\x00\x00\x00" "aX\x01\x00\x00\x00" "be.")).ok());
+  Result<std::string> codecs = UnpickleValueBlob(P("\x80\x02" "c_codecs\nencode\n(X\x02\x00\x00\x00" "abX\x06\x00\x00\x00" "latin1tR."));
+  ASSERT_TRUE(codecs.ok()) << codecs.status().ToString();
+  EXPECT_NE(codecs->find("\"bytes\""), std::string::npos);
+  EXPECT_TRUE(UnpickleValueBlob(P("\x80\x03" "B\x02\x00\x00\x00" "ab.")).ok());
+  EXPECT_FALSE(UnpickleValueBlob(std::string("\x80\x02") + "ctorch\nSize\n.").ok());
+  EXPECT_FALSE(UnpickleValueBlob(P("\x80\x02" "cposix\nsystem\n(X\x02\x00\x00\x00" "lstR.")).ok());
 }
 
 Manifest DcpLikeManifest() {

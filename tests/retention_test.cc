@@ -265,6 +265,13 @@ TEST_F(RetentionTest, ARootWithoutLatestResolvesToItsNewestCommittedCheckpoint) 
   Result<std::string> none = ResolveCheckpoint(JoinPath(dir_.path(), "empty"));
   EXPECT_EQ(none.status().code(), Code::kNotFound);
   EXPECT_THAT(none.status().message(), HasSubstr("neither a checkpoint"));
+  // DCP data files without their .metadata: named as an incomplete DCP folder.
+  const std::string dcp = JoinPath(dir_.path(), "dcp");
+  ASSERT_TRUE(MakeDirs(dcp).ok());
+  ASSERT_TRUE(WriteFileAtomic(JoinPath(dcp, "__0_0.distcp"), "x", "test").ok());
+  Result<std::string> partial = ResolveCheckpoint(dcp);
+  EXPECT_EQ(partial.status().code(), Code::kNotFound);
+  EXPECT_THAT(partial.status().message(), HasSubstr(dcp + " holds PyTorch DCP data files (*.distcp) but no .metadata"));
 }
 
 // A listing is a snapshot: a save that renames its new step in after a reader listed the root

@@ -183,6 +183,14 @@ Result<std::string> ResolveCheckpoint(const std::string& path) {
       return NotFound(path + " is not a committed checkpoint (no " + kManifestName +
                       "): it is being removed by retention or prune, or its save did not finish");
     }
+    // DCP's data files without their index: the folder was copied partly, or its save died
+    // before rank 0 wrote .metadata (which DCP writes last).
+    Result<std::vector<std::string>> names = ListDir(path);
+    if (names.ok() && std::any_of(names->begin(), names->end(), [](const std::string& n) { return EndsWith(n, ".distcp"); })) {
+      return NotFound(path + " holds PyTorch DCP data files (*.distcp) but no " + kDcpMetadataFile +
+                      ", the index DCP writes last: the folder is incomplete (a save that did not finish, or a "
+                      "partial copy), and cannot be read without it");
+    }
     return NotFound(path + " is neither a checkpoint (no " + kManifestName + ") nor a root (no " + kLatestName +
                     " and no committed step folder)");
   }

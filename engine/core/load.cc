@@ -97,6 +97,28 @@ Result<Manifest> ReadManifestFile(const std::string& path, std::string* text_out
   return m;
 }
 
+namespace {
+
+// A DCP folder's byte items are torch.save zips of Python values: handed out as the values
+// (DecodeDcpByteItem), or as unavailable with the reason (BlobResult::bytes keeps the zip).
+// Every rank decodes the same bytes, so every rank reaches the same verdict.
+void DecodeDcpByteItems(LoadReport* report) {
+  for (auto& [name, blob] : report->blobs) {
+    if (!blob.available) continue;
+    Result<DcpByteItemBlob> value = DecodeDcpByteItem(blob.bytes, name);
+    if (!value.ok()) {
+      blob.available = false;
+      blob.reason = "a DCP byte item holding more than plain values (" + value.status().message() +
+                    "): shardckpt runs no pickled code (torch.distributed.checkpoint.load would unpickle it in full)";
+      continue;
+    }
+    blob.bytes = std::move(value->bytes);
+    blob.python_bytes = value->is_bytes;
+  }
+}
+
+}  // namespace
+
 Result<LoadReport> Load(Communicator& comm, const std::string& path, const ShardedState& targets,
                         const LoadOptions& options) {
   using namespace load_phases;
@@ -136,6 +158,7 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
   SC_RETURN_IF_ERROR(ShareReplicated(comm, manifest, targets, match, options, &report));
   clock.Lap("replicated");
   ReleaseOffThePath(std::move(read.manifest));
+  if (IsDcpFolder(read.dir)) DecodeDcpByteItems(&report);
   return report;
 }
 

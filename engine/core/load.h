@@ -91,6 +91,11 @@ struct BlobResult {
   bool available = false;
   std::string bytes;
   std::string reason;  // why not, when unavailable
+  // A DCP folder's byte item holding a Python bytes object: `bytes` are its bytes. Its other
+  // byte items come as value blobs (kPickleValueTag and typed JSON, torch_pickle.h), or, when
+  // they hold more than plain values, unavailable with `bytes` the item's torch.save zip (which
+  // the Python package hands to torch's weights_only unpickler).
+  bool python_bytes = false;
 };
 
 struct LoadReport {

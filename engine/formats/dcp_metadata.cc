@@ -79,7 +79,7 @@ Result<std::string> MemoryFormatName(int64_t value) {
 
 class Machine : public PickleStack<Value> {
  public:
-  Machine(const std::string& data, bool allow_globals) : PickleStack(data.size()), data_(data), allow_globals_(allow_globals) {}
+  explicit Machine(const std::string& data) : PickleStack(data.size()), data_(data) {}
 
   Result<Value*> Run() {
     if (!data_.empty() && static_cast<unsigned char>(data_[0]) != 0x80) return RefuseProtocolZeroOrOne();
@@ -103,7 +103,7 @@ class Machine : public PickleStack<Value> {
   Status Global(const std::string& module, const std::string& name) {
     // Protocols below 3 name Python 3's builtins module as Python 2 did (pickle's fix_imports).
     const std::string full = (module == "__builtin__" ? std::string("builtins") : module) + "." + name;
-    if (!allow_globals_ || (!Classes().count(full) && !OtherGlobals().count(full))) {
+    if (!Classes().count(full) && !OtherGlobals().count(full)) {
       return InvalidArgument("global '" + full + "' is not allowed (only the classes DCP's metadata pickles are; "
                              "nothing in the file is executed)");
     }
@@ -327,7 +327,6 @@ class Machine : public PickleStack<Value> {
   }
 
   const std::string& data_;
-  const bool allow_globals_;
   std::deque<std::string> owned_;
   Value* none_ = nullptr;
   Value* bools_[2] = {nullptr, nullptr};
@@ -431,7 +430,7 @@ Status Storage(const Value* key, const Value* info, ParsedDcpStorage* s) {
 
 Result<ParsedDcpMetadata> ParseDcpMetadata(const std::string& pickle, const std::string& origin) {
   auto run = [&]() -> Result<ParsedDcpMetadata> {
-    Machine machine(pickle, true);
+    Machine machine(pickle);
     SC_ASSIGN_OR_RETURN(const Value* root, machine.Run());
     if (!IsObject(root, "Metadata")) return Bad("the pickle holds a " + std::string(KindName(root->kind)) + ", not a Metadata");
     ParsedDcpMetadata out;
@@ -467,7 +466,5 @@ Result<ParsedDcpMetadata> ParseDcpMetadata(const std::string& pickle, const std:
   if (!out.ok()) return out.status().WithContext(origin);
   return out;
 }
-
-Status CheckPlainPickle(const std::string& pickle) { return Machine(pickle, false).Run().status(); }
 
 }  // namespace shardckpt

@@ -56,8 +56,4 @@ struct ParsedDcpMetadata {
 // Values are returned as stated: offsets and sizes are checked against the files by dcp_read.h.
 Result<ParsedDcpMetadata> ParseDcpMetadata(const std::string& pickle, const std::string& origin);
 
-// A byte item's torch.save pickle (data.pkl) holds only plain values (None, bool, int, float,
-// string, tuple, list, dict), so restoring it runs nothing: OK, or why not.
-Status CheckPlainPickle(const std::string& pickle);
-
 }  // namespace shardckpt

@@ -139,12 +139,12 @@ Status LocateChunk(const ByteSource& file, const ParsedDcpStorage& s, DType dtyp
   return Status::Ok();
 }
 
-// The byte item's data.pkl, checked to hold plain values only.
-Result<std::string> PlainByteItemPickle(ByteSource item) {
+// The byte item's data.pkl as a value blob, or why it holds more than plain values: the one
+// reader of byte items, so what inspect calls plain is what consolidate and import restore.
+Result<std::string> ByteItemValueBlob(ByteSource item) {
   SC_ASSIGN_OR_RETURN(ZipReader zip, ZipReader::Open(std::move(item)));
   SC_ASSIGN_OR_RETURN(std::string pickle, zip.ReadRecord(zip.prefix() + "data.pkl", kMaxChunkPickleBytes));
-  SC_RETURN_IF_ERROR(CheckPlainPickle(pickle));
-  return pickle;
+  return UnpickleValueBlob(pickle);
 }
 
 }  // namespace
@@ -334,7 +334,7 @@ Result<std::map<std::string, std::string>> DcpOpaqueByteItems(const std::string&
   for (const BlobRecord& b : m.blobs) {
     SC_ASSIGN_OR_RETURN(ByteSource file, ByteSource::OpenFile(JoinPath(dir, m.files[b.file].name)));
     SC_ASSIGN_OR_RETURN(ByteSource slice, file.Slice(b.offset, b.bytes, "byte item '" + b.name + "'"));
-    Status plain = PlainByteItemPickle(std::move(slice)).status();
+    Status plain = ByteItemValueBlob(std::move(slice)).status();
     if (!plain.ok()) out.emplace(b.name, plain.message());
   }
   return out;
@@ -345,8 +345,19 @@ std::string OpaqueByteItemSkipped(const std::string& name, const std::string& re
 }
 
 Result<std::string> DcpByteItemValue(const std::string& item, const std::string& name) {
-  SC_ASSIGN_OR_RETURN(std::string pickle, PlainByteItemPickle(ByteSource::FromBytes(item, "byte item '" + name + "'")));
-  return UnpickleValueBlob(pickle);
+  return ByteItemValueBlob(ByteSource::FromBytes(item, "byte item '" + name + "'"));
+}
+
+Result<DcpByteItemBlob> DecodeDcpByteItem(const std::string& item, const std::string& name) {
+  DcpByteItemBlob out;
+  SC_ASSIGN_OR_RETURN(out.bytes, DcpByteItemValue(item, name));
+  const nlohmann::json value = nlohmann::json::parse(out.bytes.begin() + 2, out.bytes.end(), nullptr, false);
+  const auto tag = value.is_object() ? value.find("__shardckpt__") : value.end();
+  if (tag != value.end() && *tag == "bytes" && value.contains("v") && value["v"].is_string()) {
+    SC_ASSIGN_OR_RETURN(out.bytes, Base64Decode(value["v"].get<std::string>()));
+    out.is_bytes = true;
+  }
+  return out;
 }
 
 }  // namespace shardckpt

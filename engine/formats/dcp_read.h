@@ -43,8 +43,8 @@ Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* 
 // unreadable .sha256 is a problem. `checked` gets how many files had one, `bytes` their size.
 std::vector<DcpProblem> CheckDcpSha256Files(const std::string& dir, const Manifest& m, uint64_t* checked, uint64_t* bytes);
 
-// Byte items whose torch.save pickle holds anything but plain values (refused by
-// CheckPlainPickle), by name with the reason: listed by inspect, restored by nobody. Empty for a
+// Byte items whose torch.save pickle holds anything but plain values (None, bool, int, float,
+// str, bytes, and lists, tuples and dicts of them: what UnpickleValueBlob takes), by name with the reason: listed by inspect, restored by nobody. Empty for a
 // folder that is not a DCP folder.
 Result<std::map<std::string, std::string>> DcpOpaqueByteItems(const std::string& dir, const Manifest& m);
 // How consolidate and import name such an item among what they did not write.
@@ -54,5 +54,14 @@ std::string OpaqueByteItemSkipped(const std::string& name, const std::string& re
 // (kPickleValueTag and typed JSON, torch_pickle.h), so consolidate writes it into a .pt and
 // import keeps it typed; an error saying why when its pickle holds more than plain values.
 Result<std::string> DcpByteItemValue(const std::string& item, const std::string& name);
+
+// A byte item as a load hands it out: a Python bytes object as its bytes (`is_bytes`: what the
+// C++ API's raw blobs are, and what `shardckpt export` makes of them), any other plain value as
+// its value blob (DcpByteItemValue); an error saying why not.
+struct DcpByteItemBlob {
+  bool is_bytes = false;
+  std::string bytes;
+};
+Result<DcpByteItemBlob> DecodeDcpByteItem(const std::string& item, const std::string& name);
 
 }  // namespace shardckpt

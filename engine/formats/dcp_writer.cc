@@ -203,7 +203,7 @@ std::string PickleContiguousTensor(DType dtype, const Shape& sizes) {
 }
 
 Result<std::string> PickleBlobValue(const std::string& blob) {
-  PickleWriter p(3);
+  PickleWriter p(2);  // as torch.save writes: its bytes are what torch 2.x's weights_only reads
   if (blob.size() >= 2 && blob[0] == '\0') {
     const char tag = blob[1];
     if (tag == 'B' || tag == 'b') {  // bytes, or a bytearray's bytes (written as bytes)
@@ -211,7 +211,7 @@ Result<std::string> PickleBlobValue(const std::string& blob) {
     } else if (tag == 'J') {
       nlohmann::ordered_json value = nlohmann::ordered_json::parse(blob.begin() + 2, blob.end(), nullptr, false);
       if (value.is_discarded()) return InvalidArgument("its JSON does not parse");
-      SC_RETURN_IF_ERROR(WriteTypedJson(p, value, true));
+      SC_RETURN_IF_ERROR(WriteTypedJson(p, value));
     } else if (tag == 'T') {
       return Status(Code::kUnimplemented, "it is a per-rank tensor, which a DCP folder has no place for");
     } else {

@@ -14,7 +14,7 @@ namespace {
 
 constexpr const char* kTag = "__shardckpt__";
 
-Status TypedJson(PickleWriter& p, const nlohmann::ordered_json& v, bool allow_bytes, int depth) {
+Status TypedJson(PickleWriter& p, const nlohmann::ordered_json& v, int depth) {
   if (depth > 200) return InvalidArgument("nested more than 200 deep");
   switch (v.type()) {
     case nlohmann::ordered_json::value_t::null: p.None(); return Status::Ok();
@@ -27,7 +27,7 @@ Status TypedJson(PickleWriter& p, const nlohmann::ordered_json& v, bool allow_by
       p.EmptyList();
       if (!v.empty()) {
         p.Mark();
-        for (const nlohmann::ordered_json& item : v) SC_RETURN_IF_ERROR(TypedJson(p, item, allow_bytes, depth + 1));
+        for (const nlohmann::ordered_json& item : v) SC_RETURN_IF_ERROR(TypedJson(p, item, depth + 1));
         p.Appends();
       }
       return Status::Ok();
@@ -41,7 +41,7 @@ Status TypedJson(PickleWriter& p, const nlohmann::ordered_json& v, bool allow_by
       p.Mark();
       for (auto it = v.begin(); it != v.end(); ++it) {
         p.String(it.key());
-        SC_RETURN_IF_ERROR(TypedJson(p, it.value(), allow_bytes, depth + 1));
+        SC_RETURN_IF_ERROR(TypedJson(p, it.value(), depth + 1));
       }
       p.SetItems();
     }
@@ -59,27 +59,7 @@ Status TypedJson(PickleWriter& p, const nlohmann::ordered_json& v, bool allow_by
   const bool bytes_like = kind == "bytes" || kind == "bytearray";
   if (bytes_like && value.is_string()) {
     SC_ASSIGN_OR_RETURN(std::string bytes, Base64Decode(value.get<std::string>()));
-    if (allow_bytes) {
-      p.Bytes(bytes);
-      return Status::Ok();
-    }
-    // Protocol 2 has no bytes opcode: _codecs.encode(the bytes as latin1 code points, "latin1"),
-    // as Python pickles them (torch 2.x's weights_only reader takes it; 1.13's refuses it).
-    std::string latin1;
-    for (unsigned char c : bytes) {
-      if (c < 0x80) {
-        latin1 += static_cast<char>(c);
-      } else {
-        latin1 += static_cast<char>(0xC0 | (c >> 6));
-        latin1 += static_cast<char>(0x80 | (c & 0x3F));
-      }
-    }
-    p.Global("_codecs", "encode");
-    p.Mark();
-    p.String(latin1);
-    p.String("latin1");
-    p.Tuple();
-    p.Reduce();
+    p.Bytes(bytes);
     return Status::Ok();
   }
   if (kind == "int" && value.is_string()) {  // wider than 64 bits: little-endian two's complement, in hex
@@ -91,7 +71,7 @@ Status TypedJson(PickleWriter& p, const nlohmann::ordered_json& v, bool allow_by
   }
   if (kind == "tuple" && value.is_array()) {
     p.Mark();
-    for (const nlohmann::ordered_json& item : value) SC_RETURN_IF_ERROR(TypedJson(p, item, allow_bytes, depth + 1));
+    for (const nlohmann::ordered_json& item : value) SC_RETURN_IF_ERROR(TypedJson(p, item, depth + 1));
     p.Tuple();
     return Status::Ok();
   }
@@ -101,8 +81,8 @@ Status TypedJson(PickleWriter& p, const nlohmann::ordered_json& v, bool allow_by
       p.Mark();
       for (const nlohmann::ordered_json& pair : value) {
         if (!pair.is_array() || pair.size() != 2) return InvalidArgument("a malformed dict item");
-        SC_RETURN_IF_ERROR(TypedJson(p, pair[0], allow_bytes, depth + 1));
-        SC_RETURN_IF_ERROR(TypedJson(p, pair[1], allow_bytes, depth + 1));
+        SC_RETURN_IF_ERROR(TypedJson(p, pair[0], depth + 1));
+        SC_RETURN_IF_ERROR(TypedJson(p, pair[1], depth + 1));
       }
       p.SetItems();
     }
@@ -172,10 +152,25 @@ void PickleWriter::String(const std::string& utf8) {
 }
 
 void PickleWriter::Bytes(const std::string& bytes) {
-  s_ += 'B';  // BINBYTES
-  uint32_t n = static_cast<uint32_t>(bytes.size());
-  s_.append(reinterpret_cast<const char*>(&n), 4);
-  s_ += bytes;
+  // Protocol 2 has no bytes opcode: _codecs.encode(the bytes as latin1 code points, "latin1"), as
+  // Python and torch.save pickle them. torch 2.x's weights_only reader takes this form and
+  // refuses protocol 3's BINBYTES; 1.13's refuses both.
+  std::string latin1;
+  latin1.reserve(bytes.size());
+  for (unsigned char c : bytes) {
+    if (c < 0x80) {
+      latin1 += static_cast<char>(c);
+    } else {
+      latin1 += static_cast<char>(0xC0 | (c >> 6));
+      latin1 += static_cast<char>(0x80 | (c & 0x3F));
+    }
+  }
+  Global("_codecs", "encode");
+  Mark();
+  String(latin1);
+  String("latin1");
+  Tuple();
+  Reduce();
 }
 
 void PickleWriter::Global(const std::string& module, const std::string& name) {
@@ -215,8 +210,8 @@ std::string PickleWriter::Finish() {
   return std::move(s_);
 }
 
-Status WriteTypedJson(PickleWriter& w, const nlohmann::ordered_json& value, bool allow_bytes) {
-  return TypedJson(w, value, allow_bytes, 0);
+Status WriteTypedJson(PickleWriter& w, const nlohmann::ordered_json& value) {
+  return TypedJson(w, value, 0);
 }
 
 }  // namespace shardckpt

@@ -30,7 +30,7 @@ class PickleWriter {
   // An integer of any width: its little-endian two's complement bytes (LONG1, or LONG4 past 255).
   void LongBytes(const std::string& little_endian);
   void String(const std::string& utf8);
-  // Protocol 3 and later: a `bytes` object.
+  // A `bytes` object, as protocol 2 pickles it (_codecs.encode), which every protocol reads.
   void Bytes(const std::string& bytes);
   void Global(const std::string& module, const std::string& name);
   void Mark() { s_ += '('; }
@@ -58,8 +58,7 @@ class PickleWriter {
 
 // The Python package's typed JSON of a value (python/shardckpt/_state.py: None, bool, int, float
 // with non-finite ones tagged, str, list, and tagged tuples, dicts with other keys, integers past
-// 64 bits, and base64 bytes) as opcodes building that value. Bytes are BINBYTES with
-// `allow_bytes` (protocol 3), else _codecs.encode(str, "latin1") as protocol 2 writes them.
-Status WriteTypedJson(PickleWriter& w, const nlohmann::ordered_json& value, bool allow_bytes);
+// 64 bits, and base64 bytes) as opcodes building that value; bytes as Bytes() writes them.
+Status WriteTypedJson(PickleWriter& w, const nlohmann::ordered_json& value);
 
 }  // namespace shardckpt

@@ -65,7 +65,7 @@ Status PutNode(PickleWriter& w, const std::vector<PickleTensor>& tensors, const 
     case PickleNode::kValue: {
       nlohmann::ordered_json v = nlohmann::ordered_json::parse(node.json, nullptr, false);
       if (v.is_discarded()) return InvalidArgument("a value's JSON does not parse");
-      return WriteTypedJson(w, v, false);  // a protocol 2 pickle: no bytes
+      return WriteTypedJson(w, v);
     }
     case PickleNode::kDict:
       if (depth == 0) {

@@ -140,10 +140,39 @@ std::string GeneratorState(at::Generator& gen) {
   return std::string(static_cast<const char*>(state.data_ptr()), state.numel());
 }
 
-void SetGeneratorState(at::Generator& gen, const std::string& bytes) {
-  at::Tensor state = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
-  std::memcpy(state.data_ptr(), bytes.data(), bytes.size());
-  gen.set_state(state);
+Status SetGeneratorState(at::Generator& gen, const BlobResult& blob, const std::string& name) {
+  if (!blob.available) return NotFound(blob.reason.empty() ? "the checkpoint holds no '" + name + "' blob" : blob.reason);
+  at::Tensor state = at::empty({static_cast<int64_t>(blob.bytes.size())}, at::kByte);
+  std::memcpy(state.data_ptr(), blob.bytes.data(), blob.bytes.size());
+  try {
+    gen.set_state(state);
+  } catch (const std::exception& e) {  // c10::Error: not a generator's state of this libtorch
+    return DataLoss("blob '" + name + "' is not a CPU generator's state (" + std::to_string(blob.bytes.size()) + " bytes)");
+  }
+  return Status::Ok();
+}
+
+// The trainer's own blobs, checked before use: a checkpoint another program wrote (a DCP
+// folder from dcp.save, a `shardckpt reshard` output) may lack them or hold something else.
+// The same on every rank: they are global blobs, and the per-rank one falls back to a seed.
+Result<int64_t> RestoreTrainerBlobs(const LoadReport& report, at::Generator& dropout) {
+  static const BlobResult kAbsent{};
+  auto blob = [&](const char* name) -> const BlobResult& {
+    auto it = report.blobs.find(name);
+    return it == report.blobs.end() ? kAbsent : it->second;
+  };
+  const BlobResult& trainer = blob("trainer");
+  if (!trainer.available) {
+    return NotFound("no 'trainer' blob (the step and data position shardckpt-train saves)" +
+                    (trainer.reason.empty() ? std::string() : " (" + trainer.reason + ")") +
+                    ": resume from a checkpoint shardckpt-train wrote, or with --resume-weights-only");
+  }
+  const nlohmann::json state = nlohmann::json::parse(trainer.bytes, nullptr, false);
+  if (!state.is_object() || !state.contains("step") || !state["step"].is_number_integer() || state["step"].get<int64_t>() < 0) {
+    return DataLoss("blob 'trainer' is not shardckpt-train's state (a JSON object with a whole 'step')");
+  }
+  SC_RETURN_IF_ERROR(SetGeneratorState(dropout, blob("rng.dropout"), "rng.dropout"));
+  return state["step"].get<int64_t>();
 }
 
 int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Config& config,
@@ -213,17 +242,18 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
           "): fresh optimizer, scheduler and RNG");
     } else {
       model.AfterLoad();
-      const BlobResult& trainer = report->blobs["trainer"];
-      nlohmann::json state = nlohmann::json::parse(trainer.bytes);
-      step = state.at("step").get<int64_t>();
-      SetGeneratorState(model.dropout_generator(), report->blobs["rng.dropout"].bytes);
-      const BlobResult& rng = report->blobs["rng"];
+      Result<int64_t> restored = RestoreTrainerBlobs(*report, model.dropout_generator());
+      if (!restored.ok()) {
+        std::fprintf(stderr, "rank %d: resume failed: %s\n", rank, restored.status().WithContext(report->path).ToString().c_str());
+        return 1;
+      }
+      step = *restored;
+      auto rng_blob = report->blobs.find("rng");
       at::Generator own = at::detail::getDefaultCPUGenerator();
-      if (rng.available) {
-        SetGeneratorState(own, rng.bytes);
-      } else {
+      Status rng = SetGeneratorState(own, rng_blob == report->blobs.end() ? BlobResult{} : rng_blob->second, "rng");
+      if (!rng.ok()) {
         own.set_current_seed(config.seed * 7919 + 1000003ull * static_cast<uint64_t>(step) + static_cast<uint64_t>(rank));
-        say("per-rank RNG states not restored (" + rng.reason + "); reseeded each rank from (seed, rank, step)");
+        say("per-rank RNG states not restored (" + rng.message() + "); reseeded each rank from (seed, rank, step)");
       }
       char line[256];
       std::snprintf(line, sizeof(line), "resumed from %s at step %lld (saved by %d ranks) in %.2fs", report->path.c_str(),

@@ -357,7 +357,11 @@ def load(state_dict: Dict[str, Any], path: str, *, strict: bool = True, strip_pr
             elif available:
                 values[name] = decode_blob(data, name, current)
             else:
-                unavailable[name] = reason
+                restored, value = _weights_only(data, reason)
+                if restored:
+                    values[name] = value
+                else:
+                    unavailable[name] = value
     except ShardckptError as failure:
         error = (failure.code, failure.message)
     raise_for(*comm.agree(*error)[:2])
@@ -372,6 +376,24 @@ def load(state_dict: Dict[str, Any], path: str, *, strict: bool = True, strip_pr
                       bytes_read_ahead=raw["bytes_read_ahead"],
                       every_rank_parsed_manifest=raw["every_rank_parsed_manifest"])
 
+
+
+def _weights_only(data: bytes, reason: str) -> Tuple[bool, Any]:
+    """A DCP byte item the engine does not read (more than plain values: a dtype, a tensor, an
+    object) comes with its torch.save zip: torch's weights_only unpickler, which runs no code
+    either, may restore it. (True, value), or (False, why not)."""
+    if not data.startswith(b"PK\x03\x04"):
+        return False, reason
+    import io
+    try:
+        return True, torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as error:  # noqa: BLE001 - any refusal: the item stays unavailable, with why
+        # torch's message is mostly advice to run the pickle; the reason is the line naming
+        # what it refused ("unsupported GLOBAL posix.system", 1.13's "Unsupported class ...").
+        text = str(error)
+        lines = [line.strip() for line in text.replace("WeightsUnpickler error: ", "\n").splitlines()]
+        why = next((line for line in lines if "nsupported" in line), lines[0] if lines else type(error).__name__)
+        return False, "%s; torch.load(weights_only=True) refuses it too: %s" % (reason, why)
 
 
 # ---- Async save -----------------------------------------------------------------------------
@@ -585,8 +607,9 @@ def release_staging() -> None:
 def inspect(path: str) -> Dict[str, Any]:
     """What a checkpoint holds (``shardckpt inspect --json``): a dict with ``checkpoint``,
     ``step``, ``world_size``, ``format_version``, ``created``, ``metrics``, ``entries`` (each
-    ``{"name", "dtype", "shape", "bytes", "chunks"}``), ``blobs``, ``tensor_bytes``, ``files``
-    and ``file_bytes``. ``path``: a checkpoint folder or a root (its newest checkpoint)."""
+    ``{"name", "dtype", "shape", "bytes", "chunks"}``), ``blobs`` (of a PyTorch DCP folder with
+    ``plain``, and ``not_plain_because`` where it holds more than plain values), ``tensor_bytes``,
+    ``files`` and ``file_bytes``. ``path``: a checkpoint folder or a root (its newest checkpoint)."""
     from . import _core
     code, message, out = _core.inspect(str(path))
     raise_for(code, message)

@@ -317,13 +317,5 @@ def decode_blob(data: bytes, name: str, target: Any = None) -> Any:
             return tensor.clone()
     except (ValueError, KeyError, TypeError, RuntimeError, UnicodeDecodeError) as error:
         raise DataLoss("blob '%s' cannot be decoded: %s" % (name, error)) from None
-    if data.startswith(b"PK\x03\x04"):
-        # A PyTorch DCP folder's byte item (read in place: engine/formats/dcp_read.h) is the
-        # torch.save of the value: restored by torch's restricted unpickler, which runs nothing;
-        # anything it refuses (or a C++ blob that merely looks like a zip) stays bytes.
-        import io
-        try:
-            return torch.load(io.BytesIO(data), weights_only=True)
-        except Exception:  # noqa: BLE001 - refused or not a torch.save: the bytes as they are
-            pass
+    # A DCP folder's byte items reach here decoded by the engine (typed JSON, or tagged bytes).
     return bytes(data)

@@ -5,7 +5,7 @@
 // only this .metadata, so every data file is missing: the shape, layout and name checks behind
 // the parse run, and no count or offset it states is allocated or followed). Checked: a folder
 // read without problems is a manifest ValidateManifest accepts, its byte items' bytes inside
-// their files; and CheckPlainPickle (byte items) never crashes on the same bytes.
+// their files; and UnpickleValueBlob (how byte items are read) never crashes on the same bytes.
 #include <unistd.h>
 
 #include <cstddef>
@@ -17,6 +17,7 @@
 
 #include "shardckpt/engine/formats/dcp_metadata.h"
 #include "shardckpt/engine/formats/dcp_read.h"
+#include "shardckpt/engine/formats/torch_pickle.h"
 #include "shardckpt/engine/model/manifest.h"
 #include "shardckpt/io/fs.h"
 #include "shardckpt/io/log.h"
@@ -39,7 +40,7 @@ const std::string& Scratch() {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   SetLogLevel(LogLevel::kOff);
   const std::string pickle(reinterpret_cast<const char*>(data), size);
-  CheckPlainPickle(pickle).IgnoreError();
+  UnpickleValueBlob(pickle).status().IgnoreError();
   if (!ParseDcpMetadata(pickle, "fuzz").ok()) return 0;
   {
     std::ofstream out(JoinPath(Scratch(), kDcpMetadataFile), std::ios::binary | std::ios::trunc);

@@ -204,6 +204,8 @@ def test_byte_items_that_are_not_plain_are_reported_never_run(tmp_path):
     blobs = {b["name"]: b for b in json.loads(run.stdout)["blobs"]}
     assert blobs["n"]["plain"] and not blobs["dt"]["plain"] and not blobs["evil"]["plain"]
     assert "posix.system" in blobs["evil"]["not_plain_because"]
+    ours = {b["name"]: b for b in shardckpt.inspect(folder)["blobs"]}  # the same from Python
+    assert ours["n"]["plain"] and not ours["evil"]["plain"] and "posix.system" in ours["evil"]["not_plain_because"]
     report = shardckpt.import_checkpoint(folder, str(tmp_path / "root"), 2)
     assert sorted(s.split(" ")[0] for s in report["skipped"]) == ["dt", "evil"]
     assert {b["name"] for b in shardckpt.inspect(report["path"])["blobs"]} == {"n"}
@@ -212,7 +214,48 @@ def test_byte_items_that_are_not_plain_are_reported_never_run(tmp_path):
     skipped = {s.split(" ")[0]: s for s in out["skipped"]}
     assert sorted(skipped) == ["dt", "evil"], out["skipped"]
     assert "a DCP byte item that is not plain values" in skipped["dt"] and "posix.system" in skipped["evil"], skipped
+    # Loaded in place: a dtype is what torch's weights_only unpickler restores; the object is
+    # reported unavailable with both refusals, and the target keeps its value.
+    target = {"w": torch.zeros(2), "n": 0, "dt": None, "evil": "kept"}
+    report = shardckpt.load(target, folder)
+    assert target["n"] == 5 and target["dt"] == torch.float16 and target["evil"] == "kept", target
+    assert list(report.unavailable) == ["evil"], report.unavailable
+    assert "global 'posix.system' is not allowed" in report.unavailable["evil"], report.unavailable
+    assert "weights_only=True) refuses it too" in report.unavailable["evil"], report.unavailable
+    assert "posix.system" in report.unavailable["evil"].split("refuses it too")[1], report.unavailable
     assert not os.path.exists(marker)
+
+
+def test_bytes_values_survive_export_and_a_read_in_place(tmp_path):
+    # Bytes are written as torch.save writes them (_codecs.encode), which torch 2.x's weights_only
+    # reader takes; read back in place they are the bytes, not the item's zip. A value that
+    # begins with one of the package's own tags stays bytes too.
+    import torch.distributed.checkpoint as dcp
+    state = {"w": torch.arange(3.0), "raw": b'{"a":1}', "tagged": b"\x00J{\xff", "blob": bytearray(b"xyz"),
+             "cfg": {"k": b"\x80\x00", "t": (1, "a")}}
+    saved = shardckpt.save(state, str(tmp_path / "root"), step=3, comm=shardckpt.single_process())
+    folder = str(tmp_path / "dcp")
+    shardckpt.export(saved.path, folder)
+    plain = {b["name"]: b["plain"] for b in shardckpt.inspect(folder)["blobs"]}
+    assert plain == {"raw": True, "tagged": True, "blob": True, "cfg": True}, plain
+    target = {"w": torch.zeros(3), "raw": b"", "tagged": b"", "blob": bytearray(), "cfg": None}
+    report = shardckpt.load(target, folder, comm=shardckpt.single_process())
+    assert report.unavailable == {}, report.unavailable
+    assert target["raw"] == b'{"a":1}' and target["tagged"] == b"\x00J{\xff" and target["blob"] == b"xyz", target
+    assert target["cfg"] == {"k": b"\x80\x00", "t": (1, "a")}, target["cfg"]
+    theirs = {"w": torch.zeros(3), "raw": b"", "tagged": b"", "blob": b"", "cfg": None}
+    dcp.load(theirs, checkpoint_id=folder, no_dist=True)
+    assert theirs["raw"] == b'{"a":1}' and theirs["tagged"] == b"\x00J{\xff" and theirs["cfg"]["k"] == b"\x80\x00"
+    # Each byte item is a torch.save zip that torch's weights_only reader restores.
+    import io
+    storage = dcp.FileSystemReader(folder).read_metadata().storage_data
+    restored = {}
+    for index, info in storage.items():
+        if index.fqn in ("raw", "blob", "cfg"):
+            with open(os.path.join(folder, info.relative_path), "rb") as f:
+                f.seek(info.offset)
+                restored[index.fqn] = torch.load(io.BytesIO(f.read(info.length)), weights_only=True)
+    assert restored == {"raw": b'{"a":1}', "blob": b"xyz", "cfg": {"k": b"\x80\x00", "t": (1, "a")}}, restored
 
 
 def test_optimizer_param_groups_that_dcp_flattened_come_back_as_one_value(tmp_path):

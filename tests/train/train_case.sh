@@ -7,6 +7,8 @@
 #                  a relative 1e-5 (only the order of floating-point reductions differs)
 #   killed         a rank SIGKILLed while writing the step-20 checkpoint; --resume restarts from
 #                  step 10 and the run completes with the uninterrupted losses
+#   dcp-export CLI a checkpoint exported to a DCP folder resumes at another world size (the
+#                  trainer's blobs are byte items there; the per-rank RNG is reseeded)
 #   keep-best CLI  saves at steps 10..60 with --keep-last 1 --keep-best 2 end with exactly the
 #                  newest checkpoint and the two with the lowest recorded loss; `list`, `inspect`
 #                  show the loss; `prune --dry-run` removes nothing, nor does `prune` by a metric no
@@ -250,6 +252,17 @@ PY
         { echo "the ranks did not say why --device cuda cannot run"; exit 1; }
       test ! -e "$work/d/latest" || { echo "a refused run wrote a checkpoint"; exit 1; }
     fi ;;
+  dcp-export)  # CLI: resumed from its own checkpoint exported to a PyTorch DCP folder, at another
+              # world size: the trainer's blobs come back as the bytes it saved (DCP byte items)
+    cli=$1
+    run 2 "$train" "${small[@]}" --ckpt "$work/a" --steps 20 --save-every 20 > /dev/null
+    "$cli" export "$work/a/step-000000020" --format dcp --out "$work/dcp" > /dev/null
+    run 3 "$train" "${small[@]}" --ckpt "$work/b" --steps 30 --save-every 30 --resume-from "$work/dcp" > "$work/dcp.log" 2>&1 ||
+      { cat "$work/dcp.log"; exit 1; }
+    grep -q "resumed from $work/dcp at step 20" "$work/dcp.log" &&
+      grep -q "per-rank RNG states not restored (the checkpoint holds no 'rng' blob)" "$work/dcp.log" &&
+      [ "$(losses "$work/dcp.log" 21 30 | wc -l)" -eq 10 ] && test -f "$work/b/step-000000030/manifest.json" ||
+      { echo "resume from the DCP export"; cat "$work/dcp.log"; exit 1; } ;;
   keep-best)  # CLI
     cli=$1
     # A small batch makes the loss noisy, so the best two are not the newest (checked below).
