@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "shardckpt/engine/formats/dcp_metadata.h"
+#include "shardckpt/engine/formats/dcp_read.h"
 #include "shardckpt/engine/formats/torch_pickle.h"
 #include "shardckpt/engine/model/manifest.h"
 #include "shardckpt/engine/model/manifest_wire.h"
@@ -91,6 +92,14 @@ TEST(ParsedDcpMetadata, ByteItemsHoldPlainValuesOnly) {
   EXPECT_NE(codecs->find("\"bytes\""), std::string::npos);
   EXPECT_TRUE(UnpickleValueBlob(P("\x80\x03" "B\x02\x00\x00\x00" "ab.")).ok());
   EXPECT_FALSE(UnpickleValueBlob(std::string("\x80\x02") + "ctorch\nSize\n.").ok());
+  // Calls that would come out as plain values with their types lost: refused, naming them.
+  Result<std::string> ordered = UnpickleValueBlob(std::string("\x80\x02") + "ccollections\nOrderedDict\n)R.");
+  ASSERT_FALSE(ordered.ok());
+  EXPECT_NE(ordered.status().message().find("a collections.OrderedDict is not a plain value"), std::string::npos)
+      << ordered.status().ToString();
+  Result<std::string> size = UnpickleValueBlob(std::string("\x80\x02") + "ctorch\nSize\n((K\x02K\x03ttR.");
+  ASSERT_FALSE(size.ok());
+  EXPECT_NE(size.status().message().find("a torch.Size is not a plain value"), std::string::npos) << size.status().ToString();
   EXPECT_FALSE(UnpickleValueBlob(P("\x80\x02" "cposix\nsystem\n(X\x02\x00\x00\x00" "lstR.")).ok());
 }
 
@@ -107,6 +116,20 @@ Manifest DcpLikeManifest() {
   e.chunks.push_back(ChunkRecord{0, 123, 24, Layout::Box({0, 0}, {2, 3})});  // unaligned: fine without checksums
   m.entries.push_back(e);
   return m;
+}
+
+TEST(DcpManifest, TheRanksThatReceiveItKnowItCameFromADcpFolder) {
+  Manifest m = DcpLikeManifest();
+  EXPECT_FALSE(BuiltFromDcpFolder(m));
+  m.created.user[kDcpSourceKey] = kDcpSourceValue;
+  EXPECT_TRUE(BuiltFromDcpFolder(m));
+  Result<Manifest> shared = DecodeManifestMessage(EncodeManifestMessage(m), "message");
+  ASSERT_TRUE(shared.ok()) << shared.status().message();
+  EXPECT_TRUE(BuiltFromDcpFolder(*shared));
+  // A checkpoint imported from a DCP folder may keep the mark; its files are shardckpt's own.
+  m.files.push_back(m.files[0]);
+  m.files.back().name = "rank-00000.bin";
+  EXPECT_FALSE(BuiltFromDcpFolder(m));
 }
 
 TEST(DcpManifest, FilesWithoutChecksumsExistOnlyInMemory) {

@@ -52,7 +52,9 @@ Result<std::shared_future<Result<SaveResult>>> StartThread(F&& f) {
 }  // namespace
 
 bool SaveHandle::Done() const {
-  return result_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  // Deferred: a save whose thread never started; its outcome is known, and Wait only agrees on it.
+  const std::future_status status = result_.wait_for(std::chrono::seconds(0));
+  return status == std::future_status::ready || status == std::future_status::deferred;
 }
 
 Result<std::unique_ptr<AsyncSaver>> AsyncSaver::Create(Communicator& comm, SaveOptions options) {
@@ -189,14 +191,16 @@ Result<std::shared_ptr<SaveHandle>> AsyncSaver::StartSave(const std::string& roo
                       return shardckpt::Save(*comm, root, step, snapshot_, options);
                     });
   if (!started.ok()) {
-    // The other ranks' threads agree on their snapshots: this rank's failure joins that agreement
-    // from here, so that every rank's fence reports it, rather than the others waiting in the
-    // agreement until the collective deadline.
-    Status agreed = AgreeOnStatus(*comm, started.status().WithContext("snapshot of step " + std::to_string(step)));
-    taken->set_value(agreed);
-    std::promise<Result<SaveResult>> failed;
-    failed.set_value(agreed);
-    started = failed.get_future().share();
+    // The other ranks' threads agree on their snapshots: this rank's failure joins that agreement,
+    // so that every rank's fence reports it, rather than the others waiting in it until the
+    // collective deadline. Joined at this rank's Fence or Wait, not here: returning at once lets
+    // this rank go on to its forward pass, whose collectives the others' snapshots may wait for
+    // (a snapshot of device tensors synchronizes the device, queued NCCL kernels included).
+    const Status failure = started.status().WithContext("snapshot of step " + std::to_string(step));
+    std::shared_future<Status> agreed =
+        std::async(std::launch::deferred, [comm, failure] { return AgreeOnStatus(*comm, failure); }).share();
+    snapshot_taken_ = agreed;
+    started = std::async(std::launch::deferred, [agreed]() -> Result<SaveResult> { return agreed.get(); }).share();
   }
   handle->result_ = std::move(*started);
   in_flight_ = handle;

@@ -66,6 +66,8 @@ class AsyncSaver {
   // without waiting for it. Until Fence() returns, the caller must not change the tensors (or
   // blobs) `state` points to, nor destroy `state`; reading them is fine. The persist follows the
   // copy in the background, as with Save. A previous persist still running is waited for first.
+  // Failures, a background thread that cannot be started included, are reported by Fence (and
+  // the handle) on every rank, never by StartSave on one rank alone.
   Result<std::shared_ptr<SaveHandle>> StartSave(const std::string& root, int64_t step, const ShardedState& state,
                                                 const std::map<std::string, double>& metrics = {});
   // Waits until the snapshot copy of the last StartSave is done (at once when none is pending)

@@ -101,7 +101,8 @@ namespace {
 
 // A DCP folder's byte items are torch.save zips of Python values: handed out as the values
 // (DecodeDcpByteItem), or as unavailable with the reason (BlobResult::bytes keeps the zip).
-// Every rank decodes the same bytes, so every rank reaches the same verdict.
+// Every rank decodes the same bytes of the same manifest (rank 0's), so every rank reaches the
+// same verdict.
 void DecodeDcpByteItems(LoadReport* report) {
   for (auto& [name, blob] : report->blobs) {
     if (!blob.available) continue;
@@ -157,8 +158,9 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
   // 6. Replicated entries: readers broadcast.
   SC_RETURN_IF_ERROR(ShareReplicated(comm, manifest, targets, match, options, &report));
   clock.Lap("replicated");
+  const bool dcp = BuiltFromDcpFolder(manifest);
   ReleaseOffThePath(std::move(read.manifest));
-  if (IsDcpFolder(read.dir)) DecodeDcpByteItems(&report);
+  if (dcp) DecodeDcpByteItems(&report);
   return report;
 }
 

@@ -142,8 +142,11 @@ Status LocateChunk(const ByteSource& file, const ParsedDcpStorage& s, DType dtyp
 // The byte item's data.pkl as a value blob, or why it holds more than plain values: the one
 // reader of byte items, so what inspect calls plain is what consolidate and import restore.
 Result<std::string> ByteItemValueBlob(ByteSource item) {
+  // The item's pickle is its value (bytes of any size): bounded by the item itself, which a
+  // stored record cannot outgrow, rather than by a tensor chunk's 1 MiB.
+  const uint64_t limit = std::max(kMaxChunkPickleBytes, item.size());
   SC_ASSIGN_OR_RETURN(ZipReader zip, ZipReader::Open(std::move(item)));
-  SC_ASSIGN_OR_RETURN(std::string pickle, zip.ReadRecord(zip.prefix() + "data.pkl", kMaxChunkPickleBytes));
+  SC_ASSIGN_OR_RETURN(std::string pickle, zip.ReadRecord(zip.prefix() + "data.pkl", limit));
   return UnpickleValueBlob(pickle);
 }
 
@@ -160,7 +163,7 @@ Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* 
   auto bad = [&](const std::string& what) { return DataLoss(meta_path + ": " + what); };
 
   Manifest m;
-  m.created.user["source_format"] = "torch.distributed.checkpoint (DCP)";
+  m.created.user[kDcpSourceKey] = kDcpSourceValue;
   if (!md.version.empty()) m.created.user["dcp_version"] = md.version;
   // Byte items and tensors are kept apart in the manifest: where each byte item sat among the
   // tensors, so that a consolidation writes the keys in .metadata's order.
@@ -346,6 +349,12 @@ std::string OpaqueByteItemSkipped(const std::string& name, const std::string& re
 
 Result<std::string> DcpByteItemValue(const std::string& item, const std::string& name) {
   return ByteItemValueBlob(ByteSource::FromBytes(item, "byte item '" + name + "'"));
+}
+
+bool BuiltFromDcpFolder(const Manifest& m) {
+  auto mark = m.created.user.find(kDcpSourceKey);
+  return mark != m.created.user.end() && mark->second == kDcpSourceValue &&
+         std::all_of(m.files.begin(), m.files.end(), [](const FileRecord& f) { return EndsWith(f.name, ".distcp"); });
 }
 
 Result<DcpByteItemBlob> DecodeDcpByteItem(const std::string& item, const std::string& name) {

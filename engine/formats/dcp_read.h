@@ -55,6 +55,14 @@ std::string OpaqueByteItemSkipped(const std::string& name, const std::string& re
 // import keeps it typed; an error saying why when its pickle holds more than plain values.
 Result<std::string> DcpByteItemValue(const std::string& item, const std::string& name);
 
+// What ReadDcpFolder records in the manifest's creation metadata, so that ranks that received
+// the manifest rather than reading the folder know it came from one (BuiltFromDcpFolder).
+inline constexpr const char* kDcpSourceKey = "source_format";
+inline constexpr const char* kDcpSourceValue = "torch.distributed.checkpoint (DCP)";
+// Whether `m` is ReadDcpFolder's: its mark, and only .distcp data files (a checkpoint imported
+// from a DCP folder may keep the mark among its metadata, but its files are shardckpt's).
+bool BuiltFromDcpFolder(const Manifest& m);
+
 // A byte item as a load hands it out: a Python bytes object as its bytes (`is_bytes`: what the
 // C++ API's raw blobs are, and what `shardckpt export` makes of them), any other plain value as
 // its value blob (DcpByteItemValue); an error saying why not.

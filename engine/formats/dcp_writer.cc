@@ -207,7 +207,7 @@ Result<std::string> PickleBlobValue(const std::string& blob) {
   if (blob.size() >= 2 && blob[0] == '\0') {
     const char tag = blob[1];
     if (tag == 'B' || tag == 'b') {  // bytes, or a bytearray's bytes (written as bytes)
-      p.Bytes(blob.substr(2));
+      SC_RETURN_IF_ERROR(p.Bytes(blob.substr(2)));
     } else if (tag == 'J') {
       nlohmann::ordered_json value = nlohmann::ordered_json::parse(blob.begin() + 2, blob.end(), nullptr, false);
       if (value.is_discarded()) return InvalidArgument("its JSON does not parse");
@@ -218,7 +218,7 @@ Result<std::string> PickleBlobValue(const std::string& blob) {
       return InvalidArgument("its tag \\x00" + std::string(1, tag) + " is unknown");
     }
   } else {
-    p.Bytes(blob);  // the C++ API's blobs are bytes
+    SC_RETURN_IF_ERROR(p.Bytes(blob));  // the C++ API's blobs are bytes
   }
   return p.Finish();
 }

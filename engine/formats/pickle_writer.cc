@@ -1,5 +1,7 @@
 #include "shardckpt/engine/formats/pickle_writer.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -59,8 +61,7 @@ Status TypedJson(PickleWriter& p, const nlohmann::ordered_json& v, int depth) {
   const bool bytes_like = kind == "bytes" || kind == "bytearray";
   if (bytes_like && value.is_string()) {
     SC_ASSIGN_OR_RETURN(std::string bytes, Base64Decode(value.get<std::string>()));
-    p.Bytes(bytes);
-    return Status::Ok();
+    return p.Bytes(bytes);
   }
   if (kind == "int" && value.is_string()) {  // wider than 64 bits: little-endian two's complement, in hex
     const std::string hex = value.get<std::string>();
@@ -151,12 +152,16 @@ void PickleWriter::String(const std::string& utf8) {
   s_ += utf8;
 }
 
-void PickleWriter::Bytes(const std::string& bytes) {
+Status PickleWriter::Bytes(const std::string& bytes) {
   // Protocol 2 has no bytes opcode: _codecs.encode(the bytes as latin1 code points, "latin1"), as
   // Python and torch.save pickle them. torch 2.x's weights_only reader takes this form and
   // refuses protocol 3's BINBYTES; 1.13's refuses both.
+  const uint64_t high = static_cast<uint64_t>(std::count_if(bytes.begin(), bytes.end(), [](char c) { return static_cast<unsigned char>(c) >= 0x80; }));
+  if (bytes.size() + high > UINT32_MAX) {
+    return InvalidArgument("bytes of " + std::to_string(bytes.size()) + " bytes: past the 4 GiB a protocol 2 pickle's string holds");
+  }
   std::string latin1;
-  latin1.reserve(bytes.size());
+  latin1.reserve(bytes.size() + high);
   for (unsigned char c : bytes) {
     if (c < 0x80) {
       latin1 += static_cast<char>(c);
@@ -171,6 +176,7 @@ void PickleWriter::Bytes(const std::string& bytes) {
   String("latin1");
   Tuple();
   Reduce();
+  return Status::Ok();
 }
 
 void PickleWriter::Global(const std::string& module, const std::string& name) {

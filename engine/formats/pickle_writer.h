@@ -30,8 +30,9 @@ class PickleWriter {
   // An integer of any width: its little-endian two's complement bytes (LONG1, or LONG4 past 255).
   void LongBytes(const std::string& little_endian);
   void String(const std::string& utf8);
-  // A `bytes` object, as protocol 2 pickles it (_codecs.encode), which every protocol reads.
-  void Bytes(const std::string& bytes);
+  // A `bytes` object, as protocol 2 pickles it (_codecs.encode), which every protocol reads;
+  // refused past what its string's 32-bit length holds (bytes past 0x7f take two bytes each).
+  Status Bytes(const std::string& bytes);
   void Global(const std::string& module, const std::string& name);
   void Mark() { s_ += '('; }
   void Tuple() { s_ += 't'; }  // the items since the last Mark

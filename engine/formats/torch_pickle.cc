@@ -218,6 +218,9 @@ class Unpickler : public PickleStack<Value> {
     pos_ = start_ = start;
     legacy_ = true;
   }
+  // A value blob's pickle (a DCP byte item): only bytes are built by a call; an OrderedDict,
+  // torch.Size or layout would come out as a dict, tuple or string, their types lost.
+  void PlainValuesOnly() { plain_values_only_ = true; }
 
   Result<Value*> Run() {
     while (pos_ < data_.size()) {
@@ -340,6 +343,9 @@ class Unpickler : public PickleStack<Value> {
     if (callable->kind != Value::kGlobal || args->kind != Value::kTuple) return DataLoss("REDUCE of a non-callable");
     const std::string_view name = callable->s;
     const std::vector<Value*>& a = args->items;
+    if (plain_values_only_ && name != "_codecs.encode" && name != "__builtin__.bytes" && name != "builtins.bytes") {
+      return InvalidArgument("a " + std::string(name) + " is not a plain value (a value blob would not keep its type)");
+    }
     if (name == "collections.OrderedDict") {
       if (!a.empty()) return DataLoss("OrderedDict with arguments");
       SC_ASSIGN_OR_RETURN(Value* dict, New(Value::kDict));
@@ -646,6 +652,7 @@ class Unpickler : public PickleStack<Value> {
   size_t start_ = 0;
   unsigned proto_ = 0;
   bool legacy_ = false;
+  bool plain_values_only_ = false;
   bool ran_out_ = false;
   std::map<std::string, size_t> storages_;
   bool done_ = false;
@@ -866,13 +873,14 @@ Result<UnpickledStateDict> UnpickleStateDict(const std::string& pickle) {
 
 Result<std::string> UnpickleValueBlob(const std::string& pickle) {
   Unpickler unpickler(pickle);
+  unpickler.PlainValuesOnly();
   SC_ASSIGN_OR_RETURN(Value* root, unpickler.Run());
   UnpickledStateDict unused;
   nlohmann::ordered_json json;
   SC_ASSIGN_OR_RETURN(bool encoded, Flattener(&unpickler, &unused).Encode(root, &json));
   if (!encoded) {
     return InvalidArgument("the pickle holds a " + std::string(KindName(root->kind)) +
-                           " or a part (a tensor, a global, an integer past 64 bits) a value blob cannot hold");
+                           " that is, or holds, what a value blob cannot hold (a tensor, a dtype or another object)");
   }
   // A str that is not UTF-8 (only a hand-made pickle has one) must not throw out of dump.
   return std::string(kPickleValueTag, 2) + json.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);

@@ -62,9 +62,10 @@ struct UnpickledStateDict {
   std::vector<std::pair<std::string, std::string>> containers;
 };
 
-// The pickle of one plain value (None, bool, int, float, str, and lists, tuples and dicts of
-// them) as a PickleValue blob: kPickleValueTag, then its typed JSON. A pickle holding anything
-// else (a tensor, a global) is refused.
+// The pickle of one plain value (None, bool, int of any width, float, str, bytes, and lists,
+// tuples and dicts of them) as a PickleValue blob: kPickleValueTag, then its typed JSON. A pickle
+// holding anything else (a tensor, a global, a call other than protocol 2's bytes: an
+// OrderedDict or torch.Size would lose its type) is refused.
 Result<std::string> UnpickleValueBlob(const std::string& pickle);
 
 // Tensor records are returned as the pickle states them: their sizes, strides and offsets are

@@ -339,12 +339,22 @@ def load(state_dict: Dict[str, Any], path: str, *, strict: bool = True, strip_pr
             raise _strict_refusal(raw["path"], missing, unexpected)
         for name, current in wanted.items():
             if name in pieces_of:
-                lost = [leaf for leaf in pieces_of[name] if not saved[leaf][0]]
+                restored: Dict[str, Any] = {}  # leaves torch's weights_only reader restored
+                lost = []
+                for leaf in pieces_of[name]:
+                    available, data, reason = saved[leaf]
+                    if not available:
+                        ok, value = _weights_only(data, reason)
+                        if ok:
+                            restored[leaf] = value
+                        else:
+                            lost.append("'%s': %s" % (leaf, value))
                 if lost:
-                    unavailable[name] = saved[lost[0]][2]
+                    unavailable[name] = lost[0]
                 else:
                     values[name] = regroup(name, current, saved,
-                                           lambda leaf, old: decode_blob(saved[leaf][1], leaf, old))
+                                           lambda leaf, old: restored[leaf] if leaf in restored
+                                           else decode_blob(saved[leaf][1], leaf, old))
                 continue
             if name not in saved:
                 continue

@@ -197,8 +197,8 @@ def test_byte_items_that_are_not_plain_are_reported_never_run(tmp_path):
     import torch.distributed.checkpoint as dcp
     marker = str(tmp_path / "ran")
     folder = str(tmp_path / "f")
-    dcp.save({"w": torch.ones(2), "n": 5, "dt": torch.float16, "evil": RunsAShell(marker)}, checkpoint_id=folder,
-             no_dist=True)
+    dcp.save({"w": torch.ones(2), "n": 5, "dt": torch.float16, "evil": RunsAShell(marker),
+              "size": torch.Size([2, 3]), "grp": {"lr": 0.1, "dt": torch.bfloat16}}, checkpoint_id=folder, no_dist=True)
     run = cli("inspect", folder, "--json")
     assert run.returncode == 0, run.stderr
     blobs = {b["name"]: b for b in json.loads(run.stdout)["blobs"]}
@@ -207,18 +207,22 @@ def test_byte_items_that_are_not_plain_are_reported_never_run(tmp_path):
     ours = {b["name"]: b for b in shardckpt.inspect(folder)["blobs"]}  # the same from Python
     assert ours["n"]["plain"] and not ours["evil"]["plain"] and "posix.system" in ours["evil"]["not_plain_because"]
     report = shardckpt.import_checkpoint(folder, str(tmp_path / "root"), 2)
-    assert sorted(s.split(" ")[0] for s in report["skipped"]) == ["dt", "evil"]
-    assert {b["name"] for b in shardckpt.inspect(report["path"])["blobs"]} == {"n"}
+    # A torch.Size would come back a tuple: not plain, skipped with the rest.
+    assert sorted(s.split(" ")[0] for s in report["skipped"]) == ["dt", "evil", "grp.dt", "size"], report["skipped"]
+    assert {b["name"] for b in shardckpt.inspect(report["path"])["blobs"]} == {"n", "grp.lr"}
     # Consolidated straight from the folder: each such item named with inspect's reason.
     out = shardckpt.consolidate(folder, str(tmp_path / "m.pt"))
     skipped = {s.split(" ")[0]: s for s in out["skipped"]}
-    assert sorted(skipped) == ["dt", "evil"], out["skipped"]
+    assert sorted(skipped) == ["dt", "evil", "grp.dt", "size"], out["skipped"]
     assert "a DCP byte item that is not plain values" in skipped["dt"] and "posix.system" in skipped["evil"], skipped
     # Loaded in place: a dtype is what torch's weights_only unpickler restores; the object is
     # reported unavailable with both refusals, and the target keeps its value.
-    target = {"w": torch.zeros(2), "n": 0, "dt": None, "evil": "kept"}
+    # A value DCP stored leaf by leaf takes the same path for each leaf.
+    target = {"w": torch.zeros(2), "n": 0, "dt": None, "evil": "kept", "size": None, "grp": {"lr": 0.0, "dt": None}}
     report = shardckpt.load(target, folder)
     assert target["n"] == 5 and target["dt"] == torch.float16 and target["evil"] == "kept", target
+    assert type(target["size"]) is torch.Size and target["size"] == torch.Size([2, 3]), target
+    assert target["grp"] == {"lr": 0.1, "dt": torch.bfloat16}, target
     assert list(report.unavailable) == ["evil"], report.unavailable
     assert "global 'posix.system' is not allowed" in report.unavailable["evil"], report.unavailable
     assert "weights_only=True) refuses it too" in report.unavailable["evil"], report.unavailable
@@ -231,18 +235,21 @@ def test_bytes_values_survive_export_and_a_read_in_place(tmp_path):
     # reader takes; read back in place they are the bytes, not the item's zip. A value that
     # begins with one of the package's own tags stays bytes too.
     import torch.distributed.checkpoint as dcp
+    # Past a tensor chunk's 1 MiB pickle, and mostly bytes past 0x7f (two bytes each in the pickle).
+    big = bytes((i * 131 + 7) % 256 for i in range(1_500_000))
     state = {"w": torch.arange(3.0), "raw": b'{"a":1}', "tagged": b"\x00J{\xff", "blob": bytearray(b"xyz"),
-             "cfg": {"k": b"\x80\x00", "t": (1, "a")}}
+             "cfg": {"k": b"\x80\x00", "t": (1, "a")}, "big": big}
     saved = shardckpt.save(state, str(tmp_path / "root"), step=3, comm=shardckpt.single_process())
     folder = str(tmp_path / "dcp")
     shardckpt.export(saved.path, folder)
     plain = {b["name"]: b["plain"] for b in shardckpt.inspect(folder)["blobs"]}
-    assert plain == {"raw": True, "tagged": True, "blob": True, "cfg": True}, plain
-    target = {"w": torch.zeros(3), "raw": b"", "tagged": b"", "blob": bytearray(), "cfg": None}
+    assert plain == {"raw": True, "tagged": True, "blob": True, "cfg": True, "big": True}, plain
+    target = {"w": torch.zeros(3), "raw": b"", "tagged": b"", "blob": bytearray(), "cfg": None, "big": b""}
     report = shardckpt.load(target, folder, comm=shardckpt.single_process())
     assert report.unavailable == {}, report.unavailable
     assert target["raw"] == b'{"a":1}' and target["tagged"] == b"\x00J{\xff" and target["blob"] == b"xyz", target
     assert target["cfg"] == {"k": b"\x80\x00", "t": (1, "a")}, target["cfg"]
+    assert target["big"] == big and type(target["blob"]) is bytes  # a bytearray is exported as bytes
     theirs = {"w": torch.zeros(3), "raw": b"", "tagged": b"", "blob": b"", "cfg": None}
     dcp.load(theirs, checkpoint_id=folder, no_dist=True)
     assert theirs["raw"] == b'{"a":1}' and theirs["tagged"] == b"\x00J{\xff" and theirs["cfg"]["k"] == b"\x80\x00"
