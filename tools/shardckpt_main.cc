@@ -83,12 +83,13 @@ po::variables_map Parse(const std::string& command, po::options_description& fla
   return vm;
 }
 
-// The --json failure object, for runtime and usage errors alike. A path need not be UTF-8: its
-// bytes are replaced, not thrown on (a throw here would abort the tool).
+// Every --json object printed. A path need not be UTF-8: its invalid bytes become U+FFFD rather
+// than a throw, which would abort the tool after prune, consolidate or import had done its work.
+void PrintJson(const json& out) { std::cout << out.dump(2, ' ', false, json::error_handler_t::replace) << "\n"; }
+
+// The --json failure object, for runtime and usage errors alike.
 void PrintJsonError(const std::string& code, const std::string& message) {
-  std::cout << json{{"ok", false}, {"error", {{"code", code}, {"message", message}}}}.dump(
-                   2, ' ', false, json::error_handler_t::replace)
-            << "\n";
+  PrintJson(json{{"ok", false}, {"error", {{"code", code}, {"message", message}}}});
 }
 
 int Fail(const Status& status) {
@@ -199,7 +200,7 @@ int Inspect(int argc, char** argv) {
                 {"tensor_bytes", total},
                 {"files", m->files.size()},
                 {"file_bytes", file_bytes}};
-    std::cout << out.dump(2) << "\n";
+    PrintJson(out);
     return 0;
   }
   if (dcp) std::printf("checkpoint  %s\nformat      PyTorch DCP (read in place; no checksums)\n", dir->c_str());
@@ -242,11 +243,9 @@ int Verify(int argc, char** argv) {
     for (const VerifyProblem& p : r->problems) {
       problems.push_back({{"file", p.file}, {"offset", p.offset}, {"entries", p.entries}, {"blobs", p.blobs}, {"problem", p.what}});
     }
-    std::cout << json{{"checkpoint", r->checkpoint}, {"ok", r->problems.empty()}, {"files", r->files},
+    PrintJson(json{{"checkpoint", r->checkpoint}, {"ok", r->problems.empty()}, {"files", r->files},
                       {"bytes_checked", r->bytes_checked}, {"blocks_checked", r->blocks_checked}, {"problems", problems},
-                      {"checksums", r->checksums}, {"note", r->note}}
-                     .dump(2)
-              << "\n";
+                      {"checksums", r->checksums}, {"note", r->note}});
   } else {
     for (const VerifyProblem& p : r->problems) {
       std::fprintf(stderr, "%s/%s at offset %llu (%s): %s\n", r->checkpoint.c_str(), p.file.c_str(),
@@ -286,7 +285,7 @@ int ConsolidateCommand(int argc, char** argv) {
       ("include", po::value<std::vector<std::string>>()->composing(), "keep entries matching this glob (repeatable)")
       ("exclude", po::value<std::vector<std::string>>()->composing(), "drop entries matching this glob (repeatable)")
       ("strip-prefix", po::value<std::string>(), "remove this prefix from names")
-      ("dtype", po::value<std::string>(), "cast floating tensors: bf16 | fp16 | fp32")
+      ("dtype", po::value<std::string>(), "cast floating tensors (not float8): bf16 | fp16 | fp32")
       ("max-shard-size", po::value<std::string>(), "safetensors: split into shards of at most SIZE (e.g. 5GB)")
       ("gguf-arch", po::value<std::string>(), "gguf: general.architecture (e.g. llama); required unless in --gguf-metadata")
       ("gguf-name", po::value<std::string>(), "gguf: general.name")
@@ -329,11 +328,9 @@ int ConsolidateCommand(int argc, char** argv) {
   bar.Finish();
   if (!r.ok()) return Fail(r.status());
   if (vm.count("json")) {
-    std::cout << json{{"checkpoint", r->checkpoint}, {"files", r->files}, {"sha256", r->sha256}, {"entries", r->entries},
+    PrintJson(json{{"checkpoint", r->checkpoint}, {"files", r->files}, {"sha256", r->sha256}, {"entries", r->entries},
                       {"tensor_bytes", r->tensor_bytes}, {"bytes_read", r->bytes_read}, {"aliases", r->aliases},
-                      {"values", r->values}, {"skipped", r->skipped}}
-                     .dump(2)
-              << "\n";
+                      {"values", r->values}, {"skipped", r->skipped}});
   } else {
     for (size_t i = 0; i < r->files.size(); ++i) {
       std::printf("wrote %s%s%s\n", r->files[i].c_str(), i < r->sha256.size() ? "  sha256 " : "",
@@ -377,10 +374,8 @@ int Convert(bool import, int argc, char** argv) {
                 input.c_str(), r->path.c_str());
   }
   if (vm.count("json")) {
-    std::cout << json{{"checkpoint", r->path}, {"tensors", r->tensors}, {"bytes", r->bytes}, {"world_size", options.world_size},
-                      {"layout", options.layout}, {"skipped", r->skipped}, {"values", r->values}}
-                     .dump(2)
-              << "\n";
+    PrintJson(json{{"checkpoint", r->path}, {"tensors", r->tensors}, {"bytes", r->bytes}, {"world_size", options.world_size},
+                      {"layout", options.layout}, {"skipped", r->skipped}, {"values", r->values}});
   } else {
     std::printf("wrote %s: %llu tensors, %llu bytes, %d ranks, %s layout\n", r->path.c_str(),
                 static_cast<unsigned long long>(r->tensors), static_cast<unsigned long long>(r->bytes), options.world_size,
@@ -406,11 +401,9 @@ int ExportCommand(int argc, char** argv) {
   bar.Finish();
   if (!r.ok()) return Fail(r.status());
   if (vm.count("json")) {
-    std::cout << json{{"checkpoint", r->checkpoint}, {"out", r->out}, {"files", r->files}, {"tensors", r->tensors},
+    PrintJson(json{{"checkpoint", r->checkpoint}, {"out", r->out}, {"files", r->files}, {"tensors", r->tensors},
                       {"chunks", r->chunks}, {"byte_items", r->byte_items}, {"tensor_bytes", r->tensor_bytes},
-                      {"bytes_read", r->bytes_read}, {"skipped", r->skipped}}
-                     .dump(2)
-              << "\n";
+                      {"bytes_read", r->bytes_read}, {"skipped", r->skipped}});
   } else {
     std::printf("wrote %s: %llu tensors in %llu chunks, %llu byte items, %llu tensor bytes, %zu files\n", r->out.c_str(),
                 static_cast<unsigned long long>(r->tensors), static_cast<unsigned long long>(r->chunks),
@@ -478,7 +471,7 @@ int List(int argc, char** argv) {
   if (vm.count("json")) {
     json rows = json::array();
     for (const CheckpointInfo& c : *all) rows.push_back(InfoJson(c));
-    std::cout << json{{"root", root}, {"latest", latest}, {"checkpoints", rows}}.dump(2) << "\n";
+    PrintJson(json{{"root", root}, {"latest", latest}, {"checkpoints", rows}});
     return 0;
   }
   std::printf("%-28s %12s %-10s %-20s %6s %14s  %-28s %s\n", "folder", "step", "state", "time", "ranks", "bytes",
@@ -541,10 +534,8 @@ int Prune(int argc, char** argv) {
   if (!r.ok()) return Fail(r.status());
   r->removed.insert(r->removed.begin(), leftovers.begin(), leftovers.end());
   if (vm.count("json")) {
-    std::cout << json{{"root", root}, {"dry_run", dry_run}, {"removed", r->removed}, {"deferred", r->deferred},
-                      {"save_running", save_running}}
-                     .dump(2)
-              << "\n";
+    PrintJson(json{{"root", root}, {"dry_run", dry_run}, {"removed", r->removed}, {"deferred", r->deferred},
+                      {"save_running", save_running}});
     return 0;
   }
   if (save_running) {

@@ -152,3 +152,36 @@ def test_reshard_to_more_ranks_than_the_soft_open_file_limit(comm, root):
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "4"
     assert shardckpt.inspect(out)["world_size"] == 200
+
+
+def test_cli_json_with_a_path_that_is_not_utf8(comm, root):
+    """A folder name need not be UTF-8: every --json object still prints, its bad bytes as
+    U+FFFD, and prune's output comes after its work as usual (it used to abort after deleting)."""
+    import json
+    import subprocess
+    cli = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(shardckpt.__file__))), "..", "bin",
+                       "shardckpt")
+    if not os.path.exists(cli):
+        pytest.skip("the shardckpt tool is not built next to the package")
+    base = os.fsencode(os.path.join(root, "rank%d" % comm.rank))
+    for step in (1, 2):
+        shardckpt.save(sample(), base.decode(), step, comm=shardckpt.single_process())
+    bad = base + b"-\xff"
+    os.rename(base, bad)
+
+    def run(*args):
+        done = subprocess.run([cli, *args, "--json"], capture_output=True, timeout=120)
+        return done.returncode, json.loads(done.stdout.decode("utf-8"))
+
+    rc, listed = run("list", bad)
+    assert rc == 0 and [c["name"] for c in listed["checkpoints"]] == ["step-000000001", "step-000000002"], listed
+    assert listed["root"].endswith("-\ufffd"), listed["root"]
+    rc, info = run("inspect", bad)
+    assert rc == 0 and info["step"] == 2, info
+    rc, checked = run("verify", bad)
+    assert rc == 0 and checked["ok"], checked
+    rc, pruned = run("prune", bad, "--keep-last", "1")
+    assert rc == 0 and pruned["removed"] == ["step-000000001"], pruned
+    assert sorted(n for n in os.listdir(bad) if n.startswith(b"step-")) == [b"step-000000002"]
+    rc, failed = run("inspect", bad + b"/nothing")
+    assert rc == 1 and failed["ok"] is False and failed["error"]["code"] == "NotFound", failed
