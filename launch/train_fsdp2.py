@@ -153,20 +153,34 @@ def checkpoint_state(model, optim, sched, position: int, step: int) -> dict:
             "data": {"position": position}, "step": step, "rng": rng}
 
 
-def has_checkpoint(root: str, device: torch.device) -> bool:
-    """Whether root holds a committed checkpoint, as every rank agrees (collective): a rank
-    with a stale view of a network filesystem must not start training while the others load.
-    A first run with --resume (a requeued job's first attempt) starts fresh, as the C++
-    trainer does."""
+def newest_step(root: str, device: torch.device) -> int:
+    """The step of the newest committed checkpoint in root (-1 for none), as every rank agrees
+    (collective): a rank with a stale view of a network filesystem must not start training while
+    the others load. A first run with --resume (a requeued job's first attempt) starts fresh,
+    as the C++ trainer does."""
     import shardckpt
     try:
-        shardckpt.inspect(root)
-        found = 1
+        found = int(shardckpt.inspect(root)["step"])
     except shardckpt.NotFound:
-        found = 0
+        found = -1
     agreed = torch.tensor([found], device=device)  # NCCL reduces device tensors only
     dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
-    return bool(agreed.item())
+    return int(agreed.item())
+
+
+def finish(handle, rank: int) -> bool:
+    """Waits for a save in flight and says how it ended, on every rank alike: False, with the
+    error printed, when it failed. Each save's handle is waited for, not only the last one: a
+    failed checkpoint would otherwise go unnoticed while training went on."""
+    import shardckpt
+    try:
+        handle.wait()
+    except shardckpt.ShardckptError as error:
+        print("rank %d: checkpoint of step %d failed: %s" % (rank, handle.step, error), file=sys.stderr, flush=True)
+        return False
+    if rank == 0:
+        print("checkpoint step %d committed" % handle.step, flush=True)
+    return True
 
 
 def resume(args, model, optim, sched, rank: int) -> tuple:
@@ -280,11 +294,22 @@ def main() -> int:
 
     sched = torch.optim.lr_scheduler.LambdaLR(optim, schedule)
     step, position = 0, 0
-    if args.resume and not args.resume_from and not has_checkpoint(args.ckpt, device):
+    if args.resume and not args.resume_from and newest_step(args.ckpt, device) < 0:
         if rank == 0:
             print("no checkpoint in %s yet: starting at step 0" % args.ckpt, flush=True)
     elif args.resume or args.resume_from:
         step, position = resume(args, model, optim, sched, rank)
+    if args.resume_from:
+        # Saves into a root holding a later step are refused (they would go back in time):
+        # said before training, as the C++ trainer does, not at each save.
+        newest = newest_step(args.ckpt, device)
+        if newest > step:
+            if rank == 0:
+                print("error: --ckpt %s holds step %d, later than step %d resumed from %s: its saves would be "
+                      "refused; with --resume-from OLD, pass --ckpt NEW_ROOT" % (args.ckpt, newest, step, args.resume_from),
+                      file=sys.stderr, flush=True)
+            dist.destroy_process_group()
+            return 1
 
     handle = None
     started = time.time()
@@ -316,6 +341,11 @@ def main() -> int:
             t0 = time.perf_counter()
             state = checkpoint_state(model, optim, sched, position, step)
             t1 = time.perf_counter()
+            # The previous save's persist: async_save would wait for it anyway; its outcome is
+            # reported here, and a failure ends the run (exit 1) as in the C++ trainer.
+            if handle is not None and not finish(handle, rank):
+                dist.destroy_process_group()
+                return 1
             handle = shardckpt.async_save(state, args.ckpt, step, copy_while_training=overlap)
             save_waits.append([t1 - t0, time.perf_counter() - t1, None if overlap else 0.0])
             if rank == 0:
@@ -324,9 +354,9 @@ def main() -> int:
     if handle is not None:
         if save_waits[-1][2] is None:  # no step after the last save: its copy is waited for
             save_waits[-1][2] = handle.fence()
-        handle.wait()
-        if rank == 0:
-            print("checkpoint step %d committed" % handle.step, flush=True)
+        if not finish(handle, rank):
+            dist.destroy_process_group()
+            return 1
     if rank == 0:
         print("done: %d ranks, step %d, %.1f s" % (world, step, time.time() - started), flush=True)
         summarize(args, world, step_seconds, save_waits)

@@ -49,4 +49,24 @@ if [ "$mode" = exact ]; then
   grep -q "^no checkpoint in $work/fresh yet: starting at step 0" "$work/fresh.log" || {
     echo "--resume on an empty root:"; head -5 "$work/fresh.log"; exit 1; }
   "$py" "$here/compare_losses.py" "$work/full.log" "$work/fresh.log" --steps 1-5 --exact
+  # A failed intermediate checkpoint (rank 1's first data write) ends the run at the next save,
+  # exit 1, named on every rank; it used to go unnoticed, only the last save was waited for.
+  set +e
+  SHARDCKPT_FAILPOINTS="save.write_data@1#1=ENOSPC" bash "$launch/train_fsdp2.sh" "$flag" "$np_save" \
+    --ckpt "$work/lost" --steps 30 --save-every 10 > "$work/lost.log" 2>&1
+  rc=$?
+  set -e
+  [ $rc = 1 ] && [ "$(grep -c "^rank [0-9]: checkpoint of step 10 failed: .*NoSpace" "$work/lost.log")" = "$np_save" ] &&
+    ! grep -q "^step 21 " "$work/lost.log" || {
+    echo "a failed step-10 checkpoint: exit $rc"; tail -20 "$work/lost.log"; exit 1; }
+  # --resume-from an earlier step into the root it came from (which holds step 30): refused
+  # before training, exit 1, rather than each save failing on.
+  set +e
+  bash "$launch/train_fsdp2.sh" "$flag" "$np_save" --ckpt "$work/full" --steps 40 --save-every 10 \
+    --resume-from "$work/full/step-000000020" > "$work/back.log" 2>&1
+  rc=$?
+  set -e
+  [ $rc = 1 ] && grep -q "error: --ckpt $work/full holds step 30, later than step 20" "$work/back.log" &&
+    ! grep -q "^step 21 " "$work/back.log" || {
+    echo "resume-from an earlier step into its own root: exit $rc"; tail -20 "$work/back.log"; exit 1; }
 fi
