@@ -134,6 +134,14 @@ TEST(GgufMetadataJson, TypedValuesInFileOrder) {
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_EQ(r.status().message().rfind("meta.json: ", 0), 0u) << r.status().message();
   }
+  // Values that would be written as something else: an integer literal past 64 bits (parsed as
+  // a double), a float past FLOAT32's range (inf). 1e21 is a float as written, and fits.
+  EXPECT_EQ(ParseGgufMetadataJson(R"({"ok": 1, "v": 1180591620717411303424})", "m.json").status().message(),
+            "m.json: GGUF metadata key 'v = 1180591620717411303424' is an integer past 64 bits; only strings, "
+            "integers (64-bit), floats and bools are written");
+  EXPECT_EQ(ParseGgufMetadataJson(R"({"v": 1e40})", "m.json").status().message(),
+            "m.json: GGUF metadata key 'v' holds 1e+40, past the range of FLOAT32, the type floats are written as");
+  EXPECT_TRUE(ParseGgufMetadataJson(R"({"v": 1e21, "w": -9223372036854775808})", "m.json").ok());
 }
 
 TEST(GgufMetadataWith, FlagsWinAndComeFirst) {

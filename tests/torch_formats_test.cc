@@ -15,6 +15,7 @@
 #include "shardckpt/engine/formats/safetensors.h"
 #include "shardckpt/engine/formats/state_tree.h"
 #include "shardckpt/engine/formats/torch_file.h"
+#include "shardckpt/engine/formats/gguf_writer.h"
 #include "shardckpt/engine/formats/torch_pickle.h"
 #include "shardckpt/engine/model/entry_alias.h"
 #include "shardckpt/io/failpoint.h"
@@ -325,6 +326,18 @@ TEST_F(TorchFormatsTest, ValuesAndListsSurviveImportAndConsolidation) {
   EXPECT_THAT(back->containers, ElementsAre(std::make_pair(std::string("lst"), std::string("list"))));
   ASSERT_EQ(back->values.size(), 1u);
   EXPECT_EQ(back->values[0].blob, std::string(kPickleValueTag, 2) + "7");
+  // Formats that hold tensors only list the value as not written, GGUF as safetensors does.
+  ConsolidateOptions floats;
+  floats.exclude = {"lst.1"};  // GGUF holds no int32
+  floats.format = ExportFormat::kSafetensors;
+  Result<ConsolidateReport> st = Consolidate(r->path, Path("out.safetensors"), floats);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_THAT(st->skipped, ElementsAre("epoch (safetensors holds tensors only)"));
+  floats.format = ExportFormat::kGguf;
+  floats.gguf_metadata = {GgufKeyValue{"general.architecture", GgufValue{GgufValue::Kind::kString, "llama"}}};
+  Result<ConsolidateReport> gguf = Consolidate(r->path, Path("out.gguf"), floats);
+  ASSERT_TRUE(gguf.ok()) << gguf.status().ToString();
+  EXPECT_THAT(gguf->skipped, ElementsAre("epoch (GGUF holds tensors and its header's keys only)"));
 }
 
 // An optimizer's state_dict before its first step holds "state": {}. Walked as a container it

@@ -277,6 +277,17 @@ std::string Stem(const std::string& path) {
   return EndsWith(base, ".safetensors") ? base.substr(0, base.size() - 12) : base;
 }
 
+// The checkpoint's values, listed as not written by a format that holds tensors only; each
+// rank's copy of a per-rank value named apart, as the .pt path names them.
+void ListValuesNotWritten(const Manifest& m, const ConsolidateOptions& options, const std::string& why,
+                          ConsolidateReport* report) {
+  for (const BlobRecord& b : m.blobs) {
+    if (OutputName(options, b.name).empty()) continue;
+    const std::string name = b.scope == BlobScope::kGlobal ? b.name : b.name + "@rank" + std::to_string(b.rank);
+    report->skipped.push_back(name + " (" + why + ")");
+  }
+}
+
 }  // namespace
 
 Result<ExportFormat> FormatFromPath(const std::string& path) {
@@ -381,6 +392,7 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
   } else if (options.format == ExportFormat::kGguf) {
     // Header first (it refuses a dtype or name GGUF cannot hold before a byte is written), then
     // each tensor's bytes padded to the alignment.
+    ListValuesNotWritten(m, options, "GGUF holds tensors and its header's keys only", &report);
     std::vector<GgufTensorInfo> infos;
     for (const Selected& s : selected) infos.push_back(GgufTensorInfo{s.name, s.dtype, s.shape});
     SC_ASSIGN_OR_RETURN(std::string header, EncodeGgufHeader(options.gguf_metadata, infos));
@@ -422,12 +434,7 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
         }
       }
     }
-    for (const BlobRecord& b : m.blobs) {
-      if (OutputName(options, b.name).empty()) continue;
-      // Each rank's copy of a per-rank value named apart, as the .pt path names them.
-      const std::string name = b.scope == BlobScope::kGlobal ? b.name : b.name + "@rank" + std::to_string(b.rank);
-      report.skipped.push_back(name + " (safetensors holds tensors only)");
-    }
+    ListValuesNotWritten(m, options, "safetensors holds tensors only", &report);
     // Every shard's header before any file: a dtype or name safetensors cannot hold is refused
     // with nothing written, and a later failure (a full disk) removes the shards already done.
     std::vector<std::string> headers;

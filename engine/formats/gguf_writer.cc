@@ -1,6 +1,7 @@
 #include "shardckpt/engine/formats/gguf_writer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -79,12 +80,44 @@ uint32_t GgmlType(DType dtype) {
   return dtype == DType::kFloat16 ? kGgmlF16 : dtype == DType::kBFloat16 ? kGgmlBF16 : kGgmlF32;
 }
 
+// nlohmann parses an integer literal past 64 bits as a double: this SAX pass, which sees each
+// number's text, finds the first such literal (its key), so it is refused, not written as a
+// float of another value.
+struct WideIntegerFinder : nlohmann::json_sax<nlohmann::ordered_json> {
+  std::string last_key, found;
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t& text) override {
+    if (found.empty() && text.find_first_of(".eE") == std::string::npos) found = last_key + " = " + text;
+    return true;
+  }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return true; }
+  bool key(string_t& k) override {
+    last_key = k;
+    return true;
+  }
+  bool end_object() override { return true; }
+  bool start_array(std::size_t) override { return true; }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+};
+
 }  // namespace
 
 Result<std::vector<GgufKeyValue>> ParseGgufMetadataJson(const std::string& json, const std::string& origin) {
   nlohmann::ordered_json doc = nlohmann::ordered_json::parse(json, nullptr, false);
   if (doc.is_discarded() || !doc.is_object()) {
     return InvalidArgument(origin + ": GGUF metadata must be one JSON object of string, integer, float and bool values");
+  }
+  WideIntegerFinder wide;
+  nlohmann::ordered_json::sax_parse(json, &wide);
+  if (!wide.found.empty()) {
+    return InvalidArgument(origin + ": GGUF metadata key '" + wide.found +
+                           "' is an integer past 64 bits; only strings, integers (64-bit), floats and bools are written");
   }
   std::vector<GgufKeyValue> out;
   for (auto it = doc.begin(); it != doc.end(); ++it) {
@@ -101,6 +134,11 @@ Result<std::vector<GgufKeyValue>> ParseGgufMetadataJson(const std::string& json,
       kv.value.kind = GgufValue::Kind::kInt;
       kv.value.integer = v.get<int64_t>();
     } else if (v.is_number_float()) {
+      // Written as FLOAT32: a value past its range would read back as inf.
+      if (!std::isfinite(static_cast<float>(v.get<double>()))) {
+        return InvalidArgument(origin + ": GGUF metadata key '" + it.key() + "' holds " + v.dump() +
+                               ", past the range of FLOAT32, the type floats are written as");
+      }
       kv.value.kind = GgufValue::Kind::kFloat;
       kv.value.real = v.get<double>();
     } else {
