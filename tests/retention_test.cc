@@ -529,6 +529,16 @@ TEST_F(RetentionTest, ARememberedCheckpointWithAMissingOrTruncatedDataFileIsAPro
   EXPECT_FALSE(listed[0].keep);
   EXPECT_TRUE(listed[1].keep);
   EXPECT_THAT(listed[1].why, HasSubstr("best 1 by loss"));
+  // keep_last counts the checkpoints that are not damaged: with the newest damaged too, the
+  // newest sound one is kept beside it, and the root still holds one that loads.
+  listed[2].problem = "manifest.json: not a shardckpt manifest";
+  policy.keep_best = 0;
+  PlanRetention(policy, ReadLatestName(root()), &listed);
+  EXPECT_FALSE(listed[0].keep);
+  EXPECT_TRUE(listed[1].keep);
+  EXPECT_EQ(listed[1].why, "last 1");
+  EXPECT_TRUE(listed[2].keep);
+  EXPECT_THAT(listed[2].why, HasSubstr("latest"));
 }
 
 // ---- Deletion: links, crashes, readers. ----

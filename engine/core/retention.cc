@@ -55,8 +55,14 @@ void PlanRetention(const RetentionPolicy& policy, const std::string& latest, std
     if (c->name == latest) keep(c, "latest");
   }
   if (!committed.empty() && committed.back()->name != latest) keep(committed.back(), "newest");
-  const size_t last = std::min<size_t>(committed.size(), static_cast<size_t>(policy.keep_last));
-  for (size_t i = committed.size() - last; i < committed.size(); ++i) keep(committed[i], "last " + std::to_string(policy.keep_last));
+  // keep_last counts the checkpoints that are not damaged: a damaged newest one (kept above, to
+  // be looked at) must not leave the root with nothing that loads.
+  std::vector<CheckpointInfo*> sound;
+  for (CheckpointInfo* c : committed) {
+    if (c->problem.empty()) sound.push_back(c);
+  }
+  const size_t last = std::min<size_t>(sound.size(), static_cast<size_t>(policy.keep_last));
+  for (size_t i = sound.size() - last; i < sound.size(); ++i) keep(sound[i], "last " + std::to_string(policy.keep_last));
   std::vector<CheckpointInfo*> ranked;
   for (CheckpointInfo* c : committed) {
     // A damaged checkpoint shows its metrics but is never kept as one of the best.
