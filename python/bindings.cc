@@ -484,7 +484,7 @@ py::tuple InspectCall(const std::string& path) {
     entries.append(d);
   }
   // A DCP folder's byte items say whether they hold plain values, as `inspect --json` does.
-  const bool dcp = IsDcpFolder(hold->dir());
+  const bool dcp = BuiltFromDcpFolder(*m);
   Result<std::map<std::string, std::string>> opaque = DcpOpaqueByteItems(hold->dir(), *m);
   if (!opaque.ok()) return Reply(opaque.status());
   py::list blobs;

@@ -120,6 +120,24 @@ std::vector<std::vector<uint8_t>> WriteSmallWholeEntries(const std::string& root
   return data;
 }
 
+// `count` float32 entries "t0", "t1", ... of `elements(i)` (a multiple of `ranks`) each, cut into
+// one flat range per rank, as a checkpoint resharded to many ranks holds them; their bytes.
+std::vector<std::vector<uint8_t>> WriteEntriesAcrossRanks(const std::string& root, int64_t step, int ranks, int count,
+                                                          const std::function<int64_t(int)>& elements) {
+  auto out = OfflineCheckpointWriter::Begin(root, step, ranks).value();
+  std::vector<std::vector<uint8_t>> data;
+  for (int i = 0; i < count; ++i) {
+    const int64_t n = elements(i), per = n / ranks;
+    data.push_back(Pattern(4 * static_cast<size_t>(n), static_cast<uint32_t>(i)));
+    for (int r = 0; r < ranks; ++r) {
+      EXPECT_TRUE(out->AddPiece(r, "t" + std::to_string(i), DType::kFloat32, {n}, Layout::FlatRange(r * per, (r + 1) * per),
+                                data.back().data() + r * per * 4, static_cast<size_t>(per) * 4).ok()) << i;
+    }
+  }
+  EXPECT_TRUE(out->Commit(CreationInfo{}).ok());
+  return data;
+}
+
 // Thousands of small chunks and two large ones through the writer and the reader: the data area is
 // the chunks' bytes plus at most a few bytes each, large chunks stay on blocks, every chunk reads
 // back exactly, and a flipped byte in a shared block is reported naming the chunks in it.
@@ -426,18 +444,8 @@ TEST(ChunkOffset, ALoadOfManyFilesStaysUnderTheOpenFileLimit) {
   testing::TempDir dir;
   const std::string root = JoinPath(dir.path(), "root");
   const int world = 300;
-  auto out = OfflineCheckpointWriter::Begin(root, 1, world).value();
-  std::vector<std::vector<uint8_t>> data;
-  for (int i = 0; i < 3; ++i) {
-    data.push_back(Pattern(4 * 1024 * world, static_cast<uint32_t>(i)));
-    const int64_t n = 1024 * world, per = 1024;
-    for (int r = 0; r < world; ++r) {
-      ASSERT_TRUE(out->AddPiece(r, "t" + std::to_string(i), DType::kFloat32, {n}, Layout::FlatRange(r * per, (r + 1) * per),
-                                data.back().data() + r * per * 4, static_cast<size_t>(per) * 4).ok());
-    }
-  }
-  ASSERT_TRUE(out->Commit(CreationInfo{}).ok());
-  out.reset();
+  const std::vector<std::vector<uint8_t>> data = WriteEntriesAcrossRanks(root, 1, world, 3, [](int) { return 1024 * world; });
+  ASSERT_FALSE(HasFailure());
   std::vector<std::vector<uint8_t>> got(data.size());
   ShardedState targets;
   for (size_t i = 0; i < data.size(); ++i) {
@@ -462,17 +470,9 @@ TEST(ChunkOffset, ReadAheadReadsEachBlockOnceAcrossManyFiles) {
   testing::TempDir dir;
   const std::string root = JoinPath(dir.path(), "root");
   const int world = 70;
-  auto out = OfflineCheckpointWriter::Begin(root, 1, world).value();
-  std::vector<std::vector<uint8_t>> data;
-  for (int i = 0; i < 60; ++i) {
-    data.push_back(Pattern(4 * world * (1 + i % 3), static_cast<uint32_t>(i)));
-    const int64_t n = static_cast<int64_t>(data.back().size() / 4), per = n / world;
-    for (int r = 0; r < world; ++r) {
-      ASSERT_TRUE(out->AddPiece(r, "t" + std::to_string(i), DType::kFloat32, {n}, Layout::FlatRange(r * per, (r + 1) * per),
-                                data.back().data() + r * per * 4, static_cast<size_t>(per) * 4).ok());
-    }
-  }
-  ASSERT_TRUE(out->Commit(CreationInfo{}).ok());
+  const std::vector<std::vector<uint8_t>> data =
+      WriteEntriesAcrossRanks(root, 1, world, 60, [](int i) { return world * (1 + i % 3); });
+  ASSERT_FALSE(HasFailure());
   auto reader = CheckpointReader::Open(root).value();
   const Manifest& m = reader->manifest();
   uint64_t data_bytes = 0;

@@ -169,7 +169,7 @@ int Inspect(int argc, char** argv) {
   }
   // A DCP folder's byte items are torch.save files: those holding more than plain values are
   // named (restoring them would run their pickle), never unpickled here.
-  const bool dcp = IsDcpFolder(*dir);
+  const bool dcp = BuiltFromDcpFolder(*m);
   Result<std::map<std::string, std::string>> opaque_items = DcpOpaqueByteItems(*dir, *m);
   if (!opaque_items.ok()) return Fail(opaque_items.status());
   std::map<std::string, std::string>& opaque = *opaque_items;

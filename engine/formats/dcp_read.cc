@@ -333,7 +333,7 @@ std::vector<DcpProblem> CheckDcpSha256Files(const std::string& dir, const Manife
 
 Result<std::map<std::string, std::string>> DcpOpaqueByteItems(const std::string& dir, const Manifest& m) {
   std::map<std::string, std::string> out;
-  if (!IsDcpFolder(dir)) return out;
+  if (!BuiltFromDcpFolder(m)) return out;
   for (const BlobRecord& b : m.blobs) {
     SC_ASSIGN_OR_RETURN(ByteSource file, ByteSource::OpenFile(JoinPath(dir, m.files[b.file].name)));
     SC_ASSIGN_OR_RETURN(ByteSource slice, file.Slice(b.offset, b.bytes, "byte item '" + b.name + "'"));

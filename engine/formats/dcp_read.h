@@ -44,8 +44,9 @@ Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* 
 std::vector<DcpProblem> CheckDcpSha256Files(const std::string& dir, const Manifest& m, uint64_t* checked, uint64_t* bytes);
 
 // Byte items whose torch.save pickle holds anything but plain values (None, bool, int, float,
-// str, bytes, and lists, tuples and dicts of them: what UnpickleValueBlob takes), by name with the reason: listed by inspect, restored by nobody. Empty for a
-// folder that is not a DCP folder.
+// str, bytes, and lists, tuples and dicts of them: what UnpickleValueBlob takes), by name with
+// the reason: listed by inspect, restored by nobody. Empty for a manifest that is not a DCP
+// folder's (BuiltFromDcpFolder).
 Result<std::map<std::string, std::string>> DcpOpaqueByteItems(const std::string& dir, const Manifest& m);
 // How consolidate and import name such an item among what they did not write.
 std::string OpaqueByteItemSkipped(const std::string& name, const std::string& reason);

@@ -152,16 +152,18 @@ Status SetGeneratorState(at::Generator& gen, const BlobResult& blob, const std::
   return Status::Ok();
 }
 
+// The blob of that name, or one that is unavailable with no reason when the checkpoint has none.
+const BlobResult& BlobNamed(const LoadReport& report, const std::string& name) {
+  static const BlobResult kAbsent{};
+  auto it = report.blobs.find(name);
+  return it == report.blobs.end() ? kAbsent : it->second;
+}
+
 // The trainer's own blobs, checked before use: a checkpoint another program wrote (a DCP
 // folder from dcp.save, a `shardckpt reshard` output) may lack them or hold something else.
 // The same on every rank: they are global blobs, and the per-rank one falls back to a seed.
 Result<int64_t> RestoreTrainerBlobs(const LoadReport& report, at::Generator& dropout) {
-  static const BlobResult kAbsent{};
-  auto blob = [&](const char* name) -> const BlobResult& {
-    auto it = report.blobs.find(name);
-    return it == report.blobs.end() ? kAbsent : it->second;
-  };
-  const BlobResult& trainer = blob("trainer");
+  const BlobResult& trainer = BlobNamed(report, "trainer");
   if (!trainer.available) {
     return NotFound("no 'trainer' blob (the step and data position shardckpt-train saves)" +
                     (trainer.reason.empty() ? std::string() : " (" + trainer.reason + ")") +
@@ -171,7 +173,7 @@ Result<int64_t> RestoreTrainerBlobs(const LoadReport& report, at::Generator& dro
   if (!state.is_object() || !state.contains("step") || !state["step"].is_number_integer() || state["step"].get<int64_t>() < 0) {
     return DataLoss("blob 'trainer' is not shardckpt-train's state (a JSON object with a whole 'step')");
   }
-  SC_RETURN_IF_ERROR(SetGeneratorState(dropout, blob("rng.dropout"), "rng.dropout"));
+  SC_RETURN_IF_ERROR(SetGeneratorState(dropout, BlobNamed(report, "rng.dropout"), "rng.dropout"));
   return state["step"].get<int64_t>();
 }
 
@@ -248,9 +250,8 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
         return 1;
       }
       step = *restored;
-      auto rng_blob = report->blobs.find("rng");
       at::Generator own = at::detail::getDefaultCPUGenerator();
-      Status rng = SetGeneratorState(own, rng_blob == report->blobs.end() ? BlobResult{} : rng_blob->second, "rng");
+      Status rng = SetGeneratorState(own, BlobNamed(*report, "rng"), "rng");
       if (!rng.ok()) {
         own.set_current_seed(config.seed * 7919 + 1000003ull * static_cast<uint64_t>(step) + static_cast<uint64_t>(rank));
         say("per-rank RNG states not restored (" + rng.message() + "); reseeded each rank from (seed, rank, step)");
