@@ -16,6 +16,7 @@
 #include "shardckpt/engine/formats/torch_file.h"
 #include "shardckpt/engine/formats/zip_reader.h"
 #include "shardckpt/engine/model/entry_alias.h"
+#include "shardckpt/engine/model/json_text.h"
 #include "shardckpt/io/fs.h"
 
 #include <map>
@@ -321,7 +322,7 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
     report.values.push_back(v.name);
     if (v.tensors_before < dict.tensors.size()) value_order[v.name] = dict.tensors[v.tensors_before].name;
   }
-  std::map<std::string, std::string> user = {{"imported_from", input}};
+  std::map<std::string, std::string> user = {{"imported_from", Utf8OrReplaced(input)}};
   if (!containers.empty()) user[kTorchContainersKey] = containers.dump();
   if (!value_order.empty()) user[kTorchValueOrderKey] = value_order.dump();
   // A safetensors file's own metadata (a Hugging Face set's first shard's), less "format", which
@@ -401,7 +402,7 @@ Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::stri
     SC_RETURN_IF_ERROR(out->AddBlob(b.scope == BlobScope::kPerRank ? b.rank : 0, b.name, b.scope, bytes));
   }
   CreationInfo created = m.created;
-  created.user["resharded_from"] = reader->dir();
+  created.user["resharded_from"] = Utf8OrReplaced(reader->dir());
   SC_ASSIGN_OR_RETURN(report.path, out->Commit(created, m.metrics));
   return report;
 }

@@ -8,6 +8,7 @@
 #include "shardckpt/engine/core/checkpoint_dir.h"
 #include "shardckpt/engine/core/checkpoint_reader.h"
 #include "shardckpt/engine/formats/dcp_writer.h"
+#include "shardckpt/engine/model/json_text.h"
 #include "shardckpt/engine/formats/output_file.h"
 #include "shardckpt/engine/formats/zip_writer.h"
 #include "shardckpt/io/fs.h"
@@ -113,7 +114,7 @@ Result<DcpExportReport> ExportDcp(const std::string& checkpoint, const std::stri
   }
 
   DcpMetadata md;
-  md.checkpoint_id = out;
+  md.checkpoint_id = PythonPathText(out);  // torch pickles the path as a str
   std::vector<size_t> tensor_of(m.entries.size());
   for (size_t e = 0; e < m.entries.size(); ++e) {
     tensor_of[e] = md.tensors.size();

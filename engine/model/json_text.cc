@@ -28,6 +28,41 @@ size_t Utf8Length(std::string_view s, size_t i) {
 
 }  // namespace
 
+std::string Utf8OrReplaced(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size();) {
+    size_t n = Utf8Length(text, i);
+    if (n == 0) {
+      out.append("\xEF\xBF\xBD");
+      ++i;
+    } else {
+      out.append(text.data() + i, n);
+      i += n;
+    }
+  }
+  return out;
+}
+
+std::string PythonPathText(std::string_view path) {
+  std::string out;
+  out.reserve(path.size());
+  for (size_t i = 0; i < path.size();) {
+    size_t n = Utf8Length(path, i);
+    if (n == 0) {
+      const unsigned byte = static_cast<unsigned char>(path[i]);  // >= 0x80: ASCII is always valid
+      out.push_back(static_cast<char>(0xED));
+      out.push_back(static_cast<char>(0xB0 | (byte >> 6)));
+      out.push_back(static_cast<char>(0x80 | (byte & 0x3F)));
+      ++i;
+    } else {
+      out.append(path.data() + i, n);
+      i += n;
+    }
+  }
+  return out;
+}
+
 bool AppendJsonString(std::string* out, std::string_view text) {
   const size_t start = out->size();
   out->push_back('"');

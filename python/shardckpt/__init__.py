@@ -37,9 +37,10 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import numbers
+import os
 import sys
 import threading
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -97,6 +98,16 @@ class LoadReport:
     phases: Dict[str, float] = dataclasses.field(default_factory=dict)
     bytes_read_ahead: int = 0  # of bytes_read, read during the metadata phases (its own file)
     every_rank_parsed_manifest: bool = False  # rather than receiving rank 0's decoded copy
+
+
+PathLike = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
+
+
+def _fs(path: PathLike) -> bytes:
+    """A path as the engine takes it: its bytes, so a name that is not UTF-8 (``os.fsdecode``'s
+    surrogates, or bytes) reaches the file system as it is. Paths come back as ``os.fsdecode``
+    would give them."""
+    return os.fsencode(path)
 
 
 def _piece(name: str, tensor: torch.Tensor, shape: List[int], layout: Tuple[str, Any, Any]) -> tuple:
@@ -179,7 +190,7 @@ def _describe_for_collective(state: Mapping[str, Any], step: Any,
         return int(step), [], [], (failure.code, failure.message)
 
 
-def save(state_dict: Mapping[str, Any], root: str, step: int, *, keep_last: int = 0,
+def save(state_dict: Mapping[str, Any], root: PathLike, step: int, *, keep_last: int = 0,
          keep_best: int = 0, best_metric: str = "", best_higher_is_better: bool = False,
          metrics: Optional[Mapping[str, float]] = None,
          user_metadata: Optional[Mapping[str, str]] = None, comm: Any = None) -> SaveResult:
@@ -201,7 +212,7 @@ def save(state_dict: Mapping[str, Any], root: str, step: int, *, keep_last: int 
     keep: List[torch.Tensor] = []
     step, pieces, blobs, error = _describe_for_collective(state_dict, step, keep)
     code, message, result = _core.save(
-        comm, str(root), step, pieces, blobs, int(keep_last), int(keep_best), best_metric,
+        comm, _fs(root), step, pieces, blobs, int(keep_last), int(keep_best), best_metric,
         bool(best_higher_is_better), dict(metrics or {}), dict(user_metadata or {}),
         torch.__version__, error)
     raise_for(code, message)
@@ -255,7 +266,7 @@ def _strict_refusal(path: str, missing: List[str], unexpected: List[str]) -> Sha
                                                       "and reports them)")
 
 
-def load(state_dict: Dict[str, Any], path: str, *, strict: bool = True, strip_prefix: str = "",
+def load(state_dict: Dict[str, Any], path: PathLike, *, strict: bool = True, strip_prefix: str = "",
          verify_checksums: bool = True, comm: Any = None, replicated_reads: str = "auto",
          manifest_sharing: str = "auto", read_ahead_max_bytes: Optional[int] = None) -> LoadReport:
     """Loads a checkpoint into ``state_dict`` in place (collective).
@@ -312,7 +323,7 @@ def load(state_dict: Dict[str, Any], path: str, *, strict: bool = True, strip_pr
         elif error[0] == "OK":
             error = ("InvalidArgument", "read_ahead_max_bytes=%r: a whole number of bytes, 0 to 2**64 - 1"
                      % (size,))
-    code, message, raw = _core.load(comm, str(path), pieces, bool(strict), strip_prefix,
+    code, message, raw = _core.load(comm, _fs(path), pieces, bool(strict), strip_prefix,
                                     bool(verify_checksums), error, names, leaves,
                                     str(replicated_reads), str(manifest_sharing),
                                     ahead_max)
@@ -512,7 +523,7 @@ def _saver_for(comm: Any, options: Tuple[int, int, str, bool],
     return saver
 
 
-def async_save(state_dict: Mapping[str, Any], root: str, step: int, *, keep_last: int = 0,
+def async_save(state_dict: Mapping[str, Any], root: PathLike, step: int, *, keep_last: int = 0,
                keep_best: int = 0, best_metric: str = "", best_higher_is_better: bool = False,
                metrics: Optional[Mapping[str, float]] = None,
                user_metadata: Optional[Mapping[str, str]] = None,
@@ -562,13 +573,13 @@ def async_save(state_dict: Mapping[str, Any], root: str, step: int, *, keep_last
                 previous.fence()
             except ShardckptError:
                 pass  # raised again by that handle's fence()/wait()
-        code, message, handle = _core.start_save(comm, saver, str(root), step, pieces,
+        code, message, handle = _core.start_save(comm, saver, _fs(root), step, pieces,
                                                  blobs, dict(metrics or {}), error)
         raise_for(code, message)
         started = AsyncSaveHandle(handle, saver, keep + [state_dict])
         _unfenced[id(saver)] = started
         return started
-    code, message, handle = _core.async_save(comm, saver, str(root), step, pieces, blobs,
+    code, message, handle = _core.async_save(comm, saver, _fs(root), step, pieces, blobs,
                                              dict(metrics or {}), error)
     raise_for(code, message)
     return AsyncSaveHandle(handle)
@@ -614,19 +625,19 @@ def release_staging() -> None:
     _core.release_staging()
 
 
-def inspect(path: str) -> Dict[str, Any]:
+def inspect(path: PathLike) -> Dict[str, Any]:
     """What a checkpoint holds (``shardckpt inspect --json``): a dict with ``checkpoint``,
     ``step``, ``world_size``, ``format_version``, ``created``, ``metrics``, ``entries`` (each
     ``{"name", "dtype", "shape", "bytes", "chunks"}``), ``blobs`` (of a PyTorch DCP folder with
     ``plain``, and ``not_plain_because`` where it holds more than plain values), ``tensor_bytes``,
     ``files`` and ``file_bytes``. ``path``: a checkpoint folder or a root (its newest checkpoint)."""
     from . import _core
-    code, message, out = _core.inspect(str(path))
+    code, message, out = _core.inspect(_fs(path))
     raise_for(code, message)
     return dict(out)
 
 
-def verify(path: str) -> VerifyReport:
+def verify(path: PathLike) -> VerifyReport:
     """Reads every byte of a checkpoint and checks every checksum (``shardckpt verify``).
 
     Returns the report when the checkpoint is sound. A damaged one raises :class:`DataLoss`
@@ -635,7 +646,7 @@ def verify(path: str) -> VerifyReport:
     raises what the engine reports (:class:`NotFound`, :class:`DataLoss`...).
     """
     from . import _core
-    code, message, raw = _core.verify(str(path))
+    code, message, raw = _core.verify(_fs(path))
     raise_for(code, message)
     problems = [VerifyProblem(file, offset, list(entries), list(blobs), what, holders)
                 for file, offset, entries, blobs, what, holders in raw["problems"]]
@@ -652,7 +663,7 @@ def verify(path: str) -> VerifyReport:
     return report
 
 
-def consolidate(path: str, out: str, format: Optional[str] = None, *,
+def consolidate(path: PathLike, out: PathLike, format: Optional[str] = None, *,
                 include: Sequence[str] = (), exclude: Sequence[str] = (), strip_prefix: str = "",
                 dtype: Optional[str] = None, max_shard_bytes: int = 0,
                 gguf_architecture: str = "", gguf_name: str = "",
@@ -666,12 +677,12 @@ def consolidate(path: str, out: str, format: Optional[str] = None, *,
     ``gguf_architecture`` (see :func:`consolidate_gguf`). Returns ``{"checkpoint", "files",
     "sha256", "entries", "tensor_bytes", "bytes_read", "values", "skipped"}`` (values: the
     non-tensor values written; skipped: those not written, each with the reason)."""
-    if format == "gguf" or (format is None and str(out).endswith(".gguf")):
+    if format == "gguf" or (format is None and os.fsdecode(out).endswith(".gguf")):
         return consolidate_gguf(path, out, gguf_architecture, name=gguf_name,
                                 metadata=gguf_metadata, include=include, exclude=exclude,
                                 strip_prefix=strip_prefix, dtype=dtype)
     from . import _core
-    code, message, result = _core.consolidate(str(path), str(out), format or "", list(include),
+    code, message, result = _core.consolidate(_fs(path), _fs(out), format or "", list(include),
                                               list(exclude), strip_prefix, dtype or "",
                                               int(max_shard_bytes))
     raise_for(code, message)
@@ -692,7 +703,7 @@ def _raise_open_file_limit() -> None:
             pass  # the engine's EMFILE error names the limit then
 
 
-def import_checkpoint(src: str, out_root: str, world_size: int, layout: str = "flat") -> Dict[str, Any]:
+def import_checkpoint(src: PathLike, out_root: PathLike, world_size: int, layout: str = "flat") -> Dict[str, Any]:
     """A .pt or .safetensors file as a sharded checkpoint under ``out_root`` for ``world_size``
     ranks (``shardckpt import``); ``layout``: ``"flat"``, ``"dim0"`` or ``"replicated"``. It
     writes every rank's file at once, so it raises this process's soft open-file limit to the
@@ -700,23 +711,23 @@ def import_checkpoint(src: str, out_root: str, world_size: int, layout: str = "f
     Returns ``{"path", "tensors", "bytes", "skipped"}`` (skipped: values that are not tensors)."""
     from . import _core
     _raise_open_file_limit()
-    code, message, result = _core.convert(True, str(src), str(out_root), int(world_size), layout)
+    code, message, result = _core.convert(True, _fs(src), _fs(out_root), int(world_size), layout)
     raise_for(code, message)
     return dict(result)
 
 
-def reshard(path: str, out_root: str, world_size: int, layout: str = "flat") -> Dict[str, Any]:
+def reshard(path: PathLike, out_root: PathLike, world_size: int, layout: str = "flat") -> Dict[str, Any]:
     """A checkpoint rewritten for ``world_size`` ranks under ``out_root``, without a job
     (``shardckpt reshard``). Returns ``{"path", "tensors", "bytes", "skipped"}`` (skipped:
     per-rank blobs, which have no meaning at another world size)."""
     from . import _core
     _raise_open_file_limit()
-    code, message, result = _core.convert(False, str(path), str(out_root), int(world_size), layout)
+    code, message, result = _core.convert(False, _fs(path), _fs(out_root), int(world_size), layout)
     raise_for(code, message)
     return dict(result)
 
 
-def export(path: str, out: str, format: str = "dcp", *, window_bytes: int = 32 << 20) -> Dict[str, Any]:
+def export(path: PathLike, out: PathLike, format: str = "dcp", *, window_bytes: int = 32 << 20) -> Dict[str, Any]:
     """A checkpoint as a PyTorch Distributed Checkpoint folder ``out`` (``shardckpt export
     --format dcp``): ``torch.distributed.checkpoint.load`` reads it at any world size, into
     DTensors or plain tensors, and ``dcp_to_torch_save`` converts it. Streams with bounded memory
@@ -724,12 +735,12 @@ def export(path: str, out: str, format: str = "dcp", *, window_bytes: int = 32 <
     Returns ``{"checkpoint", "out", "files", "tensors", "chunks", "byte_items", "tensor_bytes",
     "bytes_read", "skipped"}`` (skipped: values a DCP folder has no place for, with why)."""
     from . import _core
-    code, message, result = _core.export(str(path), str(out), format, int(window_bytes))
+    code, message, result = _core.export(_fs(path), _fs(out), format, int(window_bytes))
     raise_for(code, message)
     return dict(result)
 
 
-def consolidate_gguf(path: str, out: str, architecture: str, *, name: str = "",
+def consolidate_gguf(path: PathLike, out: PathLike, architecture: str, *, name: str = "",
                      metadata: Optional[Mapping[str, Any]] = None, include: Sequence[str] = (),
                      exclude: Sequence[str] = (), strip_prefix: str = "",
                      dtype: Optional[str] = None) -> Dict[str, Any]:
@@ -742,7 +753,7 @@ def consolidate_gguf(path: str, out: str, architecture: str, *, name: str = "",
     import json
     from . import _core
     code, message, result = _core.consolidate_gguf(
-        str(path), str(out), str(architecture), str(name), json.dumps(dict(metadata or {})),
+        _fs(path), _fs(out), str(architecture), str(name), json.dumps(dict(metadata or {})),
         list(include), list(exclude), strip_prefix, dtype or "")
     raise_for(code, message)
     return dict(result)

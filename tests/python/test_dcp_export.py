@@ -198,6 +198,24 @@ def test_dcp_to_torch_save(comm):
             assert got[n] == v, (folder, n)
 
 
+@pytest.mark.skipif(PHASE != "save", reason="save phase only")
+def test_export_to_a_path_that_is_not_utf8(comm):
+    """The .metadata names its folder as torch pickles a path, os.fsdecode's str: torch read
+    none of an export into a folder whose name is not UTF-8 (UnicodeDecodeError)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    base = os.fsencode(os.path.join(WORK, "not_utf8_rank%d" % comm.rank))
+    state = {"w": full("w", (5, 3), torch.float32), "step": 7}
+    shardckpt.save(state, base + b"-\xff", 1, comm=shardckpt.single_process())
+    out = base + b"-\xfe-dcp"
+    report = shardckpt.export(base + b"-\xff", out)
+    assert os.fsencode(report["out"]) == out, report
+    assert FileSystemReader(os.fsdecode(out)).read_metadata().storage_meta.checkpoint_id == os.fsdecode(out)
+    dcp_to_torch_save(os.fsdecode(out), os.fsdecode(base + b".pt"))
+    got = torch.load(os.fsdecode(base + b".pt"))
+    assert same(got["w"], state["w"]) and got["step"] == 7, got
+
+
 def consolidate(*args):
     return subprocess.run([cli(), "consolidate", *args], capture_output=True, text=True)
 

@@ -185,3 +185,38 @@ def test_cli_json_with_a_path_that_is_not_utf8(comm, root):
     assert sorted(n for n in os.listdir(bad) if n.startswith(b"step-")) == [b"step-000000002"]
     rc, failed = run("inspect", bad + b"/nothing")
     assert rc == 1 and failed["ok"] is False and failed["error"]["code"] == "NotFound", failed
+
+
+def test_verbs_with_a_path_that_is_not_utf8(comm, root):
+    """Paths are bytes to the engine: a folder name that is not UTF-8, given as bytes, as
+    os.fsdecode's str or as a pathlib.Path, works in every verb, and the paths that come back
+    (and those inside messages) are os.fsdecode's, so they can be passed back in."""
+    import pathlib
+    bad = os.fsencode(os.path.join(root, "rank%d" % comm.rank)) + b"-\xff"
+    one = shardckpt.single_process()
+    saved = shardckpt.save(sample(), bad, 1, comm=one)
+    assert os.fsencode(saved.path) == bad + b"/step-000000001", saved.path
+    shardckpt.save(sample(), pathlib.Path(os.fsdecode(bad)), 2, comm=one)
+
+    state = {"model": {k: torch.zeros_like(v) for k, v in sample()["model"].items()}, "epoch": 0}
+    report = shardckpt.load(state, os.fsdecode(bad), comm=one)
+    assert report.path == saved.path.replace("000000001", "000000002")
+    assert torch.equal(state["model"]["w"], sample()["model"]["w"]) and state["epoch"] == 4
+
+    info = shardckpt.inspect(report.path)  # a path that came back goes back in
+    assert info["checkpoint"] == report.path and info["step"] == 2
+    assert shardckpt.verify(bad).problems == []
+    out = bad + b"/model-\xfe.pt"
+    made = shardckpt.consolidate(bad, out)
+    assert [os.fsencode(f) for f in made["files"]] == [out]
+    with open(out, "rb") as f:  # torch 1.13's load takes no bytes path
+        assert torch.equal(torch.load(f)["model.w"], sample()["model"]["w"])
+    moved = shardckpt.reshard(bad, bad + b"-r3", 3)
+    assert os.fsencode(moved["path"]).startswith(bad + b"-r3/step-"), moved
+    assert shardckpt.inspect(bad + b"-r3")["world_size"] == 3
+    imported = shardckpt.import_checkpoint(out, bad + b"-imp", 2)
+    assert shardckpt.inspect(imported["path"])["world_size"] == 2
+
+    with pytest.raises(shardckpt.NotFound) as caught:
+        shardckpt.inspect(bad + b"/nothing")
+    assert os.fsdecode(bad + b"/nothing") in str(caught.value), str(caught.value)
