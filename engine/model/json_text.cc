@@ -26,15 +26,16 @@ size_t Utf8Length(std::string_view s, size_t i) {
   return 0;
 }
 
-}  // namespace
-
-std::string Utf8OrReplaced(std::string_view text) {
+// `text` with each byte that starts no valid UTF-8 sequence (always >= 0x80: ASCII is valid)
+// replaced by what `replace(byte)` spells.
+template <typename Replace>
+std::string ReplaceInvalidBytes(std::string_view text, Replace replace) {
   std::string out;
   out.reserve(text.size());
   for (size_t i = 0; i < text.size();) {
-    size_t n = Utf8Length(text, i);
+    const size_t n = Utf8Length(text, i);
     if (n == 0) {
-      out.append("\xEF\xBF\xBD");
+      replace(static_cast<unsigned char>(text[i]), &out);
       ++i;
     } else {
       out.append(text.data() + i, n);
@@ -44,23 +45,18 @@ std::string Utf8OrReplaced(std::string_view text) {
   return out;
 }
 
+}  // namespace
+
+std::string Utf8OrReplaced(std::string_view text) {
+  return ReplaceInvalidBytes(text, [](unsigned, std::string* out) { out->append("\xEF\xBF\xBD"); });
+}
+
 std::string PythonPathText(std::string_view path) {
-  std::string out;
-  out.reserve(path.size());
-  for (size_t i = 0; i < path.size();) {
-    size_t n = Utf8Length(path, i);
-    if (n == 0) {
-      const unsigned byte = static_cast<unsigned char>(path[i]);  // >= 0x80: ASCII is always valid
-      out.push_back(static_cast<char>(0xED));
-      out.push_back(static_cast<char>(0xB0 | (byte >> 6)));
-      out.push_back(static_cast<char>(0x80 | (byte & 0x3F)));
-      ++i;
-    } else {
-      out.append(path.data() + i, n);
-      i += n;
-    }
-  }
-  return out;
+  return ReplaceInvalidBytes(path, [](unsigned byte, std::string* out) {  // U+DC00 + byte, in UTF-8
+    out->push_back(static_cast<char>(0xED));
+    out->push_back(static_cast<char>(0xB0 | (byte >> 6)));
+    out->push_back(static_cast<char>(0x80 | (byte & 0x3F)));
+  });
 }
 
 bool AppendJsonString(std::string* out, std::string_view text) {
