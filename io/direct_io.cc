@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <linux/magic.h>
+#include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
@@ -19,7 +20,6 @@ bool IsMemoryBacked(const std::string& path) {
 }
 
 Result<int> OpenPreferDirect(const std::string& path, int flags, bool prefer_direct, bool* direct) {
-  flags |= O_CLOEXEC;
   *direct = false;
   if (prefer_direct && IsMemoryBacked(path)) {
     prefer_direct = false;
@@ -28,18 +28,21 @@ Result<int> OpenPreferDirect(const std::string& path, int flags, bool prefer_dir
                             "(checkpoint data straight from and into tensor memory)");
   }
   if (prefer_direct) {
-    int fd = ::open(path.c_str(), flags | O_DIRECT, 0644);
-    if (fd >= 0) {
+    int open_errno = 0;
+    Result<int> fd = OpenFileNotFifo(path, flags | O_DIRECT, 0644, &open_errno);
+    if (fd.ok()) {
       *direct = true;
       return fd;
     }
-    if (errno != EINVAL) return ErrnoStatus(errno, "open " + path);
+    // EINVAL is also O_DIRECT on a FIFO or device: opened (or refused) as such, not logged.
+    struct stat st;
+    if (open_errno != EINVAL || (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))) {
+      return open_errno == EINVAL ? OpenFileNotFifo(path, flags) : fd.status();
+    }
     LogOnce(LogLevel::kWarn, "odirect-refused",
             "O_DIRECT refused by the file system of " + path + "; using buffered I/O for such files");
   }
-  int fd = ::open(path.c_str(), flags, 0644);
-  if (fd < 0) return ErrnoStatus(errno, "open " + path);
-  return fd;
+  return OpenFileNotFifo(path, flags);
 }
 
 }  // namespace shardckpt

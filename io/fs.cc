@@ -143,6 +143,34 @@ Result<std::vector<std::string>> ListDir(const std::string& path) {
   return names;
 }
 
+Result<int> OpenFileNotFifo(const std::string& path, int flags, mode_t mode, int* open_errno) {
+  const int fd = ::open(path.c_str(), flags | O_NONBLOCK | O_CLOEXEC, mode);
+  const int err = fd < 0 ? errno : 0;
+  if (open_errno != nullptr) *open_errno = err;
+  if (fd < 0) {
+    // A FIFO with no reader, opened to write without blocking: not a file to write either.
+    if (err == ENXIO) return FailedPrecondition(path + " is not a regular file (a FIFO)");
+    return ErrnoStatus(err, "open " + path);
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return ErrnoStatus(err, "fstat " + path);
+  }
+  if (S_ISFIFO(st.st_mode) || S_ISDIR(st.st_mode) || S_ISSOCK(st.st_mode)) {
+    ::close(fd);
+    const char* what = S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISDIR(st.st_mode) ? "a directory" : "a socket";
+    return FailedPrecondition(path + " is not a regular file (" + what + ")");
+  }
+  if (::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return ErrnoStatus(err, "fcntl " + path);
+  }
+  return fd;
+}
+
 Result<uint64_t> FileSize(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) return ErrnoStatus(errno, "stat " + path);

@@ -2,6 +2,8 @@
 // file system passes through a named failpoint, so tests can fail any commit step in turn.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -29,6 +31,13 @@ Status Rename(const std::string& from, const std::string& to, const char* failpo
 Status RemoveTree(const std::string& path);
 Result<std::vector<std::string>> ListDir(const std::string& path);
 Result<uint64_t> FileSize(const std::string& path);
+// open(2) of a file the library reads or writes in place, refusing, by name and without waiting,
+// a FIFO (where a checkpoint's file should be, it blocked open() for good: O_NONBLOCK while
+// opening, cleared after), a socket or a directory. Devices pass: /dev/null is a sink tests
+// write to, and one read as a checkpoint file fails on its size or contents. O_CLOEXEC is added;
+// `mode` is for O_CREAT. `open_errno`, when given, gets open's errno (0 when the open itself
+// succeeded).
+Result<int> OpenFileNotFifo(const std::string& path, int flags, mode_t mode = 0644, int* open_errno = nullptr);
 
 // The most one pread/pwrite (or io_uring request) carries: below the 32-bit length of an SQE and
 // Linux's 2 GiB per-call cap, and a multiple of the O_DIRECT alignment so every piece stays aligned.

@@ -179,5 +179,31 @@ TEST_F(WholeFile, AWriteIntoAMissingFolderFailsWithTheFileNamed) {
   EXPECT_THAT(failed.ToString(), HasSubstr(Path("no-such-folder/m")));
 }
 
+// A FIFO where a file should be blocked open() for good (inspect, verify and list hung on a
+// manifest.json that was one): every open the library makes refuses it at once, by name, as it
+// does a directory. alarm() turns a hang into a failure.
+TEST_F(WholeFile, AFifoOrFolderIsRefusedWithoutWaiting) {
+  ASSERT_EQ(::mkfifo(Path("fifo").c_str(), 0644), 0);
+  ASSERT_TRUE(MakeDir(Path("folder")).ok());
+  ::alarm(60);
+  for (const char* name : {"fifo", "folder"}) {
+    for (bool direct : {false, true}) {
+      Result<std::string> read = ReadFileLimited(Path(name), 1 << 20, direct);
+      EXPECT_EQ(read.status().code(), Code::kFailedPrecondition) << name;
+      EXPECT_THAT(read.status().ToString(), HasSubstr(Path(name) + " is not a regular file"));
+    }
+  }
+  EXPECT_THAT(ReadFileLimited(Path("fifo"), 1 << 20).status().ToString(), HasSubstr("(a FIFO)"));
+  Result<int> write = OpenFileNotFifo(Path("fifo"), O_WRONLY | O_CREAT | O_TRUNC);
+  EXPECT_EQ(write.status().code(), Code::kFailedPrecondition);
+  EXPECT_THAT(write.status().ToString(), HasSubstr(Path("fifo") + " is not a regular file (a FIFO)"));
+  ::alarm(0);
+  // A regular file opens blocking as usual: O_NONBLOCK was only for the open itself.
+  Result<int> file = OpenFileNotFifo(Path("plain"), O_WRONLY | O_CREAT | O_TRUNC);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  EXPECT_EQ(::fcntl(*file, F_GETFL) & O_NONBLOCK, 0);
+  ::close(*file);
+}
+
 }  // namespace
 }  // namespace shardckpt

@@ -377,8 +377,9 @@ Result<int> TryLockFile(const std::string& root, const char* name) {
 // Whether someone holds root's lock file `name` (tested with a shared lock that is let go at
 // once; a missing file is not held, and is not created).
 bool LockHeld(const std::string& root, const char* name) {
-  int fd = ::open(JoinPath(root, name).c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
+  Result<int> opened = OpenFileNotFifo(JoinPath(root, name), O_RDONLY);
+  if (!opened.ok()) return false;
+  const int fd = *opened;
   const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
   ::close(fd);
   return held;

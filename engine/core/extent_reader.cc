@@ -97,8 +97,7 @@ Status ReadTail(const std::string& dir, const FileRecord& f, const ReadExtent& e
   out->assign(e.length, 0);
   if (e.offset >= f.size) return Status::Ok();
   const std::string path = JoinPath(dir, f.name);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, "open " + path);
+  SC_ASSIGN_OR_RETURN(const int fd, OpenFileNotFifo(path, O_RDONLY));
   Status read = ReadFullyAt(fd, out->data(), f.size - e.offset, e.offset, path);
   ::close(fd);
   return read;

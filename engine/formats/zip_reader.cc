@@ -31,8 +31,7 @@ Result<ByteSource> ByteSource::OpenFile(const std::string& path) {
   ByteSource s;
   s.name_ = path;
   auto fd = std::make_shared<Fd>();
-  fd->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd->fd < 0) return ErrnoStatus(errno, "open " + path);
+  SC_ASSIGN_OR_RETURN(fd->fd, OpenFileNotFifo(path, O_RDONLY));
   SC_ASSIGN_OR_RETURN(s.size_, FileSize(path));
   s.fd_ = std::move(fd);
   return s;
