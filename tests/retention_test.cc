@@ -541,6 +541,30 @@ TEST_F(RetentionTest, ARememberedCheckpointWithAMissingOrTruncatedDataFileIsAPro
   EXPECT_THAT(listed[2].why, HasSubstr("latest"));
 }
 
+// The same on disk, as `prune --keep-last 1` and a save's keep_last apply it (no metric ranked,
+// so only the newest manifests are read): it removed the only checkpoint that loaded.
+TEST_F(RetentionTest, KeepLastWithTheNewestDamagedKeepsTheNewestThatLoads) {
+  for (int64_t step = 1; step <= 3; ++step) ASSERT_TRUE(SaveStep(step).ok());
+  const std::string manifest = JoinPath(StepDir(3), kManifestName);
+  std::string bytes = ReadFileLimited(manifest, 1 << 20).value();
+  bytes[bytes.size() / 2] ^= 0x20;
+  ASSERT_TRUE(WriteFileAtomic(manifest, bytes, "test").ok());
+  RetentionPolicy policy;
+  policy.keep_last = 1;
+  RetentionReport dry = ApplyRetention(root(), policy, "", /*dry_run=*/true).value();
+  EXPECT_EQ(dry.removed, std::vector<std::string>{StepDirName(1)});
+  RetentionReport pruned = ApplyRetention(root(), policy, "", /*dry_run=*/false).value();
+  EXPECT_EQ(pruned.removed, std::vector<std::string>{StepDirName(1)});
+  EXPECT_EQ(Names(), (std::vector<std::string>{StepDirName(2), StepDirName(3)}));
+  EXPECT_EQ(LoadStep(StepDir(2)).value(), 2);
+  // A save's own retention: step 4 committed with keep_last 1, the damaged step 3 is now no
+  // newest and goes with step 2, the sound one below step 4.
+  SaveOptions options;
+  options.keep_last = 1;
+  ASSERT_TRUE(SaveStep(4, options).ok());
+  EXPECT_EQ(Names(), std::vector<std::string>{StepDirName(4)});
+}
+
 // ---- Deletion: links, crashes, readers. ----
 
 TEST_F(RetentionTest, RetentionNeverFollowsALinkOutOfTheRoot) {

@@ -81,6 +81,23 @@ void PlanRetention(const RetentionPolicy& policy, const std::string& latest, std
   }
 }
 
+namespace {
+
+// As ReadManifest checks a checkpoint, but with the manifest decoded once per process
+// (manifest_summary.h): every save with keep_best ranks every checkpoint kept.
+void ReadManifestInto(const std::string& dir, CheckpointInfo* c) {
+  Result<ManifestSummary> summary = ReadManifestSummary(dir);
+  const Status files = summary.ok() ? CheckDataFilesIn(dir, summary->files) : summary.status();
+  if (summary.ok()) {  // shown even when a data file is missing: which run and step it was
+    c->time = summary->time;
+    c->world_size = summary->world_size;
+    c->metrics = summary->metrics;
+  }
+  if (!files.ok()) c->problem = files.ToString();
+}
+
+}  // namespace
+
 Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, bool with_manifests, bool with_bytes) {
   SC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(root));
   std::vector<CheckpointInfo> out;
@@ -105,18 +122,7 @@ Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, boo
     if (retired) c.problem = "retired by retention: its files are being deleted, or were left by a process that ended first; the next save removes it";
     else if (c.temp) c.problem = "save in progress, or left by one that did not finish";
     else if (!c.committed) c.problem = "no manifest (a deletion or commit cut short); the next save removes it";
-    if (c.committed && with_manifests) {
-      // As ReadManifest checks a checkpoint, but with the manifest decoded once per process
-      // (manifest_summary.h): every save with keep_best ranks every checkpoint kept.
-      Result<ManifestSummary> summary = ReadManifestSummary(dir);
-      const Status files = summary.ok() ? CheckDataFilesIn(dir, summary->files) : summary.status();
-      if (summary.ok()) {  // shown even when a data file is missing: which run and step it was
-        c.time = summary->time;
-        c.world_size = summary->world_size;
-        c.metrics = summary->metrics;
-      }
-      if (!files.ok()) c.problem = files.ToString();
-    }
+    if (c.committed && with_manifests) ReadManifestInto(dir, &c);
     out.push_back(std::move(c));
   }
   std::sort(out.begin(), out.end(), [](const CheckpointInfo& a, const CheckpointInfo& b) {
@@ -132,6 +138,17 @@ Result<RetentionReport> ApplyRetention(const std::string& root, const RetentionP
   if (policy.KeepsEverything()) return report;
   // No byte counts: a save applies this, and on a parallel file system each stat is a round trip.
   SC_ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, ListCheckpoints(root, policy.RanksByMetric(), /*with_bytes=*/false));
+  if (!policy.RanksByMetric() && policy.keep_last > 0) {
+    // keep_last counts undamaged checkpoints (PlanRetention): without a metric to rank by, only
+    // the newest are checked, until keep_last sound ones are found (a save's own, and those of
+    // its earlier saves, are remembered: nothing is decoded again).
+    int sound = 0;
+    for (auto c = all.rbegin(); c != all.rend() && sound < policy.keep_last; ++c) {
+      if (!c->committed) continue;
+      ReadManifestInto(JoinPath(root, c->name), &*c);
+      if (c->problem.empty()) ++sound;
+    }
+  }
   SC_RETURN_IF_ERROR(CheckMetricRecorded(policy, root, all, MetricsNoneYet::kApplyTheRest));
   PlanRetention(policy, ReadLatestName(root), &all);
   for (const CheckpointInfo& c : all) {
