@@ -470,6 +470,23 @@ TEST_F(CheckpointTest, ACheckpointFolderIsNeitherARootNorAnOutputFolder) {
   ConsolidateOptions pt;
   pt.format = ExportFormat::kTorch;
   ASSERT_TRUE(Consolidate(root(), JoinPath(root(), StepDirName(1) + ".pt"), pt).ok());
+  // Nor into another checkpoint of the root, nor over its `latest`: reading step 2, the output
+  // replaced step 1's manifest (step 1 no longer loaded) or turned `latest` into a .pt.
+  ASSERT_TRUE(SaveStep(2).ok());
+  const std::string step2 = JoinPath(root(), StepDirName(2));
+  for (const std::string& out : {JoinPath(folder, kManifestName), JoinPath(folder, "sub/model.pt")}) {
+    Result<ConsolidateReport> written = Consolidate(step2, out, pt);
+    ASSERT_FALSE(written.ok()) << out;
+    EXPECT_EQ(written.status().code(), Code::kInvalidArgument);
+    EXPECT_THAT(written.status().message(), HasSubstr(out + " lies inside the checkpoint " + folder)) << out;
+  }
+  Result<ConsolidateReport> over_latest = Consolidate(step2, JoinPath(root(), kLatestName), pt);
+  ASSERT_FALSE(over_latest.ok());
+  EXPECT_THAT(over_latest.status().message(),
+              HasSubstr(JoinPath(root(), kLatestName) + " would replace the `latest` of the root " + root()));
+  EXPECT_EQ(ListDir(folder).value(), before);
+  ExpectLoads(root(), 2);
+  ExpectLoads(folder, 1);
 }
 
 TEST_F(CheckpointTest, SecondWriterGetsALockError) {

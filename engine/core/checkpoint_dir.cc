@@ -125,9 +125,27 @@ Status RefuseOutputInCheckpoint(const std::string& out, const std::string& check
   const std::filesystem::path dir = std::filesystem::weakly_canonical(checkpoint_dir, dir_error);
   if (out_error || dir_error) return Status::Ok();  // nothing to compare: the write reports a bad path
   auto [in_dir, in_file] = std::mismatch(dir.begin(), dir.end(), file.begin(), file.end());
-  if (in_dir != dir.end()) return Status::Ok();
-  return InvalidArgument(out + " lies inside the checkpoint " + checkpoint_dir +
-                         " being read: write it elsewhere (a checkpoint folder holds only what its save wrote)");
+  if (in_dir == dir.end()) {
+    return InvalidArgument(out + " lies inside the checkpoint " + checkpoint_dir +
+                           " being read: write it elsewhere (a checkpoint folder holds only what its save wrote)");
+  }
+  // Folders are named as the caller spelled them: `out` less as many trailing components.
+  std::string spelled = DirName(out);
+  for (std::filesystem::path up = file.parent_path(); !up.empty(); up = up.parent_path(), spelled = DirName(spelled)) {
+    if (PathExists(JoinPath(up.string(), kManifestName))) {
+      return InvalidArgument(out + " lies inside the checkpoint " + spelled +
+                             ": write it elsewhere (a checkpoint folder holds only what its save wrote)");
+    }
+    if (up == up.root_path()) break;
+  }
+  if (file.filename() == kLatestName) {
+    Result<std::vector<std::pair<int64_t, std::string>>> committed = ListCommitted(file.parent_path().string());
+    if (committed.ok() && !committed->empty()) {
+      return InvalidArgument(out + " would replace the `latest` of the root " + DirName(out) +
+                             ", which names the checkpoint a resume loads: write it elsewhere");
+    }
+  }
+  return Status::Ok();
 }
 
 std::string ReadLatestName(const std::string& root) {

@@ -88,9 +88,11 @@ Status RemoveStaleTempDirs(const std::string& root);
 // into one nested new checkpoints inside it, which loading it never reads.
 Status RefuseCheckpointAsRoot(const std::string& root, const std::string& verb);
 
-// An output file (consolidate's) that would land inside the checkpoint folder being read:
-// InvalidArgument. Written there, it could replace one of the checkpoint's own files, and
-// retention would delete it with the checkpoint. Links are resolved on both sides.
+// An output file (consolidate's, an export's folder) that would land inside the checkpoint
+// folder being read, inside any other committed checkpoint folder, or replace a root's `latest`:
+// InvalidArgument. Written there, it could replace one of a checkpoint's own files (its manifest:
+// the checkpoint no longer loads) or the pointer every resume reads, and retention would delete
+// it with the checkpoint. Links are resolved on both sides.
 Status RefuseOutputInCheckpoint(const std::string& out, const std::string& checkpoint_dir);
 
 // Rewrites `latest` when it does not name the newest committed checkpoint. Root lock held.
