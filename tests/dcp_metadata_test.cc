@@ -32,6 +32,12 @@ TEST(ParsedDcpMetadata, AGlobalOutsideTheListIsRefusedByNameAndNotRun) {
   EXPECT_NE(Message(ParseDcpMetadata(p4, "m").status()).find("'posix.system'"), std::string::npos);
 }
 
+TEST(ParsedDcpMetadata, AFrameLongerThanThePickleIsRefused) {
+  const std::string p = P("\x80\x04\x95\x00\x01\x00\x00\x00\x00\x00\x00}.");
+  EXPECT_NE(Message(ParseDcpMetadata(p, "m").status()).find("a FRAME of 256 bytes with 2 bytes left"), std::string::npos)
+      << Message(ParseDcpMetadata(p, "m").status());
+}
+
 TEST(ParsedDcpMetadata, AllowedCallablesOnlyWithTheirOwnArguments) {
   // getattr is allowed only to name a member of _MEM_FORMAT_ENCODING.
   const std::string p = P("\x80\x02" "cbuiltins\ngetattr\ncbuiltins\ngetattr\nX\x01\x00\x00\x00x\x86R.");

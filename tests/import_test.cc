@@ -163,28 +163,53 @@ TEST_F(ImportTest, Float8IsWrittenAsTorch2WritesItAndReadBack) {
   }
 }
 
+std::string Le(uint64_t v, int n) {
+  std::string out;
+  for (int k = 0; k < n; ++k) out += static_cast<char>((v >> (8 * k)) & 0xFF);
+  return out;
+}
+
+// A zip of stored records, as torch.save writes one; `extra` is the central directory's extra
+// field of the last record, whose sizes are then 0xFFFFFFFF (zip64's, in that field) when given.
+std::string StoredZip(const std::vector<std::pair<std::string, std::string>>& records, const std::string& extra = "") {
+  std::string zip, dir;
+  for (size_t i = 0; i < records.size(); ++i) {
+    const auto& [name, data] = records[i];
+    const bool last_with_extra = i + 1 == records.size() && !extra.empty();
+    const uint64_t offset = zip.size();
+    zip += Le(0x04034b50, 4) + Le(20, 2) + Le(0, 2) + Le(0, 2) + Le(0, 4) + Le(0, 4) + Le(data.size(), 4) +
+           Le(data.size(), 4) + Le(name.size(), 2) + Le(0, 2) + name + data;
+    const uint64_t size = last_with_extra ? 0xFFFFFFFF : data.size();
+    const std::string own_extra = last_with_extra ? extra : "";
+    dir += Le(0x02014b50, 4) + Le(20, 2) + Le(20, 2) + Le(0, 2) + Le(0, 2) + Le(0, 4) + Le(0, 4) + Le(size, 4) +
+           Le(size, 4) + Le(name.size(), 2) + Le(own_extra.size(), 2) + Le(0, 2) + Le(0, 2) + Le(0, 2) + Le(0, 4) +
+           Le(offset, 4) + name + own_extra;
+  }
+  const uint64_t dir_offset = zip.size();
+  zip += dir + Le(0x06054b50, 4) + Le(0, 2) + Le(0, 2) + Le(records.size(), 2) + Le(records.size(), 2) +
+         Le(dir.size(), 4) + Le(dir_offset, 4) + Le(0, 2);
+  return zip;
+}
+
 // The last central directory entry's zip64 extra field claims 24 bytes where its entry holds
 // none: its sizes must not be read from past the directory (ASan: a heap overflow of the copy).
 TEST(ZipReaderTest, AnExtraFieldLongerThanItsEntryIsRefused) {
-  auto le = [](uint64_t v, int n) {
-    std::string out;
-    for (int k = 0; k < n; ++k) out += static_cast<char>((v >> (8 * k)) & 0xFF);
-    return out;
-  };
-  const std::string name = "archive/data.pkl", data = "\x80\x02}.";
-  std::string zip = le(0x04034b50, 4) + le(20, 2) + le(0, 2) + le(0, 2) + le(0, 4) + le(0, 4) + le(data.size(), 4) +
-                    le(data.size(), 4) + le(name.size(), 2) + le(0, 2) + name + data;
-  const uint64_t dir_offset = zip.size();
-  const std::string extra = le(1, 2) + le(24, 2);  // zip64: usize, csize, offset... in no bytes
-  zip += le(0x02014b50, 4) + le(20, 2) + le(20, 2) + le(0, 2) + le(0, 2) + le(0, 4) + le(0, 4) + le(0xFFFFFFFF, 4) +
-         le(0xFFFFFFFF, 4) + le(name.size(), 2) + le(extra.size(), 2) + le(0, 2) + le(0, 2) + le(0, 2) + le(0, 4) +
-         le(0, 4) + name + extra;
-  const uint64_t dir_size = zip.size() - dir_offset;
-  zip += le(0x06054b50, 4) + le(0, 2) + le(0, 2) + le(1, 2) + le(1, 2) + le(dir_size, 4) + le(dir_offset, 4) + le(0, 2);
+  const std::string zip = StoredZip({{"archive/data.pkl", "\x80\x02}."}}, Le(1, 2) + Le(24, 2));
   Result<ZipReader> r = ZipReader::Open(ByteSource::FromBytes(zip, "extra.pt"));
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(r.status().message(),
               HasSubstr("extra.pt: not a valid torch.save zip: record 'archive/data.pkl': an extra field runs past its entry"));
+}
+
+// Two records of one name: torch.load reads the first, import read the last (other tensor
+// values, silently). Refused, naming the record.
+TEST(ZipReaderTest, ARecordNamedTwiceIsRefused) {
+  const std::string zip = StoredZip({{"archive/data.pkl", "\x80\x02}."}, {"archive/data/0", "1234"}, {"archive/data/0", "9999"}});
+  Result<ZipReader> r = ZipReader::Open(ByteSource::FromBytes(zip, "dup.pt"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("dup.pt: not a valid torch.save zip: record 'archive/data/0' occurs twice"));
+  ASSERT_TRUE(ZipReader::Open(ByteSource::FromBytes(StoredZip({{"archive/data.pkl", "\x80\x02}."}, {"archive/data/0", "1234"}}),
+                                                    "once.pt")).ok());
 }
 
 // torch.load byte-swaps a file written on a big-endian host; import, which does not, refuses it.

@@ -159,6 +159,7 @@ TEST(Manifest, RejectsHostileOrBrokenManifests) {
       {"file size inconsistent", [](Manifest& m) { m.files[0].size = 100; }, "does not match"},
       {"table sums missing", [](Manifest& m) { m.files[0].table_page_sums.clear(); }, "table checksums"},
       {"blob of a rank outside the world", [](Manifest& m) { m.blobs[0].rank = 5; }, "world of 2"},
+      {"negative step", [](Manifest& m) { m.step = -4; }, "step -4 is negative"},
   };
   for (const Rejected& c : cases) {
     Manifest m = Sample();

@@ -181,6 +181,11 @@ std::vector<PickleCase> WeightsOnlyCases() {
       {"setitem_on_list", kProto + "]" + Str("k") + Int(1) + "s.", "SETITEM on a list"},
       {"global_os_system", kProto + Global("os", "system") + ".", "global 'os.system' is not allowed"},
       {"protocol_6", "\x80\x06}.", "pickle protocol 6 is not supported"},
+      // Protocol 4's FRAME states the bytes that follow: one past the end is refused, as torch
+      // refuses it (it read as an empty state dict); an honest one reads.
+      {"frame_past_the_end", std::string("\x80\x04\x95", 3) + std::string("\x00\x00\x00\x00\x00\x00\x00\x40", 8) + "}.",
+       "a FRAME of 4611686018427387904 bytes with 2 bytes left"},
+      {"frame_of_the_rest", std::string("\x80\x04\x95", 3) + std::string("\x02\x00\x00\x00\x00\x00\x00\x00", 8) + "}.", ""},
       {"self_containing_dict", SelfContainingDict(), "'a' contains itself"},
       {"duplicate_name", kProto + "}(" + Str("a.b") + Int(1) + Str("a") + "}" + Str("b") + Int(2) + "su.",
        "the name 'a.b' occurs twice"},

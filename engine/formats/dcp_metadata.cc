@@ -175,10 +175,11 @@ class Machine : public PickleStack<Value> {
         unsigned proto = static_cast<unsigned char>(data_[pos_++]);
         return CheckPickleProtocol(proto);
       }
-      case 0x95:  // FRAME
+      case 0x95: {  // FRAME
         if (!Need(8)) return DataLoss("truncated");
-        pos_ += 8;
-        return Status::Ok();
+        const uint64_t length = Le(8);
+        return CheckPickleFrame(length, data_.size() - pos_);
+      }
       case '.':
         done_ = true;
         return Status::Ok();

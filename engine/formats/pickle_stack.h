@@ -29,6 +29,15 @@ inline Status RefuseProtocolZeroOrOne() {
                          "(no PROTO opcode) is not supported, and the bytes may not be a pickle at all");
 }
 
+// FRAME's argument (protocol 4 and up): the frame's length, which the bytes after it must hold,
+// as Python's unpickler requires ("pickle exhausted before end of frame"). Frames are read whole,
+// so the header is all there is to skip.
+inline Status CheckPickleFrame(uint64_t frame_length, size_t bytes_after) {
+  if (frame_length <= bytes_after) return Status::Ok();
+  return DataLoss("a FRAME of " + std::to_string(frame_length) + " bytes with " + std::to_string(bytes_after) +
+                  " bytes left in the pickle (truncated, or not a pickle)");
+}
+
 template <typename Value>
 class PickleStack {
  public:

@@ -434,8 +434,8 @@ class Unpickler : public PickleStack<Value> {
   }
   Status OpFrame(unsigned char) {
     if (!Need(8)) return DataLoss("truncated");
-    pos_ += 8;
-    return Status::Ok();
+    const uint64_t length = ReadLe(8);
+    return CheckPickleFrame(length, data_.size() - pos_);
   }
   Status OpStop(unsigned char) {
     done_ = true;

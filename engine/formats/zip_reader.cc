@@ -159,7 +159,8 @@ Result<ZipReader> ZipReader::Open(ByteSource source) {
     if (Le(local, 4) != 0x04034b50) return bad("record '" + name + "' has no local header");
     uint64_t data = header + 30 + Le(local + 26, 2) + Le(local + 28, 2);
     if (data > size || usize > size - data) return bad("record '" + name + "' runs past the end of the file");
-    z.records_[name] = ZipRecord{data, usize};
+    // torch.load reads the first of two records of one name; taking either would be a guess.
+    if (!z.records_.emplace(name, ZipRecord{data, usize}).second) return bad("record '" + name + "' occurs twice");
   }
   if (z.records_.empty()) return bad("no records");
   const std::string& first = z.records_.begin()->first;

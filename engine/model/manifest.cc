@@ -1012,6 +1012,8 @@ Status ValidateMetrics(const std::map<std::string, double>& metrics) {
 
 Status ValidateManifest(const Manifest& m) {
   auto bad = [](const std::string& what) { return DataLoss("invalid manifest: " + what); };
+  // No save writes one (save.cc refuses it); its folder name could not hold it either.
+  if (m.step < 0) return bad("step " + std::to_string(m.step) + " is negative");
   Status metrics = ValidateMetrics(m.metrics);
   if (!metrics.ok()) return bad(metrics.message());
   std::unordered_set<std::string> file_names;
