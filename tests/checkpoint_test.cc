@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <linux/magic.h>
 #include <sys/vfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -493,10 +494,39 @@ TEST_F(CheckpointTest, SecondWriterGetsALockError) {
   ASSERT_TRUE(MakeDirs(root()).ok());
   Result<RootLock> held = RootLock::Acquire(root());
   ASSERT_TRUE(held.ok());
+  // Held by this process (an async save's persist in flight): said so, with what to do.
   Result<SaveResult> saved = SaveStep(1);
   ASSERT_FALSE(saved.ok());
   EXPECT_EQ(saved.status().code(), Code::kFailedPrecondition);
+  EXPECT_THAT(saved.status().message(), HasSubstr("a save of this process is writing into " + root()));
+  EXPECT_THAT(saved.status().message(), HasSubstr("wait for it"));
+  { RootLock released = std::move(held).value(); }
+  // Held by another process: another job.
+  int ready[2], done[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(done), 0);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::close(done[1]);  // so the parent closing its end is this read's end of file
+    Result<RootLock> other = RootLock::Acquire(root());
+    char byte = other.ok() ? 1 : 0;
+    (void)!::write(ready[1], &byte, 1);
+    (void)!::read(done[0], &byte, 1);  // until the parent closes its end
+    ::_exit(0);
+  }
+  char byte = 0;
+  ASSERT_EQ(::read(ready[0], &byte, 1), 1);
+  ASSERT_EQ(byte, 1);
+  saved = SaveStep(1);
+  ::close(done[1]);
+  ::waitpid(child, nullptr, 0);
+  ::close(done[0]);
+  ::close(ready[0]);
+  ::close(ready[1]);
+  ASSERT_FALSE(saved.ok());
   EXPECT_THAT(saved.status().message(), HasSubstr("another save is writing into " + root()));
+  EXPECT_THAT(saved.status().message(), HasSubstr("two jobs must not save into one root"));
+  ASSERT_TRUE(SaveStep(1).ok());
 }
 
 TEST_F(CheckpointTest, LeftoverTempFoldersAreRemovedByTheNextSave) {

@@ -15,7 +15,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "shardckpt/engine/core/background_removal.h"
@@ -380,6 +382,24 @@ Status RepairLatest(const std::string& root) {
 
 namespace {
 
+// Root lock files this process holds, by (device, inode): a save refused because its own
+// process holds the root (an async save's persist in flight) is told so, not "two jobs".
+std::mutex g_held_mutex;
+std::multiset<std::pair<dev_t, ino_t>> g_held;
+
+std::pair<dev_t, ino_t> FileIdentity(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return {0, 0};
+  return {st.st_dev, st.st_ino};
+}
+
+bool HeldByThisProcess(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return false;
+  std::lock_guard<std::mutex> lock(g_held_mutex);
+  return g_held.count({st.st_dev, st.st_ino}) != 0;
+}
+
 // An exclusive flock on root/name without waiting: the fd, -1 when another holder has it.
 Result<int> TryLockFile(const std::string& root, const char* name) {
   const std::string path = JoinPath(root, name);
@@ -415,6 +435,11 @@ Result<RootLock> RootLock::Acquire(const std::string& root) {
   for (;;) {
     SC_ASSIGN_OR_RETURN(int fd, TryLockFile(root, kLockName));
     if (fd >= 0) return RootLock(fd, -1);
+    if (HeldByThisProcess(JoinPath(root, kLockName))) {
+      return FailedPrecondition("a save of this process is writing into " + root +
+                                " (an async save's persist in flight): wait for it (its handle's Wait, or "
+                                "AsyncSaver::Wait) before another save into the root");
+    }
     if (!LockHeld(root, kPruneLockName)) {
       if (++without_prune < 5) {
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -449,7 +474,17 @@ Result<RootLock> RootLock::AcquireForPrune(const std::string& root) {
 
 bool RootLock::Held(const std::string& root) { return LockHeld(root, kLockName); }
 
+RootLock::RootLock(int fd, int prune_fd) : fd_(fd), prune_fd_(prune_fd) {
+  std::lock_guard<std::mutex> lock(g_held_mutex);
+  g_held.insert(FileIdentity(fd_));
+}
+
 RootLock::~RootLock() {
+  if (fd_ >= 0) {
+    std::lock_guard<std::mutex> lock(g_held_mutex);
+    auto it = g_held.find(FileIdentity(fd_));
+    if (it != g_held.end()) g_held.erase(it);
+  }
   // Closing releases each flock; the root lock goes first, so a save never sees it held
   // without the prune lock.
   if (fd_ >= 0) ::close(fd_);

@@ -117,7 +117,7 @@ class RootLock {
   ~RootLock();
 
  private:
-  RootLock(int fd, int prune_fd) : fd_(fd), prune_fd_(prune_fd) {}
+  RootLock(int fd, int prune_fd);  // records the lock as this process's
   int fd_ = -1;
   int prune_fd_ = -1;
 };

@@ -209,6 +209,10 @@ def save(state_dict: Mapping[str, Any], root: PathLike, step: int, *, keep_last:
     """
     from . import _core
     comm = resolve(comm)
+    # This job's async saves in flight go first, as a second async_save waits for the first:
+    # otherwise one of the two saves found the root locked by the other and failed.
+    for saver in _savers_of(comm):
+        _core.saver_wait(saver)  # its outcome is its handle's to report
     keep: List[torch.Tensor] = []
     step, pieces, blobs, error = _describe_for_collective(state_dict, step, keep)
     code, message, result = _core.save(
@@ -493,6 +497,12 @@ def _drop_savers() -> None:
     forget_foreign()
 
 
+def _savers_of(comm: Any) -> List[Any]:
+    """The engine savers made over ``comm``, whatever their retention."""
+    with _savers_lock:
+        return [saver for (ident, *_), (c, saver) in _savers.items() if ident == id(comm) and c is comm]
+
+
 def _saver_for(comm: Any, options: Tuple[int, int, str, bool],
                user_metadata: Mapping[str, str]) -> Any:
     """One engine AsyncSaver per communicator and retention policy, kept across calls so its
@@ -504,9 +514,7 @@ def _saver_for(comm: Any, options: Tuple[int, int, str, bool],
         held = _savers.get(key)
         if held is not None and held[0] is comm:
             return held[1]
-        others = [saver for (ident, *_), (c, saver) in _savers.items()
-                  if ident == id(comm) and c is comm]
-    for other in others:  # one persist in flight per communicator
+    for other in _savers_of(comm):  # one persist in flight per communicator
         _core.saver_wait(other)
     code, message, saver = _core.create_saver(comm, *options, dict(user_metadata),
                                               torch.__version__)  # collective (duplicates comm)

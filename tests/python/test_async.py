@@ -97,6 +97,26 @@ def test_saver_reused_across_saves(comm, root):
         assert_same(into, expected)
 
 
+def test_a_save_after_an_async_save_waits_for_it(comm, root):
+    """A final synchronous save right after a periodic async one, into the same root: one of
+    the two found the root locked by the other and failed ("two jobs must not save into one
+    root"), sometimes the async one, after its handle had been returned."""
+    state = state_at(comm, 1)
+    first = clone(state)
+    for _ in range(3):  # a timing: tried a few times, each in a fresh root
+        here = os.path.join(root, "try%d" % _)
+        handle = shardckpt.async_save(state, here, 1, comm=comm)
+        second = clone(state_at(comm, 2))
+        saved = shardckpt.save(second, here, 2, comm=comm)
+        assert saved.path.endswith("step-000000002")
+        handle.wait()
+        for step, expected in ((1, first), (2, second)):
+            into = zeroed(expected)
+            report = shardckpt.load(into, os.path.join(here, "step-%09d" % step), comm=comm)
+            assert report.step == step
+            assert_same(into, expected)
+
+
 def assert_same_everywhere(comm, error):
     """The same exception class and message on every rank (agree() carries failures only, so
     each rank sends a short token of its own; ranks that send the same one are named together,
