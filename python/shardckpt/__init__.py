@@ -562,8 +562,8 @@ def async_save(state_dict: Mapping[str, Any], root: PathLike, step: int, *, keep
 
     Under mpirun MPI must provide MPI_THREAD_MULTIPLE (shardckpt asks for it when it
     initializes MPI; else this raises :class:`FailedPrecondition`); over torch.distributed the
-    persist runs on a gloo group of its own, made here on the first call (collective: every rank
-    of the world calls it, as ``dist.new_group`` requires). ``keep_last``/``keep_best``/
+    persist runs on a gloo group of its own, made here on the first call by the group's ranks
+    (on a subgroup, torch >= 2.1 is needed: its ``use_local_synchronization``). ``keep_last``/``keep_best``/
     ``best_metric``/``user_metadata`` are as for :func:`save` (pruning runs after the commit, in
     the background); ``metrics`` are recorded in the manifest.
     """

@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from .errors import DeadlineExceeded
+from .errors import DeadlineExceeded, Unimplemented
 
 
 def _timeout_s() -> float:
@@ -107,6 +107,23 @@ def _release(*tensors: torch.Tensor) -> None:
         t.set_()
 
 
+def _gloo_group(ranks: List[int]) -> Any:
+    """A gloo group over ``ranks`` (global), made by those ranks alone. torch's new_group wants
+    every rank of the world to make every group in one order; a subgroup's members making their
+    own (pipeline stages each saving on its stage's group) took the group name another subgroup
+    had, and joined its peers: a failed or hung connection. use_local_synchronization (torch
+    >= 2.1) names the group from its ranks; without it only the whole world is safe."""
+    import inspect
+    if "use_local_synchronization" in inspect.signature(dist.new_group).parameters:
+        return dist.new_group(ranks=ranks, backend="gloo", use_local_synchronization=True)
+    if len(ranks) != dist.get_world_size():
+        raise Unimplemented(
+            "a gloo group over ranks %s of a torch.distributed subgroup needs torch >= 2.1 "
+            "(new_group's use_local_synchronization; this is torch %s): save and load on such a "
+            "group, or async_save on the default group" % (ranks, torch.__version__))
+    return dist.new_group(ranks=ranks, backend="gloo")
+
+
 class TorchGroupComm:
     """Collectives for the engine over ``group`` (the default group when None)."""
 
@@ -114,7 +131,7 @@ class TorchGroupComm:
         group = dist.group.WORLD if group is None else group
         ranks = [_global_rank(group, r) for r in range(dist.get_world_size(group))]
         if dist.get_backend(group) != "gloo":
-            group = dist.new_group(ranks=ranks, backend="gloo")  # collective, as this call is
+            group = _gloo_group(ranks)
         self.group = group
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
@@ -203,4 +220,4 @@ class TorchGroupComm:
 
     def duplicate(self) -> "TorchGroupComm":
         ranks = [_global_rank(self.group, r) for r in range(self.size)]
-        return TorchGroupComm(dist.new_group(ranks=ranks, backend="gloo"))
+        return TorchGroupComm(_gloo_group(ranks))
