@@ -321,7 +321,8 @@ py::tuple LoadCall(Comm& comm, const std::string& path, const std::vector<PieceT
                    const LocalError& error, const std::vector<std::string>& wanted_values,
                    const std::vector<std::vector<std::string>>& wanted_value_leaves,
                    const std::string& replicated_reads, const std::string& manifest_sharing,
-                   std::optional<uint64_t> read_ahead_max_bytes) {
+                   std::optional<uint64_t> read_ahead_max_bytes,
+                   const std::vector<std::string>& wanted_values_dcp_stores_nothing_of) {
   ShardedState state;
   LoadOptions options;
   Status built = FromPython(error);
@@ -339,6 +340,7 @@ py::tuple LoadCall(Comm& comm, const std::string& path, const std::vector<PieceT
   options.strict = strict;
   options.wanted_values = wanted_values;
   options.wanted_value_leaves = wanted_value_leaves;
+  options.wanted_values_dcp_stores_nothing_of = wanted_values_dcp_stores_nothing_of;
   options.verify_checksums = verify_checksums;
   if (!strip_prefix.empty()) options.rename = StripPrefix(strip_prefix);
   Result<LoadReport> loaded = Status(Code::kInternal, "not run");

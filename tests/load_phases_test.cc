@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "shardckpt/engine/core/save.h"
+#include "shardckpt/engine/formats/dcp_read.h"
 #include "shardckpt/engine/model/manifest_wire.h"
 #include "shardckpt/io/failpoint.h"
 #include "shardckpt/io/fs.h"
@@ -304,6 +305,18 @@ TEST(MatchValues, ByNameOrUnderTheNameAfterRenaming) {
   EXPECT_TRUE(v.missing.empty() && v.unexpected.empty());
   v = MatchValues(m, {"step", "optim.param_groups", "extra", "rng"}, options, 2);
   EXPECT_THAT(v.missing, ElementsAre("rng"));
+}
+
+// An empty dict DCP stored nothing of matches with nothing in a folder DCP wrote, and only there.
+TEST(MatchValues, AnEmptyDictMatchesNothingOnlyInADcpFolder) {
+  Manifest m;
+  m.blobs.push_back(BlobRecord{"step", BlobScope::kGlobal, 0, 0, 0, 1});
+  m.files.push_back(FileRecord{"__0_0.distcp"});
+  LoadOptions options;
+  options.wanted_values_dcp_stores_nothing_of = {"scaler"};
+  EXPECT_THAT(MatchValues(m, {"step", "scaler", "cfg"}, options).missing, ElementsAre("scaler", "cfg"));
+  m.created.user[kDcpSourceKey] = kDcpSourceValue;
+  EXPECT_THAT(MatchValues(m, {"step", "scaler", "cfg"}, options).missing, ElementsAre("cfg"));
 }
 
 // A value in the state passed with checkpoint tensors under its name: an optimizer's state before

@@ -62,6 +62,10 @@ struct LoadOptions {
   // dict of plain values to one item per leaf): the leaf names its nesting has. The value is
   // then found whole when its own blob or every one of these is there.
   std::vector<std::vector<std::string>> wanted_value_leaves;
+  // Wanted values that are empty dicts (or dicts of only those): DCP flattens them to no item at
+  // all, so in a folder DCP wrote they match with nothing there, as dcp.load takes them; in our
+  // own checkpoints they are one value like any other and must be there.
+  std::vector<std::string> wanted_values_dcp_stores_nothing_of;
   // A rank reads its own data file whole while the manifest is decoded, shared, matched and
   // planned, where that pays (engine/core/read_ahead.h: same world size, a large manifest, a file
   // under 16x its size), if the file is no larger than this; 0: never.

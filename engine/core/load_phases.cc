@@ -359,12 +359,16 @@ ValueMatch MatchValues(const Manifest& manifest, const std::vector<std::string>&
   }
   ValueMatch out;
   std::set<std::string> taken;
+  const bool dcp = BuiltFromDcpFolder(manifest);
+  const std::set<std::string> nothing_stored(options.wanted_values_dcp_stores_nothing_of.begin(),
+                                             options.wanted_values_dcp_stores_nothing_of.end());
   for (size_t w = 0; w < wanted_values.size(); ++w) {
     const std::string& want = wanted_values[w];
     if (blobs.count(want)) {
       taken.insert(want);
       continue;
     }
+    if (dcp && nothing_stored.count(want)) continue;
     // Stored leaf by leaf (a DCP folder, a .pt's nested dict): whole only if every leaf the
     // value's nesting has is there; the absent leaves are named.
     static const std::vector<std::string> kNone;

@@ -47,8 +47,8 @@ import torch
 from ._dtensor import dtensor_piece, is_dtensor
 from ._comm import (forget_foreign, from_mpi4py, from_process_group, launched_by_mpi, resolve,
                     single_process, world)
-from ._state import (DTYPES, FlatShard, PerRank, dcp_leaf_names, dcp_leaves, decode_blob, dtype_name, encode_blob,
-                     regroup, restore, walk)
+from ._state import (DTYPES, FlatShard, PerRank, dcp_leaf_names, dcp_leaves, dcp_stores_nothing_of, decode_blob,
+                     dtype_name, encode_blob, regroup, restore, walk)
 from .errors import (Aborted, AlreadyExists, DataLoss, DeadlineExceeded, FailedPrecondition,
                      Internal, InvalidArgument, IoError, NoSpace, NotFound, ShardckptError,
                      Unimplemented, raise_for)
@@ -317,6 +317,7 @@ def load(state_dict: Dict[str, Any], path: PathLike, *, strict: bool = True, str
     # is told which names this state dict takes as values.
     names = list(wanted)
     leaves = [[] if isinstance(wanted[n], PerRank) else dcp_leaf_names(n, wanted[n]) for n in names]
+    nothing_stored = [n for n in names if dcp_stores_nothing_of(wanted[n])]
     # A bad size is refused on every rank with the rest, never raised here on one rank alone:
     # the others would pair their collectives with this rank's next call.
     ahead_max = None
@@ -330,7 +331,7 @@ def load(state_dict: Dict[str, Any], path: PathLike, *, strict: bool = True, str
     code, message, raw = _core.load(comm, _fs(path), pieces, bool(strict), strip_prefix,
                                     bool(verify_checksums), error, names, leaves,
                                     str(replicated_reads), str(manifest_sharing),
-                                    ahead_max)
+                                    ahead_max, nothing_stored)
     raise_for(code, message)
     # Blobs: matched here, and any failure agreed on, so every rank raises the same.
     saved = {_strip(name, strip_prefix): blob for name, blob in raw["blobs"].items()}
@@ -338,7 +339,7 @@ def load(state_dict: Dict[str, Any], path: PathLike, *, strict: bool = True, str
     for name, current in wanted.items():
         if name not in saved and not isinstance(current, PerRank):
             leaves = dcp_leaves(name, current, saved)
-            if leaves:
+            if leaves is not None:  # [] for a value DCP stored nothing of (the engine agreed)
                 pieces_of[name] = leaves
     regrouped = {leaf for leaves in pieces_of.values() for leaf in leaves}
     missing = list(raw["missing"]) + [n for n in wanted if n not in saved and n not in pieces_of]

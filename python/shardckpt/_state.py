@@ -138,6 +138,12 @@ def restore(state: Any, values: Dict[str, Any], prefix: str = "") -> Any:
     return visit(state, prefix, True)
 
 
+def dcp_stores_nothing_of(value: Any) -> bool:
+    """An empty dict, or a dict of only those (a disabled GradScaler's state_dict(), an empty
+    hooks dict): PyTorch DCP flattens it to no item at all, and dcp.load leaves it as it is."""
+    return isinstance(value, dict) and all(dcp_stores_nothing_of(v) for v in value.values())
+
+
 def dcp_leaves(name: str, current: Any, saved: Mapping[str, Any]) -> Optional[List[str]]:
     """The saved names that hold ``current`` piece by piece, or None.
 
@@ -147,6 +153,8 @@ def dcp_leaves(name: str, current: Any, saved: Mapping[str, Any]) -> Optional[Li
     the nesting of the value being loaded, or the value is missing if any leaf is."""
     if name in saved:
         return [name]
+    if dcp_stores_nothing_of(current):
+        return []  # nothing of it stored: matched by nothing (the engine says whether that holds)
     if isinstance(current, dict) and current:
         items = [("%s.%s" % (name, k), v) for k, v in current.items()]
     elif isinstance(current, (list, tuple)) and current:

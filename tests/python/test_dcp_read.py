@@ -299,6 +299,30 @@ def test_optimizer_param_groups_that_dcp_flattened_come_back_as_one_value(tmp_pa
     assert torch.equal(target["optim"]["state"]["l1.weight"]["exp_avg"], torch.zeros(4))
 
 
+def test_empty_dicts_dcp_stores_nothing_of_match_as_dcp_load_takes_them(tmp_path):
+    # DCP flattens an empty dict (a disabled GradScaler's state_dict(), empty hooks) to no item:
+    # dcp.load takes the same state dict back, so must shardckpt (it refused: NotFound 'extra',
+    # 'scaler'); a value that is there still loads, and in our own checkpoints an empty dict is
+    # a value that must be there.
+    import torch.distributed.checkpoint as dcp
+    folder = str(tmp_path / "f")
+    dcp.save({"w": torch.arange(4.0), "extra": {"epoch": 3, "hooks": {}}, "scaler": {}, "nest": {"a": {}}},
+             checkpoint_id=folder, no_dist=True)
+    target = {"w": torch.zeros(4), "extra": {"epoch": 0, "hooks": {}}, "scaler": {}, "nest": {"a": {}}}
+    reference = copy.deepcopy(target)
+    dcp.load(reference, checkpoint_id=folder, no_dist=True)
+    report = shardckpt.load(target, folder)
+    assert report.missing == [] and report.unexpected == []
+    assert target["extra"] == {"epoch": 3, "hooks": {}} == reference["extra"]
+    assert target["scaler"] == {} and target["nest"] == {"a": {}}
+    assert torch.equal(target["w"], torch.arange(4.0))
+    ours = str(tmp_path / "ours")
+    shardckpt.save({"w": torch.arange(4.0)}, ours, 1, comm=shardckpt.single_process())
+    with pytest.raises(shardckpt.NotFound) as error:
+        shardckpt.load({"w": torch.zeros(4), "scaler": {}}, ours, comm=shardckpt.single_process())
+    assert "'scaler'" in error.value.message, error.value.message
+
+
 @pytest.mark.parametrize("protocol", [2, 3, 4, 5])
 def test_every_pickle_protocol_reads(protocol, tmp_path):
     folder = copy_folder("single", tmp_path)
