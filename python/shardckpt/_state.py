@@ -233,6 +233,11 @@ def _encode_json(value: Any, name: str) -> Any:
             return {k: _encode_json(v, "%s.%s" % (name, k)) for k, v in value.items()}
         return {_TAG: "dict", "v": [[_encode_json(k, name), _encode_json(v, "%s.%s" % (name, k))]
                                     for k, v in value.items()]}
+    if isinstance(value, torch.Tensor):  # reached only inside a value (a PerRank's dict or list)
+        raise InvalidArgument(
+            "'%s': a tensor inside a PerRank value's dict or list cannot be saved: PerRank takes one "
+            "tensor, or plain values; give each tensor a PerRank of its own (e.g. {'cpu': "
+            "PerRank(cpu_state), 'cuda': PerRank(cuda_state)})" % name)
     raise InvalidArgument(
         "'%s': a %s.%s cannot be saved: a state dict holds tensors, FlatShard, PerRank, and "
         "int/float/str/bool/None/bytes with lists, tuples and dicts of them" % (

@@ -264,6 +264,16 @@ def test_per_rank_values_at_the_same_world_size(comm, root):
     assert target["cursor"].value == {"rank": rank, "pos": rank * 10}
 
 
+def test_tensors_inside_a_per_rank_dict_are_refused_saying_what_to_do(comm, root):
+    # CPU and CUDA RNG states in one PerRank dict: the message said tensors were both refused
+    # and allowed; it now says a PerRank takes one tensor and how to split them.
+    with pytest.raises(shardckpt.InvalidArgument) as error:
+        shardckpt.save({"rng": shardckpt.PerRank({"cpu": torch.zeros(2, dtype=torch.uint8)})}, root, step=1)
+    assert "'rng.cpu': a tensor inside a PerRank value's dict or list" in error.value.message
+    assert "give each tensor a PerRank of its own" in error.value.message
+    assert not os.path.exists(os.path.join(root, "step-000000001"))
+
+
 def test_a_per_rank_value_only_some_ranks_hold_loads_strictly(comm, root):
     # Rank 0 alone keeps a data-loader cursor: at the same world size each rank takes its own
     # per-rank values only, so rank 1 has none to take and none left over.
