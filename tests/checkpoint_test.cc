@@ -498,7 +498,8 @@ TEST_F(CheckpointTest, SecondWriterGetsALockError) {
   Result<SaveResult> saved = SaveStep(1);
   ASSERT_FALSE(saved.ok());
   EXPECT_EQ(saved.status().code(), Code::kFailedPrecondition);
-  EXPECT_THAT(saved.status().message(), HasSubstr("a save of this process is writing into " + root()));
+  EXPECT_THAT(saved.status().message(), HasSubstr("is writing into " + root() + ": wait for it"));
+  EXPECT_THAT(saved.status().message(), HasSubstr("a save of this process (another thread's, or an async save's persist"));
   EXPECT_THAT(saved.status().message(), HasSubstr("wait for it"));
   { RootLock released = std::move(held).value(); }
   // Held by another process: another job.

@@ -435,15 +435,15 @@ Result<RootLock> RootLock::Acquire(const std::string& root) {
   for (;;) {
     SC_ASSIGN_OR_RETURN(int fd, TryLockFile(root, kLockName));
     if (fd >= 0) return RootLock(fd, -1);
-    if (HeldByThisProcess(JoinPath(root, kLockName))) {
-      return FailedPrecondition("a save of this process is writing into " + root +
-                                " (an async save's persist in flight): wait for it (its handle's Wait, or "
-                                "AsyncSaver::Wait) before another save into the root");
-    }
     if (!LockHeld(root, kPruneLockName)) {
       if (++without_prune < 5) {
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
         continue;
+      }
+      if (HeldByThisProcess(JoinPath(root, kLockName))) {
+        return FailedPrecondition("a save of this process (another thread's, or an async save's persist in "
+                                  "flight) is writing into " + root + ": wait for it (its handle's Wait, or "
+                                  "AsyncSaver::Wait) before another save into the root");
       }
       return FailedPrecondition("another save is writing into " + root + " (lock " + JoinPath(root, kLockName) +
                                 " is held); two jobs must not save into one root");

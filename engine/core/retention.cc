@@ -145,6 +145,10 @@ Result<RetentionReport> ApplyRetention(const std::string& root, const RetentionP
     int sound = 0;
     for (auto c = all.rbegin(); c != all.rend() && sound < policy.keep_last; ++c) {
       if (!c->committed) continue;
+      if (c->name == just_committed) {  // checked as it was committed, just now
+        ++sound;
+        continue;
+      }
       ReadManifestInto(JoinPath(root, c->name), &*c);
       if (c->problem.empty()) ++sound;
     }

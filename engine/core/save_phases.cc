@@ -598,8 +598,9 @@ Status CommitOnRoot(const std::string& root, int64_t step, const PlannedSave& pl
                              ? cache->manifest.get()
                              : nullptr;
     Result<ManifestTextPieces> text = Internal("not encoded");
-    // For retention by a metric, which reads it; no copy of the files list otherwise.
-    const bool summarize = options.retention().RanksByMetric();
+    // For retention by a metric, or keep_last, which checks the newest checkpoints: the next
+    // saves find this one remembered. No copy of the files list otherwise.
+    const bool summarize = options.retention().RanksByMetric() || options.retention().keep_last > 0;
     std::optional<ManifestSummary> summary;
     if (kept != nullptr) {
       Status refreshed =

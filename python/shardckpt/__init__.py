@@ -212,6 +212,7 @@ def save(state_dict: Mapping[str, Any], root: PathLike, step: int, *, keep_last:
     # This job's async saves in flight go first, as a second async_save waits for the first:
     # otherwise one of the two saves found the root locked by the other and failed.
     for saver in _savers_of(comm):
+        _fence_unfenced(saver)
         _core.saver_wait(saver)  # its outcome is its handle's to report
     keep: List[torch.Tensor] = []
     step, pieces, blobs, error = _describe_for_collective(state_dict, step, keep)
@@ -498,6 +499,18 @@ def _drop_savers() -> None:
     forget_foreign()
 
 
+def _fence_unfenced(saver: Any) -> None:
+    """Runs the fence of ``saver``'s copy-while-training handle not fenced yet, through the
+    handle, which keeps the outcome: its own fence() raises a failed copy later as promised
+    (a bare wait on the saver would take that outcome with it)."""
+    previous = _unfenced.pop(id(saver), None)
+    if previous is not None and previous._saver is saver:
+        try:
+            previous.fence()
+        except ShardckptError:
+            pass  # raised again by that handle's fence()/wait()
+
+
 def _savers_of(comm: Any) -> List[Any]:
     """The engine savers made over ``comm``, whatever their retention."""
     with _savers_lock:
@@ -516,6 +529,7 @@ def _saver_for(comm: Any, options: Tuple[int, int, str, bool],
         if held is not None and held[0] is comm:
             return held[1]
     for other in _savers_of(comm):  # one persist in flight per communicator
+        _fence_unfenced(other)
         _core.saver_wait(other)
     code, message, saver = _core.create_saver(comm, *options, dict(user_metadata),
                                               torch.__version__)  # collective (duplicates comm)
@@ -575,13 +589,7 @@ def async_save(state_dict: Mapping[str, Any], root: PathLike, step: int, *, keep
     keep: List[torch.Tensor] = []
     step, pieces, blobs, error = _describe_for_collective(state_dict, step, keep)
     if copy_while_training:
-        # A snapshot still unfenced on this saver is taken before the next one starts.
-        previous = _unfenced.pop(id(saver), None)
-        if previous is not None and previous._saver is saver:
-            try:
-                previous.fence()
-            except ShardckptError:
-                pass  # raised again by that handle's fence()/wait()
+        _fence_unfenced(saver)  # a snapshot still unfenced is taken before the next one starts
         code, message, handle = _core.start_save(comm, saver, _fs(root), step, pieces,
                                                  blobs, dict(metrics or {}), error)
         raise_for(code, message)

@@ -265,3 +265,22 @@ def test_copy_while_training_failure_raised_by_fence_everywhere(comm, root):
     into = zeroed(expected)
     assert shardckpt.load(into, root, comm=comm).step == 42
     assert_same(into, expected)
+
+
+def test_a_failed_copy_is_still_raised_by_fence_after_a_save_waited_for_it(comm, root):
+    # save() waits for the job's saves in flight; the copy-while-training handle not fenced yet
+    # must still raise its failed copy from fence() afterwards (it returned 0.0, no error).
+    code, message, _ = _core.set_failpoints("async.snapshot=EIO")
+    assert code == "OK", message
+    try:  # the copy runs in the background: the failpoint stays until save() has waited for it
+        handle = shardckpt.async_save(state_at(comm, 51), root, 51, comm=comm, copy_while_training=True)
+        saved = shardckpt.save(state_at(comm, 52), root, 52, comm=comm)
+    finally:
+        _core.set_failpoints("")
+    assert saved.path.endswith("step-000000052")
+    with pytest.raises(shardckpt.IoError) as failed:
+        handle.fence()
+    assert "snapshot of step 51" in failed.value.message
+    with pytest.raises(shardckpt.IoError):
+        handle.wait()
+    assert 51 not in saved_steps(root)
