@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -479,8 +480,14 @@ TEST_F(CheckpointTest, ACheckpointFolderIsNeitherARootNorAnOutputFolder) {
     Result<ConsolidateReport> written = Consolidate(step2, out, pt);
     ASSERT_FALSE(written.ok()) << out;
     EXPECT_EQ(written.status().code(), Code::kInvalidArgument);
-    EXPECT_THAT(written.status().message(), HasSubstr(out + " lies inside the checkpoint " + folder)) << out;
+    EXPECT_THAT(written.status().message(),
+                HasSubstr(out + " lies inside the checkpoint " + std::filesystem::canonical(folder).string())) << out;
   }
+  // A folder holding some other manifest.json (a web app's) is no checkpoint.
+  const std::string app = JoinPath(dir_.path(), "webapp");
+  ASSERT_TRUE(MakeDirs(JoinPath(app, "models")).ok());
+  ASSERT_TRUE(WriteFileAtomic(JoinPath(app, kManifestName), "{\"name\": \"my app\"}", "test").ok());
+  EXPECT_TRUE(Consolidate(step2, JoinPath(app, "models/model.pt"), pt).ok());
   Result<ConsolidateReport> over_latest = Consolidate(step2, JoinPath(root(), kLatestName), pt);
   ASSERT_FALSE(over_latest.ok());
   EXPECT_THAT(over_latest.status().message(),

@@ -131,11 +131,12 @@ Status RefuseOutputInCheckpoint(const std::string& out, const std::string& check
     return InvalidArgument(out + " lies inside the checkpoint " + checkpoint_dir +
                            " being read: write it elsewhere (a checkpoint folder holds only what its save wrote)");
   }
-  // Folders are named as the caller spelled them: `out` less as many trailing components.
-  std::string spelled = DirName(out);
-  for (std::filesystem::path up = file.parent_path(); !up.empty(); up = up.parent_path(), spelled = DirName(spelled)) {
-    if (PathExists(JoinPath(up.string(), kManifestName))) {
-      return InvalidArgument(out + " lies inside the checkpoint " + spelled +
+  // A committed checkpoint is a step folder with a manifest (a manifest.json of another kind, a
+  // web app's, is no checkpoint). Named with links resolved: the caller's spelling may not say.
+  for (std::filesystem::path up = file.parent_path(); !up.empty(); up = up.parent_path()) {
+    int64_t step = 0;
+    if (ParseStepDirName(up.filename().string(), &step) && PathExists(JoinPath(up.string(), kManifestName))) {
+      return InvalidArgument(out + " lies inside the checkpoint " + up.string() +
                              ": write it elsewhere (a checkpoint folder holds only what its save wrote)");
     }
     if (up == up.root_path()) break;
