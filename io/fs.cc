@@ -143,32 +143,48 @@ Result<std::vector<std::string>> ListDir(const std::string& path) {
   return names;
 }
 
+namespace {
+
+// What OpenFileNotFifo refuses, named; nullptr for what it opens (regular files, devices).
+const char* RefusedKind(mode_t mode) {
+  return S_ISFIFO(mode) ? "a FIFO" : S_ISDIR(mode) ? "a directory" : S_ISSOCK(mode) ? "a socket" : nullptr;
+}
+
+Status NotARegularFile(const std::string& path, const char* kind) {
+  return FailedPrecondition(path + " is not a regular file (" + kind + ")");
+}
+
+}  // namespace
+
 Result<int> OpenFileNotFifo(const std::string& path, int flags, mode_t mode, int* open_errno) {
-  const int fd = ::open(path.c_str(), flags | O_NONBLOCK | O_CLOEXEC, mode);
-  const int err = fd < 0 ? errno : 0;
+  int fd = ::open(path.c_str(), flags | O_NONBLOCK | O_CLOEXEC, mode);
+  int err = fd < 0 ? errno : 0;
+  struct stat st;
+  if ((err == EAGAIN || err == EWOULDBLOCK) && ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+    // A regular file under a lease (an NFS delegation, a Samba oplock): O_NONBLOCK refuses to
+    // wait for the lease break, which a plain open does.
+    fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+    err = fd < 0 ? errno : 0;
+  }
   if (open_errno != nullptr) *open_errno = err;
   if (fd < 0) {
-    // A FIFO with no reader, opened to write without blocking: not a file to write either.
-    if (err == ENXIO) return FailedPrecondition(path + " is not a regular file (a FIFO)");
+    // ENXIO: a FIFO with no reader opened to write without blocking, or a socket.
+    if (err == ENXIO && ::stat(path.c_str(), &st) == 0 && RefusedKind(st.st_mode) != nullptr) {
+      return NotARegularFile(path, RefusedKind(st.st_mode));
+    }
     return ErrnoStatus(err, "open " + path);
   }
-  struct stat st;
+  Status refused;
   if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return ErrnoStatus(err, "fstat " + path);
+    refused = ErrnoStatus(errno, "fstat " + path);
+  } else if (RefusedKind(st.st_mode) != nullptr) {
+    refused = NotARegularFile(path, RefusedKind(st.st_mode));
+  } else if (::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
+    refused = ErrnoStatus(errno, "fcntl " + path);
   }
-  if (S_ISFIFO(st.st_mode) || S_ISDIR(st.st_mode) || S_ISSOCK(st.st_mode)) {
-    ::close(fd);
-    const char* what = S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISDIR(st.st_mode) ? "a directory" : "a socket";
-    return FailedPrecondition(path + " is not a regular file (" + what + ")");
-  }
-  if (::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return ErrnoStatus(err, "fcntl " + path);
-  }
-  return fd;
+  if (refused.ok()) return fd;
+  ::close(fd);
+  return refused;
 }
 
 Result<uint64_t> FileSize(const std::string& path) {

@@ -7,9 +7,12 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -197,6 +200,17 @@ TEST_F(WholeFile, AFifoOrFolderIsRefusedWithoutWaiting) {
   Result<int> write = OpenFileNotFifo(Path("fifo"), O_WRONLY | O_CREAT | O_TRUNC);
   EXPECT_EQ(write.status().code(), Code::kFailedPrecondition);
   EXPECT_THAT(write.status().ToString(), HasSubstr(Path("fifo") + " is not a regular file (a FIFO)"));
+  // A socket fails open() with ENXIO, as a FIFO without a reader does: named as what it is.
+  const int sock = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(sock, 0);
+  struct sockaddr_un address {};
+  address.sun_family = AF_UNIX;
+  const std::string socket_path = Path("sock");
+  ASSERT_LT(socket_path.size(), sizeof(address.sun_path));
+  std::memcpy(address.sun_path, socket_path.c_str(), socket_path.size() + 1);
+  ASSERT_EQ(::bind(sock, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  EXPECT_THAT(ReadFileLimited(socket_path, 1 << 20).status().ToString(), HasSubstr(socket_path + " is not a regular file (a socket)"));
+  ::close(sock);
   ::alarm(0);
   // A regular file opens blocking as usual: O_NONBLOCK was only for the open itself.
   Result<int> file = OpenFileNotFifo(Path("plain"), O_WRONLY | O_CREAT | O_TRUNC);
