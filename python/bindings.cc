@@ -54,23 +54,30 @@ Status FromPython(const LocalError& error) {
   return Status(Code::kInvalidArgument, error.second);
 }
 
-// Paths are bytes to the engine; a path that is not UTF-8 comes back as Python's os.fsdecode
-// would give it (undecodable bytes as surrogates), so it can be passed back in and is not an
-// error of its own. Messages embed paths, so they come back the same way.
-py::str FsText(const std::string& text) {
+// Paths are bytes to the engine; they come back as os.fsdecode gives them (undecodable bytes
+// as surrogates), so a path that is not UTF-8 can be passed back in and is no error of its own.
+py::str PathText(const std::string& path) {
+  PyObject* decoded = PyUnicode_DecodeFSDefaultAndSize(path.data(), static_cast<Py_ssize_t>(path.size()));
+  if (decoded == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(decoded);
+}
+
+py::list PathTexts(const std::vector<std::string>& paths) {
+  py::list out;
+  for (const std::string& path : paths) out.append(PathText(path));
+  return out;
+}
+
+// Messages are UTF-8 (tensor names) around paths' bytes: bytes that are not UTF-8 come back as
+// surrogates, as os.fsdecode gives them in a UTF-8 locale.
+py::str MessageText(const std::string& text) {
   PyObject* decoded = PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()), "surrogateescape");
   if (decoded == nullptr) throw py::error_already_set();
   return py::reinterpret_steal<py::str>(decoded);
 }
 
-py::list FsTexts(const std::vector<std::string>& texts) {
-  py::list out;
-  for (const std::string& text : texts) out.append(FsText(text));
-  return out;
-}
-
 py::tuple Reply(const Status& status, py::object value = py::none()) {
-  return py::make_tuple(CodeName(status.code()), FsText(status.message()), std::move(value));
+  return py::make_tuple(CodeName(status.code()), MessageText(status.message()), std::move(value));
 }
 
 Result<Layout> ParseLayout(const std::string& kind, const py::object& a, const py::object& b) {
@@ -308,7 +315,7 @@ py::tuple SaveCall(Comm& comm, const std::string& root, int64_t step,
   }
   if (!saved.ok()) return Reply(saved.status());
   py::dict out;
-  out["path"] = FsText(saved->path);
+  out["path"] = PathText(saved->path);
   out["bytes_written"] = saved->bytes_written;
   out["total_bytes"] = saved->total_bytes;
   out["plan_reused"] = comm.plan_cache().plans_reused > reused_before;
@@ -352,7 +359,7 @@ py::tuple LoadCall(Comm& comm, const std::string& path, const std::vector<PieceT
   if (!loaded.ok()) return Reply(loaded.status());
   const LoadReport& report = *loaded;
   py::dict out;
-  out["path"] = FsText(report.path);
+  out["path"] = PathText(report.path);
   out["step"] = report.step;
   out["saved_world_size"] = report.saved_world_size;
   out["missing"] = report.missing;
@@ -518,7 +525,7 @@ py::tuple InspectCall(const std::string& path) {
   uint64_t file_bytes = 0;
   for (const FileRecord& f : m->files) file_bytes += f.size;
   py::dict out;
-  out["checkpoint"] = FsText(hold->dir());
+  out["checkpoint"] = PathText(hold->dir());
   out["format_version"] = std::to_string(m->format_major) + "." + std::to_string(m->format_minor);
   out["step"] = m->step;
   out["world_size"] = m->world_size;
@@ -548,10 +555,10 @@ py::tuple VerifyCall(const std::string& path) {
   if (!r.ok()) return Reply(r.status());
   py::list problems;
   for (const VerifyProblem& p : r->problems) {
-    problems.append(py::make_tuple(FsText(p.file), p.offset, p.entries, p.blobs, p.what, HoldersText(p)));
+    problems.append(py::make_tuple(PathText(p.file), p.offset, p.entries, p.blobs, p.what, HoldersText(p)));
   }
   py::dict out;
-  out["checkpoint"] = FsText(r->checkpoint);
+  out["checkpoint"] = PathText(r->checkpoint);
   out["files"] = r->files;
   out["bytes_checked"] = r->bytes_checked;
   out["blocks_checked"] = r->blocks_checked;
@@ -570,8 +577,8 @@ py::tuple RunConsolidate(const std::string& path, const std::string& out_file, c
   }
   if (!r.ok()) return Reply(r.status());
   py::dict out;
-  out["checkpoint"] = FsText(r->checkpoint);
-  out["files"] = FsTexts(r->files);
+  out["checkpoint"] = PathText(r->checkpoint);
+  out["files"] = PathTexts(r->files);
   out["sha256"] = r->sha256;
   out["entries"] = r->entries;
   out["tensor_bytes"] = r->tensor_bytes;
@@ -624,7 +631,7 @@ py::tuple ConvertCall(bool import, const std::string& input, const std::string& 
   }
   if (!r.ok()) return Reply(r.status());
   py::dict out;
-  out["path"] = FsText(r->path);
+  out["path"] = PathText(r->path);
   out["tensors"] = r->tensors;
   out["bytes"] = r->bytes;
   out["skipped"] = r->skipped;
@@ -650,9 +657,9 @@ py::tuple ExportCall(const std::string& path, const std::string& out, const std:
   }
   if (!r.ok()) return Reply(r.status());
   py::dict d;
-  d["checkpoint"] = FsText(r->checkpoint);
-  d["out"] = FsText(r->out);
-  d["files"] = FsTexts(r->files);
+  d["checkpoint"] = PathText(r->checkpoint);
+  d["out"] = PathText(r->out);
+  d["files"] = PathTexts(r->files);
   d["tensors"] = r->tensors;
   d["chunks"] = r->chunks;
   d["byte_items"] = r->byte_items;

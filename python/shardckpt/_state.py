@@ -138,10 +138,23 @@ def restore(state: Any, values: Dict[str, Any], prefix: str = "") -> Any:
     return visit(state, prefix, True)
 
 
+def _dcp_terminal(value: Any) -> bool:
+    """Whether DCP's flattening (torch.distributed.checkpoint._traverse) stores ``value`` as one
+    leaf: anything but a dict, and a list unless it holds a dict (or such a list)."""
+    if isinstance(value, Mapping):
+        return False
+    if not isinstance(value, list):
+        return True
+    return all(not isinstance(e, (Mapping, list)) or _dcp_terminal(e) for e in value)
+
+
 def dcp_stores_nothing_of(value: Any) -> bool:
-    """An empty dict, or a dict of only those (a disabled GradScaler's state_dict(), an empty
-    hooks dict): PyTorch DCP flattens it to no item at all, and dcp.load leaves it as it is."""
-    return isinstance(value, dict) and all(dcp_stores_nothing_of(v) for v in value.values())
+    """An empty dict, or a dict (or a list DCP walks) of only those (a disabled GradScaler's
+    state_dict(), an empty hooks dict, ``[{}]``): PyTorch DCP flattens it to no item at all, and
+    dcp.load leaves it as it is."""
+    if isinstance(value, Mapping):
+        return all(dcp_stores_nothing_of(v) for v in value.values())
+    return isinstance(value, list) and not _dcp_terminal(value) and all(dcp_stores_nothing_of(v) for v in value)
 
 
 def dcp_leaves(name: str, current: Any, saved: Mapping[str, Any]) -> Optional[List[str]]:
@@ -177,18 +190,11 @@ def dcp_leaf_names(name: str, value: Any) -> List[str]:
     The engine's strict match takes a value stored that way only when all of these are there."""
     out: List[str] = []
 
-    def terminal(v: Any) -> bool:
-        if isinstance(v, Mapping):
-            return False
-        if not isinstance(v, list):
-            return True
-        return all(not isinstance(e, (Mapping, list)) or terminal(e) for e in v)
-
     def visit(path: str, v: Any) -> None:
         if isinstance(v, Mapping):
             for k, child in v.items():
                 visit("%s.%s" % (path, k), child)
-        elif terminal(v):
+        elif _dcp_terminal(v):
             out.append(path)
         else:
             for i, child in enumerate(v):
@@ -233,11 +239,11 @@ def _encode_json(value: Any, name: str) -> Any:
             return {k: _encode_json(v, "%s.%s" % (name, k)) for k, v in value.items()}
         return {_TAG: "dict", "v": [[_encode_json(k, name), _encode_json(v, "%s.%s" % (name, k))]
                                     for k, v in value.items()]}
-    if isinstance(value, torch.Tensor):  # reached only inside a value (a PerRank's dict or list)
+    if isinstance(value, torch.Tensor):  # reached only inside a value: a PerRank's dict or list, a key
         raise InvalidArgument(
-            "'%s': a tensor inside a PerRank value's dict or list cannot be saved: PerRank takes one "
-            "tensor, or plain values; give each tensor a PerRank of its own (e.g. {'cpu': "
-            "PerRank(cpu_state), 'cuda': PerRank(cuda_state)})" % name)
+            "'%s': a tensor inside a value (a PerRank's dict or list, or a dict key) cannot be saved: "
+            "a PerRank takes one tensor, or plain values; give each tensor a PerRank of its own (e.g. "
+            "{'cpu': PerRank(cpu_state), 'cuda': PerRank(cuda_state)})" % name)
     raise InvalidArgument(
         "'%s': a %s.%s cannot be saved: a state dict holds tensors, FlatShard, PerRank, and "
         "int/float/str/bool/None/bytes with lists, tuples and dicts of them" % (

@@ -107,7 +107,7 @@ def _release(*tensors: torch.Tensor) -> None:
         t.set_()
 
 
-def _gloo_group(ranks: List[int]) -> Any:
+def _gloo_group(ranks: List[int], instead: str) -> Any:
     """A gloo group over ``ranks`` (global), made by those ranks alone. torch's new_group wants
     every rank of the world to make every group in one order; a subgroup's members making their
     own (pipeline stages each saving on its stage's group) took the group name another subgroup
@@ -118,9 +118,9 @@ def _gloo_group(ranks: List[int]) -> Any:
         return dist.new_group(ranks=ranks, backend="gloo", use_local_synchronization=True)
     if len(ranks) != dist.get_world_size():
         raise Unimplemented(
-            "a gloo group over ranks %s of a torch.distributed subgroup needs torch >= 2.1 "
-            "(new_group's use_local_synchronization; this is torch %s): save and load on such a "
-            "group, or async_save on the default group" % (ranks, torch.__version__))
+            "shardckpt needs a gloo group of its own over ranks %s of a torch.distributed subgroup, "
+            "which its ranks alone can make only with torch >= 2.1 (new_group's "
+            "use_local_synchronization; this is torch %s): %s" % (ranks, torch.__version__, instead))
     return dist.new_group(ranks=ranks, backend="gloo")
 
 
@@ -131,7 +131,7 @@ class TorchGroupComm:
         group = dist.group.WORLD if group is None else group
         ranks = [_global_rank(group, r) for r in range(dist.get_world_size(group))]
         if dist.get_backend(group) != "gloo":
-            group = _gloo_group(ranks)
+            group = _gloo_group(ranks, "make the subgroup with backend='gloo', or use the default group")
         self.group = group
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
@@ -220,4 +220,4 @@ class TorchGroupComm:
 
     def duplicate(self) -> "TorchGroupComm":
         ranks = [_global_rank(self.group, r) for r in range(self.size)]
-        return TorchGroupComm(_gloo_group(ranks))
+        return TorchGroupComm(_gloo_group(ranks, "use save() on the subgroup, or async_save() on the default group"))

@@ -269,7 +269,7 @@ def test_tensors_inside_a_per_rank_dict_are_refused_saying_what_to_do(comm, root
     # and allowed; it now says a PerRank takes one tensor and how to split them.
     with pytest.raises(shardckpt.InvalidArgument) as error:
         shardckpt.save({"rng": shardckpt.PerRank({"cpu": torch.zeros(2, dtype=torch.uint8)})}, root, step=1)
-    assert "'rng.cpu': a tensor inside a PerRank value's dict or list" in error.value.message
+    assert "'rng.cpu': a tensor inside a value (a PerRank's dict or list" in error.value.message
     assert "give each tensor a PerRank of its own" in error.value.message
     assert not os.path.exists(os.path.join(root, "step-000000001"))
 

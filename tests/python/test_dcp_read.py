@@ -306,15 +306,17 @@ def test_empty_dicts_dcp_stores_nothing_of_match_as_dcp_load_takes_them(tmp_path
     # a value that must be there.
     import torch.distributed.checkpoint as dcp
     folder = str(tmp_path / "f")
-    dcp.save({"w": torch.arange(4.0), "extra": {"epoch": 3, "hooks": {}}, "scaler": {}, "nest": {"a": {}}},
-             checkpoint_id=folder, no_dist=True)
-    target = {"w": torch.zeros(4), "extra": {"epoch": 0, "hooks": {}}, "scaler": {}, "nest": {"a": {}}}
+    dcp.save({"w": torch.arange(4.0), "extra": {"epoch": 3, "hooks": {}}, "scaler": {}, "nest": {"a": {}},
+              "lst": [{}], "kept": [[]]}, checkpoint_id=folder, no_dist=True)
+    target = {"w": torch.zeros(4), "extra": {"epoch": 0, "hooks": {}}, "scaler": {}, "nest": {"a": {}},
+              "lst": [{}], "kept": [[1]]}
     reference = copy.deepcopy(target)
     dcp.load(reference, checkpoint_id=folder, no_dist=True)
     report = shardckpt.load(target, folder)
     assert report.missing == [] and report.unexpected == []
     assert target["extra"] == {"epoch": 3, "hooks": {}} == reference["extra"]
-    assert target["scaler"] == {} and target["nest"] == {"a": {}}
+    assert target["scaler"] == {} and target["nest"] == {"a": {}} and target["lst"] == [{}]
+    assert target["kept"] == [[]] == reference["kept"]  # a list of lists is one item DCP stores
     assert torch.equal(target["w"], torch.arange(4.0))
     ours = str(tmp_path / "ours")
     shardckpt.save({"w": torch.arange(4.0)}, ours, 1, comm=shardckpt.single_process())
