@@ -176,11 +176,13 @@ Result<int> OpenFileNotFifo(const std::string& path, int flags, mode_t mode, int
   }
   Status refused;
   if (::fstat(fd, &st) != 0) {
-    refused = ErrnoStatus(errno, "fstat " + path);
+    err = errno;  // before the message is built
+    refused = ErrnoStatus(err, "fstat " + path);
   } else if (RefusedKind(st.st_mode) != nullptr) {
     refused = NotARegularFile(path, RefusedKind(st.st_mode));
   } else if (::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
-    refused = ErrnoStatus(errno, "fcntl " + path);
+    err = errno;
+    refused = ErrnoStatus(err, "fcntl " + path);
   }
   if (refused.ok()) return fd;
   ::close(fd);

@@ -132,14 +132,19 @@ Status RefuseOutputInCheckpoint(const std::string& out, const std::string& check
                            " being read: write it elsewhere (a checkpoint folder holds only what its save wrote)");
   }
   // A committed checkpoint is a step folder with a manifest (a manifest.json of another kind, a
-  // web app's, is no checkpoint). Named with links resolved: the caller's spelling may not say.
-  for (std::filesystem::path up = file.parent_path(); !up.empty(); up = up.parent_path()) {
-    int64_t step = 0;
-    if (ParseStepDirName(up.filename().string(), &step) && PathExists(JoinPath(up.string(), kManifestName))) {
-      return InvalidArgument(out + " lies inside the checkpoint " + up.string() +
-                             ": write it elsewhere (a checkpoint folder holds only what its save wrote)");
+  // web app's, is no checkpoint), looked for along the path as spelled (a step folder may be a
+  // link into an archive, whose target has another name) and with links resolved.
+  std::error_code spelled_error;
+  const std::filesystem::path spelled = std::filesystem::absolute(out, spelled_error).lexically_normal();
+  for (const std::filesystem::path& path : {spelled, file}) {
+    for (std::filesystem::path up = path.parent_path(); !up.empty(); up = up.parent_path()) {
+      int64_t step = 0;
+      if (ParseStepDirName(up.filename().string(), &step) && PathExists(JoinPath(up.string(), kManifestName))) {
+        return InvalidArgument(out + " lies inside the checkpoint " + up.string() +
+                               ": write it elsewhere (a checkpoint folder holds only what its save wrote)");
+      }
+      if (up == up.root_path()) break;
     }
-    if (up == up.root_path()) break;
   }
   if (file.filename() == kLatestName) {
     Result<std::vector<std::pair<int64_t, std::string>>> committed = ListCommitted(file.parent_path().string());

@@ -588,8 +588,8 @@ def async_save(state_dict: Mapping[str, Any], root: PathLike, step: int, *, keep
                               bool(best_higher_is_better)), dict(user_metadata or {}))
     keep: List[torch.Tensor] = []
     step, pieces, blobs, error = _describe_for_collective(state_dict, step, keep)
+    _fence_unfenced(saver)  # a snapshot still unfenced is taken (its outcome kept) before the next save
     if copy_while_training:
-        _fence_unfenced(saver)  # a snapshot still unfenced is taken before the next one starts
         code, message, handle = _core.start_save(comm, saver, _fs(root), step, pieces,
                                                  blobs, dict(metrics or {}), error)
         raise_for(code, message)

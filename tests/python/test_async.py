@@ -284,3 +284,18 @@ def test_a_failed_copy_is_still_raised_by_fence_after_a_save_waited_for_it(comm,
     with pytest.raises(shardckpt.IoError):
         handle.wait()
     assert 51 not in saved_steps(root)
+
+
+def test_a_failed_copy_is_still_raised_by_fence_after_a_plain_async_save(comm, root):
+    # A plain async_save on the same saver waits for the unfenced copy the same way.
+    code, message, _ = _core.set_failpoints("async.snapshot#1=EIO")
+    assert code == "OK", message
+    try:
+        handle = shardckpt.async_save(state_at(comm, 61), root, 61, comm=comm, copy_while_training=True)
+        shardckpt.async_save(state_at(comm, 62), root, 62, comm=comm).wait()
+    finally:
+        _core.set_failpoints("")
+    with pytest.raises(shardckpt.IoError) as failed:
+        handle.fence()
+    assert "snapshot of step 61" in failed.value.message
+    assert list(saved_steps(root)) == [62]

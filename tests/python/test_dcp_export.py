@@ -214,6 +214,12 @@ def test_export_to_a_path_that_is_not_utf8(comm):
     dcp_to_torch_save(os.fsdecode(out), os.fsdecode(base + b".pt"))
     got = torch.load(os.fsdecode(base + b".pt"))
     assert same(got["w"], state["w"]) and got["step"] == 7, got
+    # A problem verify finds names the folder: a DataLoss, not a UnicodeDecodeError.
+    distcp = [n for n in os.listdir(out) if n.endswith(b".distcp")][0]
+    os.truncate(out + b"/" + distcp, 3)
+    with pytest.raises(shardckpt.DataLoss) as damaged:
+        shardckpt.verify(out)
+    assert os.fsdecode(out) in damaged.value.message
 
 
 def consolidate(*args):
