@@ -34,13 +34,13 @@ Result<int> OpenPreferDirect(const std::string& path, int flags, bool prefer_dir
       *direct = true;
       return fd;
     }
-    // EINVAL is also O_DIRECT on a FIFO or device: opened (or refused) as such, not logged.
+    if (open_errno != EINVAL) return fd.status();
+    // EINVAL is also O_DIRECT on a FIFO or device: opened (or refused) below as such, not logged.
     struct stat st;
-    if (open_errno != EINVAL || (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))) {
-      return open_errno == EINVAL ? OpenFileNotFifo(path, flags) : fd.status();
+    if (::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) {
+      LogOnce(LogLevel::kWarn, "odirect-refused",
+              "O_DIRECT refused by the file system of " + path + "; using buffered I/O for such files");
     }
-    LogOnce(LogLevel::kWarn, "odirect-refused",
-            "O_DIRECT refused by the file system of " + path + "; using buffered I/O for such files");
   }
   return OpenFileNotFifo(path, flags);
 }

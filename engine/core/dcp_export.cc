@@ -8,9 +8,9 @@
 #include "shardckpt/engine/core/checkpoint_dir.h"
 #include "shardckpt/engine/core/checkpoint_reader.h"
 #include "shardckpt/engine/formats/dcp_writer.h"
-#include "shardckpt/engine/model/json_text.h"
 #include "shardckpt/engine/formats/output_file.h"
 #include "shardckpt/engine/formats/zip_writer.h"
+#include "shardckpt/engine/model/json_text.h"
 #include "shardckpt/io/fs.h"
 
 namespace shardckpt {

@@ -211,9 +211,7 @@ def save(state_dict: Mapping[str, Any], root: PathLike, step: int, *, keep_last:
     comm = resolve(comm)
     # This job's async saves in flight go first, as a second async_save waits for the first:
     # otherwise one of the two saves found the root locked by the other and failed.
-    for saver in _savers_of(comm):
-        _fence_unfenced(saver)
-        _core.saver_wait(saver)  # its outcome is its handle's to report
+    _wait_for_savers_of(comm)
     keep: List[torch.Tensor] = []
     step, pieces, blobs, error = _describe_for_collective(state_dict, step, keep)
     code, message, result = _core.save(
@@ -511,10 +509,15 @@ def _fence_unfenced(saver: Any) -> None:
             pass  # raised again by that handle's fence()/wait()
 
 
-def _savers_of(comm: Any) -> List[Any]:
-    """The engine savers made over ``comm``, whatever their retention."""
+def _wait_for_savers_of(comm: Any) -> None:
+    """Waits for the copies and persists in flight of every engine saver made over ``comm``,
+    whatever its retention; their outcomes are their handles' to report."""
+    from . import _core
     with _savers_lock:
-        return [saver for (ident, *_), (c, saver) in _savers.items() if ident == id(comm) and c is comm]
+        savers = [saver for (ident, *_), (c, saver) in _savers.items() if ident == id(comm) and c is comm]
+    for saver in savers:
+        _fence_unfenced(saver)
+        _core.saver_wait(saver)
 
 
 def _saver_for(comm: Any, options: Tuple[int, int, str, bool],
@@ -528,9 +531,7 @@ def _saver_for(comm: Any, options: Tuple[int, int, str, bool],
         held = _savers.get(key)
         if held is not None and held[0] is comm:
             return held[1]
-    for other in _savers_of(comm):  # one persist in flight per communicator
-        _fence_unfenced(other)
-        _core.saver_wait(other)
+    _wait_for_savers_of(comm)  # one persist in flight per communicator
     code, message, saver = _core.create_saver(comm, *options, dict(user_metadata),
                                               torch.__version__)  # collective (duplicates comm)
     if code == "FailedPrecondition" and "MPI_THREAD_MULTIPLE" in message and \
