@@ -3,8 +3,11 @@
 // wrote are read in tests/python/test_dcp_read.py.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "shardckpt/engine/formats/dcp_metadata.h"
 #include "shardckpt/engine/formats/dcp_read.h"
+#include "shardckpt/engine/formats/dcp_writer.h"
 #include "shardckpt/engine/formats/torch_pickle.h"
 #include "shardckpt/engine/model/manifest.h"
 #include "shardckpt/engine/model/manifest_wire.h"
@@ -107,6 +110,64 @@ TEST(ParsedDcpMetadata, ByteItemsHoldPlainValuesOnly) {
   ASSERT_FALSE(size.ok());
   EXPECT_NE(size.status().message().find("a torch.Size is not a plain value"), std::string::npos) << size.status().ToString();
   EXPECT_FALSE(UnpickleValueBlob(P("\x80\x02" "cposix\nsystem\n(X\x02\x00\x00\x00" "lstR.")).ok());
+}
+
+// What the export writes, read back field by field: lists and dicts grown well past their first
+// room (37 chunks, 40 tensors), offsets at and past the shared small ints (1024), a scalar with
+// no offsets, an empty tensor, a byte item among the tensors.
+TEST(ParsedDcpMetadata, ReadsBackWhatTheExportWrote) {
+  DcpMetadata md;
+  md.checkpoint_id = "/ckpt/step-7";
+  for (int t = 0; t < 40; ++t) {
+    DcpTensor tensor{"layers." + std::to_string(t) + ".weight", t % 2 ? DType::kBFloat16 : DType::kFloat32, {37, 3, 1030}, {}};
+    for (int c = 0; c < (t == 0 ? 37 : 2); ++c) {
+      const int64_t rows = t == 0 ? 1 : (c == 0 ? 20 : 17);
+      const int64_t first = t == 0 ? c : (c == 0 ? 0 : 20);
+      tensor.chunks.push_back(DcpChunk{{first, 0, 0}, {rows, 3, 1030},
+                                       DcpStorage{"__" + std::to_string(c % 3) + "_0.distcp", uint64_t(1000 + c) * 4096, 900 + uint64_t(c)}});
+    }
+    md.tensors.push_back(tensor);
+  }
+  md.tensors.push_back(DcpTensor{"step", DType::kInt64, {}, {DcpChunk{{}, {}, DcpStorage{"__0_0.distcp", 7, 800}}}});
+  md.tensors.push_back(DcpTensor{"empty", DType::kFloat32, {0, 5}, {}});
+  md.bytes.push_back(DcpBytes{"epoch", DcpStorage{"__1_0.distcp", 1700, 700}});
+
+  Result<ParsedDcpMetadata> parsed = ParseDcpMetadata(EncodeDcpMetadata(md), "m");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->version, kDcpVersion);
+  ASSERT_EQ(parsed->items.size(), md.tensors.size() + md.bytes.size());
+  std::map<std::string, const ParsedDcpItem*> items;
+  for (const ParsedDcpItem& item : parsed->items) items[item.name] = &item;
+  std::map<std::pair<std::string, std::vector<int64_t>>, const ParsedDcpStorage*> storage;
+  for (const ParsedDcpStorage& s : parsed->storage) storage[{s.fqn, s.offset.value_or(std::vector<int64_t>{-1})}] = &s;
+  size_t chunks = 0;
+  for (const DcpTensor& t : md.tensors) {
+    ASSERT_TRUE(items.count(t.fqn)) << t.fqn;
+    const ParsedDcpItem& item = *items[t.fqn];
+    EXPECT_FALSE(item.is_bytes);
+    EXPECT_EQ(item.dtype, t.dtype) << t.fqn;
+    EXPECT_TRUE(item.unsupported.empty());
+    EXPECT_EQ(item.size, t.shape) << t.fqn;
+    ASSERT_EQ(item.chunks.size(), t.chunks.size()) << t.fqn;
+    for (size_t c = 0; c < t.chunks.size(); ++c) {
+      EXPECT_EQ(item.chunks[c].offsets, t.chunks[c].offsets) << t.fqn << " chunk " << c;
+      EXPECT_EQ(item.chunks[c].sizes, t.chunks[c].sizes) << t.fqn << " chunk " << c;
+      auto s = storage.find({t.fqn, t.chunks[c].offsets});
+      ASSERT_NE(s, storage.end()) << t.fqn << " chunk " << c;
+      EXPECT_EQ(s->second->relative_path, t.chunks[c].storage.file);
+      EXPECT_EQ(s->second->offset_in_file, t.chunks[c].storage.offset);
+      EXPECT_EQ(s->second->length, t.chunks[c].storage.length);
+      EXPECT_TRUE(s->second->transforms.empty());
+      ++chunks;
+    }
+  }
+  ASSERT_TRUE(items.count("epoch"));
+  EXPECT_TRUE(items["epoch"]->is_bytes);
+  auto epoch = storage.find({"epoch", {-1}});
+  ASSERT_NE(epoch, storage.end());
+  EXPECT_EQ(epoch->second->relative_path, "__1_0.distcp");
+  EXPECT_EQ(epoch->second->offset_in_file, 1700u);
+  EXPECT_EQ(parsed->storage.size(), chunks + 1);
 }
 
 Manifest DcpLikeManifest() {

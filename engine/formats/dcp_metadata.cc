@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <array>
 #include <deque>
+#include <memory>
 #include <string_view>
 #include <set>
 
@@ -15,19 +16,31 @@ namespace {
 constexpr const char* kMeta = "torch.distributed.checkpoint.metadata.";
 constexpr const char* kMemFormatEnum = "torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING";
 
-// One unpickled value, owned by the machine's arena. kObject is a class instance as data: the
-// class's name, NEWOBJ's arguments and BUILD's state; nothing of the class runs.
+// One unpickled value, owned by the machine's arena. kObject is a class instance as data: its
+// items are the class (a global), NEWOBJ's arguments and BUILD's state; nothing of the class runs.
+// A .metadata holds millions of values (10 to 26 per chunk): each is 16 bytes, its text a view
+// into the pickle or into the machine's own strings, its items an array in the machine's item
+// arena, so no value owns a heap allocation (a std::string and a std::vector in each made a
+// value 56 bytes and most of them a malloc or two: rank 0 held 664 MB reading a .metadata of
+// 220,000 chunks, now 346 MB).
 struct Value {
   enum Kind : uint8_t { kNone, kBool, kInt, kBigInt, kFloat, kString, kTuple, kList, kDict, kGlobal, kObject };
   Kind kind = kNone;
   bool is_size = false;  // a torch.Size (a tuple of ints)
-  int64_t i = 0;
-  // String, global name, object class: a view into the pickle, or into the machine's own
-  // strings for what it builds (a global's full name, a path). A .metadata holds millions of
-  // values; a std::string here made each one 16 bytes larger, and most fqns a heap allocation.
-  std::string_view s;
-  std::vector<Value*> items;  // tuple, list, dict as key, value, ...; object: [args, state]
+  uint32_t n = 0;        // a string's or global's bytes; a container's items
+  union {
+    int64_t i = 0;
+    const char* text;  // string, global (the full name)
+    Value** items;     // tuple, list, dict as key, value, ...; object: [class, args, state]
+  };
+  std::string_view s() const { return {text, n}; }
+  size_t size() const { return n; }
+  bool empty() const { return n == 0; }
+  Value* operator[](size_t k) const { return items[k]; }
+  Value* const* begin() const { return items; }
+  Value* const* end() const { return items + n; }
 };
+static_assert(sizeof(Value) == 16, "a .metadata's millions of values: keep them small");
 
 const char* KindName(Value::Kind k) {
   static const char* const kNames[] = {"None", "bool", "int", "big int", "float", "string",
@@ -108,35 +121,93 @@ class Machine : public PickleStack<Value> {
                              "nothing in the file is executed)");
     }
     SC_ASSIGN_OR_RETURN(Value* v, New(Value::kGlobal, full.size()));
-    v->s = Own(full);
+    SetText(v, Own(full));
     return Push(v);
   }
-  Status Tuple(std::vector<Value*> items) {
-    SC_ASSIGN_OR_RETURN(Value* t, New(Value::kTuple, items.size() * sizeof(Value*)));
-    t->items = std::move(items);
+  Status Tuple(const std::vector<Value*>& items) {
+    SC_ASSIGN_OR_RETURN(Value* t, New(Value::kTuple));
+    SC_RETURN_IF_ERROR(SetItems(t, items.data(), items.size()));
     return Push(t);
   }
-  Status Strings(const std::vector<Value*>& a, std::string* out) {
+  Status Strings(const Value& a, std::string* out) {
     for (const Value* v : a) {
       if (v->kind != Value::kString) return DataLoss("a path made of a " + std::string(KindName(v->kind)));
-      out->append(out->empty() ? "" : "/").append(v->s);
+      out->append(out->empty() ? "" : "/").append(v->s());
     }
     return Status::Ok();
+  }
+  // A string's text; at most 4 GiB (a .metadata is read whole and is at most 1 GiB).
+  static void SetText(Value* v, std::string_view text) {
+    v->text = text.data();
+    v->n = static_cast<uint32_t>(text.size());
+  }
+  // The items of a tuple or an instance, which never change: exactly as many slots.
+  Status SetItems(Value* target, Value* const* first, size_t count) {
+    if (count == 0) return Status::Ok();
+    if (count > UINT32_MAX) return InvalidArgument("a tuple of over 4 billion items");
+    SC_ASSIGN_OR_RETURN(target->items, ItemRoom(count));
+    std::copy(first, first + count, target->items);
+    target->n = static_cast<uint32_t>(count);
+    return Status::Ok();
+  }
+  // A list's or dict's slots: a power of two from 4 up, so that its size says its room and the
+  // value needs no field for it.
+  static uint64_t RoomOf(uint64_t n) {
+    if (n == 0) return 0;
+    uint64_t room = 4;
+    while (room < n) room *= 2;
+    return room;
+  }
+  // Items appended to a list or dict (APPENDS, SETITEMS), its array grown in the item arena (an
+  // outgrown array stays there, charged, until the machine is gone).
+  Status Append(Value* target, Value* const* first, size_t count) {
+    if (count == 0) return Status::Ok();
+    const uint64_t needed = uint64_t{target->n} + count;
+    if (needed > UINT32_MAX / 2) return InvalidArgument("a container of over 2 billion items");
+    if (needed > RoomOf(target->n)) {
+      SC_ASSIGN_OR_RETURN(Value** grown, ItemRoom(RoomOf(needed)));
+      std::copy(target->items, target->items + target->n, grown);
+      target->items = grown;
+    }
+    std::copy(first, first + count, target->items + target->n);
+    target->n = static_cast<uint32_t>(needed);
+    return Status::Ok();
+  }
+  // `count` item slots, bump-allocated from blocks: one malloc per 64K slots, not one per value.
+  Result<Value**> ItemRoom(uint64_t count) {
+    SC_RETURN_IF_ERROR(Charge(count * sizeof(Value*)));
+    constexpr uint64_t kBlock = uint64_t{1} << 16;
+    if (count > kBlock / 4) {
+      item_blocks_.push_back(std::make_unique<Value*[]>(count));
+      return item_blocks_.back().get();
+    }
+    if (item_blocks_.empty() || block_used_ + count > kBlock) {
+      // A large array's own block sits last: a fresh block goes after it.
+      item_blocks_.push_back(std::make_unique<Value*[]>(kBlock));
+      block_ = item_blocks_.back().get();
+      block_used_ = 0;
+    }
+    Value** out = block_ + block_used_;
+    block_used_ += count;
+    return out;
   }
   // REDUCE, for the callables DCP's pickles use; each result is plain data.
   Status Reduce() {
     SC_ASSIGN_OR_RETURN(Value* args, Pop());
     SC_ASSIGN_OR_RETURN(Value* fn, Pop());
     if (fn->kind != Value::kGlobal || args->kind != Value::kTuple) return DataLoss("REDUCE of a non-callable");
-    const std::vector<Value*>& a = args->items;
-    const std::string name(fn->s);
+    const Value& a = *args;
+    const std::string name(fn->s());
     if (name == "torch.Size") {
       if (a.size() != 1 || (a[0]->kind != Value::kTuple && a[0]->kind != Value::kList)) return DataLoss("torch.Size of a non-tuple");
-      for (const Value* d : a[0]->items) {
+      for (const Value* d : *a[0]) {
         if (d->kind != Value::kInt) return DataLoss("torch.Size holds a " + std::string(KindName(d->kind)));
       }
-      SC_ASSIGN_OR_RETURN(Value* v, New(Value::kTuple, a[0]->items.size() * sizeof(Value*)));
+      // The items are shared, not copied: a tuple's never change, and a list's first n stay as
+      // they are when it grows (into a new array; the old one stays in the arena).
+      SC_ASSIGN_OR_RETURN(Value* v, New(Value::kTuple));
       v->items = a[0]->items;
+      v->n = a[0]->n;
       v->is_size = true;
       return Push(v);
     }
@@ -145,26 +216,27 @@ class Machine : public PickleStack<Value> {
       // An enum member by value, `_MEM_FORMAT_ENCODING(0)`: how pip's and conda's Pythons pickle
       // an Enum; early 3.11 releases (Debian 12's 3.11.2) write getattr(class, NAME) (below).
       SC_ASSIGN_OR_RETURN(std::string member, MemoryFormatName(a[0]->i));
-      out->s = Own(std::move(member));
+      SC_RETURN_IF_ERROR(Charge(member.size()));
+      SetText(out, Own(std::move(member)));
     } else if (name == "torch.serialization._get_layout" || name == kMemFormatEnum) {
       if (a.size() != 1 || a[0]->kind != Value::kString) return DataLoss(name + " of a non-string");
-      out->s = a[0]->s;
+      SetText(out, a[0]->s());
     } else if (name == "builtins.getattr") {  // only an enum member: getattr(_MEM_FORMAT_ENCODING, 'NAME')
-      if (a.size() != 2 || a[0]->kind != Value::kGlobal || a[0]->s != kMemFormatEnum ||
+      if (a.size() != 2 || a[0]->kind != Value::kGlobal || a[0]->s() != kMemFormatEnum ||
           a[1]->kind != Value::kString) {
         return InvalidArgument("getattr is allowed only for a member of _MEM_FORMAT_ENCODING");
       }
-      out->s = a[1]->s;
+      SetText(out, a[1]->s());
     } else if (name.rfind("pathlib.", 0) == 0) {
       std::string path;
       SC_RETURN_IF_ERROR(Strings(a, &path));
-      out->s = Own(std::move(path));
+      SC_RETURN_IF_ERROR(Charge(path.size()));
+      SetText(out, Own(std::move(path)));
     } else if (name == "collections.OrderedDict" && a.empty()) {
       out->kind = Value::kDict;
     } else {
       return InvalidArgument("REDUCE of '" + name + "' is not supported (nothing in the file is executed)");
     }
-    SC_RETURN_IF_ERROR(Charge(out->s.size()));
     return Push(out);
   }
 
@@ -212,8 +284,9 @@ class Machine : public PickleStack<Value> {
         if (!Need(width)) return DataLoss("truncated string");
         uint64_t n = Le(width);
         if (!Need(n)) return DataLoss("string runs past the end");
-        SC_ASSIGN_OR_RETURN(Value* v, New(Value::kString, n));
-        v->s = std::string_view(data_).substr(pos_, n);
+        if (n > UINT32_MAX) return InvalidArgument("a string of over 4 GiB");
+        SC_ASSIGN_OR_RETURN(Value* v, New(Value::kString));
+        SetText(v, std::string_view(data_).substr(pos_, n));
         pos_ += n;
         return Push(v);
       }
@@ -234,19 +307,24 @@ class Machine : public PickleStack<Value> {
       case '(':
         marks_.push_back(stack_.size());
         return Charge(sizeof(size_t));
-      case ')': return Tuple({});
+      case ')': {  // one empty tuple serves all: every instance's NEWOBJ arguments
+        if (empty_tuple_ == nullptr) {
+          SC_ASSIGN_OR_RETURN(empty_tuple_, New(Value::kTuple));
+        }
+        return Push(empty_tuple_);
+      }
       case ']': return PushNew(Value::kList);
       case '}': return PushNew(Value::kDict);
       case 't': {
         SC_ASSIGN_OR_RETURN(auto items, PopToMark());
-        return Tuple(std::move(items));
+        return Tuple(items);
       }
       case 0x85: case 0x86: case 0x87: {
         std::vector<Value*> items(op - 0x84u);
         for (size_t k = items.size(); k-- > 0;) {
           SC_ASSIGN_OR_RETURN(items[k], Pop());
         }
-        return Tuple(std::move(items));
+        return Tuple(items);
       }
       case 's': case 'u': case 'a': case 'e': {  // SETITEM(S), APPEND(S)
         std::vector<Value*> items;
@@ -263,9 +341,7 @@ class Machine : public PickleStack<Value> {
         if (target->kind != (dict ? Value::kDict : Value::kList) || (dict && items.size() % 2)) {
           return DataLoss(std::string(dict ? "SETITEMS" : "APPENDS") + " on a " + KindName(target->kind));
         }
-        SC_RETURN_IF_ERROR(Charge(items.size() * sizeof(Value*)));
-        target->items.insert(target->items.end(), items.begin(), items.end());
-        return Status::Ok();
+        return Append(target, items.data(), items.size());
       }
       case 'c': {
         SC_ASSIGN_OR_RETURN(std::string module, GlobalLine(data_, &pos_));
@@ -276,27 +352,27 @@ class Machine : public PickleStack<Value> {
         SC_ASSIGN_OR_RETURN(Value* name, Pop());
         SC_ASSIGN_OR_RETURN(Value* module, Pop());
         if (module->kind != Value::kString || name->kind != Value::kString) return DataLoss("STACK_GLOBAL of non-strings");
-        if (module->s.size() > 256 || name->s.size() > 256) return InvalidArgument("STACK_GLOBAL of a name over 256 bytes");
-        return Global(std::string(module->s), std::string(name->s));
+        if (module->n > 256 || name->n > 256) return InvalidArgument("STACK_GLOBAL of a name over 256 bytes");
+        return Global(std::string(module->s()), std::string(name->s()));
       }
       case 0x81: {  // NEWOBJ: an instance of an allowed class, as data
         SC_ASSIGN_OR_RETURN(Value* args, Pop());
         SC_ASSIGN_OR_RETURN(Value* cls, Pop());
-        if (cls->kind != Value::kGlobal || !Classes().count(std::string(cls->s)) || args->kind != Value::kTuple) {
-          return InvalidArgument("NEWOBJ of " + (cls->kind == Value::kGlobal ? "'" + std::string(cls->s) + "'" : std::string("a ") + KindName(cls->kind)) +
+        if (cls->kind != Value::kGlobal || !Classes().count(std::string(cls->s())) || args->kind != Value::kTuple) {
+          return InvalidArgument("NEWOBJ of " + (cls->kind == Value::kGlobal ? "'" + std::string(cls->s()) + "'" : std::string("a ") + KindName(cls->kind)) +
                                  " is not allowed");
         }
-        SC_ASSIGN_OR_RETURN(Value* obj, New(Value::kObject, cls->s.size()));
-        obj->s = cls->s;
-        obj->items = {args, nullptr};
+        SC_ASSIGN_OR_RETURN(Value* obj, New(Value::kObject));
+        Value* const parts[] = {cls, args, nullptr};  // the state comes with BUILD
+        SC_RETURN_IF_ERROR(SetItems(obj, parts, 3));
         return Push(obj);
       }
       case 'R': return Reduce();
       case 'b': {  // BUILD: the instance's state, kept as it is
         SC_ASSIGN_OR_RETURN(Value* state, Pop());
         SC_ASSIGN_OR_RETURN(Value* obj, Top("BUILD"));
-        if (obj->kind != Value::kObject || obj->items[1] != nullptr) return InvalidArgument("BUILD of a " + std::string(KindName(obj->kind)));
-        obj->items[1] = state;
+        if (obj->kind != Value::kObject || obj->items[2] != nullptr) return InvalidArgument("BUILD of a " + std::string(KindName(obj->kind)));
+        obj->items[2] = state;
         return Status::Ok();
       }
       default: {
@@ -329,7 +405,11 @@ class Machine : public PickleStack<Value> {
 
   const std::string& data_;
   std::deque<std::string> owned_;
+  std::vector<std::unique_ptr<Value*[]>> item_blocks_;  // the item arena
+  Value** block_ = nullptr;                            // its block being filled
+  uint64_t block_used_ = 0;
   Value* none_ = nullptr;
+  Value* empty_tuple_ = nullptr;
   Value* bools_[2] = {nullptr, nullptr};
   std::array<Value*, 1024> small_ints_{};
   size_t pos_ = 0;
@@ -340,15 +420,24 @@ class Machine : public PickleStack<Value> {
 
 Status Bad(const std::string& what) { return DataLoss("DCP metadata: " + what); }
 
-bool IsObject(const Value* v, const char* cls) { return v && v->kind == Value::kObject && v->s == std::string(kMeta) + cls; }
+// An instance's class (a global's full name) and BUILD's state (null before BUILD).
+std::string_view ClassOf(const Value* obj) { return (*obj)[0]->s(); }
+const Value* StateOf(const Value* obj) { return (*obj)[2]; }
+
+// An instance of the metadata class `cls` (its name in torch.distributed.checkpoint.metadata).
+bool IsObject(const Value* v, std::string_view cls) {
+  if (!v || v->kind != Value::kObject) return false;
+  const std::string_view name = ClassOf(v), prefix = kMeta;
+  return name.size() == prefix.size() + cls.size() && name.substr(0, prefix.size()) == prefix && name.substr(prefix.size()) == cls;
+}
 
 // An instance's field: BUILD's dict (or the dict of a (dict, slots) pair); null when absent.
-const Value* Field(const Value* obj, const std::string& name) {
-  const Value* state = obj->items[1];
-  if (state && state->kind == Value::kTuple && state->items.size() == 2) state = state->items[0];
+const Value* Field(const Value* obj, std::string_view name) {
+  const Value* state = StateOf(obj);
+  if (state && state->kind == Value::kTuple && state->size() == 2) state = (*state)[0];
   if (!state || state->kind != Value::kDict) return nullptr;
-  for (size_t k = 0; k + 1 < state->items.size(); k += 2) {
-    if (state->items[k]->kind == Value::kString && state->items[k]->s == name) return state->items[k + 1];
+  for (size_t k = 0; k + 1 < state->size(); k += 2) {
+    if ((*state)[k]->kind == Value::kString && (*state)[k]->s() == name) return (*state)[k + 1];
   }
   return nullptr;
 }
@@ -356,7 +445,8 @@ const Value* Field(const Value* obj, const std::string& name) {
 Result<std::vector<int64_t>> Ints(const Value* v, const std::string& what) {
   if (!v || v->kind != Value::kTuple) return Bad(what + " is not a torch.Size");
   std::vector<int64_t> out;
-  for (const Value* d : v->items) {
+  out.reserve(v->size());
+  for (const Value* d : *v) {
     if (d->kind != Value::kInt) return Bad(what + " holds a " + KindName(d->kind));
     out.push_back(d->i);
   }
@@ -365,7 +455,7 @@ Result<std::vector<int64_t>> Ints(const Value* v, const std::string& what) {
 
 Result<std::string> Str(const Value* v, const std::string& what) {
   if (!v || v->kind != Value::kString) return Bad(what + " is not a string");
-  return std::string(v->s);
+  return std::string(v->s());
 }
 
 Result<uint64_t> U64(const Value* v, const std::string& what) {
@@ -379,20 +469,21 @@ Status Tensor(const Value* md, ParsedDcpItem* item) {
   if (!IsObject(props, "TensorProperties")) return Bad("'" + n + "': properties is not a TensorProperties");
   // TensorProperties pickles its state as (dtype, layout, requires_grad, memory_format,
   // pin_memory[, strides]); older torch as a dict with a dtype field.
-  const Value* dtype = props->items[1] && props->items[1]->kind == Value::kTuple && !props->items[1]->items.empty()
-                           ? props->items[1]->items[0]
-                           : Field(props, "dtype");
-  if (!dtype || dtype->kind != Value::kGlobal || dtype->s.rfind("torch.", 0) != 0) return Bad("'" + n + "': no dtype");
-  Result<DType> parsed = ParseDType(dtype->s.substr(6));
+  const Value* state = StateOf(props);
+  const Value* dtype = state && state->kind == Value::kTuple && !state->empty() ? (*state)[0] : Field(props, "dtype");
+  if (!dtype || dtype->kind != Value::kGlobal || dtype->s().rfind("torch.", 0) != 0) return Bad("'" + n + "': no dtype");
+  const std::string dtype_name(dtype->s().substr(6));
+  Result<DType> parsed = ParseDType(dtype_name);
   if (parsed.ok()) {
     item->dtype = *parsed;
   } else {
-    item->unsupported = dtype->s.substr(6);
+    item->unsupported = dtype_name;
   }
   SC_ASSIGN_OR_RETURN(item->size, Ints(Field(md, "size"), "'" + n + "' size"));
   const Value* chunks = Field(md, "chunks");
   if (!chunks || chunks->kind != Value::kList) return Bad("'" + n + "': chunks is not a list");
-  for (const Value* c : chunks->items) {
+  item->chunks.reserve(chunks->size());
+  for (const Value* c : *chunks) {
     if (!IsObject(c, "ChunkStorageMetadata")) return Bad("'" + n + "': a chunk is not a ChunkStorageMetadata");
     ParsedDcpChunk chunk;
     SC_ASSIGN_OR_RETURN(chunk.offsets, Ints(Field(c, "offsets"), "'" + n + "' chunk offsets"));
@@ -404,7 +495,7 @@ Status Tensor(const Value* md, ParsedDcpItem* item) {
 
 Status Storage(const Value* key, const Value* info, ParsedDcpStorage* s) {
   if (!IsObject(key, "MetadataIndex")) return Bad("a storage_data key is not a MetadataIndex");
-  if (!info || info->kind != Value::kObject || info->s != "torch.distributed.checkpoint.filesystem._StorageInfo") {
+  if (!info || info->kind != Value::kObject || ClassOf(info) != "torch.distributed.checkpoint.filesystem._StorageInfo") {
     return Bad("a storage_data value is not a _StorageInfo");
   }
   SC_ASSIGN_OR_RETURN(s->fqn, Str(Field(key, "fqn"), "MetadataIndex.fqn"));
@@ -419,7 +510,7 @@ Status Storage(const Value* key, const Value* info, ParsedDcpStorage* s) {
   const Value* transforms = Field(info, "transform_descriptors");
   if (transforms && transforms->kind != Value::kNone) {
     if (transforms->kind != Value::kList && transforms->kind != Value::kTuple) return Bad(what + ": transform_descriptors");
-    for (const Value* t : transforms->items) {
+    for (const Value* t : *transforms) {
       SC_ASSIGN_OR_RETURN(std::string d, Str(t, what + ": a transform descriptor"));
       s->transforms.push_back(std::move(d));
     }
@@ -438,11 +529,12 @@ Result<ParsedDcpMetadata> ParseDcpMetadata(const std::string& pickle, const std:
     const Value* sdm = Field(root, "state_dict_metadata");
     if (!sdm || sdm->kind != Value::kDict) return Bad("state_dict_metadata is not a dict");
     std::set<std::string> names;
-    for (size_t k = 0; k + 1 < sdm->items.size(); k += 2) {
+    out.items.reserve(sdm->size() / 2);
+    for (size_t k = 0; k + 1 < sdm->size(); k += 2) {
       ParsedDcpItem item;
-      SC_ASSIGN_OR_RETURN(item.name, Str(sdm->items[k], "a state_dict_metadata key"));
+      SC_ASSIGN_OR_RETURN(item.name, Str((*sdm)[k], "a state_dict_metadata key"));
       if (!names.insert(item.name).second) return Bad("'" + item.name + "' is listed twice");
-      const Value* md = sdm->items[k + 1];
+      const Value* md = (*sdm)[k + 1];
       if (IsObject(md, "BytesStorageMetadata")) {
         item.is_bytes = true;
       } else if (IsObject(md, "TensorStorageMetadata")) {
@@ -454,13 +546,14 @@ Result<ParsedDcpMetadata> ParseDcpMetadata(const std::string& pickle, const std:
     }
     const Value* sd = Field(root, "storage_data");
     if (!sd || sd->kind != Value::kDict) return Bad("storage_data is not a dict (a storage layout other than the file system's)");
-    for (size_t k = 0; k + 1 < sd->items.size(); k += 2) {
+    out.storage.reserve(sd->size() / 2);
+    for (size_t k = 0; k + 1 < sd->size(); k += 2) {
       ParsedDcpStorage s;
-      SC_RETURN_IF_ERROR(Storage(sd->items[k], sd->items[k + 1], &s));
+      SC_RETURN_IF_ERROR(Storage((*sd)[k], (*sd)[k + 1], &s));
       out.storage.push_back(std::move(s));
     }
     const Value* version = Field(root, "version");
-    if (version && version->kind == Value::kString) out.version = version->s;
+    if (version && version->kind == Value::kString) out.version = version->s();
     return out;
   };
   Result<ParsedDcpMetadata> out = run();

@@ -158,8 +158,13 @@ bool IsDcpFolder(const std::string& path) {
 
 Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* problems) {
   const std::string meta_path = JoinPath(dir, kDcpMetadataFile);
-  SC_ASSIGN_OR_RETURN(std::string pickle, ReadFileLimited(meta_path, kMaxMetadataBytes));
-  SC_ASSIGN_OR_RETURN(ParsedDcpMetadata md, ParseDcpMetadata(pickle, meta_path));
+  Result<ParsedDcpMetadata> parsed = [&]() -> Result<ParsedDcpMetadata> {
+    // The pickle is gone before the manifest is built: tens of MB at 100,000s of chunks.
+    SC_ASSIGN_OR_RETURN(std::string pickle, ReadFileLimited(meta_path, kMaxMetadataBytes));
+    return ParseDcpMetadata(pickle, meta_path);
+  }();
+  SC_RETURN_IF_ERROR(parsed.status());
+  ParsedDcpMetadata md = std::move(parsed).value();
   auto bad = [&](const std::string& what) { return DataLoss(meta_path + ": " + what); };
 
   Manifest m;
