@@ -101,26 +101,6 @@ TEST(JsonText, WritesNumbersThatReadBackExactly) {
   EXPECT_EQ(ints, "18446744073709551615 -9223372036854775808");
 }
 
-// Text that only informs is kept readable: each byte that starts no valid sequence becomes one
-// U+FFFD, valid sequences around it stay, and the result is always accepted as JSON text.
-TEST(JsonText, ReplacesBytesThatAreNotUtf8) {
-  const std::string fffd = "\xef\xbf\xbd";
-  EXPECT_EQ(Utf8OrReplaced("plain/\xc3\xa9"), "plain/\xc3\xa9");
-  EXPECT_EQ(Utf8OrReplaced("/ckpt-\xff/x"), "/ckpt-" + fffd + "/x");
-  EXPECT_EQ(Utf8OrReplaced("\xc3"), fffd);                     // cut short
-  EXPECT_EQ(Utf8OrReplaced("\xed\xa0\x80"), fffd + fffd + fffd);  // a surrogate: three bytes, none valid
-  EXPECT_EQ(Utf8OrReplaced("ok\xe2\x82"), "ok" + fffd + fffd);
-  std::string out;
-  EXPECT_TRUE(AppendJsonString(&out, Utf8OrReplaced("a\xff\x80\xf0\x9f\x98\x80")));
-}
-
-// What Python's pickle writes for os.fsdecode(b"/ck-\xff\x80/\xc3\xa9"): the surrogates
-// U+DCFF and U+DC80 in "surrogatepass" UTF-8, the valid sequence as it is.
-TEST(JsonText, PathsAsPythonPicklesThem) {
-  EXPECT_EQ(PythonPathText("/ck-\xff\x80/\xc3\xa9"), "/ck-\xed\xb3\xbf\xed\xb2\x80/\xc3\xa9");
-  EXPECT_EQ(PythonPathText("plain"), "plain");
-}
-
 }  // namespace
 }  // namespace shardckpt
 

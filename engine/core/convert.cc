@@ -6,6 +6,8 @@
 #include <map>
 #include <optional>
 
+#include <nlohmann/json.hpp>
+
 #include "shardckpt/engine/core/checkpoint_reader.h"
 #include "shardckpt/engine/core/commit.h"
 #include "shardckpt/engine/core/offline_writer.h"
@@ -16,11 +18,8 @@
 #include "shardckpt/engine/formats/torch_file.h"
 #include "shardckpt/engine/formats/zip_reader.h"
 #include "shardckpt/engine/model/entry_alias.h"
-#include "shardckpt/engine/model/json_text.h"
+#include "shardckpt/engine/model/utf8_text.h"
 #include "shardckpt/io/fs.h"
-
-#include <map>
-#include <nlohmann/json.hpp>
 
 namespace shardckpt {
 namespace {

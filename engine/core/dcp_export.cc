@@ -10,7 +10,7 @@
 #include "shardckpt/engine/formats/dcp_writer.h"
 #include "shardckpt/engine/formats/output_file.h"
 #include "shardckpt/engine/formats/zip_writer.h"
-#include "shardckpt/engine/model/json_text.h"
+#include "shardckpt/engine/model/utf8_text.h"
 #include "shardckpt/io/fs.h"
 
 namespace shardckpt {
