@@ -48,6 +48,11 @@ std::string TensorArgs(int count) {
   return out + "t";
 }
 std::string Tensor(int count = 6) { return Global("torch._utils", "_rebuild_tensor_v2") + TensorArgs(count) + "R"; }
+// _rebuild_tensor_v2 with torch 2.x's tensor metadata, a dict {key: value} (get_tensor_metadata).
+std::string TensorWithMetadata(const std::string& key, const std::string& value) {
+  return Global("torch._utils", "_rebuild_tensor_v2") + TensorArgs(6).substr(0, TensorArgs(6).size() - 1) + "}" + Str(key) +
+         value + "stR";
+}
 std::string Parameter(const std::string& args) { return Global("torch._utils", "_rebuild_parameter") + "(" + args + "tR"; }
 // {"w": value} as a whole pickle.
 std::string DictOf(const std::string& value) { return kProto + "}" + Str("w") + value + "s."; }
@@ -201,6 +206,15 @@ std::vector<PickleCase> WeightsOnlyCases() {
       {"uint16_v3", DictOf(TensorV3("uint16", 4, 0, 2, 1)), ""},
       {"uint64_v3", DictOf(TensorV3("uint64", 16, 0, 2, 1)), ""},
       {"e8m0_v3", DictOf(TensorV3("float8_e8m0fnu", 2, 0, 2, 1)), "tensor 'w': dtype float8_e8m0fnu is not supported by shardckpt"},
+      // torch 2.x's neg and conj bits: the storage holds the values before negation or
+      // conjugation, which torch.load applies; refused, not read as the wrong values.
+      {"negative_view", DictOf(TensorWithMetadata("neg", "\x88")),
+       "tensor 'w': it is a negative view ({'neg': True} in the file): its storage holds the values before negation"},
+      {"conjugate_view", DictOf(TensorWithMetadata("conj", "\x88")),
+       "tensor 'w': it is a conjugate view ({'conj': True} in the file)"},
+      {"view_flags_false", DictOf(TensorWithMetadata("neg", "\x89")), ""},
+      {"other_tensor_metadata", DictOf(TensorWithMetadata("future_bit", Int(1))),
+       "tensor 'w': the file sets tensor metadata other than the neg and conj flags"},
       // What shardckpt wrote before it named the class as torch does: still read.
       {"bare_untyped_storage",
        DictOf(Global("torch._utils", "_rebuild_tensor_v3") + "((" + Str("storage") + Global("torch", "UntypedStorage") +

@@ -156,6 +156,29 @@ const char* KindName(Value::Kind kind) {
   return kNames[kind];
 }
 
+// What a tensor's `unsupported` says when it is not a dtype or a layout: a view whose stored
+// values are not its values (RefusedTensorText says why and what to do).
+constexpr const char* kNegativeView = "a negative view";
+constexpr const char* kConjugateView = "a conjugate view";
+constexpr const char* kOtherTensorMetadata = "tensor metadata";
+
+// Why a tensor whose `unsupported` is `what` is refused, and what to do, after "tensor 'NAME': ".
+std::string RefusedTensorText(std::string_view what) {
+  if (what == kNegativeView || what == kConjugateView) {
+    const bool neg = what == kNegativeView;
+    return std::string("it is ") + std::string(what) + " (" + (neg ? "{'neg': True}" : "{'conj': True}") +
+           " in the file): its storage holds the values before " + (neg ? "negation" : "conjugation") +
+           ", which shardckpt does not apply (save t.resolve_neg().resolve_conj() instead)";
+  }
+  if (what == kOtherTensorMetadata) {
+    return "the file sets tensor metadata other than the neg and conj flags, which shardckpt does not know";
+  }
+  if (what.substr(0, 12) == "torch.sparse") {
+    return "layout " + std::string(what) + " is not supported by shardckpt (convert it with .to_dense() before importing)";
+  }
+  return "dtype " + std::string(what) + " is not supported by shardckpt (convert the tensor before importing)";
+}
+
 // torch dtypes (as torch 2.x's _rebuild_tensor_v3 names them) that shardckpt has no type for.
 const char* const kUnsupportedDTypes[] = {"complex32", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu",
                                           "float4_e2m1fn_x2", "bits8", "bits16"};
@@ -318,12 +341,30 @@ class Unpickler : public PickleStack<Value> {
         (k == 2 ? t.sizes : t.strides).push_back(d->i);
       }
     }
+    if (a.size() == fixed + 1 && a[fixed]->kind == Value::kDict && !unsupported) unsupported = ViewFlag(*a[fixed]);
     SC_RETURN_IF_ERROR(Charge(sizeof(PickleTensor) + t.storage_key.size() + 16 * t.sizes.size()));
     tensors_.push_back(std::move(t));
     SC_ASSIGN_OR_RETURN(Value* tensor, New(Value::kTensor));
     tensor->i = static_cast<int64_t>(tensors_.size() - 1);
     tensor->unsupported = unsupported;
     return Push(tensor);
+  }
+
+  // torch 2.x's tensor metadata (torch._utils.get_tensor_metadata), which torch.load applies after
+  // rebuilding: {'neg': True} for a negative view, {'conj': True} for a conjugate one. Their
+  // storages hold the values before negation or conjugation; read as they are, the values would
+  // come out negated without a word. Null when no flag is set (an empty dict, or flags False).
+  static const char* ViewFlag(const Value& metadata) {
+    for (size_t k = 0; k + 1 < metadata.items.size(); k += 2) {
+      const Value* key = metadata.items[k];
+      const Value* value = metadata.items[k + 1];
+      if ((value->kind == Value::kBool || value->kind == Value::kInt) && value->i == 0) continue;
+      if (value->kind == Value::kNone) continue;
+      if (key->kind == Value::kString && key->s == "neg") return kNegativeView;
+      if (key->kind == Value::kString && key->s == "conj") return kConjugateView;
+      return kOtherTensorMetadata;
+    }
+    return nullptr;
   }
 
   // A tensor of a kind shardckpt does not take (`why`: its dtype or layout), refused where its
@@ -775,13 +816,8 @@ class Flattener {
     if (!names_.insert(name).second) {
       return InvalidArgument("the name '" + name + "' occurs twice (a dotted key and a nested dict, or 1 and \"1\")");
     }
-    if (value->kind == Value::kTensor && value->unsupported && std::string_view(value->unsupported).substr(0, 12) == "torch.sparse") {
-      return Status(Code::kUnimplemented, "tensor '" + name + "': layout " + value->unsupported +
-                                              " is not supported by shardckpt (convert it with .to_dense() before importing)");
-    }
     if (value->kind == Value::kTensor && value->unsupported) {
-      return Status(Code::kUnimplemented, "tensor '" + name + "': dtype " + value->unsupported +
-                                              " is not supported by shardckpt (convert the tensor before importing)");
+      return Status(Code::kUnimplemented, "tensor '" + name + "': " + RefusedTensorText(value->unsupported));
     }
     if (value->kind == Value::kTensor) {
       const PickleTensor& t = unpickler_->tensors()[static_cast<size_t>(value->i)];
@@ -858,7 +894,7 @@ Result<PickleTensor> UnpickleTensor(const std::string& pickle) {
   Unpickler unpickler(pickle);
   SC_ASSIGN_OR_RETURN(Value* root, unpickler.Run());
   if (root->kind != Value::kTensor) return InvalidArgument("the pickle holds a " + std::string(KindName(root->kind)) + ", not a tensor");
-  if (root->unsupported) return Status(Code::kUnimplemented, std::string("dtype ") + root->unsupported + " is not supported by shardckpt");
+  if (root->unsupported) return Status(Code::kUnimplemented, RefusedTensorText(root->unsupported));
   return unpickler.tensors()[static_cast<size_t>(root->i)];
 }
 

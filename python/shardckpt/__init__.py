@@ -144,7 +144,9 @@ def _save_view(tensor: torch.Tensor, name: str, keep: List[torch.Tensor]) -> tor
     view = tensor.detach()
     if view.device.type != "cpu":
         view = view.cpu()
-    view = view.contiguous()
+    # A negative or conjugate view's memory holds the values before negation or conjugation;
+    # contiguous() keeps the flag, resolving writes the values (a copy only when a flag is set).
+    view = view.resolve_neg().resolve_conj().contiguous()
     keep.append(view)  # alive until the engine has written it
     return view
 
@@ -239,7 +241,7 @@ def _describe_load_item(name: str, value: Any, pieces: list, wanted_blobs: Dict[
             target, global_shape, layout = dtensor_piece(name, value)
         _check_dense(target, name, "load")
         into = target
-        if target.device.type != "cpu" or not target.is_contiguous():
+        if target.device.type != "cpu" or not target.is_contiguous() or target.is_neg() or target.is_conj():
             into = torch.empty(target.shape, dtype=target.dtype)
             copies.append((target, into))
         if layout is not None:

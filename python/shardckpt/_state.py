@@ -298,7 +298,7 @@ def encode_blob(value: Any, name: str) -> bytes:
         if type(value).__name__ == "DTensor":  # its bytes are this rank's part, not the value
             raise InvalidArgument("'%s': a DTensor inside PerRank cannot be saved; pass its "
                                   "to_local() (or save the DTensor itself)" % name)
-        tensor = value.detach().cpu().contiguous()
+        tensor = value.detach().cpu().resolve_neg().resolve_conj().contiguous()
         header = json.dumps({"dtype": dtype_name(tensor, name), "shape": list(tensor.shape)})
         raw = tensor.view(torch.uint8).numpy().tobytes() if tensor.dim() > 0 else \
             tensor.reshape(1).view(torch.uint8).numpy().tobytes()

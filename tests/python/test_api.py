@@ -250,6 +250,26 @@ def test_non_contiguous_tensors(root):
     assert torch.equal(holder[:, 1::2], torch.zeros(5, 3))
 
 
+def test_negative_and_conjugate_views_keep_their_values(root):
+    # Their memory holds the values before negation or conjugation (torch's neg and conj bits):
+    # saved as the values they show, and loaded into such a view as torch's copy_ would.
+    x = torch.tensor([1.0, -2.0, 3.0])
+    c = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+    state = {"neg": torch._neg_view(x), "conj": c.conj(), "per_rank": shardckpt.PerRank(c.conj())}
+    assert state["neg"].is_neg() and state["conj"].is_conj()
+    shardckpt.save(state, root, step=1)
+    out = {"neg": torch.zeros(3), "conj": torch.zeros(2, dtype=torch.complex64),
+           "per_rank": shardckpt.PerRank(torch.zeros(2, dtype=torch.complex64))}
+    shardckpt.load(out, root)
+    assert torch.equal(out["neg"], torch.tensor([-1.0, 2.0, -3.0]))
+    assert torch.equal(out["conj"], torch.tensor([1 - 2j, 3 + 4j], dtype=torch.complex64))
+    assert torch.equal(out["per_rank"].value, torch.tensor([1 - 2j, 3 + 4j], dtype=torch.complex64))
+    into = {"neg": torch._neg_view(torch.zeros(3)), "conj": torch.zeros(2, dtype=torch.complex64).conj()}
+    shardckpt.load(into, root, strict=False)
+    assert torch.equal(into["neg"], torch.tensor([-1.0, 2.0, -3.0]))
+    assert torch.equal(into["conj"], torch.tensor([1 - 2j, 3 + 4j], dtype=torch.complex64))
+
+
 def test_per_rank_values_at_the_same_world_size(comm, root):
     rank = comm.rank
     state = {"rng": shardckpt.PerRank(torch.full((4,), rank, dtype=torch.uint8)),

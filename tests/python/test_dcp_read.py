@@ -439,6 +439,23 @@ def test_the_safetensors_variant_is_refused_by_name(tmp_path):
     assert not isinstance(error.value, shardckpt.DataLoss) and "SAFETENSORS" in error.value.message
 
 
+def test_negative_and_conjugate_views_are_refused_not_read_negated(tmp_path):
+    # dcp.save keeps a view's neg or conj bit in its chunk's pickle, over the storage's values
+    # before negation: read as they are, every sign would be wrong; refused, naming the tensor.
+    import torch.distributed.checkpoint as dcp
+    x = torch.tensor([1.0, -2.0, 3.0])
+    for name, view, word in (("neg", torch._neg_view(x), "a negative view"),
+                             ("conj", torch.tensor([1 + 2j], dtype=torch.complex64).conj(), "a conjugate view")):
+        folder = str(tmp_path / name)
+        dcp.save({"w": x.clone(), name: view}, checkpoint_id=folder, no_dist=True)
+        run = cli("consolidate", folder, "--out", str(tmp_path / (name + ".pt")))
+        assert run.returncode == 1 and ("'%s'" % name) in run.stderr and word in run.stderr, run.stderr
+        assert "resolve_neg().resolve_conj()" in run.stderr and not os.path.exists(str(tmp_path / (name + ".pt")))
+        with pytest.raises(shardckpt.ShardckptError) as error:
+            shardckpt.load({"w": torch.zeros(3), name: torch.zeros_like(view.resolve_neg().resolve_conj())}, folder)
+        assert word in error.value.message and not isinstance(error.value, shardckpt.DataLoss), error.value.message
+
+
 def test_empty_bool_and_permuted_tensors_read(tmp_path):
     import torch.distributed.checkpoint as dcp
     state = {"e": torch.empty(0, 5), "z": torch.zeros(3, 0), "b": torch.tensor([True, False, True])}
