@@ -98,6 +98,7 @@ Status AsyncSaver::Snapshot(const ShardedState& state) {
     allocations_ += ring_->count();
     options_.staging = ring_.get();
   }
+  SC_RETURN_IF_ERROR(state.CheckNothingRefused());
   snapshot_.Clear();
   uint64_t at = 0;
   std::vector<DeviceCopier*> copiers;  // device pieces' copies, all waited for before returning

@@ -547,9 +547,13 @@ Result<Match> MatchEntries(Communicator& comm, const Manifest& manifest, const s
   const int same_world_rank = manifest.world_size == comm.size() ? comm.rank() : -1;
   const ValueMatch values =
       options.wanted_values ? MatchValues(manifest, *options.wanted_values, options, same_world_rank) : ValueMatch{};
-  SC_RETURN_IF_ERROR(AgreeOnStatus(comm, MatchVerdict(match.local.status, options.strict, dir, report->missing,
-                                                      report->unexpected, values,
-                                                      options.wanted_values ? *options.wanted_values : std::vector<std::string>{})));
+  // A target the state refused is missing from it: that refusal is the cause, not what is missing.
+  const Status refused = targets.CheckNothingRefused();
+  SC_RETURN_IF_ERROR(AgreeOnStatus(comm, !refused.ok() ? refused
+                                                      : MatchVerdict(match.local.status, options.strict, dir, report->missing,
+                                                                     report->unexpected, values,
+                                                                     options.wanted_values ? *options.wanted_values
+                                                                                           : std::vector<std::string>{})));
   SC_ASSIGN_OR_RETURN(ReplicatedReadChoice choice, AgreeOnBroadcast(comm, options, dir));
   match.reader_of = AssignReaders(match.demand, choice.broadcast, comm.size());
   match.same_pages = choice.same_pages;

@@ -198,15 +198,16 @@ uint64_t DescriptionDigest(const std::string& host, const ShardedState& state, b
 }
 
 Result<bool> AgreeOnReuse(Communicator& comm, int64_t step, uint64_t digest, const SavePlanCache* cache,
-                          uint64_t values_digest, bool* values_differ) {
+                          uint64_t values_digest, bool* values_differ, bool refused, bool* any_refused) {
   const bool mine = cache != nullptr && cache->plan_id > 0 && cache->plan != nullptr && cache->digest == digest &&
                     cache->world == comm.size() && (comm.rank() != 0 || cache->described != nullptr);
   const int64_t id = mine ? cache->plan_id : 0;
   const auto values = static_cast<int64_t>(values_digest >> 1);  // 63 bits: its negation fits
   // Maxima of each value and of its negation: every rank learns the least and the greatest.
-  int64_t votes[7] = {id, -id, mine ? 0 : 1, step, -step, values, -values};
-  SC_RETURN_IF_ERROR(comm.AllReduceMaxInt64(votes, 7));
+  int64_t votes[8] = {id, -id, mine ? 0 : 1, step, -step, values, -values, refused ? 1 : 0};
+  SC_RETURN_IF_ERROR(comm.AllReduceMaxInt64(votes, 8));
   if (values_differ != nullptr) *values_differ = votes[5] != -votes[6];
+  if (any_refused != nullptr) *any_refused = votes[7] != 0;
   return votes[0] > 0 && votes[0] == -votes[1] && votes[2] == 0 && votes[3] == -votes[4];
 }
 
@@ -352,8 +353,12 @@ Result<PlannedSave> DecidePlan(Communicator& comm, const std::string& root, int6
   const std::string host = HostName();
   SavePlanCache* cache = options.plan_cache;
   const uint64_t digest = cache != nullptr ? DescriptionDigest(host, state, options.pack_small_chunks) : 0;
-  bool values_differ = false;
-  SC_ASSIGN_OR_RETURN(bool reuse, AgreeOnReuse(comm, step, digest, cache, GlobalValuesDigest(state), &values_differ));
+  bool values_differ = false, refused = false;
+  SC_ASSIGN_OR_RETURN(bool reuse, AgreeOnReuse(comm, step, digest, cache, GlobalValuesDigest(state), &values_differ,
+                                               !state.refusal().ok(), &refused));
+  if (refused) {  // every rank knows: one allgather to name each rank's refusal, on every rank alike
+    return AgreeOnStatus(comm, state.CheckNothingRefused()).WithContext(StepFailed(step));
+  }
   if (values_differ) {  // every rank knows: one allgather to name the value, on every rank alike
     std::vector<std::string> all;
     SC_RETURN_IF_ERROR(comm.AllGather(EncodeGlobalValues(state), &all));

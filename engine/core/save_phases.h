@@ -64,9 +64,12 @@ uint64_t DescriptionDigest(const std::string& host, const ShardedState& state, b
 // meet in the same collectives): true on every rank when every rank's cache holds the same plan,
 // made from the description it has now, for this world, and every rank saves the same step.
 // The same allreduce carries `values_digest` (GlobalValuesDigest): `values_differ`, where given,
-// is set on every rank when the ranks' digests are not all equal.
+// is set on every rank when the ranks' digests are not all equal; and whether this rank's state
+// refused an addition (ShardedState::refusal): `any_refused`, where given, is set on every rank
+// when some rank's did.
 Result<bool> AgreeOnReuse(Communicator& comm, int64_t step, uint64_t digest, const SavePlanCache* cache,
-                          uint64_t values_digest = 0, bool* values_differ = nullptr);
+                          uint64_t values_digest = 0, bool* values_differ = nullptr, bool refused = false,
+                          bool* any_refused = nullptr);
 
 // A global value (blob) is stored once, from the lowest rank holding it: a value that differs
 // between ranks (an RNG state, a per-rank data position saved as global) would come back as that

@@ -161,10 +161,16 @@ Status CheckParts(int parts, int index) {
 
 // The unchecked wrappers cannot return an error: they log it and hand back a layout that
 // ValidateLayout (and so AddTensor) refuses, rather than dividing by zero or reading past a shape.
+// A layout no valid piece has (a flat range cannot start before 0), and why the latest was made:
+// AddTensor receives it right after, on the same thread, in the code these helpers are for.
+constexpr int64_t kRefused = -1;
+thread_local std::string refused_layout_reason;
+
 Layout OrInvalid(Result<Layout> layout, const char* what) {
   if (layout.ok()) return std::move(layout).value();
-  SC_LOG(kError) << what << ": " << layout.status().message();
-  return Layout::FlatRange(-1, -1);
+  refused_layout_reason = std::string(what) + ": " + layout.status().message();
+  SC_LOG(kError) << refused_layout_reason;
+  return Layout::FlatRange(kRefused, kRefused);
 }
 
 }  // namespace
@@ -267,6 +273,14 @@ Layout ChunkLayout(const Shape& global, int dim, int parts, int index) {
 
 Layout FlatShardLayout(const Shape& global, int parts, int index) {
   return OrInvalid(CheckedFlatShardLayout(global, parts, index), "FlatShardLayout");
+}
+
+bool IsRefusedLayout(const Layout& layout) {
+  return layout.kind == LayoutKind::kFlatRange && layout.begin == kRefused && layout.end == kRefused;
+}
+
+std::string RefusedLayoutReason() {
+  return refused_layout_reason.empty() ? "a ChunkLayout or FlatShardLayout with bad arguments" : refused_layout_reason;
 }
 
 bool HoldsNoElements(const Layout& layout, const Shape& global) {

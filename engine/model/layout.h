@@ -70,9 +70,13 @@ Result<Layout> CheckedChunkLayout(const Shape& global, int dim, int parts, int i
 // empty (padding is never stored). Refuses parts < 1 and index outside [0, parts).
 Result<Layout> CheckedFlatShardLayout(const Shape& global, int parts, int index);
 // The same for call sites that build a state inline: on bad arguments they log the reason and
-// return a layout that AddTensor refuses.
+// return a layout that AddTensor refuses with that reason.
 Layout ChunkLayout(const Shape& global, int dim, int parts, int index);
 Layout FlatShardLayout(const Shape& global, int parts, int index);
+// Whether `layout` is what those return on bad arguments, and then why (the latest such call
+// on this thread, e.g. "ChunkLayout: chunk dim 2 is outside shape [8, 8]").
+bool IsRefusedLayout(const Layout& layout);
+std::string RefusedLayoutReason();
 
 // One piece of a tensor cut into ceil-sized runs (RunPieces): its layout and where its elements
 // lie in the row-major whole tensor.

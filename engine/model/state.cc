@@ -51,14 +51,27 @@ uint64_t FoldPieceDescription(uint64_t digest, const TensorPiece& piece) {
   return fold.Done();
 }
 
+Status ShardedState::Refuse(Status why) {
+  if (refusal_.ok()) refusal_ = why;
+  return why;
+}
+
+Status ShardedState::CheckNothingRefused() const {
+  if (refusal_.ok()) return refusal_;
+  return Status(refusal_.code(), refusal_.message() +
+                                     " (refused when it was added; a state without it is neither saved nor loaded)");
+}
+
 Status ShardedState::AddTensor(const std::string& name, DType dtype, const Shape& global_shape,
                                const Layout& layout, void* data) {
-  if (name.empty()) return InvalidArgument("a tensor needs a name");
+  if (name.empty()) return Refuse(InvalidArgument("a tensor needs a name"));
+  if (IsRefusedLayout(layout)) return Refuse(InvalidArgument("tensor '" + name + "': " + RefusedLayoutReason()));
   Result<int64_t> count = ValidateLayout(layout, global_shape);
-  if (!count.ok()) return count.status().WithContext("tensor '" + name + "'");
-  SC_RETURN_IF_ERROR(NumBytes(global_shape, DTypeSize(dtype)).status().WithContext("tensor '" + name + "'"));
+  if (!count.ok()) return Refuse(count.status().WithContext("tensor '" + name + "'"));
+  Status size_ok = NumBytes(global_shape, DTypeSize(dtype)).status();
+  if (!size_ok.ok()) return Refuse(size_ok.WithContext("tensor '" + name + "'"));
   int64_t bytes = *count * static_cast<int64_t>(DTypeSize(dtype));
-  if (data == nullptr && bytes > 0) return InvalidArgument("tensor '" + name + "' has no data pointer");
+  if (data == nullptr && bytes > 0) return Refuse(InvalidArgument("tensor '" + name + "' has no data pointer"));
   pieces_.push_back(TensorPiece{name, dtype, global_shape, layout, data, bytes});
   pieces_digest_ = FoldPieceDescription(pieces_digest_, pieces_.back());
   return Status::Ok();
@@ -80,9 +93,9 @@ bool ShardedState::has_device_pieces() const {
 }
 
 Status ShardedState::AddBlob(const std::string& name, std::string bytes, BlobScope scope) {
-  if (name.empty()) return InvalidArgument("a blob needs a name");
+  if (name.empty()) return Refuse(InvalidArgument("a blob needs a name"));
   for (const BlobItem& blob : blobs_) {
-    if (blob.name == name) return InvalidArgument("blob '" + name + "' added twice");
+    if (blob.name == name) return Refuse(InvalidArgument("blob '" + name + "' added twice"));
   }
   blobs_.push_back(BlobItem{name, scope, std::move(bytes)});
   return Status::Ok();

@@ -41,6 +41,14 @@ class ShardedState {
   Status AddDeviceTensor(const std::string& name, DType dtype, const Shape& global_shape,
                          const Layout& layout, void* device_data, int device);
   Status AddBlob(const std::string& name, std::string bytes, BlobScope scope = BlobScope::kGlobal);
+  // The first addition this state refused (Ok when none). Save and Load refuse such a state on
+  // every rank with it: a Status left unchecked must not leave a tensor out of a checkpoint.
+  const Status& refusal() const { return refusal_; }
+  // Records `why` as a refused addition (the first is kept) and returns it: for adapters that
+  // refuse a piece before it reaches AddTensor (engine/torch).
+  Status Refuse(Status why);
+  // Ok, or the refusal said as the reason a save or load of this state is refused.
+  Status CheckNothingRefused() const;
 
   const std::vector<TensorPiece>& pieces() const { return pieces_; }
   const std::vector<BlobItem>& blobs() const { return blobs_; }
@@ -53,12 +61,14 @@ class ShardedState {
     pieces_.clear();
     blobs_.clear();
     pieces_digest_ = 0;
+    refusal_ = Status::Ok();
   }
 
  private:
   std::vector<TensorPiece> pieces_;
   std::vector<BlobItem> blobs_;
   uint64_t pieces_digest_ = 0;
+  Status refusal_;
 };
 
 // `digest` with the description of `piece` folded in (ShardedState::pieces_digest).

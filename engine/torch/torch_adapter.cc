@@ -60,8 +60,13 @@ Result<at::ScalarType> ToTorchDType(DType dtype) {
   }
 }
 
-Status AddTorchTensor(ShardedState& state, const std::string& name, const at::Tensor& local,
-                 const Layout& layout, const Shape& global_shape) {
+namespace {
+
+// What AddTorchTensor refuses before the state sees the piece; the dtype and global shape it
+// takes otherwise.
+Status CheckTorchPiece(const std::string& name, const at::Tensor& local, const Layout& layout, const Shape& global_shape,
+                       DType* dtype, Shape* global) {
+  if (IsRefusedLayout(layout)) return InvalidArgument("tensor '" + name + "': " + RefusedLayoutReason());
   if (!local.is_contiguous()) {
     return InvalidArgument("tensor '" + name + "' is not contiguous; pass .contiguous() (shardckpt does not copy)");
   }
@@ -69,18 +74,29 @@ Status AddTorchTensor(ShardedState& state, const std::string& name, const at::Te
     return InvalidArgument("tensor '" + name + "' is on " + local.device().str() +
                            "; shardckpt saves CPU and CUDA tensors");
   }
-  SC_ASSIGN_OR_RETURN(DType dtype, FromTorchDType(local.scalar_type()));
-  Shape global = layout.kind == LayoutKind::kWhole && global_shape.empty()
-                     ? Shape(local.sizes().begin(), local.sizes().end())
-                     : global_shape;
-  Shape expected = LocalShape(layout, global);
+  Result<DType> type = FromTorchDType(local.scalar_type());
+  if (!type.ok()) return type.status().WithContext("tensor '" + name + "'");
+  *dtype = *type;
+  *global = layout.kind == LayoutKind::kWhole && global_shape.empty() ? Shape(local.sizes().begin(), local.sizes().end())
+                                                                      : global_shape;
+  Shape expected = LocalShape(layout, *global);
   Shape actual(local.sizes().begin(), local.sizes().end());
   Result<int64_t> expected_count = NumElements(expected);
   if (!expected_count.ok() || *expected_count != local.numel()) {
-    return InvalidArgument("tensor '" + name + "' has shape " + ShapeString(actual) + " but " +
-                           layout.ToString() + " of " + ShapeString(global) + " needs " +
-                           ShapeString(expected));
+    return InvalidArgument("tensor '" + name + "' has shape " + ShapeString(actual) + " but " + layout.ToString() + " of " +
+                           ShapeString(*global) + " needs " + ShapeString(expected));
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status AddTorchTensor(ShardedState& state, const std::string& name, const at::Tensor& local,
+                 const Layout& layout, const Shape& global_shape) {
+  DType dtype = DType::kFloat32;
+  Shape global;
+  Status checked = CheckTorchPiece(name, local, layout, global_shape, &dtype, &global);
+  if (!checked.ok()) return state.Refuse(checked);
   if (local.device().is_cuda()) {
     // Saved through pinned staging on shardckpt's own stream: the caller's stream must have
     // finished writing the tensor (as for any cross-stream use), which a snapshot point implies.
