@@ -99,6 +99,22 @@ TEST(PlanSave, RejectsInconsistentOrIncompleteStates) {
     r[1].pieces = {Piece("w", {4, 4}, Layout::FlatRange(8, 16))};
     cases.push_back({"overlap", r, "overlaps"});
   }
+  {
+    // One rank adding the same piece twice (two buffers): only one of them would be saved.
+    // Equal pieces on two ranks are replicas, and stay allowed (the tests above).
+    std::vector<RankDescription> r(2);
+    r[0].pieces = {Piece("w", {4}, Layout::Whole())};
+    r[1].pieces = {Piece("w", {4}, Layout::Whole()), Piece("w", {4}, Layout::Box({0}, {4}))};
+    cases.push_back({"one rank's piece twice", r, "rank 1 adds the piece box(offsets=[0], sizes=[4]) twice"});
+  }
+  {
+    std::vector<RankDescription> r(3);
+    r[0].pieces = r[1].pieces = r[2].pieces = {Piece("x", {4}, Layout::Whole())};
+    r[0].blobs = {BlobDescription{"w", BlobScope::kGlobal, 2}};
+    r[1].blobs = {BlobDescription{"w", BlobScope::kGlobal, 2}};
+    r[2].blobs = {BlobDescription{"w", BlobScope::kPerRank, 2}};
+    cases.push_back({"a value's scope differs", r, "value 'w' is global on rank 0 but per-rank on rank 2"});
+  }
   for (Case& c : cases) {
     Result<SavePlan> plan = PlanSave(c.ranks);
     ASSERT_FALSE(plan.ok()) << c.what;

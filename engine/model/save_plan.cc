@@ -214,6 +214,12 @@ Result<SavePlan> PlanSave(const std::vector<RankDescription>& ranks) {
       if (group == nullptr) {
         e.groups.push_back(Group{std::move(normal), p.bytes, Holder{r, i}, {}});
       } else {
+        // Ranks come in order: a holder of this rank is the group's last. Two ranks holding one
+        // piece are replicas; one rank adding it twice would save only one of its two buffers.
+        if ((group->more.empty() ? group->first : group->more.back()).rank == r) {
+          return InvalidArgument("entry '" + p.name + "': rank " + std::to_string(r) + " adds the piece " +
+                                 p.layout.ToString() + " twice");
+        }
         group->more.push_back(Holder{r, i});
       }
     }
@@ -251,10 +257,20 @@ Result<SavePlan> PlanSave(const std::vector<RankDescription>& ranks) {
     plan.bytes_per_rank[best->rank] += g->bytes;
   }
   std::map<std::string, int> global_writer;
+  std::map<std::string_view, std::pair<BlobScope, int>> scope_of;  // the first rank's scope of each name
   for (int r = 0; r < world; ++r) {
     plan.writes_blob[r].assign(ranks[r].blobs.size(), false);
     for (size_t j = 0; j < ranks[r].blobs.size(); ++j) {
       const BlobDescription& b = ranks[r].blobs[j];
+      // One name, one scope: a value global on one rank and per-rank on another would come back
+      // as either, depending on the world size that loads it.
+      auto [first, fresh] = scope_of.try_emplace(b.name, b.scope, r);
+      if (!fresh && first->second.first != b.scope) {
+        auto scope = [](BlobScope s) { return s == BlobScope::kGlobal ? "global" : "per-rank"; };
+        return InvalidArgument("value '" + b.name + "' is " + scope(first->second.first) + " on rank " +
+                               std::to_string(first->second.second) + " but " + scope(b.scope) + " on rank " +
+                               std::to_string(r));
+      }
       bool writes = b.scope == BlobScope::kPerRank || global_writer.try_emplace(b.name, r).second;
       plan.writes_blob[r][j] = writes;
       if (writes) plan.bytes_per_rank[r] += b.bytes;
