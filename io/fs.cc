@@ -192,6 +192,7 @@ Result<int> OpenFileNotFifo(const std::string& path, int flags, mode_t mode, int
 Result<uint64_t> FileSize(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) return ErrnoStatus(errno, "stat " + path);
+  if (RefusedKind(st.st_mode) != nullptr) return NotARegularFile(path, RefusedKind(st.st_mode));
   return static_cast<uint64_t>(st.st_size);
 }
 

@@ -30,6 +30,8 @@ Status SyncDir(const std::string& path, const char* failpoint = "fs.sync_dir");
 Status Rename(const std::string& from, const std::string& to, const char* failpoint = "fs.rename");
 Status RemoveTree(const std::string& path);
 Result<std::vector<std::string>> ListDir(const std::string& path);
+// A file's size (links followed); a directory, FIFO or socket is refused as OpenFileNotFifo
+// refuses it (a directory where a data file should be read as "4096 bytes, truncated").
 Result<uint64_t> FileSize(const std::string& path);
 // open(2) of a file the library reads or writes in place, refusing, by name and without waiting,
 // a FIFO (where a checkpoint's file should be, it blocked open() for good: O_NONBLOCK while

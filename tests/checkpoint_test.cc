@@ -25,6 +25,7 @@
 #include "shardckpt/engine/core/load.h"
 #include "shardckpt/engine/formats/safetensors.h"
 #include "shardckpt/engine/core/save.h"
+#include "shardckpt/engine/core/verify.h"
 #include "shardckpt/engine/formats/torch_pickle.h"
 #include "shardckpt/engine/formats/zip_reader.h"
 #include "shardckpt/io/checksum.h"
@@ -36,6 +37,7 @@ namespace shardckpt {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // A state of every dtype and shape kind, its bytes derived from `seed` so steps differ.
 struct Tensors {
@@ -423,6 +425,62 @@ TEST_F(CheckpointTest, RefusesToOverwriteACommittedStep) {
   EXPECT_THAT(again.status().message(), HasSubstr("step 5 is already committed"));
 }
 
+// A piece the state refused (bad ChunkLayout arguments here) with its Status left unchecked, as
+// an example that discards Statuses would: the save and the load refuse the state, naming the
+// tensor and the reason, rather than saving or loading everything but that tensor.
+TEST_F(CheckpointTest, AStateThatRefusedAPieceIsNeitherSavedNorLoaded) {
+  std::vector<float> a(64, 1.0f), b(64, 2.0f);
+  ShardedState state;
+  ASSERT_TRUE(state.AddTensor("model.a", DType::kFloat32, {8, 8}, ChunkLayout({8, 8}, 0, 1, 0), a.data()).ok());
+  Status refused = state.AddTensor("model.tp", DType::kFloat32, {8, 8}, ChunkLayout({8, 8}, 2, 1, 0), b.data());
+  EXPECT_THAT(refused.message(), HasSubstr("tensor 'model.tp': ChunkLayout: chunk dim 2 is outside shape [8, 8]"));
+  EXPECT_TRUE(state.AddTensor("model.c", DType::kFloat32, {8, 8}, Layout::Whole(), b.data()).ok());  // later ones still add
+  EXPECT_THAT(state.AddTensor("model.f", DType::kFloat32, {8, 8}, FlatShardLayout({8, 8}, 2, 3), b.data()).message(),
+              HasSubstr("FlatShardLayout: "));
+  const std::string why = "tensor 'model.tp': ChunkLayout: chunk dim 2 is outside shape [8, 8] (refused when it was added";
+  Result<SaveResult> saved = Save(*comm_, root(), 1, state);
+  ASSERT_FALSE(saved.ok());
+  EXPECT_EQ(saved.status().code(), Code::kInvalidArgument);
+  EXPECT_THAT(saved.status().message(), HasSubstr("save of step 1 failed"));
+  EXPECT_THAT(saved.status().message(), HasSubstr(why));  // the first refusal
+  EXPECT_FALSE(PathExists(root()));
+  auto saver = AsyncSaver::Create(*comm_);
+  ASSERT_TRUE(saver.ok());
+  Result<std::shared_ptr<SaveHandle>> started = (*saver)->Save(root(), 1, state);
+  ASSERT_FALSE(started.ok());
+  EXPECT_THAT(started.status().message(), HasSubstr(why));
+  EXPECT_FALSE(PathExists(root()));
+
+  ASSERT_TRUE(SaveStep(1).ok());
+  Tensors got("none");
+  ShardedState targets;
+  for (auto& t : got.all) ASSERT_TRUE(targets.AddTensor(t.name, t.dtype, t.shape, Layout::Whole(), t.bytes.data()).ok());
+  EXPECT_FALSE(targets.AddTensor("", DType::kFloat32, {1}, Layout::Whole(), b.data()).ok());
+  Result<LoadReport> loaded = Load(*comm_, root(), targets);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_THAT(loaded.status().message(), HasSubstr("a tensor needs a name (refused when it was added"));
+  targets.Clear();
+  EXPECT_TRUE(targets.CheckNothingRefused().ok());
+}
+
+// Every step Save takes is a folder the listing reads back, up to INT64_MAX: the name parser
+// refused the last eight values, so such a save committed a folder that loads, lists and prunes
+// never saw (a root then loaded an older step without a word).
+TEST_F(CheckpointTest, TheLargestStepsAreListedAndLoaded) {
+  ASSERT_TRUE(SaveStep(5).ok());
+  for (int64_t step : {INT64_MAX - 8, INT64_MAX - 7, INT64_MAX}) {
+    ASSERT_TRUE(SaveStep(step).ok()) << step;
+    int64_t parsed = -1;
+    EXPECT_TRUE(ParseStepDirName(StepDirName(step), &parsed)) << step;
+    EXPECT_EQ(parsed, step);
+    ExpectLoads(root(), step);
+    EXPECT_EQ(ListCommitted(root()).value().back().first, step);
+  }
+  int64_t parsed = -1;
+  EXPECT_FALSE(ParseStepDirName("step-9223372036854775808", &parsed));  // INT64_MAX + 1
+  EXPECT_FALSE(ParseStepDirName("step-99999999999999999999", &parsed));
+}
+
 // Loading a root reads its newest checkpoint: an earlier step saved beside it would be hidden,
 // with `latest` naming it. Refused before anything is written; the later checkpoint stays newest.
 TEST_F(CheckpointTest, RefusesAStepEarlierThanTheNewest) {
@@ -637,6 +695,22 @@ TEST_F(DamagedCheckpointTest, TruncatedFileIsNamed) {
   EXPECT_EQ(status.code(), Code::kDataLoss);
   EXPECT_THAT(status.message(), HasSubstr("'rank-00000.bin' is 5000 bytes"));
   EXPECT_THAT(status.message(), HasSubstr("truncated"));
+}
+
+// A folder where a data file should be: named as what it is, not as a truncated file of the
+// folder's own size (4096 bytes).
+TEST_F(DamagedCheckpointTest, AFolderInPlaceOfADataFileIsNamed) {
+  const std::string file = JoinPath(dir1_, "rank-00000.bin");
+  ASSERT_EQ(::unlink(file.c_str()), 0);
+  ASSERT_TRUE(MakeDir(file).ok());
+  Status status = LoadStatus();
+  EXPECT_THAT(status.message(), HasSubstr(file + " is not a regular file (a directory)"));
+  EXPECT_THAT(status.message(), Not(HasSubstr("truncated")));
+  Result<VerifyReport> report = VerifyCheckpoint(dir1_);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_FALSE(report->problems.empty());
+  EXPECT_THAT(report->problems[0].what, HasSubstr("is not a regular file (a directory)"));
+  EXPECT_THAT(report->problems[0].what, Not(HasSubstr("missing")));
 }
 
 TEST_F(DamagedCheckpointTest, MissingRankFileIsNamed) {

@@ -32,8 +32,12 @@ bool ParseStepDirName(const std::string& name, int64_t* step) {
   if (name.size() < 6 || name.compare(0, 5, "step-") != 0) return false;
   int64_t value = 0;
   for (size_t i = 5; i < name.size(); ++i) {
-    if (name[i] < '0' || name[i] > '9' || value > (INT64_MAX - 9) / 10) return false;
-    value = value * 10 + (name[i] - '0');
+    // Every step Save takes reads back, up to INT64_MAX itself (the guard used to refuse the
+    // last eight, whose folders a save made and no listing, load or prune then saw).
+    if (name[i] < '0' || name[i] > '9' || __builtin_mul_overflow(value, 10, &value) ||
+        __builtin_add_overflow(value, name[i] - '0', &value)) {
+      return false;
+    }
   }
   // Only the names StepDirName writes: a user's own "step-5" folder in a root is not ours to
   // list as a partial checkpoint, nor to remove as one.

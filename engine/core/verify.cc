@@ -119,7 +119,8 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::functi
     };
     Result<uint64_t> size = FileSize(file_path);
     if (!size.ok()) {
-      problem(0, HoldersOf(spans[fi], 0, f.table_offset), "missing: " + size.status().message());
+      problem(0, HoldersOf(spans[fi], 0, f.table_offset),
+              (size.status().code() == Code::kNotFound ? "missing: " : "") + size.status().message());
       done += f.size;
       continue;
     }
