@@ -729,6 +729,11 @@ PYBIND11_MODULE(_core, m) {
     }
     return Reply(s);
   });
+  m.def("saver_set_options", [](Saver& saver, int keep_last, int keep_best, const std::string& best_metric,
+                                 bool best_higher_is_better, const std::map<std::string, std::string>& user_metadata) {
+    saver.saver->SetRetentionAndMetadata(
+        SaveOptionsFrom(keep_last, keep_best, best_metric, best_higher_is_better, user_metadata, ""));
+  });
   m.def("async_save", &AsyncSaveCall);
   m.def("start_save", &StartSaveCall);
   m.def("saver_fence", [](Saver& saver) {

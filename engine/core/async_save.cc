@@ -208,6 +208,14 @@ Result<std::shared_ptr<SaveHandle>> AsyncSaver::StartSave(const std::string& roo
   return handle;
 }
 
+void AsyncSaver::SetRetentionAndMetadata(const SaveOptions& from) {
+  options_.keep_last = from.keep_last;
+  options_.keep_best = from.keep_best;
+  options_.best_metric = from.best_metric;
+  options_.best_higher_is_better = from.best_higher_is_better;
+  options_.user_metadata = from.user_metadata;
+}
+
 Status AsyncSaver::Fence() {
   last_fence_seconds_ = 0;
   if (!snapshot_taken_.valid()) return Status::Ok();

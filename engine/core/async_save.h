@@ -75,6 +75,11 @@ class AsyncSaver {
   Status Fence();
   // Waits for the persist in flight, if any.
   Status Wait();
+  // The retention policy and user metadata of the saves from now on (Create's options give the
+  // first): a job that keeps the best checkpoints only on evaluation steps changes them between
+  // saves and keeps one saver, one staging area. A save already started keeps its own. Call it
+  // between saves, from the thread that calls Save and StartSave.
+  void SetRetentionAndMetadata(const SaveOptions& from);
 
   uint64_t staging_bytes() const { return staging_.size(); }
   // Page-aligned buffers the saver allocated: its staging area and its ring, each buffer counted.

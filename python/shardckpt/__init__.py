@@ -474,9 +474,9 @@ class AsyncSaveHandle:
 
 
 _savers_lock = threading.Lock()
-# (id(comm), retention) -> (comm, engine AsyncSaver); retention is the saver's, so another
-# policy gets a saver of its own (after the previous one's persist has finished).
-_savers: Dict[Tuple[Any, ...], Tuple[Any, Any]] = {}
+# id(comm) -> (comm, engine AsyncSaver): one per communicator, kept across calls so its staging
+# is reused; each save sets its retention and user metadata on it.
+_savers: Dict[int, Tuple[Any, Any]] = {}
 _savers_atexit = False
 # id(engine saver) -> the copy-while-training handle whose fence() has not run yet.
 _unfenced: Dict[int, AsyncSaveHandle] = {}
@@ -516,24 +516,24 @@ def _wait_for_savers_of(comm: Any) -> None:
     whatever its retention; their outcomes are their handles' to report."""
     from . import _core
     with _savers_lock:
-        savers = [saver for (ident, *_), (c, saver) in _savers.items() if ident == id(comm) and c is comm]
-    for saver in savers:
-        _fence_unfenced(saver)
-        _core.saver_wait(saver)
+        held = _savers.get(id(comm))
+    if held is not None and held[0] is comm:
+        _fence_unfenced(held[1])
+        _core.saver_wait(held[1])
 
 
 def _saver_for(comm: Any, options: Tuple[int, int, str, bool],
                user_metadata: Mapping[str, str]) -> Any:
-    """One engine AsyncSaver per communicator and retention policy, kept across calls so its
-    staging is reused."""
+    """The engine AsyncSaver of this communicator, kept across calls so its staging is reused,
+    with this save's retention policy and user metadata (a save in flight keeps its own: the
+    engine waits for it before the next one starts)."""
     global _savers_atexit
     from . import _core
-    key = (id(comm),) + options + (tuple(sorted(user_metadata.items())),)
     with _savers_lock:
-        held = _savers.get(key)
-        if held is not None and held[0] is comm:
-            return held[1]
-    _wait_for_savers_of(comm)  # one persist in flight per communicator
+        held = _savers.get(id(comm))
+    if held is not None and held[0] is comm:
+        _core.saver_set_options(held[1], *options, dict(user_metadata))
+        return held[1]
     code, message, saver = _core.create_saver(comm, *options, dict(user_metadata),
                                               torch.__version__)  # collective (duplicates comm)
     if code == "FailedPrecondition" and "MPI_THREAD_MULTIPLE" in message and \
@@ -542,7 +542,7 @@ def _saver_for(comm: Any, options: Tuple[int, int, str, bool],
                     "(its default) before 'from mpi4py import MPI'")
     raise_for(code, message)
     with _savers_lock:
-        _savers[key] = (comm, saver)
+        _savers[id(comm)] = (comm, saver)
         if not _savers_atexit:
             atexit.register(_drop_savers)
             _savers_atexit = True

@@ -177,6 +177,41 @@ def test_process_group_gets_one_saver(comm, root):
     assert len(_savers) == before
 
 
+def test_saves_with_other_options_wait_and_share_one_saver(comm, root):
+    """A job that keeps the best checkpoints only on evaluation steps, and records the epoch in
+    each save's metadata: every save waits for the one before (a second saver made for the other
+    options wrote beside the first's persist, and one save failed on every rank), and the savers,
+    staging areas and groups do not grow with the number of distinct options."""
+    from shardckpt import _savers
+    code, message, _ = _core.set_failpoints("save.write_data=sleep:200")  # each persist is in flight
+    assert code == "OK", message
+    handles = []
+    try:
+        for step in range(1, 7):
+            if step % 2 == 0:
+                handles.append(shardckpt.async_save(
+                    state_at(comm, step), root, step, comm=comm, keep_last=2, keep_best=1,
+                    best_metric="val_loss", metrics={"val_loss": 1.0 / step}, user_metadata={"epoch": str(step)}))
+            else:
+                handles.append(shardckpt.async_save(state_at(comm, step), root, step, comm=comm, keep_last=2,
+                                                    user_metadata={"epoch": str(step)}))
+            if step == 1:
+                savers = len(_savers)
+        for handle in handles:
+            handle.wait()
+    finally:
+        _core.set_failpoints("")
+    assert len(_savers) == savers
+    # The last save's policy (keep the newest 2) ran after it: steps 5 and 6.
+    assert sorted(saved_steps(root)) == [5, 6]
+    for step in (5, 6):
+        info = shardckpt.inspect(os.path.join(root, "step-%09d" % step))
+        assert info["created"]["user"]["epoch"] == str(step), info["created"]["user"]
+    got = zeroed(state_at(comm, 6))
+    shardckpt.load(got, root, comm=comm)
+    assert_same(got, state_at(comm, 6))
+
+
 # ---- Copy while training: async_save(..., copy_while_training=True) returns before the copy;
 # fence() waits for it.
 
