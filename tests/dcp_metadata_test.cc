@@ -110,6 +110,13 @@ TEST(ParsedDcpMetadata, ByteItemsHoldPlainValuesOnly) {
   ASSERT_FALSE(size.ok());
   EXPECT_NE(size.status().message().find("a torch.Size is not a plain value"), std::string::npos) << size.status().ToString();
   EXPECT_FALSE(UnpickleValueBlob(P("\x80\x02" "cposix\nsystem\n(X\x02\x00\x00\x00" "lstR.")).ok());
+  // A value pickled whole with a tensor inside (DCP keeps a tuple holding tensors as one byte
+  // item): named as the tensor it holds, not as the OrderedDict of hooks among its arguments.
+  Result<std::string> tensor = UnpickleValueBlob(std::string("\x80\x02") + "ctorch._utils\n_rebuild_tensor_v2\n(" +
+                                                 "ccollections\nOrderedDict\n)RtR.");
+  ASSERT_FALSE(tensor.ok());
+  EXPECT_NE(tensor.status().message().find("a tensor is not a plain value (a value pickled whole with its tensors"),
+            std::string::npos) << tensor.status().ToString();
 }
 
 // What the export writes, read back field by field: lists and dicts grown well past their first

@@ -141,7 +141,9 @@ TEST(GgufMetadataJson, TypedValuesInFileOrder) {
             "integers (64-bit), floats and bools are written");
   EXPECT_EQ(ParseGgufMetadataJson(R"({"v": 1e40})", "m.json").status().message(),
             "m.json: GGUF metadata key 'v' holds 1e+40, past the range of FLOAT32, the type floats are written as");
-  EXPECT_TRUE(ParseGgufMetadataJson(R"({"v": 1e21, "w": -9223372036854775808})", "m.json").ok());
+  EXPECT_EQ(ParseGgufMetadataJson(R"({"v": 1e-50})", "m.json").status().message(),
+            "m.json: GGUF metadata key 'v' holds 1e-50, too small for FLOAT32, the type floats are written as");
+  EXPECT_TRUE(ParseGgufMetadataJson(R"({"v": 1e21, "w": -9223372036854775808, "z": 0.0, "s": 1e-40})", "m.json").ok());
 }
 
 TEST(GgufMetadataWith, FlagsWinAndComeFirst) {

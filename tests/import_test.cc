@@ -345,6 +345,11 @@ TEST_F(ImportTest, SafetensorsWithTypesOrNamesWeLackAreRefusedPlainly) {
        Code::kUnimplemented},
       {R"({"u":{"dtype":"F6_E2M3","shape":[4],"data_offsets":[0,8]}})", "tensor 'u': dtype F6_E2M3 is not supported by shardckpt",
        Code::kUnimplemented},
+      // What safetensors 0.8 writes for torch's float8_e4m3fnuz and float8_e5m2fnuz.
+      {R"({"f":{"dtype":"F8_E4M3FNUZ","shape":[8],"data_offsets":[0,8]}})", "tensor 'f': dtype F8_E4M3FNUZ is not supported by shardckpt",
+       Code::kUnimplemented},
+      {R"({"g":{"dtype":"F8_E5M2FNUZ","shape":[8],"data_offsets":[0,8]}})", "tensor 'g': dtype F8_E5M2FNUZ is not supported by shardckpt",
+       Code::kUnimplemented},
       {R"({"":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", "a tensor has an empty name", Code::kInvalidArgument},
       {R"({"x":{"dtype":"NOPE","shape":[2],"data_offsets":[0,8]}})", "invalid safetensors", Code::kDataLoss},
   };
@@ -391,6 +396,25 @@ TEST(UnpickleTest, FollowsTorchWeightsOnlyRules) {
       EXPECT_THAT(r.status().message(), HasSubstr(c.refusal));
     }
   }
+}
+
+// bytearray(b"a\xffb") and bytearray() as torch.save pickles them (torch 2.x's weights_only reads
+// them): values, tagged as bytearrays so that the Python package gives bytearrays back.
+TEST(UnpickleTest, BytearraysAreValuesOfTheirType) {
+  using namespace std::string_literals;  // the pickles hold NUL bytes
+  const std::string pickle = "\x80\x02}(X\x02\x00\x00\x00"s + "ba" + "c__builtin__\nbytearray\n" +
+                             "c_codecs\nencode\nX\x04\x00\x00\x00"s + "a\xc3\xbf" + "bX\x06\x00\x00\x00latin1\x86R\x85R"s +
+                             "X\x01\x00\x00\x00"s + "ec__builtin__\nbytearray\n)Ru.";
+  Result<UnpickledStateDict> r = UnpickleStateDict(pickle);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->values.size(), 2u);
+  EXPECT_EQ(r->values[0].name, "ba");
+  EXPECT_EQ(r->values[0].blob.substr(2), R"({"__shardckpt__":"bytearray","v":"Yf9i"})");
+  EXPECT_EQ(r->values[1].blob.substr(2), R"({"__shardckpt__":"bytearray","v":""})");
+  // Called only as torch.save calls it.
+  Result<UnpickledStateDict> bad = UnpickleStateDict("\x80\x02}(X\x01\x00\x00\x00x"s + "c__builtin__\nbytearray\nK\x05\x85Ru.");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("bytearray() is called only as torch.save pickles a bytearray"));
 }
 
 TEST(UnpickleTest, SharedReferencesAreFlattenedUnderEveryName) {

@@ -296,6 +296,36 @@ TEST_F(TorchFormatsTest, TiedWeightsAreStoredOnceInStateDictOrderAndStayTied) {
   for (size_t k = 0; k < a.size(); ++k) EXPECT_EQ(a[k], testing::RecordByte("0", k));
 }
 
+// Two entries that one --strip-prefix makes equal: both named, the one renamed and the other.
+// And a .pt whose records are compressed (a re-zipped file torch reads): not damage, a kind of
+// file shardckpt does not read, said as such.
+TEST_F(TorchFormatsTest, StripPrefixCollisionsAndCompressedRecordsAreNamed) {
+  testing::TorchFileCase c;
+  c.name = "two";
+  c.pickle = PickleStateDict({Contiguous("model.x", DType::kFloat32, {2}, "0"), Contiguous("x", DType::kFloat32, {2}, "1")}).value();
+  c.records = {{"0", 8}, {"1", 8}};
+  ASSERT_TRUE(testing::WriteTorchFile(Path("two.pt"), c).ok());
+  Result<ConvertReport> r = ImportFile(Path("two.pt"), Path("root"), ConvertOptions{});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ConsolidateOptions strip;
+  strip.strip_prefix = "model.";
+  Result<ConsolidateReport> out = Consolidate(r->path, Path("out.pt"), strip);
+  ASSERT_FALSE(out.ok());
+  EXPECT_THAT(out.status().message(), HasSubstr("entries 'model.x' and 'x' both become 'x' after --strip-prefix"));
+  // Method 8 (deflate) in the first record's local and central headers: refused before its data is read.
+  std::string bytes = ReadFileLimited(Path("two.pt"), 1 << 20).value();
+  const size_t central = bytes.find("PK\x01\x02");
+  ASSERT_NE(central, std::string::npos);
+  bytes[central + 10] = 8;
+  bytes[8] = 8;
+  ASSERT_TRUE(WriteFileAtomic(Path("deflated.pt"), bytes, "test").ok());
+  Result<ConvertReport> deflated = ImportFile(Path("deflated.pt"), Path("root2"), ConvertOptions{});
+  ASSERT_FALSE(deflated.ok());
+  EXPECT_EQ(deflated.status().code(), Code::kUnimplemented);
+  EXPECT_THAT(deflated.status().message(), HasSubstr("is compressed (zip method 8)"));
+  EXPECT_FALSE(PathExists(Path("root2")));
+}
+
 TEST_F(TorchFormatsTest, ValuesAndListsSurviveImportAndConsolidation) {
   testing::TorchFileCase c;
   c.name = "lists";

@@ -12,7 +12,6 @@
 #include <map>
 #include <cstdint>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "shardckpt/engine/core/checkpoint_dir.h"
 #include "shardckpt/engine/core/checkpoint_reader.h"
@@ -320,7 +319,7 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
   std::vector<Selected> selected;
   // Entry names are unique (the manifest is validated): only a stripped prefix can make two equal.
   const bool renames = !options.strip_prefix.empty();
-  std::unordered_set<std::string> names;  // hashed: a hundred thousand entries, each looked up once
+  std::unordered_map<std::string, const std::string*> names;  // output name -> entry; hashed: a hundred thousand entries
   if (renames) names.reserve(m.entries.size());
   selected.reserve(m.entries.size());
   for (size_t i = 0; i < m.entries.size(); ++i) {
@@ -328,8 +327,13 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
     if (!options.include.empty() && !Matches(options.include, e.name)) continue;
     if (Matches(options.exclude, e.name)) continue;
     const std::string name = OutputName(options, e.name);
-    if (name.empty() || (renames && !names.insert(name).second)) {
-      return InvalidArgument("entry '" + e.name + "' becomes '" + name + "', which is empty or taken, after --strip-prefix");
+    if (name.empty()) return InvalidArgument("entry '" + e.name + "' becomes an empty name after --strip-prefix");
+    if (renames) {
+      auto [taken, fresh] = names.emplace(name, &e.name);
+      if (!fresh) {
+        return InvalidArgument("entries '" + *taken->second + "' and '" + e.name + "' both become '" + name +
+                               "' after --strip-prefix");
+      }
     }
     DType dtype = options.cast && IsFloatingDType(e.dtype) ? *options.cast : e.dtype;
     uint64_t bytes = static_cast<uint64_t>(NumBytes(e.shape, DTypeSize(dtype)).value());

@@ -134,10 +134,12 @@ Result<std::vector<GgufKeyValue>> ParseGgufMetadataJson(const std::string& json,
       kv.value.kind = GgufValue::Kind::kInt;
       kv.value.integer = v.get<int64_t>();
     } else if (v.is_number_float()) {
-      // Written as FLOAT32: a value past its range would read back as inf.
-      if (!std::isfinite(static_cast<float>(v.get<double>()))) {
-        return InvalidArgument(origin + ": GGUF metadata key '" + it.key() + "' holds " + v.dump() +
-                               ", past the range of FLOAT32, the type floats are written as");
+      // Written as FLOAT32: a value past its range would read back as inf, one too small as 0.
+      const double real = v.get<double>();
+      if (!std::isfinite(static_cast<float>(real)) || (real != 0 && static_cast<float>(real) == 0)) {
+        return InvalidArgument(origin + ": GGUF metadata key '" + it.key() + "' holds " + v.dump() + ", " +
+                               (std::isfinite(static_cast<float>(real)) ? "too small for" : "past the range of") +
+                               " FLOAT32, the type floats are written as");
       }
       kv.value.kind = GgufValue::Kind::kFloat;
       kv.value.real = v.get<double>();
@@ -200,7 +202,7 @@ Result<std::string> EncodeGgufHeader(const std::vector<GgufKeyValue>& metadata, 
   }
   if (!keys.count("general.architecture")) {
     return InvalidArgument("GGUF output needs general.architecture (--gguf-arch or --gguf-metadata on the command "
-                           "line; the architecture argument of shardckpt.consolidate_gguf in Python)");
+                           "line; in Python, consolidate's gguf_architecture= or consolidate_gguf's architecture)");
   }
   if (keys.count("general.alignment")) return InvalidArgument("general.alignment is set by the writer (32)");
   SC_RETURN_IF_ERROR(CheckGeneralKeyTypes(metadata));

@@ -48,10 +48,12 @@ Result<std::string> EncodeSafetensorsHeader(std::vector<SafetensorsEntry>& entri
 
 namespace {
 
-// Every dtype the safetensors format defines, ours or not.
+// Every dtype the safetensors format defines, ours or not (safetensors 0.8 writes torch's fnuz
+// float8s as F8_E4M3FNUZ and F8_E5M2FNUZ).
 bool IsSafetensorsDTypeName(const std::string& name) {
   static const char* const kNames[] = {"BOOL", "U8",  "I8",  "F8_E5M2", "F8_E4M3", "F8_E8M0", "I16", "U16", "F16", "BF16",
-                                       "I32",  "U32", "F32", "F64",     "I64",     "U64",     "C64", "F4",  "F6_E2M3", "F6_E3M2"};
+                                       "I32",  "U32", "F32", "F64",     "I64",     "U64",     "C64", "F4",  "F6_E2M3", "F6_E3M2",
+                                       "F8_E4M3FNUZ", "F8_E5M2FNUZ"};
   for (const char* known : kNames) {
     if (name == known) return true;
   }

@@ -142,6 +142,7 @@ struct Value {
   Kind kind = kNone;
   bool ordered = false;  // an OrderedDict (BUILD may set its attributes), not a plain dict
   bool on_path = false;  // the flattening is inside this dict: meeting it again is a cycle
+  bool bytearray = false;  // kBytes made by bytearray(): its type is kept in the typed JSON
   DType dtype = DType::kFloat32;  // storage
   int64_t i = 0;                  // int, bool, storage element count, tensor index
   double f = 0;                   // float
@@ -191,6 +192,8 @@ const std::set<std::string>& AllowedGlobals() {
                                "torch.storage.UntypedStorage", "torch.UntypedStorage",
                                // How protocol 2 pickles bytes (torch 2.x's weights_only takes it too).
                                "_codecs.encode", "__builtin__.bytes", "builtins.bytes",
+                               // bytearray(b"..."), as torch.save pickles one (torch 2.x's weights_only takes it).
+                               "__builtin__.bytearray", "builtins.bytearray",
                                // Sparse tensors (and the layout and Size they are rebuilt with):
                                // recognised only to be refused by name and layout.
                                "torch._utils._rebuild_sparse_tensor", "torch.serialization._get_layout", "torch.Size",
@@ -296,6 +299,11 @@ class Unpickler : public PickleStack<Value> {
                              "' is not allowed (shardckpt reads tensors, dicts, lists and plain values, a subset "
                              "of what torch.load(weights_only=True) accepts; nothing in the file is executed)");
     }
+    if (plain_values_only_ && it->rfind("torch._utils._rebuild_", 0) == 0) {
+      // Named here, before its arguments (an OrderedDict of hooks) would be refused instead.
+      return InvalidArgument("a tensor is not a plain value (a value pickled whole with its tensors, as DCP saves a "
+                             "tuple holding tensors; shardckpt reads the tensors DCP stores as tensors)");
+    }
     SC_ASSIGN_OR_RETURN(Value* v, New(Value::kGlobal));
     v->s = *it;
     return Push(v);
@@ -384,7 +392,9 @@ class Unpickler : public PickleStack<Value> {
     if (callable->kind != Value::kGlobal || args->kind != Value::kTuple) return DataLoss("REDUCE of a non-callable");
     const std::string_view name = callable->s;
     const std::vector<Value*>& a = args->items;
-    if (plain_values_only_ && name != "_codecs.encode" && name != "__builtin__.bytes" && name != "builtins.bytes") {
+    const bool bytearray = name == "__builtin__.bytearray" || name == "builtins.bytearray";
+    if (plain_values_only_ && name != "_codecs.encode" && name != "__builtin__.bytes" && name != "builtins.bytes" &&
+        !bytearray) {
       return InvalidArgument("a " + std::string(name) + " is not a plain value (a value blob would not keep its type)");
     }
     if (name == "collections.OrderedDict") {
@@ -405,6 +415,15 @@ class Unpickler : public PickleStack<Value> {
     if (name == "__builtin__.bytes" || name == "builtins.bytes") {  // protocol 2's b'': bytes()
       if (!a.empty()) return InvalidArgument("bytes() is called only as protocol 2 pickles b'': with no arguments");
       return PushNew(Value::kBytes, 0);
+    }
+    if (bytearray) {  // () or (bytes,): the bytes, typed as a bytearray
+      if (a.size() > 1 || (a.size() == 1 && a[0]->kind != Value::kBytes)) {
+        return InvalidArgument("bytearray() is called only as torch.save pickles a bytearray: with bytes or nothing");
+      }
+      SC_ASSIGN_OR_RETURN(Value* v, New(Value::kBytes));
+      if (!a.empty()) v->s = a[0]->s;
+      v->bytearray = true;
+      return Push(v);
     }
     if (name == "_codecs.encode") {  // (str, "latin1"): the str's code points are the bytes
       if (a.size() != 2 || a[0]->kind != Value::kString || a[1]->kind != Value::kString || a[1]->s != "latin1") {
@@ -803,7 +822,7 @@ class Flattener {
         }
         return true;
       }
-      case Value::kBytes: *out = {{kTag, "bytes"}, {"v", Base64Encode(v->s)}}; return true;
+      case Value::kBytes: *out = {{kTag, v->bytearray ? "bytearray" : "bytes"}, {"v", Base64Encode(v->s)}}; return true;
       case Value::kBigInt: {  // wider than 64 bits (a uint64 seed pickles as 9 bytes): tagged, in hex
         *out = {{kTag, "int"}, {"v", HexEncode(v->s)}};
         return true;

@@ -152,7 +152,11 @@ Result<ZipReader> ZipReader::Open(ByteSource source) {
       e += 4 + len;
     }
     at += 46 + name_len + extra_len + comment_len;
-    if (method != 0) return bad("record '" + name + "' is compressed; torch.save writes stored records");
+    if (method != 0) {  // a valid zip (torch.load reads it), of a kind this reader does not take
+      return Status(Code::kUnimplemented, path + ": record '" + name + "' is compressed (zip method " +
+                                              std::to_string(method) +
+                                              "); shardckpt reads the stored records torch.save writes (save it again with torch.save)");
+    }
     if (csize != usize) return bad("record '" + name + "' sizes disagree");
     unsigned char local[30];
     SC_RETURN_IF_ERROR(z.ReadAt(header, local, sizeof(local)));
