@@ -468,21 +468,36 @@ int List(int argc, char** argv) {
   if (!recorded.ok()) return Fail(recorded);
   const std::string latest = ReadLatestName(root);
   PlanRetention(policy, latest, &*all);
+  // A save or prune running now: its temporary folder is no leftover of a dead save. And a
+  // folder retention would remove that a reader holds now is left by a prune until it is free.
+  const bool save_running = RootLock::Held(root);
+  auto retention_of = [&](const CheckpointInfo& c) -> std::string {
+    if (c.committed && c.keep) return "keep: " + c.why;
+    if (c.committed) return HeldByReader(root, c.name) ? "would remove (a reader holds it now)" : "would remove";
+    if (c.temp && save_running) return "a save or prune holds the root now (perhaps its own)";
+    return "next save removes";
+  };
   if (vm.count("json")) {
     json rows = json::array();
-    for (const CheckpointInfo& c : *all) rows.push_back(InfoJson(c));
-    PrintJson(json{{"root", root}, {"latest", latest}, {"checkpoints", rows}});
+    for (const CheckpointInfo& c : *all) {
+      rows.push_back(InfoJson(c));
+      rows.back()["retention"] = retention_of(c);
+    }
+    PrintJson(json{{"root", root}, {"latest", latest}, {"save_running", save_running}, {"checkpoints", rows}});
     return 0;
   }
-  std::printf("%-28s %12s %-10s %-20s %6s %14s  %-28s %s\n", "folder", "step", "state", "time", "ranks", "bytes",
+  // The folder column as wide as the longest name (a temporary or retired folder's is 50 or more).
+  size_t width = 28;
+  for (const CheckpointInfo& c : *all) width = std::max(width, c.name.size() + (c.symlink ? 1 : 0));
+  const int w = static_cast<int>(width);
+  std::printf("%-*s %12s %-10s %-20s %6s %14s  %-28s %s\n", w, "folder", "step", "state", "time", "ranks", "bytes",
               "metrics", "retention");
   for (const CheckpointInfo& c : *all) {
     const char* state = c.committed ? (c.problem.empty() ? "committed" : "damaged") : c.temp ? "temporary" : "partial";
     std::string name = c.name + (c.symlink ? "@" : "");
-    std::printf("%-28s %12lld %-10s %-20s %6d %14llu  %-28s %s\n", name.c_str(), static_cast<long long>(c.step), state,
+    std::printf("%-*s %12lld %-10s %-20s %6d %14llu  %-28s %s\n", w, name.c_str(), static_cast<long long>(c.step), state,
                 c.time.empty() ? "-" : c.time.c_str(), c.world_size, static_cast<unsigned long long>(c.bytes),
-                MetricsText(c.metrics).c_str(),
-                c.committed ? (c.keep ? ("keep: " + c.why).c_str() : "would remove") : "next save removes");
+                MetricsText(c.metrics).c_str(), retention_of(c).c_str());
     if (!c.problem.empty() && c.committed) std::printf("    %s\n", c.problem.c_str());
   }
   return 0;
@@ -514,25 +529,30 @@ int Prune(int argc, char** argv) {
     Status recorded = CheckMetricRecorded(policy, root, *ranked);
     if (!recorded.ok()) return Fail(recorded);
   }
-  std::vector<std::string> leftovers;
+  // Leftovers of dead saves: what was removed, and what was left (a reader holds it, or another
+  // process is removing a retired folder), as the removal reports them, not as listed before it.
+  std::vector<std::string> leftovers, left;
   if (!dry_run) {
     Status repaired = RepairLatest(root);
     if (!repaired.ok()) return Fail(repaired);
   }
-  Result<std::vector<CheckpointInfo>> all = ListCheckpoints(root, /*with_manifests=*/false, /*with_bytes=*/false);
-  if (!all.ok()) return Fail(all.status());
   // A dry run beside a live save must not call the save's temporary folder a leftover.
   const bool save_running = dry_run && RootLock::Held(root);
-  for (const CheckpointInfo& c : *all) {
-    if (!c.committed && !(save_running && c.temp)) leftovers.push_back(c.name);
-  }
-  if (!dry_run) {
-    Status cleaned = RemoveStaleTempDirs(root);
+  if (dry_run) {
+    Result<std::vector<CheckpointInfo>> all = ListCheckpoints(root, /*with_manifests=*/false, /*with_bytes=*/false);
+    if (!all.ok()) return Fail(all.status());
+    for (const CheckpointInfo& c : *all) {
+      if (c.committed || (save_running && c.temp)) continue;
+      (HeldByReader(root, c.name) ? left : leftovers).push_back(c.name);
+    }
+  } else {
+    Status cleaned = RemoveStaleTempDirs(root, &leftovers, &left);
     if (!cleaned.ok()) return Fail(cleaned);
   }
   Result<RetentionReport> r = ApplyRetention(root, policy, "", dry_run);
   if (!r.ok()) return Fail(r.status());
   r->removed.insert(r->removed.begin(), leftovers.begin(), leftovers.end());
+  r->deferred.insert(r->deferred.begin(), left.begin(), left.end());
   if (vm.count("json")) {
     PrintJson(json{{"root", root}, {"dry_run", dry_run}, {"removed", r->removed}, {"deferred", r->deferred},
                       {"save_running", save_running}});
@@ -544,7 +564,10 @@ int Prune(int argc, char** argv) {
                 root.c_str());
   }
   for (const std::string& name : r->removed) std::printf("%s %s\n", dry_run ? "would remove" : "removed", JoinPath(root, name).c_str());
-  for (const std::string& name : r->deferred) std::printf("kept for now (a reader holds it): %s\n", JoinPath(root, name).c_str());
+  for (const std::string& name : r->deferred) {
+    std::printf("%s for now (a reader holds it%s): %s\n", dry_run ? "would be kept" : "kept",
+                IsRetiredDirName(name) ? ", or another process is removing it" : "", JoinPath(root, name).c_str());
+  }
   std::printf("%zu folder(s) %s\n", r->removed.size(), dry_run ? "would be removed (dry run)" : "removed");
   return 0;
 }

@@ -357,7 +357,18 @@ Result<bool> RemoveCheckpointDir(const std::string& root, const std::string& nam
   return true;
 }
 
-Status RemoveStaleTempDirs(const std::string& root) {
+bool HeldByReader(const std::string& root, const std::string& name) {
+  if (!IsPlainFileName(name)) return false;
+  // As RemoveCheckpointDir tests it: an exclusive lock refused now; released at once.
+  const int fd = ::open(JoinPath(root, name).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool held = ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);
+  return held;
+}
+
+Status RemoveStaleTempDirs(const std::string& root, std::vector<std::string>* removed_names,
+                           std::vector<std::string>* left_names) {
   WaitForBackgroundRemovals();
   SC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(root));
   for (const std::string& name : names) {
@@ -374,6 +385,8 @@ Status RemoveStaleTempDirs(const std::string& root) {
       SC_LOG(kWarn) << JoinPath(root, name)
                     << (retired ? " is being removed by another process" : " is held by a reader; left for a later save");
     }
+    std::vector<std::string>* into = removed ? removed_names : left_names;
+    if (into != nullptr) into->push_back(name);
   }
   return Status::Ok();
 }

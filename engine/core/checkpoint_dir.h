@@ -78,10 +78,17 @@ Result<CheckpointHold> HoldCheckpoint(const std::string& path);
 enum class Removal { kNow, kInBackground };
 Result<bool> RemoveCheckpointDir(const std::string& root, const std::string& name, Removal when = Removal::kNow);
 
+// Whether a reader holds root/name now (HoldCheckpoint's shared lock; through a symlink, on its
+// target), so that RemoveCheckpointDir would leave it: what a dry run and a listing report.
+bool HeldByReader(const std::string& root, const std::string& name);
+
 // Removes what crashed or failed saves left: temp folders, step folders without a manifest
 // (a deletion cut short) and retired folders whose background deletion did not finish. Waits
-// first for this process's own background deletions. Called with the root lock held.
-Status RemoveStaleTempDirs(const std::string& root);
+// first for this process's own background deletions. Called with the root lock held. Where
+// given, `removed` and `left` get the names removed and those left (held by a reader, or a
+// retired folder another process is removing).
+Status RemoveStaleTempDirs(const std::string& root, std::vector<std::string>* removed = nullptr,
+                           std::vector<std::string>* left = nullptr);
 
 // A root given that is itself a checkpoint (a step folder, or a DCP folder): InvalidArgument
 // "<root> is a checkpoint, not a root: <verb> the folder that holds its step folders". Saving

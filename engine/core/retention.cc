@@ -157,8 +157,8 @@ Result<RetentionReport> ApplyRetention(const std::string& root, const RetentionP
   PlanRetention(policy, ReadLatestName(root), &all);
   for (const CheckpointInfo& c : all) {
     if (!c.committed || c.keep || c.name == just_committed) continue;
-    if (dry_run) {
-      report.removed.push_back(c.name);
+    if (dry_run) {  // what the removal would do now: a folder a reader holds is left
+      (HeldByReader(root, c.name) ? report.deferred : report.removed).push_back(c.name);
       continue;
     }
     SC_LOG(kInfo) << "retention: removing " << JoinPath(root, c.name);

@@ -72,7 +72,7 @@ Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, boo
 
 struct RetentionReport {
   std::vector<std::string> removed;   // or, on a dry run, would be removed
-  std::vector<std::string> deferred;  // held by a reader; a later save removes them
+  std::vector<std::string> deferred;  // held by a reader (on a dry run: now); a later save removes them
 };
 
 // Applies `policy` to root; the caller holds the root lock. `just_committed` is never removed.
