@@ -3,6 +3,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
 #include <optional>
 #include <string_view>
 
@@ -271,6 +274,54 @@ Status GlobalValueConflicts(const std::vector<std::string>& gathered) {
   return Status::Ok();
 }
 
+std::string AgreedOptionsText(const SaveOptions& options) {
+  std::string text = "keep_last=" + std::to_string(options.keep_last) + " keep_best=" + std::to_string(options.keep_best);
+  if (options.keep_best > 0) text += " metric=" + options.best_metric + (options.best_higher_is_better ? " mode=max" : " mode=min");
+  std::string metrics;
+  for (const auto& [name, value] : options.metrics) metrics += (metrics.empty() ? "" : ", ") + name;
+  text += " metrics={" + metrics + "}";
+  std::string user;
+  for (const auto& [key, value] : options.user_metadata) user += (user.empty() ? "" : ", ") + key + "=" + value;
+  return text + " user_metadata={" + user + "}";
+}
+
+namespace {
+
+std::string ConflictText(const std::map<std::string, std::vector<int>>& ranks_of) {
+  std::vector<std::pair<std::vector<int>, std::string>> groups;
+  for (const auto& [text, ranks] : ranks_of) groups.emplace_back(ranks, text);
+  std::sort(groups.begin(), groups.end());  // the group of rank 0 first
+  std::string which;
+  for (const auto& [ranks, text] : groups) which += (which.empty() ? "" : "; ") + RankRanges(ranks) + ": " + text;
+  return which;
+}
+
+}  // namespace
+
+Status OptionConflicts(const std::vector<std::string>& texts, const std::vector<std::map<std::string, double>>& metrics) {
+  const std::string why = "), but they are recorded and applied once: pass every rank the same (a metric such as a loss "
+                          "reduced across ranks first)";
+  std::map<std::string, std::vector<int>> ranks_of;
+  for (size_t r = 0; r < texts.size(); ++r) ranks_of[texts[r]].push_back(static_cast<int>(r));
+  if (ranks_of.size() > 1) {
+    return InvalidArgument("the save's retention rule, metrics or user metadata differ between ranks (" + ConflictText(ranks_of) + why);
+  }
+  if (metrics.empty()) return Status::Ok();
+  for (const auto& [name, first] : metrics[0]) {  // the same names on every rank: the texts agree
+    std::map<std::string, std::vector<int>> values_of;
+    bool differ = false;
+    for (size_t r = 0; r < metrics.size(); ++r) {
+      const double value = metrics[r].at(name);
+      differ |= std::fabs(value - first) > 1e-9 * std::max(std::fabs(value), std::fabs(first));
+      char number[32];
+      std::snprintf(number, sizeof(number), "%.17g", value);
+      values_of[name + "=" + number].push_back(static_cast<int>(r));
+    }
+    if (differ) return InvalidArgument("the metric '" + name + "' differs between ranks (" + ConflictText(values_of) + why);
+  }
+  return Status::Ok();
+}
+
 PlannedSave PlanOnRootFromCache(int rank, const std::string& root, int64_t step, const SaveOptions& options,
                                 const SavePlanCache& cache) {
   return PlanOnRootWith(rank, root, step, {}, options, &cache);
@@ -354,15 +405,43 @@ Result<PlannedSave> DecidePlan(Communicator& comm, const std::string& root, int6
   SavePlanCache* cache = options.plan_cache;
   const uint64_t digest = cache != nullptr ? DescriptionDigest(host, state, options.pack_small_chunks) : 0;
   bool values_differ = false, refused = false;
-  SC_ASSIGN_OR_RETURN(bool reuse, AgreeOnReuse(comm, step, digest, cache, GlobalValuesDigest(state), &values_differ,
+  // The options rank 0 applies are compared with the global values: one digest, one vote.
+  const std::string options_text = AgreedOptionsText(options);
+  uint64_t values_digest = GlobalValuesDigest(state) ^ Checksum64(options_text.data(), options_text.size());
+  for (const auto& [name, value] : options.metrics) values_digest ^= Checksum64(&value, sizeof(value)) + name.size();
+  SC_ASSIGN_OR_RETURN(bool reuse, AgreeOnReuse(comm, step, digest, cache, values_digest, &values_differ,
                                                !state.refusal().ok(), &refused));
   if (refused) {  // every rank knows: one allgather to name each rank's refusal, on every rank alike
     return AgreeOnStatus(comm, state.CheckNothingRefused()).WithContext(StepFailed(step));
   }
   if (values_differ) {  // every rank knows: one allgather to name the value, on every rank alike
+    WireWriter mine;
+    mine.Str(EncodeGlobalValues(state));
+    mine.Str(options_text);
+    mine.U64(options.metrics.size());
+    for (const auto& [name, value] : options.metrics) {
+      mine.Str(name);
+      mine.Str(std::string(reinterpret_cast<const char*>(&value), sizeof(value)));
+    }
     std::vector<std::string> all;
-    SC_RETURN_IF_ERROR(comm.AllGather(EncodeGlobalValues(state), &all));
-    SC_RETURN_IF_ERROR(GlobalValueConflicts(all).WithContext(StepFailed(step)));
+    SC_RETURN_IF_ERROR(comm.AllGather(std::move(mine.bytes()), &all));
+    std::vector<std::string> values(all.size()), options_by_rank(all.size());
+    std::vector<std::map<std::string, double>> metrics_by_rank(all.size());
+    for (size_t r = 0; r < all.size(); ++r) {
+      WireReader reader(all[r]);
+      values[r] = reader.Str();
+      options_by_rank[r] = reader.Str();
+      for (uint64_t k = 0, n = reader.U64(); k < n && reader.ok(); ++k) {
+        const std::string name = reader.Str();
+        const std::string bits = reader.Str();
+        double value = 0;
+        if (bits.size() == sizeof(value)) std::memcpy(&value, bits.data(), sizeof(value));
+        metrics_by_rank[r][name] = value;
+      }
+      if (!reader.ok()) return Internal("truncated global values from rank " + std::to_string(r));
+    }
+    SC_RETURN_IF_ERROR(GlobalValueConflicts(values).WithContext(StepFailed(step)));
+    SC_RETURN_IF_ERROR(OptionConflicts(options_by_rank, metrics_by_rank).WithContext(StepFailed(step)));
   }
   PlannedSave planned;
   if (reuse) {

@@ -82,6 +82,13 @@ std::string EncodeGlobalValues(const ShardedState& state);
 // different bytes, as an InvalidArgument naming it and which ranks hold what; OK when only the
 // set of values differs (a value some ranks lack is not a conflict).
 Status GlobalValueConflicts(const std::vector<std::string>& gathered);
+// The options a save applies once, from rank 0 (retention rule, metric names, user metadata), as
+// text: compared across ranks with the global values, at no extra collective when they agree.
+std::string AgreedOptionsText(const SaveOptions& options);
+// Pure: InvalidArgument naming the ranks and their options when the ranks' AgreedOptionsText
+// differ, or a metric's values differ by more than reductions do (a relative 1e-9: an
+// all-reduced loss may differ in its last bits between ranks; a rank's own loss is refused).
+Status OptionConflicts(const std::vector<std::string>& texts, const std::vector<std::map<std::string, double>>& metrics);
 // PlanOnRoot with the cached plan and descriptions (every rank agreed to reuse them): the same
 // checks, lock, cleanup and temp folder, no planning; the broadcast carries no plan.
 PlannedSave PlanOnRootFromCache(int rank, const std::string& root, int64_t step, const SaveOptions& options,
