@@ -16,6 +16,9 @@ states and the position in the data stream are in the checkpoint, so steps after
 the losses an uninterrupted run prints. At another world size the shards are redistributed by
 the load and the global batch is the same samples (each rank takes its equal slice), so the
 losses differ only by the order of floating-point reductions.
+
+SIGTERM or SIGUSR1 (torchrun, Slurm, ``launch/mpirun.sh``) stops every rank after the same step
+(``shardckpt.PreemptionWatcher``), which is checkpointed before the job exits 0.
 """
 from __future__ import annotations
 
@@ -189,7 +192,13 @@ def resume(args, model, optim, sched, rank: int) -> tuple:
     import shardckpt
     from torch.distributed.checkpoint.state_dict import set_state_dict
     state = checkpoint_state(model, optim, sched, 0, 0)  # initializes AdamW's state to load into
-    report = shardckpt.load(state, args.resume_from or args.ckpt)  # into the DTensor shards
+    # With --resume, a --ckpt holding a checkpoint wins over --resume-from: a requeued job goes
+    # on from its own newest step, not from where its first attempt started.
+    own = args.resume and newest_step(args.ckpt, next(model.parameters()).device) >= 0
+    if own and args.resume_from and rank == 0:
+        print("--ckpt %s holds a checkpoint: resuming from it (--resume), not from --resume-from %s"
+              % (args.ckpt, args.resume_from), flush=True)
+    report = shardckpt.load(state, args.ckpt if own else (args.resume_from or args.ckpt))  # into the DTensor shards
     set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
     sched.load_state_dict(state["sched"])
     rng = state["rng"]
@@ -270,6 +279,9 @@ def main() -> int:
     torch.use_deterministic_algorithms(True, warn_only=True)
     device = init_distributed()
     import shardckpt  # after init: under torchrun its default communicator is this job's group
+    # SIGTERM (torchrun, Slurm) and SIGUSR1 (launch/mpirun.sh, Slurm's --signal) only set a flag
+    # from here on; every rank asks after each step, and all stop after the same one.
+    watcher = shardckpt.PreemptionWatcher()
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -299,7 +311,7 @@ def main() -> int:
             print("no checkpoint in %s yet: starting at step 0" % args.ckpt, flush=True)
     elif args.resume or args.resume_from:
         step, position = resume(args, model, optim, sched, rank)
-    if args.resume_from:
+    if args.resume_from and not (args.resume and step >= newest_step(args.ckpt, device)):
         # Saves into a root holding a later step are refused (they would go back in time):
         # said before training, as the C++ trainer does, not at each save.
         newest = newest_step(args.ckpt, device)
@@ -314,7 +326,8 @@ def main() -> int:
     handle = None
     started = time.time()
     step_seconds, save_waits = [], []  # per step; per save: how long the loop was held up
-    while step < args.steps:
+    stopped = None
+    while step < args.steps and not stopped:
         began = time.perf_counter()
         tokens = local_batch(args, position, rank, world).to(device)
         logits = model(tokens[:, :-1])
@@ -333,7 +346,11 @@ def main() -> int:
         dist.all_reduce(reported)
         if rank == 0:
             print("step %d loss %r" % (step, (reported / world).item()), flush=True)
-        if step % args.save_every == 0 or step == args.steps:
+        stopped = watcher.should_stop()  # collective: the same answer on every rank
+        if stopped and rank == 0:
+            print("stop requested (%s on rank %d, %.2f s ago): final checkpoint of step %d"
+                  % (stopped.signal, stopped.first_rank, stopped.seconds_since, step), flush=True)
+        if step % args.save_every == 0 or step == args.steps or stopped:
             # Overlap: returns before the copy (fenced above, in the next step, before
             # optimizer.step()). Snapshot: returns once the state is copied. Either way the files
             # are written in the background; the next async_save (or the wait below) waits.
@@ -357,8 +374,10 @@ def main() -> int:
         if not finish(handle, rank):
             dist.destroy_process_group()
             return 1
+    watcher.close()
     if rank == 0:
-        print("done: %d ranks, step %d, %.1f s" % (world, step, time.time() - started), flush=True)
+        print("%s: %d ranks, step %d, %.1f s" % ("stopped" if stopped else "done", world, step,
+                                                 time.time() - started), flush=True)
         summarize(args, world, step_seconds, save_waits)
     dist.destroy_process_group()
     return 0

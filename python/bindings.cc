@@ -17,6 +17,7 @@
 
 #include "shardckpt/collectives/communicator.h"
 #include "shardckpt/collectives/mpi_communicator.h"
+#include "shardckpt/collectives/preemption.h"
 #include "shardckpt/engine/core/async_save.h"
 #include "shardckpt/engine/core/checkpoint_dir.h"
 #include "shardckpt/engine/core/consolidate.h"
@@ -391,6 +392,33 @@ py::tuple AgreeCall(Comm& comm, const std::string& code, const std::string& mess
   return Reply(agreed);
 }
 
+// ---- Preemption (collectives/preemption.h): the signals only set a flag; every rank asks, once
+// per step, whether any rank was asked to stop, and all get the same answer.
+struct Watcher {
+  std::unique_ptr<PreemptionWatcher> watcher;
+};
+
+py::tuple InstallWatcherCall(const std::vector<int>& signals) {
+  Result<std::unique_ptr<PreemptionWatcher>> installed = PreemptionWatcher::Install(signals);
+  if (!installed.ok()) return Reply(installed.status());
+  auto out = std::make_unique<Watcher>();
+  out->watcher = std::move(installed).value();
+  return Reply(Status::Ok(), py::cast(std::move(out)));
+}
+
+// (requested, signal name or "", first rank, seconds since the first reception).
+py::tuple ShouldStopCall(Watcher& w, Comm& comm) {
+  if (!w.watcher) return Reply(FailedPrecondition("the preemption watcher was closed"));
+  Result<StopRequest> stop = Status(Code::kInternal, "not run");
+  {
+    py::gil_scoped_release release;  // over torch.distributed the all-reduce calls back into Python
+    stop = w.watcher->ShouldStop(comm.get());
+  }
+  if (!stop.ok()) return Reply(stop.status());
+  return Reply(Status::Ok(), py::make_tuple(stop->requested, stop->requested ? SignalName(stop->signal) : std::string(),
+                                            stop->first_rank, stop->seconds_since));
+}
+
 // ---- Async save: one AsyncSaver per communicator (Python keeps it on the Comm), so staging is
 // reused by every later save. The pieces' memory is only read during Save (the snapshot).
 class Saver {
@@ -720,6 +748,13 @@ PYBIND11_MODULE(_core, m) {
       .def("wait", &Handle::Wait)
       .def("done", &Handle::Done)
       .def_property_readonly("step", &Handle::step);
+  py::class_<Watcher>(m, "PreemptionWatcher");
+  m.def("install_watcher", &InstallWatcherCall);
+  m.def("watcher_should_stop", &ShouldStopCall);
+  m.def("watcher_request_stop", [](Watcher& w, int signal) {
+    if (w.watcher) w.watcher->RequestStop(signal);
+  });
+  m.def("watcher_close", [](Watcher& w) { w.watcher.reset(); });  // the previous handlers come back
   m.def("create_saver", &CreateSaverCall);
   m.def("saver_wait", [](Saver& saver) {
     Status s;

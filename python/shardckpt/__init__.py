@@ -52,6 +52,7 @@ from ._state import (DTYPES, FlatShard, PerRank, dcp_leaf_names, dcp_leaves, dcp
 from .errors import (Aborted, AlreadyExists, DataLoss, DeadlineExceeded, FailedPrecondition,
                      Internal, InvalidArgument, IoError, NoSpace, NotFound, ShardckptError,
                      Unimplemented, raise_for)
+from ._preemption import PreemptionWatcher, StopRequest
 
 __all__ = [
     "save", "load", "async_save", "AsyncSaveHandle", "inspect", "verify", "VerifyReport",
@@ -59,7 +60,7 @@ __all__ = [
     "FlatShard", "PerRank", "world", "from_process_group", "from_mpi4py",
     "single_process", "launched_by_mpi", "ShardckptError", "InvalidArgument", "NotFound",
     "AlreadyExists", "DataLoss", "IoError", "NoSpace", "FailedPrecondition", "Unimplemented",
-    "Internal", "Aborted", "DeadlineExceeded", "release_staging",
+    "Internal", "Aborted", "DeadlineExceeded", "release_staging", "PreemptionWatcher", "StopRequest",
 ]
 __version__ = "0.1.0"
 

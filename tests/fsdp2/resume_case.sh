@@ -7,7 +7,8 @@
 # written while the uninterrupted run trained on, so this also checks that async_save kept the
 # state as it was when called. Needs the cached torch 2.x environment (launch/torch2_venv.sh):
 # skipped (77) without it unless SHARDCKPT_REQUIRE_TORCH2=1. In exact mode, --resume on an empty root
-# also starts at step 0 with the uninterrupted losses.
+# also starts at step 0 with the uninterrupted losses, and a run stopped by a signal saves the
+# step every rank stopped after and resumes from it exactly.
 set -euo pipefail
 build=$1 work=$2 launcher=$3 np_save=$4 np_load=$5 mode=$6
 here=$(cd "$(dirname "$0")" && pwd)
@@ -70,4 +71,26 @@ if [ "$mode" = exact ]; then
   [ $rc = 1 ] && grep -q "error: --ckpt $work/full holds step 30, later than step 20" "$work/back.log" &&
     ! grep -q "^step 21 " "$work/back.log" || {
     echo "resume-from an earlier step into its own root: exit $rc"; tail -20 "$work/back.log"; exit 1; }
+  # Preemption: a stop signal to the launcher (mpirun.sh forwards it to every rank as SIGUSR1),
+  # or to one torchrun worker alone: every rank stops after the same step, saves it, exits 0,
+  # and a resume from it continues with the uninterrupted losses.
+  bash "$launch/train_fsdp2.sh" "$flag" "$np_save" --ckpt "$work/stop" --steps 100000 --save-every 100000 \
+    > "$work/stop.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1200); do grep -q "^step 3 " "$work/stop.log" && break; sleep 0.1; done
+  if [ "$launcher" = mpirun ]; then
+    kill -TERM "$pid"
+  else
+    kill -USR1 "$(pgrep -P "$pid" | head -1)"  # one worker of torchrun's
+  fi
+  set +e
+  wait "$pid"
+  rc=$?
+  set -e
+  stop=$(sed -n 's/^stop requested (SIG[A-Z0-9]* on rank [0-9]*, .* s ago): final checkpoint of step \([0-9]*\)$/\1/p' "$work/stop.log")
+  [ $rc = 0 ] && [ -n "$stop" ] && grep -q "^checkpoint step $stop committed" "$work/stop.log" &&
+    [ "$(cat "$work/stop/latest")" = "$(printf 'step-%09d' "$stop")" ] && [ "$stop" -lt 28 ] || {
+    echo "stopped by a signal: exit $rc, stop step '${stop}'"; tail -20 "$work/stop.log"; exit 1; }
+  run "$work/after_stop.log" "$np_save" --ckpt "$work/stop" --steps $((stop + 2)) --save-every 100 --resume
+  "$py" "$here/compare_losses.py" "$work/full.log" "$work/after_stop.log" --steps "$((stop + 1))-$((stop + 2))" --exact
 fi

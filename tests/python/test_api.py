@@ -444,6 +444,49 @@ def test_a_global_value_that_differs_between_ranks_is_refused_on_every_rank(comm
     shardckpt.save(state, root, step=1)
 
 
+def test_save_options_that_differ_between_ranks_are_refused_on_every_rank(comm, root):
+    # Applied once, by rank 0: a rank's own loss as the metric, or another keep_last, would be
+    # overridden by rank 0's without a word.
+    if comm.size < 2:
+        pytest.skip("needs two ranks")
+    state = {"w": torch.ones(2)}
+    mine = min(comm.rank, 1)
+    with pytest.raises(shardckpt.InvalidArgument) as error:
+        shardckpt.save(state, root, step=1, keep_last=1 + mine)
+    assert "the save's retention rule, metrics or user metadata differ between ranks (rank 0: keep_last=1" in \
+        error.value.message, error.value.message
+    with pytest.raises(shardckpt.InvalidArgument) as error:
+        shardckpt.save(state, root, step=1, metrics={"loss": 1.0 + mine})
+    assert "the metric 'loss' differs between ranks (rank 0: loss=1;" in error.value.message, error.value.message
+    assert "reduced across ranks first" in error.value.message
+    assert not os.path.exists(os.path.join(root, "step-000000001"))
+    # A reduced loss may differ in its last bits between ranks: taken, as rank 0's.
+    shardckpt.save(state, root, step=1, metrics={"loss": 1.0 + mine * 1e-15})
+    assert shardckpt.inspect(root)["metrics"] == {"loss": 1.0}
+
+
+def test_a_stop_signal_on_one_rank_stops_every_rank_after_the_same_step(comm):
+    import signal
+    seen = []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: seen.append(signum))
+    try:
+        with shardckpt.PreemptionWatcher() as watcher:
+            with pytest.raises(shardckpt.FailedPrecondition):
+                shardckpt.PreemptionWatcher()  # one per process
+            assert watcher.should_stop() == shardckpt.StopRequest(False)
+            last = comm.size - 1
+            if comm.rank == last:
+                os.kill(os.getpid(), signal.SIGUSR1)  # the process lives on: only a flag is set
+            stop = watcher.should_stop()
+            assert stop.requested and stop.signal == "SIGUSR1" and stop.first_rank == last, stop
+            assert stop.seconds_since >= 0
+        # The program's own handler ran after the recording, and is back in place.
+        assert seen == ([signal.SIGUSR1] if comm.rank == last else [])
+        assert signal.getsignal(signal.SIGUSR1) is not signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
 def test_keep_last_prunes_old_checkpoints(root):
     for step in range(4):
         shardckpt.save({"w": torch.full((2,), float(step))}, root, step=step, keep_last=2)
