@@ -514,6 +514,21 @@ int Prune(int argc, char** argv) {
   const bool dry_run = vm.count("dry-run") > 0;
   if (!IsDirectory(root)) return Fail(NotFound(root + " is not a folder"));
   if (Status root_ok = RefuseCheckpointAsRoot(root, "prune"); !root_ok.ok()) return Fail(root_ok);
+  // A folder with nothing a save writes (no step, temporary or retired folder, no `latest`): not
+  // a root, or not one yet; said so, and no lock files are left in it.
+  {
+    Result<std::vector<CheckpointInfo>> any = ListCheckpoints(root, /*with_manifests=*/false, /*with_bytes=*/false);
+    if (!any.ok()) return Fail(any.status());
+    if (any->empty() && !PathExists(JoinPath(root, kLatestName))) {
+      if (vm.count("json")) {
+        PrintJson(json{{"root", root}, {"dry_run", dry_run}, {"removed", json::array()}, {"deferred", json::array()},
+                       {"save_running", false}});
+      } else {
+        std::printf("nothing to prune: %s holds no checkpoint folders\n", root.c_str());
+      }
+      return 0;
+    }
+  }
   // The writer lock: a save into this root and a prune never interleave (a save waits for it).
   // A dry run writes nothing, not even the lock files, and shows a moment's view.
   std::optional<RootLock> lock;

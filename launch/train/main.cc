@@ -203,10 +203,12 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
   // A root with a committed checkpoint, whether or not `latest` was written (checkpoint_dir.h).
   // Every rank takes the same branch: one that saw no checkpoint (a stale network-filesystem
   // view) would start training while the others wait in Load. Rank 0 resolves the root in Load.
-  // --resume-from names its checkpoint: there must be one (Load says why not).
-  int64_t resume = !config.resume_from.empty() ||
-                   ((config.resume || config.resume_weights_only) && !config.ckpt.empty() &&
-                    (PathExists(JoinPath(config.ckpt, "latest")) || ResolveCheckpoint(config.ckpt).ok()));
+  // --resume-from names its checkpoint: there must be one (Load says why not). With --resume, a
+  // --ckpt that holds a checkpoint wins: a requeued job continues from its own newest step, not
+  // from where its first attempt started. 2: from --ckpt; 1: from --resume-from.
+  const bool ckpt_holds_one = (config.resume || config.resume_weights_only) && !config.ckpt.empty() &&
+                              (PathExists(JoinPath(config.ckpt, "latest")) || ResolveCheckpoint(config.ckpt).ok());
+  int64_t resume = ckpt_holds_one ? 2 : !config.resume_from.empty() ? 1 : 0;
   Status decided = comm.AllReduceMaxInt64(&resume, 1);
   if (!decided.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, decided.ToString().c_str());
@@ -222,7 +224,11 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
     LoadOptions options;
     options.strict = !config.resume_weights_only;
     auto t0 = std::chrono::steady_clock::now();
-    const std::string from = config.resume_from.empty() ? config.ckpt : config.resume_from;
+    const std::string from = resume == 2 || config.resume_from.empty() ? config.ckpt : config.resume_from;
+    if (rank == 0 && resume == 2 && !config.resume_from.empty()) {
+      std::printf("--ckpt %s holds a checkpoint: resuming from it (--resume), not from --resume-from %s\n",
+                  config.ckpt.c_str(), config.resume_from.c_str());
+    }
     Result<LoadReport> report = Load(comm, from, targets, options);
     if (!report.ok()) {
       std::fprintf(stderr, "rank %d: resume failed: %s\n", rank, report.status().ToString().c_str());
@@ -270,7 +276,10 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
     root_ok = AgreeOnStatus(comm, root_ok);
     if (!root_ok.ok()) {
       std::fprintf(stderr, "rank %d: cannot save into --ckpt %s: %s%s\n", rank, config.ckpt.c_str(),
-                   root_ok.message().c_str(), config.resume_from.empty() ? "" : " (with --resume-from OLD, pass --ckpt NEW_ROOT)");
+                   root_ok.message().c_str(),
+                   config.resume_from.empty() ? ""
+                                              : " (with --resume-from OLD, pass --ckpt NEW_ROOT; add --resume to go on "
+                                                "from --ckpt's newest instead)");
       return 1;
     }
   }
@@ -483,7 +492,9 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
       return kExitError;
     }
     if (stop->requested) return stop_for_preemption(*stop);
-    if (!config.ckpt.empty() && config.save_every > 0 && step % config.save_every == 0) {
+    // The last step is saved too, whatever --save-every: a run that ends between two saves would
+    // leave its final state to be trained again by every --resume.
+    if (!config.ckpt.empty() && config.save_every > 0 && (step % config.save_every == 0 || step == config.steps)) {
       if (!(saver ? save_async() : save_sync())) return kExitError;
     }
   }
@@ -558,13 +569,14 @@ int main(int argc, char** argv) {
   flags.add_options()("help", "this text")
       ("ckpt", po::value(&config.ckpt), "checkpoint root")
       ("steps", po::value(&config.steps)->default_value(30), "train until this global step")
-      ("save-every", po::value(&config.save_every)->default_value(0), "save every K steps (0: never)")
+      ("save-every", po::value(&config.save_every)->default_value(0), "save every K steps and the last (0: never)")
       ("keep-last", po::value(&config.keep_last)->default_value(3), "newest checkpoints to keep")
       ("keep-best", po::value(&config.keep_best)->default_value(0), "and the K with the lowest recorded loss")
       ("resume", po::bool_switch(&config.resume), "continue from `latest` in --ckpt when there is one")
       ("resume-from", po::value(&config.resume_from),
        "continue from this checkpoint folder (or this root's newest) instead; saves still go to --ckpt, "
-       "which must not hold later steps")
+       "which must not hold later steps; with --resume, only while --ckpt holds no checkpoint (a requeued "
+       "job goes on from its own newest)")
       ("resume-weights-only", po::bool_switch(&config.resume_weights_only),
        "load only the model weights; fresh optimizer, scheduler and RNG")
       ("async-save", po::bool_switch(&config.async_save), "snapshot and persist checkpoints in the background")

@@ -179,9 +179,16 @@ EOF2
     grep -Eq "checkpoint snapshot: step 10 \(training blocked 0\.[1-9]" "$work/first.log"
     grep -q "checkpoint committed: step 10 (async)" "$work/first.log"
     diff <(losses "$work/full.log" 1 15) <(losses "$work/first.log" 1 15)
-    run 2 "$train" "${small[@]}" --ckpt "$work/o" --steps 30 --resume > "$work/resumed.log"
+    grep -q "checkpoint committed: step 15 (async)" "$work/first.log"  # the last step, saved too
+    run 2 "$train" "${small[@]}" --ckpt "$work/o2" --steps 30 --save-every 10 --resume-from "$work/o/step-000000010" > "$work/resumed.log"
     grep -q "at step 10" "$work/resumed.log"
     diff <(losses "$work/full.log" 11 30) <(losses "$work/resumed.log" 11 30)
+    # A requeued job (--resume with --resume-from, as launch/slurm.sbatch passes --resume) goes on
+    # from its own newest step once --ckpt holds one, not from --resume-from again.
+    run 2 "$train" "${small[@]}" --ckpt "$work/o2" --steps 30 --resume --resume-from "$work/o/step-000000010" \
+      > "$work/requeued.log"
+    grep -q "^--ckpt $work/o2 holds a checkpoint: resuming from it (--resume), not from --resume-from" "$work/requeued.log"
+    grep -q "^nothing to train: the run is at step 30 and --steps is 30" "$work/requeued.log"
     if run 2 "$train" "${small[@]}" --steps 1 --copy-while-training 2> "$work/flag.err"; then exit 1; fi
     grep -q "needs --async-save" "$work/flag.err"
     # A step that fails while the copy of step 2 still runs: the run ends with the step's error
