@@ -435,8 +435,16 @@ TEST_F(CheckpointTest, AStateThatRefusedAPieceIsNeitherSavedNorLoaded) {
   Status refused = state.AddTensor("model.tp", DType::kFloat32, {8, 8}, ChunkLayout({8, 8}, 2, 1, 0), b.data());
   EXPECT_THAT(refused.message(), HasSubstr("tensor 'model.tp': ChunkLayout: chunk dim 2 is outside shape [8, 8]"));
   EXPECT_TRUE(state.AddTensor("model.c", DType::kFloat32, {8, 8}, Layout::Whole(), b.data()).ok());  // later ones still add
-  EXPECT_THAT(state.AddTensor("model.f", DType::kFloat32, {8, 8}, FlatShardLayout({8, 8}, 2, 3), b.data()).message(),
-              HasSubstr("FlatShardLayout: "));
+  // Layouts made first and added later: each refusal names its own reason.
+  const Layout bad_index = FlatShardLayout({8, 8}, 2, 3), bad_parts = ChunkLayout({8, 8}, 0, 0, 0);
+  const std::string index_why = state.AddTensor("model.f", DType::kFloat32, {8, 8}, bad_index, b.data()).message();
+  EXPECT_THAT(index_why, HasSubstr("tensor 'model.f': FlatShardLayout: "));
+  EXPECT_THAT(index_why, Not(HasSubstr("ChunkLayout")));
+  EXPECT_THAT(state.AddTensor("model.g", DType::kFloat32, {8, 8}, bad_parts, b.data()).message(),
+              HasSubstr("tensor 'model.g': ChunkLayout: "));
+  // A flat range of the caller's own is judged as one.
+  EXPECT_THAT(state.AddTensor("model.h", DType::kFloat32, {8, 8}, Layout::FlatRange(-1, -1), b.data()).message(),
+              HasSubstr("flat[-1, -1)"));
   const std::string why = "tensor 'model.tp': ChunkLayout: chunk dim 2 is outside shape [8, 8] (refused when it was added";
   Result<SaveResult> saved = Save(*comm_, root(), 1, state);
   ASSERT_FALSE(saved.ok());
@@ -747,7 +755,8 @@ TEST_F(DamagedCheckpointTest, NoLatestAndNoManifestIsNotFound) {
   ASSERT_EQ(::unlink(JoinPath(dir1_, kManifestName).c_str()), 0);
   Status status = LoadStatus();
   EXPECT_EQ(status.code(), Code::kNotFound);
-  EXPECT_THAT(status.message(), HasSubstr("neither a checkpoint"));
+  EXPECT_THAT(status.message(), HasSubstr("is a root with no committed checkpoint yet: only folders of saves that are "
+                                          "running or did not finish"));
 }
 
 // ---- Load options. ----

@@ -89,6 +89,17 @@ TEST(ParsedDcpMetadata, ProtocolsAndOpcodesOutsideTheSetAreRefused) {
   EXPECT_NE(Message(ParseDcpMetadata("\x80\x02N.", "m").status()).find("not a Metadata"), std::string::npos);
 }
 
+// Containers large enough to get item arrays of their own before any small one: the small one
+// after them gets a block of its own too (it was written through a null block: a crash).
+TEST(ParsedDcpMetadata, ALargeContainerFirstThenASmallOneIsRead) {
+  const std::string many(20000, 'N');
+  for (const std::string& pickle : {std::string("\x80\x02(") + many + "tN\x85.", std::string("\x80\x02](") + many + "eN\x85."}) {
+    Result<ParsedDcpMetadata> r = ParseDcpMetadata(pickle, "m");
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find("pickle ended with 2 values"), std::string::npos) << r.status().ToString();
+  }
+}
+
 TEST(ParsedDcpMetadata, ByteItemsHoldPlainValuesOnly) {
   // What a byte item's data.pkl may hold is what UnpickleValueBlob restores: plain values, bytes
   // in protocol 2's form (torch.save's) and protocol 3's; no other global.

@@ -267,6 +267,11 @@ TEST_F(RetentionTest, ARootWithoutLatestResolvesToItsNewestCommittedCheckpoint) 
   Result<std::string> none = ResolveCheckpoint(JoinPath(dir_.path(), "empty"));
   EXPECT_EQ(none.status().code(), Code::kNotFound);
   EXPECT_THAT(none.status().message(), HasSubstr("neither a checkpoint"));
+  // A root whose first save has not committed (running, or dead): said so, not "neither".
+  ASSERT_TRUE(MakeDirs(JoinPath(JoinPath(dir_.path(), "first"), StepDirName(1) + ".tmp-0123456789abcdef")).ok());
+  Result<std::string> first = ResolveCheckpoint(JoinPath(dir_.path(), "first"));
+  EXPECT_EQ(first.status().code(), Code::kNotFound);
+  EXPECT_THAT(first.status().message(), HasSubstr("is a root with no committed checkpoint yet"));
   // DCP data files without their .metadata: named as an incomplete DCP folder.
   const std::string dcp = JoinPath(dir_.path(), "dcp");
   ASSERT_TRUE(MakeDirs(dcp).ok());

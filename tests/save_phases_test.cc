@@ -2,7 +2,9 @@
 // that touch the root with a temp folder and the single-process communicator.
 #include "shardckpt/engine/core/save_phases.h"
 
+#include <cmath>
 #include <functional>
+#include <map>
 #include <tuple>
 
 #include <gmock/gmock.h>
@@ -589,6 +591,47 @@ TEST(GlobalValues, ConflictsAreNamedAndMissingValuesAreNot) {
       EXPECT_TRUE(digests_differ) << "the vote must see it";
       EXPECT_EQ(conflicts.code(), Code::kInvalidArgument);
       EXPECT_THAT(conflicts.message(), HasSubstr(c.error));
+    }
+  }
+}
+
+// What rank 0 records and applies for everyone: ranks must pass the same. A table of each
+// rank's options and the refusal expected ("" when they agree).
+TEST(SaveOptionsAgreement, DifferencesAreNamedAndReductionNoiseIsNot) {
+  auto with = [](int keep_last, std::map<std::string, double> metrics, std::map<std::string, std::string> user = {}) {
+    SaveOptions o;
+    o.keep_last = keep_last;
+    o.metrics = std::move(metrics);
+    o.user_metadata = std::move(user);
+    return o;
+  };
+  struct Case {
+    const char* what;
+    std::vector<SaveOptions> ranks;
+    std::string refusal;
+  } cases[] = {
+      {"the same", {with(2, {{"loss", 1.5}}), with(2, {{"loss", 1.5}})}, ""},
+      {"keep_last", {with(1, {}), with(3, {})}, "rank 0: keep_last=1 keep_best=0"},
+      {"last-bit noise", {with(1, {{"loss", 1.0}}), with(1, {{"loss", 1.0 + 1e-15}})}, ""},
+      {"a rank's own loss", {with(1, {{"loss", 1.0}}), with(1, {{"loss", 2.0}})}, "the metric 'loss' differs between ranks (rank 0: loss=1; rank 1: loss=2)"},
+      {"swapped values", {with(1, {{"a", 1}, {"b", 2}}), with(1, {{"a", 2}, {"b", 1}})}, "the metric 'a' differs"},
+      {"NaN on one rank", {with(1, {{"loss", 2.0}}), with(1, {{"loss", std::nan("")}})}, "the metric 'loss' differs"},
+      {"names that join alike", {with(1, {{"a, b", 1}}), with(1, {{"a", 1}, {"b", 1}})}, "retention rule, metrics or user metadata differ"},
+      {"user metadata", {with(1, {}, {{"epoch", "1"}}), with(1, {}, {{"epoch", "2"}})}, "rank 1: keep_last=1 keep_best=0 metrics={} user_metadata={\"epoch\": \"2\"}"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> texts;
+    std::vector<std::map<std::string, double>> metrics;
+    for (const SaveOptions& o : c.ranks) {
+      texts.push_back(AgreedOptionsText(o));
+      metrics.push_back(o.metrics);
+    }
+    Status s = OptionConflicts(texts, metrics);
+    if (c.refusal.empty()) {
+      EXPECT_TRUE(s.ok()) << c.what << ": " << s.ToString();
+    } else {
+      EXPECT_EQ(s.code(), Code::kInvalidArgument) << c.what;
+      EXPECT_THAT(s.message(), ::testing::HasSubstr(c.refusal)) << c.what;
     }
   }
 }

@@ -84,6 +84,7 @@ Status AsyncSaver::Wait() {
 
 Status AsyncSaver::Snapshot(const ShardedState& state) {
   SC_RETURN_IF_ERROR(Failpoint("async.snapshot", "snapshot of this rank's state"));
+  SC_RETURN_IF_ERROR(state.CheckNothingRefused());  // before any staging is allocated for it
   uint64_t needed = 0;
   for (const TensorPiece& p : state.pieces()) needed += AlignUp(static_cast<uint64_t>(p.bytes), kBlockSize);
   const bool want_pinned = state.has_device_pieces();
@@ -98,7 +99,6 @@ Status AsyncSaver::Snapshot(const ShardedState& state) {
     allocations_ += ring_->count();
     options_.staging = ring_.get();
   }
-  SC_RETURN_IF_ERROR(state.CheckNothingRefused());
   snapshot_.Clear();
   uint64_t at = 0;
   std::vector<DeviceCopier*> copiers;  // device pieces' copies, all waited for before returning

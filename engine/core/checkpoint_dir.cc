@@ -221,6 +221,14 @@ Result<std::string> ResolveCheckpoint(const std::string& path) {
                       ", the index DCP writes last: the folder is incomplete (a save that did not finish, or a "
                       "partial copy), and cannot be read without it");
     }
+    // A root whose first save has not committed yet (running, or dead): named as such.
+    if (names.ok() && std::any_of(names->begin(), names->end(), [](const std::string& n) {
+          int64_t s;
+          return IsTempDirName(n) || ParseStepDirName(n, &s);
+        })) {
+      return NotFound(path + " is a root with no committed checkpoint yet: only folders of saves that are running or "
+                             "did not finish (`shardckpt list " + path + "` shows them)");
+    }
     return NotFound(path + " is neither a checkpoint (no " + kManifestName + ") nor a root (no " + kLatestName +
                     " and no committed step folder)");
   }
@@ -359,7 +367,9 @@ Result<bool> RemoveCheckpointDir(const std::string& root, const std::string& nam
 
 bool HeldByReader(const std::string& root, const std::string& name) {
   if (!IsPlainFileName(name)) return false;
-  // As RemoveCheckpointDir tests it: an exclusive lock refused now; released at once.
+  // As RemoveCheckpointDir tests it: an exclusive lock refused now; released at once. A removal
+  // that tries in that instant (a save's retention, a prune) sees it held and leaves the folder
+  // for the next one, as it would for a reader.
   const int fd = ::open(JoinPath(root, name).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return false;
   const bool held = ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;

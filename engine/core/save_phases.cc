@@ -9,6 +9,8 @@
 #include <optional>
 #include <string_view>
 
+#include <nlohmann/json.hpp>
+
 #include "shardckpt/engine/core/commit.h"
 #include "shardckpt/engine/core/save_plan_cache.h"
 #include "shardckpt/engine/core/shard_writer.h"
@@ -275,13 +277,15 @@ Status GlobalValueConflicts(const std::vector<std::string>& gathered) {
 }
 
 std::string AgreedOptionsText(const SaveOptions& options) {
+  // Names and values quoted as JSON strings: "a, b" and "a", "b" are different texts.
+  auto quoted = [](const std::string& text) { return nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); };
   std::string text = "keep_last=" + std::to_string(options.keep_last) + " keep_best=" + std::to_string(options.keep_best);
-  if (options.keep_best > 0) text += " metric=" + options.best_metric + (options.best_higher_is_better ? " mode=max" : " mode=min");
+  if (options.keep_best > 0) text += " metric=" + quoted(options.best_metric) + (options.best_higher_is_better ? " mode=max" : " mode=min");
   std::string metrics;
-  for (const auto& [name, value] : options.metrics) metrics += (metrics.empty() ? "" : ", ") + name;
+  for (const auto& [name, value] : options.metrics) metrics += (metrics.empty() ? "" : ", ") + quoted(name);
   text += " metrics={" + metrics + "}";
   std::string user;
-  for (const auto& [key, value] : options.user_metadata) user += (user.empty() ? "" : ", ") + key + "=" + value;
+  for (const auto& [key, value] : options.user_metadata) user += (user.empty() ? "" : ", ") + quoted(key) + ": " + quoted(value);
   return text + " user_metadata={" + user + "}";
 }
 
@@ -311,8 +315,11 @@ Status OptionConflicts(const std::vector<std::string>& texts, const std::vector<
     std::map<std::string, std::vector<int>> values_of;
     bool differ = false;
     for (size_t r = 0; r < metrics.size(); ++r) {
-      const double value = metrics[r].at(name);
-      differ |= std::fabs(value - first) > 1e-9 * std::max(std::fabs(value), std::fabs(first));
+      auto it = metrics[r].find(name);
+      const double value = it == metrics[r].end() ? std::nan("") : it->second;
+      const bool same = std::isnan(value) ? std::isnan(first)
+                                          : std::fabs(value - first) <= 1e-9 * std::max(std::fabs(value), std::fabs(first));
+      differ |= !same;
       char number[32];
       std::snprintf(number, sizeof(number), "%.17g", value);
       values_of[name + "=" + number].push_back(static_cast<int>(r));
@@ -408,7 +415,12 @@ Result<PlannedSave> DecidePlan(Communicator& comm, const std::string& root, int6
   // The options rank 0 applies are compared with the global values: one digest, one vote.
   const std::string options_text = AgreedOptionsText(options);
   uint64_t values_digest = GlobalValuesDigest(state) ^ Checksum64(options_text.data(), options_text.size());
-  for (const auto& [name, value] : options.metrics) values_digest ^= Checksum64(&value, sizeof(value)) + name.size();
+  std::string metric_bits;  // each name with its value's bits: a swap of values between names differs
+  for (const auto& [name, value] : options.metrics) {
+    metric_bits.append(name).push_back('\0');
+    metric_bits.append(reinterpret_cast<const char*>(&value), sizeof(value));
+  }
+  values_digest ^= Checksum64(metric_bits.data(), metric_bits.size());
   SC_ASSIGN_OR_RETURN(bool reuse, AgreeOnReuse(comm, step, digest, cache, values_digest, &values_differ,
                                                !state.refusal().ok(), &refused));
   if (refused) {  // every rank knows: one allgather to name each rank's refusal, on every rank alike

@@ -1,6 +1,7 @@
 #include "shardckpt/engine/model/layout.h"
 
 #include <algorithm>
+#include <map>
 #include <sstream>
 
 #include "shardckpt/io/log.h"
@@ -161,16 +162,21 @@ Status CheckParts(int parts, int index) {
 
 // The unchecked wrappers cannot return an error: they log it and hand back a layout that
 // ValidateLayout (and so AddTensor) refuses, rather than dividing by zero or reading past a shape.
-// A layout no valid piece has (a flat range cannot start before 0), and why the latest was made:
-// AddTensor receives it right after, on the same thread, in the code these helpers are for.
-constexpr int64_t kRefused = -1;
-thread_local std::string refused_layout_reason;
+// A layout no valid piece has: a flat range starting at -1, ending at -2 - its number. The
+// reasons of this thread's latest refusals, by number (AddTensor receives the layout right
+// after, on the same thread, in the code these helpers are for).
+constexpr int64_t kRefusedBegin = -1;
+constexpr size_t kKeptReasons = 256;
+thread_local std::map<int64_t, std::string> refused_reasons;
+thread_local int64_t refusals = 0;
 
 Layout OrInvalid(Result<Layout> layout, const char* what) {
   if (layout.ok()) return std::move(layout).value();
-  refused_layout_reason = std::string(what) + ": " + layout.status().message();
-  SC_LOG(kError) << refused_layout_reason;
-  return Layout::FlatRange(kRefused, kRefused);
+  const int64_t number = refusals++;
+  std::string& reason = refused_reasons[number] = std::string(what) + ": " + layout.status().message();
+  SC_LOG(kError) << reason;
+  if (refused_reasons.size() > kKeptReasons) refused_reasons.erase(refused_reasons.begin());
+  return Layout::FlatRange(kRefusedBegin, -2 - number);
 }
 
 }  // namespace
@@ -276,11 +282,13 @@ Layout FlatShardLayout(const Shape& global, int parts, int index) {
 }
 
 bool IsRefusedLayout(const Layout& layout) {
-  return layout.kind == LayoutKind::kFlatRange && layout.begin == kRefused && layout.end == kRefused;
+  return layout.kind == LayoutKind::kFlatRange && layout.begin == kRefusedBegin && layout.end <= -2;
 }
 
-std::string RefusedLayoutReason() {
-  return refused_layout_reason.empty() ? "a ChunkLayout or FlatShardLayout with bad arguments" : refused_layout_reason;
+std::string RefusedLayoutReason(const Layout& layout) {
+  auto it = refused_reasons.find(-2 - layout.end);
+  return it != refused_reasons.end() ? it->second
+                                     : "a ChunkLayout or FlatShardLayout with bad arguments (the reason was logged)";
 }
 
 bool HoldsNoElements(const Layout& layout, const Shape& global) {

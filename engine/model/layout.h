@@ -73,10 +73,11 @@ Result<Layout> CheckedFlatShardLayout(const Shape& global, int parts, int index)
 // return a layout that AddTensor refuses with that reason.
 Layout ChunkLayout(const Shape& global, int dim, int parts, int index);
 Layout FlatShardLayout(const Shape& global, int parts, int index);
-// Whether `layout` is what those return on bad arguments, and then why (the latest such call
-// on this thread, e.g. "ChunkLayout: chunk dim 2 is outside shape [8, 8]").
+// Whether `layout` is what those return on bad arguments, and then why ("ChunkLayout: chunk dim
+// 2 is outside shape [8, 8]"): each refused layout names its own reason, kept on the thread that
+// made it for its 256 latest refusals.
 bool IsRefusedLayout(const Layout& layout);
-std::string RefusedLayoutReason();
+std::string RefusedLayoutReason(const Layout& layout);
 
 // One piece of a tensor cut into ceil-sized runs (RunPieces): its layout and where its elements
 // lie in the row-major whole tensor.

@@ -65,7 +65,7 @@ Status ShardedState::CheckNothingRefused() const {
 Status ShardedState::AddTensor(const std::string& name, DType dtype, const Shape& global_shape,
                                const Layout& layout, void* data) {
   if (name.empty()) return Refuse(InvalidArgument("a tensor needs a name"));
-  if (IsRefusedLayout(layout)) return Refuse(InvalidArgument("tensor '" + name + "': " + RefusedLayoutReason()));
+  if (IsRefusedLayout(layout)) return Refuse(InvalidArgument("tensor '" + name + "': " + RefusedLayoutReason(layout)));
   Result<int64_t> count = ValidateLayout(layout, global_shape);
   if (!count.ok()) return Refuse(count.status().WithContext("tensor '" + name + "'"));
   Status size_ok = NumBytes(global_shape, DTypeSize(dtype)).status();

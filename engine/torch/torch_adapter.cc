@@ -66,7 +66,7 @@ namespace {
 // takes otherwise.
 Status CheckTorchPiece(const std::string& name, const at::Tensor& local, const Layout& layout, const Shape& global_shape,
                        DType* dtype, Shape* global) {
-  if (IsRefusedLayout(layout)) return InvalidArgument("tensor '" + name + "': " + RefusedLayoutReason());
+  if (IsRefusedLayout(layout)) return InvalidArgument("tensor '" + name + "': " + RefusedLayoutReason(layout));
   if (!local.is_contiguous()) {
     return InvalidArgument("tensor '" + name + "' is not contiguous; pass .contiguous() (shardckpt does not copy)");
   }

@@ -233,7 +233,7 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
     if (!report.ok()) {
       std::fprintf(stderr, "rank %d: resume failed: %s\n", rank, report.status().ToString().c_str());
       // --resume takes the newest committed checkpoint, whatever `latest` says.
-      if (rank == 0 && report.status().code() == Code::kDataLoss && config.resume_from.empty()) {
+      if (rank == 0 && report.status().code() == Code::kDataLoss && (resume == 2 || config.resume_from.empty())) {
         std::fprintf(stderr, "to resume from an earlier checkpoint: --resume-from %s/step-N with --ckpt a new "
                              "root, or move the damaged folder out of %s (`shardckpt list %s` shows them, "
                              "`shardckpt verify FOLDER` checks one)\n",
