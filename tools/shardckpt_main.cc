@@ -515,19 +515,18 @@ int Prune(int argc, char** argv) {
   if (!IsDirectory(root)) return Fail(NotFound(root + " is not a folder"));
   if (Status root_ok = RefuseCheckpointAsRoot(root, "prune"); !root_ok.ok()) return Fail(root_ok);
   // A folder with nothing a save writes (no step, temporary or retired folder, no `latest`): not
-  // a root, or not one yet; said so, and no lock files are left in it.
-  {
-    Result<std::vector<CheckpointInfo>> any = ListCheckpoints(root, /*with_manifests=*/false, /*with_bytes=*/false);
-    if (!any.ok()) return Fail(any.status());
-    if (any->empty() && !PathExists(JoinPath(root, kLatestName))) {
-      if (vm.count("json")) {
-        PrintJson(json{{"root", root}, {"dry_run", dry_run}, {"removed", json::array()}, {"deferred", json::array()},
-                       {"save_running", false}});
-      } else {
-        std::printf("nothing to prune: %s holds no checkpoint folders\n", root.c_str());
-      }
-      return 0;
+  // a root, or not one yet; said so, and no lock files are left in it. A dry run (no lock, a
+  // moment's view) takes its leftovers from this listing too.
+  Result<std::vector<CheckpointInfo>> listed = ListCheckpoints(root, /*with_manifests=*/false, /*with_bytes=*/false);
+  if (!listed.ok()) return Fail(listed.status());
+  if (listed->empty() && !PathExists(JoinPath(root, kLatestName))) {
+    if (vm.count("json")) {
+      PrintJson(json{{"root", root}, {"dry_run", dry_run}, {"removed", json::array()}, {"deferred", json::array()},
+                     {"save_running", false}});
+    } else {
+      std::printf("nothing to prune: %s holds no checkpoint folders\n", root.c_str());
     }
+    return 0;
   }
   // The writer lock: a save into this root and a prune never interleave (a save waits for it).
   // A dry run writes nothing, not even the lock files, and shows a moment's view.
@@ -554,9 +553,7 @@ int Prune(int argc, char** argv) {
   // A dry run beside a live save must not call the save's temporary folder a leftover.
   const bool save_running = dry_run && RootLock::Held(root);
   if (dry_run) {
-    Result<std::vector<CheckpointInfo>> all = ListCheckpoints(root, /*with_manifests=*/false, /*with_bytes=*/false);
-    if (!all.ok()) return Fail(all.status());
-    for (const CheckpointInfo& c : *all) {
+    for (const CheckpointInfo& c : *listed) {
       if (c.committed || (save_running && c.temp)) continue;
       (HeldByReader(root, c.name) ? left : leftovers).push_back(c.name);
     }

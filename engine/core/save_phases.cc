@@ -291,6 +291,35 @@ std::string AgreedOptionsText(const SaveOptions& options) {
 
 namespace {
 
+// What every rank must pass alike, as one message: AgreedOptionsText and each metric's name with
+// its value's bits. Its checksum rides in the reuse vote; the message itself goes out only when
+// the ranks' digests differ.
+std::string EncodeSaveAgreement(const SaveOptions& options) {
+  WireWriter w;
+  w.Str(AgreedOptionsText(options));
+  w.U64(options.metrics.size());
+  for (const auto& [name, value] : options.metrics) {
+    uint64_t bits = 0;
+    std::memcpy(&bits, &value, sizeof(bits));
+    w.Str(name);
+    w.U64(bits);
+  }
+  return std::move(w.bytes());
+}
+
+bool DecodeSaveAgreement(const std::string& bytes, std::string* text, std::map<std::string, double>* metrics) {
+  WireReader r(bytes);
+  *text = r.Str();
+  for (uint64_t k = 0, n = r.U64(); k < n && r.ok(); ++k) {
+    const std::string name = r.Str();
+    const uint64_t bits = r.U64();
+    double value = 0;
+    std::memcpy(&value, &bits, sizeof(value));
+    (*metrics)[name] = value;
+  }
+  return r.ok();
+}
+
 std::string ConflictText(const std::map<std::string, std::vector<int>>& ranks_of) {
   std::vector<std::pair<std::vector<int>, std::string>> groups;
   for (const auto& [text, ranks] : ranks_of) groups.emplace_back(ranks, text);
@@ -413,14 +442,8 @@ Result<PlannedSave> DecidePlan(Communicator& comm, const std::string& root, int6
   const uint64_t digest = cache != nullptr ? DescriptionDigest(host, state, options.pack_small_chunks) : 0;
   bool values_differ = false, refused = false;
   // The options rank 0 applies are compared with the global values: one digest, one vote.
-  const std::string options_text = AgreedOptionsText(options);
-  uint64_t values_digest = GlobalValuesDigest(state) ^ Checksum64(options_text.data(), options_text.size());
-  std::string metric_bits;  // each name with its value's bits: a swap of values between names differs
-  for (const auto& [name, value] : options.metrics) {
-    metric_bits.append(name).push_back('\0');
-    metric_bits.append(reinterpret_cast<const char*>(&value), sizeof(value));
-  }
-  values_digest ^= Checksum64(metric_bits.data(), metric_bits.size());
+  const std::string agreement = EncodeSaveAgreement(options);
+  const uint64_t values_digest = GlobalValuesDigest(state) ^ Checksum64(agreement.data(), agreement.size());
   SC_ASSIGN_OR_RETURN(bool reuse, AgreeOnReuse(comm, step, digest, cache, values_digest, &values_differ,
                                                !state.refusal().ok(), &refused));
   if (refused) {  // every rank knows: one allgather to name each rank's refusal, on every rank alike
@@ -429,12 +452,7 @@ Result<PlannedSave> DecidePlan(Communicator& comm, const std::string& root, int6
   if (values_differ) {  // every rank knows: one allgather to name the value, on every rank alike
     WireWriter mine;
     mine.Str(EncodeGlobalValues(state));
-    mine.Str(options_text);
-    mine.U64(options.metrics.size());
-    for (const auto& [name, value] : options.metrics) {
-      mine.Str(name);
-      mine.Str(std::string(reinterpret_cast<const char*>(&value), sizeof(value)));
-    }
+    mine.Str(agreement);
     std::vector<std::string> all;
     SC_RETURN_IF_ERROR(comm.AllGather(std::move(mine.bytes()), &all));
     std::vector<std::string> values(all.size()), options_by_rank(all.size());
@@ -442,15 +460,10 @@ Result<PlannedSave> DecidePlan(Communicator& comm, const std::string& root, int6
     for (size_t r = 0; r < all.size(); ++r) {
       WireReader reader(all[r]);
       values[r] = reader.Str();
-      options_by_rank[r] = reader.Str();
-      for (uint64_t k = 0, n = reader.U64(); k < n && reader.ok(); ++k) {
-        const std::string name = reader.Str();
-        const std::string bits = reader.Str();
-        double value = 0;
-        if (bits.size() == sizeof(value)) std::memcpy(&value, bits.data(), sizeof(value));
-        metrics_by_rank[r][name] = value;
+      const std::string theirs = reader.Str();
+      if (!reader.ok() || !DecodeSaveAgreement(theirs, &options_by_rank[r], &metrics_by_rank[r])) {
+        return Internal("truncated global values from rank " + std::to_string(r));
       }
-      if (!reader.ok()) return Internal("truncated global values from rank " + std::to_string(r));
     }
     SC_RETURN_IF_ERROR(GlobalValueConflicts(values).WithContext(StepFailed(step)));
     SC_RETURN_IF_ERROR(OptionConflicts(options_by_rank, metrics_by_rank).WithContext(StepFailed(step)));
