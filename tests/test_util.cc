@@ -15,15 +15,25 @@
 
 namespace shardckpt::testing {
 
-uint8_t ExpectedByte(const std::string& name, DType dtype, int64_t index, size_t k) {
+namespace {
+uint64_t NameSeed(const std::string& name) {
   uint64_t h = 1469598103934665603ull;
   for (char c : name) h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;
+  return h;
+}
+
+uint8_t ExpectedByteFromSeed(uint64_t h, DType dtype, int64_t index, size_t k) {
   h ^= static_cast<uint64_t>(index) * 0x9E3779B97F4A7C15ull + k * 0xC2B2AE3D27D4EB4Full;
   h ^= h >> 29;
   h *= 0xBF58476D1CE4E5B9ull;
   h ^= h >> 32;
   if (dtype == DType::kBool) return static_cast<uint8_t>(h & 1);
   return static_cast<uint8_t>(h);
+}
+}  // namespace
+
+uint8_t ExpectedByte(const std::string& name, DType dtype, int64_t index, size_t k) {
+  return ExpectedByteFromSeed(NameSeed(name), dtype, index, k);
 }
 
 std::vector<uint8_t> PieceBytes(const std::string& name, DType dtype, const Shape& shape, const Layout& layout) {
@@ -33,11 +43,14 @@ std::vector<uint8_t> PieceBytes(const std::string& name, DType dtype, const Shap
   // The whole tensor as a region whose local offset is the global linear index.
   std::vector<Region> whole = LayoutRegions(Layout::Whole(), shape);
   if (whole.empty()) return bytes;
+  // Hashed once per piece, not per byte: the sanitizer build checks megabytes of these.
+  const uint64_t seed = NameSeed(name);
+  uint8_t* out = bytes.data();
   for (const Region& piece : LayoutRegions(layout, shape)) {
     ForEachCopy(whole[0], piece, [&](int64_t global, int64_t at, int64_t count) {
       for (int64_t i = 0; i < count; ++i) {
         for (size_t k = 0; k < element; ++k) {
-          bytes[static_cast<size_t>(at + i) * element + k] = ExpectedByte(name, dtype, global + i, k);
+          out[static_cast<size_t>(at + i) * element + k] = ExpectedByteFromSeed(seed, dtype, global + i, k);
         }
       }
     });

@@ -20,6 +20,11 @@ static std::vector<ScenarioEntry>& Entries() {
       {"optim.big.exp_avg", DType::kFloat32, {512, 1024}},
       {"model.rows", DType::kFloat32, {16, 4}},
   };
+  static const bool kIndexed = [] {
+    for (size_t i = 0; i < kEntries.size(); ++i) kEntries[i].index = i;
+    return true;
+  }();
+  (void)kIndexed;
   return kEntries;
 }
 
@@ -30,7 +35,8 @@ void AddManySmallEntries(int count) {
   for (int i = 0; i < count; ++i) {
     int64_t n = 1 + (i * 37) % 700;  // 1 to 700 elements: 1 byte to 5.6 KiB
     Shape shape = i % 53 == 0 ? Shape{} : i % 3 == 0 && n >= 8 ? Shape{n / 4, 4} : Shape{n};
-    Entries().push_back(ScenarioEntry{"small." + std::to_string(i), kDTypes[i % 5], shape});
+    std::vector<ScenarioEntry>& entries = Entries();
+    entries.push_back(ScenarioEntry{"small." + std::to_string(i), kDTypes[i % 5], shape, entries.size()});
   }
 }
 
@@ -50,11 +56,7 @@ std::vector<Layout> ScenarioLayouts(const ScenarioEntry& entry, const std::strin
     if (rows.empty()) rows.push_back(Layout::Box({0, 0}, {0, shape[1]}));
     return rows;
   }
-  size_t index = 0;
-  for (; index < ScenarioEntries().size(); ++index) {
-    if (ScenarioEntries()[index].name == entry.name) break;
-  }
-  switch (index % 5) {
+  switch (entry.index % 5) {
     case 0: return {FlatShardLayout(shape, world, rank)};
     case 1: return {shape.empty() ? Layout::Whole() : ChunkLayout(shape, 0, world, rank)};
     case 2: return {shape.empty() ? Layout::Whole() : ChunkLayout(shape, static_cast<int>(shape.size()) - 1, world, rank)};

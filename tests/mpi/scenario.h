@@ -14,6 +14,7 @@ struct ScenarioEntry {
   std::string name;
   DType dtype;
   Shape shape;
+  size_t index = 0;  // position in ScenarioEntries(): picks the entry's layout in the mixed family
 };
 
 const std::vector<ScenarioEntry>& ScenarioEntries();
