@@ -11,7 +11,9 @@
 #include "shardckpt/engine/core/consolidate.h"
 #include "shardckpt/engine/core/convert.h"
 #include "shardckpt/engine/core/dcp_export.h"
+#include "shardckpt/engine/core/checkpoint_reader.h"
 #include "shardckpt/engine/core/load.h"
+#include "shardckpt/engine/core/offline_writer.h"
 #include "shardckpt/engine/formats/safetensors.h"
 #include "shardckpt/engine/formats/state_tree.h"
 #include "shardckpt/engine/formats/torch_file.h"
@@ -103,14 +105,15 @@ TEST(TorchDTypes, TheTypesTorchHasAreNamedInEveryFormat) {
 // size where a key search per entry would take minutes; a name given twice is refused.
 TEST(Safetensors, HeaderKeepsTheOrderOfManyEntriesAndRefusesADuplicate) {
   std::vector<SafetensorsEntry> entries;
-  for (int i = 0; i < 100000; ++i) entries.push_back({"layers." + std::to_string(99999 - i) + ".w", DType::kFloat16, {2, 3}, 0, 0});
+  // Enough entries that a sorted or hashed container would reorder them many ways over.
+  for (int i = 0; i < 20000; ++i) entries.push_back({"layers." + std::to_string(19999 - i) + ".w", DType::kFloat16, {2, 3}, 0, 0});
   const std::string encoded = EncodeSafetensorsHeader(entries, {{"author", "me"}}).value();
   uint64_t n = 0;
   std::memcpy(&n, encoded.data(), 8);
   ASSERT_EQ(n % 8, 0u);
   const std::string text = encoded.substr(8, n);
-  EXPECT_EQ(text.substr(0, 59), R"({"__metadata__":{"format":"pt","author":"me"},"layers.99999)");
-  Result<std::vector<SafetensorsEntry>> parsed = ParseSafetensorsHeader(text, 100000 * 12, "many.safetensors");
+  EXPECT_EQ(text.substr(0, 59), R"({"__metadata__":{"format":"pt","author":"me"},"layers.19999)");
+  Result<std::vector<SafetensorsEntry>> parsed = ParseSafetensorsHeader(text, 20000 * 12, "many.safetensors");
   ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
   ASSERT_EQ(parsed->size(), entries.size());
   for (size_t i = 0; i < entries.size(); ++i) {
@@ -507,6 +510,31 @@ TEST_F(TorchFormatsTest, ValuesKeepTheirPlaceAmongTheTensors) {
   std::vector<std::pair<std::string, size_t>> places;
   for (const PickleValue& v : back->values) places.emplace_back(v.name, v.tensors_before);
   EXPECT_THAT(places, ElementsAre(std::make_pair("first", 0u), std::make_pair("opt.lr", 1u), std::make_pair("epoch", 2u)));
+}
+
+// A C++ program's blob is raw bytes; export writes it as a Python bytes object, and both a load
+// of the DCP folder and an import of it give the bytes back, not the Python package's encoding.
+TEST_F(TorchFormatsTest, ABlobSurvivesExportToDcpAndImport) {
+  auto writer = OfflineCheckpointWriter::Begin(Path("root"), 3, 2).value();
+  const std::vector<float> w = {1.5f, -2.0f, 3.25f, 4.0f};
+  ASSERT_TRUE(writer->AddPiece(0, "w", DType::kFloat32, {4}, Layout::Whole(), w.data(), 16).ok());
+  const std::string raw("hello-w3\0\xff", 10);
+  const std::string typed = std::string(kPickleValueTag, 2) + R"({"epoch":3})";
+  ASSERT_TRUE(writer->AddBlob(0, "meta", BlobScope::kGlobal, raw).ok());
+  ASSERT_TRUE(writer->AddBlob(0, "extra", BlobScope::kGlobal, typed).ok());
+  const std::string ckpt = writer->Commit(CreationInfo{}).value();
+  ASSERT_TRUE(ExportDcp(ckpt, Path("dcp"), DcpExportOptions{}).ok());
+  ConvertOptions three;
+  three.world_size = 3;
+  for (const std::string& converted : {ImportFile(Path("dcp"), Path("imported"), three).value().path,
+                                       Reshard(Path("dcp"), Path("resharded"), three).value().path}) {
+    SCOPED_TRACE(converted);
+    auto reader = CheckpointReader::Open(converted).value();
+    std::map<std::string, std::string> blobs;
+    for (const BlobRecord& b : reader->manifest().blobs) blobs[b.name] = reader->ReadBlob(b).value();
+    EXPECT_EQ(blobs["meta"], raw);
+    EXPECT_EQ(blobs["extra"], typed);
+  }
 }
 
 // Exports that write several files: a failure after the first file (a dtype the format cannot

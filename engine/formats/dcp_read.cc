@@ -362,9 +362,10 @@ bool BuiltFromDcpFolder(const Manifest& m) {
          std::all_of(m.files.begin(), m.files.end(), [](const FileRecord& f) { return EndsWith(f.name, ".distcp"); });
 }
 
-Result<DcpByteItemBlob> DecodeDcpByteItem(const std::string& item, const std::string& name) {
+Result<DcpByteItemBlob> DcpValueAsLoaded(std::string value_blob) {
   DcpByteItemBlob out;
-  SC_ASSIGN_OR_RETURN(out.bytes, DcpByteItemValue(item, name));
+  out.bytes = std::move(value_blob);
+  if (out.bytes.size() < 2) return out;
   const nlohmann::json value = nlohmann::json::parse(out.bytes.begin() + 2, out.bytes.end(), nullptr, false);
   const auto tag = value.is_object() ? value.find("__shardckpt__") : value.end();
   if (tag != value.end() && *tag == "bytes" && value.contains("v") && value["v"].is_string()) {
@@ -372,6 +373,11 @@ Result<DcpByteItemBlob> DecodeDcpByteItem(const std::string& item, const std::st
     out.is_bytes = true;
   }
   return out;
+}
+
+Result<DcpByteItemBlob> DecodeDcpByteItem(const std::string& item, const std::string& name) {
+  SC_ASSIGN_OR_RETURN(std::string value, DcpByteItemValue(item, name));
+  return DcpValueAsLoaded(std::move(value));
 }
 
 }  // namespace shardckpt
