@@ -36,7 +36,7 @@ int ErrnoByName(const std::string& name) {
     const char* name;
     int value;
   } kNames[] = {{"EIO", EIO},     {"ENOSPC", ENOSPC}, {"EDQUOT", EDQUOT}, {"EACCES", EACCES},
-                {"EROFS", EROFS}, {"EAGAIN", EAGAIN}, {"EBUSY", EBUSY}};
+                {"EROFS", EROFS}, {"EAGAIN", EAGAIN}, {"EBUSY", EBUSY},  {"EPERM", EPERM}};
   for (const auto& known : kNames) {
     if (name == known.name) return known.value;
   }

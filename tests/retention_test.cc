@@ -639,6 +639,35 @@ TEST_F(RetentionTest, AKilledPruneLeavesFoldersCompleteOrWithoutManifestAndTheNe
   for (const std::string& name : Names()) EXPECT_TRUE(PathExists(JoinPath(JoinPath(root(), name), kManifestName))) << name;
 }
 
+// A folder that cannot be deleted (an immutable file, another user's file, a busy NFS file) is
+// passed over and reported; retention still removes the others, and a leftover of a dead save
+// that cannot go does not fail every later save (both stopped at the first such folder).
+TEST_F(RetentionTest, AFolderThatCannotBeDeletedIsPassedOverAndReported) {
+  for (int64_t step = 1; step <= 4; ++step) ASSERT_TRUE(SaveStep(step).ok());
+  ASSERT_TRUE(SetFailpoints("retention.remove#1=EPERM").ok());
+  Result<RetentionReport> r = ApplyRetention(root(), {1, 0, "", false}, "");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_THAT(r->removed, ElementsAre(StepDirName(2), StepDirName(3)));
+  ASSERT_EQ(r->failed.size(), 1u);
+  EXPECT_EQ(r->failed[0].name, StepDirName(1));
+  EXPECT_EQ(r->failed[0].status.code(), Code::kIoError);
+  EXPECT_THAT(r->failed[0].status.message(), HasSubstr("remove " + StepDir(1)));
+  EXPECT_THAT(Names(), ElementsAre(StepDirName(1), StepDirName(4)));
+
+  const std::string leftover = JoinPath(root(), "step-000000009.tmp-00000000deaddead");
+  ASSERT_TRUE(MakeDirs(leftover).ok());
+  ASSERT_TRUE(SetFailpoints("retention.remove=EPERM").ok());
+  SaveOptions keep_one;
+  keep_one.keep_last = 1;
+  Result<SaveResult> saved = SaveStep(5, keep_one);
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  EXPECT_TRUE(PathExists(leftover));
+  ASSERT_TRUE(SetFailpoints("").ok());
+  ASSERT_TRUE(SaveStep(6, keep_one).ok());  // the next save removes what the last could not
+  EXPECT_THAT(Names(), ElementsAre(StepDirName(6)));
+  EXPECT_EQ(Or(LoadStep(root()), int64_t{-1}), 6);
+}
+
 // An operator's prune of a live root holds the root lock for a moment: the training run's save
 // waits for it instead of failing (which stopped the run). Two saves still refuse each other at
 // once, and a second prune is refused while one runs.

@@ -546,6 +546,7 @@ int Prune(int argc, char** argv) {
   // Leftovers of dead saves: what was removed, and what was left (a reader holds it, or another
   // process is removing a retired folder), as the removal reports them, not as listed before it.
   std::vector<std::string> leftovers, left;
+  std::vector<RemovalFailure> failed;
   if (!dry_run) {
     Status repaired = RepairLatest(root);
     if (!repaired.ok()) return Fail(repaired);
@@ -558,17 +559,24 @@ int Prune(int argc, char** argv) {
       (HeldByReader(root, c.name) ? left : leftovers).push_back(c.name);
     }
   } else {
-    Status cleaned = RemoveStaleTempDirs(root, &leftovers, &left);
+    Status cleaned = RemoveStaleTempDirs(root, &leftovers, &left, &failed);
     if (!cleaned.ok()) return Fail(cleaned);
   }
   Result<RetentionReport> r = ApplyRetention(root, policy, "", dry_run);
   if (!r.ok()) return Fail(r.status());
   r->removed.insert(r->removed.begin(), leftovers.begin(), leftovers.end());
   r->deferred.insert(r->deferred.begin(), left.begin(), left.end());
+  failed.insert(failed.end(), r->failed.begin(), r->failed.end());
+  // What could not be deleted is named, the rest is still removed, and the exit status says so.
+  const int status = failed.empty() ? 0 : 1;
   if (vm.count("json")) {
-    PrintJson(json{{"root", root}, {"dry_run", dry_run}, {"removed", r->removed}, {"deferred", r->deferred},
-                      {"save_running", save_running}});
-    return 0;
+    json not_removed = json::array();
+    for (const RemovalFailure& f : failed) {
+      not_removed.push_back(json{{"folder", f.name}, {"code", CodeName(f.status.code())}, {"message", f.status.message()}});
+    }
+    PrintJson(json{{"ok", failed.empty()}, {"root", root}, {"dry_run", dry_run}, {"removed", r->removed},
+                   {"deferred", r->deferred}, {"failed", not_removed}, {"save_running", save_running}});
+    return status;
   }
   if (save_running) {
     std::printf("a save or prune holds %s now: temporary folders are not listed (they may be its own), and "
@@ -581,7 +589,11 @@ int Prune(int argc, char** argv) {
                 IsRetiredDirName(name) ? ", or another process is removing it" : "", JoinPath(root, name).c_str());
   }
   std::printf("%zu folder(s) %s\n", r->removed.size(), dry_run ? "would be removed (dry run)" : "removed");
-  return 0;
+  for (const RemovalFailure& f : failed) {
+    std::fprintf(stderr, "could not remove %s: %s\n", JoinPath(root, f.name).c_str(), f.status.ToString().c_str());
+  }
+  if (!failed.empty()) std::fprintf(stderr, "%zu folder(s) could not be removed\n", failed.size());
+  return status;
 }
 
 const char* kUsage =

@@ -378,7 +378,7 @@ bool HeldByReader(const std::string& root, const std::string& name) {
 }
 
 Status RemoveStaleTempDirs(const std::string& root, std::vector<std::string>* removed_names,
-                           std::vector<std::string>* left_names) {
+                           std::vector<std::string>* left_names, std::vector<RemovalFailure>* failed) {
   WaitForBackgroundRemovals();
   SC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(root));
   for (const std::string& name : names) {
@@ -390,7 +390,14 @@ Status RemoveStaleTempDirs(const std::string& root, std::vector<std::string>* re
                   << (half_deleted ? ", a step folder without a manifest (a deletion or commit cut short)"
                       : retired    ? ", a checkpoint retention had retired whose deletion did not finish"
                                    : ", left by a save that did not finish");
-    SC_ASSIGN_OR_RETURN(bool removed, RemoveCheckpointDir(root, name));
+    Result<bool> removal = RemoveCheckpointDir(root, name);
+    if (!removal.ok()) {
+      SC_LOG(kWarn) << "could not remove " << JoinPath(root, name) << ": " << removal.status().ToString()
+                    << "; passed over (the next save or prune tries again)";
+      if (failed != nullptr) failed->push_back(RemovalFailure{name, removal.status()});
+      continue;
+    }
+    const bool removed = *removal;
     if (!removed) {
       SC_LOG(kWarn) << JoinPath(root, name)
                     << (retired ? " is being removed by another process" : " is held by a reader; left for a later save");

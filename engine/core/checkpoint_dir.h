@@ -82,13 +82,20 @@ Result<bool> RemoveCheckpointDir(const std::string& root, const std::string& nam
 // target), so that RemoveCheckpointDir would leave it: what a dry run and a listing report.
 bool HeldByReader(const std::string& root, const std::string& name);
 
+// A folder a removal could not delete (permissions, an immutable file, a busy NFS file), and why.
+struct RemovalFailure {
+  std::string name;
+  Status status;
+};
+
 // Removes what crashed or failed saves left: temp folders, step folders without a manifest
 // (a deletion cut short) and retired folders whose background deletion did not finish. Waits
 // first for this process's own background deletions. Called with the root lock held. Where
 // given, `removed` and `left` get the names removed and those left (held by a reader, or a
-// retired folder another process is removing).
+// retired folder another process is removing). A folder that cannot be deleted is logged, put
+// in `failed`, and passed over: one undeletable leftover must not fail every later save.
 Status RemoveStaleTempDirs(const std::string& root, std::vector<std::string>* removed = nullptr,
-                           std::vector<std::string>* left = nullptr);
+                           std::vector<std::string>* left = nullptr, std::vector<RemovalFailure>* failed = nullptr);
 
 // A root given that is itself a checkpoint (a step folder, or a DCP folder): InvalidArgument
 // "<root> is a checkpoint, not a root: <verb> the folder that holds its step folders". Saving

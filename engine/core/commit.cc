@@ -104,6 +104,12 @@ Status PublishCheckpoint(const std::string& root, const std::string& temp_name, 
   // The removed checkpoints' bytes are freed off the save's path; the next save waits for that.
   Result<RetentionReport> kept = ApplyRetention(root, retention, final_name, /*dry_run=*/false, Removal::kInBackground);
   if (!kept.ok()) SC_LOG(kWarn) << "retention after " << final_name << " failed (the save stands): " << kept.status().ToString();
+  if (kept.ok()) {
+    for (const RemovalFailure& f : kept->failed) {
+      SC_LOG(kWarn) << "retention after " << final_name << " could not remove " << JoinPath(root, f.name) << " ("
+                    << f.status.ToString() << "); the save stands, and the next save tries again";
+    }
+  }
   return Status::Ok();
 }
 

@@ -162,7 +162,12 @@ Result<RetentionReport> ApplyRetention(const std::string& root, const RetentionP
       continue;
     }
     SC_LOG(kInfo) << "retention: removing " << JoinPath(root, c.name);
-    SC_ASSIGN_OR_RETURN(bool removed, RemoveCheckpointDir(root, c.name, when));
+    Result<bool> removal = RemoveCheckpointDir(root, c.name, when);
+    if (!removal.ok()) {  // one folder that cannot go must not keep every other one on the disk
+      report.failed.push_back(RemovalFailure{c.name, removal.status()});
+      continue;
+    }
+    const bool removed = *removal;
     if (removed) ForgetManifestSummary(JoinPath(root, c.name));
     (removed ? report.removed : report.deferred).push_back(c.name);
     if (!removed) SC_LOG(kInfo) << "retention: " << JoinPath(root, c.name) << " is being read; a later save removes it";

@@ -73,6 +73,7 @@ Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, boo
 struct RetentionReport {
   std::vector<std::string> removed;   // or, on a dry run, would be removed
   std::vector<std::string> deferred;  // held by a reader (on a dry run: now); a later save removes them
+  std::vector<RemovalFailure> failed;  // could not be deleted: passed over, the rest still removed
 };
 
 // Applies `policy` to root; the caller holds the root lock. `just_committed` is never removed.
@@ -80,7 +81,8 @@ struct RetentionReport {
 // (CheckMetricRecorded, kApplyTheRest): after a save, that is a warning and the save stands.
 // dry_run: reports what would go and removes nothing. A save passes Removal::kInBackground: what
 // it removes stops being a checkpoint before the call returns, and its bytes are freed on a
-// helper thread (background_removal.h).
+// helper thread (background_removal.h). A folder that cannot be deleted goes into `failed` (the
+// caller reports it) and the others are still removed.
 Result<RetentionReport> ApplyRetention(const std::string& root, const RetentionPolicy& policy,
                                        const std::string& just_committed, bool dry_run = false,
                                        Removal when = Removal::kNow);

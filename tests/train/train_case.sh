@@ -334,6 +334,21 @@ PY
       [ ! -e "$d/manifest.json" ] || "$cli" verify "$d" > /dev/null || { echo "$d looks committed but is not whole"; exit 1; }
     done
     [ "$(ls "$work"/r/step-*/manifest.json | wc -l)" -eq 2 ] || { ls -R "$work/r"; exit 1; }
+    # A folder that cannot be deleted (here the killed prune's leftover) is named, exit 1, and the
+    # rest is still removed (the prune stopped at the first such folder, removing nothing more).
+    set +e
+    SHARDCKPT_FAILPOINTS="retention.remove#1=EPERM" "$cli" prune "$work/r" --keep-last 1 --json > "$work/perm.json" 2> /dev/null
+    status=$?
+    set -e
+    [ $status -eq 1 ] || { echo "prune with an undeletable folder exited $status"; cat "$work/perm.json"; exit 1; }
+    python3 - "$work/perm.json" << 'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["ok"] is False and len(r["failed"]) == 1, r
+assert r["failed"][0]["code"] == "IoError" and "Operation not permitted" in r["failed"][0]["message"], r
+assert len(r["removed"]) == 1 and r["removed"][0].startswith("step-") and r["removed"][0] != "step-000000060", r
+PY
+    [ "$(ls "$work"/r/step-*/manifest.json)" = "$work/r/step-000000060/manifest.json" ] || { ls -R "$work/r"; exit 1; }
     "$cli" prune "$work/r" --keep-last 1 > "$work/prune.out"
     [ "$(ls "$work/r" | grep '^step-')" = step-000000060 ] || { ls "$work/r"; exit 1; }
     "$cli" verify "$work/r" > /dev/null ;;
