@@ -193,6 +193,19 @@ def _describe_for_collective(state: Mapping[str, Any], step: Any,
         return int(step), [], [], (failure.code, failure.message)
 
 
+def _user_metadata(user_metadata: Optional[Mapping[str, str]]) -> Tuple[Dict[str, str], Tuple[str, str]]:
+    """The manifest's user metadata (str to str), or {} and the refusal as (code, message), which
+    the engine tells every rank, as _describe_for_collective's."""
+    items = dict(user_metadata or {})
+    for key, value in items.items():
+        if not isinstance(key, str):
+            return {}, ("InvalidArgument", "user_metadata keys are str, not %s (%r)" % (type(key).__name__, key))
+        if not isinstance(value, str):
+            return {}, ("InvalidArgument", "user_metadata['%s'] is %s (%r); its values are str, stored as "
+                        "given: pass str(...), or save the value in the state dict" % (key, type(value).__name__, value))
+    return items, ("OK", "")
+
+
 def save(state_dict: Mapping[str, Any], root: PathLike, step: int, *, keep_last: int = 0,
          keep_best: int = 0, best_metric: str = "", best_higher_is_better: bool = False,
          metrics: Optional[Mapping[str, float]] = None,
@@ -217,9 +230,12 @@ def save(state_dict: Mapping[str, Any], root: PathLike, step: int, *, keep_last:
     _wait_for_savers_of(comm)
     keep: List[torch.Tensor] = []
     step, pieces, blobs, error = _describe_for_collective(state_dict, step, keep)
+    metadata, metadata_error = _user_metadata(user_metadata)
+    if error[0] == "OK":
+        error = metadata_error
     code, message, result = _core.save(
         comm, _fs(root), step, pieces, blobs, int(keep_last), int(keep_best), best_metric,
-        bool(best_higher_is_better), dict(metrics or {}), dict(user_metadata or {}),
+        bool(best_higher_is_better), dict(metrics or {}), metadata,
         torch.__version__, error)
     raise_for(code, message)
     return SaveResult(**result)
@@ -588,10 +604,13 @@ def async_save(state_dict: Mapping[str, Any], root: PathLike, step: int, *, keep
     """
     from . import _core
     comm = resolve(comm)
+    metadata, metadata_error = _user_metadata(user_metadata)
     saver = _saver_for(comm, (int(keep_last), int(keep_best), str(best_metric),
-                              bool(best_higher_is_better)), dict(user_metadata or {}))
+                              bool(best_higher_is_better)), metadata)
     keep: List[torch.Tensor] = []
     step, pieces, blobs, error = _describe_for_collective(state_dict, step, keep)
+    if error[0] == "OK":
+        error = metadata_error
     _fence_unfenced(saver)  # a snapshot still unfenced is taken (its outcome kept) before the next save
     if copy_while_training:
         code, message, handle = _core.start_save(comm, saver, _fs(root), step, pieces,
@@ -684,16 +703,29 @@ def verify(path: PathLike) -> VerifyReport:
     return report
 
 
+def _globs(value: Union[str, Sequence[str]], argument: str) -> List[str]:
+    # One string is one glob, as the CLI's --include takes it: list("model.*") would be eight
+    # one-character globs, and "*" among them matches every entry.
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (bytes, bytearray)) or not isinstance(value, (list, tuple, set, frozenset)):
+        raise InvalidArgument("%s= takes a glob or a list of globs, not %s" % (argument, type(value).__name__))
+    for glob in value:
+        if not isinstance(glob, str):
+            raise InvalidArgument("%s= takes globs as str, not %s (%r)" % (argument, type(glob).__name__, glob))
+    return list(value)
+
+
 def consolidate(path: PathLike, out: PathLike, format: Optional[str] = None, *,
-                include: Sequence[str] = (), exclude: Sequence[str] = (), strip_prefix: str = "",
-                dtype: Optional[str] = None, max_shard_bytes: int = 0,
+                include: Union[str, Sequence[str]] = (), exclude: Union[str, Sequence[str]] = (),
+                strip_prefix: str = "", dtype: Optional[str] = None, max_shard_bytes: int = 0,
                 gguf_architecture: str = "", gguf_name: str = "",
                 gguf_metadata: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """One state-dict file from a sharded checkpoint (``shardckpt consolidate``).
 
     ``format``: ``"torch"`` (a .pt that ``torch.load(weights_only=True)`` reads),
     ``"safetensors"`` or ``"gguf"``; None picks it from ``out``'s extension. ``include``/
-    ``exclude``: globs of entry names; ``dtype``: cast floating tensors to ``"bf16"``, ``"fp16"``
+    ``exclude``: globs of entry names (one string is one glob); ``dtype``: cast floating tensors to ``"bf16"``, ``"fp16"``
     or ``"fp32"``; ``max_shard_bytes``: split safetensors output. GGUF needs
     ``gguf_architecture`` (see :func:`consolidate_gguf`). Returns ``{"checkpoint", "files",
     "sha256", "entries", "tensor_bytes", "bytes_read", "values", "skipped"}`` (values: the
@@ -703,8 +735,8 @@ def consolidate(path: PathLike, out: PathLike, format: Optional[str] = None, *,
                                 metadata=gguf_metadata, include=include, exclude=exclude,
                                 strip_prefix=strip_prefix, dtype=dtype)
     from . import _core
-    code, message, result = _core.consolidate(_fs(path), _fs(out), format or "", list(include),
-                                              list(exclude), strip_prefix, dtype or "",
+    code, message, result = _core.consolidate(_fs(path), _fs(out), format or "", _globs(include, "include"),
+                                              _globs(exclude, "exclude"), strip_prefix, dtype or "",
                                               int(max_shard_bytes))
     raise_for(code, message)
     return dict(result)
@@ -762,8 +794,8 @@ def export(path: PathLike, out: PathLike, format: str = "dcp", *, window_bytes: 
 
 
 def consolidate_gguf(path: PathLike, out: PathLike, architecture: str, *, name: str = "",
-                     metadata: Optional[Mapping[str, Any]] = None, include: Sequence[str] = (),
-                     exclude: Sequence[str] = (), strip_prefix: str = "",
+                     metadata: Optional[Mapping[str, Any]] = None, include: Union[str, Sequence[str]] = (),
+                     exclude: Union[str, Sequence[str]] = (), strip_prefix: str = "",
                      dtype: Optional[str] = None) -> Dict[str, Any]:
     """One GGUF (version 3) file from a checkpoint (``shardckpt consolidate --format gguf``):
     ``general.architecture`` and ``general.name`` from ``architecture`` and ``name``, then the
@@ -775,7 +807,7 @@ def consolidate_gguf(path: PathLike, out: PathLike, architecture: str, *, name: 
     from . import _core
     code, message, result = _core.consolidate_gguf(
         _fs(path), _fs(out), str(architecture), str(name), json.dumps(dict(metadata or {})),
-        list(include), list(exclude), strip_prefix, dtype or "")
+        _globs(include, "include"), _globs(exclude, "exclude"), strip_prefix, dtype or "")
     raise_for(code, message)
     return dict(result)
 

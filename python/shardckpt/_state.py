@@ -8,6 +8,7 @@ walked. Blobs are never pickled: a one-byte tag after a NUL says how they are st
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import math
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -272,19 +273,43 @@ def _decode_json(value: Any) -> Any:
 
 
 def _shaped_like(target: Any, value: Any) -> Any:
-    """``value`` with the namedtuple types of ``target`` where their shapes agree. JSON keeps a
-    tuple but not its class; the value being loaded into still has it."""
-    if isinstance(target, tuple) and hasattr(target, "_fields") and isinstance(value, tuple) \
-            and len(target) == len(value):
-        items = [_shaped_like(t, v) for t, v in zip(target, value)]
+    """``value`` with the classes of ``target`` where they agree. JSON keeps ints, floats,
+    strings, tuples and dicts but not their subclasses (an IntEnum, numpy's float64, a str Enum,
+    a namedtuple, torch.Size, an OrderedDict, a defaultdict with its factory); the value being
+    loaded into still has them. Where it has another class, the stored value is returned."""
+    if value is None or isinstance(value, bool) or target is None or isinstance(target, bool):
+        return value
+    if isinstance(value, (int, float, str)):
+        if type(target) is type(value) or not isinstance(target, type(value)):
+            return value
         try:
-            return type(target)(*items)
+            restored = type(target)(value)
+        except Exception:  # noqa: BLE001 - a class that is not made from its value: the plain one
+            return value
+        same = restored == value or (restored != restored and value != value)  # NaN is NaN
+        return restored if type(restored) is type(target) and same else value
+    if isinstance(target, tuple) and isinstance(value, tuple) and len(target) == len(value):
+        items = [_shaped_like(t, v) for t, v in zip(target, value)]
+        if type(target) is tuple:
+            return tuple(items)
+        try:
+            return type(target)(*items) if hasattr(target, "_fields") else type(target)(items)
         except Exception:  # noqa: BLE001 - a class with its own __new__: the plain tuple, on every rank alike
             return tuple(items)
     if isinstance(target, (list, tuple)) and isinstance(value, (list, tuple)) and len(target) == len(value):
         return type(value)(_shaped_like(t, v) for t, v in zip(target, value))
     if isinstance(target, dict) and isinstance(value, dict):
-        return {k: _shaped_like(target.get(k), v) for k, v in value.items()}
+        keys = {k: k for k in target}  # the target's own key objects: an IntEnum key is stored as an int
+        items = [(keys.get(k, k), _shaped_like(target.get(k), v)) for k, v in value.items()]
+        if type(target) is dict:
+            return dict(items)
+        try:
+            restored = copy.copy(target)  # its class and state (a defaultdict's factory)
+            restored.clear()
+            restored.update(items)
+            return restored
+        except Exception:  # noqa: BLE001 - a mapping that cannot be copied and refilled: a dict
+            return dict(items)
     return value
 
 

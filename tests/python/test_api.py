@@ -1,6 +1,7 @@
 """save/load round trips, blobs, wrappers and errors, at whatever world size mpirun gives."""
 
 import collections
+import enum
 import math
 import os
 import re
@@ -203,6 +204,57 @@ def test_blobs_come_back_with_their_types(root):
         assert type(got) is type(value), key
     assert type(target["cfg"]["t"]) is tuple and type(target["cfg"]["t"][1]) is tuple
     assert list(target["cfg"].keys()) == ["layers", 3, "bytes", "t"]
+
+
+class Color(enum.IntEnum):
+    RED = 1
+    BLUE = 2
+
+
+class Mode(str, enum.Enum):
+    TRAIN = "train"
+
+
+def test_subclasses_of_plain_values_get_their_class_back_from_the_target(root):
+    # Stored as their base types (JSON keeps no classes); they came back as those, so a
+    # defaultdict lost its factory and the next counts["new"] += 1 raised KeyError.
+    numpy = pytest.importorskip("numpy")
+    counts = collections.defaultdict(int, {"a": 2})
+    values = {"color": Color.BLUE, "mode": Mode.TRAIN, "lr": numpy.float64(0.25), "nan": numpy.float64("nan"),
+              "counts": counts, "order": collections.OrderedDict([("z", 1), ("a", 2)]),
+              "size": torch.Size([2, 3]), "by_color": {Color.RED: "r", Color.BLUE: "b"},
+              "nested": {"sizes": [torch.Size([4])], "mode": (Mode.TRAIN, 1)}}
+    shardckpt.save(dict(values, w=torch.ones(2)), root, step=1)
+    target = {"color": Color.RED, "mode": Mode.TRAIN, "lr": numpy.float64(0), "nan": numpy.float64(0),
+              "counts": collections.defaultdict(int), "order": collections.OrderedDict(),
+              "size": torch.Size([0, 0]), "by_color": {Color.RED: "", Color.BLUE: ""},
+              "nested": {"sizes": [torch.Size([0])], "mode": (Mode.TRAIN, 0)}, "w": torch.zeros(2)}
+    shardckpt.load(target, root)
+    for key, value in values.items():
+        if key != "nan":
+            assert target[key] == value, key
+        assert type(target[key]) is type(value), key
+    assert math.isnan(target["nan"])
+    target["counts"]["new"] += 1  # the factory came back with the class
+    assert target["counts"] == {"a": 2, "new": 1} and list(target["order"]) == ["z", "a"]
+    assert [type(k) for k in target["by_color"]] == [Color, Color]
+    assert type(target["nested"]["sizes"][0]) is torch.Size and type(target["nested"]["mode"][0]) is Mode
+    # Loaded into plain values, they are the plain values saved.
+    plain = {k: None for k in values}
+    plain["w"] = torch.zeros(2)
+    shardckpt.load(plain, root)
+    assert type(plain["color"]) is int and plain["color"] == 2 and type(plain["counts"]) is dict
+    assert plain["size"] == (2, 3) and type(plain["size"]) is tuple
+
+
+def test_user_metadata_takes_strings_and_names_any_other_value(root):
+    shardckpt.save({"w": torch.ones(2)}, root, step=1, user_metadata={"run": "a"})
+    assert shardckpt.inspect(root)["created"]["user"]["run"] == "a"
+    with pytest.raises(shardckpt.InvalidArgument, match=r"user_metadata\['epoch'\] is int \(3\); its values are str"):
+        shardckpt.save({"w": torch.ones(2)}, root, step=2, user_metadata={"epoch": 3})
+    with pytest.raises(shardckpt.InvalidArgument, match="user_metadata keys are str, not int"):
+        shardckpt.async_save({"w": torch.ones(2)}, root, step=2, user_metadata={3: "x"}).wait()
+    assert shardckpt.inspect(root)["step"] == 1
 
 
 def test_a_state_dict_without_tensors_is_saved_and_loaded_by_its_keys(root):

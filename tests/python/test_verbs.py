@@ -90,6 +90,23 @@ def test_consolidate_to_pt(comm, root, tmp_path):
         shardckpt.consolidate(path, out, dtype="int8")
 
 
+def test_consolidate_takes_one_glob_as_a_string(comm, root):
+    # list("model.*") was eight one-character globs, and "*" among them matched every entry:
+    # include="model.*" wrote the epoch too, and exclude="model.*" wrote nothing.
+    path = mine(root, comm)
+    out = os.path.join(root, "rank%d-globs.pt" % comm.rank)
+    shardckpt.consolidate(path, out, include="model.*", strip_prefix="model.")
+    assert sorted(torch.load(out)) == ["b", "h", "n", "w"]
+    shardckpt.consolidate(path, out, exclude="model.*")
+    assert sorted(torch.load(out)) == ["epoch"]
+    shardckpt.consolidate(path, out, include=["model.w", "model.b"], exclude=("model.b",))
+    assert sorted(torch.load(out)) == ["model.w"]
+    with pytest.raises(shardckpt.InvalidArgument, match="include= takes globs as str, not int"):
+        shardckpt.consolidate(path, out, include=["model.*", 3])
+    with pytest.raises(shardckpt.InvalidArgument, match="exclude= takes a glob or a list of globs, not bytes"):
+        shardckpt.consolidate(path, out, exclude=b"model.*")
+
+
 def test_import_then_load(comm, root):
     os.makedirs(root, exist_ok=True)
     src = os.path.join(root, "rank%d-src.pt" % comm.rank)
