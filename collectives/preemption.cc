@@ -129,6 +129,13 @@ PreemptionWatcher::~PreemptionWatcher() {
 
 void PreemptionWatcher::RequestStop(int signal) { Record(signal); }
 
+void PreemptionWatcher::IgnoreLateSignals() {
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  for (int signal : signals_) sigaction(signal, &ignore, nullptr);
+}
+
 LocalStop PreemptionWatcher::Local() const {
   LocalStop local;
   int plus_one = g_signal_plus_one.load(std::memory_order_acquire);

@@ -69,6 +69,11 @@ class PreemptionWatcher {
   LocalStop Local() const;
   // As if `signal` had arrived (a time limit, a test); 0 means "no signal".
   void RequestStop(int signal = 0);
+  // The job is done: from now on these signals are ignored (the destructor leaves them so).
+  // Without it, a stop the launcher forwards while the ranks finalize MPI and exit (a SIGTERM a
+  // moment after the last step) killed them with the default action: the job exited 138 with
+  // every step and the final checkpoint done.
+  void IgnoreLateSignals();
 
   const std::vector<int>& signals() const { return signals_; }
 

@@ -374,7 +374,7 @@ def main() -> int:
         if not finish(handle, rank):
             dist.destroy_process_group()
             return 1
-    watcher.close()
+    watcher.close(ignore_late_signals=True)  # done: a stop forwarded while exiting must not kill the rank
     if rank == 0:
         print("%s: %d ranks, step %d, %.1f s" % ("stopped" if stopped else "done", world, step,
                                                  time.time() - started), flush=True)

@@ -754,7 +754,10 @@ PYBIND11_MODULE(_core, m) {
   m.def("watcher_request_stop", [](Watcher& w, int signal) {
     if (w.watcher) w.watcher->RequestStop(signal);
   });
-  m.def("watcher_close", [](Watcher& w) { w.watcher.reset(); });  // the previous handlers come back
+  m.def("watcher_close", [](Watcher& w, bool ignore_late_signals) {
+    if (w.watcher && ignore_late_signals) w.watcher->IgnoreLateSignals();
+    w.watcher.reset();  // the previous handlers come back, or SIG_IGN stays
+  });
   m.def("create_saver", &CreateSaverCall);
   m.def("saver_wait", [](Saver& saver) {
     Status s;

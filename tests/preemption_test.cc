@@ -180,6 +180,25 @@ TEST(PreemptionWatcher, ASignalListedTwiceIsHandledAndRestoredOnce) {
   sigaction(SIGUSR2, &saved, nullptr);
 }
 
+// A job that is done ignores stop signals while it exits: SIGUSR2's default action (as
+// SIGUSR1's, which launch/mpirun.sh forwards) would end the process.
+TEST(PreemptionWatcher, LateSignalsAreIgnoredOnceTheJobIsDone) {
+  struct sigaction saved {};
+  struct sigaction default_action = Handler(SIG_DFL);
+  ASSERT_EQ(sigaction(SIGUSR2, &default_action, &saved), 0);
+  {
+    auto watcher = PreemptionWatcher::Install({SIGUSR2}).value();
+    watcher->IgnoreLateSignals();
+    ASSERT_EQ(raise(SIGUSR2), 0);  // would end this test binary with the default action
+    EXPECT_FALSE(watcher->Local().requested);  // ignored, not recorded: nothing is left to stop
+  }
+  struct sigaction after {};
+  sigaction(SIGUSR2, nullptr, &after);
+  EXPECT_EQ(after.sa_handler, SIG_IGN);  // the destructor left it ignored, not back to SIG_DFL
+  ASSERT_EQ(raise(SIGUSR2), 0);
+  sigaction(SIGUSR2, &saved, nullptr);
+}
+
 TEST(PreemptionWatcher, RefusesSignalsThatCannotBeCaught) {
   for (int signal : {SIGKILL, SIGSTOP, 0, -3}) {
     Result<std::unique_ptr<PreemptionWatcher>> watcher = PreemptionWatcher::Install({SIGTERM, signal});

@@ -627,6 +627,8 @@ int main(int argc, char** argv) {
     int64_t worst = code;
     comm->AllReduceMaxInt64(&worst, 1).IgnoreError();
     code = static_cast<int>(worst);
+    // Nothing is left to stop: a stop forwarded while MPI finalizes must not kill the rank.
+    (*watcher)->IgnoreLateSignals();
   }
   return code;
 }

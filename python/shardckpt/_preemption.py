@@ -71,10 +71,13 @@ class PreemptionWatcher:
         from . import _core
         _core.watcher_request_stop(self._watcher, int(signal or 0))
 
-    def close(self) -> None:
-        """Puts the previous handlers back; the watcher answers no more."""
+    def close(self, ignore_late_signals: bool = False) -> None:
+        """Puts the previous handlers back; the watcher answers no more. A job that is done
+        passes ``ignore_late_signals=True``: the signals are ignored from then on, so that a
+        stop the launcher forwards while the process exits does not kill it (the job would end
+        with the signal's status though every step and the final checkpoint were done)."""
         from . import _core
-        _core.watcher_close(self._watcher)
+        _core.watcher_close(self._watcher, bool(ignore_late_signals))
 
     def __enter__(self) -> "PreemptionWatcher":
         return self
