@@ -18,6 +18,8 @@
 #   SIGTERM that reached mpirun directly aborted the job within a second, without the final
 #   checkpoint, and mpirun returned while the ranks still ran (measured with `timeout`). A
 #   terminal's Ctrl-C that reached mpirun twice (directly and passed on) made it exit at once.
+# * ends the job when this script is killed (SIGKILL, which it cannot trap; `timeout -k`): mpirun
+#   gets SIGTERM and aborts the job, so no rank is left running (util-linux's setpriv).
 # Why not plain `exec mpirun`: OpenMPI 4's mpirun treats SIGTERM (and SIGINT, SIGHUP) as "abort
 # the job": each rank gets SIGTERM, then SIGKILL one second later (odls_base_sigkill_timeout), and
 # mpirun exits 1 (measured with 4.1.4; raising that timeout only delays the kill). SIGUSR1 and
@@ -57,7 +59,13 @@ trap '' PIPE
 # stdin explicitly: a background job would get /dev/null. setsid execs mpirun (this background
 # child leads no process group), so $! is mpirun's pid; should it have to fork (a shell with job
 # control), -w still makes $! end with mpirun, with its status.
-setsid -w mpirun "${args[@]}" "$@" <&0 &
+# Its own session keeps mpirun out of a SIGKILL sent to this script's group (`timeout -k`,
+# `kill -9 -PGID`) or to this script alone: the job ran on to its end, committing checkpoints a
+# requeued job then collided with. setpriv's parent-death signal (kept across both execs) sends
+# mpirun SIGTERM when this script dies: mpirun aborts the job, as a hard kill of it asks.
+pdeath=()
+if setpriv --pdeathsig TERM true 2> /dev/null; then pdeath=(setpriv --pdeathsig TERM); fi
+"${pdeath[@]}" setsid -w mpirun "${args[@]}" "$@" <&0 &
 job=$!
 first_term=""  # when the first SIGTERM came, in microseconds
 stop() {  # $1: the signal this script received

@@ -433,6 +433,25 @@ PY
     [ "$s" -ge 12 ] && [ "$s" -lt 20 ] || { echo "the last checkpoint is of step $s, not of the stop after step 12"; exit 1; }
     if ls "$work/p" | grep -q tmp; then echo "a checkpoint was left half-written"; exit 1; fi
     "$1" verify "$work/p" ;;
+  launcher-killed)  # SIGKILL to launch/mpirun.sh (an operator, `timeout -k`): mpirun ran on in its own
+    # session and the job trained to its end; now mpirun gets SIGTERM when the launcher dies
+    "$launcher" -np 2 --mca btl self,vader,tcp -x PREEMPT_TEST_TAG="$work" "$train" "${small[@]}" \
+      --ckpt "$work/k" --steps 100000 --save-every 50 > "$work/killed.log" 2>&1 &
+    job=$!
+    wait_for "$work/killed.log" '^step 20 loss'
+    kill -KILL "$job"
+    wait "$job" 2> /dev/null || true
+    for _ in $(seq 300); do
+      [ -n "$(rank_pid 0 "$work" 2> /dev/null)$(rank_pid 1 "$work" 2> /dev/null)" ] || break
+      sleep 0.1
+    done
+    orphans=$(pgrep -f "PREEMPT_TEST_TAG=$work |--ckpt $work/k " || true)
+    if [ -n "$orphans" ]; then
+      echo "still running after the launcher was killed:"; ps -o pid=,args= -p "${orphans//$'\n'/,}" | cut -c1-120
+      kill -KILL $orphans 2> /dev/null || true
+      exit 1
+    fi
+    grep -q "^step 20 loss" "$work/killed.log" ;;
   preempt-save-fails)  # CLI
     # The final save (the third write on rank 1) fails: every rank exits 1, the log says from where
     # to resume, and that checkpoint is intact.
