@@ -746,6 +746,13 @@ TEST_F(DamagedCheckpointTest, EditedManifestIsRefusedByItsChecksum) {
   Status status = LoadStatus();
   EXPECT_EQ(status.code(), Code::kDataLoss);
   EXPECT_THAT(status.message(), HasSubstr("manifest checksum mismatch"));
+  // verify reports it as the checkpoint's damage (a problem of manifest.json), not as an error.
+  Result<VerifyReport> report = VerifyCheckpoint(dir1_);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_EQ(report->problems.size(), 1u);
+  EXPECT_EQ(report->problems[0].file, kManifestName);
+  EXPECT_EQ(HoldersText(report->problems[0]), "the manifest");
+  EXPECT_THAT(report->problems[0].what, ::testing::StartsWith("manifest checksum mismatch"));
 }
 
 TEST_F(DamagedCheckpointTest, NoLatestAndNoManifestIsNotFound) {

@@ -73,7 +73,8 @@ std::string HoldersText(const VerifyProblem& problem) {
   std::string out;
   for (const std::string& name : problem.entries) out += (out.empty() ? "'" : ", '") + name + "'";
   for (const std::string& name : problem.blobs) out += (out.empty() ? "blob '" : ", blob '") + name + "'";
-  return out.empty() ? "padding" : out;
+  if (!out.empty()) return out;
+  return problem.file == kManifestName ? "the manifest" : "padding";
 }
 
 Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::function<void(uint64_t, uint64_t)>& progress) {
@@ -82,7 +83,17 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::functi
   report.checkpoint = hold.dir();
   if (IsDcpFolder(report.checkpoint)) return VerifyDcpStructure(std::move(report));
   const std::string manifest_path = JoinPath(report.checkpoint, kManifestName);
-  SC_ASSIGN_OR_RETURN(Manifest m, ReadManifestFile(manifest_path));
+  Result<Manifest> read = ReadManifestFile(manifest_path);
+  if (!read.ok()) {
+    // A manifest that is there but damaged is this checkpoint's damage, reported as a data
+    // block's is (a script reads `problems`); one missing or unreadable is an error.
+    if (read.status().code() != Code::kDataLoss) return read.status();
+    std::string what = read.status().message();
+    if (what.rfind(manifest_path + ": ", 0) == 0) what.erase(0, manifest_path.size() + 2);
+    report.problems.push_back(VerifyProblem{kManifestName, 0, {}, {}, what});
+    return report;
+  }
+  const Manifest& m = *read;
   std::vector<std::vector<Span>> spans(m.files.size());
   for (const EntryRecord& e : m.entries) {
     for (const ChunkRecord& c : e.chunks) spans[c.file].push_back(Span{c.offset, c.offset + c.bytes, e.name});

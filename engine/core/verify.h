@@ -20,7 +20,8 @@ struct VerifyProblem {
   std::string what;
 };
 
-// For people: 'a', 'b', blob 'c' (or "padding" when nothing is stored there).
+// For people: 'a', 'b', blob 'c' ("the manifest" for a damaged manifest.json, "padding" when
+// nothing is stored there).
 std::string HoldersText(const VerifyProblem& problem);
 
 struct VerifyReport {
@@ -37,8 +38,9 @@ struct VerifyReport {
   std::string note;
 };
 
-// An error Status only when the checkpoint cannot be examined at all (no manifest, bad manifest);
-// damaged data files come back as problems.
+// An error Status only when the checkpoint cannot be examined at all (no manifest, or one that
+// cannot be read); damaged data files, and a damaged manifest (file "manifest.json", offset 0),
+// come back as problems.
 Result<VerifyReport> VerifyCheckpoint(const std::string& path,
                                       const std::function<void(uint64_t, uint64_t)>& progress = nullptr);
 
