@@ -91,7 +91,29 @@ TEST(PlanSave, RejectsInconsistentOrIncompleteStates) {
     std::vector<RankDescription> r(2);
     r[0].pieces = {Piece("w", {4}, Layout::FlatRange(0, 2))};
     r[1].pieces = {Piece("w", {4}, Layout::FlatRange(3, 4))};
-    cases.push_back({"gap", r, "cover 3 of 4 elements"});
+    cases.push_back({"gap", r, "cover 3 of 4 elements (missing pieces): flat[2, 3) is in none"});
+  }
+  {
+    // Rows 0-3 of 10 on rank 0, 4-6 on rank 1, none on rank 2 (it left them out): named.
+    std::vector<RankDescription> r(3);
+    r[0].pieces = {Piece("w", {10, 7}, Layout::Box({0, 0}, {4, 7}))};
+    r[1].pieces = {Piece("w", {10, 7}, Layout::Box({4, 0}, {3, 7}))};
+    cases.push_back({"rows left out", r, "cover 49 of 70 elements (missing pieces): element [7, 0] is in none"});
+  }
+  {
+    // Rank 1 passes rank 0's rows instead of its own: taken as a replica, so rows 3-5 are in none.
+    std::vector<RankDescription> r(3);
+    r[0].pieces = r[1].pieces = {Piece("w", {9, 2}, Layout::Box({0, 0}, {3, 2}))};
+    r[2].pieces = {Piece("w", {9, 2}, Layout::Box({6, 0}, {3, 2}))};
+    cases.push_back({"another rank's piece", r,
+                     "element [3, 0] is in none; rank 1 passed the same piece box(offsets=[0, 0], sizes=[3, 2]) as "
+                     "rank 0 (equal pieces are taken as replicas)"});
+  }
+  {
+    std::vector<RankDescription> r(2);
+    r[0].pieces = {Piece("w", {3, 4}, Layout::Box({0, 0}, {3, 2}))};
+    r[1].pieces = {Piece("w", {3, 4}, Layout::Box({1, 2}, {2, 2}))};
+    cases.push_back({"a corner left out", r, "cover 10 of 12 elements (missing pieces): element [0, 2] is in none"});
   }
   {
     std::vector<RankDescription> r(2);

@@ -3,6 +3,7 @@
 #include "shardckpt/engine/model/region_index.h"
 
 #include <algorithm>
+#include <optional>
 
 namespace shardckpt {
 
@@ -21,23 +22,75 @@ Status CheckFlatCover(const std::string& entry, const Shape& global, int64_t num
     if (*count > 0) order.push_back(i);
   }
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return pieces[a].begin < pieces[b].begin; });
-  int64_t expected = 0;
+  int64_t expected = 0, gap_end = numel;
   for (size_t k = 0; k < order.size(); ++k) {
     const Layout& p = pieces[order[k]];
     if (p.begin < expected) {
       return InvalidArgument("entry '" + entry + "': " + p.ToString() + " from " + owners[order[k]] + " overlaps " +
                              pieces[order[k - 1]].ToString() + " from " + owners[order[k - 1]]);
     }
-    if (p.begin > expected) break;  // a gap: reported with the count below
+    if (p.begin > expected) {  // a gap: reported with the count below
+      gap_end = p.begin;
+      break;
+    }
     expected = p.end;
   }
   if (expected != numel) {
     int64_t covered = 0;
     for (size_t i : order) covered += pieces[i].end - pieces[i].begin;
     return InvalidArgument("entry '" + entry + "' of shape " + ShapeString(global) + ": pieces cover " +
-                           std::to_string(covered) + " of " + std::to_string(numel) + " elements (missing pieces)");
+                           std::to_string(covered) + " of " + std::to_string(numel) +
+                           " elements (missing pieces): flat[" + std::to_string(expected) + ", " +
+                           std::to_string(gap_end) + ") is in none");
   }
   return Status::Ok();
+}
+
+// The first element (row-major) that no region holds, or nullopt when the search would be too
+// long for an error message. Each coordinate of that element is 0 or the end of some region in
+// that dim (the element before it in that dim is held by a region that stops there), so only
+// those coordinates are tried, in row-major order.
+std::optional<std::vector<int64_t>> FirstElementInNoRegion(const Shape& global, const std::vector<Region>& regions,
+                                                           const RegionIndex& index) {
+  constexpr uint64_t kMaxProbes = 1u << 16;  // an error message; a hostile manifest must not make it slow
+  const size_t dims = global.size();
+  if (dims == 0) return regions.empty() ? std::optional<std::vector<int64_t>>(std::vector<int64_t>{}) : std::nullopt;
+  std::vector<std::vector<int64_t>> candidates(dims);
+  uint64_t probes = 1;
+  for (size_t d = 0; d < dims; ++d) {
+    std::vector<int64_t>& c = candidates[d];
+    c.push_back(0);
+    for (const Region& r : regions) {
+      if (r.lo[d] + r.size[d] < global[d]) c.push_back(r.lo[d] + r.size[d]);
+    }
+    std::sort(c.begin(), c.end());
+    c.erase(std::unique(c.begin(), c.end()), c.end());
+    probes *= c.size();
+    if (probes > kMaxProbes) return std::nullopt;
+  }
+  std::vector<size_t> at(dims, 0);
+  Region probe;
+  probe.lo.assign(dims, 0);
+  probe.size.assign(dims, 1);
+  while (true) {
+    for (size_t d = 0; d < dims; ++d) probe.lo[d] = candidates[d][at[d]];
+    bool held = false;
+    index.ForEachIntersecting(probe, [&](size_t) { held = true; });
+    if (!held) return probe.lo;
+    size_t d = dims;
+    while (true) {  // the next candidate in row-major order: the last dim moves fastest
+      --d;
+      if (++at[d] < candidates[d].size()) break;
+      at[d] = 0;
+      if (d == 0) return std::nullopt;
+    }
+  }
+}
+
+std::string IndexText(const std::vector<int64_t>& index) {
+  std::string out = "[";
+  for (size_t d = 0; d < index.size(); ++d) out += (d ? ", " : "") + std::to_string(index[d]);
+  return out + "]";
 }
 
 template <class Pieces, class Owners>
@@ -72,9 +125,10 @@ Status CheckCover(const std::string& entry, const Shape& global, const Pieces& p
     SC_RETURN_IF_ERROR(overlap);
   }
   if (covered != numel) {
+    std::optional<std::vector<int64_t>> first = FirstElementInNoRegion(global, regions, index);
     return InvalidArgument("entry '" + entry + "' of shape " + ShapeString(global) + ": pieces cover " +
-                           std::to_string(covered) + " of " + std::to_string(numel) +
-                           " elements (missing pieces)");
+                           std::to_string(covered) + " of " + std::to_string(numel) + " elements (missing pieces)" +
+                           (first ? ": element " + IndexText(*first) + " is in none" : ""));
   }
   return Status::Ok();
 }
