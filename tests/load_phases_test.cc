@@ -335,8 +335,14 @@ TEST(MatchVerdict, AValueWithTensorsUnderItsNameIsExplained) {
 // words, not only listed as missing and as unloaded.
 TEST(MatchVerdict, ANameOfAnotherKindIsSaidToBeSo) {
   Status s = MatchVerdict(Status::Ok(), true, "/c", {"step"}, {"w"}, ValueMatch{{"w"}, {"step"}}, {"w"});
-  EXPECT_THAT(s.message(), HasSubstr("'step' is a value in the checkpoint but a tensor in the state passed"));
-  EXPECT_THAT(s.message(), HasSubstr("'w' is a tensor in the checkpoint but a value in the state passed"));
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);  // nothing is missing: both are there, of another kind
+  EXPECT_EQ(s.message(), "'step' is a value in the checkpoint but a tensor in the state passed; "
+                         "'w' is a tensor in the checkpoint but a value in the state passed "
+                         "(a non-strict load loads the rest and reports them)");
+  Status with_more = MatchVerdict(Status::Ok(), true, "/c", {"step", "x"}, {"y"}, ValueMatch{{}, {"step"}}, {});
+  EXPECT_EQ(with_more.code(), Code::kNotFound);
+  EXPECT_THAT(with_more.message(), ::testing::StartsWith("not in checkpoint /c: 'x'; checkpoint /c has entries no rank "
+                                                         "loads: 'y'; 'step' is a value in the checkpoint"));
   Status plain = MatchVerdict(Status::Ok(), true, "/c", {"a"}, {"b"}, ValueMatch{{"c"}, {"d"}}, {"c"});
   EXPECT_THAT(plain.message(), ::testing::Not(HasSubstr(" in the state passed")));
 }

@@ -399,26 +399,39 @@ Status MatchVerdict(const Status& local, bool strict, const std::string& dir, co
                     const std::vector<std::string>& unexpected, const ValueMatch& values,
                     const std::vector<std::string>& wanted_values) {
   if (!local.ok() || !strict) return local;
-  std::vector<std::string> all_missing = missing, all_unexpected = unexpected;
-  all_missing.insert(all_missing.end(), values.missing.begin(), values.missing.end());
-  all_unexpected.insert(all_unexpected.end(), values.unexpected.begin(), values.unexpected.end());
-  if (all_missing.empty() && all_unexpected.empty()) return Status::Ok();
+  // One name on both sides is one thing of two kinds: said so, and not also listed as missing
+  // and as unloaded (which read as if the checkpoint lacked it).
+  auto contains = [](const std::vector<std::string>& names, const std::string& name) {
+    return std::find(names.begin(), names.end(), name) != names.end();
+  };
+  std::vector<std::string> kinds;
+  for (const std::string& name : missing) {
+    if (contains(values.unexpected, name)) kinds.push_back("'" + name + "' is a value in the checkpoint but a tensor in the state passed");
+  }
+  for (const std::string& name : values.missing) {
+    if (contains(unexpected, name)) kinds.push_back("'" + name + "' is a tensor in the checkpoint but a value in the state passed");
+  }
+  std::vector<std::string> all_missing, all_unexpected;
+  for (const std::string& name : missing) {
+    if (!contains(values.unexpected, name)) all_missing.push_back(name);
+  }
+  for (const std::string& name : values.missing) {
+    if (!contains(unexpected, name)) all_missing.push_back(name);
+  }
+  for (const std::string& name : unexpected) {
+    if (!contains(values.missing, name)) all_unexpected.push_back(name);
+  }
+  for (const std::string& name : values.unexpected) {
+    if (!contains(missing, name)) all_unexpected.push_back(name);
+  }
+  if (all_missing.empty() && all_unexpected.empty() && kinds.empty()) return Status::Ok();
   std::string message;
   if (!all_missing.empty()) message = "not in checkpoint " + dir + ": " + NameList(all_missing);
   if (!all_unexpected.empty()) {
     message += (message.empty() ? "" : "; ") + std::string("checkpoint ") + dir + " has entries no rank loads: " +
                NameList(all_unexpected);
   }
-  // One name on both sides is one thing of two kinds: say so rather than list it twice.
-  auto kinds = [&](const std::vector<std::string>& wanted, const std::vector<std::string>& stored,
-                   const char* in_checkpoint, const char* in_state) {
-    for (const std::string& name : wanted) {
-      if (std::find(stored.begin(), stored.end(), name) == stored.end()) continue;
-      message += "; '" + name + "' is " + in_checkpoint + " in the checkpoint but " + in_state + " in the state passed";
-    }
-  };
-  kinds(missing, values.unexpected, "a value", "a tensor");
-  kinds(values.missing, unexpected, "a tensor", "a value");
+  for (const std::string& kind : kinds) message += (message.empty() ? "" : "; ") + kind;
   std::string holder;
   for (const std::string& want : wanted_values) {
     const std::string under = want + ".";
