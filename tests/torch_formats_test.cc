@@ -11,6 +11,7 @@
 #include "shardckpt/engine/core/consolidate.h"
 #include "shardckpt/engine/core/convert.h"
 #include "shardckpt/engine/core/dcp_export.h"
+#include "shardckpt/collectives/communicator.h"
 #include "shardckpt/engine/core/checkpoint_reader.h"
 #include "shardckpt/engine/core/load.h"
 #include "shardckpt/engine/core/offline_writer.h"
@@ -512,8 +513,9 @@ TEST_F(TorchFormatsTest, ValuesKeepTheirPlaceAmongTheTensors) {
   EXPECT_THAT(places, ElementsAre(std::make_pair("first", 0u), std::make_pair("opt.lr", 1u), std::make_pair("epoch", 2u)));
 }
 
-// A C++ program's blob is raw bytes; export writes it as a Python bytes object, and both a load
-// of the DCP folder and an import of it give the bytes back, not the Python package's encoding.
+// A C++ program's blob is raw bytes; export writes it as a Python bytes object. A load of the
+// DCP folder and a load of its import both give the bytes back (not the JSON the import keeps,
+// which is what Python and consolidate read).
 TEST_F(TorchFormatsTest, ABlobSurvivesExportToDcpAndImport) {
   auto writer = OfflineCheckpointWriter::Begin(Path("root"), 3, 2).value();
   const std::vector<float> w = {1.5f, -2.0f, 3.25f, 4.0f};
@@ -526,15 +528,29 @@ TEST_F(TorchFormatsTest, ABlobSurvivesExportToDcpAndImport) {
   ASSERT_TRUE(ExportDcp(ckpt, Path("dcp"), DcpExportOptions{}).ok());
   ConvertOptions three;
   three.world_size = 3;
-  for (const std::string& converted : {ImportFile(Path("dcp"), Path("imported"), three).value().path,
-                                       Reshard(Path("dcp"), Path("resharded"), three).value().path}) {
-    SCOPED_TRACE(converted);
-    auto reader = CheckpointReader::Open(converted).value();
-    std::map<std::string, std::string> blobs;
-    for (const BlobRecord& b : reader->manifest().blobs) blobs[b.name] = reader->ReadBlob(b).value();
-    EXPECT_EQ(blobs["meta"], raw);
-    EXPECT_EQ(blobs["extra"], typed);
+  std::unique_ptr<Communicator> comm = CreateSingleProcessCommunicator();
+  for (const std::string& loaded : {Path("dcp"), ImportFile(Path("dcp"), Path("imported"), three).value().path,
+                                    Reshard(Path("dcp"), Path("resharded"), three).value().path}) {
+    SCOPED_TRACE(loaded);
+    std::vector<float> got(4, 0.0f);
+    ShardedState targets;
+    ASSERT_TRUE(targets.AddTensor("w", DType::kFloat32, {4}, Layout::Whole(), got.data()).ok());
+    Result<LoadReport> report = Load(*comm, loaded, targets);
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    EXPECT_EQ(got, w);
+    EXPECT_EQ(report->blobs.at("meta").bytes, raw);
+    EXPECT_TRUE(report->blobs.at("meta").python_bytes);
+    EXPECT_EQ(report->blobs.at("extra").bytes, typed);
+    EXPECT_FALSE(report->blobs.at("extra").python_bytes);
   }
+  // What the import stores is the typed value: consolidate writes it into a .pt as bytes.
+  const std::string imported = ResolveCheckpoint(Path("imported")).value();
+  ASSERT_TRUE(Consolidate(imported, Path("back.pt"), ConsolidateOptions{}).ok());
+  Result<UnpickledStateDict> back = ReadTorchStateDict(ZipReader::Open(Path("back.pt")).value());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  std::vector<std::string> names;
+  for (const PickleValue& v : back->values) names.push_back(v.name);
+  EXPECT_THAT(names, ::testing::UnorderedElementsAre("meta", "extra.epoch"));  // dicts as dotted keys
 }
 
 // Exports that write several files: a failure after the first file (a dtype the format cannot

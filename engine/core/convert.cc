@@ -388,8 +388,6 @@ Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::stri
   // A DCP folder's byte items whose pickle holds more than plain values are reported, not carried:
   // restoring them would mean running their pickle.
   SC_ASSIGN_OR_RETURN(const auto opaque, DcpOpaqueByteItems(reader->dir(), m));
-  // Stored as a load of the folder hands them out: a Python bytes object as its bytes.
-  const bool from_dcp = BuiltFromDcpFolder(m);
   for (const BlobRecord& b : m.blobs) {
     if (auto it = opaque.find(b.name); it != opaque.end()) {
       report.skipped.push_back(OpaqueByteItemSkipped(b.name, it->second));
@@ -400,10 +398,6 @@ Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::stri
       continue;
     }
     SC_ASSIGN_OR_RETURN(std::string bytes, reader->ReadBlob(b));
-    if (from_dcp) {
-      SC_ASSIGN_OR_RETURN(DcpByteItemBlob loaded, DcpValueAsLoaded(std::move(bytes)));
-      bytes = std::move(loaded.bytes);
-    }
     SC_RETURN_IF_ERROR(out->AddBlob(b.scope == BlobScope::kPerRank ? b.rank : 0, b.name, b.scope, bytes));
   }
   CreationInfo created = m.created;

@@ -9,6 +9,7 @@
 #include "shardckpt/engine/core/helper_thread.h"
 #include "shardckpt/engine/core/load_phases.h"
 #include "shardckpt/engine/formats/dcp_read.h"
+#include "shardckpt/engine/formats/torch_pickle.h"
 #include "shardckpt/io/fs.h"
 #include "shardckpt/io/io_engine.h"
 #include "shardckpt/io/log.h"
@@ -118,6 +119,21 @@ void DecodeDcpByteItems(LoadReport* report) {
   }
 }
 
+// A bytes object kept as a typed value (import or reshard of a DCP folder keeps its byte items
+// so, for Python and consolidate) is handed out as its bytes, as a load of the folder itself
+// does: a C++ program's blob survives export --format dcp and import. Only that exact form (the
+// engine's compact JSON) is taken; the Python package stores its own bytes with another tag.
+void DecodeTypedBytes(LoadReport* report) {
+  static const std::string kTypedBytes = std::string(kPickleValueTag, 2) + R"({"__shardckpt__":"bytes","v":")";
+  for (auto& [name, blob] : report->blobs) {
+    if (!blob.available || blob.bytes.compare(0, kTypedBytes.size(), kTypedBytes) != 0) continue;
+    Result<DcpByteItemBlob> value = DcpValueAsLoaded(blob.bytes);
+    if (!value.ok() || !value->is_bytes) continue;
+    blob.bytes = std::move(value->bytes);
+    blob.python_bytes = true;
+  }
+}
+
 }  // namespace
 
 Result<LoadReport> Load(Communicator& comm, const std::string& path, const ShardedState& targets,
@@ -160,7 +176,11 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
   clock.Lap("replicated");
   const bool dcp = BuiltFromDcpFolder(manifest);
   ReleaseOffThePath(std::move(read.manifest));
-  if (dcp) DecodeDcpByteItems(&report);
+  if (dcp) {
+    DecodeDcpByteItems(&report);
+  } else {
+    DecodeTypedBytes(&report);
+  }
   return report;
 }
 

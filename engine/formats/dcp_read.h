@@ -72,8 +72,8 @@ struct DcpByteItemBlob {
   std::string bytes;
 };
 Result<DcpByteItemBlob> DecodeDcpByteItem(const std::string& item, const std::string& name);
-// The same from the value blob DcpByteItemValue (CheckpointReader::ReadBlob) gave: what `import`
-// and `reshard` of a DCP folder store, so that a C++ blob exported to DCP comes back as its bytes.
+// The same from the value blob DcpByteItemValue (CheckpointReader::ReadBlob) gave, which is what
+// `import` and `reshard` of a DCP folder store: a load hands such a bytes object out as its bytes.
 Result<DcpByteItemBlob> DcpValueAsLoaded(std::string value_blob);
 
 }  // namespace shardckpt

@@ -263,6 +263,17 @@ def test_bytes_values_survive_export_and_a_read_in_place(tmp_path):
                 f.seek(info.offset)
                 restored[index.fqn] = torch.load(io.BytesIO(f.read(info.length)), weights_only=True)
     assert restored == {"raw": b'{"a":1}', "blob": b"xyz", "cfg": {"k": b"\x80\x00", "t": (1, "a")}}, restored
+    # Imported, the folder's bytes items load and consolidate as the same bytes (a C++ load gets
+    # the bytes too: torch_formats_test ABlobSurvivesExportToDcpAndImport).
+    imported = shardckpt.import_checkpoint(folder, str(tmp_path / "imported"), 1)["path"]
+    again = {"w": torch.zeros(3), "raw": b"", "tagged": b"", "blob": b"", "cfg": None, "big": b""}
+    report = shardckpt.load(again, imported, comm=shardckpt.single_process())
+    assert report.unavailable == {} and again["tagged"] == b"\x00J{\xff" and again["raw"] == b'{"a":1}', again
+    assert again["big"] == big and again["cfg"] == {"k": b"\x80\x00", "t": (1, "a")}
+    result = shardckpt.consolidate(imported, str(tmp_path / "imported.pt"))
+    assert result["skipped"] == [], result["skipped"]
+    back = torch.load(str(tmp_path / "imported.pt"), weights_only=True)
+    assert back["tagged"] == b"\x00J{\xff" and back["blob"] == b"xyz" and back["big"] == big
 
 
 def test_optimizer_param_groups_that_dcp_flattened_come_back_as_one_value(tmp_path):
