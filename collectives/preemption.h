@@ -72,7 +72,7 @@ class PreemptionWatcher {
   // The job is done: from now on these signals are ignored (the destructor leaves them so).
   // Without it, a stop the launcher forwards while the ranks finalize MPI and exit (a SIGTERM a
   // moment after the last step) killed them with the default action: the job exited 138 with
-  // every step and the final checkpoint done.
+  // every step and the final checkpoint done. Processes started afterwards inherit SIG_IGN.
   void IgnoreLateSignals();
 
   const std::vector<int>& signals() const { return signals_; }

@@ -708,12 +708,13 @@ def _globs(value: Union[str, Sequence[str]], argument: str) -> List[str]:
     # one-character globs, and "*" among them matches every entry.
     if isinstance(value, str):
         return [value]
-    if isinstance(value, (bytes, bytearray)) or not isinstance(value, (list, tuple, set, frozenset)):
+    if isinstance(value, (bytes, bytearray)) or not hasattr(value, "__iter__"):
         raise InvalidArgument("%s= takes a glob or a list of globs, not %s" % (argument, type(value).__name__))
-    for glob in value:
+    globs = list(value)  # any iterable of str: a list, a tuple, dict keys, a generator
+    for glob in globs:
         if not isinstance(glob, str):
             raise InvalidArgument("%s= takes globs as str, not %s (%r)" % (argument, type(glob).__name__, glob))
-    return list(value)
+    return globs
 
 
 def consolidate(path: PathLike, out: PathLike, format: Optional[str] = None, *,

@@ -75,7 +75,8 @@ class PreemptionWatcher:
         """Puts the previous handlers back; the watcher answers no more. A job that is done
         passes ``ignore_late_signals=True``: the signals are ignored from then on, so that a
         stop the launcher forwards while the process exits does not kill it (the job would end
-        with the signal's status though every step and the final checkpoint were done)."""
+        with the signal's status though every step and the final checkpoint were done). Ignored
+        signals stay ignored in processes started afterwards (exec keeps SIG_IGN): call it last."""
         from . import _core
         _core.watcher_close(self._watcher, bool(ignore_late_signals))
 

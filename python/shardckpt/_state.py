@@ -299,18 +299,36 @@ def _shaped_like(target: Any, value: Any) -> Any:
     if isinstance(target, (list, tuple)) and isinstance(value, (list, tuple)) and len(target) == len(value):
         return type(value)(_shaped_like(t, v) for t, v in zip(target, value))
     if isinstance(target, dict) and isinstance(value, dict):
-        keys = {k: k for k in target}  # the target's own key objects: an IntEnum key is stored as an int
-        items = [(keys.get(k, k), _shaped_like(target.get(k), v)) for k, v in value.items()]
+        keys = {k: k for k in target}
+        items = [(_key_like(keys.get(k), k), _shaped_like(dict.get(target, k), v)) for k, v in value.items()]
+        plain = dict(items)
         if type(target) is dict:
-            return dict(items)
+            return plain
         try:
             restored = copy.copy(target)  # its class and state (a defaultdict's factory)
+            if restored is target:
+                return plain
             restored.clear()
-            restored.update(items)
-            return restored
+            for k, v in items:
+                restored[k] = v
         except Exception:  # noqa: BLE001 - a mapping that cannot be copied and refilled: a dict
-            return dict(items)
+            return plain
+        # Only if it holds exactly the pairs (a Counter's update() would count them; a class with
+        # other rules for setting items could change them): otherwise the plain dict.
+        missing = object()
+        if len(restored) != len(plain) or any(dict.get(restored, k, missing) is not v for k, v in items):
+            return plain
+        return restored
     return value
+
+
+def _key_like(target_key: Any, key: Any) -> Any:
+    """The target's key object for a stored key, where it is of a subclass of the stored key's
+    type (an IntEnum key is stored as an int); else the stored key (1 stays 1 against True)."""
+    if target_key is None or type(target_key) is type(key) or isinstance(target_key, bool) \
+            or not isinstance(target_key, type(key)):
+        return key
+    return target_key
 
 
 def _hashable(key: Any) -> Any:

@@ -223,11 +223,13 @@ def test_subclasses_of_plain_values_get_their_class_back_from_the_target(root):
     counts = collections.defaultdict(int, {"a": 2})
     values = {"color": Color.BLUE, "mode": Mode.TRAIN, "lr": numpy.float64(0.25), "nan": numpy.float64("nan"),
               "counts": counts, "order": collections.OrderedDict([("z", 1), ("a", 2)]),
+              "tokens": collections.Counter({"the": 10, "a": 4}), "ones": {1: "a", 2: "b"},
               "size": torch.Size([2, 3]), "by_color": {Color.RED: "r", Color.BLUE: "b"},
               "nested": {"sizes": [torch.Size([4])], "mode": (Mode.TRAIN, 1)}}
     shardckpt.save(dict(values, w=torch.ones(2)), root, step=1)
     target = {"color": Color.RED, "mode": Mode.TRAIN, "lr": numpy.float64(0), "nan": numpy.float64(0),
               "counts": collections.defaultdict(int), "order": collections.OrderedDict(),
+              "tokens": collections.Counter(), "ones": {True: "", 2: ""},
               "size": torch.Size([0, 0]), "by_color": {Color.RED: "", Color.BLUE: ""},
               "nested": {"sizes": [torch.Size([0])], "mode": (Mode.TRAIN, 0)}, "w": torch.zeros(2)}
     shardckpt.load(target, root)
@@ -239,6 +241,8 @@ def test_subclasses_of_plain_values_get_their_class_back_from_the_target(root):
     target["counts"]["new"] += 1  # the factory came back with the class
     assert target["counts"] == {"a": 2, "new": 1} and list(target["order"]) == ["z", "a"]
     assert [type(k) for k in target["by_color"]] == [Color, Color]
+    assert target["tokens"] == collections.Counter({"the": 10, "a": 4})  # not update()'s counting of the pairs
+    assert [type(k) for k in target["ones"]] == [int, int]  # 1 stays 1, though True == 1
     assert type(target["nested"]["sizes"][0]) is torch.Size and type(target["nested"]["mode"][0]) is Mode
     # Loaded into plain values, they are the plain values saved.
     plain = {k: None for k in values}
@@ -548,6 +552,7 @@ def test_a_stop_signal_on_one_rank_stops_every_rank_after_the_same_step(comm):
         time.sleep(0.05)  # still alive
     finally:
         signal.signal(signal.SIGUSR1, previous)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the watcher's other signal, ignored by close()
 
 
 def test_keep_last_prunes_old_checkpoints(root):

@@ -101,6 +101,8 @@ def test_consolidate_takes_one_glob_as_a_string(comm, root):
     assert sorted(torch.load(out)) == ["epoch"]
     shardckpt.consolidate(path, out, include=["model.w", "model.b"], exclude=("model.b",))
     assert sorted(torch.load(out)) == ["model.w"]
+    shardckpt.consolidate(path, out, include=(g for g in ["model.b"]))  # any iterable of globs
+    assert sorted(torch.load(out)) == ["model.b"]
     with pytest.raises(shardckpt.InvalidArgument, match="include= takes globs as str, not int"):
         shardckpt.consolidate(path, out, include=["model.*", 3])
     with pytest.raises(shardckpt.InvalidArgument, match="exclude= takes a glob or a list of globs, not bytes"):
