@@ -5,7 +5,7 @@ set -euo pipefail
 packages=(build-essential cmake pkg-config git libtorch-dev libopenmpi-dev openmpi-bin liburing-dev
           nlohmann-json3-dev libxxhash-dev libgtest-dev libgmock-dev libboost-program-options-dev
           libssl-dev libdeflate-dev python3-torch python3-dev python3-venv pybind11-dev python3-pytest unzip clang-14 libclang-rt-14-dev fio)
-# Rebuilds of clean clones (tests/run_all.sh, CI) reuse objects from ~/.cache/shardckpt/ccache.
+# Rebuilds of clean clones (tests/run_all.sh, CI) reuse objects from ccache's cache (~/.cache/ccache).
 packages+=(ccache)
 # The manifest reader (engine/model/manifest.cc).
 packages+=(libsimdjson-dev)

@@ -666,6 +666,17 @@ TEST_F(RetentionTest, AFolderThatCannotBeDeletedIsPassedOverAndReported) {
   ASSERT_TRUE(SaveStep(6, keep_one).ok());  // the next save removes what the last could not
   EXPECT_THAT(Names(), ElementsAre(StepDirName(6)));
   EXPECT_EQ(Or(LoadStep(root()), int64_t{-1}), 6);
+
+  // A leftover in the way of the step being saved is named as one, not as "already committed".
+  ASSERT_TRUE(MakeDirs(StepDir(7)).ok());
+  ASSERT_TRUE(SetFailpoints("retention.remove=EPERM").ok());
+  Result<SaveResult> blocked = SaveStep(7);
+  ASSERT_FALSE(blocked.ok());
+  EXPECT_EQ(blocked.status().code(), Code::kIoError);
+  EXPECT_THAT(blocked.status().message(), HasSubstr(StepDir(7) + " is left from an earlier save of step 7 (it has no "
+                                                    "manifest) and could not be removed"));
+  ASSERT_TRUE(SetFailpoints("").ok());
+  ASSERT_TRUE(SaveStep(7).ok());
 }
 
 // An operator's prune of a live root holds the root lock for a moment: the training run's save

@@ -521,8 +521,8 @@ int Prune(int argc, char** argv) {
   if (!listed.ok()) return Fail(listed.status());
   if (listed->empty() && !PathExists(JoinPath(root, kLatestName))) {
     if (vm.count("json")) {
-      PrintJson(json{{"root", root}, {"dry_run", dry_run}, {"removed", json::array()}, {"deferred", json::array()},
-                     {"save_running", false}});
+      PrintJson(json{{"ok", true}, {"root", root}, {"dry_run", dry_run}, {"removed", json::array()},
+                     {"deferred", json::array()}, {"failed", json::array()}, {"save_running", false}});
     } else {
       std::printf("nothing to prune: %s holds no checkpoint folders\n", root.c_str());
     }

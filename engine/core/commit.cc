@@ -37,9 +37,17 @@ Result<RootLock> LockRootForSave(const std::string& root, int64_t step) {
   SC_RETURN_IF_ERROR(RefuseCheckpointAsRoot(root, "save into"));
   SC_RETURN_IF_ERROR(MakeDirs(root));
   SC_ASSIGN_OR_RETURN(RootLock lock, RootLock::Acquire(root));
-  SC_RETURN_IF_ERROR(RemoveStaleTempDirs(root));
+  std::vector<RemovalFailure> not_removed;
+  SC_RETURN_IF_ERROR(RemoveStaleTempDirs(root, nullptr, nullptr, &not_removed));
   SC_RETURN_IF_ERROR(RepairLatest(root));
   const std::string final_dir = JoinPath(root, StepDirName(step));
+  for (const RemovalFailure& f : not_removed) {
+    // Other leftovers are passed over; one in the way of this step's folder is not "committed".
+    if (f.name == StepDirName(step)) {
+      return f.status.WithContext(final_dir + " is left from an earlier save of step " + std::to_string(step) +
+                                  " (it has no manifest) and could not be removed");
+    }
+  }
   if (PathExists(final_dir)) {
     return Status(Code::kAlreadyExists, "step " + std::to_string(step) + " is already committed in " + final_dir);
   }

@@ -435,6 +435,9 @@ PY
     "$1" verify "$work/p" ;;
   launcher-killed)  # SIGKILL to launch/mpirun.sh (an operator, `timeout -k`): mpirun ran on in its own
     # session and the job trained to its end; now mpirun gets SIGTERM when the launcher dies
+    setpriv --pdeathsig TERM true 2> /dev/null || { echo "skipped: setpriv has no --pdeathsig (util-linux < 2.33)"; exit 77; }
+    # Whatever happens below, this case leaves no job of its own running.
+    trap 'pkill -KILL -f "PREEMPT_TEST_TAG=$work |--ckpt $work/k " 2> /dev/null || true' EXIT
     "$launcher" -np 2 --mca btl self,vader,tcp -x PREEMPT_TEST_TAG="$work" "$train" "${small[@]}" \
       --ckpt "$work/k" --steps 100000 --save-every 50 > "$work/killed.log" 2>&1 &
     job=$!
