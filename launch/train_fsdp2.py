@@ -23,6 +23,7 @@ SIGTERM or SIGUSR1 (torchrun, Slurm, ``launch/mpirun.sh``) stops every rank afte
 from __future__ import annotations
 
 import argparse
+import atexit
 import math
 import os
 import random
@@ -384,4 +385,15 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # A gloo worker thread drops its reference to a finished collective (and so to a tensor the
+    # script already let go of, e.g. newest_step's) a moment after wait() returns; when that
+    # moment falls in interpreter finalization, taking the GIL there aborts the process
+    # ("terminate called without an active exception", seen on the exit just after an error;
+    # pytorch/pytorch#190489). Everything is written, committed and the group destroyed: run the
+    # exit handlers (shardckpt's, MPI_Finalize under mpirun) while the interpreter is whole, then
+    # exit without finalizing it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()
+    os._exit(code)
