@@ -444,13 +444,17 @@ PY
     wait_for "$work/killed.log" '^step 20 loss'
     kill -KILL "$job"
     wait "$job" 2> /dev/null || true
-    for _ in $(seq 300); do
-      [ -n "$(rank_pid 0 "$work" 2> /dev/null)$(rank_pid 1 "$work" 2> /dev/null)" ] || break
-      sleep 0.1
-    done
-    orphans=$(pgrep -f "PREEMPT_TEST_TAG=$work |--ckpt $work/k " || true)
+    running() {  # the job's processes still running: a zombie mpirun waits for its new parent to reap it
+      local p out=""
+      for p in $(pgrep -f "PREEMPT_TEST_TAG=$work |--ckpt $work/k " || true); do
+        case "$(ps -o stat= -p "$p" 2> /dev/null)" in Z*|"") ;; *) out="$out $p" ;; esac
+      done
+      echo "${out# }"
+    }
+    for _ in $(seq 300); do [ -n "$(running)" ] || break; sleep 0.1; done
+    orphans=$(running)
     if [ -n "$orphans" ]; then
-      echo "still running after the launcher was killed:"; ps -o pid=,args= -p "${orphans//$'\n'/,}" | cut -c1-120
+      echo "still running after the launcher was killed:"; ps -o pid=,stat=,args= -p "${orphans// /,}" | cut -c1-120
       kill -KILL $orphans 2> /dev/null || true
       exit 1
     fi
