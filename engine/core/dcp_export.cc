@@ -7,6 +7,7 @@
 
 #include "shardckpt/engine/core/checkpoint_dir.h"
 #include "shardckpt/engine/core/checkpoint_reader.h"
+#include "shardckpt/engine/formats/dcp_read.h"
 #include "shardckpt/engine/formats/dcp_writer.h"
 #include "shardckpt/engine/formats/output_file.h"
 #include "shardckpt/engine/formats/zip_writer.h"
@@ -113,6 +114,8 @@ Result<DcpExportReport> ExportDcp(const std::string& checkpoint, const std::stri
     }
   }
 
+  // Byte items of a DCP folder read in place that hold more than plain values: their zips.
+  SC_ASSIGN_OR_RETURN(const auto opaque, DcpOpaqueByteItems(reader->dir(), m));
   DcpMetadata md;
   md.checkpoint_id = PythonPathText(out);  // torch pickles the path as a str
   std::vector<size_t> tensor_of(m.entries.size());
@@ -129,6 +132,15 @@ Result<DcpExportReport> ExportDcp(const std::string& checkpoint, const std::stri
       if (item.blob) {
         const BlobRecord& blob = m.blobs[item.index];
         SC_ASSIGN_OR_RETURN(std::string bytes, reader->ReadBlob(blob));
+        if (opaque.count(blob.name)) {
+          // A DCP folder's byte item of more than plain values (a torch.Size, a dtype, a tuple
+          // holding a tensor) is the torch.save zip torch wrote: copied as it is, so dcp.load
+          // restores what it held (wrapped as a bytes value it came back as the zip's bytes).
+          const uint64_t start = file->position();
+          SC_RETURN_IF_ERROR(file->Write(bytes.data(), bytes.size()));
+          md.bytes.push_back(DcpBytes{blob.name, DcpStorage{name, start, bytes.size()}});
+          continue;
+        }
         Result<std::string> pickle = PickleBlobValue(bytes);
         if (!pickle.ok()) {
           report.skipped.push_back(blob.name + ": " + pickle.status().message());

@@ -230,6 +230,23 @@ def test_byte_items_that_are_not_plain_are_reported_never_run(tmp_path):
     assert not os.path.exists(marker)
 
 
+def test_export_of_a_dcp_folder_copies_items_of_more_than_plain_values(tmp_path):
+    # A torch.Size, a dtype, a tuple holding a tensor: DCP byte items shardckpt does not unpickle.
+    # Exported again they were wrapped as bytes values, and dcp.load gave the zip's bytes back.
+    import torch.distributed.checkpoint as dcp
+    state = {"w": torch.ones(2), "size": torch.Size([2, 3]), "dt": torch.float16, "tup": (torch.ones(2), 3), "epoch": 3}
+    src, out = str(tmp_path / "src"), str(tmp_path / "out")
+    dcp.save(state, checkpoint_id=src, no_dist=True)
+    report = shardckpt.export(src, out)
+    assert report["byte_items"] == 4 and report["skipped"] == [], report
+    back = {"w": torch.zeros(2), "size": None, "dt": None, "tup": None, "epoch": None}
+    dcp.load(back, checkpoint_id=out, no_dist=True)
+    assert type(back["size"]) is torch.Size and back["size"] == torch.Size([2, 3]), back
+    assert back["dt"] is torch.float16 and back["epoch"] == 3, back
+    assert torch.equal(back["tup"][0], torch.ones(2)) and back["tup"][1] == 3, back
+    shardckpt.verify(out)  # the .sha256 files cover the copied items too
+
+
 def test_bytes_values_survive_export_and_a_read_in_place(tmp_path):
     # Bytes are written as torch.save writes them (_codecs.encode), which torch 2.x's weights_only
     # reader takes; read back in place they are the bytes, not the item's zip. A value that
