@@ -563,6 +563,15 @@ TEST_F(CheckpointTest, ACheckpointFolderIsNeitherARootNorAnOutputFolder) {
   ASSERT_TRUE(MakeDirs(JoinPath(app, "models")).ok());
   ASSERT_TRUE(WriteFileAtomic(JoinPath(app, kManifestName), "{\"name\": \"my app\"}", "test").ok());
   EXPECT_TRUE(Consolidate(step2, JoinPath(app, "models/model.pt"), pt).ok());
+  // Nor under a name the root's saves write (not committed yet): prune and the next save took
+  // it for a dead save's leftover and deleted it.
+  for (const std::string& out : {JoinPath(root(), StepDirName(100) + "/model.pt"), JoinPath(root(), StepDirName(9))}) {
+    Result<ConsolidateReport> written = Consolidate(step2, out, pt);
+    ASSERT_FALSE(written.ok()) << out;
+    EXPECT_THAT(written.status().message(), HasSubstr(", named as the checkpoint folders of the root " + root() +
+                                                      " are: its next save or prune would delete it")) << out;
+    EXPECT_FALSE(PathExists(out)) << out;
+  }
   Result<ConsolidateReport> over_latest = Consolidate(step2, JoinPath(root(), kLatestName), pt);
   ASSERT_FALSE(over_latest.ok());
   EXPECT_THAT(over_latest.status().message(),

@@ -150,6 +150,24 @@ Status RefuseOutputInCheckpoint(const std::string& out, const std::string& check
       if (up == up.root_path()) break;
     }
   }
+  // A name a save writes (a step, temporary or retired folder) right under a root, not yet a
+  // committed checkpoint: retention and the next save take it for a leftover of a save of theirs
+  // and delete it, whatever it holds.
+  for (const std::filesystem::path& path : {spelled, file}) {
+    for (std::filesystem::path at = path; !at.empty() && at != at.root_path(); at = at.parent_path()) {
+      const std::string name = at.filename().string();
+      int64_t step = 0;
+      if (!ParseStepDirName(name, &step) && !IsTempDirName(name) && !IsRetiredDirName(name)) continue;
+      const std::string root = at.parent_path().string();
+      Result<std::vector<std::pair<int64_t, std::string>>> committed = ListCommitted(root);
+      if ((committed.ok() && !committed->empty()) || PathExists(JoinPath(root, kLatestName)) ||
+          PathExists(JoinPath(root, kLockName))) {
+        return InvalidArgument(out + " would be " + (at == path ? "" : "inside ") + at.string() +
+                               ", named as the checkpoint folders of the root " + root +
+                               " are: its next save or prune would delete it; write it elsewhere");
+      }
+    }
+  }
   if (file.filename() == kLatestName) {
     Result<std::vector<std::pair<int64_t, std::string>>> committed = ListCommitted(file.parent_path().string());
     if (committed.ok() && !committed->empty()) {
