@@ -641,8 +641,8 @@ int main(int argc, char** argv) {
     if (command == "reshard") return Convert(false, argc - 1, argv + 1);
     if (command == "list") return List(argc - 1, argv + 1);
     if (command == "prune") return Prune(argc - 1, argv + 1);
-    std::fprintf(stderr, "shardckpt: unknown command '%s'\n%s", command.c_str(), kUsage);
-    return 2;
+    throw Usage{"unknown command '" + command + "' (commands: inspect, verify, consolidate, export, import, reshard, "
+                "list, prune; shardckpt --help says what each does)"};
   } catch (const Usage& u) {
     std::fprintf(stderr, "shardckpt %s: %s\n", command.c_str(), u.message.c_str());
     // --json is looked for in argv: the error may be that the flags did not parse at all.

@@ -503,9 +503,12 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
       report.sha256.push_back(file->sha256());
     }
     if (sharded) {
-      // As json.dumps(index, indent=2) writes it, the weight map in tensor order.
-      std::string index = "{\n  \"metadata\": {\n    \"total_size\": " + std::to_string(report.tensor_bytes) +
-                          "\n  },\n  \"weight_map\": {";
+      // As transformers' save_pretrained writes it (json.dumps(index, indent=2)), the weight map
+      // in tensor order.
+      int64_t parameters = 0;
+      for (const Selected& e : selected) parameters += e.alias < 0 ? NumElements(e.shape).value() : 0;  // tied: once
+      std::string index = "{\n  \"metadata\": {\n    \"total_parameters\": " + std::to_string(parameters) +
+                          ",\n    \"total_size\": " + std::to_string(report.tensor_bytes) + "\n  },\n  \"weight_map\": {";
       for (size_t k = 0; k < weight_map.size(); ++k) {
         index += (k == 0 ? "\n    " : ",\n    ") + nlohmann::json(weight_map[k].first).dump() + ": " +
                  nlohmann::json(weight_map[k].second).dump();

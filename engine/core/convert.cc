@@ -399,6 +399,10 @@ Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::stri
     }
     SC_ASSIGN_OR_RETURN(std::string bytes, reader->ReadBlob(b));
     SC_RETURN_IF_ERROR(out->AddBlob(b.scope == BlobScope::kPerRank ? b.rank : 0, b.name, b.scope, bytes));
+    // Listed as import lists them (a per-rank one once, at its first rank).
+    if (b.scope == BlobScope::kGlobal || report.values.empty() || report.values.back() != b.name) {
+      report.values.push_back(b.name);
+    }
   }
   CreationInfo created = m.created;
   created.user["resharded_from"] = Utf8OrReplaced(reader->dir());

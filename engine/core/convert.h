@@ -27,7 +27,7 @@ struct ConvertReport {
   uint64_t tensors = 0;
   uint64_t bytes = 0;
   std::vector<std::string> skipped;  // values import cannot keep, or per-rank blobs (reshard)
-  std::vector<std::string> values;   // import: non-tensor values of a .pt, kept as blobs
+  std::vector<std::string> values;   // non-tensor values kept as blobs (import: of a .pt)
 };
 
 

@@ -57,6 +57,15 @@ index = json.load(open(os.path.join(d, "model.safetensors.index.json")))
 files = sorted(set(index["weight_map"].values()))
 assert len(files) > 1 and all(f.startswith("model-") and "-of-" in f for f in files), files
 assert index["metadata"]["total_size"] > 0
+import math, struct
+numel = 0
+for f in files:
+    with open(os.path.join(d, f), "rb") as st:
+        header = json.loads(st.read(struct.unpack("<Q", st.read(8))[0]))
+    numel += sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
+assert index["metadata"]["total_parameters"] == numel, (index["metadata"], numel)  # as save_pretrained writes it
+report = json.load(open("sharded.json"))
+assert report["files"][-1].endswith("model.safetensors.index.json") and len(report["sha256"]) == len(report["files"]) - 1
 print("sharded into", len(files), "files with an index")
 PY
     # Selection, prefix stripping and casting.
@@ -177,6 +186,9 @@ else:
     assert d['error']['code'] == want[0] and want[1] in d['error']['message'], d
 print('$verb --json failure OK')"
     done
+    set +e; "$cli" frobnicate --json > unknown.json 2> /dev/null; rc=$?; set -e
+    [ $rc = 2 ] && $py -c "import json; d = json.load(open('unknown.json')); assert d['error']['code'] == 'Usage' and \"unknown command 'frobnicate'\" in d['error']['message'], d" ||
+      { echo "unknown command under --json: exit $rc"; cat unknown.json; exit 1; }
     # A usage error (exit 2) under --json is a JSON object too, even when the flags do not parse.
     set +e; "$cli" reshard good --json > usage.json 2> /dev/null; rc=$?; set -e
     [ $rc = 2 ] || { echo "usage error exited $rc"; exit 1; }

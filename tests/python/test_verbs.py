@@ -132,7 +132,7 @@ def test_reshard_then_load_at_new_world_size(comm, root):
     if comm.rank == 0:
         shardckpt.save(state, src, 1, comm=shardckpt.single_process())
         result = shardckpt.reshard(src, out, comm.size, layout="flat")
-        assert result["tensors"] == 4 and result["skipped"] == []
+        assert result["tensors"] == 4 and result["skipped"] == [] and result["values"] == ["epoch"], result
     barrier(comm)
     info = shardckpt.inspect(out)
     assert info["world_size"] == comm.size
