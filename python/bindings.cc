@@ -662,6 +662,7 @@ py::tuple ConvertCall(bool import, const std::string& input, const std::string& 
   out["path"] = PathText(r->path);
   out["tensors"] = r->tensors;
   out["bytes"] = r->bytes;
+  out["values"] = r->values;
   out["skipped"] = r->skipped;
   return Reply(Status::Ok(), out);
 }

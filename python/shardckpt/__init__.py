@@ -762,7 +762,8 @@ def import_checkpoint(src: PathLike, out_root: PathLike, world_size: int, layout
     ranks (``shardckpt import``); ``layout``: ``"flat"``, ``"dim0"`` or ``"replicated"``. It
     writes every rank's file at once, so it raises this process's soft open-file limit to the
     hard one, as the command does (``reshard`` too).
-    Returns ``{"path", "tensors", "bytes", "skipped"}`` (skipped: values that are not tensors)."""
+    Returns ``{"path", "tensors", "bytes", "values", "skipped"}`` (values: the non-tensor values
+    kept; skipped: those that could not be)."""
     from . import _core
     _raise_open_file_limit()
     code, message, result = _core.convert(True, _fs(src), _fs(out_root), int(world_size), layout)
@@ -772,8 +773,8 @@ def import_checkpoint(src: PathLike, out_root: PathLike, world_size: int, layout
 
 def reshard(path: PathLike, out_root: PathLike, world_size: int, layout: str = "flat") -> Dict[str, Any]:
     """A checkpoint rewritten for ``world_size`` ranks under ``out_root``, without a job
-    (``shardckpt reshard``). Returns ``{"path", "tensors", "bytes", "skipped"}`` (skipped:
-    per-rank blobs, which have no meaning at another world size)."""
+    (``shardckpt reshard``). Returns ``{"path", "tensors", "bytes", "values", "skipped"}``
+    (values: those carried; skipped: per-rank blobs, which have no meaning at another world size)."""
     from . import _core
     _raise_open_file_limit()
     code, message, result = _core.convert(False, _fs(path), _fs(out_root), int(world_size), layout)
