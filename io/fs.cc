@@ -105,6 +105,24 @@ Status MakeDirs(const std::string& path) {
   return SyncDir(parent, "fs.mkdirs.sync_parent");
 }
 
+MadeDirs::MadeDirs(const std::string& path) {
+  std::string at = path;
+  while (at.size() > 1 && at.back() == '/') at.pop_back();
+  while (!at.empty() && !PathExists(at)) {
+    made_.push_back(at);
+    const std::string parent = DirName(at);
+    if (parent == at) break;
+    at = parent;
+  }
+  status_ = MakeDirs(path);
+}
+
+MadeDirs::~MadeDirs() {
+  for (const std::string& dir : made_) {
+    if (::rmdir(dir.c_str()) != 0) break;  // not empty (or gone): it, and those above it, stay
+  }
+}
+
 Status SyncDir(const std::string& path, const char* failpoint) {
   SC_RETURN_IF_ERROR(Failpoint(failpoint, "fsync directory " + path));
   int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);

@@ -25,6 +25,23 @@ bool IsDirectory(const std::string& path);
 
 Status MakeDir(const std::string& path);
 Status MakeDirs(const std::string& path);
+
+// MakeDirs for an output that may still fail: the folders it made are removed again (if still
+// empty) when it goes out of scope, unless Keep() was called. A refused consolidation left the
+// empty folders of its --out path behind.
+class MadeDirs {
+ public:
+  explicit MadeDirs(const std::string& path);
+  ~MadeDirs();
+  MadeDirs(const MadeDirs&) = delete;
+  MadeDirs& operator=(const MadeDirs&) = delete;
+  const Status& status() const { return status_; }
+  void Keep() { made_.clear(); }
+
+ private:
+  std::vector<std::string> made_;  // deepest first
+  Status status_;
+};
 // fsync of a directory: makes the renames and creations inside it durable.
 Status SyncDir(const std::string& path, const char* failpoint = "fs.sync_dir");
 Status Rename(const std::string& from, const std::string& to, const char* failpoint = "fs.rename");

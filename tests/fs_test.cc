@@ -221,3 +221,35 @@ TEST_F(WholeFile, AFifoOrFolderIsRefusedWithoutWaiting) {
 
 }  // namespace
 }  // namespace shardckpt
+
+namespace shardckpt {
+namespace {
+
+// The folders made for an output that then fails go again; those that were there, or that
+// hold something, stay.
+TEST(MadeDirs, RemovesWhatItMadeUnlessKept) {
+  testing::TempDir dir;
+  const std::string base = JoinPath(dir.path(), "out");
+  {
+    MadeDirs made(JoinPath(base, "a/b"));
+    ASSERT_TRUE(made.status().ok()) << made.status().ToString();
+    EXPECT_TRUE(IsDirectory(JoinPath(base, "a/b")));
+  }
+  EXPECT_FALSE(PathExists(base));
+  {
+    MadeDirs made(JoinPath(base, "a/b"));
+    ASSERT_TRUE(WriteFileAtomic(JoinPath(base, "a/keep.txt"), "x", "test").ok());
+  }
+  EXPECT_FALSE(PathExists(JoinPath(base, "a/b")));
+  EXPECT_TRUE(PathExists(JoinPath(base, "a/keep.txt")));  // not empty: it and above stay
+  {
+    MadeDirs made(JoinPath(base, "c"));
+    made.Keep();
+  }
+  EXPECT_TRUE(IsDirectory(JoinPath(base, "c")));
+  MadeDirs file_in_the_way(JoinPath(base, "a/keep.txt/d"));
+  EXPECT_FALSE(file_in_the_way.status().ok());
+}
+
+}  // namespace
+}  // namespace shardckpt

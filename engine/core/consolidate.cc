@@ -312,7 +312,8 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
   if (IsDirectory(out)) return InvalidArgument(out + " is a folder: name the file to write in it (" + JoinPath(out, "model.pt") + ")");
   SC_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(checkpoint));
   SC_RETURN_IF_ERROR(RefuseOutputInCheckpoint(out, reader->dir()));
-  SC_RETURN_IF_ERROR(MakeDirs(DirName(out)));
+  MadeDirs made(DirName(out));  // removed again if this fails
+  SC_RETURN_IF_ERROR(made.status());
   const Manifest& m = reader->manifest();
   ConsolidateReport report;
   report.checkpoint = reader->dir();
@@ -527,6 +528,7 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
     if (sharded && PathExists(out)) RemoveOutputFile(out);
   }
   report.bytes_read = reader->stats().data_bytes_read;
+  made.Keep();
   return report;
 }
 
