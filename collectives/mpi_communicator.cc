@@ -196,9 +196,27 @@ MpiSession::~MpiSession() {
 }
 
 Result<std::unique_ptr<Communicator>> CreateMpiCommunicator(MPI_Comm comm) {
-  MPI_Comm dup, census;
-  SC_RETURN_IF_ERROR(MpiCallStatus(MPI_Comm_dup(comm, &dup), "MPI_Comm_dup"));
-  SC_RETURN_IF_ERROR(MpiCallStatus(MPI_Comm_dup(comm, &census), "MPI_Comm_dup"));
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) {
+    return Status(Code::kFailedPrecondition, std::string("MPI is ") + (finalized ? "already finalized" : "not initialized") +
+                                                 ": create shardckpt's communicator between MpiSession::Init (or "
+                                                 "MPI_Init_thread) and MPI_Finalize");
+  }
+  // The duplicates are collectives: a rank that never makes them (one that failed or took
+  // another path before its first checkpoint call) held the others in MPI_Comm_dup for good.
+  // Started non-blocking and waited on with the deadline, as every other collective; the first
+  // has no census communicator yet to say which rank is missing.
+  const CollectiveDeadline deadline = CollectiveDeadline::FromEnvironment();
+  MPI_Comm census = MPI_COMM_NULL, dup = MPI_COMM_NULL;
+  MPI_Request request;
+  SC_RETURN_IF_ERROR(MpiCallStatus(MPI_Comm_idup(comm, &census, &request), "MPI_Comm_idup"));
+  SC_RETURN_IF_ERROR(MpiDeadlineWaiter(MPI_COMM_NULL, deadline).Wait(&request, "MPI_Comm_dup (shardckpt's communicator)"));
+  MPI_Comm_set_errhandler(census, MPI_ERRORS_RETURN);
+  MpiDeadlineWaiter waiter(census, deadline);
+  SC_RETURN_IF_ERROR(MpiCallStatus(MPI_Comm_idup(comm, &dup, &request), "MPI_Comm_idup"));
+  SC_RETURN_IF_ERROR(waiter.Wait(&request, "MPI_Comm_dup (shardckpt's communicator)"));
   auto result = std::make_unique<MpiCommunicator>(dup, census);
   SetProcessRank(result->rank());
   return std::unique_ptr<Communicator>(std::move(result));

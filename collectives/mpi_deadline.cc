@@ -82,11 +82,13 @@ double SecondsBeforeAbort() {
 
 MpiDeadlineWaiter::MpiDeadlineWaiter(MPI_Comm census, CollectiveDeadline deadline)
     : census_(census), deadline_(deadline) {
+  if (census_ == MPI_COMM_NULL) return;
   MPI_Comm_rank(census_, &rank_);
   MPI_Comm_size(census_, &size_);
 }
 
 bool MpiDeadlineWaiter::AnswerQueries() {
+  if (census_ == MPI_COMM_NULL) return false;
   bool asked = false;
   while (true) {
     int flag = 0;
@@ -121,6 +123,16 @@ Status MpiDeadlineWaiter::Wait(MPI_Request* request, const char* call) {
 
 Status MpiDeadlineWaiter::RunCensus(const char* call, double waited_s) {
   g_timed_out = true;
+  if (census_ == MPI_COMM_NULL) {  // no private communicator yet to ask the others on
+    std::ostringstream message;
+    message << call << " gave up after " << static_cast<int64_t>(waited_s * 10) / 10.0
+            << " s (SHARDCKPT_COLLECTIVE_TIMEOUT_S=" << deadline_.timeout_s
+            << "): some rank never reached it (exited, crashed, or took another path before its first "
+               "shardckpt call)";
+    broken_status_ = Status(Code::kDeadlineExceeded, message.str());
+    SC_LOG(kError) << broken_status_.message();
+    return broken_status_;
+  }
   double grace = g_census_grace_s.load();
   while (grace < deadline_.census_grace_s && !g_census_grace_s.compare_exchange_weak(grace, deadline_.census_grace_s)) {
   }

@@ -30,7 +30,8 @@ struct CollectiveDeadline {
 
 class MpiDeadlineWaiter {
  public:
-  // `census` must be a communicator over the same ranks used only by this waiter.
+  // `census` must be a communicator over the same ranks used only by this waiter; MPI_COMM_NULL
+  // where there is none yet (the duplicate that makes it): a timeout then names no rank.
   MpiDeadlineWaiter(MPI_Comm census, CollectiveDeadline deadline);
 
   // Waits for `request` (from the collective named `call`) until the deadline.

@@ -406,7 +406,7 @@ Status RemoveStaleTempDirs(const std::string& root, std::vector<std::string>* re
     if (!IsTempDirName(name) && !half_deleted && !retired) continue;
     SC_LOG(kWarn) << "removing " << JoinPath(root, name)
                   << (half_deleted ? ", a step folder without a manifest (a deletion or commit cut short)"
-                      : retired    ? ", a checkpoint retention had retired whose deletion did not finish"
+                      : retired    ? ", a checkpoint retention retired (its deletion did not finish, or a save's retention is deleting it now)"
                                    : ", left by a save that did not finish");
     Result<bool> removal = RemoveCheckpointDir(root, name);
     if (!removal.ok()) {

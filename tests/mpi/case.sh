@@ -195,6 +195,22 @@ case "$case" in
     done
     grep -q "FAIL" "$work/out.txt" && { echo "a rank failed its check"; exit 1; }
     ls "$work/root" 2>/dev/null | grep -q '^step-000000001$' && { echo "a checkpoint was committed"; exit 1; } ;;
+  dead-rank-create)  # rank 2 of 4 leaves before shardckpt's communicator exists (a Python rank
+    # that skips its first checkpoint): the others hung in MPI_Comm_dup; now they fail within the
+    # timeout and end the job
+    start=$(date +%s)
+    set +e
+    run_aborting 4 -x SHARDCKPT_COLLECTIVE_TIMEOUT_S=10 -- dead-rank-create "$work/root" > "$work/out.txt" 2>&1
+    status=$?
+    set -e
+    cat "$work/out.txt"
+    [ $status -ne 0 ] || { echo "the job reported success"; exit 1; }
+    [ $(( $(date +%s) - start )) -lt 60 ] || { echo "the job took too long to end"; exit 1; }
+    for r in 0 1 3; do
+      grep -q "rank $r: OK failed as expected: DeadlineExceeded: MPI_Comm_dup" "$work/out.txt" ||
+        { echo "rank $r did not fail creating the communicator"; exit 1; }
+    done
+    grep -q "FAIL" "$work/out.txt" && { echo "a rank failed its check"; exit 1; } || true ;;
   full-disk)  # a real filesystem that fills up mid-save (a size-limited tmpfs)
     mnt="$work/mnt"; mkdir -p "$mnt"
     if ! mount -t tmpfs -o size=64m shardckpt-full-disk "$mnt" 2>/dev/null; then

@@ -505,6 +505,25 @@ int main(int argc, char** argv) {
     return 2;
   }
   int code = 2;
+  if (argc >= 3 && std::string(argv[1]) == "dead-rank-create") {
+    // Rank 2 leaves (finalizes, then waits) before the communicator exists; the others must
+    // fail creating it within the deadline, not wait in MPI_Comm_dup for good.
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank == 2) {
+      std::printf("rank %d: leaving before the communicator exists\n", rank);
+      std::fflush(stdout);
+      return 0;
+    }
+    Result<std::unique_ptr<Communicator>> comm = CreateMpiCommunicator();
+    const std::string got = comm.ok() ? "OK" : comm.status().ToString();
+    const bool expected = !comm.ok() && comm.status().code() == Code::kDeadlineExceeded &&
+                          got.find("MPI_Comm_dup (shardckpt's communicator) gave up after") != std::string::npos &&
+                          got.find("some rank never reached it") != std::string::npos;
+    std::printf("rank %d: %s %s\n", rank, expected ? "OK failed as expected:" : "FAIL:", got.c_str());
+    std::fflush(stdout);
+    return expected ? 1 : 2;
+  }
   {
     auto comm = CreateMpiCommunicator().value();
     Args a;
