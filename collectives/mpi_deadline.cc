@@ -124,6 +124,10 @@ Status MpiDeadlineWaiter::Wait(MPI_Request* request, const char* call) {
 Status MpiDeadlineWaiter::RunCensus(const char* call, double waited_s) {
   g_timed_out = true;
   if (census_ == MPI_COMM_NULL) {  // no private communicator yet to ask the others on
+    // The others are not woken: give one that came a little late time to report before the abort.
+    double grace = g_census_grace_s.load();
+    while (grace < deadline_.census_grace_s && !g_census_grace_s.compare_exchange_weak(grace, deadline_.census_grace_s)) {
+    }
     std::ostringstream message;
     message << call << " gave up after " << static_cast<int64_t>(waited_s * 10) / 10.0
             << " s (SHARDCKPT_COLLECTIVE_TIMEOUT_S=" << deadline_.timeout_s

@@ -106,7 +106,9 @@ Status MakeDirs(const std::string& path) {
 }
 
 MadeDirs::MadeDirs(const std::string& path) {
-  std::string at = path;
+  // Lexically normal first: rmdir of "a/." or "c/.." fails, and the folders above would stay.
+  const std::string normal = std::filesystem::path(path).lexically_normal().string();
+  std::string at = normal;
   while (at.size() > 1 && at.back() == '/') at.pop_back();
   while (!at.empty() && !PathExists(at)) {
     made_.push_back(at);
@@ -114,7 +116,7 @@ MadeDirs::MadeDirs(const std::string& path) {
     if (parent == at) break;
     at = parent;
   }
-  status_ = MakeDirs(path);
+  status_ = MakeDirs(normal);  // the folders listed, no others ("x/y/../z" makes no x/y)
 }
 
 MadeDirs::~MadeDirs() {

@@ -385,7 +385,16 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    code = main()
+    try:
+        code = main()
+    except SystemExit as stop:  # sys.exit("...") on a bad flag or setup: its text, status 1
+        if isinstance(stop.code, str):
+            print(stop.code, file=sys.stderr)
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    except BaseException:  # noqa: BLE001 - a shardckpt or torch error: its traceback, status 1
+        import traceback
+        traceback.print_exc()
+        code = 1
     # A gloo worker thread drops its reference to a finished collective (and so to a tensor the
     # script already let go of, e.g. newest_step's) a moment after wait() returns; when that
     # moment falls in interpreter finalization, taking the GIL there aborts the process
@@ -393,7 +402,7 @@ if __name__ == "__main__":
     # pytorch/pytorch#190489). Everything is written, committed and the group destroyed: run the
     # exit handlers (shardckpt's, MPI_Finalize under mpirun) while the interpreter is whole, then
     # exit without finalizing it.
+    atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
-    atexit._run_exitfuncs()
     os._exit(code)

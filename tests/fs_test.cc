@@ -247,6 +247,11 @@ TEST(MadeDirs, RemovesWhatItMadeUnlessKept) {
     made.Keep();
   }
   EXPECT_TRUE(IsDirectory(JoinPath(base, "c")));
+  {
+    MadeDirs dotted(JoinPath(base, "x/./y/../z"));  // made as x/z; both go again
+    ASSERT_TRUE(dotted.status().ok());
+  }
+  EXPECT_FALSE(PathExists(JoinPath(base, "x")));
   MadeDirs file_in_the_way(JoinPath(base, "a/keep.txt/d"));
   EXPECT_FALSE(file_in_the_way.status().ok());
 }

@@ -553,6 +553,26 @@ TEST_F(TorchFormatsTest, ABlobSurvivesExportToDcpAndImport) {
   EXPECT_THAT(names, ::testing::UnorderedElementsAre("meta", "extra.epoch"));  // dicts as dotted keys
 }
 
+// reshard lists each value it carries once: per-rank ones are stored once per rank.
+TEST_F(TorchFormatsTest, ReshardListsEachValueOnce) {
+  auto writer = OfflineCheckpointWriter::Begin(Path("root"), 1, 2).value();
+  const std::vector<float> w = {1, 2};
+  ASSERT_TRUE(writer->AddPiece(0, "w", DType::kFloat32, {2}, Layout::Whole(), w.data(), 8).ok());
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(writer->AddBlob(rank, "a", BlobScope::kPerRank, "a" + std::to_string(rank)).ok());
+    ASSERT_TRUE(writer->AddBlob(rank, "b", BlobScope::kPerRank, "b" + std::to_string(rank)).ok());
+  }
+  ASSERT_TRUE(writer->AddBlob(0, "epoch", BlobScope::kGlobal, "1").ok());
+  const std::string ckpt = writer->Commit(CreationInfo{}).value();
+  ConvertOptions two;
+  two.world_size = 2;
+  Result<ConvertReport> r = Reshard(ckpt, Path("again"), two);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  std::vector<std::string> values = r->values;
+  std::sort(values.begin(), values.end());
+  EXPECT_THAT(values, ElementsAre("a", "b", "epoch"));
+}
+
 // Exports that write several files: a failure after the first file (a dtype the format cannot
 // hold, a full disk) leaves none of them behind, as a single-file export leaves no half file.
 class MultiFileExportTest : public TorchFormatsTest {

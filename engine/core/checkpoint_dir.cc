@@ -150,18 +150,24 @@ Status RefuseOutputInCheckpoint(const std::string& out, const std::string& check
       if (up == up.root_path()) break;
     }
   }
-  // A name a save writes (a step, temporary or retired folder) right under a root, not yet a
-  // committed checkpoint: retention and the next save take it for a leftover of a save of theirs
-  // and delete it, whatever it holds.
-  for (const std::filesystem::path& path : {spelled, file}) {
+  // A name a save writes (a step, temporary or retired folder) right under a root (committed
+  // checkpoints there, or a save's lock file), not yet a committed checkpoint: retention and the
+  // next save take it for a leftover of a save of theirs and delete it, whatever it holds. The
+  // path as spelled counts (a link there is removed as the entry it is), unless '..' in it may
+  // climb out of a link.
+  std::error_code raw_error;
+  const std::filesystem::path raw = std::filesystem::absolute(out, raw_error);
+  const bool climbs = std::any_of(raw.begin(), raw.end(), [](const std::filesystem::path& part) { return part == ".."; });
+  std::vector<std::filesystem::path> paths = {file};
+  if (!climbs && spelled != file) paths.push_back(spelled);
+  for (const std::filesystem::path& path : paths) {
     for (std::filesystem::path at = path; !at.empty() && at != at.root_path(); at = at.parent_path()) {
       const std::string name = at.filename().string();
       int64_t step = 0;
       if (!ParseStepDirName(name, &step) && !IsTempDirName(name) && !IsRetiredDirName(name)) continue;
       const std::string root = at.parent_path().string();
       Result<std::vector<std::pair<int64_t, std::string>>> committed = ListCommitted(root);
-      if ((committed.ok() && !committed->empty()) || PathExists(JoinPath(root, kLatestName)) ||
-          PathExists(JoinPath(root, kLockName))) {
+      if ((committed.ok() && !committed->empty()) || PathExists(JoinPath(root, kLockName))) {
         return InvalidArgument(out + " would be " + (at == path ? "" : "inside ") + at.string() +
                                ", named as the checkpoint folders of the root " + root +
                                " are: its next save or prune would delete it; write it elsewhere");

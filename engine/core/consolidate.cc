@@ -504,10 +504,10 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
       report.sha256.push_back(file->sha256());
     }
     if (sharded) {
-      // As transformers' save_pretrained writes it (json.dumps(index, indent=2)), the weight map
-      // in tensor order.
+      // The keys transformers' save_pretrained writes (json.dumps(index, indent=2)), the weight
+      // map in tensor order.
       int64_t parameters = 0;
-      for (const Selected& e : selected) parameters += e.alias < 0 ? NumElements(e.shape).value() : 0;  // tied: once
+      for (const Selected& e : selected) parameters += NumElements(e.shape).value();  // as stored: tied ones per name
       std::string index = "{\n  \"metadata\": {\n    \"total_parameters\": " + std::to_string(parameters) +
                           ",\n    \"total_size\": " + std::to_string(report.tensor_bytes) + "\n  },\n  \"weight_map\": {";
       for (size_t k = 0; k < weight_map.size(); ++k) {

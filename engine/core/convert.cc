@@ -4,6 +4,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <unordered_set>
 #include <optional>
 
 #include <nlohmann/json.hpp>
@@ -388,6 +389,7 @@ Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::stri
   // A DCP folder's byte items whose pickle holds more than plain values are reported, not carried:
   // restoring them would mean running their pickle.
   SC_ASSIGN_OR_RETURN(const auto opaque, DcpOpaqueByteItems(reader->dir(), m));
+  std::unordered_set<std::string> listed;  // the values carried, each once (per-rank ones are stored per rank)
   for (const BlobRecord& b : m.blobs) {
     if (auto it = opaque.find(b.name); it != opaque.end()) {
       report.skipped.push_back(OpaqueByteItemSkipped(b.name, it->second));
@@ -399,10 +401,7 @@ Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::stri
     }
     SC_ASSIGN_OR_RETURN(std::string bytes, reader->ReadBlob(b));
     SC_RETURN_IF_ERROR(out->AddBlob(b.scope == BlobScope::kPerRank ? b.rank : 0, b.name, b.scope, bytes));
-    // Listed as import lists them (a per-rank one once, at its first rank).
-    if (b.scope == BlobScope::kGlobal || report.values.empty() || report.values.back() != b.name) {
-      report.values.push_back(b.name);
-    }
+    if (listed.insert(b.name).second) report.values.push_back(b.name);  // a per-rank one once
   }
   CreationInfo created = m.created;
   created.user["resharded_from"] = Utf8OrReplaced(reader->dir());

@@ -325,9 +325,9 @@ def _shaped_like(target: Any, value: Any) -> Any:
 def _key_like(target_key: Any, key: Any) -> Any:
     """The target's key object for a stored key, where it is of a subclass of the stored key's
     type (an IntEnum key is stored as an int); else the stored key (1 stays 1 against True)."""
-    if target_key is None or type(target_key) is type(key) or isinstance(target_key, bool) \
+    if target_key is None or type(target_key) is type(key) or isinstance(target_key, (bool, tuple)) \
             or not isinstance(target_key, type(key)):
-        return key
+        return key  # a tuple key keeps its stored items (the target's may be True for 1)
     return target_key
 
 
