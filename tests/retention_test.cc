@@ -392,8 +392,8 @@ TEST_F(RetentionTest, AMetricNoCheckpointRecordsRemovesNothing) {
   Result<RetentionReport> applied = ApplyRetention(root(), misspelt.retention(), "");
   ASSERT_FALSE(applied.ok());
   EXPECT_EQ(applied.status().ToString(), "InvalidArgument: no checkpoint in " + root() +
-                                             " records the metric 'vall_loss' (recorded: val_loss); nothing removed, "
-                                             "since keep-best would keep none");
+                                             " records the metric 'vall_loss' (recorded: val_loss): keep-best by it would "
+                                             "keep none of them, so the rule is refused");
   // Spelt right, the best (step 10) and the newest stay.
   misspelt.best_metric = "val_loss";
   misspelt.keep_best = 1;

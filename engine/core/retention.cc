@@ -32,7 +32,7 @@ Status CheckMetricRecorded(const RetentionPolicy& policy, const std::string& roo
   std::string names;
   for (const std::string& name : recorded) names += (names.empty() ? "" : ", ") + name;
   return InvalidArgument("no checkpoint in " + root + " records the metric '" + policy.metric + "' (recorded: " +
-                         (names.empty() ? "none" : names) + "); nothing removed, since keep-best would keep none");
+                         (names.empty() ? "none" : names) + "): keep-best by it would keep none of them, so the rule is refused");
 }
 
 void PlanRetention(const RetentionPolicy& policy, const std::string& latest, std::vector<CheckpointInfo>* all) {
