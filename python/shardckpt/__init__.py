@@ -48,7 +48,7 @@ from ._dtensor import dtensor_piece, is_dtensor
 from ._comm import (forget_foreign, from_mpi4py, from_process_group, launched_by_mpi, resolve,
                     single_process, world)
 from ._state import (DTYPES, FlatShard, PerRank, dcp_leaf_names, dcp_leaves, dcp_stores_nothing_of, decode_blob,
-                     dtype_name, encode_blob, regroup, restore, walk)
+                     dtype_name, encode_blob, host_values, regroup, restore, walk)
 from .errors import (Aborted, AlreadyExists, DataLoss, DeadlineExceeded, FailedPrecondition,
                      Internal, InvalidArgument, IoError, NoSpace, NotFound, ShardckptError,
                      Unimplemented, raise_for)
@@ -142,12 +142,7 @@ def _named(name: str, describe: Callable[[], Any]) -> Any:
 def _save_view(tensor: torch.Tensor, name: str, keep: List[torch.Tensor]) -> torch.Tensor:
     """A contiguous host tensor with the values of ``tensor`` (itself when it is one)."""
     _check_dense(tensor, name, "save")
-    view = tensor.detach()
-    if view.device.type != "cpu":
-        view = view.cpu()
-    # A negative or conjugate view's memory holds the values before negation or conjugation;
-    # contiguous() keeps the flag, resolving writes the values (a copy only when a flag is set).
-    view = view.resolve_neg().resolve_conj().contiguous()
+    view = host_values(tensor)
     keep.append(view)  # alive until the engine has written it
     return view
 

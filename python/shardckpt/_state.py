@@ -335,13 +335,23 @@ def _hashable(key: Any) -> Any:
     return tuple(_hashable(k) for k in key) if isinstance(key, list) else key
 
 
+def host_values(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous host tensor holding the values of ``tensor`` (itself when it is one). A
+    negative or conjugate view's memory holds the values before negation or conjugation;
+    contiguous() keeps the flag, resolving writes the values (a copy only when a flag is set)."""
+    view = tensor.detach()
+    if view.device.type != "cpu":
+        view = view.cpu()
+    return view.resolve_neg().resolve_conj().contiguous()
+
+
 def encode_blob(value: Any, name: str) -> bytes:
     """The stored bytes of a non-tensor value (or of a PerRank tensor)."""
     if isinstance(value, torch.Tensor):
         if type(value).__name__ == "DTensor":  # its bytes are this rank's part, not the value
             raise InvalidArgument("'%s': a DTensor inside PerRank cannot be saved; pass its "
                                   "to_local() (or save the DTensor itself)" % name)
-        tensor = value.detach().cpu().resolve_neg().resolve_conj().contiguous()
+        tensor = host_values(value)
         header = json.dumps({"dtype": dtype_name(tensor, name), "shape": list(tensor.shape)})
         raw = tensor.view(torch.uint8).numpy().tobytes() if tensor.dim() > 0 else \
             tensor.reshape(1).view(torch.uint8).numpy().tobytes()
