@@ -123,11 +123,12 @@ Status MpiDeadlineWaiter::Wait(MPI_Request* request, const char* call) {
 
 Status MpiDeadlineWaiter::RunCensus(const char* call, double waited_s) {
   g_timed_out = true;
+  // The abort waits this grace (SecondsBeforeAbort): the other survivors finish their census, or,
+  // with no census, one that came a little late reports first.
+  double grace = g_census_grace_s.load();
+  while (grace < deadline_.census_grace_s && !g_census_grace_s.compare_exchange_weak(grace, deadline_.census_grace_s)) {
+  }
   if (census_ == MPI_COMM_NULL) {  // no private communicator yet to ask the others on
-    // The others are not woken: give one that came a little late time to report before the abort.
-    double grace = g_census_grace_s.load();
-    while (grace < deadline_.census_grace_s && !g_census_grace_s.compare_exchange_weak(grace, deadline_.census_grace_s)) {
-    }
     std::ostringstream message;
     message << call << " gave up after " << static_cast<int64_t>(waited_s * 10) / 10.0
             << " s (SHARDCKPT_COLLECTIVE_TIMEOUT_S=" << deadline_.timeout_s
@@ -136,9 +137,6 @@ Status MpiDeadlineWaiter::RunCensus(const char* call, double waited_s) {
     broken_status_ = Status(Code::kDeadlineExceeded, message.str());
     SC_LOG(kError) << broken_status_.message();
     return broken_status_;
-  }
-  double grace = g_census_grace_s.load();
-  while (grace < deadline_.census_grace_s && !g_census_grace_s.compare_exchange_weak(grace, deadline_.census_grace_s)) {
   }
   // Receives from silent ranks stay posted after we give up (MPI cannot be relied on to cancel
   // them), so their buffer must never be freed: a late answer would land in freed memory.
