@@ -12,13 +12,13 @@ namespace {
 // Flat ranges only (FSDP, ZeRO): sorted by begin they must tile [0, numel) end to end.
 // `pieces[i]` is piece i's layout, `owners[i]` its name for messages.
 template <class Pieces, class Owners>
-Status CheckFlatCover(const std::string& entry, const Shape& global, int64_t numel, const Pieces& pieces,
+CoverResult CheckFlatCover(const std::string& entry, const Shape& global, int64_t numel, const Pieces& pieces,
                       const Owners& owners) {
   std::vector<size_t> order;
   order.reserve(pieces.size());
   for (size_t i = 0; i < pieces.size(); ++i) {
     Result<int64_t> count = ValidateLayout(pieces[i], global);
-    if (!count.ok()) return count.status().WithContext("entry '" + entry + "' from " + owners[i]);
+    if (!count.ok()) return {count.status().WithContext("entry '" + entry + "' from " + owners[i]), CoverProblem::kBadPiece};
     if (*count > 0) order.push_back(i);
   }
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return pieces[a].begin < pieces[b].begin; });
@@ -26,8 +26,9 @@ Status CheckFlatCover(const std::string& entry, const Shape& global, int64_t num
   for (size_t k = 0; k < order.size(); ++k) {
     const Layout& p = pieces[order[k]];
     if (p.begin < expected) {
-      return InvalidArgument("entry '" + entry + "': " + p.ToString() + " from " + owners[order[k]] + " overlaps " +
-                             pieces[order[k - 1]].ToString() + " from " + owners[order[k - 1]]);
+      return {InvalidArgument("entry '" + entry + "': " + p.ToString() + " from " + owners[order[k]] + " overlaps " +
+                              pieces[order[k - 1]].ToString() + " from " + owners[order[k - 1]]),
+              CoverProblem::kOverlap};
     }
     if (p.begin > expected) {  // a gap: reported with the count below
       gap_end = p.begin;
@@ -38,12 +39,12 @@ Status CheckFlatCover(const std::string& entry, const Shape& global, int64_t num
   if (expected != numel) {
     int64_t covered = 0;
     for (size_t i : order) covered += pieces[i].end - pieces[i].begin;
-    return InvalidArgument("entry '" + entry + "' of shape " + ShapeString(global) + ": pieces cover " +
-                           std::to_string(covered) + " of " + std::to_string(numel) +
-                           " elements (missing pieces): flat[" + std::to_string(expected) + ", " +
-                           std::to_string(gap_end) + ") is in none");
+    return {InvalidArgument("entry '" + entry + "' of shape " + ShapeString(global) + ": pieces cover " +
+                            std::to_string(covered) + " of " + std::to_string(numel) + " elements (missing pieces): flat[" +
+                            std::to_string(expected) + ", " + std::to_string(gap_end) + ") is in none"),
+            CoverProblem::kMissing};
   }
-  return Status::Ok();
+  return {};
 }
 
 // The first element (row-major) that no region holds, or nullopt when the search would be too
@@ -94,9 +95,11 @@ std::string IndexText(const std::vector<int64_t>& index) {
 }
 
 template <class Pieces, class Owners>
-Status CheckCover(const std::string& entry, const Shape& global, const Pieces& pieces, const Owners& owners) {
-  SC_ASSIGN_OR_RETURN(int64_t numel, NumElements(global));
-  if (pieces.size() == 1 && pieces[0].kind == LayoutKind::kWhole) return Status::Ok();  // replicated state
+CoverResult CheckCover(const std::string& entry, const Shape& global, const Pieces& pieces, const Owners& owners) {
+  Result<int64_t> total = NumElements(global);
+  if (!total.ok()) return {total.status(), CoverProblem::kBadPiece};
+  const int64_t numel = *total;
+  if (pieces.size() == 1 && pieces[0].kind == LayoutKind::kWhole) return {};  // replicated state
   bool all_flat = true;
   for (size_t i = 0; i < pieces.size() && all_flat; ++i) all_flat = pieces[i].kind == LayoutKind::kFlatRange;
   if (all_flat) return CheckFlatCover(entry, global, numel, pieces, owners);
@@ -105,7 +108,7 @@ Status CheckCover(const std::string& entry, const Shape& global, const Pieces& p
   int64_t covered = 0;
   for (size_t i = 0; i < pieces.size(); ++i) {
     Result<int64_t> count = ValidateLayout(pieces[i], global);
-    if (!count.ok()) return count.status().WithContext("entry '" + entry + "' from " + owners[i]);
+    if (!count.ok()) return {count.status().WithContext("entry '" + entry + "' from " + owners[i]), CoverProblem::kBadPiece};
     covered += *count;
     for (Region& r : LayoutRegions(pieces[i], global)) {
       regions.push_back(std::move(r));
@@ -122,15 +125,16 @@ Status CheckCover(const std::string& entry, const Shape& global, const Pieces& p
                                 owners[a] + " overlaps " + pieces[b].ToString() + " from " +
                                 owners[b]);
     });
-    SC_RETURN_IF_ERROR(overlap);
+    if (!overlap.ok()) return {overlap, CoverProblem::kOverlap};
   }
   if (covered != numel) {
     std::optional<std::vector<int64_t>> first = FirstElementInNoRegion(global, regions, index);
-    return InvalidArgument("entry '" + entry + "' of shape " + ShapeString(global) + ": pieces cover " +
-                           std::to_string(covered) + " of " + std::to_string(numel) + " elements (missing pieces)" +
-                           (first ? ": element " + IndexText(*first) + " is in none" : ""));
+    return {InvalidArgument("entry '" + entry + "' of shape " + ShapeString(global) + ": pieces cover " +
+                            std::to_string(covered) + " of " + std::to_string(numel) + " elements (missing pieces)" +
+                            (first ? ": element " + IndexText(*first) + " is in none" : "")),
+            CoverProblem::kMissing};
   }
-  return Status::Ok();
+  return {};
 }
 
 // Views either kind of input as `pieces[i]` (a Layout) and `owners[i]` (a string).
@@ -148,11 +152,11 @@ struct OwnerNames {
 
 Status CheckExactCover(const std::string& entry, const Shape& global,
                        const std::vector<Layout>& pieces, const std::vector<std::string>& owners) {
-  return CheckCover(entry, global, pieces, owners);
+  return CheckCover(entry, global, pieces, owners).status;
 }
 
-Status CheckExactCover(const std::string& entry, const Shape& global, const std::vector<const Layout*>& pieces,
-                       const std::function<std::string(size_t)>& owner) {
+CoverResult CheckExactCover(const std::string& entry, const Shape& global, const std::vector<const Layout*>& pieces,
+                            const std::function<std::string(size_t)>& owner) {
   return CheckCover(entry, global, LayoutPointers{pieces}, OwnerNames{owner});
 }
 

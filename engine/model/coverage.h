@@ -14,9 +14,18 @@ namespace shardckpt {
 // `owners[i]` names piece i in messages ("rank 3", "chunk 7 in rank-00003.bin").
 Status CheckExactCover(const std::string& entry, const Shape& global,
                        const std::vector<Layout>& pieces, const std::vector<std::string>& owners);
+
+// What a failed check found, for a caller that adds its own hint to one kind of failure (the
+// save plan explains missing pieces that may be a rank passing another rank's piece).
+enum class CoverProblem { kNone, kBadPiece, kOverlap, kMissing };
+struct CoverResult {
+  Status status;
+  CoverProblem problem = CoverProblem::kNone;
+};
+
 // The same without a copy of each layout nor a name made per piece: `owner(i)` is called only
 // for a message (the save plan checks every entry of a state of thousands of small tensors).
-Status CheckExactCover(const std::string& entry, const Shape& global, const std::vector<const Layout*>& pieces,
-                       const std::function<std::string(size_t)>& owner);
+CoverResult CheckExactCover(const std::string& entry, const Shape& global, const std::vector<const Layout*>& pieces,
+                            const std::function<std::string(size_t)>& owner);
 
 }  // namespace shardckpt

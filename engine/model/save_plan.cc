@@ -243,19 +243,19 @@ Result<SavePlan> PlanSave(const std::vector<RankDescription>& ranks) {
         replicated.push_back(&g);
       }
     }
-    Status cover = CheckExactCover(std::string(e.name), *e.shape, layouts,
-                                   [&](size_t g) { return "rank " + std::to_string(e.groups[g].first.rank); });
-    if (!cover.ok() && cover.message().find("(missing pieces)") != std::string::npos) {
+    CoverResult cover = CheckExactCover(std::string(e.name), *e.shape, layouts,
+                                        [&](size_t g) { return "rank " + std::to_string(e.groups[g].first.rank); });
+    if (cover.problem == CoverProblem::kMissing) {
       // A rank that passed another rank's piece instead of its own (an index off by one) looks
       // like a replica of it; with pieces missing, that is the likelier story: say so.
       for (const Group& g : e.groups) {
         if (g.more.empty() || g.layout.kind == LayoutKind::kWhole) continue;
-        return InvalidArgument(cover.message() + "; rank " + std::to_string(g.more[0].rank) +
+        return InvalidArgument(cover.status.message() + "; rank " + std::to_string(g.more[0].rank) +
                                " passed the same piece " + g.layout.ToString() + " as rank " +
                                std::to_string(g.first.rank) + " (equal pieces are taken as replicas)");
       }
     }
-    SC_RETURN_IF_ERROR(cover);
+    SC_RETURN_IF_ERROR(cover.status);
   }
   std::stable_sort(replicated.begin(), replicated.end(),
                    [](const Group* a, const Group* b) { return a->bytes > b->bytes; });
