@@ -639,6 +639,43 @@ TEST_F(RetentionTest, AKilledPruneLeavesFoldersCompleteOrWithoutManifestAndTheNe
   for (const std::string& name : Names()) EXPECT_TRUE(PathExists(JoinPath(JoinPath(root(), name), kManifestName))) << name;
 }
 
+// A step folder without a manifest is a cut-short deletion's leftover only while it holds what
+// saves write: one with other files (an rsync into the root in progress, someone's notes) is
+// left with its files, named by list and the cleanup, and does not stop the save.
+TEST_F(RetentionTest, AStepFolderWithoutManifestHoldingOtherFilesIsLeftAndNamed) {
+  ASSERT_TRUE(SaveStep(1).ok());
+  const std::string copied = JoinPath(root(), StepDirName(7)), dead = JoinPath(root(), StepDirName(8));
+  ASSERT_TRUE(MakeDir(copied).ok());
+  ASSERT_TRUE(MakeDir(dead).ok());
+  for (const std::string& file : {JoinPath(copied, "rank-00000.bin"), JoinPath(copied, "notes.txt"),
+                                  JoinPath(dead, "rank-00000.bin"), JoinPath(dead, "rank-123456.bin")}) {
+    ASSERT_TRUE(WriteFileAtomic(file, "bytes", "test").ok()) << file;
+  }
+  EXPECT_EQ(FirstEntryNoSaveWrites(copied), "notes.txt");
+  EXPECT_EQ(FirstEntryNoSaveWrites(dead), "");
+  Result<std::vector<CheckpointInfo>> listed = ListCheckpoints(root(), false, false);
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->size(), 3u);
+  EXPECT_THAT((*listed)[1].problem, HasSubstr("holds notes.txt, which no save writes"));
+  EXPECT_THAT((*listed)[2].problem, HasSubstr("the next save removes it"));
+
+  std::vector<std::string> removed;
+  std::vector<RemovalFailure> failed;
+  ASSERT_TRUE(RemoveStaleTempDirs(root(), &removed, nullptr, &failed).ok());
+  EXPECT_THAT(removed, ElementsAre(StepDirName(8)));
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_EQ(failed[0].name, StepDirName(7));
+  EXPECT_THAT(failed[0].status.message(), HasSubstr(copied + " has no manifest but holds notes.txt"));
+  EXPECT_TRUE(PathExists(JoinPath(copied, "notes.txt")));
+  EXPECT_TRUE(PathExists(JoinPath(copied, "rank-00000.bin")));
+  // Saving the very step it is named as says what is in the way; a later step passes it over.
+  Result<SaveResult> in_the_way = SaveStep(7);
+  ASSERT_FALSE(in_the_way.ok());
+  EXPECT_THAT(in_the_way.status().message(), HasSubstr("holds notes.txt, which no save writes"));
+  ASSERT_TRUE(SaveStep(9).ok());
+  EXPECT_TRUE(PathExists(JoinPath(copied, "notes.txt")));
+}
+
 // A folder that cannot be deleted (an immutable file, another user's file, a busy NFS file) is
 // passed over and reported; retention still removes the others, and a leftover of a dead save
 // that cannot go does not fail every later save (both stopped at the first such folder).

@@ -401,6 +401,20 @@ bool HeldByReader(const std::string& root, const std::string& name) {
   return held;
 }
 
+std::string FirstEntryNoSaveWrites(const std::string& dir) {
+  Result<std::vector<std::string>> names = ListDir(dir);
+  if (!names.ok()) return "";
+  for (const std::string& name : *names) {
+    if (name == kManifestName) continue;
+    // RankFileName: "rank-", five digits or more, ".bin".
+    const bool rank_file = name.size() >= 14 && name.compare(0, 5, "rank-") == 0 &&
+                           name.compare(name.size() - 4, 4, ".bin") == 0 &&
+                           std::all_of(name.begin() + 5, name.end() - 4, [](char c) { return c >= '0' && c <= '9'; });
+    if (!rank_file) return name;
+  }
+  return "";
+}
+
 Status RemoveStaleTempDirs(const std::string& root, std::vector<std::string>* removed_names,
                            std::vector<std::string>* left_names, std::vector<RemovalFailure>* failed) {
   WaitForBackgroundRemovals();
@@ -410,6 +424,18 @@ Status RemoveStaleTempDirs(const std::string& root, std::vector<std::string>* re
     const bool half_deleted = ParseStepDirName(name, &step) && !PathExists(JoinPath(JoinPath(root, name), kManifestName));
     const bool retired = IsRetiredDirName(name);
     if (!IsTempDirName(name) && !half_deleted && !retired) continue;
+    if (half_deleted) {
+      const std::string foreign = FirstEntryNoSaveWrites(JoinPath(root, name));
+      if (!foreign.empty()) {
+        Status kept = FailedPrecondition(
+            JoinPath(root, name) + " has no manifest but holds " + foreign +
+            ", which no save writes (a copy in progress, or someone's files): left as it is; move the files out, "
+            "or remove the folder, once it is not needed");
+        SC_LOG(kWarn) << kept.message();
+        if (failed != nullptr) failed->push_back(RemovalFailure{name, kept});
+        continue;
+      }
+    }
     SC_LOG(kWarn) << "removing " << JoinPath(root, name)
                   << (half_deleted ? ", a step folder without a manifest (a deletion or commit cut short)"
                       : retired    ? ", a checkpoint retention retired (its deletion did not finish, or a save's retention is deleting it now)"

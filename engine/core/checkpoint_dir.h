@@ -88,8 +88,15 @@ struct RemovalFailure {
   Status status;
 };
 
+// The first entry in step folder `dir` that no save writes there (a save writes rank files and
+// the manifest), or "" when there is none or `dir` cannot be listed. A step folder without a
+// manifest is a cut-short deletion's leftover only while it holds nothing else: one holding
+// other files is someone's copy in progress (rsync, cp -r) or their notes, not ours to delete.
+std::string FirstEntryNoSaveWrites(const std::string& dir);
+
 // Removes what crashed or failed saves left: temp folders, step folders without a manifest
-// (a deletion cut short) and retired folders whose background deletion did not finish. Waits
+// (a deletion cut short; one holding files no save writes is passed over and put in `failed`)
+// and retired folders whose background deletion did not finish. Waits
 // first for this process's own background deletions. Called with the root lock held. Where
 // given, `removed` and `left` get the names removed and those left (held by a reader, or a
 // retired folder another process is removing). A folder that cannot be deleted is logged, put
