@@ -742,6 +742,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("mpi_finalize", &MpiFinalize);
   m.def("save", &SaveCall);
   m.def("load", &LoadCall);
+  m.def("log_error", [](const std::string& message) { LogMessage(LogLevel::kError, message); },
+        "Logs an error through the library's logger (SHARDCKPT_LOG).");
   m.def("release_staging", [] { ReleaseSpareStaging(); },
         "Frees the staging memory kept between saves and loads of this process.");
   py::class_<Saver>(m, "AsyncSaver");

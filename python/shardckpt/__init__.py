@@ -447,8 +447,10 @@ class AsyncSaveHandle:
     others): it blocks until the snapshot copy is taken, after which the tensors may change.
     """
 
-    def __init__(self, handle: Any, saver: Any = None, keep: Optional[List[Any]] = None) -> None:
+    def __init__(self, handle: Any, saver: Any = None, keep: Optional[List[Any]] = None,
+                 saver_key: int = 0) -> None:
         self._handle = handle
+        self._saver_key = saver_key  # its engine saver's key in _unwaited
         self._saver = saver  # set while a copy-while-training snapshot is not fenced yet
         self._keep = keep  # the tensors that copy reads, alive until fence()
         self._fence: Tuple[str, str] = ("OK", "")
@@ -480,6 +482,8 @@ class AsyncSaveHandle:
 
     def wait(self) -> None:
         """Waits for the persist (collective in effect: every rank gets the same outcome)."""
+        if _unwaited.get(self._saver_key, (0, None))[1] is self._handle:
+            del _unwaited[self._saver_key]  # its outcome is seen here: not logged again
         self.fence()
         code, message, _ = self._handle.wait()
         raise_for(code, message)
@@ -492,6 +496,25 @@ _savers: Dict[int, Tuple[Any, Any]] = {}
 _savers_atexit = False
 # id(engine saver) -> the copy-while-training handle whose fence() has not run yet.
 _unfenced: Dict[int, AsyncSaveHandle] = {}
+# id(engine saver) -> (step, engine handle) of its last save, while no wait() has seen that
+# save's outcome: a failure nobody saw is logged at the next save or at exit.
+_unwaited: Dict[int, Tuple[int, Any]] = {}
+
+
+def _report_unwaited(saver: Any) -> bool:
+    """Waits for ``saver``'s last save if no wait() saw its outcome, and logs its failure as an
+    error (each rank has the same outcome). Returns whether it failed."""
+    unseen = _unwaited.pop(id(saver), None)
+    if unseen is None:
+        return False
+    step, handle = unseen
+    code, message, _ = handle.wait()
+    if code == "OK":
+        return False
+    from . import _core
+    _core.log_error("the async save of step %d failed, and no wait() saw it: %s: %s"
+                    % (step, code, message))
+    return True
 
 
 def _drop_savers() -> None:
@@ -503,12 +526,21 @@ def _drop_savers() -> None:
     with _savers_lock:
         savers = [saver for _, saver in _savers.values()]
         savers += [h._saver for h in _unfenced.values() if h._saver is not None]
+    failed = False
     for saver in savers:
         _core.saver_wait(saver)  # the GIL released: a persist over torch.distributed needs it
+        # Nobody would see this error otherwise: the job would end with status 0 and without
+        # the checkpoint of its last save.
+        failed = _report_unwaited(saver) or failed
     with _savers_lock:
         _unfenced.clear()
         _savers.clear()
     forget_foreign()
+    if failed:
+        # atexit cannot change the exit status; a job whose last checkpoint failed must not end 0.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
 
 
 def _fence_unfenced(saver: Any) -> None:
@@ -607,17 +639,20 @@ def async_save(state_dict: Mapping[str, Any], root: PathLike, step: int, *, keep
     if error[0] == "OK":
         error = metadata_error
     _fence_unfenced(saver)  # a snapshot still unfenced is taken (its outcome kept) before the next save
+    _report_unwaited(saver)  # this save waits for that one anyway
     if copy_while_training:
         code, message, handle = _core.start_save(comm, saver, _fs(root), step, pieces,
                                                  blobs, dict(metrics or {}), error)
         raise_for(code, message)
-        started = AsyncSaveHandle(handle, saver, keep + [state_dict])
+        started = AsyncSaveHandle(handle, saver, keep + [state_dict], saver_key=id(saver))
         _unfenced[id(saver)] = started
+        _unwaited[id(saver)] = (step, handle)
         return started
     code, message, handle = _core.async_save(comm, saver, _fs(root), step, pieces, blobs,
                                              dict(metrics or {}), error)
     raise_for(code, message)
-    return AsyncSaveHandle(handle)
+    _unwaited[id(saver)] = (step, handle)
+    return AsyncSaveHandle(handle, saver_key=id(saver))
 
 
 # ---- The command line's verbs, single process ----------------------------------------------

@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from .errors import DeadlineExceeded, Unimplemented
+from .errors import DeadlineExceeded, FailedPrecondition, Unimplemented
 
 
 def _timeout_s() -> float:
@@ -100,6 +100,17 @@ class _Census:
 _RECENT_WORK: "collections.deque[Any]" = collections.deque(maxlen=8)
 
 
+def _group_gone(group: Any) -> bool:
+    """Whether ``group`` was destroyed (with the default group, or on its own)."""
+    if not dist.is_initialized():
+        return True
+    try:
+        dist.get_world_size(group)
+    except (ValueError, RuntimeError):
+        return True
+    return False
+
+
 def _release(*tensors: torch.Tensor) -> None:
     """Frees the memory of tensors a finished collective's Work still holds (it keeps the tensor
     objects, now empty, alive in _RECENT_WORK)."""
@@ -144,6 +155,13 @@ class TorchGroupComm:
         if self.broken:
             raise DeadlineExceeded("rank %d: torch.distributed %s refused: an earlier %s" % (
                 self.rank, what, self.broken))
+        if _group_gone(self.group):
+            # A save in flight (async) when the job called destroy_process_group(): torch's own
+            # error ("Group ... is not registered") says nothing of why.
+            raise FailedPrecondition(
+                "rank %d: torch.distributed %s: the process group was destroyed while shardckpt "
+                "still needed it (an async save in flight?): call the save handle's wait() "
+                "before dist.destroy_process_group()" % (self.rank, what))
         self.census.arrive(self.rank)
         work = launch()
         _RECENT_WORK.append(work)

@@ -1,5 +1,8 @@
 """A torchrun job that ends, or raises, with an async save in flight: python unwaited_async.py
-ROOT raise|exit. At exit the save must finish and the processes end (unwaited_async.sh checks)."""
+ROOT raise|exit|destroy|twice. At exit the save must finish and the processes end; one that
+fails with no wait() to see it is logged and ends the job with status 1 (unwaited_async.sh
+checks). destroy: the job destroys its process group with the save in flight. twice: a second
+save follows the first (which a failpoint fails) unwaited, then is waited for."""
 
 import atexit
 import os
@@ -22,3 +25,7 @@ shardckpt.async_save({"w": torch.arange(12.0) + 1, "mine": shardckpt.PerRank(ran
 if sys.argv[2] == "raise":
     status[0] = 1
     raise RuntimeError("loss is NaN")
+if sys.argv[2] == "destroy":
+    dist.destroy_process_group()
+if sys.argv[2] == "twice":
+    shardckpt.async_save({"w": torch.arange(12.0) + 2, "mine": shardckpt.PerRank(rank)}, sys.argv[1], step=4).wait()
