@@ -718,5 +718,52 @@ TEST_F(MultiFileExportTest, DcpExportAfterAFullDiskLeavesTheFolderAsItWas) {
   }
 }
 
+// The .sha256 an export leaves beside each file vouches for it: import, reshard, consolidate and
+// export refuse a file changed since (they read it whole into something new, which gets fresh
+// checksums and would verify clean), naming the file; without a .sha256 nothing is checked.
+TEST_F(MultiFileExportTest, ToolsRefuseAFileItsSha256DoesNotMatch) {
+  const std::string ckpt = Checkpoint(DType::kFloat32);
+  ASSERT_TRUE(ExportDcp(ckpt, Path("dcp"), DcpExportOptions{}).ok());
+  ASSERT_TRUE(Consolidate(ckpt, Path("m.pt"), ConsolidateOptions{}).ok());
+  ConsolidateOptions safetensors;
+  safetensors.format = ExportFormat::kSafetensors;
+  ASSERT_TRUE(Consolidate(ckpt, Path("m.safetensors"), safetensors).ok());
+  ConvertOptions two;
+  two.world_size = 2;
+  // Sound: every tool goes ahead.
+  EXPECT_TRUE(ImportFile(Path("dcp"), Path("ok-dcp"), two).ok());
+  EXPECT_TRUE(ImportFile(Path("m.pt"), Path("ok-pt"), two).ok());
+  Result<ConvertReport> st = ImportFile(Path("m.safetensors"), Path("ok-st"), two);
+  EXPECT_TRUE(st.ok()) << st.status().ToString();
+  // One byte of tensor data flipped in each (the last byte: data, not a header).
+  for (const std::string& file : {Path("dcp") + "/__1_0.distcp", Path("m.safetensors")}) {
+    const uint64_t size = FileSize(file).value();
+    std::string bytes = ReadFileLimited(file, size).value();
+    bytes[size - 1] ^= 0x01;
+    ASSERT_TRUE(WriteFileAtomic(file, bytes, "test").ok());
+  }
+  for (const Result<ConvertReport>& r : {ImportFile(Path("dcp"), Path("bad-dcp"), two), Reshard(Path("dcp"), Path("bad-re"), two),
+                                         ImportFile(Path("m.safetensors"), Path("bad-st"), two)}) {
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), Code::kDataLoss) << r.status().ToString();
+    EXPECT_THAT(r.status().message(), HasSubstr("the file changed since it was written"));
+  }
+  Status dcp = ImportFile(Path("dcp"), Path("bad-dcp"), two).status();
+  EXPECT_THAT(dcp.message(), HasSubstr(Path("dcp") + "/__1_0.distcp: SHA-256 "));
+  EXPECT_THAT(dcp.message(), HasSubstr("does not match __1_0.distcp.sha256"));
+  EXPECT_FALSE(PathExists(Path("bad-dcp")) && !ListDir(Path("bad-dcp")).value().empty());
+  Status consolidated = Consolidate(Path("dcp"), Path("out.pt"), ConsolidateOptions{}).status();
+  EXPECT_EQ(consolidated.code(), Code::kDataLoss) << consolidated.ToString();
+  EXPECT_FALSE(PathExists(Path("out.pt")));
+  EXPECT_EQ(ExportDcp(Path("dcp"), Path("again"), DcpExportOptions{}).status().code(), Code::kDataLoss);
+  // A .sha256 that is not one is refused as such; without any, the file is taken as it is.
+  ASSERT_TRUE(WriteFileAtomic(Path("m.pt.sha256"), "not a digest\n", "test").ok());
+  Status not_sum = ImportFile(Path("m.pt"), Path("bad-pt"), two).status();
+  EXPECT_EQ(not_sum.code(), Code::kDataLoss);
+  EXPECT_THAT(not_sum.message(), HasSubstr("m.pt.sha256 does not start with a SHA-256 in hex"));
+  ASSERT_EQ(::unlink(Path("m.safetensors.sha256").c_str()), 0);
+  EXPECT_TRUE(ImportFile(Path("m.safetensors"), Path("unchecked"), two).ok());
+}
+
 }  // namespace
 }  // namespace shardckpt

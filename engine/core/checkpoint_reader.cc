@@ -18,6 +18,18 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(const std::stri
   r->dir_ = r->hold_.dir();
   r->dcp_ = IsDcpFolder(r->dir_);
   SC_ASSIGN_OR_RETURN(r->manifest_, ReadManifest(r->dir_));
+  if (r->dcp_) {
+    // A DCP folder has no checksums of its own; where export left a .sha256 beside its files,
+    // they are checked before the folder is read whole into something new (sha256_sidecar.h).
+    uint64_t summed = 0, bytes = 0;
+    std::vector<DcpProblem> problems = CheckDcpSha256Files(r->dir_, r->manifest_, &summed, &bytes);
+    if (!problems.empty()) {
+      return DataLoss(JoinPath(r->dir_, problems[0].file) + ": " + problems[0].what +
+                      (problems.size() > 1 ? " (and " + std::to_string(problems.size() - 1) + " more files)" : "") +
+                      "; `shardckpt verify " + r->dir_ + "` lists each");
+    }
+    if (summed > 0) SC_LOG(kInfo) << r->dir_ << ": " << summed << " files matched the .sha256 beside them";
+  }
   r->index_ = std::make_unique<ChunkIndex>(&r->manifest_);
   ReadPlanOptions defaults;
   io.queue_depth = std::max<size_t>(io.queue_depth, 5);

@@ -13,6 +13,7 @@
 #include "shardckpt/engine/core/commit.h"
 #include "shardckpt/engine/core/offline_writer.h"
 #include "shardckpt/engine/formats/dcp_read.h"
+#include "shardckpt/engine/formats/sha256_sidecar.h"
 #include "shardckpt/engine/formats/json_keys.h"
 #include "shardckpt/engine/formats/safetensors.h"
 #include "shardckpt/engine/formats/state_tree.h"
@@ -132,6 +133,7 @@ struct SafetensorsInput {
 };
 
 Result<SafetensorsInput> OpenSafetensors(const std::string& file) {
+  SC_RETURN_IF_ERROR(RequireSidecarMatch(file));  // a consolidation's output, changed since
   SC_ASSIGN_OR_RETURN(ByteSource source, ByteSource::OpenFile(file));
   SafetensorsInput in{std::move(source), 0, {}, {}};
   SC_ASSIGN_OR_RETURN(in.entries, ReadSafetensorsIndex(in.source, &in.data_start, &in.metadata));
@@ -259,6 +261,7 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
     for (size_t k = 0; k < in.entries.size(); ++k) order.emplace_back(0, k);
     shards.push_back(std::move(in));
   } else {
+    SC_RETURN_IF_ERROR(RequireSidecarMatch(file));
     SC_ASSIGN_OR_RETURN(ByteSource source, ByteSource::OpenFile(file));
     if (IsLegacyTorchFile(source)) {  // torch.save before 1.6, or _use_new_zipfile_serialization=False
       SC_ASSIGN_OR_RETURN(legacy, ReadLegacyTorchFile(source));

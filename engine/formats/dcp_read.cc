@@ -7,10 +7,10 @@
 #include <optional>
 
 #include <nlohmann/json.hpp>
-#include <openssl/evp.h>
 
 #include "shardckpt/engine/formats/byte_text.h"
 #include "shardckpt/engine/formats/dcp_metadata.h"
+#include "shardckpt/engine/formats/sha256_sidecar.h"
 #include "shardckpt/engine/formats/state_tree.h"
 #include "shardckpt/engine/formats/torch_file.h"
 #include "shardckpt/engine/formats/torch_pickle.h"
@@ -300,38 +300,16 @@ Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* 
 std::vector<DcpProblem> CheckDcpSha256Files(const std::string& dir, const Manifest& m, uint64_t* checked, uint64_t* bytes) {
   std::vector<DcpProblem> problems;
   for (const FileRecord& f : m.files) {
-    const std::string sum_path = JoinPath(dir, f.name + ".sha256");
-    if (!PathExists(sum_path)) continue;
+    Result<SidecarCheck> check = CheckSha256Sidecar(JoinPath(dir, f.name));
+    if (!check.ok()) {
+      problems.push_back(DcpProblem{f.name, 0, "", check.status().message()});
+      if (PathExists(JoinPath(dir, f.name + ".sha256"))) (*checked)++;
+      continue;
+    }
+    if (!check->had_sidecar) continue;
     (*checked)++;
-    Result<std::string> line = ReadFileLimited(sum_path, 4096);
-    if (!line.ok() || line->size() < 64) {
-      problems.push_back(DcpProblem{f.name, 0, "", "its .sha256 cannot be read: " +
-                                                       (line.ok() ? std::string("too short") : line.status().message())});
-      continue;
-    }
-    Result<ByteSource> file = ByteSource::OpenFile(JoinPath(dir, f.name));
-    std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
-    Status read = file.status();
-    std::vector<unsigned char> buf(8u << 20);
-    if (read.ok() && (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1)) read = Internal("SHA-256 unavailable");
-    for (uint64_t at = 0; read.ok() && at < file->size(); at += buf.size()) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), file->size() - at));
-      read = file->ReadAt(at, buf.data(), n);
-      if (read.ok()) EVP_DigestUpdate(ctx.get(), buf.data(), n);
-    }
-    if (!read.ok()) {
-      problems.push_back(DcpProblem{f.name, 0, "", read.message()});
-      continue;
-    }
-    unsigned char digest[32];
-    unsigned int length = 0;
-    EVP_DigestFinal_ex(ctx.get(), digest, &length);
-    const std::string hex = HexEncode(std::string_view(reinterpret_cast<const char*>(digest), length));
-    *bytes += file->size();
-    if (line->compare(0, 64, hex) != 0) {
-      problems.push_back(DcpProblem{f.name, 0, "", "SHA-256 " + hex + " does not match " + f.name + ".sha256 (" +
-                                                       line->substr(0, 64) + "): the file changed since it was written"});
-    }
+    *bytes += check->bytes_hashed;
+    if (!check->problem.empty()) problems.push_back(DcpProblem{f.name, 0, "", check->problem});
   }
   return problems;
 }
