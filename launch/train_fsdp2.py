@@ -307,6 +307,17 @@ def main() -> int:
 
     sched = torch.optim.lr_scheduler.LambdaLR(optim, schedule)
     step, position = 0, 0
+    if not args.resume and not args.resume_from:
+        # --resume forgotten: the run would train to its first save and fail there, or with a
+        # later step mix a new run into the old root (and retention delete the old checkpoints).
+        newest = newest_step(args.ckpt, device)
+        if newest >= 0:
+            if rank == 0:
+                print("error: --ckpt %s already holds checkpoints (the newest step %d): add --resume to "
+                      "continue from it, or give a new --ckpt for a new run" % (args.ckpt, newest),
+                      file=sys.stderr, flush=True)
+            dist.destroy_process_group()
+            return 1
     if args.resume and not args.resume_from and newest_step(args.ckpt, device) < 0:
         if rank == 0:
             print("no checkpoint in %s yet: starting at step 0" % args.ckpt, flush=True)

@@ -34,6 +34,8 @@
 #include <map>
 #include <sstream>
 
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include "shardckpt/collectives/mpi_communicator.h"
@@ -177,6 +179,24 @@ Result<int64_t> RestoreTrainerBlobs(const LoadReport& report, at::Generator& dro
   return state["step"].get<int64_t>();
 }
 
+// A run that does not resume saves into a root with no checkpoint: one holding another run's
+// (or this run's, with --resume forgotten) trained until its first save and failed there, or
+// with a later step mixed a new run into the old one and retention deleted the old checkpoints.
+Status CheckFreshRoot(const std::string& root) {
+  SC_RETURN_IF_ERROR(RefuseCheckpointAsRoot(root, "save into"));
+  Result<std::string> newest = ResolveCheckpoint(root);
+  if (!newest.ok()) return Status::Ok();  // nothing committed (or no root yet)
+  return Status(Code::kAlreadyExists, root + " already holds checkpoints (the newest " + BaseName(*newest) +
+                       "): add --resume to continue from it, or give a new --ckpt for a new run");
+}
+
+// Found before training, not at the first save: a read-only or foreign root.
+Status CheckWritable(const std::string& root) {
+  SC_RETURN_IF_ERROR(MakeDirs(root));
+  if (::access(root.c_str(), W_OK) != 0) return ErrnoStatus(errno, "write into " + root);
+  return Status::Ok();
+}
+
 int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Config& config,
         PreemptionWatcher& watcher) {
   const int rank = comm.rank(), world = comm.size();
@@ -233,7 +253,8 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
     if (!report.ok()) {
       std::fprintf(stderr, "rank %d: resume failed: %s\n", rank, report.status().ToString().c_str());
       // --resume takes the newest committed checkpoint, whatever `latest` says.
-      if (rank == 0 && report.status().code() == Code::kDataLoss && (resume == 2 || config.resume_from.empty())) {
+      const Code code = report.status().code();
+      if (rank == 0 && (code == Code::kDataLoss || code == Code::kNotFound) && (resume == 2 || config.resume_from.empty())) {
         std::fprintf(stderr, "to resume from an earlier checkpoint: --resume-from %s/step-N with --ckpt a new "
                              "root, or move the damaged folder out of %s (`shardckpt list %s` shows them, "
                              "`shardckpt verify FOLDER` checks one)\n",
@@ -262,6 +283,20 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
         own.set_current_seed(config.seed * 7919 + 1000003ull * static_cast<uint64_t>(step) + static_cast<uint64_t>(rank));
         say("per-rank RNG states not restored (" + rng.message() + "); reseeded each rank from (seed, rank, step)");
       }
+      // Settings that change the run's course (not the shapes: the load refuses those): said,
+      // since the run goes on, but no longer bit for bit as the saved one would have.
+      const BlobResult& saved_config = BlobNamed(*report, "config");
+      const nlohmann::json saved = saved_config.available ? nlohmann::json::parse(saved_config.bytes, nullptr, false)
+                                                          : nlohmann::json();
+      if (saved.is_object()) {
+        const nlohmann::json current = config.ToJson();
+        for (const auto& [key, now] : current.items()) {
+          if (saved.contains(key) && saved[key] != now) {
+            say("note: " + key + " was " + saved[key].dump() + " in the checkpoint and is " + now.dump() +
+                " now: the run does not continue as the saved one would have");
+          }
+        }
+      }
       char line[256];
       std::snprintf(line, sizeof(line), "resumed from %s at step %lld (saved by %d ranks) in %.2fs", report->path.c_str(),
                     static_cast<long long>(step), report->saved_world_size, seconds);
@@ -272,7 +307,8 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
   // folder given for the root, or (resumed) a root holding a later step than the run's.
   if (!config.ckpt.empty()) {
     Status root_ok = Status::Ok();
-    if (rank == 0) root_ok = resume ? CheckNoLaterStep(config.ckpt, step) : RefuseCheckpointAsRoot(config.ckpt, "save into");
+    if (rank == 0) root_ok = resume ? CheckNoLaterStep(config.ckpt, step) : CheckFreshRoot(config.ckpt);
+    if (rank == 0 && root_ok.ok()) root_ok = CheckWritable(config.ckpt);
     root_ok = AgreeOnStatus(comm, root_ok);
     if (!root_ok.ok()) {
       std::fprintf(stderr, "rank %d: cannot save into --ckpt %s: %s%s\n", rank, config.ckpt.c_str(),

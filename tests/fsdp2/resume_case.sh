@@ -71,6 +71,14 @@ if [ "$mode" = exact ]; then
   [ $rc = 1 ] && grep -q "error: --ckpt $work/full holds step 30, later than step 20" "$work/back.log" &&
     ! grep -q "^step 21 " "$work/back.log" || {
     echo "resume-from an earlier step into its own root: exit $rc"; tail -20 "$work/back.log"; exit 1; }
+  # --resume forgotten on a root with checkpoints: refused before training, exit 1.
+  set +e
+  bash "$launch/train_fsdp2.sh" "$flag" "$np_save" --ckpt "$work/full" --steps 40 --save-every 10 > "$work/fresh_again.log" 2>&1
+  rc=$?
+  set -e
+  [ $rc = 1 ] && grep -q "error: --ckpt $work/full already holds checkpoints (the newest step 30): add --resume" \
+    "$work/fresh_again.log" && ! grep -q "^step 1 " "$work/fresh_again.log" || {
+    echo "a new run into a root with checkpoints: exit $rc"; tail -20 "$work/fresh_again.log"; exit 1; }
   # Preemption: a stop signal to the launcher (mpirun.sh forwards it to every rank as SIGUSR1),
   # or to one torchrun worker alone: every rank stops after the same step, saves it, exits 0,
   # and a resume from it continues with the uninterrupted losses.

@@ -155,6 +155,18 @@ EOF2
     [ $rc = 1 ] && [ "$(grep -c "is a checkpoint, not a root" "$work/folder.log")" = 2 ] && ! grep -q '^step ' "$work/folder.log" ||
       { echo "--ckpt a checkpoint folder without --resume: exit $rc"; cat "$work/folder.log"; exit 1; }
     [ "$(losses "$work/resumed.log" 21 30 | wc -l)" -eq 10 ]
+    # --resume forgotten: refused by every rank before training (it trained to its first save
+    # and failed there, or with a later step mixed a new run into the old root).
+    before=$(ls -A "$work/a")
+    set +e; run 2 "$train" "${small[@]}" --ckpt "$work/a" --steps 40 --save-every 40 > "$work/fresh.log" 2>&1; rc=$?; set -e
+    [ $rc = 1 ] && [ "$(grep -c "$work/a already holds checkpoints (the newest step-000000020): add --resume" "$work/fresh.log")" = 2 ] &&
+      ! grep -q '^step ' "$work/fresh.log" && [ "$(ls -A "$work/a")" = "$before" ] ||
+      { echo "a new run into a root with checkpoints: exit $rc"; cat "$work/fresh.log"; exit 1; }
+    # A setting changed on resume is said (the run no longer continues as the saved one would).
+    run 2 "$train" "${small[@]}" --ckpt "$work/a" --steps 31 --resume --seed 99 > "$work/seed.log"
+    grep -q "^note: seed was 1234 in the checkpoint and is 99 now" "$work/seed.log" ||
+      { echo "a changed --seed was not said"; cat "$work/seed.log"; exit 1; }
+    ! grep -q "^note: " "$work/resumed.log" || { echo "an unchanged resume noted a change"; cat "$work/resumed.log"; exit 1; }
     run 2 "$train" "${small[@]}" --ckpt "$work/w" --steps 20 --save-every 20 > /dev/null
     run 2 "$train" "${small[@]}" --ckpt "$work/w" --steps 30 --resume-weights-only > "$work/weights.log"
     grep -q "resumed weights only" "$work/weights.log"
