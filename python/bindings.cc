@@ -627,7 +627,7 @@ py::tuple ConsolidateCall(const std::string& path, const std::string& out_file, 
   } else if (format == "torch" || format == "safetensors") {
     options.format = format == "torch" ? ExportFormat::kTorch : ExportFormat::kSafetensors;
   } else {
-    return Reply(InvalidArgument("format must be 'torch' or 'safetensors', not '" + format + "'"));
+    return Reply(InvalidArgument("format must be 'torch', 'safetensors' or 'gguf', not '" + format + "'"));
   }
   options.include = include;
   options.exclude = exclude;

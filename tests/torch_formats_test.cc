@@ -765,5 +765,29 @@ TEST_F(MultiFileExportTest, ToolsRefuseAFileItsSha256DoesNotMatch) {
   EXPECT_TRUE(ImportFile(Path("m.safetensors"), Path("unchecked"), two).ok());
 }
 
+// A model file given where a checkpoint is wanted is told to import it; an import into a root
+// that has step 0 is told to use a new root; a DCP folder imported is recorded as imported.
+TEST_F(MultiFileExportTest, ModelFilesAndImportsIntoUsedRootsSayWhatToDo) {
+  const std::string ckpt = Checkpoint(DType::kFloat32);
+  ASSERT_TRUE(Consolidate(ckpt, Path("m.pt"), ConsolidateOptions{}).ok());
+  ASSERT_TRUE(ExportDcp(ckpt, Path("dcp"), DcpExportOptions{}).ok());
+  Status model_file = Consolidate(Path("m.pt"), Path("again.pt"), ConsolidateOptions{}).status();
+  EXPECT_EQ(model_file.code(), Code::kInvalidArgument);
+  EXPECT_THAT(model_file.message(), HasSubstr(Path("m.pt") + " is a model file, not a checkpoint: `shardckpt import " +
+                                              Path("m.pt") + " --out ROOT --world-size N`"));
+  Status manifest = ResolveCheckpoint(JoinPath(ckpt, kManifestName)).status();
+  EXPECT_THAT(manifest.message(), HasSubstr("is a file: give the checkpoint folder (or the root) instead"));
+  ConvertOptions two;
+  two.world_size = 2;
+  Result<ConvertReport> imported = ImportFile(Path("dcp"), Path("from-dcp"), two);
+  ASSERT_TRUE(imported.ok()) << imported.status().ToString();
+  const Manifest m = ReadManifest(imported->path).value();
+  EXPECT_EQ(m.created.user.at("imported_from"), Path("dcp"));
+  EXPECT_EQ(m.created.user.count("resharded_from"), 0u);
+  Status used = ImportFile(Path("m.pt"), Path("from-dcp"), two).status();
+  EXPECT_EQ(used.code(), Code::kAlreadyExists);
+  EXPECT_THAT(used.message(), HasSubstr("give an --out root that holds no checkpoint"));
+}
+
 }  // namespace
 }  // namespace shardckpt

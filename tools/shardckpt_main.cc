@@ -85,7 +85,11 @@ po::variables_map Parse(const std::string& command, po::options_description& fla
 
 // Every --json object printed. A path need not be UTF-8: its invalid bytes become U+FFFD rather
 // than a throw, which would abort the tool after prune, consolidate or import had done its work.
-void PrintJson(const json& out) { std::cout << out.dump(2, ' ', false, json::error_handler_t::replace) << "\n"; }
+// Every object printed says "ok", as errors and verify's reports do: a script checks one key.
+void PrintJson(json out) {
+  if (out.is_object() && !out.contains("ok")) out["ok"] = true;
+  std::cout << out.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
+}
 
 // The --json failure object, for runtime and usage errors alike.
 void PrintJsonError(const std::string& code, const std::string& message) {

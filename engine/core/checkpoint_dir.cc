@@ -207,7 +207,15 @@ Result<std::string> ResolveCheckpoint(const std::string& path) {
   if (IsDcpFolder(path)) return path;  // a PyTorch DCP folder, read in place (engine/formats/dcp_read.h)
   if (!PathExists(path)) return NotFound(path + " does not exist");
   const bool is_dir = IsDirectory(path);
-  if (!is_dir) {  // the manifest itself, a data file: the folder is what is meant
+  if (!is_dir) {
+    // A model file (what consolidate writes, what torch.save and transformers write) is made a
+    // checkpoint by import; for the manifest itself or a data file, the folder is what is meant.
+    for (const char* model_file : {".pt", ".pth", ".bin", ".safetensors", ".index.json", ".gguf"}) {
+      if (EndsWith(path, model_file) && BaseName(path).compare(0, 5, "rank-") != 0) {
+        return InvalidArgument(path + " is a model file, not a checkpoint: `shardckpt import " + path +
+                               " --out ROOT --world-size N` (Python: shardckpt.import_checkpoint) makes one of it");
+      }
+    }
     return InvalidArgument(path + " is a file: give the checkpoint folder (or the root) instead, such as " +
                            DirName(path));
   }

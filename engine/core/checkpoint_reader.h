@@ -21,6 +21,7 @@ class CheckpointReader {
   static Result<std::unique_ptr<CheckpointReader>> Open(const std::string& path, IoOptions io = {});
   const Manifest& manifest() const { return manifest_; }
   const std::string& dir() const { return dir_; }
+  bool is_dcp() const { return dcp_; }
   // Reads `layout` of entry `entry` into `out` (LocalShape(layout) bytes), verifying checksums.
   // Each part of a piece that lies within one window's size is served from a verified read-ahead
   // window of its file, one per file: tools walking many small entries in file order (reshard,

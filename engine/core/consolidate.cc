@@ -293,7 +293,7 @@ Result<ExportFormat> FormatFromPath(const std::string& path) {
   if (EndsWith(path, ".pt") || EndsWith(path, ".pth")) return ExportFormat::kTorch;
   if (EndsWith(path, ".safetensors")) return ExportFormat::kSafetensors;
   if (EndsWith(path, ".gguf")) return ExportFormat::kGguf;
-  return InvalidArgument("cannot tell the format of '" + path + "' (use .pt, .pth, .safetensors or .gguf, or --format)");
+  return InvalidArgument("cannot tell the format of '" + path + "' (name it .pt, .pth, .safetensors or .gguf, or give the format)");
 }
 
 Result<DType> ParseCastDType(const std::string& name) {

@@ -407,7 +407,7 @@ Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::stri
     if (listed.insert(b.name).second) report.values.push_back(b.name);  // a per-rank one once
   }
   CreationInfo created = m.created;
-  created.user["resharded_from"] = Utf8OrReplaced(reader->dir());
+  created.user[reader->is_dcp() ? "imported_from" : "resharded_from"] = Utf8OrReplaced(reader->dir());
   SC_ASSIGN_OR_RETURN(report.path, out->Commit(created, m.metrics));
   return report;
 }
@@ -419,6 +419,11 @@ Result<ConvertReport> IntoRoot(const std::string& root,
                                const std::string& input, const ConvertOptions& options) {
   const bool fresh = !PathExists(root);
   Result<ConvertReport> report = convert(input, root, options);
+  if (!report.ok() && report.status().code() == Code::kAlreadyExists) {
+    return Status(Code::kAlreadyExists, report.status().message() +
+                                            ": import and reshard write step 0 of a new root; give an --out root "
+                                            "that holds no checkpoint");
+  }
   if (!report.ok() && fresh && PathExists(root)) {
     Result<std::vector<std::string>> names = ListDir(root);
     if (names.ok() && (names->empty() || (names->size() == 1 && names->front() == kLockName))) {
