@@ -516,6 +516,21 @@ TEST_F(RetentionTest, AManifestReplacedUnderTheSamePathIsDecodedAgainOnce) {
   EXPECT_TRUE(listed[0].metrics.empty());
 }
 
+// A folder renamed to another step's name verifies (its bytes are sound) with a note saying so:
+// a root takes it for the step of its name.
+TEST_F(RetentionTest, VerifyNotesAFolderNamedForAnotherStep) {
+  ASSERT_TRUE(SaveStep(1).ok());
+  Result<VerifyReport> plain = VerifyCheckpoint(StepDir(1));
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->note, "");
+  ASSERT_EQ(::rename(StepDir(1).c_str(), StepDir(50).c_str()), 0);
+  Result<VerifyReport> renamed = VerifyCheckpoint(StepDir(50));
+  ASSERT_TRUE(renamed.ok()) << renamed.status().ToString();
+  EXPECT_TRUE(renamed->problems.empty());
+  EXPECT_EQ(renamed->note, "the folder is named " + StepDirName(50) +
+                               " but its manifest is of step 1 (renamed?): a root takes it for step 50");
+}
+
 TEST_F(RetentionTest, ARememberedCheckpointWithAMissingOrTruncatedDataFileIsAProblem) {
   SaveOptions options;
   options.metrics["loss"] = 0.1;
