@@ -207,13 +207,16 @@ def dcp_leaf_names(name: str, value: Any) -> List[str]:
 
 
 def regroup(name: str, current: Any, saved: Mapping[str, Any], leaf: Callable[[str, Any], Any]) -> Any:
-    """``current`` rebuilt from the saved leaves dcp_leaves found: leaf(saved name, old value)."""
+    """``current`` rebuilt from the saved leaves dcp_leaves found: leaf(saved name, old value),
+    its containers of ``current``'s classes (an OrderedDict, a namedtuple) where they agree."""
     if name in saved:
         return leaf(name, current)
     if isinstance(current, dict):
-        return {k: regroup("%s.%s" % (name, k), v, saved, leaf) for k, v in current.items()}
-    children = [regroup("%s.%d" % (name, i), v, saved, leaf) for i, v in enumerate(current)]
-    return tuple(children) if isinstance(current, tuple) else children
+        built: Any = {k: regroup("%s.%s" % (name, k), v, saved, leaf) for k, v in current.items()}
+    else:
+        children = [regroup("%s.%d" % (name, i), v, saved, leaf) for i, v in enumerate(current)]
+        built = tuple(children) if isinstance(current, tuple) else children
+    return _shaped_like(current, built)
 
 
 def _encode_json(value: Any, name: str) -> Any:

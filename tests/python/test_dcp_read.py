@@ -327,6 +327,23 @@ def test_optimizer_param_groups_that_dcp_flattened_come_back_as_one_value(tmp_pa
     assert torch.equal(target["optim"]["state"]["l1.weight"]["exp_avg"], torch.zeros(4))
 
 
+def test_containers_dcp_flattened_keep_the_class_of_the_value_loaded_into(tmp_path):
+    # dcp.save walks an OrderedDict leaf by leaf, as a dict; dcp.load fills the one it is given.
+    # shardckpt rebuilt a plain dict (and list) from the leaves; it keeps the target's class.
+    import collections
+    import torch.distributed.checkpoint as dcp
+    folder = str(tmp_path / "f")
+    dcp.save({"odict": collections.OrderedDict(a=1, b={"c": 2.5}),
+              "groups": [collections.OrderedDict(lr=0.5, n=3)]}, checkpoint_id=folder, no_dist=True)
+    target = {"odict": collections.OrderedDict(a=0, b={"c": 0.0}), "groups": [collections.OrderedDict(lr=0.0, n=0)]}
+    report = shardckpt.load(target, folder)
+    assert report.missing == [] and report.unexpected == []
+    assert type(target["odict"]) is collections.OrderedDict, type(target["odict"])
+    assert target["odict"] == collections.OrderedDict(a=1, b={"c": 2.5}) and type(target["odict"]["b"]) is dict
+    assert type(target["groups"]) is list and type(target["groups"][0]) is collections.OrderedDict
+    assert target["groups"] == [collections.OrderedDict(lr=0.5, n=3)]
+
+
 def test_empty_dicts_dcp_stores_nothing_of_match_as_dcp_load_takes_them(tmp_path):
     # DCP flattens an empty dict (a disabled GradScaler's state_dict(), empty hooks) to no item:
     # dcp.load takes the same state dict back, so must shardckpt (it refused: NotFound 'extra',
