@@ -252,6 +252,11 @@ def _describe_load_item(name: str, value: Any, pieces: list, wanted_blobs: Dict[
         if is_dtensor(value):
             target, global_shape, layout = dtensor_piece(name, value)
         _check_dense(target, name, "load")
+        if target.numel() > 1 and any(st == 0 and n > 1 for st, n in zip(target.stride(), target.shape)):
+            # Refused before reading, on every rank, by name: the copy back raised torch's own
+            # "more than one element of the written-to tensor refers to a single memory location".
+            raise InvalidArgument("'%s' is an expanded view (stride 0): its elements share memory, so it "
+                                  "cannot take the loaded values; load into a tensor of its own (.clone())" % name)
         into = target
         if target.device.type != "cpu" or not target.is_contiguous() or target.is_neg() or target.is_conj():
             into = torch.empty(target.shape, dtype=target.dtype)

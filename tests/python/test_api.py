@@ -305,6 +305,17 @@ def test_non_contiguous_tensors(root):
     assert torch.equal(target["t"], state["t"])
     assert torch.equal(holder[:, ::2], state["every_other"])
     assert torch.equal(holder[:, 1::2], torch.zeros(5, 3))
+    # An expanded view (elements sharing memory) is refused by name before anything is read;
+    # saving one writes the values it shows.
+    shardckpt.save({"e": torch.arange(4.0).expand(3, 4)}, root, step=2)
+    shared = torch.zeros(1, 4)
+    with pytest.raises(shardckpt.InvalidArgument) as error:
+        shardckpt.load({"e": shared.expand(3, 4)}, root)
+    assert "'e' is an expanded view (stride 0)" in error.value.message, error.value.message
+    assert torch.equal(shared, torch.zeros(1, 4))
+    got = {"e": torch.zeros(3, 4)}
+    shardckpt.load(got, root)
+    assert torch.equal(got["e"], torch.arange(4.0).expand(3, 4))
 
 
 def test_negative_and_conjugate_views_keep_their_values(root):
