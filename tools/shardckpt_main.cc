@@ -21,6 +21,7 @@
 #include <optional>
 #include <nlohmann/json.hpp>
 #include <sys/resource.h>
+#include <sys/statvfs.h>
 #include <set>
 
 #include "shardckpt/engine/core/consolidate.h"
@@ -535,11 +536,17 @@ int Prune(int argc, char** argv) {
   // The writer lock: a save into this root and a prune never interleave (a save waits for it).
   // A dry run writes nothing, not even the lock files, and shows a moment's view.
   std::optional<RootLock> lock;
+  // On a read-only file system no lock can be made, and nothing can write there either: the
+  // rule is worked out as a dry run, and only a rule that would remove something fails.
+  bool read_only = false;
   if (!dry_run) {
     Result<RootLock> held = RootLock::AcquireForPrune(root);
-    if (!held.ok()) return Fail(held.status());
-    lock.emplace(std::move(*held));
+    struct statvfs fs {};
+    read_only = !held.ok() && ::statvfs(root.c_str(), &fs) == 0 && (fs.f_flag & ST_RDONLY) != 0;
+    if (!held.ok() && !read_only) return Fail(held.status());
+    if (held.ok()) lock.emplace(std::move(*held));
   }
+  const bool plan_only = dry_run || read_only;
   if (policy.keep_best > 0) {
     // A misspelt metric would make nothing best: every checkpoint but the newest would go.
     Result<std::vector<CheckpointInfo>> ranked = ListCheckpoints(root);
@@ -551,13 +558,13 @@ int Prune(int argc, char** argv) {
   // process is removing a retired folder), as the removal reports them, not as listed before it.
   std::vector<std::string> leftovers, left;
   std::vector<RemovalFailure> failed;
-  if (!dry_run) {
+  if (!plan_only) {
     Status repaired = RepairLatest(root);
     if (!repaired.ok()) return Fail(repaired);
   }
   // A dry run beside a live save must not call the save's temporary folder a leftover.
   const bool save_running = dry_run && RootLock::Held(root);
-  if (dry_run) {
+  if (plan_only) {
     for (const CheckpointInfo& c : *listed) {
       if (c.committed || (save_running && c.temp)) continue;
       (HeldByReader(root, c.name) ? left : leftovers).push_back(c.name);
@@ -566,8 +573,14 @@ int Prune(int argc, char** argv) {
     Status cleaned = RemoveStaleTempDirs(root, &leftovers, &left, &failed);
     if (!cleaned.ok()) return Fail(cleaned);
   }
-  Result<RetentionReport> r = ApplyRetention(root, policy, "", dry_run);
+  Result<RetentionReport> r = ApplyRetention(root, policy, "", plan_only);
   if (!r.ok()) return Fail(r.status());
+  if (read_only && !(r->removed.empty() && leftovers.empty())) {
+    const std::string first = leftovers.empty() ? r->removed.front() : leftovers.front();
+    return Fail(FailedPrecondition(root + " is on a read-only file system: the rule would remove " +
+                                   std::to_string(r->removed.size() + leftovers.size()) + " folder(s), " +
+                                   JoinPath(root, first) + " first; remount it read-write to prune"));
+  }
   r->removed.insert(r->removed.begin(), leftovers.begin(), leftovers.end());
   r->deferred.insert(r->deferred.begin(), left.begin(), left.end());
   failed.insert(failed.end(), r->failed.begin(), r->failed.end());

@@ -206,6 +206,42 @@ def test_cli_json_with_a_path_that_is_not_utf8(comm, root):
     assert rc == 1 and failed["ok"] is False and failed["error"]["code"] == "NotFound", failed
 
 
+def test_cli_prune_of_a_read_only_root(comm, root):
+    """On a read-only file system prune cannot make its lock: a rule that removes nothing
+    succeeds, one that would remove something says so (it failed on the lock file either way)."""
+    import json
+    import subprocess
+    cli = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(shardckpt.__file__))), "..", "bin",
+                       "shardckpt")
+    if not os.path.exists(cli):
+        pytest.skip("the shardckpt tool is not built next to the package")
+    own = os.path.join(root, "rank%d" % comm.rank)
+    for step in (1, 2, 3):
+        shardckpt.save(sample(), own, step, comm=shardckpt.single_process())
+    mounted = own + "-ro"
+    os.makedirs(mounted)
+    bind = subprocess.run(["mount", "--bind", own, mounted], capture_output=True)
+    if bind.returncode != 0:
+        pytest.skip("no bind mount here (%s)" % bind.stderr.decode().strip())
+    try:
+        if subprocess.run(["mount", "-o", "remount,ro,bind", mounted], capture_output=True).returncode != 0:
+            pytest.skip("no read-only remount here")
+
+        def run(*args):
+            done = subprocess.run([cli, *args, "--json"], capture_output=True, timeout=120)
+            return done.returncode, json.loads(done.stdout.decode("utf-8"))
+
+        rc, kept = run("prune", mounted, "--keep-last", "3")
+        assert rc == 0 and kept["ok"] and kept["removed"] == [] and kept["failed"] == [], kept
+        rc, refused = run("prune", mounted, "--keep-last", "1")
+        assert rc == 1 and refused["error"]["code"] == "FailedPrecondition", refused
+        assert "is on a read-only file system: the rule would remove 2 folder(s)" in refused["error"]["message"]
+    finally:
+        subprocess.run(["umount", mounted], capture_output=True)
+    assert sorted(n for n in os.listdir(own) if n.startswith("step-")) == [
+        "step-000000001", "step-000000002", "step-000000003"]
+
+
 def test_verbs_with_a_path_that_is_not_utf8(comm, root):
     """Paths are bytes to the engine: a folder name that is not UTF-8, given as bytes, as
     os.fsdecode's str or as a pathlib.Path, works in every verb, and the paths that come back
