@@ -640,7 +640,8 @@ TEST_F(MultiFileExportTest, AShardedSetReplacesThePreviousOne) {
   EXPECT_THAT(Listing(Path("st")),
               ElementsAre("model-00001-of-00002.safetensors", "model-00001-of-00002.safetensors.sha256",
                           "model-00002-of-00002.safetensors", "model-00002-of-00002.safetensors.sha256",
-                          "model-00009-of-00009.safetensors", "model.safetensors.index.json", "notes.txt"));
+                          "model-00009-of-00009.safetensors", "model.safetensors.index.json",
+                          "model.safetensors.index.json.sha256", "notes.txt"));
 }
 
 // A failed export over an earlier one leaves the earlier one whole: nothing is renamed into place
@@ -690,7 +691,7 @@ TEST_F(MultiFileExportTest, OneFileAndShardsOfTheSameNameReplaceEachOther) {
   EXPECT_THAT(Listing(Path("sw")),
               ElementsAre("model-00001-of-00002.safetensors", "model-00001-of-00002.safetensors.sha256",
                           "model-00002-of-00002.safetensors", "model-00002-of-00002.safetensors.sha256",
-                          "model.safetensors.index.json"));
+                          "model.safetensors.index.json", "model.safetensors.index.json.sha256"));
   options.max_shard_bytes = 0;
   ASSERT_TRUE(Consolidate(ckpt, Path("sw/model.safetensors"), options).ok());
   EXPECT_THAT(Listing(Path("sw")), ElementsAre("model.safetensors", "model.safetensors.sha256"));

@@ -17,6 +17,7 @@
 #include "shardckpt/engine/core/checkpoint_reader.h"
 #include "shardckpt/engine/model/float_convert.h"
 #include "shardckpt/engine/formats/output_file.h"
+#include "shardckpt/engine/formats/sha256_sidecar.h"
 #include "shardckpt/engine/formats/byte_text.h"
 #include "shardckpt/engine/formats/dcp_read.h"
 #include "shardckpt/engine/formats/safetensors.h"
@@ -515,16 +516,22 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
                  nlohmann::json(weight_map[k].second).dump();
       }
       index += weight_map.empty() ? "}\n}\n" : "\n  }\n}\n";
+      const std::string index_sum = Sha256Hex(index);
       Status indexed = WriteFileAtomic(index_path, index, "export.index");
+      if (indexed.ok()) {
+        written.Add(index_path);  // removed with the shards if its .sha256 cannot be written
+        indexed = WriteSidecar(index_path, index_sum);
+      }
       if (!indexed.ok()) return indexed.WithContext("the shards of this set are removed again: export again");
       report.files.push_back(index_path);
+      report.sha256.push_back(index_sum);
     }
     written.Keep();
     for (const std::string& old : previous) {
       const std::string old_path = JoinPath(DirName(out), old);
       if (std::find(report.files.begin(), report.files.end(), old_path) == report.files.end()) RemoveOutputFile(old_path);
     }
-    if (!sharded && !previous.empty()) ::unlink(index_path.c_str());
+    if (!sharded && !previous.empty()) RemoveOutputFile(index_path);
     if (sharded && PathExists(out)) RemoveOutputFile(out);
   }
   report.bytes_read = reader->stats().data_bytes_read;

@@ -151,6 +151,7 @@ Result<SafetensorsInput> OpenSafetensors(const std::string& file) {
 // tensors must be exactly those the index gives it.
 Result<std::vector<SafetensorsInput>> OpenShardedSafetensors(const std::string& index_path,
                                                              std::vector<std::pair<size_t, size_t>>* order) {
+  SC_RETURN_IF_ERROR(RequireSidecarMatch(index_path));  // its shards are checked as they are opened
   SC_ASSIGN_OR_RETURN(std::string text, ReadFileLimited(index_path, uint64_t{256} << 20));
   // The weight map's order from a SAX pass, its values from a sorted object (json_keys.h).
   const JsonKeys keys = JsonObjectKeys(text, {"weight_map"});

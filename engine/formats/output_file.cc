@@ -1,5 +1,7 @@
 #include "shardckpt/engine/formats/output_file.h"
 
+#include "shardckpt/engine/formats/sha256_sidecar.h"
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -99,7 +101,7 @@ Status OutputFile::Publish() {
   if (sha256_.empty()) return FailedPrecondition(path_ + ": published before it was finished");
   SC_RETURN_IF_ERROR(Rename(temp_, path_));
   published_ = true;
-  return WriteFileAtomic(path_ + ".sha256", sha256_ + "  " + BaseName(path_) + "\n", "export.sha256");
+  return WriteSidecar(path_, sha256_);
 }
 
 Status OutputFile::Close() {

@@ -43,7 +43,8 @@ Result<SidecarCheck> CheckSha256Sidecar(const std::string& path) {
   check.bytes_hashed = file.size();
   if (text.compare(0, 64, hex) != 0) {
     check.problem = "SHA-256 " + hex + " does not match " + BaseName(sum_path) + " (" + text.substr(0, 64) +
-                    "): the file changed since it was written";
+                    "): the file changed since it was written (changed on purpose? then write a new " +
+                    BaseName(sum_path) + ", e.g. with sha256sum, or delete it)";
   }
   return check;
 }
@@ -52,6 +53,17 @@ Status RequireSidecarMatch(const std::string& path) {
   SC_ASSIGN_OR_RETURN(SidecarCheck check, CheckSha256Sidecar(path));
   if (!check.problem.empty()) return DataLoss(path + ": " + check.problem);
   return Status::Ok();
+}
+
+Status WriteSidecar(const std::string& path, const std::string& sha256_hex) {
+  return WriteFileAtomic(path + ".sha256", sha256_hex + "  " + BaseName(path) + "\n", "export.sha256");
+}
+
+std::string Sha256Hex(std::string_view bytes) {
+  unsigned char digest[32];
+  unsigned int length = 0;
+  EVP_Digest(bytes.data(), bytes.size(), digest, &length, EVP_sha256(), nullptr);
+  return HexEncode(std::string_view(reinterpret_cast<const char*>(digest), length));
 }
 
 }  // namespace shardckpt

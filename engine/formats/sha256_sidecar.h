@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "shardckpt/io/status.h"
 
@@ -24,5 +25,11 @@ Result<SidecarCheck> CheckSha256Sidecar(const std::string& path);
 
 // The same as one status: DataLoss "PATH: <problem>" where the sum does not match.
 Status RequireSidecarMatch(const std::string& path);
+
+// Writes PATH.sha256 for a file of that SHA-256 (hex), atomically.
+Status WriteSidecar(const std::string& path, const std::string& sha256_hex);
+
+// The SHA-256 of `bytes`, in hex (a small file written whole, such as an index).
+std::string Sha256Hex(std::string_view bytes);
 
 }  // namespace shardckpt

@@ -65,7 +65,11 @@ for f in files:
     numel += sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
 assert index["metadata"]["total_parameters"] == numel, (index["metadata"], numel)  # as save_pretrained writes it
 report = json.load(open("sharded.json"))
-assert report["files"][-1].endswith("model.safetensors.index.json") and len(report["sha256"]) == len(report["files"]) - 1
+assert report["files"][-1].endswith("model.safetensors.index.json") and len(report["sha256"]) == len(report["files"])
+import hashlib  # every file written has its SHA-256 in the report and beside it, the index too
+for path, digest in zip(report["files"], report["sha256"]):
+    assert hashlib.sha256(open(path, "rb").read()).hexdigest() == digest, path
+    assert open(path + ".sha256").read().split()[0] == digest, path
 print("sharded into", len(files), "files with an index")
 PY
     # Selection, prefix stripping and casting.
