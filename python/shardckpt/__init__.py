@@ -40,6 +40,7 @@ import numbers
 import os
 import sys
 import threading
+import weakref
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
@@ -452,10 +453,9 @@ class AsyncSaveHandle:
     others): it blocks until the snapshot copy is taken, after which the tensors may change.
     """
 
-    def __init__(self, handle: Any, saver: Any = None, keep: Optional[List[Any]] = None,
-                 saver_key: int = 0) -> None:
+    def __init__(self, handle: Any, saver: Any = None, keep: Optional[List[Any]] = None) -> None:
         self._handle = handle
-        self._saver_key = saver_key  # its engine saver's key in _unwaited
+        self._seen = False  # its outcome reached the caller (wait(), or a failed fence())
         self._saver = saver  # set while a copy-while-training snapshot is not fenced yet
         self._keep = keep  # the tensors that copy reads, alive until fence()
         self._fence: Tuple[str, str] = ("OK", "")
@@ -478,6 +478,8 @@ class AsyncSaveHandle:
             self._saver, self._keep = None, None
             self._fence = (code, message)
             self.fence_seconds = float(seconds)
+        if self._fence[0] != "OK":
+            self._seen = True  # the save failed, and the caller is told here
         raise_for(*self._fence)
         return self.fence_seconds
 
@@ -487,8 +489,7 @@ class AsyncSaveHandle:
 
     def wait(self) -> None:
         """Waits for the persist (collective in effect: every rank gets the same outcome)."""
-        if _unwaited.get(self._saver_key, (0, None))[1] is self._handle:
-            del _unwaited[self._saver_key]  # its outcome is seen here: not logged again
+        self._seen = True  # its outcome is the caller's from here: not logged
         self.fence()
         code, message, _ = self._handle.wait()
         raise_for(code, message)
@@ -501,25 +502,31 @@ _savers: Dict[int, Tuple[Any, Any]] = {}
 _savers_atexit = False
 # id(engine saver) -> the copy-while-training handle whose fence() has not run yet.
 _unfenced: Dict[int, AsyncSaveHandle] = {}
-# id(engine saver) -> (step, engine handle) of its last save, while no wait() has seen that
-# save's outcome: a failure nobody saw is logged at the next save or at exit.
-_unwaited: Dict[int, Tuple[int, Any]] = {}
+# Async saves whose outcome no caller has seen yet: (id(engine saver), step, engine handle,
+# weak reference to the AsyncSaveHandle). A failure nobody can see any more (its handle dropped,
+# or the process exiting) is logged as an error, never lost without a word.
+_unseen: List[Tuple[int, int, Any, Any]] = []
 
 
-def _report_unwaited(saver: Any) -> bool:
-    """Waits for ``saver``'s last save if no wait() saw its outcome, and logs its failure as an
-    error (each rank has the same outcome). Returns whether it failed."""
-    unseen = _unwaited.pop(id(saver), None)
-    if unseen is None:
-        return False
-    step, handle = unseen
-    code, message, _ = handle.wait()
-    if code == "OK":
-        return False
+def _log_unseen_failures(saver: Any = None) -> None:
+    """Logs the failures of saves whose outcome no caller saw and none can see any more: with
+    ``saver``, those of its saves whose handle was dropped (the engine has waited for them);
+    without, at exit, all of them. Each rank has the same outcome, so each logs it."""
     from . import _core
-    _core.log_error("the async save of step %d failed, and no wait() saw it: %s: %s"
-                    % (step, code, message))
-    return True
+    keep = []
+    for entry in _unseen:
+        key, step, engine_handle, ref = entry
+        handle = ref()
+        if handle is not None and handle._seen:
+            continue
+        if saver is not None and (key != id(saver) or handle is not None):
+            keep.append(entry)  # another saver's, or a handle the caller may still wait on
+            continue
+        code, message, _ = engine_handle.wait()
+        if code != "OK":
+            _core.log_error("the async save of step %d failed, and no wait() saw it: %s: %s"
+                            % (step, code, message))
+    _unseen[:] = keep
 
 
 def _drop_savers() -> None:
@@ -531,21 +538,16 @@ def _drop_savers() -> None:
     with _savers_lock:
         savers = [saver for _, saver in _savers.values()]
         savers += [h._saver for h in _unfenced.values() if h._saver is not None]
-    failed = False
     for saver in savers:
         _core.saver_wait(saver)  # the GIL released: a persist over torch.distributed needs it
-        # Nobody would see this error otherwise: the job would end with status 0 and without
-        # the checkpoint of its last save.
-        failed = _report_unwaited(saver) or failed
+    # Nobody would see these errors otherwise. The exit status stays the caller's: an exit
+    # handler cannot change it, and ending the process here would lose what the interpreter
+    # has yet to flush and the exit handlers registered before this one.
+    _log_unseen_failures()
     with _savers_lock:
         _unfenced.clear()
         _savers.clear()
     forget_foreign()
-    if failed:
-        # atexit cannot change the exit status; a job whose last checkpoint failed must not end 0.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
 
 
 def _fence_unfenced(saver: Any) -> None:
@@ -569,6 +571,7 @@ def _wait_for_savers_of(comm: Any) -> None:
     if held is not None and held[0] is comm:
         _fence_unfenced(held[1])
         _core.saver_wait(held[1])
+        _log_unseen_failures(held[1])
 
 
 def _saver_for(comm: Any, options: Tuple[int, int, str, bool],
@@ -644,20 +647,22 @@ def async_save(state_dict: Mapping[str, Any], root: PathLike, step: int, *, keep
     if error[0] == "OK":
         error = metadata_error
     _fence_unfenced(saver)  # a snapshot still unfenced is taken (its outcome kept) before the next save
-    _report_unwaited(saver)  # this save waits for that one anyway
+    _core.saver_wait(saver)  # the engine's save would wait for the one in flight anyway
+    _log_unseen_failures(saver)
     if copy_while_training:
         code, message, handle = _core.start_save(comm, saver, _fs(root), step, pieces,
                                                  blobs, dict(metrics or {}), error)
         raise_for(code, message)
-        started = AsyncSaveHandle(handle, saver, keep + [state_dict], saver_key=id(saver))
+        started = AsyncSaveHandle(handle, saver, keep + [state_dict])
         _unfenced[id(saver)] = started
-        _unwaited[id(saver)] = (step, handle)
+        _unseen.append((id(saver), step, handle, weakref.ref(started)))
         return started
     code, message, handle = _core.async_save(comm, saver, _fs(root), step, pieces, blobs,
                                              dict(metrics or {}), error)
     raise_for(code, message)
-    _unwaited[id(saver)] = (step, handle)
-    return AsyncSaveHandle(handle, saver_key=id(saver))
+    started = AsyncSaveHandle(handle)
+    _unseen.append((id(saver), step, handle, weakref.ref(started)))
+    return started
 
 
 # ---- The command line's verbs, single process ----------------------------------------------

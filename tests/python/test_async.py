@@ -334,3 +334,69 @@ def test_a_failed_copy_is_still_raised_by_fence_after_a_plain_async_save(comm, r
         handle.fence()
     assert "snapshot of step 61" in failed.value.message
     assert list(saved_steps(root)) == [62]
+
+
+_UNSEEN_SCRIPT = r'''
+import atexit, sys, torch, shardckpt
+from shardckpt import _core
+root, mode = sys.argv[1], sys.argv[2]
+out = open(root + ".csv", "w")  # never closed: the interpreter's teardown flushes it
+out.write("row\n" * 5)
+atexit.register(lambda: print("user handler ran", flush=True))
+one = shardckpt.single_process()
+_core.set_failpoints("save.write_data#1=ENOSPC")
+state = {"w": torch.ones(4)}
+if mode == "exit75":  # dropped unwaited, then the script exits with a code of its own
+    shardckpt.async_save(state, root, step=1, comm=one)
+    sys.exit(75)
+if mode == "fence":  # the failure raised by fence() is seen
+    _core.set_failpoints("async.snapshot#1=EIO")
+    h = shardckpt.async_save(state, root, step=1, comm=one, copy_while_training=True)
+    try:
+        h.fence()
+    except shardckpt.IoError:
+        print("fence raised", flush=True)
+if mode == "wait_old":  # the first handle waited for after the second save started
+    h1 = shardckpt.async_save(state, root, step=1, comm=one)
+    h2 = shardckpt.async_save(state, root, step=2, comm=one)
+    try:
+        h1.wait()
+    except shardckpt.NoSpace:
+        print("h1 raised", flush=True)
+    h2.wait()
+if mode == "sync_after":  # dropped unwaited, then a synchronous save
+    shardckpt.async_save(state, root, step=1, comm=one)
+    print("before", flush=True)
+    shardckpt.save(state, root, step=2, comm=one)
+    print("after", flush=True)
+'''
+
+
+@pytest.mark.parametrize("mode,code,logged", [("exit75", 75, True), ("fence", 0, False),
+                                              ("wait_old", 0, False), ("sync_after", 0, True)])
+def test_a_failure_no_caller_saw_is_logged_once_and_the_exit_is_the_scripts(comm, root, tmp_path, mode, code,
+                                                                             logged):
+    """A failed async save whose handle was dropped is logged (at the next save, or at exit),
+    never when wait() or fence() gave the caller its error; the script's exit status, its other
+    exit handlers and its unflushed files are left alone."""
+    import subprocess
+    import sys
+    if comm.rank != 0:
+        return
+    script = tmp_path / "unseen.py"
+    script.write_text(_UNSEEN_SCRIPT)
+    target = str(tmp_path / mode)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in [os.path.dirname(os.path.dirname(shardckpt.__file__)),
+                                                                   os.environ.get("PYTHONPATH", "")] if p))
+    env.pop("SHARDCKPT_FAILPOINTS", None)
+    done = subprocess.run([sys.executable, str(script), target, mode], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=240, env=env)  # one stream, in order
+    output = done.stdout
+    assert done.returncode == code, output
+    assert "user handler ran" in output and open(target + ".csv").read() == "row\n" * 5, output
+    lines = [line for line in output.splitlines() if "no wait() saw it" in line]
+    assert len(lines) == (1 if logged else 0), output
+    if logged:
+        assert "the async save of step 1 failed, and no wait() saw it: NoSpace" in lines[0], output
+    if mode == "sync_after":  # logged at the save that followed, not only at exit
+        assert output.index("no wait() saw it") < output.index("after"), output

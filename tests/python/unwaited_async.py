@@ -1,7 +1,6 @@
 """A torchrun job that ends, or raises, with an async save in flight: python unwaited_async.py
 ROOT raise|exit|destroy|twice. At exit the save must finish and the processes end; one that
-fails with no wait() to see it is logged and ends the job with status 1 (unwaited_async.sh
-checks). destroy: the job destroys its process group with the save in flight. twice: a second
+fails with no wait() to see it is logged (unwaited_async.sh checks). destroy: the job destroys its process group with the save in flight. twice: a second
 save follows the first (which a failpoint fails) unwaited, then is waited for."""
 
 import atexit
