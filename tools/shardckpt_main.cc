@@ -480,6 +480,7 @@ int List(int argc, char** argv) {
     if (c.committed && c.keep) return "keep: " + c.why;
     if (c.committed) return HeldByReader(root, c.name) ? "would remove (a reader holds it now)" : "would remove";
     if (c.temp && save_running) return "a save or prune holds the root now (perhaps its own)";
+    if (!c.foreign.empty()) return "left: holds " + c.foreign + ", which no save writes";
     return "next save removes";
   };
   if (vm.count("json")) {
@@ -503,7 +504,7 @@ int List(int argc, char** argv) {
     std::printf("%-*s %12lld %-10s %-20s %6d %14llu  %-28s %s\n", w, name.c_str(), static_cast<long long>(c.step), state,
                 c.time.empty() ? "-" : c.time.c_str(), c.world_size, static_cast<unsigned long long>(c.bytes),
                 MetricsText(c.metrics).c_str(), retention_of(c).c_str());
-    if (!c.problem.empty() && c.committed) std::printf("    %s\n", c.problem.c_str());
+    if (!c.problem.empty() && (c.committed || !c.foreign.empty())) std::printf("    %s\n", c.problem.c_str());
   }
   return 0;
 }
@@ -567,6 +568,10 @@ int Prune(int argc, char** argv) {
   if (plan_only) {
     for (const CheckpointInfo& c : *listed) {
       if (c.committed || (save_running && c.temp)) continue;
+      if (!c.foreign.empty()) {  // as the cleanup would report it
+        failed.push_back(RemovalFailure{c.name, FailedPrecondition(JoinPath(root, c.name) + ": " + c.problem)});
+        continue;
+      }
       (HeldByReader(root, c.name) ? left : leftovers).push_back(c.name);
     }
   } else {
@@ -607,9 +612,10 @@ int Prune(int argc, char** argv) {
   }
   std::printf("%zu folder(s) %s\n", r->removed.size(), dry_run ? "would be removed (dry run)" : "removed");
   for (const RemovalFailure& f : failed) {
-    std::fprintf(stderr, "could not remove %s: %s\n", JoinPath(root, f.name).c_str(), f.status.ToString().c_str());
+    std::fprintf(stderr, "%s %s: %s\n", dry_run ? "would not remove" : "could not remove", JoinPath(root, f.name).c_str(),
+                 f.status.ToString().c_str());
   }
-  if (!failed.empty()) std::fprintf(stderr, "%zu folder(s) could not be removed\n", failed.size());
+  if (!failed.empty()) std::fprintf(stderr, "%zu folder(s) %s\n", failed.size(), dry_run ? "would not be removed" : "could not be removed");
   return status;
 }
 

@@ -413,7 +413,8 @@ std::string FirstEntryNoSaveWrites(const std::string& dir) {
   Result<std::vector<std::string>> names = ListDir(dir);
   if (!names.ok()) return "";
   for (const std::string& name : *names) {
-    if (name == kManifestName) continue;
+    // NFS keeps a file unlinked while another host holds it open as .nfsXXXX until it is closed.
+    if (name == kManifestName || name.compare(0, 4, ".nfs") == 0) continue;
     // RankFileName: "rank-", five digits or more, ".bin".
     const bool rank_file = name.size() >= 14 && name.compare(0, 5, "rank-") == 0 &&
                            name.compare(name.size() - 4, 4, ".bin") == 0 &&
@@ -437,8 +438,8 @@ Status RemoveStaleTempDirs(const std::string& root, std::vector<std::string>* re
       if (!foreign.empty()) {
         Status kept = FailedPrecondition(
             JoinPath(root, name) + " has no manifest but holds " + foreign +
-            ", which no save writes (a copy in progress, or someone's files): left as it is; move the files out, "
-            "or remove the folder, once it is not needed");
+            ", which no save writes (someone's own files): left as it is; move the files out, or remove the "
+            "folder, once it is not needed");
         SC_LOG(kWarn) << kept.message();
         if (failed != nullptr) failed->push_back(RemovalFailure{name, kept});
         continue;

@@ -89,9 +89,11 @@ struct RemovalFailure {
 };
 
 // The first entry in step folder `dir` that no save writes there (a save writes rank files and
-// the manifest), or "" when there is none or `dir` cannot be listed. A step folder without a
-// manifest is a cut-short deletion's leftover only while it holds nothing else: one holding
-// other files is someone's copy in progress (rsync, cp -r) or their notes, not ours to delete.
+// the manifest; NFS's .nfsXXXX files are not counted), or "" when there is none or `dir` cannot
+// be listed. A step folder without a manifest is a cut-short commit's or deletion's leftover,
+// deleted by the next save, only while it holds nothing else: someone's own files in it (notes,
+// an evaluation's output) are left with it for a person to move. (A deletion cut short of a
+// committed folder that held such files leaves it so too.)
 std::string FirstEntryNoSaveWrites(const std::string& dir);
 
 // Removes what crashed or failed saves left: temp folders, step folders without a manifest

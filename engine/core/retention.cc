@@ -122,9 +122,9 @@ Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, boo
     if (retired) c.problem = "retired by retention: its files are being deleted, or were left by a process that ended first; the next save removes it";
     else if (c.temp) c.problem = "save in progress, or left by one that did not finish";
     else if (!c.committed) {
-      const std::string foreign = FirstEntryNoSaveWrites(dir);
-      c.problem = foreign.empty() ? "no manifest (a deletion or commit cut short); the next save removes it"
-                                  : "no manifest, and holds " + foreign + ", which no save writes: left for you to move or remove";
+      c.foreign = FirstEntryNoSaveWrites(dir);
+      c.problem = c.foreign.empty() ? "no manifest (a deletion or commit cut short); the next save removes it"
+                                    : "no manifest, and holds " + c.foreign + ", which no save writes: left for you to move or remove";
     }
     if (c.committed && with_manifests) ReadManifestInto(dir, &c);
     out.push_back(std::move(c));

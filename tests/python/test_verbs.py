@@ -242,6 +242,44 @@ def test_cli_prune_of_a_read_only_root(comm, root):
         "step-000000001", "step-000000002", "step-000000003"]
 
 
+def test_cli_a_step_folder_holding_someones_files_is_left_by_list_dry_run_and_prune(comm, root):
+    """A step folder without a manifest is a dead save's or deletion's leftover, removed, unless
+    it holds files no save writes: list, prune --dry-run and prune all say it is left, and why
+    (NFS's .nfsXXXX files do not count)."""
+    import json
+    import subprocess
+    cli = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(shardckpt.__file__))), "..", "bin",
+                       "shardckpt")
+    if not os.path.exists(cli):
+        pytest.skip("the shardckpt tool is not built next to the package")
+    own = os.path.join(root, "rank%d" % comm.rank)
+    for step in (1, 2):
+        shardckpt.save(sample(), own, step, comm=shardckpt.single_process())
+    notes, dead = os.path.join(own, "step-000000001"), os.path.join(own, "step-000000007")
+    os.remove(os.path.join(notes, "manifest.json"))
+    open(os.path.join(notes, "NOTES.txt"), "w").write("mine")
+    os.makedirs(dead)
+    for name in ("rank-00000.bin", ".nfs000000000001"):
+        open(os.path.join(dead, name), "w").write("x")
+
+    def run(*args):
+        done = subprocess.run([cli, *args, "--json"], capture_output=True, timeout=120)
+        return done.returncode, json.loads(done.stdout.decode("utf-8"))
+
+    rc, listed = run("list", own)
+    rows = {c["name"]: c for c in listed["checkpoints"]}
+    assert rc == 0 and rows["step-000000001"]["retention"] == "left: holds NOTES.txt, which no save writes", rows
+    assert rows["step-000000007"]["retention"] == "next save removes", rows
+    text = subprocess.run([cli, "list", own], capture_output=True, text=True, timeout=120).stdout
+    assert "no manifest, and holds NOTES.txt, which no save writes" in text, text
+    for flags in (["--dry-run"], []):
+        rc, pruned = run("prune", own, "--keep-last", "5", *flags)
+        assert rc == 1 and not pruned["ok"] and pruned["removed"] == ["step-000000007"], pruned
+        assert [f["folder"] for f in pruned["failed"]] == ["step-000000001"], pruned
+        assert "holds NOTES.txt, which no save writes" in pruned["failed"][0]["message"], pruned
+    assert open(os.path.join(notes, "NOTES.txt")).read() == "mine" and not os.path.exists(dead)
+
+
 def test_verbs_with_a_path_that_is_not_utf8(comm, root):
     """Paths are bytes to the engine: a folder name that is not UTF-8, given as bytes, as
     os.fsdecode's str or as a pathlib.Path, works in every verb, and the paths that come back
