@@ -16,6 +16,7 @@
 #include "shardckpt/engine/core/load.h"
 #include "shardckpt/engine/core/offline_writer.h"
 #include "shardckpt/engine/formats/safetensors.h"
+#include "shardckpt/engine/formats/sha256_sidecar.h"
 #include "shardckpt/engine/formats/state_tree.h"
 #include "shardckpt/engine/formats/torch_file.h"
 #include "shardckpt/engine/formats/gguf_writer.h"
@@ -761,7 +762,16 @@ TEST_F(MultiFileExportTest, ToolsRefuseAFileItsSha256DoesNotMatch) {
   ASSERT_TRUE(WriteFileAtomic(Path("m.pt.sha256"), "not a digest\n", "test").ok());
   Status not_sum = ImportFile(Path("m.pt"), Path("bad-pt"), two).status();
   EXPECT_EQ(not_sum.code(), Code::kDataLoss);
-  EXPECT_THAT(not_sum.message(), HasSubstr("m.pt.sha256 does not start with a SHA-256 in hex"));
+  EXPECT_THAT(not_sum.message(), HasSubstr("m.pt.sha256 holds no SHA-256 in sha256sum's form"));
+  // sha256sum's --tag form and upper-case hex are sums like the others.
+  const std::string sum = Sha256Hex(ReadFileLimited(Path("m.pt"), 1 << 20).value());
+  std::string upper = sum;
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  for (const std::string& line : {"SHA256 (m.pt) = " + sum + "\n", upper + "  m.pt\n"}) {
+    ASSERT_TRUE(WriteFileAtomic(Path("m.pt.sha256"), line, "test").ok());
+    Result<ConvertReport> tagged = ImportFile(Path("m.pt"), Path("tag" + std::to_string(line.size())), two);
+    EXPECT_TRUE(tagged.ok()) << line << tagged.status().ToString();
+  }
   ASSERT_EQ(::unlink(Path("m.safetensors.sha256").c_str()), 0);
   EXPECT_TRUE(ImportFile(Path("m.safetensors"), Path("unchecked"), two).ok());
 }

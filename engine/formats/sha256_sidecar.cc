@@ -19,14 +19,21 @@ Result<SidecarCheck> CheckSha256Sidecar(const std::string& path) {
   check.had_sidecar = true;
   Result<std::string> line = ReadFileLimited(sum_path, 4096);
   if (!line.ok()) return line.status().WithContext("reading " + sum_path);
-  const std::string& text = *line;
+  // sha256sum's two forms: "<hex>  NAME" (written here) and, with --tag, "SHA256 (NAME) = <hex>";
+  // hex of either case.
+  std::string text = *line;
+  if (text.compare(0, 8, "SHA256 (") == 0 && text.find(") = ") != std::string::npos) {
+    text = text.substr(text.find(") = ") + 4);
+  }
   const bool hex64 = text.size() >= 64 && std::all_of(text.begin(), text.begin() + 64, [](char c) {
-    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
   });
   if (!hex64) {
-    check.problem = BaseName(sum_path) + " does not start with a SHA-256 in hex";
+    check.problem = BaseName(sum_path) + " holds no SHA-256 in sha256sum's form (\"<hex>  NAME\" or, with --tag, "
+                    "\"SHA256 (NAME) = <hex>\"): write a new one, or delete it";
     return check;
   }
+  std::transform(text.begin(), text.begin() + 64, text.begin(), [](char c) { return c >= 'A' && c <= 'F' ? c - 'A' + 'a' : c; });
   SC_ASSIGN_OR_RETURN(ByteSource file, ByteSource::OpenFile(path));
   std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
   if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1) return Internal("SHA-256 unavailable");
