@@ -318,6 +318,22 @@ def main() -> int:
                       file=sys.stderr, flush=True)
             dist.destroy_process_group()
             return 1
+    # A --ckpt the run cannot write is found now, not at its first save (rank 0 decides, all agree).
+    unwritable = ""
+    if rank == 0:
+        try:
+            os.makedirs(args.ckpt, exist_ok=True)
+            if not os.access(args.ckpt, os.W_OK):
+                unwritable = "not writable"
+        except OSError as error:
+            unwritable = str(error)
+    verdict = torch.tensor([1 if unwritable else 0], device=device)
+    dist.all_reduce(verdict, op=dist.ReduceOp.MAX)
+    if int(verdict.item()):
+        if rank == 0:
+            print("error: cannot save into --ckpt %s: %s" % (args.ckpt, unwritable), file=sys.stderr, flush=True)
+        dist.destroy_process_group()
+        return 1
     if args.resume and not args.resume_from and newest_step(args.ckpt, device) < 0:
         if rank == 0:
             print("no checkpoint in %s yet: starting at step 0" % args.ckpt, flush=True)

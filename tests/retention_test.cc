@@ -529,6 +529,9 @@ TEST_F(RetentionTest, VerifyNotesAFolderNamedForAnotherStep) {
   EXPECT_TRUE(renamed->problems.empty());
   EXPECT_EQ(renamed->note, "the folder is named " + StepDirName(50) +
                                " but its manifest is of step 1 (renamed?): a root takes it for step 50");
+  Result<VerifyReport> slash = VerifyCheckpoint(StepDir(50) + "/");
+  ASSERT_TRUE(slash.ok());
+  EXPECT_EQ(slash->note, renamed->note);
 }
 
 TEST_F(RetentionTest, ARememberedCheckpointWithAMissingOrTruncatedDataFileIsAProblem) {

@@ -210,7 +210,7 @@ Result<std::string> ResolveCheckpoint(const std::string& path) {
   if (!is_dir) {
     // A model file (what consolidate writes, what torch.save and transformers write) is made a
     // checkpoint by import; for the manifest itself or a data file, the folder is what is meant.
-    for (const char* model_file : {".pt", ".pth", ".bin", ".safetensors", ".index.json", ".gguf"}) {
+    for (const char* model_file : {".pt", ".pth", ".bin", ".safetensors", ".safetensors.index.json"}) {  // what import takes
       if (EndsWith(path, model_file) && BaseName(path).compare(0, 5, "rank-") != 0) {
         return InvalidArgument(path + " is a model file, not a checkpoint: `shardckpt import " + path +
                                " --out ROOT --world-size N` (Python: shardckpt.import_checkpoint) makes one of it");

@@ -95,10 +95,13 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::functi
   }
   const Manifest& m = *read;
   int64_t named_step = 0;
-  if (ParseStepDirName(BaseName(report.checkpoint), &named_step) && named_step != m.step) {
+  std::string folder = report.checkpoint;
+  while (folder.size() > 1 && folder.back() == '/') folder.pop_back();  // "step-000000009/"
+  folder = BaseName(folder);
+  if (ParseStepDirName(folder, &named_step) && named_step != m.step) {
     // Sound bytes, but a root orders its checkpoints by folder name: a renamed folder passes
     // for a later (or earlier) step than it holds, for `latest`, --resume and retention.
-    report.note = "the folder is named " + BaseName(report.checkpoint) + " but its manifest is of step " +
+    report.note = "the folder is named " + folder + " but its manifest is of step " +
                   std::to_string(m.step) + " (renamed?): a root takes it for step " + std::to_string(named_step);
   }
   std::vector<std::vector<Span>> spans(m.files.size());

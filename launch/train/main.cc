@@ -253,12 +253,15 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
     if (!report.ok()) {
       std::fprintf(stderr, "rank %d: resume failed: %s\n", rank, report.status().ToString().c_str());
       // --resume takes the newest committed checkpoint, whatever `latest` says.
+      // NotFound is also a strict load's verdict on a checkpoint of another model: the advice
+      // says when it applies.
       const Code code = report.status().code();
       if (rank == 0 && (code == Code::kDataLoss || code == Code::kNotFound) && (resume == 2 || config.resume_from.empty())) {
-        std::fprintf(stderr, "to resume from an earlier checkpoint: --resume-from %s/step-N with --ckpt a new "
+        std::fprintf(stderr, "%sto resume from an earlier checkpoint: --resume-from %s/step-N with --ckpt a new "
                              "root, or move the damaged folder out of %s (`shardckpt list %s` shows them, "
                              "`shardckpt verify FOLDER` checks one)\n",
-                     config.ckpt.c_str(), config.ckpt.c_str(), config.ckpt.c_str());
+                     code == Code::kNotFound ? "if files of the checkpoint are missing, " : "", config.ckpt.c_str(),
+                     config.ckpt.c_str(), config.ckpt.c_str());
       }
       return 1;
     }

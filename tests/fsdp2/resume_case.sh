@@ -79,6 +79,15 @@ if [ "$mode" = exact ]; then
   [ $rc = 1 ] && grep -q "error: --ckpt $work/full already holds checkpoints (the newest step 30): add --resume" \
     "$work/fresh_again.log" && ! grep -q "^step 1 " "$work/fresh_again.log" || {
     echo "a new run into a root with checkpoints: exit $rc"; tail -20 "$work/fresh_again.log"; exit 1; }
+  # A --ckpt it cannot write (under a file): refused before training, not at the first save.
+  touch "$work/afile"
+  set +e
+  bash "$launch/train_fsdp2.sh" "$flag" "$np_save" --ckpt "$work/afile/sub" --steps 4 --save-every 2 > "$work/unwritable.log" 2>&1
+  rc=$?
+  set -e
+  [ $rc = 1 ] && grep -q "error: cannot save into --ckpt $work/afile/sub: " "$work/unwritable.log" &&
+    ! grep -q "^step 1 " "$work/unwritable.log" || {
+    echo "an unwritable --ckpt: exit $rc"; tail -20 "$work/unwritable.log"; exit 1; }
   # Preemption: a stop signal to the launcher (mpirun.sh forwards it to every rank as SIGUSR1),
   # or to one torchrun worker alone: every rank stops after the same step, saves it, exits 0,
   # and a resume from it continues with the uninterrupted losses.
