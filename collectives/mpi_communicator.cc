@@ -44,12 +44,14 @@ class MpiCommunicator final : public Communicator {
   }
 
   Status Barrier() override {
+    SC_RETURN_IF_ERROR(StillUsable());
     MPI_Request request;
     SC_RETURN_IF_ERROR(MpiCallStatus(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier"));
     return waiter_.Wait(&request, "MPI_Barrier");
   }
 
   Status Broadcast(void* data, size_t bytes, int root) override {
+    SC_RETURN_IF_ERROR(StillUsable());
     auto* p = static_cast<char*>(data);
     for (size_t done = 0; done < bytes; done += kMaxMessage) {
       int n = static_cast<int>(std::min(kMaxMessage, bytes - done));
@@ -69,6 +71,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   Status AllReduceMaxInt64(int64_t* values, size_t count) override {
+    SC_RETURN_IF_ERROR(StillUsable());
     MPI_Request request;
     SC_RETURN_IF_ERROR(MpiCallStatus(MPI_Iallreduce(MPI_IN_PLACE, values, static_cast<int>(count),
                                                 MPI_INT64_T, MPI_MAX, comm_, &request),
@@ -77,6 +80,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   Status AllReduceSumDouble(double* values, size_t count) override {
+    SC_RETURN_IF_ERROR(StillUsable());
     MPI_Request request;
     SC_RETURN_IF_ERROR(MpiCallStatus(MPI_Iallreduce(MPI_IN_PLACE, values, static_cast<int>(count),
                                                 MPI_DOUBLE, MPI_SUM, comm_, &request),
@@ -85,6 +89,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   Status AllGatherFloat(const float* send, size_t count, float* recv) override {
+    SC_RETURN_IF_ERROR(StillUsable());
     MPI_Request request;
     SC_RETURN_IF_ERROR(MpiCallStatus(MPI_Iallgather(send, static_cast<int>(count), MPI_FLOAT, recv,
                                                 static_cast<int>(count), MPI_FLOAT, comm_, &request),
@@ -93,6 +98,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   Status ReduceScatterSumFloat(const float* send, float* recv, size_t count) override {
+    SC_RETURN_IF_ERROR(StillUsable());
     MPI_Request request;
     SC_RETURN_IF_ERROR(MpiCallStatus(MPI_Ireduce_scatter_block(send, recv, static_cast<int>(count),
                                                            MPI_FLOAT, MPI_SUM, comm_, &request),
@@ -104,6 +110,7 @@ class MpiCommunicator final : public Communicator {
   // AsyncSaver::Create) would hold the others there for good. Started non-blocking instead and
   // waited on with the deadline, as every other collective.
   Result<std::unique_ptr<Communicator>> Duplicate() override {
+    SC_RETURN_IF_ERROR(StillUsable());
     MPI_Comm dup = MPI_COMM_NULL, census = MPI_COMM_NULL;
     for (MPI_Comm* out : {&dup, &census}) {
       MPI_Request request;
@@ -114,10 +121,21 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
+  // A collective after MPI_Finalize makes Open MPI abort the process: refused as a Status
+  // instead (a save, load or preemption check left after the MPI session ended).
+  static Status StillUsable() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) return Status::Ok();
+    return FailedPrecondition("MPI is already finalized: shardckpt's saves, loads and preemption checks need MPI; "
+                              "end them (and wait for async saves) before MPI_Finalize or the MpiSession's end");
+  }
+
   // Sizes first, then the bytes in one gatherv; descriptors are small (kilobytes to megabytes).
   // Every rank learns every size (int64, so an oversized message is reported, not truncated)
   // and refuses an oversized gather by the same check, before any rank posts the gatherv.
   Status GatherImpl(const std::string& mine, std::vector<std::string>* all, int root, bool everyone) {
+    SC_RETURN_IF_ERROR(StillUsable());
     int64_t mine_length = static_cast<int64_t>(mine.size());
     std::vector<int64_t> lengths64(size_);
     MPI_Request sizes;

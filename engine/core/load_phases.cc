@@ -119,6 +119,23 @@ void DecodeManifestText(int rank, ManifestRead* read) {
 }
 
 // ---- 2.
+Status AgreeOnPath(Communicator& comm, const std::string& path) {
+  if (comm.size() == 1) return Status::Ok();
+  const int64_t hash = static_cast<int64_t>(Checksum64(path.data(), path.size()) >> 1);
+  int64_t range[2] = {hash, -hash};  // the largest and, negated, the smallest
+  SC_RETURN_IF_ERROR(comm.AllReduceMaxInt64(range, 2));
+  if (range[0] == -range[1]) return Status::Ok();
+  std::vector<std::string> paths;
+  SC_RETURN_IF_ERROR(comm.AllGather(path, &paths));
+  for (size_t r = 1; r < paths.size(); ++r) {
+    if (paths[r] != paths[0]) {
+      return InvalidArgument("the ranks name different checkpoints to load: rank 0 '" + paths[0] + "', rank " +
+                             std::to_string(r) + " '" + paths[r] + "'; every rank must pass the same path");
+    }
+  }
+  return Status::Ok();
+}
+
 Status ShareFolder(Communicator& comm, const LoadOptions& options, ManifestRead* read) {
   // Rank 0's verdict first: on a bad folder every rank reports what its check found.
   SC_RETURN_IF_ERROR(BroadcastStatus(comm, read->status, 0));

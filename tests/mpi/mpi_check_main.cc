@@ -505,6 +505,34 @@ int main(int argc, char** argv) {
     return 2;
   }
   int code = 2;
+  if (argc >= 3 && std::string(argv[1]) == "misuse-after") {
+    // Ranks naming different checkpoints to load are refused on every rank, naming both (rank 0's
+    // was loaded everywhere, silently); a save after MPI_Finalize is a Status on every rank, not
+    // Open MPI's abort.
+    auto comm = CreateMpiCommunicator().value();
+    const int rank = comm->rank();
+    const std::string root = argv[2];
+    for (int64_t step : {1, 2}) {
+      Held held = Build("mixed", comm->size(), rank, step, true);
+      if (!Save(*comm, root, step, held.state).ok()) return Fail(rank, "the saves before the misuse failed");
+    }
+    const std::string mine = JoinPath(root, StepDirName(rank == 1 ? 1 : 2));
+    Held into = Build("mixed", comm->size(), rank, 0, false);
+    Result<LoadReport> differ = Load(*comm, mine, into.state);
+    const std::string got = differ.ok() ? "OK" : differ.status().ToString();
+    const std::string wanted = "InvalidArgument: the ranks name different checkpoints to load: rank 0 '" +
+                               JoinPath(root, StepDirName(2)) + "', rank 1 '" + JoinPath(root, StepDirName(1)) +
+                               "'; every rank must pass the same path";
+    if (got != wanted) return Fail(rank, "ranks naming different checkpoints: got '" + got + "'");
+    session->reset();  // MPI_Finalize
+    Held again = Build("mixed", comm->size(), rank, 3, true);
+    Result<SaveResult> after = Save(*comm, root, 3, again.state);
+    const bool refused = !after.ok() && after.status().code() == Code::kFailedPrecondition &&
+                         after.status().message().find("MPI is already finalized") != std::string::npos;
+    std::printf("rank %d: %s %s\n", rank, refused ? "OK" : "FAIL:", after.ok() ? "saved" : after.status().ToString().c_str());
+    std::fflush(stdout);
+    return refused ? 0 : 1;
+  }
   if (argc >= 3 && std::string(argv[1]) == "dead-rank-create") {
     // Rank 2 leaves (finalizes, then waits) before the communicator exists; the others must
     // fail creating it within the deadline, not wait in MPI_Comm_dup for good.
