@@ -185,6 +185,45 @@ TEST_F(CheckpointTest, AsyncSaveSnapshotsReusesStagingAndReportsBackgroundErrors
   EXPECT_EQ((*saver)->staging_allocations(), 1u + SaveOptions{}.staging_buffers);
 }
 
+// An async save holds its root from the call: a save into the root while its persist is in
+// flight is the one refused, whatever the threads' timing (the async one could be the loser);
+// and a relative root means the folder it named at the call, not after a chdir.
+TEST_F(CheckpointTest, AnAsyncSaveHoldsItsRootFromTheCallAndKeepsItsFolderAcrossAChdir) {
+  auto saver = AsyncSaver::Create(*comm_);
+  ASSERT_TRUE(saver.ok()) << saver.status().ToString();
+  Tensors live("step1");
+  ShardedState state = live.State();
+  // The persist is held back before it takes the lock: the sync save comes first to the lock.
+  ASSERT_TRUE(SetFailpoints("async.persist_start=sleep:300").ok());
+  auto first = (*saver)->Save(root(), 1, state);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  Result<SaveResult> second = Save(*comm_, root(), 2, state);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), Code::kFailedPrecondition);
+  EXPECT_THAT(second.status().message(), HasSubstr("an async save's persist in flight in this process is writing into"));
+  ASSERT_TRUE((*first)->Wait().ok());
+  ASSERT_TRUE(SetFailpoints("").ok());
+  ExpectLoads(root(), 1);
+  ASSERT_TRUE(Save(*comm_, root(), 2, state).ok());  // free again once the persist ended
+
+  // A relative root, then a chdir before the persist runs.
+  char cwd[4096];
+  ASSERT_NE(::getcwd(cwd, sizeof(cwd)), nullptr);
+  const std::string parent = DirName(root()), other = JoinPath(parent, "elsewhere");
+  ASSERT_TRUE(MakeDirs(other).ok());
+  ASSERT_EQ(::chdir(parent.c_str()), 0);
+  ASSERT_TRUE(SetFailpoints("async.persist_start=sleep:200").ok());
+  auto relative = (*saver)->Save(BaseName(root()), 3, state);
+  ASSERT_TRUE(relative.ok()) << relative.status().ToString();
+  ASSERT_EQ(::chdir(other.c_str()), 0);
+  Status persisted = (*relative)->Wait();
+  ASSERT_TRUE(SetFailpoints("").ok());
+  ASSERT_EQ(::chdir(cwd), 0);
+  ASSERT_TRUE(persisted.ok()) << persisted.ToString();
+  EXPECT_TRUE(PathExists(JoinPath(root(), StepDirName(3))));
+  EXPECT_FALSE(PathExists(JoinPath(other, BaseName(root()))));
+}
+
 // The consolidator's prefetch thread reads ahead while the writer writes. Each export, parsed
 // with the repository's own readers, holds exactly the saved tensors: every name once, its dtype,
 // shape and layout, and its bytes at the offset its header gives.

@@ -7,6 +7,7 @@
 #include <new>
 #include <system_error>
 
+#include "shardckpt/engine/core/checkpoint_dir.h"
 #include "shardckpt/io/checksum.h"
 #include "shardckpt/io/failpoint.h"
 
@@ -147,10 +148,19 @@ Result<std::shared_ptr<SaveHandle>> AsyncSaver::Save(const std::string& root, in
   const ShardedState* snapshot = &snapshot_;
   SaveOptions options = options_;
   if (!metrics.empty()) options.metrics = metrics;
+  // Absolute now: a chdir before the persist runs must not move the checkpoint (or its retention).
+  const std::string where = AbsoluteRoot(root);
+  auto reserved = std::make_shared<PersistReservation>(where);  // from now until the persist ends
   Result<std::shared_future<Result<SaveResult>>> thread =
-      StartThread([comm, root, step, snapshot, options, agreed_to_go]() -> Result<SaveResult> {
-        if (!agreed_to_go.get()) return Status(Code::kAborted, "not started: the save was refused");
-        return shardckpt::Save(*comm, root, step, *snapshot, options);
+      StartThread([comm, where, step, snapshot, options, agreed_to_go, reserved]() mutable -> Result<SaveResult> {
+        PersistReservation::OnPersistThread();
+        Result<SaveResult> saved = Status(Code::kAborted, "not started: the save was refused");
+        if (agreed_to_go.get()) {
+          Status start = Failpoint("async.persist_start", "the persist of step " + std::to_string(step));
+          saved = start.ok() ? shardckpt::Save(*comm, where, step, *snapshot, options) : Result<SaveResult>(start);
+        }
+        reserved.reset();
+        return saved;
       });
   Status agreed = AgreeOnStatus(*comm_, taken.ok() ? thread.status() : taken);
   if (thread.ok()) go->set_value(agreed.ok());
@@ -178,9 +188,17 @@ Result<std::shared_ptr<SaveHandle>> AsyncSaver::StartSave(const std::string& roo
   const ShardedState* caller = &state;
   SaveOptions options = options_;
   if (!metrics.empty()) options.metrics = metrics;
+  const std::string where = AbsoluteRoot(root);  // as in Save
+  auto reserved = std::make_shared<PersistReservation>(where);
   // Only this thread touches the staging area, ring and snapshot until Wait: every later call
   // that could (Save, StartSave) waits for the persist first.
-  Result<std::shared_future<Result<SaveResult>>> started = StartThread([this, comm, root, step, caller, options, taken]() -> Result<SaveResult> {
+  Result<std::shared_future<Result<SaveResult>>> started = StartThread([this, comm, where, step, caller, options, taken,
+                                                                        reserved]() mutable -> Result<SaveResult> {
+                      PersistReservation::OnPersistThread();
+                      struct Release {
+                        std::shared_ptr<PersistReservation>& held;
+                        ~Release() { held.reset(); }
+                      } release{reserved};
                       auto start = std::chrono::steady_clock::now();
                       Status status = Guarded([&] { return Snapshot(*caller); });
                       if (!status.ok()) status = status.WithContext("snapshot of step " + std::to_string(step));
@@ -189,7 +207,8 @@ Result<std::shared_ptr<SaveHandle>> AsyncSaver::StartSave(const std::string& roo
                           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
                       taken->set_value(status);
                       if (!status.ok()) return status;
-                      return shardckpt::Save(*comm, root, step, snapshot_, options);
+                      SC_RETURN_IF_ERROR(Failpoint("async.persist_start", "the persist of step " + std::to_string(step)));
+                      return shardckpt::Save(*comm, where, step, snapshot_, options);
                     });
   if (!started.ok()) {
     // The other ranks' threads agree on their snapshots: this rank's failure joins that agreement,

@@ -573,6 +573,43 @@ Result<RootLock> RootLock::AcquireForPrune(const std::string& root) {
 
 bool RootLock::Held(const std::string& root) { return LockHeld(root, kLockName); }
 
+std::string AbsoluteRoot(const std::string& root) {
+  std::error_code ec;
+  std::filesystem::path absolute = std::filesystem::absolute(root, ec);
+  if (ec) return root;
+  std::string text = absolute.lexically_normal().string();
+  while (text.size() > 1 && text.back() == '/') text.pop_back();
+  return text;
+}
+
+namespace {
+std::mutex g_reserved_mutex;
+std::multiset<std::string> g_reserved;
+thread_local bool t_persist_thread = false;
+}  // namespace
+
+PersistReservation::PersistReservation(std::string absolute_root) : root_(std::move(absolute_root)) {
+  std::lock_guard<std::mutex> lock(g_reserved_mutex);
+  g_reserved.insert(root_);
+}
+
+PersistReservation::~PersistReservation() {
+  std::lock_guard<std::mutex> lock(g_reserved_mutex);
+  auto it = g_reserved.find(root_);
+  if (it != g_reserved.end()) g_reserved.erase(it);
+}
+
+void PersistReservation::OnPersistThread() { t_persist_thread = true; }
+
+Status PersistReservation::CheckNotReserved(const std::string& root) {
+  if (t_persist_thread) return Status::Ok();
+  const std::string key = AbsoluteRoot(root);
+  std::lock_guard<std::mutex> lock(g_reserved_mutex);
+  if (g_reserved.count(key) == 0) return Status::Ok();
+  return FailedPrecondition("an async save's persist in flight in this process is writing into " + root +
+                            ": wait for it (its handle's Wait, or AsyncSaver::Wait) before another save into the root");
+}
+
 RootLock::RootLock(int fd, int prune_fd) : fd_(fd), prune_fd_(prune_fd) {
   std::lock_guard<std::mutex> lock(g_held_mutex);
   g_held.insert(FileIdentity(fd_));

@@ -145,4 +145,27 @@ class RootLock {
   int prune_fd_ = -1;
 };
 
+// A root an async save of this process writes into, from the moment the save is started (its
+// persist takes the root lock later, on its own thread) until the persist ends. Another save
+// into it meanwhile fails, and it is that other save that fails, never the async one, whatever
+// the two threads' timing. Keyed by the absolute path (AbsoluteRoot).
+class PersistReservation {
+ public:
+  explicit PersistReservation(std::string absolute_root);
+  PersistReservation(const PersistReservation&) = delete;
+  PersistReservation& operator=(const PersistReservation&) = delete;
+  ~PersistReservation();
+  // Marks the calling thread as the persist of a reserved root: its own save is not refused.
+  static void OnPersistThread();
+  // FailedPrecondition where a persist of this process holds `root` and the caller is not one.
+  static Status CheckNotReserved(const std::string& root);
+
+ private:
+  std::string root_;
+};
+
+// `root` made absolute against the working directory now (a relative root handed to a
+// background thread must not follow a later chdir); `root` itself where that fails.
+std::string AbsoluteRoot(const std::string& root);
+
 }  // namespace shardckpt
