@@ -167,6 +167,27 @@ TEST(MatchPieces, AnyNumberOfPiecesAroundTheLookAheadIsMatchedAndPlanned) {
   }
 }
 
+// A rename (strip_prefix) that makes two names of the checkpoint one is refused naming both;
+// names it keeps apart, and a per-rank value stored by several ranks under one name, are not.
+TEST(CheckRenameCollisions, TwoNamesMadeOneAreNamed) {
+  Manifest m;
+  m.entries.push_back(EntryRecord{"a", DType::kFloat32, {4}, {}});
+  m.entries.push_back(EntryRecord{"module.b", DType::kFloat32, {4}, {}});
+  m.blobs.push_back(BlobRecord{"module.rng", BlobScope::kPerRank, 0, 0, 0, 1});
+  m.blobs.push_back(BlobRecord{"module.rng", BlobScope::kPerRank, 1, 0, 0, 1});
+  LoadOptions options;
+  EXPECT_TRUE(CheckRenameCollisions(m, options).ok());
+  options.rename = StripPrefix("module.");
+  EXPECT_TRUE(CheckRenameCollisions(m, options).ok());
+  m.entries.push_back(EntryRecord{"module.a", DType::kFloat32, {4}, {}});
+  Status tensors = CheckRenameCollisions(m, options);
+  EXPECT_EQ(tensors.code(), Code::kInvalidArgument);
+  EXPECT_THAT(tensors.message(), HasSubstr("'a' and 'module.a' of the checkpoint both become 'a' after the rename"));
+  m.entries.pop_back();
+  m.blobs.push_back(BlobRecord{"b", BlobScope::kGlobal, 0, 0, 0, 1});  // a value and a tensor
+  EXPECT_THAT(CheckRenameCollisions(m, options).message(), HasSubstr("'module.b' and 'b' of the checkpoint both become 'b'"));
+}
+
 TEST(ParseManifestSharing, TheThreeNamesAndNothingElse) {
   EXPECT_EQ(ParseManifestSharing("auto").value(), ManifestSharing::kAuto);
   EXPECT_EQ(ParseManifestSharing("root").value(), ManifestSharing::kRootSends);

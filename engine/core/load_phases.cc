@@ -11,6 +11,7 @@
 #include <map>
 #include <set>
 #include <string_view>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "shardckpt/engine/core/load.h"
@@ -565,10 +566,26 @@ Status CheckDevices(const ShardedState& targets) {
   return Status::Ok();
 }
 
+Status CheckRenameCollisions(const Manifest& manifest, const LoadOptions& options) {
+  if (!options.rename) return Status::Ok();
+  std::unordered_map<std::string, std::string> original_of;  // renamed -> the name it came from
+  auto add = [&](const std::string& name) -> Status {
+    auto [it, fresh] = original_of.try_emplace(options.rename(name), name);
+    if (fresh || it->second == name) return Status::Ok();
+    return InvalidArgument("'" + it->second + "' and '" + name + "' of the checkpoint both become '" + it->first +
+                           "' after the rename (strip_prefix): load without it, or into names that keep them apart");
+  };
+  for (const EntryRecord& e : manifest.entries) SC_RETURN_IF_ERROR(add(e.name));
+  for (const BlobRecord& b : manifest.blobs) SC_RETURN_IF_ERROR(add(b.name));  // a per-rank one once per rank
+  return Status::Ok();
+}
+
 Result<Match> MatchEntries(Communicator& comm, const Manifest& manifest, const std::string& dir,
                            const ShardedState& targets, const LoadOptions& options, LoadReport* report) {
   Match match;
   match.local = MatchPieces(manifest, targets, options);
+  // The same on every rank (one manifest, one rename): reported with the match's verdict.
+  if (Status collision = CheckRenameCollisions(manifest, options); !collision.ok()) match.local.status = collision;
   report->missing = match.local.missing;
   std::vector<std::string> all_wants;
   SC_RETURN_IF_ERROR(comm.AllGather(EncodeEntryWants(match.local.wants), &all_wants));

@@ -92,6 +92,9 @@ struct LocalMatch {
   Status status;                     // dtype or shape mismatch
 };
 LocalMatch MatchPieces(const Manifest& manifest, const ShardedState& targets, const LoadOptions& options);
+// Two names of the checkpoint (entries or values) that the rename makes one: InvalidArgument
+// naming both (the second was dropped: a tensor reported unexpected, a value lost unsaid).
+Status CheckRenameCollisions(const Manifest& manifest, const LoadOptions& options);
 
 // Every rank's wants combined, by entry (CombineEntryWants, with the names the phases use).
 struct Demand {
