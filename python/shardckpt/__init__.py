@@ -182,6 +182,8 @@ def _describe_for_collective(state: Mapping[str, Any], step: Any,
         step = int(step.item())  # an optimizer's state["step"], a tensor in torch 2.x
     if isinstance(step, bool) or not isinstance(step, numbers.Integral):
         return 0, [], [], ("InvalidArgument", "step must be a whole number, not %r" % (step,))
+    if not -2 ** 63 <= int(step) < 2 ** 63:  # the engine's int64 (pybind's TypeError said less)
+        return 0, [], [], ("InvalidArgument", "step %d is out of range (a 64-bit step)" % int(step))
     try:
         pieces, blobs = _describe_save(state, keep)
         return int(step), pieces, blobs, ("OK", "")
@@ -200,6 +202,22 @@ def _user_metadata(user_metadata: Optional[Mapping[str, str]]) -> Tuple[Dict[str
             return {}, ("InvalidArgument", "user_metadata['%s'] is %s (%r); its values are str, stored as "
                         "given: pass str(...), or save the value in the state dict" % (key, type(value).__name__, value))
     return items, ("OK", "")
+
+
+def _metrics(metrics: Optional[Mapping[str, float]]) -> Tuple[Dict[str, float], Tuple[str, str]]:
+    """The metrics to record (str to float), or {} and the refusal as (code, message), which
+    the engine tells every rank, as _user_metadata's."""
+    out: Dict[str, float] = {}
+    for key, value in dict(metrics or {}).items():
+        if not isinstance(key, str):
+            return {}, ("InvalidArgument", "metrics keys are str, not %s (%r)" % (type(key).__name__, key))
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()  # a loss tensor
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            return {}, ("InvalidArgument", "metrics['%s'] is %s (%r); metrics are numbers"
+                        % (key, type(value).__name__, value))
+        out[key] = float(value)
+    return out, ("OK", "")
 
 
 def save(state_dict: Mapping[str, Any], root: PathLike, step: int, *, keep_last: int = 0,
@@ -227,11 +245,13 @@ def save(state_dict: Mapping[str, Any], root: PathLike, step: int, *, keep_last:
     keep: List[torch.Tensor] = []
     step, pieces, blobs, error = _describe_for_collective(state_dict, step, keep)
     metadata, metadata_error = _user_metadata(user_metadata)
-    if error[0] == "OK":
-        error = metadata_error
+    recorded, metrics_error = _metrics(metrics)
+    for refusal in (metadata_error, metrics_error):
+        if error[0] == "OK":
+            error = refusal
     code, message, result = _core.save(
         comm, _fs(root), step, pieces, blobs, int(keep_last), int(keep_best), best_metric,
-        bool(best_higher_is_better), dict(metrics or {}), metadata,
+        bool(best_higher_is_better), recorded, metadata,
         torch.__version__, error)
     raise_for(code, message)
     return SaveResult(**result)
@@ -644,21 +664,23 @@ def async_save(state_dict: Mapping[str, Any], root: PathLike, step: int, *, keep
                               bool(best_higher_is_better)), metadata)
     keep: List[torch.Tensor] = []
     step, pieces, blobs, error = _describe_for_collective(state_dict, step, keep)
-    if error[0] == "OK":
-        error = metadata_error
+    recorded, metrics_error = _metrics(metrics)
+    for refusal in (metadata_error, metrics_error):
+        if error[0] == "OK":
+            error = refusal
     _fence_unfenced(saver)  # a snapshot still unfenced is taken (its outcome kept) before the next save
     _core.saver_wait(saver)  # the engine's save would wait for the one in flight anyway
     _log_unseen_failures(saver)
     if copy_while_training:
         code, message, handle = _core.start_save(comm, saver, _fs(root), step, pieces,
-                                                 blobs, dict(metrics or {}), error)
+                                                 blobs, recorded, error)
         raise_for(code, message)
         started = AsyncSaveHandle(handle, saver, keep + [state_dict])
         _unfenced[id(saver)] = started
         _unseen.append((id(saver), step, handle, weakref.ref(started)))
         return started
     code, message, handle = _core.async_save(comm, saver, _fs(root), step, pieces, blobs,
-                                             dict(metrics or {}), error)
+                                             recorded, error)
     raise_for(code, message)
     started = AsyncSaveHandle(handle)
     _unseen.append((id(saver), step, handle, weakref.ref(started)))
@@ -778,7 +800,7 @@ def consolidate(path: PathLike, out: PathLike, format: Optional[str] = None, *,
     from . import _core
     code, message, result = _core.consolidate(_fs(path), _fs(out), format or "", _globs(include, "include"),
                                               _globs(exclude, "exclude"), strip_prefix, dtype or "",
-                                              int(max_shard_bytes))
+                                              _whole("max_shard_bytes", max_shard_bytes, 0, 2 ** 64 - 1))
     raise_for(code, message)
     return dict(result)
 
@@ -797,6 +819,14 @@ def _raise_open_file_limit() -> None:
             pass  # the engine's EMFILE error names the limit then
 
 
+def _whole(name: str, value: Any, least: int, most: int) -> int:
+    """``value`` as an int in [least, most], or InvalidArgument naming ``name`` (pybind's
+    TypeError listed its own signature instead)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not least <= int(value) <= most:
+        raise InvalidArgument("%s must be a whole number from %d to %d, not %r" % (name, least, most, value))
+    return int(value)
+
+
 def import_checkpoint(src: PathLike, out_root: PathLike, world_size: int, layout: str = "flat") -> Dict[str, Any]:
     """A .pt or .safetensors file as a sharded checkpoint under ``out_root`` for ``world_size``
     ranks (``shardckpt import``); ``layout``: ``"flat"``, ``"dim0"`` or ``"replicated"``. It
@@ -806,7 +836,8 @@ def import_checkpoint(src: PathLike, out_root: PathLike, world_size: int, layout
     kept; skipped: those that could not be)."""
     from . import _core
     _raise_open_file_limit()
-    code, message, result = _core.convert(True, _fs(src), _fs(out_root), int(world_size), layout)
+    code, message, result = _core.convert(True, _fs(src), _fs(out_root), _whole("world_size", world_size, 1, 2 ** 31 - 1),
+                                          layout)
     raise_for(code, message)
     return dict(result)
 
@@ -817,7 +848,8 @@ def reshard(path: PathLike, out_root: PathLike, world_size: int, layout: str = "
     (values: those carried; skipped: per-rank blobs, which have no meaning at another world size)."""
     from . import _core
     _raise_open_file_limit()
-    code, message, result = _core.convert(False, _fs(path), _fs(out_root), int(world_size), layout)
+    code, message, result = _core.convert(False, _fs(path), _fs(out_root), _whole("world_size", world_size, 1, 2 ** 31 - 1),
+                                          layout)
     raise_for(code, message)
     return dict(result)
 

@@ -260,6 +260,19 @@ def test_user_metadata_takes_strings_and_names_any_other_value(root):
     with pytest.raises(shardckpt.InvalidArgument, match="user_metadata keys are str, not int"):
         shardckpt.async_save({"w": torch.ones(2)}, root, step=2, user_metadata={3: "x"}).wait()
     assert shardckpt.inspect(root)["step"] == 1
+    # Metrics and the step get the same: named, not pybind's TypeError (a loss tensor is a number).
+    with pytest.raises(shardckpt.InvalidArgument, match=r"metrics\['loss'\] is str \('x'\); metrics are numbers"):
+        shardckpt.save({"w": torch.ones(2)}, root, step=2, metrics={"loss": "x"})
+    with pytest.raises(shardckpt.InvalidArgument, match="metrics keys are str, not int"):
+        shardckpt.async_save({"w": torch.ones(2)}, root, step=2, metrics={1: 2.0}).wait()
+    with pytest.raises(shardckpt.InvalidArgument, match="step 1180591620717411303424 is out of range"):
+        shardckpt.save({"w": torch.ones(2)}, root, step=2 ** 70)
+    shardckpt.save({"w": torch.ones(2)}, root, step=2, metrics={"loss": torch.tensor(0.5), "acc": 1})
+    assert shardckpt.inspect(root)["metrics"] == {"loss": 0.5, "acc": 1.0}
+    with pytest.raises(shardckpt.InvalidArgument, match="max_shard_bytes must be a whole number from 0"):
+        shardckpt.consolidate(root, root + "-m.safetensors", max_shard_bytes=-1)
+    with pytest.raises(shardckpt.InvalidArgument, match=r"world_size must be a whole number from 1 to 2147483647, not 10+"):
+        shardckpt.reshard(root, root + "-re", world_size=10 ** 12)
 
 
 def test_a_state_dict_without_tensors_is_saved_and_loaded_by_its_keys(root):
