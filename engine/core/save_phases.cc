@@ -291,10 +291,10 @@ std::string AgreedOptionsText(const SaveOptions& options) {
 
 namespace {
 
-// What every rank must pass alike, as one message: AgreedOptionsText and each metric's name with
-// its value's bits. Its checksum rides in the reuse vote; the message itself goes out only when
-// the ranks' digests differ.
-std::string EncodeSaveAgreement(const SaveOptions& options) {
+// What every rank must pass alike, as one message: AgreedOptionsText, each metric's name with
+// its value's bits, and the root. Its checksum rides in the reuse vote; the message itself goes
+// out only when the ranks' digests differ.
+std::string EncodeSaveAgreement(const SaveOptions& options, const std::string& root) {
   WireWriter w;
   w.Str(AgreedOptionsText(options));
   w.U64(options.metrics.size());
@@ -304,10 +304,12 @@ std::string EncodeSaveAgreement(const SaveOptions& options) {
     w.Str(name);
     w.U64(bits);
   }
+  w.Str(root);
   return std::move(w.bytes());
 }
 
-bool DecodeSaveAgreement(const std::string& bytes, std::string* text, std::map<std::string, double>* metrics) {
+bool DecodeSaveAgreement(const std::string& bytes, std::string* text, std::map<std::string, double>* metrics,
+                         std::string* root) {
   WireReader r(bytes);
   *text = r.Str();
   for (uint64_t k = 0, n = r.U64(); k < n && r.ok(); ++k) {
@@ -317,6 +319,7 @@ bool DecodeSaveAgreement(const std::string& bytes, std::string* text, std::map<s
     std::memcpy(&value, &bits, sizeof(value));
     (*metrics)[name] = value;
   }
+  *root = r.Str();
   return r.ok();
 }
 
@@ -442,7 +445,7 @@ Result<PlannedSave> DecidePlan(Communicator& comm, const std::string& root, int6
   const uint64_t digest = cache != nullptr ? DescriptionDigest(host, state, options.pack_small_chunks) : 0;
   bool values_differ = false, refused = false;
   // The options rank 0 applies are compared with the global values: one digest, one vote.
-  const std::string agreement = EncodeSaveAgreement(options);
+  const std::string agreement = EncodeSaveAgreement(options, root);
   const uint64_t values_digest = GlobalValuesDigest(state) ^ Checksum64(agreement.data(), agreement.size());
   SC_ASSIGN_OR_RETURN(bool reuse, AgreeOnReuse(comm, step, digest, cache, values_digest, &values_differ,
                                                !state.refusal().ok(), &refused));
@@ -455,14 +458,22 @@ Result<PlannedSave> DecidePlan(Communicator& comm, const std::string& root, int6
     mine.Str(agreement);
     std::vector<std::string> all;
     SC_RETURN_IF_ERROR(comm.AllGather(std::move(mine.bytes()), &all));
-    std::vector<std::string> values(all.size()), options_by_rank(all.size());
+    std::vector<std::string> values(all.size()), options_by_rank(all.size()), roots(all.size());
     std::vector<std::map<std::string, double>> metrics_by_rank(all.size());
     for (size_t r = 0; r < all.size(); ++r) {
       WireReader reader(all[r]);
       values[r] = reader.Str();
       const std::string theirs = reader.Str();
-      if (!reader.ok() || !DecodeSaveAgreement(theirs, &options_by_rank[r], &metrics_by_rank[r])) {
+      if (!reader.ok() || !DecodeSaveAgreement(theirs, &options_by_rank[r], &metrics_by_rank[r], &roots[r])) {
         return Internal("truncated global values from rank " + std::to_string(r));
+      }
+    }
+    // Each rank would write its file into its own root, and the commit fail on a missing file.
+    for (size_t r = 1; r < roots.size(); ++r) {
+      if (roots[r] != roots[0]) {
+        return InvalidArgument("the ranks save into different roots: rank 0 '" + roots[0] + "', rank " + std::to_string(r) +
+                               " '" + roots[r] + "'; every rank must pass the same root")
+            .WithContext(StepFailed(step));
       }
     }
     SC_RETURN_IF_ERROR(GlobalValueConflicts(values).WithContext(StepFailed(step)));

@@ -516,6 +516,17 @@ int main(int argc, char** argv) {
       Held held = Build("mixed", comm->size(), rank, step, true);
       if (!Save(*comm, root, step, held.state).ok()) return Fail(rank, "the saves before the misuse failed");
     }
+    {  // a save whose ranks name different roots: refused on every rank, naming both, nothing written
+      Held held = Build("mixed", comm->size(), rank, 3, true);
+      const std::string elsewhere = root + "-other";
+      Result<SaveResult> split = Save(*comm, rank == 1 ? elsewhere : root, 3, held.state);
+      const std::string said = split.ok() ? "OK" : split.status().ToString();
+      if (said.find("the ranks save into different roots: rank 0 '" + root + "', rank 1 '" + elsewhere + "'") ==
+              std::string::npos ||
+          split.status().code() != Code::kInvalidArgument || PathExists(JoinPath(root, StepDirName(3)))) {
+        return Fail(rank, "ranks saving into different roots: got '" + said + "'");
+      }
+    }
     const std::string mine = JoinPath(root, StepDirName(rank == 1 ? 1 : 2));
     Held into = Build("mixed", comm->size(), rank, 0, false);
     Result<LoadReport> differ = Load(*comm, mine, into.state);
