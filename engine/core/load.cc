@@ -182,6 +182,12 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
   } else {
     DecodeTypedBytes(&report);
   }
+  if (LogEnabled(LogLevel::kInfo)) {
+    double seconds = 0;
+    for (const PhaseTime& p : report.phases) seconds += p.seconds;
+    SC_LOG(kInfo) << "loaded step " << report.step << " from " << report.path << " (saved by " << report.saved_world_size
+                  << " rank(s)): this rank read " << report.stats.data_bytes_read << " bytes in " << seconds << " s";
+  }
   return report;
 }
 

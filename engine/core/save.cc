@@ -2,6 +2,7 @@
 
 #include "shardckpt/engine/core/save_phases.h"
 #include "shardckpt/io/fs.h"
+#include "shardckpt/io/log.h"
 
 namespace shardckpt {
 
@@ -36,6 +37,12 @@ Result<SaveResult> Save(Communicator& comm, const std::string& root, int64_t ste
   clock.Lap("share_outcome");
   result.path = JoinPath(root, StepDirName(step));
   result.total_bytes = total;
+  if (rank == 0 && LogEnabled(LogLevel::kInfo)) {
+    double seconds = 0;
+    for (const PhaseTime& p : result.phases) seconds += p.seconds;
+    SC_LOG(kInfo) << "saved " << result.path << ": " << total << " bytes from " << comm.size() << " rank(s) in "
+                  << seconds << " s";
+  }
   return result;
 }
 
