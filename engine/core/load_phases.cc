@@ -23,6 +23,7 @@
 #include "shardckpt/io/checksum.h"
 #include "shardckpt/io/failpoint.h"
 #include "shardckpt/io/fs.h"
+#include "shardckpt/io/log.h"
 
 namespace shardckpt::load_phases {
 namespace {
@@ -120,18 +121,18 @@ void DecodeManifestText(int rank, ManifestRead* read) {
 }
 
 // ---- 2.
-Status AgreeOnPath(Communicator& comm, const std::string& path) {
+Status NoteDifferentPaths(Communicator& comm, const std::string& path) {
   if (comm.size() == 1) return Status::Ok();
   const int64_t hash = static_cast<int64_t>(Checksum64(path.data(), path.size()) >> 1);
   int64_t range[2] = {hash, -hash};  // the largest and, negated, the smallest
   SC_RETURN_IF_ERROR(comm.AllReduceMaxInt64(range, 2));
-  if (range[0] == -range[1]) return Status::Ok();
+  if (range[0] == -range[1]) return Status::Ok();  // (a hash collision would only leave the note out)
   std::vector<std::string> paths;
   SC_RETURN_IF_ERROR(comm.AllGather(path, &paths));
   for (size_t r = 1; r < paths.size(); ++r) {
-    if (paths[r] != paths[0]) {
-      return InvalidArgument("the ranks name different checkpoints to load: rank 0 '" + paths[0] + "', rank " +
-                             std::to_string(r) + " '" + paths[r] + "'; every rank must pass the same path");
+    if (paths[r] != paths[0] && (comm.rank() == 0 || static_cast<int>(r) == comm.rank())) {
+      SC_LOG(kWarn) << "rank " << r << " named '" << paths[r] << "' to load, rank 0 '" << paths[0]
+                    << "': rank 0's is loaded on every rank (rank 0 resolves the checkpoint for all)";
     }
   }
   return Status::Ok();

@@ -43,10 +43,11 @@ struct ManifestRead {
   CheckpointHold hold;
 };
 // Resolves and holds the folder and reads the manifest's bytes [load.read_manifest].
-// Every rank names the same checkpoint: rank 0 resolves it for all, so a rank that named another
-// would get rank 0's without a word (a resume path each rank worked out for itself). One
-// reduction; the paths are gathered only to name them when they differ.
-Status AgreeOnPath(Communicator& comm, const std::string& path);
+// Rank 0 resolves the checkpoint for every rank (a rank's stale view of a network filesystem must
+// not decide): a rank that named another path gets rank 0's, which is logged as a warning on rank
+// 0 and that rank (the same folder spelled otherwise, a trailing slash or a link, included). One
+// reduction; the paths are gathered only when they differ.
+Status NoteDifferentPaths(Communicator& comm, const std::string& path);
 
 ManifestRead OpenManifestOnRoot(int rank, int world, const std::string& path);
 // Decodes and validates them, and checks the data files' sizes (rank 0; where every rank parses,

@@ -506,9 +506,9 @@ int main(int argc, char** argv) {
   }
   int code = 2;
   if (argc >= 3 && std::string(argv[1]) == "misuse-after") {
-    // Ranks naming different checkpoints to load are refused on every rank, naming both (rank 0's
-    // was loaded everywhere, silently); a save after MPI_Finalize is a Status on every rank, not
-    // Open MPI's abort.
+    // Ranks naming different checkpoints to load get rank 0's (it resolves for all: a rank's stale
+    // view of a network filesystem must not decide), with a warning; a save after MPI_Finalize is
+    // a Status on every rank, not Open MPI's abort.
     auto comm = CreateMpiCommunicator().value();
     const int rank = comm->rank();
     const std::string root = argv[2];
@@ -516,25 +516,13 @@ int main(int argc, char** argv) {
       Held held = Build("mixed", comm->size(), rank, step, true);
       if (!Save(*comm, root, step, held.state).ok()) return Fail(rank, "the saves before the misuse failed");
     }
-    {  // a save whose ranks name different roots: refused on every rank, naming both, nothing written
-      Held held = Build("mixed", comm->size(), rank, 3, true);
-      const std::string elsewhere = root + "-other";
-      Result<SaveResult> split = Save(*comm, rank == 1 ? elsewhere : root, 3, held.state);
-      const std::string said = split.ok() ? "OK" : split.status().ToString();
-      if (said.find("the ranks save into different roots: rank 0 '" + root + "', rank 1 '" + elsewhere + "'") ==
-              std::string::npos ||
-          split.status().code() != Code::kInvalidArgument || PathExists(JoinPath(root, StepDirName(3)))) {
-        return Fail(rank, "ranks saving into different roots: got '" + said + "'");
-      }
-    }
-    const std::string mine = JoinPath(root, StepDirName(rank == 1 ? 1 : 2));
+    const std::string mine = rank == 1 ? JoinPath(root, StepDirName(1)) : root + "/";
     Held into = Build("mixed", comm->size(), rank, 0, false);
     Result<LoadReport> differ = Load(*comm, mine, into.state);
-    const std::string got = differ.ok() ? "OK" : differ.status().ToString();
-    const std::string wanted = "InvalidArgument: the ranks name different checkpoints to load: rank 0 '" +
-                               JoinPath(root, StepDirName(2)) + "', rank 1 '" + JoinPath(root, StepDirName(1)) +
-                               "'; every rank must pass the same path";
-    if (got != wanted) return Fail(rank, "ranks naming different checkpoints: got '" + got + "'");
+    if (!differ.ok() || differ->step != 2) {
+      return Fail(rank, "ranks naming different checkpoints: " + (differ.ok() ? "step " + std::to_string(differ->step)
+                                                                              : differ.status().ToString()));
+    }
     session->reset();  // MPI_Finalize
     Held again = Build("mixed", comm->size(), rank, 3, true);
     Result<SaveResult> after = Save(*comm, root, 3, again.state);
