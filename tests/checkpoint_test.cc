@@ -201,6 +201,12 @@ TEST_F(CheckpointTest, AnAsyncSaveHoldsItsRootFromTheCallAndKeepsItsFolderAcross
   ASSERT_FALSE(second.ok());
   EXPECT_EQ(second.status().code(), Code::kFailedPrecondition);
   EXPECT_THAT(second.status().message(), HasSubstr("an async save's persist in flight in this process is writing into"));
+  // Another saver's async save into the root (a second communicator) is refused as it starts.
+  auto other = AsyncSaver::Create(*comm_);
+  ASSERT_TRUE(other.ok());
+  auto racing = (*other)->Save(root(), 5, state);
+  ASSERT_FALSE(racing.ok());
+  EXPECT_THAT(racing.status().message(), HasSubstr("an async save's persist in flight in this process is writing into"));
   ASSERT_TRUE((*first)->Wait().ok());
   ASSERT_TRUE(SetFailpoints("").ok());
   ExpectLoads(root(), 1);

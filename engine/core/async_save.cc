@@ -24,6 +24,14 @@ Status SaveHandle::Wait() {
 }
 
 namespace {
+// Lets go of a persist's root reservation when its thread's work ends, however it ends (an
+// exception included): the std::async state keeps the functor, and with it any copy, for as long
+// as the save's handle lives.
+struct ReleaseWhenDone {
+  std::shared_ptr<PersistReservation>& held;
+  ~ReleaseWhenDone() { held.reset(); }
+};
+
 // The snapshot's own failures are Statuses; what it allocates (staging, the snapshot's pieces)
 // can still throw std::bad_alloc, which must reach the agreement as an error like any other.
 template <typename F>
@@ -150,17 +158,15 @@ Result<std::shared_ptr<SaveHandle>> AsyncSaver::Save(const std::string& root, in
   if (!metrics.empty()) options.metrics = metrics;
   // Absolute now: a chdir before the persist runs must not move the checkpoint (or its retention).
   const std::string where = AbsoluteRoot(root);
+  if (taken.ok()) taken = PersistReservation::CheckNotReserved(where);  // another persist's root: refused on every rank
   auto reserved = std::make_shared<PersistReservation>(where);  // from now until the persist ends
   Result<std::shared_future<Result<SaveResult>>> thread =
       StartThread([comm, where, step, snapshot, options, agreed_to_go, reserved]() mutable -> Result<SaveResult> {
-        PersistReservation::OnPersistThread();
-        Result<SaveResult> saved = Status(Code::kAborted, "not started: the save was refused");
-        if (agreed_to_go.get()) {
-          Status start = Failpoint("async.persist_start", "the persist of step " + std::to_string(step));
-          saved = start.ok() ? shardckpt::Save(*comm, where, step, *snapshot, options) : Result<SaveResult>(start);
-        }
-        reserved.reset();
-        return saved;
+        ReleaseWhenDone release{reserved};
+        reserved->OnPersistThread();
+        if (!agreed_to_go.get()) return Status(Code::kAborted, "not started: the save was refused");
+        SC_RETURN_IF_ERROR(Failpoint("async.persist_start", "the persist of step " + std::to_string(step)));
+        return shardckpt::Save(*comm, where, step, *snapshot, options);
       });
   Status agreed = AgreeOnStatus(*comm_, taken.ok() ? thread.status() : taken);
   if (thread.ok()) go->set_value(agreed.ok());
@@ -189,18 +195,16 @@ Result<std::shared_ptr<SaveHandle>> AsyncSaver::StartSave(const std::string& roo
   SaveOptions options = options_;
   if (!metrics.empty()) options.metrics = metrics;
   const std::string where = AbsoluteRoot(root);  // as in Save
+  const Status free_root = PersistReservation::CheckNotReserved(where);
   auto reserved = std::make_shared<PersistReservation>(where);
   // Only this thread touches the staging area, ring and snapshot until Wait: every later call
   // that could (Save, StartSave) waits for the persist first.
   Result<std::shared_future<Result<SaveResult>>> started = StartThread([this, comm, where, step, caller, options, taken,
-                                                                        reserved]() mutable -> Result<SaveResult> {
-                      PersistReservation::OnPersistThread();
-                      struct Release {
-                        std::shared_ptr<PersistReservation>& held;
-                        ~Release() { held.reset(); }
-                      } release{reserved};
+                                                                        reserved, free_root]() mutable -> Result<SaveResult> {
+                      ReleaseWhenDone release{reserved};
+                      reserved->OnPersistThread();
                       auto start = std::chrono::steady_clock::now();
-                      Status status = Guarded([&] { return Snapshot(*caller); });
+                      Status status = free_root.ok() ? Guarded([&] { return Snapshot(*caller); }) : free_root;
                       if (!status.ok()) status = status.WithContext("snapshot of step " + std::to_string(step));
                       status = AgreeOnStatus(*comm, status);
                       last_snapshot_seconds_ =

@@ -577,7 +577,8 @@ std::string AbsoluteRoot(const std::string& root) {
   std::error_code ec;
   std::filesystem::path absolute = std::filesystem::absolute(root, ec);
   if (ec) return root;
-  std::string text = absolute.lexically_normal().string();
+  // Not lexically_normal: "link/../x" is where the link points, then up, as the kernel resolves it.
+  std::string text = absolute.string();
   while (text.size() > 1 && text.back() == '/') text.pop_back();
   return text;
 }
@@ -585,7 +586,7 @@ std::string AbsoluteRoot(const std::string& root) {
 namespace {
 std::mutex g_reserved_mutex;
 std::multiset<std::string> g_reserved;
-thread_local bool t_persist_thread = false;
+thread_local std::string t_persist_root;  // the root this thread's persist writes (its own reservation)
 }  // namespace
 
 PersistReservation::PersistReservation(std::string absolute_root) : root_(std::move(absolute_root)) {
@@ -599,13 +600,14 @@ PersistReservation::~PersistReservation() {
   if (it != g_reserved.end()) g_reserved.erase(it);
 }
 
-void PersistReservation::OnPersistThread() { t_persist_thread = true; }
+void PersistReservation::OnPersistThread() const { t_persist_root = root_; }
 
 Status PersistReservation::CheckNotReserved(const std::string& root) {
-  if (t_persist_thread) return Status::Ok();
   const std::string key = AbsoluteRoot(root);
   std::lock_guard<std::mutex> lock(g_reserved_mutex);
-  if (g_reserved.count(key) == 0) return Status::Ok();
+  // A persist's own save passes its own reservation, no other (one more async save of the root).
+  const size_t others = g_reserved.count(key) - (t_persist_root == key && g_reserved.count(key) > 0 ? 1 : 0);
+  if (others == 0) return Status::Ok();
   return FailedPrecondition("an async save's persist in flight in this process is writing into " + root +
                             ": wait for it (its handle's Wait, or AsyncSaver::Wait) before another save into the root");
 }

@@ -155,9 +155,11 @@ class PersistReservation {
   PersistReservation(const PersistReservation&) = delete;
   PersistReservation& operator=(const PersistReservation&) = delete;
   ~PersistReservation();
-  // Marks the calling thread as the persist of a reserved root: its own save is not refused.
-  static void OnPersistThread();
-  // FailedPrecondition where a persist of this process holds `root` and the caller is not one.
+  // Marks the calling thread as this reservation's persist: its own save passes it.
+  void OnPersistThread() const;
+  // FailedPrecondition where a persist of this process holds `root`, other than the calling
+  // thread's own. Called by each save as it locks the root, and by an async save as it starts
+  // (before it reserves), so a second async save into the root is the one refused too.
   static Status CheckNotReserved(const std::string& root);
 
  private:
