@@ -202,9 +202,9 @@ TEST_F(CheckpointTest, AnAsyncSaveHoldsItsRootFromTheCallAndKeepsItsFolderAcross
   EXPECT_EQ(second.status().code(), Code::kFailedPrecondition);
   EXPECT_THAT(second.status().message(), HasSubstr("an async save's persist in flight in this process is writing into"));
   // Another saver's async save into the root (a second communicator) is refused as it starts.
-  auto other = AsyncSaver::Create(*comm_);
-  ASSERT_TRUE(other.ok());
-  auto racing = (*other)->Save(root(), 5, state);
+  auto second_saver = AsyncSaver::Create(*comm_);
+  ASSERT_TRUE(second_saver.ok());
+  auto racing = (*second_saver)->Save(root(), 5, state);
   ASSERT_FALSE(racing.ok());
   EXPECT_THAT(racing.status().message(), HasSubstr("an async save's persist in flight in this process is writing into"));
   ASSERT_TRUE((*first)->Wait().ok());

@@ -167,25 +167,34 @@ TEST(MatchPieces, AnyNumberOfPiecesAroundTheLookAheadIsMatchedAndPlanned) {
   }
 }
 
-// A rename (strip_prefix) that makes two names of the checkpoint one is refused naming both;
-// names it keeps apart, and a per-rank value stored by several ranks under one name, are not.
-TEST(CheckRenameCollisions, TwoNamesMadeOneAreNamed) {
+// A rename (strip_prefix) that makes two saved names one is refused naming both where a target
+// wants that name; a partial load that wants neither, and a per-rank value stored by several
+// ranks under one name, are not.
+TEST(RenameCollisions, AWantedNameMadeOfTwoSavedNamesIsNamed) {
   Manifest m;
   m.entries.push_back(EntryRecord{"a", DType::kFloat32, {4}, {}});
+  m.entries.push_back(EntryRecord{"module.a", DType::kFloat32, {4}, {}});
   m.entries.push_back(EntryRecord{"module.b", DType::kFloat32, {4}, {}});
   m.blobs.push_back(BlobRecord{"module.rng", BlobScope::kPerRank, 0, 0, 0, 1});
   m.blobs.push_back(BlobRecord{"module.rng", BlobScope::kPerRank, 1, 0, 0, 1});
+  m.blobs.push_back(BlobRecord{"v", BlobScope::kGlobal, 0, 0, 0, 1});
+  m.blobs.push_back(BlobRecord{"module.v", BlobScope::kGlobal, 0, 0, 0, 1});
   LoadOptions options;
-  EXPECT_TRUE(CheckRenameCollisions(m, options).ok());
   options.rename = StripPrefix("module.");
-  EXPECT_TRUE(CheckRenameCollisions(m, options).ok());
-  m.entries.push_back(EntryRecord{"module.a", DType::kFloat32, {4}, {}});
-  Status tensors = CheckRenameCollisions(m, options);
+  std::vector<float> buffer(4);
+  ShardedState only_b;
+  ASSERT_TRUE(only_b.AddTensor("b", DType::kFloat32, {4}, Layout::Whole(), buffer.data()).ok());
+  EXPECT_TRUE(MatchPieces(m, only_b, options).status.ok());
+  EXPECT_TRUE(MatchValues(m, {"rng"}, options).status.ok());
+  ShardedState wants_a;
+  ASSERT_TRUE(wants_a.AddTensor("a", DType::kFloat32, {4}, Layout::Whole(), buffer.data()).ok());
+  Status tensors = MatchPieces(m, wants_a, options).status;
   EXPECT_EQ(tensors.code(), Code::kInvalidArgument);
   EXPECT_THAT(tensors.message(), HasSubstr("'a' and 'module.a' of the checkpoint both become 'a' after the rename"));
-  m.entries.pop_back();
-  m.blobs.push_back(BlobRecord{"b", BlobScope::kGlobal, 0, 0, 0, 1});  // a value and a tensor
-  EXPECT_THAT(CheckRenameCollisions(m, options).message(), HasSubstr("'module.b' and 'b' of the checkpoint both become 'b'"));
+  Status values = MatchValues(m, {"v"}, options).status;
+  EXPECT_THAT(values.message(), HasSubstr("'v' and 'module.v' of the checkpoint both become 'v'"));
+  options.rename = nullptr;
+  EXPECT_TRUE(MatchPieces(m, wants_a, options).status.ok());
 }
 
 TEST(ParseManifestSharing, TheThreeNamesAndNothingElse) {

@@ -279,6 +279,12 @@ Status ShareManifest(Communicator& comm, ManifestRead* read) {
 }
 
 // ---- 3.
+Status RenameCollision(const std::string& first, const std::string& second, std::string_view as) {
+  return InvalidArgument("'" + first + "' and '" + second + "' of the checkpoint both become '" + std::string(as) +
+                         "' after the rename (strip_prefix), which this load wants: load without it, or load the "
+                         "other name into another target");
+}
+
 LocalMatch MatchPieces(const Manifest& manifest, const ShardedState& targets, const LoadOptions& options) {
   // Names as views of the manifest's (or of their renamed copies): no string copied per entry.
   std::vector<std::string> renamed;
@@ -291,9 +297,13 @@ LocalMatch MatchPieces(const Manifest& manifest, const ShardedState& targets, co
   // A name longer than a string's inline 15 bytes lives on the heap, a cache miss away.
   constexpr size_t kNameAhead = 16;
   const uint32_t entry_count = static_cast<uint32_t>(manifest.entries.size());
+  // Two entries the rename makes one name: refused if a piece wants that name (below), else
+  // harmless (a partial load that takes neither).
+  std::unordered_map<std::string_view, std::pair<uint32_t, uint32_t>> collided;
   for (uint32_t i = 0; i < entry_count; ++i) {
     if (i + kNameAhead < entry_count) __builtin_prefetch(name_of(i + kNameAhead).data());
-    by_name.TryEmplace(name_of(i), i);
+    const auto [first, fresh] = by_name.TryEmplace(name_of(i), i);
+    if (!fresh && options.rename) collided.try_emplace(name_of(i), first, i);
   }
   LocalMatch match;
   match.wants.assign(manifest.entries.size(), EntryWant());
@@ -352,6 +362,12 @@ LocalMatch MatchPieces(const Manifest& manifest, const ShardedState& targets, co
     }
     match.entry_of_piece[p] = static_cast<long>(entry);
     match.wants[entry].Add(IsWhole(piece), piece.space == MemorySpace::kCuda);
+    if (!collided.empty() && match.status.ok()) {
+      if (auto it = collided.find(piece.name); it != collided.end()) {
+        match.status = RenameCollision(manifest.entries[it->second.first].name, manifest.entries[it->second.second].name,
+                                       piece.name);
+      }
+    }
   }
   return match;
 }
@@ -372,11 +388,24 @@ std::vector<std::string> UnwantedEntries(const Manifest& manifest, const Demand&
 ValueMatch MatchValues(const Manifest& manifest, const std::vector<std::string>& wanted_values, const LoadOptions& options,
                        int rank) {
   std::set<std::string> blobs;  // one name per value, however many ranks stored it
+  std::map<std::string, std::string> original_of;  // with a rename: the saved name of each
+  std::map<std::string, std::pair<std::string, std::string>> collided;  // two saved names made one
   for (const BlobRecord& b : manifest.blobs) {
     if (rank >= 0 && b.scope == BlobScope::kPerRank && b.rank != rank) continue;  // another rank's own
-    blobs.insert(options.rename ? options.rename(b.name) : b.name);
+    if (!options.rename) {
+      blobs.insert(b.name);
+      continue;
+    }
+    std::string renamed = options.rename(b.name);
+    auto [it, fresh] = original_of.try_emplace(renamed, b.name);
+    if (!fresh && it->second != b.name) collided.try_emplace(renamed, it->second, b.name);
+    blobs.insert(std::move(renamed));
   }
   ValueMatch out;
+  auto refuse_if_collided = [&](const std::string& name) {
+    auto it = collided.find(name);
+    if (it != collided.end() && out.status.ok()) out.status = RenameCollision(it->second.first, it->second.second, name);
+  };
   std::set<std::string> taken;
   const bool dcp = BuiltFromDcpFolder(manifest);
   const std::set<std::string> nothing_stored(options.wanted_values_dcp_stores_nothing_of.begin(),
@@ -385,6 +414,7 @@ ValueMatch MatchValues(const Manifest& manifest, const std::vector<std::string>&
     const std::string& want = wanted_values[w];
     if (blobs.count(want)) {
       taken.insert(want);
+      refuse_if_collided(want);
       continue;
     }
     if (dcp && nothing_stored.count(want)) continue;
@@ -397,6 +427,7 @@ ValueMatch MatchValues(const Manifest& manifest, const std::vector<std::string>&
     for (const std::string& leaf : leaves) {
       if (blobs.count(leaf)) {
         taken.insert(leaf);
+        refuse_if_collided(leaf);
         any = true;
       } else {
         absent.push_back(leaf);
@@ -417,6 +448,7 @@ ValueMatch MatchValues(const Manifest& manifest, const std::vector<std::string>&
 Status MatchVerdict(const Status& local, bool strict, const std::string& dir, const std::vector<std::string>& missing,
                     const std::vector<std::string>& unexpected, const ValueMatch& values,
                     const std::vector<std::string>& wanted_values) {
+  if (local.ok() && !values.status.ok()) return values.status;
   if (!local.ok() || !strict) return local;
   // One name on both sides is one thing of two kinds: said so, and not also listed as missing
   // and as unloaded (which read as if the checkpoint lacked it).
@@ -567,26 +599,10 @@ Status CheckDevices(const ShardedState& targets) {
   return Status::Ok();
 }
 
-Status CheckRenameCollisions(const Manifest& manifest, const LoadOptions& options) {
-  if (!options.rename) return Status::Ok();
-  std::unordered_map<std::string, std::string> original_of;  // renamed -> the name it came from
-  auto add = [&](const std::string& name) -> Status {
-    auto [it, fresh] = original_of.try_emplace(options.rename(name), name);
-    if (fresh || it->second == name) return Status::Ok();
-    return InvalidArgument("'" + it->second + "' and '" + name + "' of the checkpoint both become '" + it->first +
-                           "' after the rename (strip_prefix): load without it, or into names that keep them apart");
-  };
-  for (const EntryRecord& e : manifest.entries) SC_RETURN_IF_ERROR(add(e.name));
-  for (const BlobRecord& b : manifest.blobs) SC_RETURN_IF_ERROR(add(b.name));  // a per-rank one once per rank
-  return Status::Ok();
-}
-
 Result<Match> MatchEntries(Communicator& comm, const Manifest& manifest, const std::string& dir,
                            const ShardedState& targets, const LoadOptions& options, LoadReport* report) {
   Match match;
   match.local = MatchPieces(manifest, targets, options);
-  // The same on every rank (one manifest, one rename): reported with the match's verdict.
-  if (Status collision = CheckRenameCollisions(manifest, options); !collision.ok()) match.local.status = collision;
   report->missing = match.local.missing;
   std::vector<std::string> all_wants;
   SC_RETURN_IF_ERROR(comm.AllGather(EncodeEntryWants(match.local.wants), &all_wants));

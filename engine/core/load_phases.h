@@ -93,9 +93,10 @@ struct LocalMatch {
   Status status;                     // dtype or shape mismatch
 };
 LocalMatch MatchPieces(const Manifest& manifest, const ShardedState& targets, const LoadOptions& options);
-// Two names of the checkpoint (entries or values) that the rename makes one: InvalidArgument
-// naming both (the second was dropped: a tensor reported unexpected, a value lost unsaid).
-Status CheckRenameCollisions(const Manifest& manifest, const LoadOptions& options);
+// A wanted name that the rename made of two saved names (entries with entries, values with
+// values) is InvalidArgument naming both, in LocalMatch::status and ValueMatch::status: one was
+// dropped, a tensor reported unexpected and a value lost unsaid. Names no target wants are left.
+Status RenameCollision(const std::string& first, const std::string& second, std::string_view as);
 
 // Every rank's wants combined, by entry (CombineEntryWants, with the names the phases use).
 struct Demand {
@@ -113,6 +114,7 @@ std::vector<std::string> UnwantedEntries(const Manifest& manifest, const Demand&
 // only some are there), and blobs no wanted value takes.
 struct ValueMatch {
   std::vector<std::string> missing, unexpected;
+  Status status;  // a wanted value the rename made of two saved values
 };
 // At the saved world size a rank takes only its own per-rank blobs (as PlanReads gives them):
 // `rank` is this rank there, -1 at another world size (every rank's records count).

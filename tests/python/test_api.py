@@ -613,12 +613,16 @@ def test_strip_prefix(root):
     assert torch.equal(target["w"], torch.ones(3)) and target["n"] == 4
     # Two saved names the prefix makes one are refused, naming both, before anything is read (a
     # value was lost without a word, a tensor reported unexpected).
-    shardckpt.save({"module.v": 1, "v": 2, "module.a": torch.ones(2), "a": torch.zeros(2)}, root, step=2)
+    shardckpt.save({"module.v": 1, "v": 2, "module.a": torch.ones(2), "a": torch.zeros(2), "module.w": torch.ones(3)},
+                   root, step=2)
     target = {"v": 0, "a": torch.full((2,), 7.0)}
     with pytest.raises(shardckpt.InvalidArgument) as error:
         shardckpt.load(target, root, strip_prefix="module.", strict=False)
     assert "both become 'a' after the rename (strip_prefix)" in error.value.message, error.value.message
     assert target["v"] == 0 and torch.equal(target["a"], torch.full((2,), 7.0))
+    other = {"w": torch.zeros(3)}  # a partial load wanting neither name is not refused
+    report = shardckpt.load(other, root, strip_prefix="module.", strict=False)
+    assert torch.equal(other["w"], torch.ones(3)) and report.missing == []
 
 
 def test_load_of_a_missing_root_is_not_found(root):
