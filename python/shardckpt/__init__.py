@@ -208,15 +208,21 @@ def _metrics(metrics: Optional[Mapping[str, float]]) -> Tuple[Dict[str, float], 
     """The metrics to record (str to float), or {} and the refusal as (code, message), which
     the engine tells every rank, as _user_metadata's."""
     out: Dict[str, float] = {}
-    for key, value in dict(metrics or {}).items():
+    try:
+        items = dict(metrics or {}).items()
+    except (TypeError, ValueError) as error:
+        return {}, ("InvalidArgument", "metrics must be a mapping of names to numbers: %s" % error)
+    for key, value in items:
         if not isinstance(key, str):
             return {}, ("InvalidArgument", "metrics keys are str, not %s (%r)" % (type(key).__name__, key))
-        if isinstance(value, torch.Tensor) and value.numel() == 1:
-            value = value.item()  # a loss tensor
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            return {}, ("InvalidArgument", "metrics['%s'] is %s (%r); metrics are numbers"
-                        % (key, type(value).__name__, value))
-        out[key] = float(value)
+        refusal = ("InvalidArgument", "metrics['%s'] is %s (%r); metrics are numbers" % (key, type(value).__name__, value))
+        if isinstance(value, (bool, str, bytes)) or getattr(value, "dtype", None) in (torch.bool, bool):
+            return {}, refusal
+        try:
+            # A loss tensor, a numpy scalar or 0-d array, a Decimal: whatever float() takes.
+            out[key] = float(value.item() if hasattr(value, "item") else value)
+        except Exception:  # noqa: BLE001 - any failure here is this rank's metric, agreed on by every rank
+            return {}, refusal
     return out, ("OK", "")
 
 
@@ -822,9 +828,17 @@ def _raise_open_file_limit() -> None:
 def _whole(name: str, value: Any, least: int, most: int) -> int:
     """``value`` as an int in [least, most], or InvalidArgument naming ``name`` (pybind's
     TypeError listed its own signature instead)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not least <= int(value) <= most:
+    whole = None
+    if not isinstance(value, bool):
+        try:
+            # An int, a whole float (5e9 bytes), a numpy integer, a str of digits (from the environment).
+            whole = int(value) if isinstance(value, (numbers.Integral, str)) else \
+                (int(value) if float(value).is_integer() else None)
+        except (TypeError, ValueError, OverflowError):
+            whole = None
+    if whole is None or not least <= whole <= most:
         raise InvalidArgument("%s must be a whole number from %d to %d, not %r" % (name, least, most, value))
-    return int(value)
+    return whole
 
 
 def import_checkpoint(src: PathLike, out_root: PathLike, world_size: int, layout: str = "flat") -> Dict[str, Any]:

@@ -273,6 +273,14 @@ def test_user_metadata_takes_strings_and_names_any_other_value(root):
         shardckpt.consolidate(root, root + "-m.safetensors", max_shard_bytes=-1)
     with pytest.raises(shardckpt.InvalidArgument, match=r"world_size must be a whole number from 1 to 2147483647, not 10+"):
         shardckpt.reshard(root, root + "-re", world_size=10 ** 12)
+    # What worked before stays working: a whole float, a str of digits, numpy numbers.
+    import numpy as np
+    assert shardckpt.inspect(shardckpt.reshard(root, root + "-re2", world_size="2")["path"])["world_size"] == 2
+    shardckpt.consolidate(root, root + "-m.safetensors", max_shard_bytes=5e9)
+    shardckpt.save({"w": torch.ones(2)}, root, step=3, metrics={"a": np.array(0.25), "b": np.float32(2.0)})
+    assert shardckpt.inspect(root)["metrics"] == {"a": 0.25, "b": 2.0}
+    with pytest.raises(shardckpt.InvalidArgument, match=r"metrics\['m'\] is int"):
+        shardckpt.save({"w": torch.ones(2)}, root, step=4, metrics={"m": 10 ** 400})
 
 
 def test_a_state_dict_without_tensors_is_saved_and_loaded_by_its_keys(root):
