@@ -275,8 +275,9 @@ def test_user_metadata_takes_strings_and_names_any_other_value(root):
         shardckpt.reshard(root, root + "-re", world_size=10 ** 12)
     # What worked before stays working: a whole float, a str of digits, numpy numbers.
     import numpy as np
-    assert shardckpt.inspect(shardckpt.reshard(root, root + "-re2", world_size="2")["path"])["world_size"] == 2
-    shardckpt.consolidate(root, root + "-m.safetensors", max_shard_bytes=5e9)
+    own = "%s-%d" % (root, os.getpid())  # the verbs are one process's: each rank writes its own output
+    assert shardckpt.inspect(shardckpt.reshard(root, own + "-re2", world_size="2")["path"])["world_size"] == 2
+    shardckpt.consolidate(root, own + "-m.safetensors", max_shard_bytes=5e9)
     shardckpt.save({"w": torch.ones(2)}, root, step=3, metrics={"a": np.array(0.25), "b": np.float32(2.0)})
     assert shardckpt.inspect(root)["metrics"] == {"a": 0.25, "b": 2.0}
     with pytest.raises(shardckpt.InvalidArgument, match=r"metrics\['m'\] is int"):
