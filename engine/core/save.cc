@@ -1,5 +1,7 @@
 #include "shardckpt/engine/core/save.h"
 
+#include <cmath>
+
 #include "shardckpt/engine/core/save_phases.h"
 #include "shardckpt/io/fs.h"
 #include "shardckpt/io/log.h"
@@ -15,6 +17,25 @@ Result<SaveResult> Save(Communicator& comm, const std::string& root, int64_t ste
                         const ShardedState& state, const SaveOptions& options) {
   using namespace save_phases;
   const int rank = comm.rank();
+  // A diverged step's loss (NaN, inf) is no metric, but its checkpoint is still wanted (to look
+  // at it, or to go back from it): the value is left out, with a warning, not the save refused.
+  bool finite = true;
+  for (const auto& [name, value] : options.metrics) finite = finite && std::isfinite(value);
+  if (!finite) {
+    SaveOptions recorded = options;
+    for (auto it = recorded.metrics.begin(); it != recorded.metrics.end();) {
+      if (std::isfinite(it->second)) {
+        ++it;
+        continue;
+      }
+      if (rank == 0) {
+        SC_LOG(kWarn) << "metric '" << it->first << "' is " << it->second << ": not recorded for step " << step
+                      << " (the checkpoint is saved without it)";
+      }
+      it = recorded.metrics.erase(it);
+    }
+    return Save(comm, root, step, state, recorded);
+  }
   SaveResult result;
   PhaseClock clock(&result.phases);
   // 1. Rank 0 locks the root, plans (or reuses the kept plan) and creates the temp folder; every

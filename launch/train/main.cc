@@ -365,8 +365,8 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
   }
   double last_loss = std::nan("");  // of the last step trained, recorded with each checkpoint
   auto loss_metric = [&]() -> std::map<std::string, double> {
-    // A diverged step (NaN, inf) is no metric: saves refuse non-finite ones, and the run should
-    // still checkpoint so that it can be inspected.
+    // A diverged step (NaN, inf) is no metric: left out here, quietly (a save would leave it out
+    // with a warning), and the run still checkpoints so that it can be inspected.
     if (!std::isfinite(last_loss)) return {};
     return {{"loss", last_loss}};
   };

@@ -282,6 +282,9 @@ def test_user_metadata_takes_strings_and_names_any_other_value(root):
     assert shardckpt.inspect(root)["metrics"] == {"a": 0.25, "b": 2.0}
     with pytest.raises(shardckpt.InvalidArgument, match=r"metrics\['m'\] is int"):
         shardckpt.save({"w": torch.ones(2)}, root, step=4, metrics={"m": 10 ** 400})
+    # A diverged loss is left out (with a warning): the checkpoint is still saved.
+    shardckpt.save({"w": torch.ones(2)}, root, step=5, metrics={"loss": float("nan"), "acc": 0.5})
+    assert shardckpt.inspect(root)["step"] == 5 and shardckpt.inspect(root)["metrics"] == {"acc": 0.5}
 
 
 def test_a_state_dict_without_tensors_is_saved_and_loaded_by_its_keys(root):
