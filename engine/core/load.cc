@@ -143,9 +143,8 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
   PhaseClock clock(&report.phases);
   // 1-2. One metadata read, on rank 0, shared with the rest; each rank's own file is read
   // meanwhile where that pays.
-  SC_RETURN_IF_ERROR(NoteDifferentPaths(comm, path));
   ManifestRead read = OpenManifestOnRoot(comm.rank(), comm.size(), path);
-  SC_RETURN_IF_ERROR(ShareFolder(comm, options, &read));
+  SC_RETURN_IF_ERROR(ShareFolder(comm, path, options, &read));
   std::unique_ptr<FileReadAhead> ahead = StartReadAhead(read, comm.rank(), options);
   SC_RETURN_IF_ERROR(ShareManifestText(comm, &read));
   DecodeManifestText(comm.rank(), &read);

@@ -121,28 +121,21 @@ void DecodeManifestText(int rank, ManifestRead* read) {
 }
 
 // ---- 2.
-Status NoteDifferentPaths(Communicator& comm, const std::string& path) {
-  if (comm.size() == 1) return Status::Ok();
-  const int64_t hash = static_cast<int64_t>(Checksum64(path.data(), path.size()) >> 1);
-  int64_t range[2] = {hash, -hash};  // the largest and, negated, the smallest
-  SC_RETURN_IF_ERROR(comm.AllReduceMaxInt64(range, 2));
-  if (range[0] == -range[1]) return Status::Ok();  // (a hash collision would only leave the note out)
-  std::vector<std::string> paths;
-  SC_RETURN_IF_ERROR(comm.AllGather(path, &paths));
-  for (size_t r = 1; r < paths.size(); ++r) {
-    if (paths[r] != paths[0] && (comm.rank() == 0 || static_cast<int>(r) == comm.rank())) {
-      SC_LOG(kWarn) << "rank " << r << " named '" << paths[r] << "' to load, rank 0 '" << paths[0]
-                    << "': rank 0's is loaded on every rank (rank 0 resolves the checkpoint for all)";
-    }
-  }
-  return Status::Ok();
-}
-
-Status ShareFolder(Communicator& comm, const LoadOptions& options, ManifestRead* read) {
+Status ShareFolder(Communicator& comm, const std::string& path, const LoadOptions& options, ManifestRead* read) {
   // Rank 0's verdict first: on a bad folder every rank reports what its check found.
   SC_RETURN_IF_ERROR(BroadcastStatus(comm, read->status, 0));
   if (comm.size() == 1) return Status::Ok();
-  SC_RETURN_IF_ERROR(BroadcastString(comm, &read->dir, 0));
+  // The folder and the path rank 0 was given, in one message (a path holds no NUL): a rank that
+  // was given another says so, at no collective of its own.
+  std::string shared = comm.rank() == 0 ? read->dir + '\0' + path : std::string();
+  SC_RETURN_IF_ERROR(BroadcastString(comm, &shared, 0));
+  const size_t split = shared.find('\0');
+  read->dir = shared.substr(0, split);
+  const std::string given = split == std::string::npos ? std::string() : shared.substr(split + 1);
+  if (comm.rank() != 0 && given != path) {
+    SC_LOG(kWarn) << "rank " << comm.rank() << " named '" << path << "' to load, rank 0 '" << given
+                  << "': rank 0's is loaded on every rank (rank 0 resolves the checkpoint for all)";
+  }
   // Rank 0's sharing mode drives every rank's collectives; a DCP folder has no text to share.
   const ManifestSharing mode = comm.rank() == 0 && read->text.empty() ? ManifestSharing::kRootSends : options.manifest_sharing;
   uint64_t hint[3] = {read->hint.manifest_bytes, read->hint.same_world ? 1u : 0u, static_cast<uint64_t>(mode)};

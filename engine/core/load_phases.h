@@ -43,19 +43,16 @@ struct ManifestRead {
   CheckpointHold hold;
 };
 // Resolves and holds the folder and reads the manifest's bytes [load.read_manifest].
-// Rank 0 resolves the checkpoint for every rank (a rank's stale view of a network filesystem must
-// not decide): a rank that named another path gets rank 0's, which is logged as a warning on rank
-// 0 and that rank (the same folder spelled otherwise, a trailing slash or a link, included). One
-// reduction; the paths are gathered only when they differ.
-Status NoteDifferentPaths(Communicator& comm, const std::string& path);
-
 ManifestRead OpenManifestOnRoot(int rank, int world, const std::string& path);
 // Decodes and validates them, and checks the data files' sizes (rank 0; where every rank parses,
 // the others decode their copy of the text, and only rank 0 checks the files).
 void DecodeManifestText(int rank, ManifestRead* read);
 
 // ---- 2. Broadcast rank 0's status so far, the folder, the read-ahead hint and its sharing mode.
-Status ShareFolder(Communicator& comm, const LoadOptions& options, ManifestRead* read);
+// Rank 0 resolves the checkpoint for every rank (a rank's stale view of a network filesystem must
+// not decide): a rank given another `path` than rank 0 gets rank 0's, and logs a warning naming
+// both (the same folder spelled otherwise, a trailing slash or a link, included).
+Status ShareFolder(Communicator& comm, const std::string& path, const LoadOptions& options, ManifestRead* read);
 // Decide whether every rank parses the manifest (one all-gather under kAuto) and, if so,
 // broadcast its text. After ShareFolder, so that the reads ahead are under way meanwhile.
 Status ShareManifestText(Communicator& comm, ManifestRead* read);
