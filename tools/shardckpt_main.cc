@@ -569,7 +569,7 @@ int Prune(int argc, char** argv) {
     for (const CheckpointInfo& c : *listed) {
       if (c.committed || (save_running && c.temp)) continue;
       if (!c.foreign.empty()) {  // as the cleanup would report it
-        failed.push_back(RemovalFailure{c.name, FailedPrecondition(JoinPath(root, c.name) + ": " + c.problem)});
+        failed.push_back(RemovalFailure{c.name, LeftForItsFiles(root, c.name, c.foreign)});
         continue;
       }
       (HeldByReader(root, c.name) ? left : leftovers).push_back(c.name);

@@ -210,11 +210,9 @@ Result<std::string> ResolveCheckpoint(const std::string& path) {
   if (!is_dir) {
     // A model file (what consolidate writes, what torch.save and transformers write) is made a
     // checkpoint by import; for the manifest itself or a data file, the folder is what is meant.
-    for (const char* model_file : {".pt", ".pth", ".bin", ".safetensors", ".safetensors.index.json"}) {  // what import takes
-      if (EndsWith(path, model_file) && BaseName(path).compare(0, 5, "rank-") != 0) {
-        return InvalidArgument(path + " is a model file, not a checkpoint: `shardckpt import " + path +
-                               " --out ROOT --world-size N` (Python: shardckpt.import_checkpoint) makes one of it");
-      }
+    if (IsImportableFileName(path) && BaseName(path).compare(0, 5, "rank-") != 0) {  // not a data file
+      return InvalidArgument(path + " is a model file, not a checkpoint: `shardckpt import " + path +
+                             " --out ROOT --world-size N` (Python: shardckpt.import_checkpoint) makes one of it");
     }
     return InvalidArgument(path + " is a file: give the checkpoint folder (or the root) instead, such as " +
                            DirName(path));
@@ -409,6 +407,13 @@ bool HeldByReader(const std::string& root, const std::string& name) {
   return held;
 }
 
+bool IsImportableFileName(const std::string& path) {
+  for (const char* suffix : {".pt", ".pth", ".bin", ".safetensors", ".safetensors.index.json"}) {
+    if (EndsWith(path, suffix)) return true;
+  }
+  return false;
+}
+
 std::string FirstEntryNoSaveWrites(const std::string& dir) {
   Result<std::vector<std::string>> names = ListDir(dir);
   if (!names.ok()) return "";
@@ -424,6 +429,12 @@ std::string FirstEntryNoSaveWrites(const std::string& dir) {
   return "";
 }
 
+Status LeftForItsFiles(const std::string& root, const std::string& name, const std::string& foreign) {
+  return FailedPrecondition(JoinPath(root, name) + " has no manifest but holds " + foreign +
+                            ", which no save writes (someone's own files): left as it is; move the files out, or "
+                            "remove the folder, once it is not needed");
+}
+
 Status RemoveStaleTempDirs(const std::string& root, std::vector<std::string>* removed_names,
                            std::vector<std::string>* left_names, std::vector<RemovalFailure>* failed) {
   WaitForBackgroundRemovals();
@@ -436,10 +447,7 @@ Status RemoveStaleTempDirs(const std::string& root, std::vector<std::string>* re
     if (half_deleted) {
       const std::string foreign = FirstEntryNoSaveWrites(JoinPath(root, name));
       if (!foreign.empty()) {
-        Status kept = FailedPrecondition(
-            JoinPath(root, name) + " has no manifest but holds " + foreign +
-            ", which no save writes (someone's own files): left as it is; move the files out, or remove the "
-            "folder, once it is not needed");
+        Status kept = LeftForItsFiles(root, name, foreign);
         SC_LOG(kWarn) << kept.message();
         if (failed != nullptr) failed->push_back(RemovalFailure{name, kept});
         continue;

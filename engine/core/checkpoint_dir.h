@@ -88,6 +88,10 @@ struct RemovalFailure {
   Status status;
 };
 
+// Whether `path` is named as a file `import` reads: .pt, .pth, .bin, .safetensors or a
+// *.safetensors.index.json (a torch.save or transformers file, or what consolidate wrote).
+bool IsImportableFileName(const std::string& path);
+
 // The first entry in step folder `dir` that no save writes there (a save writes rank files and
 // the manifest; NFS's .nfsXXXX files are not counted), or "" when there is none or `dir` cannot
 // be listed. A step folder without a manifest is a cut-short commit's or deletion's leftover,
@@ -95,6 +99,9 @@ struct RemovalFailure {
 // an evaluation's output) are left with it for a person to move. (A deletion cut short of a
 // committed folder that held such files leaves it so too.)
 std::string FirstEntryNoSaveWrites(const std::string& dir);
+// Why root/name, a step folder without a manifest holding `foreign`, is left: as the cleanup
+// reports it and a dry run of it says so.
+Status LeftForItsFiles(const std::string& root, const std::string& name, const std::string& foreign);
 
 // Removes what crashed or failed saves left: temp folders, step folders without a manifest
 // (a deletion cut short; one holding files no save writes is passed over and put in `failed`)

@@ -34,7 +34,7 @@ struct ConsolidateOptions {
 struct ConsolidateReport {
   std::string checkpoint;
   std::vector<std::string> files;    // written, in order (index file last)
-  std::vector<std::string> sha256;   // of each data file: files[i] for i < sha256.size() (an index comes last)
+  std::vector<std::string> sha256;   // of each of `files`, in the same order (an index's too)
   uint64_t entries = 0;
   uint64_t tensor_bytes = 0;         // written
   uint64_t bytes_read = 0;           // from the checkpoint

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "shardckpt/engine/core/checkpoint_dir.h"
 #include "shardckpt/engine/core/checkpoint_reader.h"
 #include "shardckpt/engine/core/commit.h"
 #include "shardckpt/engine/core/offline_writer.h"
@@ -241,7 +242,7 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
   SC_ASSIGN_OR_RETURN(const std::string file, ResolveImportInput(input));
   const bool index = EndsWith(file, ".safetensors.index.json");
   const bool safetensors = index || EndsWith(file, ".safetensors");
-  if (!safetensors && !EndsWith(file, ".pt") && !EndsWith(file, ".pth") && !EndsWith(file, ".bin")) {
+  if (!IsImportableFileName(file)) {
     return InvalidArgument("cannot import '" + file +
                            "': expected .pt, .pth, .bin, .safetensors, a *.safetensors.index.json or a folder holding one");
   }
