@@ -41,7 +41,7 @@ import os
 import sys
 import threading
 import weakref
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -226,6 +226,28 @@ def _metrics(metrics: Optional[Mapping[str, float]]) -> Tuple[Dict[str, float], 
     return out, ("OK", "")
 
 
+class _SaveCall(NamedTuple):
+    step: int
+    pieces: list
+    blobs: list
+    user_metadata: Dict[str, str]
+    metrics: Dict[str, float]
+    error: Tuple[str, str]  # the first refusal of the three, ("OK", "") when none
+
+
+def _describe_save_call(state: Mapping[str, Any], step: Any, metrics: Optional[Mapping[str, float]],
+                        user_metadata: Optional[Mapping[str, str]], keep: List[torch.Tensor]) -> _SaveCall:
+    """What save and async_save hand the engine: the state, the user metadata and the metrics,
+    with the first refusal among them, which the engine tells every rank."""
+    step, pieces, blobs, error = _describe_for_collective(state, step, keep)
+    metadata, metadata_error = _user_metadata(user_metadata)
+    recorded, metrics_error = _metrics(metrics)
+    for refusal in (metadata_error, metrics_error):
+        if error[0] == "OK":
+            error = refusal
+    return _SaveCall(step, pieces, blobs, metadata, recorded, error)
+
+
 def save(state_dict: Mapping[str, Any], root: PathLike, step: int, *, keep_last: int = 0,
          keep_best: int = 0, best_metric: str = "", best_higher_is_better: bool = False,
          metrics: Optional[Mapping[str, float]] = None,
@@ -249,16 +271,11 @@ def save(state_dict: Mapping[str, Any], root: PathLike, step: int, *, keep_last:
     # otherwise one of the two saves found the root locked by the other and failed.
     _wait_for_savers_of(comm)
     keep: List[torch.Tensor] = []
-    step, pieces, blobs, error = _describe_for_collective(state_dict, step, keep)
-    metadata, metadata_error = _user_metadata(user_metadata)
-    recorded, metrics_error = _metrics(metrics)
-    for refusal in (metadata_error, metrics_error):
-        if error[0] == "OK":
-            error = refusal
+    call = _describe_save_call(state_dict, step, metrics, user_metadata, keep)
     code, message, result = _core.save(
-        comm, _fs(root), step, pieces, blobs, int(keep_last), int(keep_best), best_metric,
-        bool(best_higher_is_better), recorded, metadata,
-        torch.__version__, error)
+        comm, _fs(root), call.step, call.pieces, call.blobs, int(keep_last), int(keep_best), best_metric,
+        bool(best_higher_is_better), call.metrics, call.user_metadata,
+        torch.__version__, call.error)
     raise_for(code, message)
     return SaveResult(**result)
 
@@ -591,13 +608,19 @@ def _fence_unfenced(saver: Any) -> None:
 def _wait_for_savers_of(comm: Any) -> None:
     """Waits for the copies and persists in flight of every engine saver made over ``comm``,
     whatever its retention; their outcomes are their handles' to report."""
-    from . import _core
     with _savers_lock:
         held = _savers.get(id(comm))
     if held is not None and held[0] is comm:
-        _fence_unfenced(held[1])
-        _core.saver_wait(held[1])
-        _log_unseen_failures(held[1])
+        _finish_in_flight(held[1])
+
+
+def _finish_in_flight(saver: Any) -> None:
+    """Waits for ``saver``'s copy and persist in flight (an unfenced snapshot taken through its
+    handle, which keeps the outcome) and logs the failures no handle can see any more."""
+    from . import _core
+    _fence_unfenced(saver)
+    _core.saver_wait(saver)
+    _log_unseen_failures(saver)
 
 
 def _saver_for(comm: Any, options: Tuple[int, int, str, bool],
@@ -665,28 +688,22 @@ def async_save(state_dict: Mapping[str, Any], root: PathLike, step: int, *, keep
     """
     from . import _core
     comm = resolve(comm)
-    metadata, metadata_error = _user_metadata(user_metadata)
-    saver = _saver_for(comm, (int(keep_last), int(keep_best), str(best_metric),
-                              bool(best_higher_is_better)), metadata)
     keep: List[torch.Tensor] = []
-    step, pieces, blobs, error = _describe_for_collective(state_dict, step, keep)
-    recorded, metrics_error = _metrics(metrics)
-    for refusal in (metadata_error, metrics_error):
-        if error[0] == "OK":
-            error = refusal
-    _fence_unfenced(saver)  # a snapshot still unfenced is taken (its outcome kept) before the next save
-    _core.saver_wait(saver)  # the engine's save would wait for the one in flight anyway
-    _log_unseen_failures(saver)
+    call = _describe_save_call(state_dict, step, metrics, user_metadata, keep)
+    step = call.step
+    saver = _saver_for(comm, (int(keep_last), int(keep_best), str(best_metric),
+                              bool(best_higher_is_better)), call.user_metadata)
+    _finish_in_flight(saver)  # the engine's save would wait for the one in flight anyway
     if copy_while_training:
-        code, message, handle = _core.start_save(comm, saver, _fs(root), step, pieces,
-                                                 blobs, recorded, error)
+        code, message, handle = _core.start_save(comm, saver, _fs(root), step, call.pieces,
+                                                 call.blobs, call.metrics, call.error)
         raise_for(code, message)
         started = AsyncSaveHandle(handle, saver, keep + [state_dict])
         _unfenced[id(saver)] = started
         _unseen.append((id(saver), step, handle, weakref.ref(started)))
         return started
-    code, message, handle = _core.async_save(comm, saver, _fs(root), step, pieces, blobs,
-                                             recorded, error)
+    code, message, handle = _core.async_save(comm, saver, _fs(root), step, call.pieces, call.blobs,
+                                             call.metrics, call.error)
     raise_for(code, message)
     started = AsyncSaveHandle(handle)
     _unseen.append((id(saver), step, handle, weakref.ref(started)))
