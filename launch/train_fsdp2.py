@@ -180,7 +180,7 @@ def finish(handle, rank: int) -> bool:
     try:
         handle.wait()
     except shardckpt.ShardckptError as error:
-        print("rank %d: checkpoint of step %d failed: %s" % (rank, handle.step, error), file=sys.stderr, flush=True)
+        print("rank %d: checkpoint of step %d failed: %s: %s" % (rank, handle.step, type(error).__name__, error), file=sys.stderr, flush=True)
         return False
     if rank == 0:
         print("checkpoint step %d committed" % handle.step, flush=True)

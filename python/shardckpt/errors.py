@@ -20,7 +20,9 @@ class ShardckptError(Exception):
         self.message = message
 
     def __str__(self) -> str:
-        return f"{self.code}: {self.message}"
+        # The message alone, as Python's own exceptions do: a traceback already names the class
+        # ("shardckpt.DataLoss: ..."), and "%s" % error in a log line reads the same on every kind.
+        return self.message
 
 
 class InvalidArgument(ShardckptError, ValueError):
@@ -77,6 +79,11 @@ class DeadlineExceeded(ShardckptError, TimeoutError):
     """A collective timed out waiting for a rank (SHARDCKPT_COLLECTIVE_TIMEOUT_S)."""
     code = "DeadlineExceeded"
 
+
+# Tracebacks name the classes where users import them from.
+for _cls in (ShardckptError, InvalidArgument, NotFound, AlreadyExists, DataLoss, IoError, NoSpace,
+             FailedPrecondition, Unimplemented, Internal, Aborted, DeadlineExceeded):
+    _cls.__module__ = "shardckpt"
 
 ERRORS: Dict[str, Type[ShardckptError]] = {
     cls.code: cls
