@@ -118,6 +118,12 @@ void SetHugePageStaging(bool on) { g_huge_page_bytes = on ? KernelHugePageBytes(
 
 HostAllocator DefaultHostAllocator() { return HostAllocator{&DefaultAllocate, &DefaultRelease, "aligned"}; }
 
+Status EnsureAlignedBytes(AlignedBuffer* buffer, size_t bytes) {
+  if (buffer->size() >= bytes) return Status::Ok();
+  SC_ASSIGN_OR_RETURN(*buffer, AlignedBuffer::Allocate(bytes + bytes / 16));
+  return Status::Ok();
+}
+
 Result<AlignedBuffer> AlignedBuffer::Allocate(size_t bytes, HostAllocator allocator) {
   AlignedBuffer buffer;
   size_t rounded = AlignUp(bytes == 0 ? kDirectIoAlignment : bytes, kDirectIoAlignment);

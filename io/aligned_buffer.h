@@ -55,6 +55,11 @@ class AlignedBuffer {
   HostAllocator allocator_;
 };
 
+// Makes `*buffer` at least `bytes` long, for memory a caller keeps between uses (a repeat save's
+// manifest staging): when it must grow, it grows to a sixteenth more, room for a text that grows
+// by a little between saves (its metrics, its time). Its contents are not kept.
+Status EnsureAlignedBytes(AlignedBuffer* buffer, size_t bytes);
+
 // A fixed set of equal-sized buffers, handed out by index. Not thread-safe by design: one
 // pipeline (a writer or a reader) owns it at a time.
 class BufferPool {

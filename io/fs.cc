@@ -298,12 +298,8 @@ Status WriteAndSync(const std::string& path, const std::vector<std::string_view>
     const size_t padded = AlignUp(size, kDirectIoAlignment);
     AlignedBuffer local;
     if (staging == nullptr) staging = &local;
-    if (staging->size() < padded) {
-      // Room for a manifest that grows by a little between saves (its metrics, its time).
-      Result<AlignedBuffer> grown = AlignedBuffer::Allocate(padded + padded / 16);
-      if (!grown.ok()) return grown.status().WithContext("write " + path);
-      *staging = std::move(grown).value();
-    }
+    Status room = EnsureAlignedBytes(staging, padded);
+    if (!room.ok()) return room.WithContext("write " + path);
     unsigned char* at = staging->data();
     for (std::string_view piece : pieces) {
       if (piece.empty()) continue;  // its data() may be null, which memcpy may not be given

@@ -40,6 +40,37 @@ Manifest Sample() {
   return m;
 }
 
+// A repeat save's text with a head room (manifest_ahead.h): the body starts at the room, the
+// text ends on a block boundary, and it reads back as the unpadded text does.
+TEST(Manifest, AHeadRoomPadsTheHeadAndTheSealWithSpacesOnly) {
+  Manifest m = Sample();
+  m.blobs[0].offset = 0;
+  Result<ManifestBody> body = EncodeManifestBody(m);
+  ASSERT_TRUE(body.ok()) << body.status().ToString();
+  Result<ManifestTextPieces> plain = EncodeManifestWithBody(m, *body);
+  Result<ManifestTextPieces> roomy = EncodeManifestWithBody(m, *body, 8192);
+  ASSERT_TRUE(plain.ok() && roomy.ok());
+  EXPECT_EQ(plain->Joined(), EncodeManifest(m).value());  // no room: the text as ever
+  EXPECT_EQ(roomy->head.size(), 8192u);
+  EXPECT_EQ(roomy->head.substr(0, plain->head.size()), plain->head);
+  EXPECT_EQ(roomy->head.find_first_not_of(' ', plain->head.size()), std::string::npos);
+  const std::string text = roomy->Joined();
+  EXPECT_EQ(text.size() % 4096, 0u);
+  EXPECT_EQ(text.compare(8192, body->text.size(), body->text), 0);
+  Result<Manifest> back = DecodeManifest(text, "m.json");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(EncodeManifest(*back).value(), EncodeManifest(m).value());
+  std::string flipped = text;
+  flipped[8000] = '\t';  // padding is covered by the seal like any other byte
+  EXPECT_EQ(DecodeManifest(flipped, "m.json").status().code(), Code::kDataLoss);
+
+  // A head longer than its room is left as it is, and still reads back.
+  Result<ManifestTextPieces> tight = EncodeManifestWithBody(m, *body, 64);
+  ASSERT_TRUE(tight.ok());
+  EXPECT_EQ(tight->head, plain->head);
+  EXPECT_TRUE(DecodeManifest(tight->Joined(), "m.json").ok());
+}
+
 TEST(Manifest, RoundTrips) {
   Manifest m = Sample();
   m.blobs[0].offset = 0;

@@ -519,6 +519,75 @@ TEST_F(SavePhasesOnDisk, ARepeatSaveReusesTheKeptManifestWithItsOwnStepMetricsAn
   EXPECT_TRUE(cache.manifest->head.entries.empty());  // kept as text only
 }
 
+// A repeat save writes the kept entries and blobs into the temp folder's manifest while the data
+// files are written, and the commit completes that file (manifest_ahead.h); when the early write
+// fails, or the head outgrew its room, the commit writes the manifest whole. Every one of those
+// checkpoints reads back with its own values.
+TEST_F(SavePhasesOnDisk, ARepeatSaveWritesTheKeptBodyEarlyAndFallsBackToAWholeWrite) {
+  const std::string fired = JoinPath(dir_.path(), "fired");
+  setenv("SHARDCKPT_FAILPOINTS_FIRED", fired.c_str(), 1);
+  auto early_writes = [&] {
+    Result<std::string> text = ReadFileLimited(fired, 1 << 20);
+    size_t count = 0;
+    for (size_t at = 0; text.ok() && (at = text->find("commit.manifest_ahead", at)) != std::string::npos; ++at) ++count;
+    return count;
+  };
+  auto reads_back = [&](int64_t step, float first) {
+    float loaded[4] = {};
+    ShardedState into = OneTensor(loaded);
+    Result<LoadReport> report = Load(*comm_, JoinPath(root(), StepDirName(step)), into);
+    EXPECT_TRUE(report.ok()) << "step " << step << ": " << report.status().ToString();
+    EXPECT_EQ(loaded[0], first) << "step " << step;
+    EXPECT_EQ(loaded[3], 4);
+  };
+  SavePlanCache cache;
+  SaveOptions options;
+  options.plan_cache = &cache;
+  ASSERT_TRUE(SetFailpoints("commit.manifest_ahead=sleep:0").ok());  // counts the early writes
+  ASSERT_TRUE(Save(*comm_, root(), 1, state_, options).ok());
+  EXPECT_EQ(early_writes(), 0u);  // nothing kept yet
+  ASSERT_NE(cache.manifest, nullptr);
+  const uint64_t room = cache.manifest->head_room;
+  EXPECT_EQ(room % 4096, 0u);
+
+  data_[0] = 7;
+  ASSERT_TRUE(Save(*comm_, root(), 2, state_, options).ok());
+  EXPECT_EQ(early_writes(), 1u);
+  Result<std::string> text = ReadFileLimited(JoinPath(JoinPath(root(), StepDirName(2)), kManifestName), 1 << 20);
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(text->size() % 4096, 0u);
+  EXPECT_EQ(text->compare(room, cache.manifest->body.text.size(), cache.manifest->body.text), 0);
+  reads_back(2, 7);
+
+  // The early write fails: the commit writes the manifest whole, and the save stands.
+  data_[0] = 8;
+  ASSERT_TRUE(SetFailpoints("commit.manifest_ahead=EIO").ok());
+  Result<SaveResult> whole = Save(*comm_, root(), 3, state_, options);
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  reads_back(3, 8);
+
+  // A head that outgrew its room: written whole, and the next save has room for it.
+  ASSERT_TRUE(SetFailpoints("commit.manifest_ahead=sleep:0").ok());
+  for (int i = 0; i < 200; ++i) options.metrics["a rather long metric name, number " + std::to_string(i)] = i;
+  data_[0] = 9;
+  const size_t before = early_writes();
+  ASSERT_TRUE(Save(*comm_, root(), 4, state_, options).ok());
+  reads_back(4, 9);
+  EXPECT_GT(cache.manifest->head_room, room);
+  EXPECT_EQ(ReadManifest(JoinPath(root(), StepDirName(4))).value().metrics.size(), 200u);
+  data_[0] = 10;
+  ASSERT_TRUE(Save(*comm_, root(), 5, state_, options).ok());
+  reads_back(5, 10);
+  EXPECT_EQ(early_writes(), before + 2);  // both began early; only the second one fit
+
+  // A save that fails in its data phase leaves no temp folder behind, the early manifest
+  // included (the commit waits for it before removing the folder).
+  ASSERT_TRUE(SetFailpoints("save.write_data=EIO").ok());
+  EXPECT_FALSE(Save(*comm_, root(), 6, state_, options).ok());
+  for (const std::string& name : ListDir(root()).value()) EXPECT_FALSE(IsTempDirName(name)) << name;
+  unsetenv("SHARDCKPT_FAILPOINTS_FIRED");
+}
+
 TEST(PlacedAlike, EveryPlacementAndFileFieldCountsButNotTheChecksumValues) {
   WriteReport base;
   base.wrote_file = true;

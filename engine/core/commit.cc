@@ -80,15 +80,20 @@ Status CommitCheckpoint(const std::string& root, const std::string& temp_name, c
 
 Status PublishCheckpoint(const std::string& root, const std::string& temp_name, int64_t step,
                          const std::vector<std::string_view>& manifest_text, std::optional<ManifestSummary> summary,
-                         const RetentionPolicy& retention, AlignedBuffer* manifest_staging) {
+                         const RetentionPolicy& retention, AlignedBuffer* manifest_staging,
+                         ManifestAhead* written_ahead) {
   const std::string temp_dir = JoinPath(root, temp_name);
   const std::string final_name = StepDirName(step);
   const std::string final_dir = JoinPath(root, final_name);
   // The manifest is written in place: the temp folder is not a checkpoint until it is renamed,
   // and a save that dies before that leaves it to the next save's cleanup. One fsync of the
   // folder then makes the data files' names and the manifest's durable together.
-  SC_RETURN_IF_ERROR(WriteFileDurably(JoinPath(temp_dir, kManifestName), manifest_text, manifest_staging,
-                                      "commit.manifest"));
+  if (written_ahead != nullptr) {
+    SC_RETURN_IF_ERROR(written_ahead->Complete(manifest_text.at(0), manifest_text.at(1), manifest_text.at(2)));
+  } else {
+    SC_RETURN_IF_ERROR(WriteFileDurably(JoinPath(temp_dir, kManifestName), manifest_text, manifest_staging,
+                                        "commit.manifest"));
+  }
   SC_RETURN_IF_ERROR(SyncDir(temp_dir, "commit.sync_tmp"));
   SC_RETURN_IF_ERROR(Rename(temp_dir, final_dir, "commit.rename_dir"));
   Status status = SyncDir(root, "commit.sync_root");

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "shardckpt/engine/core/checkpoint_dir.h"
+#include "shardckpt/engine/core/manifest_ahead.h"
 #include "shardckpt/engine/core/manifest_summary.h"
 #include "shardckpt/engine/core/retention.h"
 #include "shardckpt/engine/model/manifest.h"
@@ -43,9 +44,12 @@ Status CheckBuiltManifest(const Manifest& manifest);
 // in memory of this call's own. `summary`, the manifest's (SummaryOf), is remembered once the
 // checkpoint is published, so that later saves need not decode it: callers give it when
 // `retention` ranks by a metric, the one reader of summaries, and build none otherwise.
+// `written_ahead`, where given, began writing these three pieces (head, body, seal) to the temp
+// folder's manifest and Fits them: the commit completes that file instead (manifest_ahead.h).
 Status PublishCheckpoint(const std::string& root, const std::string& temp_name, int64_t step,
                          const std::vector<std::string_view>& manifest_text, std::optional<ManifestSummary> summary,
-                         const RetentionPolicy& retention, AlignedBuffer* manifest_staging = nullptr);
+                         const RetentionPolicy& retention, AlignedBuffer* manifest_staging = nullptr,
+                         ManifestAhead* written_ahead = nullptr);
 
 // The creation facts every manifest carries; `torch_version` and `git_commit` may be empty.
 CreationInfo MakeCreationInfo(int hosts, const std::string& torch_version, const std::string& git_commit,

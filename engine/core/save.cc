@@ -42,8 +42,9 @@ Result<SaveResult> Save(Communicator& comm, const std::string& root, int64_t ste
   //    rank gets the plan.
   SC_ASSIGN_OR_RETURN(PlannedSave planned, DecidePlan(comm, root, step, state, options));
   clock.Lap("plan");
-  // 2. Every rank writes its file.
+  // 2. Every rank writes its file; rank 0 of a repeat save also the kept part of the manifest.
   const std::string temp_dir = JoinPath(root, planned.temp_name);
+  std::unique_ptr<ManifestAhead> ahead = rank == 0 ? StartManifestAhead(planned, temp_dir, options) : nullptr;
   WriteReport report = WriteRankFile(rank, temp_dir, state, planned, options);
   clock.Lap("write");
   result.bytes_written = static_cast<int64_t>(report.file.size);
@@ -53,7 +54,7 @@ Result<SaveResult> Save(Communicator& comm, const std::string& root, int64_t ste
   // 3-9. Rank 0 commits; every rank returns its outcome.
   Status committed;
   int64_t total = 0;
-  if (rank == 0) committed = CommitOnRoot(root, step, planned, reports_bytes, options, &total, &clock);
+  if (rank == 0) committed = CommitOnRoot(root, step, planned, reports_bytes, options, &total, &clock, ahead.get());
   SC_RETURN_IF_ERROR(ShareOutcome(comm, committed, &total));
   clock.Lap("share_outcome");
   result.path = JoinPath(root, StepDirName(step));

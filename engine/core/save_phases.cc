@@ -696,6 +696,11 @@ Result<ManifestTextPieces> EncodeBuiltManifest(Manifest&& m, const PlannedSave& 
   auto kept = std::make_shared<KeptManifest>();
   SC_ASSIGN_OR_RETURN(kept->body, EncodeManifestBody(m));
   SC_ASSIGN_OR_RETURN(ManifestTextPieces text, EncodeManifestWithBody(m, kept->body));
+  kept->head_room = ManifestHeadRoom(text.head.size());
+  // Sized now for the repeat saves' early writes, which then allocate nothing. Memory short of
+  // that fails no save: the commit below and an early write each size it for themselves.
+  EnsureAlignedBytes(&cache->manifest_staging, ManifestAheadStagingBytes(kept->head_room, kept->body.text.size()))
+      .IgnoreError();
   kept->plan_id = planned.plan_id;
   kept->reports = std::move(reports);
   m.entries = {};  // said by the body
@@ -707,18 +712,43 @@ Result<ManifestTextPieces> EncodeBuiltManifest(Manifest&& m, const PlannedSave& 
 
 }  // namespace
 
+namespace {
+
+// The manifest rank 0 kept for this save's plan, when the plan was reused.
+KeptManifest* KeptForPlan(const PlannedSave& planned, const SaveOptions& options) {
+  SavePlanCache* cache = options.plan_cache;
+  return cache != nullptr && cache->manifest != nullptr && planned.reused && cache->manifest->plan_id == planned.plan_id
+             ? cache->manifest.get()
+             : nullptr;
+}
+
+}  // namespace
+
+std::unique_ptr<ManifestAhead> StartManifestAhead(const PlannedSave& planned, const std::string& temp_dir,
+                                                  const SaveOptions& options) {
+  const KeptManifest* kept = KeptForPlan(planned, options);
+  if (!planned.status.ok() || kept == nullptr || kept->head_room == 0) return nullptr;
+  return std::make_unique<ManifestAhead>(JoinPath(temp_dir, kManifestName), kept->head_room, kept->body.text,
+                                         &options.plan_cache->manifest_staging);
+}
+
 Status CommitOnRoot(const std::string& root, int64_t step, const PlannedSave& planned,
                     const std::vector<std::string>& reports_bytes, const SaveOptions& options, int64_t* total_bytes,
-                    PhaseClock* clock) {
+                    PhaseClock* clock, ManifestAhead* ahead) {
+  // Before anything replaces the kept body the early write reads, or removes the temp folder.
+  Status ahead_written = ahead != nullptr ? ahead->Wait() : Status(Code::kNotFound, "none");
+  if (ahead != nullptr && !ahead_written.ok()) {
+    SC_LOG(kDebug) << "the early write of " << ahead->path() << " failed (" << ahead_written.ToString()
+                   << "); the commit writes it whole";
+  }
   Result<std::vector<WriteReport>> reports = CollectReports(step, reports_bytes);
   Status committed = reports.status();
   if (committed.ok()) {
     SavePlanCache* cache = options.plan_cache;
-    KeptManifest* kept = cache != nullptr && cache->manifest != nullptr && planned.reused &&
-                                 cache->manifest->plan_id == planned.plan_id && PlacedAlike(*reports, cache->manifest->reports)
-                             ? cache->manifest.get()
-                             : nullptr;
+    KeptManifest* kept = KeptForPlan(planned, options);
+    if (kept != nullptr && !PlacedAlike(*reports, kept->reports)) kept = nullptr;
     Result<ManifestTextPieces> text = Internal("not encoded");
+    ManifestAhead* written_ahead = nullptr;
     // For retention by a metric, or keep_last, which checks the newest checkpoints: the next
     // saves find this one remembered. No copy of the files list otherwise.
     const bool summarize = options.retention().RanksByMetric() || options.retention().keep_last > 0;
@@ -727,8 +757,12 @@ Status CommitOnRoot(const std::string& root, int64_t step, const PlannedSave& pl
       Status refreshed =
           RefreshKeptManifest(step, *planned.described, std::move(reports).value(), options, kept, total_bytes);
       if (clock != nullptr) clock->Lap("build_manifest");
-      text = refreshed.ok() ? EncodeManifestWithBody(kept->head, kept->body) : Result<ManifestTextPieces>(refreshed);
+      text = refreshed.ok() ? EncodeManifestWithBody(kept->head, kept->body, kept->head_room)
+                            : Result<ManifestTextPieces>(refreshed);
       if (summarize) summary = SummaryOf(kept->head);
+      if (text.ok() && ahead_written.ok() && ahead->Fits(text->head, text->body)) written_ahead = ahead;
+      // A head that outgrew its room is written whole this time; the next save has room for it.
+      if (text.ok() && text->head.size() > kept->head_room) kept->head_room = ManifestHeadRoom(text->head.size());
     } else {
       Manifest m = BuildManifest(step, *planned.described, *reports, options, total_bytes);
       if (clock != nullptr) clock->Lap("build_manifest");
@@ -737,7 +771,7 @@ Status CommitOnRoot(const std::string& root, int64_t step, const PlannedSave& pl
     }
     committed = text.ok() ? PublishCheckpoint(root, planned.temp_name, step, {text->head, text->body, text->seal},
                                               std::move(summary), options.retention(),
-                                              cache != nullptr ? &cache->manifest_staging : nullptr)
+                                              cache != nullptr ? &cache->manifest_staging : nullptr, written_ahead)
                           : text.status();
     if (clock != nullptr) clock->Lap("commit");
     if (!committed.ok()) committed = committed.WithContext(StepFailed(step) + " on rank 0 while committing");

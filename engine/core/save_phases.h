@@ -16,6 +16,7 @@
 
 #include "shardckpt/collectives/communicator.h"
 #include "shardckpt/engine/core/checkpoint_dir.h"
+#include "shardckpt/engine/core/manifest_ahead.h"
 #include "shardckpt/engine/core/save.h"
 #include "shardckpt/engine/model/manifest.h"
 #include "shardckpt/engine/model/save_plan.h"
@@ -135,6 +136,7 @@ struct KeptManifest {
   std::vector<WriteReport> reports;  // those the manifest was built from
   Manifest head;                     // the validated manifest without its entries and blobs
   ManifestBody body;                 // its entries and blobs, encoded
+  uint64_t head_room = 0;            // where a repeat save's body starts (ManifestHeadRoom)
 };
 // Whether `now` places every piece and blob where `before` did, in files of the same name,
 // size, table offset and number of table checksums.
@@ -145,6 +147,12 @@ bool PlacedAlike(const std::vector<WriteReport>& now, const std::vector<WriteRep
 WriteReport WriteRankFile(int rank, const std::string& temp_dir, const ShardedState& state,
                           const PlannedSave& planned, const SaveOptions& options);
 
+// On rank 0 of a save that reuses its kept plan and has that plan's manifest: starts writing the
+// kept body into the temp folder's manifest while the ranks write their data files
+// (manifest_ahead.h). Null otherwise.
+std::unique_ptr<ManifestAhead> StartManifestAhead(const PlannedSave& planned, const std::string& temp_dir,
+                                                  const SaveOptions& options);
+
 // ---- Commit (steps 3-9, on rank 0).
 // Decodes every rank's report; any rank's failure is one error naming the failing ranks.
 Result<std::vector<WriteReport>> CollectReports(int64_t step, const std::vector<std::string>& reports_bytes);
@@ -154,7 +162,7 @@ Manifest BuildManifest(int64_t step, const Descriptions& described, const std::v
 // Collects, builds and commits (with retention); on failure removes the temp folder.
 Status CommitOnRoot(const std::string& root, int64_t step, const PlannedSave& planned,
                     const std::vector<std::string>& reports_bytes, const SaveOptions& options, int64_t* total_bytes,
-                    PhaseClock* clock = nullptr);
+                    PhaseClock* clock = nullptr, ManifestAhead* ahead = nullptr);
 
 // ---- Report: rank 0's commit status and the total bytes, to every rank.
 Status ShareOutcome(Communicator& comm, const Status& committed, int64_t* total_bytes);

@@ -943,12 +943,21 @@ std::string ManifestTextPieces::Joined() const {
   return text;
 }
 
-Result<ManifestTextPieces> EncodeManifestWithBody(const Manifest& head, const ManifestBody& body) {
+Result<ManifestTextPieces> EncodeManifestWithBody(const Manifest& head, const ManifestBody& body, size_t head_room) {
   ManifestTextPieces pieces;
   SC_ASSIGN_OR_RETURN(pieces.head,
                       EncodeUnsealed(head, body.packed_offsets, 0, [](std::string&) { return Status::Ok(); }));
+  // Spaces after the files list, where JSON allows them: the body then starts at head_room.
+  if (pieces.head.size() < head_room) pieces.head.append(head_room - pieces.head.size(), ' ');
   pieces.body = body.text;
-  pieces.seal = SealField(Checksum64({pieces.head, pieces.body, "\n}"}));
+  // With a head room, spaces before the seal too: the text ends on a block boundary, so its
+  // O_DIRECT write needs no truncation to its size afterwards (a quarter of a millisecond here).
+  std::string pad;
+  if (head_room != 0) {
+    const size_t unpadded = pieces.head.size() + pieces.body.size() + kSealTail;
+    pad.assign((kBlockSize - unpadded % kBlockSize) % kBlockSize, ' ');
+  }
+  pieces.seal = pad + SealField(Checksum64({pieces.head, pieces.body, pad, "\n}"}));
   return pieces;
 }
 

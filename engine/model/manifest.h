@@ -119,7 +119,12 @@ struct ManifestTextPieces {
   std::string seal;       // the checksum field and the closing brace
   std::string Joined() const;
 };
-Result<ManifestTextPieces> EncodeManifestWithBody(const Manifest& head, const ManifestBody& body);
+// A head shorter than `head_room` bytes is padded with spaces to that size (after the files list,
+// where JSON allows them), so the body starts at that offset of the file (manifest_ahead.h); a
+// longer one is left as it is. With a head room the seal starts with spaces too, so that the
+// whole text is a multiple of 4096 bytes.
+Result<ManifestTextPieces> EncodeManifestWithBody(const Manifest& head, const ManifestBody& body,
+                                                  size_t head_room = 0);
 // Parses and validates. `origin` (the file path) prefixes every message. Reads the layout of
 // every writer so far (the older one-number-per-line text included) and fields in any order.
 // `threads` > 1 reads a large entries list on up to that many threads (ReadCompactEntryList): as
