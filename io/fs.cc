@@ -91,9 +91,13 @@ Status MakeDir(const std::string& path) {
 
 // Each directory it creates is made durable in its parent (fsync of the parent), so a crash
 // after a first save commits cannot lose the new root, and with it the checkpoint.
+std::string WithoutTrailingSlashes(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return path;
+}
+
 Status MakeDirs(const std::string& path) {
-  std::string trimmed = path;
-  while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
+  const std::string trimmed = WithoutTrailingSlashes(path);
   if (trimmed.empty() || IsDirectory(trimmed)) return Status::Ok();
   const std::string parent = DirName(trimmed);
   if (parent != trimmed) SC_RETURN_IF_ERROR(MakeDirs(parent));
@@ -108,8 +112,7 @@ Status MakeDirs(const std::string& path) {
 MadeDirs::MadeDirs(const std::string& path) {
   // Lexically normal first: rmdir of "a/." or "c/.." fails, and the folders above would stay.
   const std::string normal = std::filesystem::path(path).lexically_normal().string();
-  std::string at = normal;
-  while (at.size() > 1 && at.back() == '/') at.pop_back();
+  std::string at = WithoutTrailingSlashes(normal);
   while (!at.empty() && !PathExists(at)) {
     made_.push_back(at);
     const std::string parent = DirName(at);

@@ -19,6 +19,8 @@ namespace shardckpt {
 std::string JoinPath(const std::string& dir, const std::string& name);
 std::string DirName(const std::string& path);   // "." for a bare name
 std::string BaseName(const std::string& path);
+// `path` without trailing slashes ("/" stays "/"): "a/b/" and "a/b" name one folder.
+std::string WithoutTrailingSlashes(std::string path);
 bool EndsWith(const std::string& text, const std::string& suffix);
 bool PathExists(const std::string& path);
 bool IsDirectory(const std::string& path);

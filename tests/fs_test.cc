@@ -26,6 +26,13 @@ namespace {
 
 using ::testing::HasSubstr;
 
+TEST(PathText, TrailingSlashesAreDroppedButTheRootStays) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"a/b/", "a/b"}, {"a/b//", "a/b"}, {"a/b", "a/b"}, {"/", "/"}, {"//", "/"}, {"", ""}, {"step-000000009/", "step-000000009"},
+  };
+  for (const auto& [in, out] : cases) EXPECT_EQ(WithoutTrailingSlashes(in), out) << in;
+}
+
 std::string Pattern(size_t n, unsigned seed) {
   std::string s(n, '\0');
   for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>((i * 131 + seed * 7 + (i >> 12)) & 0xff);

@@ -586,9 +586,7 @@ std::string AbsoluteRoot(const std::string& root) {
   std::filesystem::path absolute = std::filesystem::absolute(root, ec);
   if (ec) return root;
   // Not lexically_normal: "link/../x" is where the link points, then up, as the kernel resolves it.
-  std::string text = absolute.string();
-  while (text.size() > 1 && text.back() == '/') text.pop_back();
-  return text;
+  return WithoutTrailingSlashes(absolute.string());
 }
 
 namespace {

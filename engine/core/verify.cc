@@ -95,9 +95,7 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::functi
   }
   const Manifest& m = *read;
   int64_t named_step = 0;
-  std::string folder = report.checkpoint;
-  while (folder.size() > 1 && folder.back() == '/') folder.pop_back();  // "step-000000009/"
-  folder = BaseName(folder);
+  const std::string folder = BaseName(WithoutTrailingSlashes(report.checkpoint));  // "step-000000009/"
   if (ParseStepDirName(folder, &named_step) && named_step != m.step) {
     // Sound bytes, but a root orders its checkpoints by folder name: a renamed folder passes
     // for a later (or earlier) step than it holds, for `latest`, --resume and retention.
