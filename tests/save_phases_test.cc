@@ -522,37 +522,44 @@ TEST_F(SavePhasesOnDisk, ARepeatSaveReusesTheKeptManifestWithItsOwnStepMetricsAn
 // A repeat save writes the kept entries and blobs into the temp folder's manifest while the data
 // files are written, and the commit completes that file (manifest_ahead.h); when the early write
 // fails, or the head outgrew its room, the commit writes the manifest whole. Every one of those
-// checkpoints reads back with its own values.
+// checkpoints reads back with its own values. 300 tensors: a body of many blocks.
 TEST_F(SavePhasesOnDisk, ARepeatSaveWritesTheKeptBodyEarlyAndFallsBackToAWholeWrite) {
-  const std::string fired = JoinPath(dir_.path(), "fired");
-  setenv("SHARDCKPT_FAILPOINTS_FIRED", fired.c_str(), 1);
-  auto early_writes = [&] {
-    Result<std::string> text = ReadFileLimited(fired, 1 << 20);
-    size_t count = 0;
-    for (size_t at = 0; text.ok() && (at = text->find("commit.manifest_ahead", at)) != std::string::npos; ++at) ++count;
-    return count;
+  constexpr int kTensors = 300;
+  std::vector<float> values(kTensors * 2, 1.0f);
+  auto state_of = [](std::vector<float>& data) {
+    ShardedState state;
+    for (int i = 0; i < kTensors; ++i) {
+      EXPECT_TRUE(state.AddTensor("layers." + std::to_string(i) + ".bias", DType::kFloat32, {2}, Layout::Whole(),
+                                  data.data() + 2 * i)
+                      .ok());
+    }
+    return state;
   };
+  ShardedState state = state_of(values);
   auto reads_back = [&](int64_t step, float first) {
-    float loaded[4] = {};
-    ShardedState into = OneTensor(loaded);
+    std::vector<float> loaded(kTensors * 2, 0.0f);
+    ShardedState into = state_of(loaded);
     Result<LoadReport> report = Load(*comm_, JoinPath(root(), StepDirName(step)), into);
     EXPECT_TRUE(report.ok()) << "step " << step << ": " << report.status().ToString();
     EXPECT_EQ(loaded[0], first) << "step " << step;
-    EXPECT_EQ(loaded[3], 4);
+    EXPECT_EQ(loaded[kTensors * 2 - 1], 1.0f) << "step " << step;
+  };
+  auto no_temp_folder = [&] {
+    for (const std::string& name : ListDir(root()).value()) EXPECT_FALSE(IsTempDirName(name)) << name;
   };
   SavePlanCache cache;
   SaveOptions options;
   options.plan_cache = &cache;
-  ASSERT_TRUE(SetFailpoints("commit.manifest_ahead=sleep:0").ok());  // counts the early writes
-  ASSERT_TRUE(Save(*comm_, root(), 1, state_, options).ok());
-  EXPECT_EQ(early_writes(), 0u);  // nothing kept yet
+  ASSERT_TRUE(Save(*comm_, root(), 1, state, options).ok());
+  EXPECT_EQ(cache.manifests_written_early, 0u);  // nothing kept yet
   ASSERT_NE(cache.manifest, nullptr);
   const uint64_t room = cache.manifest->head_room;
   EXPECT_EQ(room % 4096, 0u);
+  EXPECT_GT(cache.manifest->body.text.size(), 3 * 4096u);
 
-  data_[0] = 7;
-  ASSERT_TRUE(Save(*comm_, root(), 2, state_, options).ok());
-  EXPECT_EQ(early_writes(), 1u);
+  values[0] = 7;
+  ASSERT_TRUE(Save(*comm_, root(), 2, state, options).ok());
+  EXPECT_EQ(cache.manifests_written_early, 1u);
   Result<std::string> text = ReadFileLimited(JoinPath(JoinPath(root(), StepDirName(2)), kManifestName), 1 << 20);
   ASSERT_TRUE(text.ok());
   EXPECT_EQ(text->size() % 4096, 0u);
@@ -560,32 +567,47 @@ TEST_F(SavePhasesOnDisk, ARepeatSaveWritesTheKeptBodyEarlyAndFallsBackToAWholeWr
   reads_back(2, 7);
 
   // The early write fails: the commit writes the manifest whole, and the save stands.
-  data_[0] = 8;
+  values[0] = 8;
   ASSERT_TRUE(SetFailpoints("commit.manifest_ahead=EIO").ok());
-  Result<SaveResult> whole = Save(*comm_, root(), 3, state_, options);
+  Result<SaveResult> whole = Save(*comm_, root(), 3, state, options);
   ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  EXPECT_EQ(cache.manifests_written_early, 1u);
   reads_back(3, 8);
+  ASSERT_TRUE(SetFailpoints("").ok());
 
   // A head that outgrew its room: written whole, and the next save has room for it.
-  ASSERT_TRUE(SetFailpoints("commit.manifest_ahead=sleep:0").ok());
   for (int i = 0; i < 200; ++i) options.metrics["a rather long metric name, number " + std::to_string(i)] = i;
-  data_[0] = 9;
-  const size_t before = early_writes();
-  ASSERT_TRUE(Save(*comm_, root(), 4, state_, options).ok());
+  values[0] = 9;
+  ASSERT_TRUE(Save(*comm_, root(), 4, state, options).ok());
+  EXPECT_EQ(cache.manifests_written_early, 1u);
   reads_back(4, 9);
   EXPECT_GT(cache.manifest->head_room, room);
   EXPECT_EQ(ReadManifest(JoinPath(root(), StepDirName(4))).value().metrics.size(), 200u);
-  data_[0] = 10;
-  ASSERT_TRUE(Save(*comm_, root(), 5, state_, options).ok());
+  values[0] = 10;
+  ASSERT_TRUE(Save(*comm_, root(), 5, state, options).ok());
+  EXPECT_EQ(cache.manifests_written_early, 2u);
   reads_back(5, 10);
-  EXPECT_EQ(early_writes(), before + 2);  // both began early; only the second one fit
+
+  // The completed file's own write or sync fails: the save fails, its folder is gone, and the
+  // next save commits.
+  for (const char* failpoint : {"commit.manifest.write=EIO", "commit.manifest.fsync=EIO"}) {
+    ASSERT_TRUE(SetFailpoints(failpoint).ok());
+    Result<SaveResult> failed = Save(*comm_, root(), 6, state, options);
+    EXPECT_EQ(failed.status().code(), Code::kIoError) << failpoint;
+    EXPECT_THAT(failed.status().message(), HasSubstr(kManifestName)) << failpoint;
+    no_temp_folder();
+    EXPECT_FALSE(PathExists(JoinPath(root(), StepDirName(6))));
+  }
+  ASSERT_TRUE(SetFailpoints("").ok());
+  ASSERT_TRUE(Save(*comm_, root(), 6, state, options).ok());
+  EXPECT_EQ(cache.manifests_written_early, 3u);
+  reads_back(6, 10);
 
   // A save that fails in its data phase leaves no temp folder behind, the early manifest
-  // included (the commit waits for it before removing the folder).
+  // included (the commit waits for it and closes it before removing the folder).
   ASSERT_TRUE(SetFailpoints("save.write_data=EIO").ok());
-  EXPECT_FALSE(Save(*comm_, root(), 6, state_, options).ok());
-  for (const std::string& name : ListDir(root()).value()) EXPECT_FALSE(IsTempDirName(name)) << name;
-  unsetenv("SHARDCKPT_FAILPOINTS_FIRED");
+  EXPECT_FALSE(Save(*comm_, root(), 7, state, options).ok());
+  no_temp_folder();
 }
 
 TEST(PlacedAlike, EveryPlacementAndFileFieldCountsButNotTheChecksumValues) {

@@ -36,26 +36,35 @@ ManifestAhead::ManifestAhead(std::string path, uint64_t head_room, std::string_v
     return;
   }
   try {
-    thread_ = std::thread([this] { WriteBodyBlocks(); });
+    thread_ = std::thread([this] { WriteBody(); });
   } catch (const std::system_error& e) {  // no thread to be had (a pids limit): the commit writes it all
     status_ = Internal(std::string("no thread to write ") + path_ + " early: " + e.what());
   }
 }
 
-ManifestAhead::~ManifestAhead() {
+ManifestAhead::~ManifestAhead() { Close(); }
+
+void ManifestAhead::Close() {
   Wait().IgnoreError();
   if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
 }
 
-void ManifestAhead::WriteBodyBlocks() {
+void ManifestAhead::WriteBody() {
   status_ = Failpoint("commit.manifest_ahead", "write " + path_);
   if (!status_.ok()) return;
-  Result<int> fd = OpenPreferDirect(path_, O_WRONLY | O_CREAT | O_EXCL, /*prefer_direct=*/true, &direct_);
+  // O_TRUNC, not O_EXCL: the temp folder is this save's own, and where the file system refuses
+  // O_DIRECT the buffered retry finds the file the refused open created.
+  Result<int> fd = OpenPreferDirect(path_, O_WRONLY | O_CREAT | O_TRUNC, /*prefer_direct=*/true, &direct_);
   if (!fd.ok()) {
     status_ = fd.status();
     return;
   }
   fd_ = *fd;
+  if (!direct_) {  // page cache (tmpfs): any offset and memory will do, no staging
+    status_ = WriteFullyAt(fd_, body_.data(), body_.size(), head_room_, path_);
+    return;
+  }
   Status room = EnsureAlignedBytes(staging_, ManifestAheadStagingBytes(head_room_, body_.size()));
   if (!room.ok()) {
     status_ = room.WithContext("write " + path_);
@@ -76,26 +85,39 @@ bool ManifestAhead::Fits(std::string_view head, std::string_view body) const {
 }
 
 Status ManifestAhead::Complete(std::string_view head, std::string_view body, std::string_view seal) {
-  SC_RETURN_IF_ERROR(Wait());
-  if (!Fits(head, body)) return Internal("the manifest text is not the one written early to " + path_ + " (a bug)");
+  Status status = Wait();
+  if (status.ok() && fd_ < 0) status = Internal(path_ + " was closed before its commit (a bug)");
+  if (status.ok() && !Fits(head, body)) status = Internal("the manifest text is not the one written early to " + path_ + " (a bug)");
+  if (status.ok()) status = Failpoint("commit.manifest.write", "write " + path_);
+  if (status.ok()) status = direct_ ? CompleteDirect(head, seal) : CompleteBuffered(head, seal);
+  if (status.ok()) status = Failpoint("commit.manifest.fsync", "fsync " + path_);
+  if (status.ok() && ::fdatasync(fd_) != 0) status = ErrnoStatus(errno, "fsync " + path_);
+  // Closed now, not when the save returns: a failed commit removes the folder, which an open file
+  // would keep on NFS (as a .nfs file), and a process forked meanwhile would hold it.
+  Close();
+  return status;
+}
+
+Status ManifestAhead::CompleteBuffered(std::string_view head, std::string_view seal) {
+  SC_RETURN_IF_ERROR(WriteFullyAt(fd_, head.data(), head.size(), 0, path_));
+  return WriteFullyAt(fd_, seal.data(), seal.size(), head_room_ + body_.size(), path_);
+}
+
+Status ManifestAhead::CompleteDirect(std::string_view head, std::string_view seal) {
   const uint64_t size = head_room_ + body_.size() + seal.size();
   const uint64_t padded = AlignUp(size, kDirectIoAlignment);
   if (staging_->size() < padded) return Internal("the seal of " + path_ + " does not fit its staging (a bug)");
-  SC_RETURN_IF_ERROR(Failpoint("commit.manifest.write", "write " + path_));
   unsigned char* text = staging_->data();
   std::memcpy(text, head.data(), head.size());
   std::memcpy(text + head_room_ + body_.size(), seal.data(), seal.size());
   std::memset(text + size, 0, padded - size);
   // What the early write left: the head's blocks, and from the body's last partial block on.
   const uint64_t rest = head_room_ + WholeBlocks(body_.size());
-  const uint64_t end = direct_ ? padded : size;
   SC_RETURN_IF_ERROR(WriteFullyAt(fd_, text, head_room_, 0, path_));
-  SC_RETURN_IF_ERROR(WriteFullyAt(fd_, text + rest, end - rest, rest, path_));
-  if (end != size && ::ftruncate(fd_, static_cast<off_t>(size)) != 0) {
+  SC_RETURN_IF_ERROR(WriteFullyAt(fd_, text + rest, padded - rest, rest, path_));
+  if (padded != size && ::ftruncate(fd_, static_cast<off_t>(size)) != 0) {
     return ErrnoStatus(errno, "truncate " + path_ + " to " + std::to_string(size) + " bytes");
   }
-  SC_RETURN_IF_ERROR(Failpoint("commit.manifest.fsync", "fsync " + path_));
-  if (::fdatasync(fd_) != 0) return ErrnoStatus(errno, "fsync " + path_);
   return Status::Ok();
 }
 

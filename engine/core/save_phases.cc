@@ -18,6 +18,7 @@
 #include "shardckpt/engine/model/name_index.h"
 #include "shardckpt/engine/model/wire.h"
 #include "shardckpt/io/checksum.h"
+#include "shardckpt/io/direct_io.h"
 #include "shardckpt/io/failpoint.h"
 #include "shardckpt/io/fs.h"
 #include "shardckpt/io/log.h"
@@ -686,7 +687,8 @@ Status RefreshKeptManifest(int64_t step, const Descriptions& described, std::vec
 // save (its entries and blobs as text, which the pieces view). Without one it is encoded in one
 // piece, the head: no body copy.
 Result<ManifestTextPieces> EncodeBuiltManifest(Manifest&& m, const PlannedSave& planned,
-                                               std::vector<WriteReport>&& reports, SavePlanCache* cache) {
+                                               std::vector<WriteReport>&& reports, SavePlanCache* cache,
+                                               bool direct_io_likely) {
   SC_RETURN_IF_ERROR(CheckBuiltManifest(m));
   if (cache == nullptr || cache->plan_id != planned.plan_id) {
     ManifestTextPieces whole;
@@ -697,10 +699,13 @@ Result<ManifestTextPieces> EncodeBuiltManifest(Manifest&& m, const PlannedSave& 
   SC_ASSIGN_OR_RETURN(kept->body, EncodeManifestBody(m));
   SC_ASSIGN_OR_RETURN(ManifestTextPieces text, EncodeManifestWithBody(m, kept->body));
   kept->head_room = ManifestHeadRoom(text.head.size());
-  // Sized now for the repeat saves' early writes, which then allocate nothing. Memory short of
-  // that fails no save: the commit below and an early write each size it for themselves.
-  EnsureAlignedBytes(&cache->manifest_staging, ManifestAheadStagingBytes(kept->head_room, kept->body.text.size()))
-      .IgnoreError();
+  // Sized now for the repeat saves' early writes with O_DIRECT, which then allocate nothing (a
+  // buffered one needs none). Memory short of that fails no save: the commit below and an early
+  // write each size it for themselves.
+  if (direct_io_likely) {
+    EnsureAlignedBytes(&cache->manifest_staging, ManifestAheadStagingBytes(kept->head_room, kept->body.text.size()))
+        .IgnoreError();
+  }
   kept->plan_id = planned.plan_id;
   kept->reports = std::move(reports);
   m.entries = {};  // said by the body
@@ -767,15 +772,19 @@ Status CommitOnRoot(const std::string& root, int64_t step, const PlannedSave& pl
       Manifest m = BuildManifest(step, *planned.described, *reports, options, total_bytes);
       if (clock != nullptr) clock->Lap("build_manifest");
       if (summarize) summary = SummaryOf(m);
-      text = EncodeBuiltManifest(std::move(m), planned, std::move(reports).value(), cache);
+      text = EncodeBuiltManifest(std::move(m), planned, std::move(reports).value(), cache, !IsMemoryBacked(root));
     }
+    // Not to be completed: closed before the whole write opens the file anew.
+    if (ahead != nullptr && written_ahead == nullptr) ahead->Close();
     committed = text.ok() ? PublishCheckpoint(root, planned.temp_name, step, {text->head, text->body, text->seal},
                                               std::move(summary), options.retention(),
                                               cache != nullptr ? &cache->manifest_staging : nullptr, written_ahead)
                           : text.status();
+    if (committed.ok() && written_ahead != nullptr) ++cache->manifests_written_early;
     if (clock != nullptr) clock->Lap("commit");
     if (!committed.ok()) committed = committed.WithContext(StepFailed(step) + " on rank 0 while committing");
   }
+  if (ahead != nullptr) ahead->Close();  // no open file in the folder a failure removes
   if (!committed.ok() && PathExists(JoinPath(root, planned.temp_name))) {
     RemoveCheckpointDir(root, planned.temp_name).status().IgnoreError();
   }

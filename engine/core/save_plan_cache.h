@@ -23,6 +23,8 @@ struct SavePlanCache {
   // Counters for this rank: saves that planned (the gather ran) and saves that reused a plan.
   uint64_t plans_made = 0;
   uint64_t plans_reused = 0;
+  // Rank 0: committed saves whose manifest body was written during the data phase (manifest_ahead.h).
+  uint64_t manifests_written_early = 0;
 
   // Save's own state; callers only read it.
   int64_t plan_id = 0;  // 0: no plan kept
