@@ -387,9 +387,10 @@ int main(int argc, char** argv) {
                   keep_best, static_cast<long>(committed));
     }
     if (keep_plan) {
-      std::printf("  plan kept between saves: %llu planned, %llu reused; first save %.3fs\n",
+      std::printf("  plan kept between saves: %llu planned, %llu reused, %llu manifest bodies written early; first save %.3fs\n",
                   static_cast<unsigned long long>(plan_cache.plans_made),
-                  static_cast<unsigned long long>(plan_cache.plans_reused), save_t.front());
+                  static_cast<unsigned long long>(plan_cache.plans_reused),
+                  static_cast<unsigned long long>(plan_cache.manifests_written_early), save_t.front());
     }
     std::printf("  shardckpt save %.3f GiB/s (%.2fx fio write, %.2fx old raw), load %.3f GiB/s (%.2fx fio read, %.2fx old raw)\n",
                 save, save / fw, save / rw, load, load / fr, load / rr);
