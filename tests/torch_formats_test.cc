@@ -188,7 +188,7 @@ TEST(TorchPickle, TensorsInListsAreEntriesByIndexAndValuesAreBlobs) {
 }
 
 TEST(StateTree, RestoresRecordedListsAndKeepsTopLevelKeysDotted) {
-  StateTreeBuilder tree({{"opt.steps", "list"}, {"t", "tuple"}});
+  StateTreeBuilder tree(std::map<std::string, std::string>{{"opt.steps", "list"}, {"t", "tuple"}});
   ASSERT_TRUE(tree.Add("layers.0.w", Leaf(0)).ok());
   ASSERT_TRUE(tree.Add("opt.steps.1", Leaf(1)).ok());
   ASSERT_TRUE(tree.Add("opt.steps.0.m", Leaf(2)).ok());
@@ -208,6 +208,47 @@ TEST(StateTree, RestoresRecordedListsAndKeepsTopLevelKeysDotted) {
   const PickleNode& t = root.items[2].second;
   EXPECT_EQ(t.kind, PickleNode::kDict);
   EXPECT_EQ(t.items[1].first, "2");
+}
+
+// A DCP folder's planner_data: each leaf exactly where its path says, dicts and lists as
+// dcp_to_torch_save rebuilds them; a leaf without a path stays a key at the top.
+TEST(StateTree, PathsPutEachLeafWhereItSat) {
+  const std::string json =
+      R"({"model.layers.0.weight": ["model", "layers.0.weight"], "model.bias": ["model", "bias"],)"
+      R"( "optim.param_groups.0.lr": ["optim", "param_groups", 0, "lr"],)"
+      R"( "optim.param_groups.0.params.1": ["optim", "param_groups", 0, "params", 1],)"
+      R"( "optim.param_groups.0.params.0": ["optim", "param_groups", 0, "params", 0],)"
+      R"( "bad.join": ["bad", "joins"], "neg.0": ["neg", -1], "num": [1.5], "notalist": "x"})";
+  std::unordered_map<std::string, StatePath> paths = DecodeStatePaths(json);
+  EXPECT_EQ(paths.size(), 5u);  // the last four refused: steps that do not join to the key, a
+                                // negative index, a float, not a list
+  EXPECT_EQ(paths.at("optim.param_groups.0.lr")[2], (StatePathStep{"0", true}));
+  std::vector<std::pair<std::string, StatePath>> listed(paths.begin(), paths.end());
+  EXPECT_EQ(DecodeStatePaths(EncodeStatePaths(listed)), paths);
+
+  StateTreeBuilder tree({}, paths);
+  const std::vector<std::string> names = {"model.layers.0.weight", "epoch", "model.bias", "optim.param_groups.0.lr",
+                                          "optim.param_groups.0.params.1", "optim.param_groups.0.params.0"};
+  for (size_t i = 0; i < names.size(); ++i) ASSERT_TRUE(tree.Add(names[i], Leaf(i)).ok()) << names[i];
+  EXPECT_THAT(tree.Add("model.bias", Leaf(9)).message(), HasSubstr("'model.bias' names two values"));
+  PickleNode root = tree.Finish();
+  ASSERT_EQ(root.items.size(), 3u);
+  EXPECT_EQ(root.items[0].first, "model");
+  const PickleNode& model = root.items[0].second;
+  ASSERT_EQ(model.kind, PickleNode::kDict);
+  ASSERT_EQ(model.items.size(), 2u);
+  EXPECT_EQ(model.items[0].first, "layers.0.weight");  // one key, dots and all
+  EXPECT_EQ(model.items[0].second.tensor, 0u);
+  EXPECT_EQ(root.items[1].first, "epoch");
+  const PickleNode& groups = root.items[2].second.items[0].second;
+  ASSERT_EQ(groups.kind, PickleNode::kList);
+  const PickleNode& group = groups.items[0].second;
+  ASSERT_EQ(group.kind, PickleNode::kDict);
+  EXPECT_EQ(group.items[0].first, "lr");
+  const PickleNode& params = group.items[1].second;
+  ASSERT_EQ(params.kind, PickleNode::kList);
+  EXPECT_EQ(params.items[0].second.tensor, 5u);  // index 0 first, whatever the order added
+  EXPECT_EQ(params.items[1].second.tensor, 4u);
 }
 
 TEST(StateTree, APlainStateDictKeepsItsOrderAndRefusesARepeatedName) {

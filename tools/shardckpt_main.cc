@@ -214,7 +214,13 @@ int Inspect(int argc, char** argv) {
   if (dcp) std::printf("saved by    %d ranks\n", m->world_size);
   if (!dcp) std::printf("created     %s by shardckpt %s%s%s\n", m->created.time.c_str(), m->created.shardckpt_version.c_str(),
               m->created.torch_version.empty() ? "" : ", torch ", m->created.torch_version.c_str());
-  for (const auto& [k, v] : m->created.user) std::printf("meta        %s = %s\n", k.c_str(), v.c_str());
+  for (const auto& [k, v] : m->created.user) {
+    // A DCP folder's key paths, or import's value order, run to megabytes at 20,000 tensors:
+    // the table shows their start (`--json` gives them whole).
+    constexpr size_t kShown = 200;
+    if (v.size() <= kShown) std::printf("meta        %s = %s\n", k.c_str(), v.c_str());
+    else std::printf("meta        %s = %.*s... (%zu bytes)\n", k.c_str(), static_cast<int>(kShown), v.c_str(), v.size());
+  }
   for (const auto& [k, v] : m->metrics) std::printf("metric      %s = %.17g\n", k.c_str(), v);
   std::printf("\n%-48s %-14s %-20s %12s %7s  %s\n", "entry", "dtype", "shape", "bytes", "chunks", "layouts");
   for (const EntryRow& row : rows) {

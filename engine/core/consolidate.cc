@@ -167,6 +167,25 @@ Result<std::string> TorchStateDictPickle(CheckpointReader& reader, const Consoli
       }
     }
   }
+  // The nesting a DCP folder's planner_data recorded (dcp_to_torch_save's), by output name: a
+  // stripped prefix drops the leading steps it spans, and a prefix ending inside a step leaves
+  // that name at the top.
+  std::unordered_map<std::string, StatePath> paths;
+  if (auto recorded_paths = m.created.user.find(kTorchPathsKey); recorded_paths != m.created.user.end()) {
+    for (auto& [name, path] : DecodeStatePaths(recorded_paths->second)) {
+      const std::string out = OutputName(options, name);
+      if (out.empty()) continue;
+      size_t drop = 0;
+      for (std::string walked; out != name && drop < path.size();) {
+        walked += path[drop++].key + ".";
+        if (walked.size() >= options.strip_prefix.size()) {
+          if (walked != options.strip_prefix) drop = path.size();
+          break;
+        }
+      }
+      if (drop < path.size()) paths.emplace(out, StatePath(path.begin() + static_cast<std::ptrdiff_t>(drop), path.end()));
+    }
+  }
   // The plain values, each placed before the entry import recorded as following it.
   std::unordered_map<std::string, size_t> entry_index;
   std::unordered_map<std::string, std::string> follower;
@@ -219,7 +238,7 @@ Result<std::string> TorchStateDictPickle(CheckpointReader& reader, const Consoli
     values.push_back(ValueLeaf{before, name, std::move(leaf)});
   }
   std::stable_sort(values.begin(), values.end(), [](const ValueLeaf& a, const ValueLeaf& b) { return a.before_entry < b.before_entry; });
-  StateTreeBuilder tree(containers);
+  StateTreeBuilder tree(containers, std::move(paths));
   tree.Reserve(selected.size() + values.size());
   size_t next_value = 0;
   auto add_values_before = [&](size_t entry) -> Status {

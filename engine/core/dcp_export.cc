@@ -118,6 +118,10 @@ Result<DcpExportReport> ExportDcp(const std::string& checkpoint, const std::stri
   SC_ASSIGN_OR_RETURN(const auto opaque, DcpOpaqueByteItems(reader->dir(), m));
   DcpMetadata md;
   md.checkpoint_id = PythonPathText(out);  // torch pickles the path as a str
+  // The nesting a DCP folder recorded goes back into planner_data (dcp_to_torch_save reads it).
+  if (auto recorded = m.created.user.find(kTorchPathsKey); recorded != m.created.user.end()) {
+    md.paths = DecodeStatePaths(recorded->second);
+  }
   std::vector<size_t> tensor_of(m.entries.size());
   for (size_t e = 0; e < m.entries.size(); ++e) {
     tensor_of[e] = md.tensors.size();

@@ -519,6 +519,26 @@ Status Storage(const Value* key, const Value* info, ParsedDcpStorage* s) {
   return Status::Ok();
 }
 
+// planner_data as DCP's default planner writes it: {fqn: (step, ...)}, each step a str or an int.
+void Paths(const Value& planner, std::vector<std::pair<std::string, StatePath>>* out) {
+  for (size_t k = 0; k + 1 < planner.size(); k += 2) {
+    const Value* key = planner[k];
+    const Value* steps = planner[k + 1];
+    if (key->kind != Value::kString || (steps->kind != Value::kTuple && steps->kind != Value::kList) || steps->empty()) {
+      continue;
+    }
+    StatePath path;
+    bool valid = true;
+    for (const Value* step : *steps) {
+      if (step->kind == Value::kString) path.push_back({std::string(step->s()), false});
+      else if (step->kind == Value::kInt && step->i >= 0) path.push_back({std::to_string(step->i), true});
+      else valid = false;
+    }
+    if (!valid || (path.size() == 1 && !path[0].is_index) || JoinedStatePath(path) != key->s()) continue;
+    out->emplace_back(std::string(key->s()), std::move(path));
+  }
+}
+
 }  // namespace
 
 Result<ParsedDcpMetadata> ParseDcpMetadata(const std::string& pickle, const std::string& origin) {
@@ -553,6 +573,8 @@ Result<ParsedDcpMetadata> ParseDcpMetadata(const std::string& pickle, const std:
       SC_RETURN_IF_ERROR(Storage((*sd)[k], (*sd)[k + 1], &s));
       out.storage.push_back(std::move(s));
     }
+    const Value* planner = Field(root, "planner_data");
+    if (planner && planner->kind == Value::kDict) Paths(*planner, &out.paths);
     const Value* version = Field(root, "version");
     if (version && version->kind == Value::kString) out.version = version->s();
     return out;

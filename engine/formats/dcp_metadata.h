@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "shardckpt/engine/model/dtype.h"
+#include "shardckpt/engine/formats/state_tree.h"
 #include "shardckpt/engine/model/layout.h"
 
 namespace shardckpt {
@@ -49,6 +50,10 @@ struct ParsedDcpStorage {
 struct ParsedDcpMetadata {
   std::vector<ParsedDcpItem> items;  // in the file's order
   std::vector<ParsedDcpStorage> storage;
+  // planner_data: where each flattened key sat in the state dict dcp.save was given, for the keys
+  // whose path is more than the key itself and whose steps join to it; malformed ones are left
+  // out (they only shape a consolidation's nesting; nothing is read by them).
+  std::vector<std::pair<std::string, StatePath>> paths;
   std::string version;  // Metadata.version ("1.0.0"), empty when absent
 };
 

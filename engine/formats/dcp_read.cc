@@ -179,6 +179,8 @@ Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* 
     else if (next_tensor != nullptr) value_order[item->name] = next_tensor->name;
   }
   if (!value_order.empty()) m.created.user[kTorchValueOrderKey] = value_order.dump();
+  // The nesting dcp.save flattened, for a consolidation to rebuild as dcp_to_torch_save does.
+  if (!md.paths.empty()) m.created.user[kTorchPathsKey] = EncodeStatePaths(md.paths);
   // Files first: each named once, a plain name inside the folder, its size as it is now.
   std::map<std::string, uint32_t> file_index;
   std::vector<std::optional<ByteSource>> sources;

@@ -130,7 +130,15 @@ std::string EncodeDcpMetadata(const DcpMetadata& m) {
   auto flat = [&](const std::string& fqn) {
     p.String(fqn);
     p.Mark();
-    p.String(fqn);
+    auto path = m.paths.find(fqn);
+    if (path == m.paths.end()) {
+      p.String(fqn);
+    } else {
+      for (const StatePathStep& step : path->second) {
+        if (step.is_index) p.Int(std::stoll(step.key));
+        else p.String(step.key);
+      }
+    }
     p.Tuple();
   };
   for (const DcpTensor& t : m.tensors) flat(t.fqn);

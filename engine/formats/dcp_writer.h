@@ -9,8 +9,10 @@
 
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
+#include "shardckpt/engine/formats/state_tree.h"
 #include "shardckpt/engine/model/dtype.h"
 #include "shardckpt/engine/model/layout.h"
 #include "shardckpt/io/status.h"
@@ -45,6 +47,9 @@ struct DcpBytes {
 struct DcpMetadata {
   std::vector<DcpTensor> tensors;
   std::vector<DcpBytes> bytes;
+  // planner_data's paths of the keys that sat deeper than the key itself (a checkpoint read from,
+  // or imported from, a DCP folder: kTorchPathsKey); every other key is its own one-step path.
+  std::unordered_map<std::string, StatePath> paths;
   std::string checkpoint_id;  // StorageMeta.checkpoint_id: the folder, as the writer named it
 };
 

@@ -2,7 +2,17 @@
 
 #include <string_view>
 
+#include <nlohmann/json.hpp>
+
 namespace shardckpt {
+
+namespace {
+
+Status TwoValuesNamed(const std::string& name) {
+  return InvalidArgument("'" + name + "' names two values (an entry and a blob?)");
+}
+
+}  // namespace
 
 struct StateTreeBuilder::Tree {
   PickleNode::Kind kind = PickleNode::kDict;
@@ -24,6 +34,21 @@ struct StateTreeBuilder::Tree {
     return it->second.get();
   }
 
+  // `value` as this level's item `key`; `name` (the flattened name) for the errors.
+  Status Put(const std::string& key, PickleNode value, const std::string& name) {
+    auto taken = children.find(key);
+    if (taken != children.end()) {
+      return taken->second->is_leaf ? TwoValuesNamed(name)
+                                    : InvalidArgument("'" + name + "' is both a value and a container of others");
+    }
+    keys.push_back(key);
+    auto& slot = children[key];
+    slot = std::make_unique<Tree>();
+    slot->is_leaf = true;
+    slot->leaf = std::move(value);
+    return Status::Ok();
+  }
+
   PickleNode Take() {
     if (is_leaf) return std::move(leaf);
     PickleNode node;
@@ -42,20 +67,56 @@ struct StateTreeBuilder::Tree {
   }
 };
 
-StateTreeBuilder::StateTreeBuilder(std::map<std::string, std::string> containers)
-    : containers_(std::move(containers)), root_(std::make_unique<Tree>()) {}
-StateTreeBuilder::~StateTreeBuilder() = default;
-
-namespace {
-
-Status TwoValuesNamed(const std::string& name) {
-  return InvalidArgument("'" + name + "' names two values (an entry and a blob?)");
+std::string JoinedStatePath(const StatePath& path) {
+  std::string out;
+  for (const StatePathStep& step : path) out += (out.empty() ? "" : ".") + step.key;
+  return out;
 }
 
-}  // namespace
+std::string EncodeStatePaths(const std::vector<std::pair<std::string, StatePath>>& paths) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  for (const auto& [name, path] : paths) {
+    nlohmann::ordered_json steps = nlohmann::ordered_json::array();
+    for (const StatePathStep& step : path) {
+      if (step.is_index) steps.push_back(std::stoll(step.key));
+      else steps.push_back(step.key);
+    }
+    out[name] = std::move(steps);
+  }
+  return out.dump();
+}
+
+std::unordered_map<std::string, StatePath> DecodeStatePaths(const std::string& json) {
+  std::unordered_map<std::string, StatePath> out;
+  nlohmann::json parsed = nlohmann::json::parse(json, nullptr, false);
+  if (!parsed.is_object()) return out;
+  for (const auto& [name, steps] : parsed.items()) {
+    if (!steps.is_array() || steps.empty()) continue;
+    StatePath path;
+    bool valid = true;
+    for (const auto& step : steps) {
+      if (step.is_string()) {
+        path.push_back({step.get<std::string>(), false});
+      } else if (step.is_number_integer() && step.get<int64_t>() >= 0) {
+        path.push_back({std::to_string(step.get<int64_t>()), true});
+      } else {
+        valid = false;
+        break;
+      }
+    }
+    if (valid && JoinedStatePath(path) == name) out.emplace(name, std::move(path));
+  }
+  return out;
+}
+
+StateTreeBuilder::StateTreeBuilder(std::map<std::string, std::string> containers,
+                                   std::unordered_map<std::string, StatePath> paths)
+    : containers_(std::move(containers)), paths_(std::move(paths)), root_(std::make_unique<Tree>()) {}
+StateTreeBuilder::~StateTreeBuilder() = default;
+
 
 void StateTreeBuilder::Reserve(size_t leaves) {
-  if (!containers_.empty()) return;
+  if (!containers_.empty() || !paths_.empty()) return;
   root_items_.reserve(leaves);
   root_item_of_hash_.reserve(leaves);
 }
@@ -74,7 +135,24 @@ Status StateTreeBuilder::AddToRoot(const std::string& name, PickleNode leaf) {
   return Status::Ok();
 }
 
+Status StateTreeBuilder::AddAtPath(const std::string& name, const StatePath& path, PickleNode leaf) {
+  Tree* node = root_.get();
+  std::string walked;
+  for (size_t i = 0; i + 1 < path.size(); ++i) {
+    walked += (i ? "." : "") + path[i].key;
+    // A level holding indices is a list (items exactly 0..n-1 at the end, else a dict of them).
+    SC_ASSIGN_OR_RETURN(node, node->Child(path[i].key, path[i + 1].is_index ? PickleNode::kList : PickleNode::kDict, walked));
+  }
+  const std::string& key = path.back().key;
+  return node->Put(key, std::move(leaf), name);
+}
+
 Status StateTreeBuilder::Add(const std::string& name, PickleNode leaf) {
+  if (!paths_.empty()) {
+    auto path = paths_.find(name);
+    return path != paths_.end() ? AddAtPath(name, path->second, std::move(leaf))
+                                : AddAtPath(name, {StatePathStep{name, false}}, std::move(leaf));
+  }
   if (containers_.empty()) return AddToRoot(name, std::move(leaf));
   auto kind_of = [&](const std::string& path) {
     auto it = containers_.find(path);
@@ -103,21 +181,11 @@ Status StateTreeBuilder::Add(const std::string& name, PickleNode leaf) {
     rest = rest.substr(dot + 1);
     SC_ASSIGN_OR_RETURN(node, node->Child(key, kind_of(path), path));
   }
-  auto taken = node->children.find(rest);
-  if (taken != node->children.end()) {
-    return taken->second->is_leaf ? TwoValuesNamed(name)
-                                  : InvalidArgument("'" + name + "' is both a value and a container of others");
-  }
-  node->keys.push_back(rest);
-  auto& slot = node->children[rest];
-  slot = std::make_unique<Tree>();
-  slot->is_leaf = true;
-  slot->leaf = std::move(leaf);
-  return Status::Ok();
+  return node->Put(rest, std::move(leaf), name);
 }
 
 PickleNode StateTreeBuilder::Finish() {
-  if (!containers_.empty()) return root_->Take();
+  if (!containers_.empty() || !paths_.empty()) return root_->Take();
   PickleNode root;
   root.kind = PickleNode::kDict;
   root.items = std::move(root_items_);

@@ -1,6 +1,7 @@
 // Rebuilds, for a .pt, the nesting that import flattened to dotted names: the lists and tuples it
 // recorded (path -> "list" | "tuple") come back as lists and tuples, dicts inside them as dicts.
-// Keys at the top stay dotted, as state_dict() names them ("layers.0.weight" is one key).
+// Keys at the top stay dotted, as state_dict() names them ("layers.0.weight" is one key). Where a
+// leaf's whole path is known (a DCP folder's planner_data), it is put exactly there instead.
 #pragma once
 
 #include <map>
@@ -22,9 +23,31 @@ inline constexpr const char* kTorchContainersKey = "torch_containers";
 // after the last tensor, and checkpoints without the key, go at the end.
 inline constexpr const char* kTorchValueOrderKey = "torch_value_order";
 
+// Where a leaf sat in a nested state dict: one step per level, a dict key or a list index. DCP
+// records one per flattened key (its planner_data, torch's OBJ_PATH): "optim.param_groups.0.lr"
+// is ("optim", "param_groups", 0, "lr"), "model.layers.0.weight" is ("model", "layers.0.weight").
+struct StatePathStep {
+  std::string key;  // the dict key, or the index in decimal
+  bool is_index = false;
+  bool operator==(const StatePathStep& other) const { return key == other.key && is_index == other.is_index; }
+};
+using StatePath = std::vector<StatePathStep>;
+// The manifest's creation info key (user metadata) under which a DCP folder's reader records the
+// paths of its flattened keys, for consolidation to rebuild the nesting dcp_to_torch_save
+// rebuilds: a JSON object {key: [step, ...]}, each step a string (a dict key) or an integer (a
+// list index). Only keys whose path is more than the key itself are recorded.
+inline constexpr const char* kTorchPathsKey = "torch_paths";
+// The steps joined by dots: what the path's flattened key must be.
+std::string JoinedStatePath(const StatePath& path);
+std::string EncodeStatePaths(const std::vector<std::pair<std::string, StatePath>>& paths);
+// Paths that are not a JSON object of such lists, or whose steps do not join to their key, are
+// left out (they only shape the output; a leaf without one keeps its key at the top).
+std::unordered_map<std::string, StatePath> DecodeStatePaths(const std::string& json);
+
 class StateTreeBuilder {
  public:
-  explicit StateTreeBuilder(std::map<std::string, std::string> containers);
+  explicit StateTreeBuilder(std::map<std::string, std::string> containers,
+                            std::unordered_map<std::string, StatePath> paths = {});
   ~StateTreeBuilder();
   // Room for `leaves` leaves at the root (a plain state dict's tensors and values).
   void Reserve(size_t leaves);
@@ -37,8 +60,10 @@ class StateTreeBuilder {
  private:
   struct Tree;
   Status AddToRoot(const std::string& name, PickleNode leaf);
+  Status AddAtPath(const std::string& name, const StatePath& path, PickleNode leaf);
 
   std::map<std::string, std::string> containers_;
+  std::unordered_map<std::string, StatePath> paths_;
   std::unique_ptr<Tree> root_;
   // With no containers recorded (a plain state dict) every name is a key of the root: kept as
   // the root's items, in order, with a hash of each key for finding repeats. Building a node per

@@ -45,12 +45,45 @@ def assert_values(name, got):
         assert k in got and got[k] == v and type(got[k]) is type(v), (k, got.get(k))
 
 
+def flattened(d, prefix=""):
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flattened(v, prefix + str(k) + "."))
+        else:
+            out[prefix + str(k)] = v
+    return out
+
+
 def assert_equal_state(expected, got):
-    got = {k: v for k, v in got.items() if isinstance(v, torch.Tensor)}
+    got = {k: v for k, v in flattened(got).items() if isinstance(v, torch.Tensor)}
     assert sorted(expected) == sorted(got)
     for k, v in expected.items():
         assert got[k].dtype == v.dtype and got[k].shape == v.shape, k
         assert torch.equal(got[k], v), k
+
+
+def assert_same_tree(expected, got, where="the state dict"):
+    """The same nesting (dicts and lists, keys in the same order), tensors and values equal."""
+    if isinstance(expected, dict):
+        assert isinstance(got, dict) and list(got) == list(expected), (where, list(got), list(expected))
+        for k in expected:
+            assert_same_tree(expected[k], got[k], "%s[%r]" % (where, k))
+    elif isinstance(expected, list):
+        assert isinstance(got, list) and len(got) == len(expected), (where, got)
+        for i, (a, b) in enumerate(zip(expected, got)):
+            assert_same_tree(a, b, "%s[%d]" % (where, i))
+    elif isinstance(expected, torch.Tensor):
+        assert isinstance(got, torch.Tensor) and got.dtype == expected.dtype and torch.equal(got, expected), where
+    else:
+        assert got == expected and type(got) is type(expected), (where, got, expected)
+
+
+def dcp_to_torch_save_of(folder, tmp_path):
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    out = str(tmp_path / "dcp_to_torch_save.pt")
+    dcp_to_torch_save(folder, out)
+    return torch.load(out, weights_only=False)
 
 
 @pytest.mark.parametrize("name", ["single", "dist"])
@@ -61,13 +94,52 @@ def test_consolidate_equals_the_full_state(name, tmp_path):
     loaded = torch.load(out, weights_only=True)
     assert_equal_state(full_tensors(name), loaded)
     assert_values(name, loaded)
-    # Keys in .metadata's order, byte items in their place among the tensors.
-    metadata = pickle.load(open(os.path.join(DATA, name, ".metadata"), "rb"))
-    assert list(loaded) == list(metadata.state_dict_metadata), (list(loaded), list(metadata.state_dict_metadata))
+    # The nesting dcp.save flattened comes back as dcp_to_torch_save gives it: the same dicts,
+    # keys in the same order (.metadata's, byte items in their place among the tensors).
+    assert_same_tree(dcp_to_torch_save_of(os.path.join(DATA, name), tmp_path), loaded)
     run = cli("consolidate", os.path.join(DATA, name), "--out", str(tmp_path / "cli.pt"), "--json")
     assert run.returncode == 0, run.stderr
     report = json.loads(run.stdout)
     assert sorted(report["values"]) == sorted(VALUES[name]) and report["skipped"] == []
+
+
+def test_nesting_and_lists_dcp_flattened_come_back_through_consolidate_import_and_export(tmp_path):
+    # A training job's DCP checkpoint: model and optimizer under their own keys, param_groups a
+    # list of dicts, a list of tensors. consolidate gives what dcp_to_torch_save gives, also after
+    # import and reshard (the paths ride in the manifest), and export writes them back into
+    # planner_data, so dcp_to_torch_save of the export nests as the original did.
+    import torch.distributed.checkpoint as dcp
+    sd = {"model": {"layers.0.weight": torch.arange(4.0).reshape(2, 2), "bias": torch.zeros(2)},
+          "optim": {"state": {0: {"exp_avg": torch.full((2,), 3.0), "step": torch.tensor(5.0)}},
+                    "param_groups": [{"lr": 0.1, "params": [0]}, {"lr": 0.2, "params": [1, 2]}]},
+          "extra": [torch.ones(1), torch.zeros(3)], "epoch": 3}
+    folder = str(tmp_path / "f")
+    dcp.save(sd, checkpoint_id=folder, no_dist=True)
+    expected = dcp_to_torch_save_of(folder, tmp_path)
+    assert isinstance(expected["optim"]["param_groups"], list) and list(expected) == ["model", "optim", "extra", "epoch"]
+
+    shardckpt.consolidate(folder, str(tmp_path / "direct.pt"))
+    assert_same_tree(expected, torch.load(tmp_path / "direct.pt", weights_only=True))
+    root = str(tmp_path / "root")
+    shardckpt.import_checkpoint(folder, root, 2, "dim0")
+    shardckpt.reshard(root, str(tmp_path / "root3"), 3, "dim0")
+    shardckpt.consolidate(str(tmp_path / "root3"), str(tmp_path / "resharded.pt"))
+    assert_same_tree(expected, torch.load(tmp_path / "resharded.pt", weights_only=True))
+    # --strip-prefix drops the levels the prefix spans: the model's own state dict at the top.
+    run = cli("consolidate", folder, "--out", str(tmp_path / "model.pt"), "--include", "model.*", "--strip-prefix", "model.")
+    assert run.returncode == 0, run.stderr
+    assert_same_tree(expected["model"], torch.load(tmp_path / "model.pt", weights_only=True))
+
+    # inspect shows the start of the recorded paths; --json has them whole
+    run = cli("inspect", root)
+    line = next(l for l in run.stdout.splitlines() if l.startswith("meta        torch_paths = "))
+    assert line.endswith(" bytes)") and len(line) < 300, line
+    paths = json.loads(json.loads(cli("inspect", root, "--json").stdout)["created"]["user"]["torch_paths"])
+    assert paths["optim.param_groups.0.lr"] == ["optim", "param_groups", 0, "lr"]
+    run = cli("export", root, "--format", "dcp", "--out", str(tmp_path / "exported"))
+    assert run.returncode == 0, run.stderr
+    (tmp_path / "again").mkdir()
+    assert_same_tree(expected, dcp_to_torch_save_of(str(tmp_path / "exported"), tmp_path / "again"))
 
 
 def test_import_gains_checksums_and_verifies(tmp_path):
