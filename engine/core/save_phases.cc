@@ -446,8 +446,10 @@ Result<PlannedSave> DecidePlan(Communicator& comm, const std::string& root, int6
   SavePlanCache* cache = options.plan_cache;
   const uint64_t digest = cache != nullptr ? DescriptionDigest(host, state, options.pack_small_chunks) : 0;
   bool values_differ = false, refused = false;
-  // The options rank 0 applies are compared with the global values: one digest, one vote.
-  const std::string agreement = EncodeSaveAgreement(options, root);
+  // The options rank 0 applies are compared with the global values: one digest, one vote. The
+  // root as an absolute path without trailing slashes: "ckpt", "ckpt/" and "$PWD/ckpt" agree
+  // (a save each would otherwise take the allgather and warn).
+  const std::string agreement = EncodeSaveAgreement(options, AbsoluteRoot(root));
   const uint64_t values_digest = GlobalValuesDigest(state) ^ Checksum64(agreement.data(), agreement.size());
   SC_ASSIGN_OR_RETURN(bool reuse, AgreeOnReuse(comm, step, digest, cache, values_digest, &values_differ,
                                                !state.refusal().ok(), &refused));

@@ -199,7 +199,12 @@ case "$case" in
     run 3 -- misuse-after "$work/root" > "$work/out.txt" 2>&1 || { cat "$work/out.txt"; exit 1; }
     [ "$(grep -c '^rank [0-9]: OK' "$work/out.txt")" = 3 ] &&
       grep -q "rank 1 named '$work/root/step-000000001' to load, rank 0 '$work/root/': rank 0's is loaded on every rank" \
-        "$work/out.txt" || { cat "$work/out.txt"; exit 1; } ;;
+        "$work/out.txt" &&
+      [ "$(grep -c "saves into" "$work/out.txt")" = 2 ] &&  # rank 2 and rank 0, for step 4 alone
+      grep -q "rank 2 saves into '$work/root-other', rank 0 into '$work/root': unless both name one folder" \
+        "$work/out.txt" &&
+      [ "$(grep -c "step 4 refused: NotFound: save of step 4 failed: rank 2: writing $work/root-other/" "$work/out.txt")" = 3 ] ||
+      { cat "$work/out.txt"; exit 1; } ;;
   dead-rank-create)  # rank 2 of 4 leaves before shardckpt's communicator exists (a Python rank
     # that skips its first checkpoint): the others hung in MPI_Comm_dup; now they fail within the
     # timeout and end the job

@@ -523,9 +523,18 @@ int main(int argc, char** argv) {
       return Fail(rank, "ranks naming different checkpoints: " + (differ.ok() ? "step " + std::to_string(differ->step)
                                                                               : differ.status().ToString()));
     }
+    // A save whose ranks spell one root two ways commits, with no word; one where a rank names
+    // another folder fails, each rank saying which folders first.
+    Held third = Build("mixed", comm->size(), rank, 3, true);
+    Result<SaveResult> spelled = Save(*comm, rank == 2 ? root + "//" : root, 3, third.state);
+    if (!spelled.ok()) return Fail(rank, "one root spelled two ways: " + spelled.status().ToString());
+    Held fourth = Build("mixed", comm->size(), rank, 4, true);
+    Result<SaveResult> other = Save(*comm, rank == 2 ? root + "-other" : root, 4, fourth.state);
+    if (other.ok()) return Fail(rank, "a save with a rank in another folder committed");
+    std::printf("rank %d: step 4 refused: %s\n", rank, other.status().ToString().c_str());
     session->reset();  // MPI_Finalize
-    Held again = Build("mixed", comm->size(), rank, 3, true);
-    Result<SaveResult> after = Save(*comm, root, 3, again.state);
+    Held again = Build("mixed", comm->size(), rank, 5, true);
+    Result<SaveResult> after = Save(*comm, root, 5, again.state);
     const bool refused = !after.ok() && after.status().code() == Code::kFailedPrecondition &&
                          after.status().message().find("MPI is already finalized") != std::string::npos;
     std::printf("rank %d: %s %s\n", rank, refused ? "OK" : "FAIL:", after.ok() ? "saved" : after.status().ToString().c_str());
