@@ -251,6 +251,37 @@ TEST(StateTree, PathsPutEachLeafWhereItSat) {
   EXPECT_EQ(params.items[1].second.tensor, 4u);
 }
 
+// A .pt holds 128 levels (more than dcp_to_torch_save's 65); deeper is refused naming where,
+// and a path of more steps than that is not taken from a .metadata at all.
+TEST(StateTree, DepthIsBoundedAndTheRefusalNamesThePath) {
+  auto nested = [](size_t levels) {
+    StatePath path;
+    std::string name;
+    for (size_t i = 0; i < levels; ++i) {
+      path.push_back({i == 1 ? "1" : "k", i == 1});
+      name += (i ? "." : "") + path.back().key;
+    }
+    return std::make_pair(name, path);
+  };
+  for (size_t levels : {size_t{129}, size_t{130}}) {  // steps: containers are one fewer
+    auto [name, path] = nested(levels);
+    StateTreeBuilder tree({}, {{name, path}});
+    ASSERT_TRUE(tree.Add(name, Leaf(0)).ok());
+    ASSERT_TRUE(tree.Add("w", Leaf(1)).ok());
+    Result<std::string> pickle = PickleTree({PickleTensor{"t", DType::kFloat32, {1}, {1}, 0, "0", 1},
+                                             PickleTensor{"w", DType::kFloat32, {1}, {1}, 0, "1", 1}},
+                                            tree.Finish());
+    if (levels == 129) {
+      EXPECT_TRUE(pickle.ok()) << pickle.status().ToString();
+    } else {
+      EXPECT_EQ(pickle.status().code(), Code::kInvalidArgument);
+      EXPECT_THAT(pickle.status().message(), HasSubstr("more than 128 levels deep, at 'k.1.k.k"));
+    }
+  }
+  auto [long_name, long_path] = nested(130);
+  EXPECT_TRUE(DecodeStatePaths(EncodeStatePaths({{long_name, long_path}})).empty());
+}
+
 TEST(StateTree, APlainStateDictKeepsItsOrderAndRefusesARepeatedName) {
   StateTreeBuilder tree({});
   const std::vector<std::string> names = {"layers.1.w", "layers.0.w", "step", "a", "layers.10.b"};

@@ -377,11 +377,15 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
       }
     }
   }
-  // A state dict of values only (an optimizer's before its first step), or of nothing at all
-  // (torch.save({}) imported), is a .pt still; with --include, or in a format of tensors only,
-  // an empty selection is a mistake to report.
-  const bool values_only =
-      options.format == ExportFormat::kTorch && options.include.empty() && (!m.blobs.empty() || m.entries.empty());
+  // A state dict of values only (an optimizer's before its first step, or --include of a
+  // scheduler's values), or of nothing at all (torch.save({}) imported), is a .pt still; with an
+  // --include that selects nothing, or in a format of tensors only, an empty selection is a
+  // mistake to report.
+  const bool value_selected = std::any_of(m.blobs.begin(), m.blobs.end(), [&](const BlobRecord& b) {
+    return b.scope == BlobScope::kGlobal && !OutputName(options, b.name).empty();
+  });
+  const bool values_only = options.format == ExportFormat::kTorch &&
+                           (value_selected || (options.include.empty() && (!m.blobs.empty() || m.entries.empty())));
   if (selected.empty() && !values_only) return InvalidArgument("no entry of " + reader->dir() + " is selected");
   report.entries = selected.size();
   uint64_t done = 0;
@@ -393,7 +397,11 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
   if (options.format == ExportFormat::kTorch) {
     SC_ASSIGN_OR_RETURN(std::unique_ptr<OutputFile> file, OutputFile::Create(out, report.tensor_bytes));
     ZipWriter zip(file.get());
-    SC_ASSIGN_OR_RETURN(std::string pickle, TorchStateDictPickle(*reader, options, selected, &report));
+    Result<std::string> tree = TorchStateDictPickle(*reader, options, selected, &report);
+    if (!tree.ok() && tree.status().code() == Code::kInvalidArgument) {  // the names' nesting: say whose
+      return tree.status().WithContext("the state dict of " + reader->dir());
+    }
+    SC_ASSIGN_OR_RETURN(std::string pickle, std::move(tree));
     const std::string root = "archive/";
     SC_RETURN_IF_ERROR(zip.AddRecord(root + "data.pkl", pickle));
     SC_RETURN_IF_ERROR(zip.AddRecord(root + "byteorder", "little"));

@@ -524,7 +524,8 @@ void Paths(const Value& planner, std::vector<std::pair<std::string, StatePath>>*
   for (size_t k = 0; k + 1 < planner.size(); k += 2) {
     const Value* key = planner[k];
     const Value* steps = planner[k + 1];
-    if (key->kind != Value::kString || (steps->kind != Value::kTuple && steps->kind != Value::kList) || steps->empty()) {
+    if (key->kind != Value::kString || (steps->kind != Value::kTuple && steps->kind != Value::kList) || steps->empty() ||
+        steps->size() > kMaxStatePathSteps) {
       continue;
     }
     StatePath path;

@@ -91,7 +91,7 @@ std::unordered_map<std::string, StatePath> DecodeStatePaths(const std::string& j
   nlohmann::json parsed = nlohmann::json::parse(json, nullptr, false);
   if (!parsed.is_object()) return out;
   for (const auto& [name, steps] : parsed.items()) {
-    if (!steps.is_array() || steps.empty()) continue;
+    if (!steps.is_array() || steps.empty() || steps.size() > kMaxStatePathSteps) continue;
     StatePath path;
     bool valid = true;
     for (const auto& step : steps) {

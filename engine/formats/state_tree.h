@@ -37,6 +37,9 @@ using StatePath = std::vector<StatePathStep>;
 // rebuilds: a JSON object {key: [step, ...]}, each step a string (a dict key) or an integer (a
 // list index). Only keys whose path is more than the key itself are recorded.
 inline constexpr const char* kTorchPathsKey = "torch_paths";
+// Longer paths are left out (their key stays at the top): a hostile .metadata's million-step path
+// would otherwise build a tree that deep. A .pt holds at most 128 levels (torch_pickle.h).
+inline constexpr size_t kMaxStatePathSteps = 129;
 // The steps joined by dots: what the path's flattened key must be.
 std::string JoinedStatePath(const StatePath& path);
 std::string EncodeStatePaths(const std::vector<std::pair<std::string, StatePath>>& paths);

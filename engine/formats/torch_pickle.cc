@@ -55,8 +55,27 @@ void PutTensor(PickleWriter& w, const PickleTensor& t) {
   w.Reduce();
 }
 
+// Deeper than torch's own converters need (dcp_to_torch_save takes 65 levels), short of the
+// pickle writer's own bound.
+constexpr int kMaxPickleDepth = 128;
+
+// Whether a container lies more than kMaxPickleDepth levels down; `path` gets its keys (list
+// items by index), dotted. A walk of the whole tree, bounded in depth.
+bool TooDeep(const PickleNode& node, int depth, std::string* path) {
+  if (node.kind != PickleNode::kDict && node.kind != PickleNode::kList && node.kind != PickleNode::kTuple) return false;
+  if (depth > kMaxPickleDepth) return true;
+  for (size_t i = 0; i < node.items.size(); ++i) {
+    if (TooDeep(node.items[i].second, depth + 1, path)) {
+      const std::string key = node.kind == PickleNode::kDict ? node.items[i].first : std::to_string(i);
+      *path = path->empty() ? key : key + "." + *path;
+      return true;
+    }
+  }
+  return false;
+}
+
 Status PutNode(PickleWriter& w, const std::vector<PickleTensor>& tensors, const PickleNode& node, int depth) {
-  if (depth > 64) return InvalidArgument("a state dict nested more than 64 deep");
+  if (depth > kMaxPickleDepth + 1) return Internal("a state dict deeper than PickleTree checked");
   switch (node.kind) {
     case PickleNode::kTensor:
       if (node.tensor >= tensors.size()) return Internal("a pickle node names tensor " + std::to_string(node.tensor));
@@ -107,6 +126,10 @@ Result<std::string> PickleTree(const std::vector<PickleTensor>& tensors, const P
   size_t estimate = 64;
   for (const PickleTensor& t : tensors) estimate += 160 + t.name.size() + t.storage_key.size() + 20 * t.sizes.size();
   w.Reserve(estimate);
+  if (std::string path; TooDeep(root, 0, &path)) {
+    return InvalidArgument("the state dict is nested more than " + std::to_string(kMaxPickleDepth) + " levels deep, at '" +
+                           path + "': a .pt of it is not written (safetensors output keeps flat names)");
+  }
   SC_RETURN_IF_ERROR(PutNode(w, tensors, root, 0));
   return w.Finish();
 }

@@ -129,6 +129,13 @@ def test_nesting_and_lists_dcp_flattened_come_back_through_consolidate_import_an
     run = cli("consolidate", folder, "--out", str(tmp_path / "model.pt"), "--include", "model.*", "--strip-prefix", "model.")
     assert run.returncode == 0, run.stderr
     assert_same_tree(expected["model"], torch.load(tmp_path / "model.pt", weights_only=True))
+    # values alone (a scheduler's, the param groups) are a state dict too
+    run = cli("consolidate", folder, "--out", str(tmp_path / "groups.pt"), "--include", "optim.param_groups.*")
+    assert run.returncode == 0, run.stderr
+    assert_same_tree({"optim": {"param_groups": expected["optim"]["param_groups"]}},
+                     torch.load(tmp_path / "groups.pt", weights_only=True))
+    run = cli("consolidate", folder, "--out", str(tmp_path / "none.pt"), "--include", "nothing.*")
+    assert run.returncode == 1 and "no entry of" in run.stderr, run.stderr
 
     # inspect shows the start of the recorded paths; --json has them whole
     run = cli("inspect", root)
