@@ -4,12 +4,16 @@
 #include <memory>
 #include <set>
 #include <tuple>
+#include <unordered_map>
+
+#include <nlohmann/json.hpp>
 
 #include "shardckpt/engine/core/checkpoint_dir.h"
 #include "shardckpt/engine/core/checkpoint_reader.h"
 #include "shardckpt/engine/formats/dcp_read.h"
 #include "shardckpt/engine/formats/dcp_writer.h"
 #include "shardckpt/engine/formats/output_file.h"
+#include "shardckpt/engine/formats/state_tree.h"
 #include "shardckpt/engine/formats/zip_writer.h"
 #include "shardckpt/engine/model/utf8_text.h"
 #include "shardckpt/io/fs.h"
@@ -70,6 +74,36 @@ Result<DcpStorage> WriteTorchSave(OutputFile* file, const std::string& pickle, u
   SC_RETURN_IF_ERROR(zip.AddRecord(root + "version", "3\n"));
   SC_RETURN_IF_ERROR(zip.Finish());
   return DcpStorage{"", start, file->position() - start};
+}
+
+// The keys' order for state_dict_metadata: each byte item before the tensor import recorded as
+// following it (kTorchValueOrderKey: a DCP folder's order, or a .pt's), the rest after the
+// tensors; none recorded: tensors, then byte items.
+std::vector<std::pair<bool, size_t>> StateDictOrder(const Manifest& m, const DcpMetadata& md) {
+  std::vector<std::pair<bool, size_t>> order;
+  auto recorded = m.created.user.find(kTorchValueOrderKey);
+  if (recorded == m.created.user.end()) return order;
+  nlohmann::json followers = nlohmann::json::parse(recorded->second, nullptr, false);
+  if (!followers.is_object()) return order;
+  std::unordered_map<std::string, std::vector<size_t>> before;  // tensor name -> byte items
+  for (size_t b = 0; b < md.bytes.size(); ++b) {
+    auto next = followers.find(md.bytes[b].fqn);
+    if (next != followers.end() && next->is_string()) before[next->get<std::string>()].push_back(b);
+  }
+  std::vector<bool> placed(md.bytes.size(), false);
+  for (size_t t = 0; t < md.tensors.size(); ++t) {
+    if (auto it = before.find(md.tensors[t].fqn); it != before.end()) {
+      for (size_t b : it->second) {
+        order.emplace_back(true, b);
+        placed[b] = true;
+      }
+    }
+    order.emplace_back(false, t);
+  }
+  for (size_t b = 0; b < md.bytes.size(); ++b) {
+    if (!placed[b]) order.emplace_back(true, b);
+  }
+  return order;
 }
 
 }  // namespace
@@ -182,6 +216,7 @@ Result<DcpExportReport> ExportDcp(const std::string& checkpoint, const std::stri
   }
   report.tensors = md.tensors.size();
   report.byte_items = md.bytes.size();
+  md.order = StateDictOrder(m, md);
   const std::string metadata = JoinPath(out, kDcpMetadataName);
   SC_RETURN_IF_ERROR(WriteFileAtomic(metadata, EncodeDcpMetadata(md), "export.dcp"));
   written.Keep();

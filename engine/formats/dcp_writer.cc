@@ -1,5 +1,7 @@
 #include "shardckpt/engine/formats/dcp_writer.h"
 
+#include <functional>
+
 #include <openssl/evp.h>
 
 #include <cstdlib>
@@ -96,7 +98,20 @@ std::string EncodeDcpMetadata(const DcpMetadata& m) {
   p.String("state_dict_metadata");
   p.EmptyDict();
   p.Mark();
-  for (const DcpTensor& t : m.tensors) {
+  // Each key in the order given (or tensors, then byte items): state_dict_metadata's order is the
+  // state dict's, and planner_data follows it.
+  auto in_order = [&](const std::function<void(const DcpTensor&)>& tensor, const std::function<void(const DcpBytes&)>& item) {
+    if (m.order.empty()) {
+      for (const DcpTensor& t : m.tensors) tensor(t);
+      for (const DcpBytes& b : m.bytes) item(b);
+      return;
+    }
+    for (const auto& [is_bytes, index] : m.order) {
+      if (is_bytes) item(m.bytes[index]);
+      else tensor(m.tensors[index]);
+    }
+  };
+  auto tensor_metadata = [&](const DcpTensor& t) {
     p.String(t.fqn);
     BeginObject(p, kMetadataModule, "TensorStorageMetadata");
     p.String("properties");
@@ -118,11 +133,11 @@ std::string EncodeDcpMetadata(const DcpMetadata& m) {
       p.Appends();
     }
     EndObject(p);
-  }
-  for (const DcpBytes& b : m.bytes) {
+  };
+  in_order(tensor_metadata, [&](const DcpBytes& b) {
     p.String(b.fqn);
     p.NewObject(kMetadataModule, "BytesStorageMetadata");
-  }
+  });
   p.SetItems();
   p.String("planner_data");
   p.EmptyDict();
@@ -141,8 +156,7 @@ std::string EncodeDcpMetadata(const DcpMetadata& m) {
     }
     p.Tuple();
   };
-  for (const DcpTensor& t : m.tensors) flat(t.fqn);
-  for (const DcpBytes& b : m.bytes) flat(b.fqn);
+  in_order([&](const DcpTensor& t) { flat(t.fqn); }, [&](const DcpBytes& b) { flat(b.fqn); });
   p.SetItems();
   p.String("storage_data");
   p.EmptyDict();

@@ -50,6 +50,9 @@ struct DcpMetadata {
   // planner_data's paths of the keys that sat deeper than the key itself (a checkpoint read from,
   // or imported from, a DCP folder: kTorchPathsKey); every other key is its own one-step path.
   std::unordered_map<std::string, StatePath> paths;
+  // The keys' order in state_dict_metadata (dcp_to_torch_save's, and dcp.load's of no target) as
+  // (is a byte item, index into tensors or bytes); empty: the tensors, then the byte items.
+  std::vector<std::pair<bool, size_t>> order;
   std::string checkpoint_id;  // StorageMeta.checkpoint_id: the folder, as the writer named it
 };
 

@@ -109,14 +109,17 @@ def test_nesting_and_lists_dcp_flattened_come_back_through_consolidate_import_an
     # import and reshard (the paths ride in the manifest), and export writes them back into
     # planner_data, so dcp_to_torch_save of the export nests as the original did.
     import torch.distributed.checkpoint as dcp
-    sd = {"model": {"layers.0.weight": torch.arange(4.0).reshape(2, 2), "bias": torch.zeros(2)},
+    sd = {"epoch": 3,  # values before, between and after tensors keep their places
+          "model": {"layers.0.weight": torch.arange(4.0).reshape(2, 2), "bias": torch.zeros(2)},
           "optim": {"state": {0: {"exp_avg": torch.full((2,), 3.0), "step": torch.tensor(5.0)}},
                     "param_groups": [{"lr": 0.1, "params": [0]}, {"lr": 0.2, "params": [1, 2]}]},
-          "extra": [torch.ones(1), torch.zeros(3)], "epoch": 3}
+          "scheduler": {"last_epoch": 3, "base_lrs": [0.1, 0.2]},
+          "extra": [torch.ones(1), torch.zeros(3)], "name": "run-b"}
     folder = str(tmp_path / "f")
     dcp.save(sd, checkpoint_id=folder, no_dist=True)
     expected = dcp_to_torch_save_of(folder, tmp_path)
-    assert isinstance(expected["optim"]["param_groups"], list) and list(expected) == ["model", "optim", "extra", "epoch"]
+    assert isinstance(expected["optim"]["param_groups"], list)
+    assert list(expected) == ["epoch", "model", "optim", "scheduler", "extra", "name"]
 
     shardckpt.consolidate(folder, str(tmp_path / "direct.pt"))
     assert_same_tree(expected, torch.load(tmp_path / "direct.pt", weights_only=True))
