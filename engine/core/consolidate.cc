@@ -402,6 +402,11 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
       return tree.status().WithContext("the state dict of " + reader->dir());
     }
     SC_ASSIGN_OR_RETURN(std::string pickle, std::move(tree));
+    if (selected.empty() && report.values.empty() && !options.include.empty()) {  // selected, but none writable
+      std::string skipped;
+      for (const std::string& s : report.skipped) skipped += (skipped.empty() ? "" : "; ") + s;
+      return InvalidArgument("nothing of " + reader->dir() + " that --include selects can be written to a .pt: " + skipped);
+    }
     const std::string root = "archive/";
     SC_RETURN_IF_ERROR(zip.AddRecord(root + "data.pkl", pickle));
     SC_RETURN_IF_ERROR(zip.AddRecord(root + "byteorder", "little"));

@@ -321,7 +321,7 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
     report.bytes += bytes;
     if (options.progress) options.progress(i + 1, count);
   }
-  nlohmann::ordered_json value_order = nlohmann::ordered_json::object();
+  nlohmann::json value_order = nlohmann::json::object();  // a lookup table (ordered_json's inserts are linear)
   for (const PickleValue& v : dict.values) {
     SC_RETURN_IF_ERROR(out->AddBlob(0, v.name, BlobScope::kGlobal, v.blob));
     report.values.push_back(v.name);

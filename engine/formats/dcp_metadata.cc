@@ -520,23 +520,48 @@ Status Storage(const Value* key, const Value* info, ParsedDcpStorage* s) {
 }
 
 // planner_data as DCP's default planner writes it: {fqn: (step, ...)}, each step a str or an int.
-void Paths(const Value& planner, std::vector<std::pair<std::string, StatePath>>* out) {
+// Only keys state_dict_metadata lists (`names`), each once, whose steps join to the key: checked
+// before anything is copied, so the pickle's memo cannot make a small file ask for gigabytes (one
+// long key and its path repeated under many entries).
+void Paths(const Value& planner, const std::set<std::string, std::less<>>& names,
+           std::vector<std::pair<std::string, StatePath>>* out) {
+  std::set<std::string_view> seen;
   for (size_t k = 0; k + 1 < planner.size(); k += 2) {
     const Value* key = planner[k];
     const Value* steps = planner[k + 1];
     if (key->kind != Value::kString || (steps->kind != Value::kTuple && steps->kind != Value::kList) || steps->empty() ||
-        steps->size() > kMaxStatePathSteps) {
+        steps->size() > kMaxStatePathSteps || names.find(key->s()) == names.end() || !seen.insert(key->s()).second) {
       continue;
     }
+    // The steps, compared with the key in place: "a.b.0" is ("a", "b", 0).
+    const std::string_view fqn = key->s();
+    size_t at = 0;
+    bool joins = true;
+    for (size_t i = 0; i < steps->size() && joins; ++i) {
+      const Value* step = (*steps)[i];
+      std::string index;
+      std::string_view text;
+      if (step->kind == Value::kString) {
+        text = step->s();
+      } else if (step->kind == Value::kInt && step->i >= 0) {
+        index = std::to_string(step->i);
+        text = index;
+      } else {
+        joins = false;
+        break;
+      }
+      if (i > 0) joins = at < fqn.size() && fqn[at++] == '.';
+      joins = joins && fqn.substr(at, text.size()) == text;
+      at += text.size();
+    }
+    if (!joins || at != fqn.size() || (steps->size() == 1 && (*steps)[0]->kind == Value::kString)) continue;
     StatePath path;
-    bool valid = true;
+    path.reserve(steps->size());
     for (const Value* step : *steps) {
       if (step->kind == Value::kString) path.push_back({std::string(step->s()), false});
-      else if (step->kind == Value::kInt && step->i >= 0) path.push_back({std::to_string(step->i), true});
-      else valid = false;
+      else path.push_back({std::to_string(step->i), true});
     }
-    if (!valid || (path.size() == 1 && !path[0].is_index) || JoinedStatePath(path) != key->s()) continue;
-    out->emplace_back(std::string(key->s()), std::move(path));
+    out->emplace_back(std::string(fqn), std::move(path));
   }
 }
 
@@ -550,7 +575,7 @@ Result<ParsedDcpMetadata> ParseDcpMetadata(const std::string& pickle, const std:
     ParsedDcpMetadata out;
     const Value* sdm = Field(root, "state_dict_metadata");
     if (!sdm || sdm->kind != Value::kDict) return Bad("state_dict_metadata is not a dict");
-    std::set<std::string> names;
+    std::set<std::string, std::less<>> names;
     out.items.reserve(sdm->size() / 2);
     for (size_t k = 0; k + 1 < sdm->size(); k += 2) {
       ParsedDcpItem item;
@@ -575,7 +600,7 @@ Result<ParsedDcpMetadata> ParseDcpMetadata(const std::string& pickle, const std:
       out.storage.push_back(std::move(s));
     }
     const Value* planner = Field(root, "planner_data");
-    if (planner && planner->kind == Value::kDict) Paths(*planner, &out.paths);
+    if (planner && planner->kind == Value::kDict) Paths(*planner, names, &out.paths);
     const Value* version = Field(root, "version");
     if (version && version->kind == Value::kString) out.version = version->s();
     return out;

@@ -172,7 +172,7 @@ Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* 
   if (!md.version.empty()) m.created.user["dcp_version"] = md.version;
   // Byte items and tensors are kept apart in the manifest: where each byte item sat among the
   // tensors, so that a consolidation writes the keys in .metadata's order.
-  nlohmann::ordered_json value_order = nlohmann::ordered_json::object();
+  nlohmann::json value_order = nlohmann::json::object();  // a lookup table (ordered_json's inserts are linear)
   const ParsedDcpItem* next_tensor = nullptr;
   for (auto item = md.items.rbegin(); item != md.items.rend(); ++item) {
     if (!item->is_bytes) next_tensor = &*item;

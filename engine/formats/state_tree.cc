@@ -74,9 +74,10 @@ std::string JoinedStatePath(const StatePath& path) {
 }
 
 std::string EncodeStatePaths(const std::vector<std::pair<std::string, StatePath>>& paths) {
-  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  // A lookup table: no order to keep (an ordered_json's inserts search its whole list).
+  nlohmann::json out = nlohmann::json::object();
   for (const auto& [name, path] : paths) {
-    nlohmann::ordered_json steps = nlohmann::ordered_json::array();
+    nlohmann::json steps = nlohmann::json::array();
     for (const StatePathStep& step : path) {
       if (step.is_index) steps.push_back(std::stoll(step.key));
       else steps.push_back(step.key);

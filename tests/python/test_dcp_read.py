@@ -110,7 +110,8 @@ def test_nesting_and_lists_dcp_flattened_come_back_through_consolidate_import_an
     # planner_data, so dcp_to_torch_save of the export nests as the original did.
     import torch.distributed.checkpoint as dcp
     sd = {"epoch": 3,  # values before, between and after tensors keep their places
-          "model": {"layers.0.weight": torch.arange(4.0).reshape(2, 2), "bias": torch.zeros(2)},
+          "model": {"layers.0.weight": torch.arange(4.0).reshape(2, 2), "bias": torch.zeros(2),
+                    "sub": {"x": torch.ones(3), "deeper": {"y": torch.zeros(1)}}},
           "optim": {"state": {0: {"exp_avg": torch.full((2,), 3.0), "step": torch.tensor(5.0)}},
                     "param_groups": [{"lr": 0.1, "params": [0]}, {"lr": 0.2, "params": [1, 2]}]},
           "scheduler": {"last_epoch": 3, "base_lrs": [0.1, 0.2]},
@@ -132,6 +133,13 @@ def test_nesting_and_lists_dcp_flattened_come_back_through_consolidate_import_an
     run = cli("consolidate", folder, "--out", str(tmp_path / "model.pt"), "--include", "model.*", "--strip-prefix", "model.")
     assert run.returncode == 0, run.stderr
     assert_same_tree(expected["model"], torch.load(tmp_path / "model.pt", weights_only=True))
+    run = cli("consolidate", folder, "--out", str(tmp_path / "sub.pt"), "--include", "model.sub.*", "--strip-prefix", "model.sub.")
+    assert run.returncode == 0, run.stderr
+    assert_same_tree(expected["model"]["sub"], torch.load(tmp_path / "sub.pt", weights_only=True))
+    # a prefix that ends inside a key ("layers.0.weight" is one) leaves the rest of it as a key
+    run = cli("consolidate", folder, "--out", str(tmp_path / "cut.pt"), "--include", "model.layers.*", "--strip-prefix", "model.layers.")
+    assert run.returncode == 0, run.stderr
+    assert_same_tree({"0.weight": expected["model"]["layers.0.weight"]}, torch.load(tmp_path / "cut.pt", weights_only=True))
     # values alone (a scheduler's, the param groups) are a state dict too
     run = cli("consolidate", folder, "--out", str(tmp_path / "groups.pt"), "--include", "optim.param_groups.*")
     assert run.returncode == 0, run.stderr
@@ -150,6 +158,22 @@ def test_nesting_and_lists_dcp_flattened_come_back_through_consolidate_import_an
     assert run.returncode == 0, run.stderr
     (tmp_path / "again").mkdir()
     assert_same_tree(expected, dcp_to_torch_save_of(str(tmp_path / "exported"), tmp_path / "again"))
+
+
+def test_planner_data_that_lies_or_names_other_keys_is_not_followed(tmp_path):
+    # Paths only shape the output: one whose steps do not join to its key, or for a key the
+    # folder does not hold, is passed over (that key stays at the top), never an error or a loss.
+    import torch.distributed.checkpoint as dcp
+    folder = str(tmp_path / "f")
+    dcp.save({"model": {"w": torch.ones(2), "b": torch.zeros(2)}}, checkpoint_id=folder, no_dist=True)
+    md = pickle.load(open(os.path.join(folder, ".metadata"), "rb"))
+    md.planner_data = {"model.w": ("model", "w"), "model.b": ("model", "c"), "ghost.x": ("ghost", "x"),
+                       "model": ("model", -1)}
+    pickle.dump(md, open(os.path.join(folder, ".metadata"), "wb"))
+    shardckpt.consolidate(folder, str(tmp_path / "o.pt"))
+    got = torch.load(tmp_path / "o.pt", weights_only=True)
+    assert list(got) == ["model", "model.b"] and list(got["model"]) == ["w"], got
+    assert torch.equal(got["model"]["w"], torch.ones(2)) and torch.equal(got["model.b"], torch.zeros(2))
 
 
 def test_import_gains_checksums_and_verifies(tmp_path):
