@@ -89,13 +89,13 @@ Status MakeDir(const std::string& path) {
   return Status::Ok();
 }
 
-// Each directory it creates is made durable in its parent (fsync of the parent), so a crash
-// after a first save commits cannot lose the new root, and with it the checkpoint.
 std::string WithoutTrailingSlashes(std::string path) {
   while (path.size() > 1 && path.back() == '/') path.pop_back();
   return path;
 }
 
+// Each directory it creates is made durable in its parent (fsync of the parent), so a crash
+// after a first save commits cannot lose the new root, and with it the checkpoint.
 Status MakeDirs(const std::string& path) {
   const std::string trimmed = WithoutTrailingSlashes(path);
   if (trimmed.empty() || IsDirectory(trimmed)) return Status::Ok();

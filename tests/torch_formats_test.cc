@@ -282,6 +282,13 @@ TEST(StateTree, DepthIsBoundedAndTheRefusalNamesThePath) {
   EXPECT_TRUE(DecodeStatePaths(EncodeStatePaths({{long_name, long_path}})).empty());
 }
 
+TEST(StateTree, TheValueOrderRecordKeepsStringFollowersOnly) {
+  const std::unordered_map<std::string, std::string> expected = {{"epoch", "model.w"}};
+  EXPECT_EQ(DecodeValueOrder(R"({"epoch": "model.w", "lr": 3, "name": null})"), expected);
+  EXPECT_TRUE(DecodeValueOrder("[\"epoch\"]").empty());
+  EXPECT_TRUE(DecodeValueOrder("not json").empty());
+}
+
 TEST(StateTree, APlainStateDictKeepsItsOrderAndRefusesARepeatedName) {
   StateTreeBuilder tree({});
   const std::vector<std::string> names = {"layers.1.w", "layers.0.w", "step", "a", "layers.10.b"};

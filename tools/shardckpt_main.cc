@@ -218,10 +218,13 @@ int Inspect(int argc, char** argv) {
     // A DCP folder's key paths, or import's value order, run to megabytes at 20,000 tensors:
     // the table shows their start (`--json` gives them whole).
     constexpr size_t kShown = 200;
+    if (v.size() <= kShown) {
+      std::printf("meta        %s = %s\n", k.c_str(), v.c_str());
+      continue;
+    }
     size_t shown = kShown;
-    while (shown < v.size() && shown > 0 && (static_cast<unsigned char>(v[shown]) & 0xC0) == 0x80) --shown;  // whole UTF-8
-    if (v.size() <= kShown) std::printf("meta        %s = %s\n", k.c_str(), v.c_str());
-    else std::printf("meta        %s = %.*s... (%zu bytes)\n", k.c_str(), static_cast<int>(shown), v.c_str(), v.size());
+    while (shown > 0 && (static_cast<unsigned char>(v[shown]) & 0xC0) == 0x80) --shown;  // on a whole UTF-8 character
+    std::printf("meta        %s = %.*s... (%zu bytes)\n", k.c_str(), static_cast<int>(shown), v.c_str(), v.size());
   }
   for (const auto& [k, v] : m->metrics) std::printf("metric      %s = %.17g\n", k.c_str(), v);
   std::printf("\n%-48s %-14s %-20s %12s %7s  %s\n", "entry", "dtype", "shape", "bytes", "chunks", "layouts");

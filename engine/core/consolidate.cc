@@ -189,14 +189,10 @@ Result<std::string> TorchStateDictPickle(CheckpointReader& reader, const Consoli
   // The plain values, each placed before the entry import recorded as following it.
   std::unordered_map<std::string, size_t> entry_index;
   std::unordered_map<std::string, std::string> follower;
-  auto order = m.created.user.find(kTorchValueOrderKey);
-  if (order != m.created.user.end()) {
-    nlohmann::json json = nlohmann::json::parse(order->second, nullptr, false);
-    if (json.is_object()) {
+  if (auto order = m.created.user.find(kTorchValueOrderKey); order != m.created.user.end()) {
+    follower = DecodeValueOrder(order->second);
+    if (!follower.empty()) {
       for (size_t i = 0; i < m.entries.size(); ++i) entry_index.emplace(m.entries[i].name, i);
-      for (const auto& [value, next] : json.items()) {
-        if (next.is_string()) follower[value] = next.get<std::string>();
-      }
     }
   }
   struct ValueLeaf {

@@ -6,8 +6,6 @@
 #include <tuple>
 #include <unordered_map>
 
-#include <nlohmann/json.hpp>
-
 #include "shardckpt/engine/core/checkpoint_dir.h"
 #include "shardckpt/engine/core/checkpoint_reader.h"
 #include "shardckpt/engine/formats/dcp_read.h"
@@ -83,12 +81,11 @@ std::vector<std::pair<bool, size_t>> StateDictOrder(const Manifest& m, const Dcp
   std::vector<std::pair<bool, size_t>> order;
   auto recorded = m.created.user.find(kTorchValueOrderKey);
   if (recorded == m.created.user.end()) return order;
-  nlohmann::json followers = nlohmann::json::parse(recorded->second, nullptr, false);
-  if (!followers.is_object()) return order;
+  const std::unordered_map<std::string, std::string> followers = DecodeValueOrder(recorded->second);
+  if (followers.empty()) return order;
   std::unordered_map<std::string, std::vector<size_t>> before;  // tensor name -> byte items
   for (size_t b = 0; b < md.bytes.size(); ++b) {
-    auto next = followers.find(md.bytes[b].fqn);
-    if (next != followers.end() && next->is_string()) before[next->get<std::string>()].push_back(b);
+    if (auto next = followers.find(md.bytes[b].fqn); next != followers.end()) before[next->second].push_back(b);
   }
   std::vector<bool> placed(md.bytes.size(), false);
   for (size_t t = 0; t < md.tensors.size(); ++t) {

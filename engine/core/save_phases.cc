@@ -743,10 +743,14 @@ Status CommitOnRoot(const std::string& root, int64_t step, const PlannedSave& pl
                     const std::vector<std::string>& reports_bytes, const SaveOptions& options, int64_t* total_bytes,
                     PhaseClock* clock, ManifestAhead* ahead) {
   // Before anything replaces the kept body the early write reads, or removes the temp folder.
-  Status ahead_written = ahead != nullptr ? ahead->Wait() : Status(Code::kNotFound, "none");
-  if (ahead != nullptr && !ahead_written.ok()) {
-    SC_LOG(kDebug) << "the early write of " << ahead->path() << " failed (" << ahead_written.ToString()
-                   << "); the commit writes it whole";
+  bool ahead_written = false;
+  if (ahead != nullptr) {
+    const Status early = ahead->Wait();
+    ahead_written = early.ok();
+    if (!ahead_written) {
+      SC_LOG(kDebug) << "the early write of " << ahead->path() << " failed (" << early.ToString()
+                     << "); the commit writes it whole";
+    }
   }
   Result<std::vector<WriteReport>> reports = CollectReports(step, reports_bytes);
   Status committed = reports.status();
@@ -767,7 +771,7 @@ Status CommitOnRoot(const std::string& root, int64_t step, const PlannedSave& pl
       text = refreshed.ok() ? EncodeManifestWithBody(kept->head, kept->body, kept->head_room)
                             : Result<ManifestTextPieces>(refreshed);
       if (summarize) summary = SummaryOf(kept->head);
-      if (text.ok() && ahead_written.ok() && ahead->Fits(text->head, text->body)) written_ahead = ahead;
+      if (text.ok() && ahead_written && ahead->Fits(text->head, text->body)) written_ahead = ahead;
       // A head that outgrew its room is written whole this time; the next save has room for it.
       if (text.ok() && text->head.size() > kept->head_room) kept->head_room = ManifestHeadRoom(text->head.size());
     } else {

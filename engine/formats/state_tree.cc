@@ -67,6 +67,16 @@ struct StateTreeBuilder::Tree {
   }
 };
 
+std::unordered_map<std::string, std::string> DecodeValueOrder(const std::string& json) {
+  std::unordered_map<std::string, std::string> out;
+  nlohmann::json parsed = nlohmann::json::parse(json, nullptr, false);
+  if (!parsed.is_object()) return out;
+  for (const auto& [value, next] : parsed.items()) {
+    if (next.is_string()) out.emplace(value, next.get<std::string>());
+  }
+  return out;
+}
+
 std::string JoinedStatePath(const StatePath& path) {
   std::string out;
   for (const StatePathStep& step : path) out += (out.empty() ? "" : ".") + step.key;
@@ -114,7 +124,6 @@ StateTreeBuilder::StateTreeBuilder(std::map<std::string, std::string> containers
                                    std::unordered_map<std::string, StatePath> paths)
     : containers_(std::move(containers)), paths_(std::move(paths)), root_(std::make_unique<Tree>()) {}
 StateTreeBuilder::~StateTreeBuilder() = default;
-
 
 void StateTreeBuilder::Reserve(size_t leaves) {
   if (!containers_.empty() || !paths_.empty()) return;
