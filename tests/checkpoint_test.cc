@@ -98,6 +98,43 @@ class CheckpointTest : public ::testing::Test {
   std::unique_ptr<Communicator> comm_ = CreateSingleProcessCommunicator();
 };
 
+// The check of a built manifest runs beside its encoding when the manifest is large: the text
+// is only used when the check passes, small or large, and a failed check is the error returned.
+TEST(CheckBuiltManifestWhile, TheCheckDecidesSmallOrLargeAndTheTextIsEncodedOnce) {
+  for (const size_t entries : {size_t{3}, size_t{20000}}) {
+    SCOPED_TRACE(entries);
+    Manifest m;
+    const size_t table_pages = (entries + 511) / 512;  // a block's sum is 8 bytes
+    m.files.push_back(FileRecord{"rank-00000.bin", (entries + table_pages) * 4096, entries * 4096, {}});
+    m.files[0].table_page_sums.assign(table_pages, 0);
+    for (size_t i = 0; i < entries; ++i) {
+      EntryRecord e{"t" + std::to_string(i), DType::kFloat32, {4}, {}};
+      e.chunks.push_back(ChunkRecord{0, i * 4096, 16, Layout::Whole()});
+      m.entries.push_back(std::move(e));
+    }
+    int encoded = 0;
+    std::string text;
+    auto encode = [&]() -> Status {
+      ++encoded;
+      SC_ASSIGN_OR_RETURN(text, EncodeManifest(m));
+      return Status::Ok();
+    };
+    Status valid = CheckBuiltManifestWhile(m, encode);
+    ASSERT_TRUE(valid.ok()) << valid.ToString();
+    EXPECT_EQ(encoded, 1);
+    EXPECT_EQ(DecodeManifest(text, "m").value().entries.size(), entries);
+    m.entries.back().chunks[0].file = 7;  // a file the manifest does not list
+    Status invalid = CheckBuiltManifestWhile(m, encode);
+    EXPECT_EQ(invalid.code(), Code::kInternal) << invalid.ToString();
+    EXPECT_THAT(invalid.message(), HasSubstr("is invalid (a bug)"));
+    EXPECT_THAT(invalid.message(), HasSubstr("t" + std::to_string(entries - 1)));
+    // An encoding that fails while the check passes is the encoding's error.
+    m.entries.back().chunks[0].file = 0;
+    Status failed = CheckBuiltManifestWhile(m, [] { return DataLoss("encoding failed"); });
+    EXPECT_EQ(failed.code(), Code::kDataLoss);
+  }
+}
+
 TEST_F(CheckpointTest, RoundTripsEveryDtypeScalarsAndEmptyTensors) {
   Result<SaveResult> saved = SaveStep(7);
   ASSERT_TRUE(saved.ok()) << saved.status().ToString();

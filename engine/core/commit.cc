@@ -1,6 +1,9 @@
 #include "shardckpt/engine/core/commit.h"
 
 #include <ctime>
+#include <future>
+#include <system_error>
+#include <thread>
 
 #include "shardckpt/engine/core/checkpoint_dir.h"
 #include "shardckpt/engine/core/version.h"
@@ -69,10 +72,34 @@ Status CheckBuiltManifest(const Manifest& manifest) {
   return Status::Ok();
 }
 
+Status CheckBuiltManifestWhile(const Manifest& manifest, const std::function<Status()>& encode) {
+  // Below this a thread's start costs more than it saves.
+  constexpr size_t kChunksWorthAThread = 16384;
+  size_t chunks = 0;
+  for (const EntryRecord& e : manifest.entries) chunks += e.chunks.size();
+  std::future<Status> checked;
+  if (chunks >= kChunksWorthAThread && std::thread::hardware_concurrency() > 1) {
+    try {
+      checked = std::async(std::launch::async, [&manifest] { return CheckBuiltManifest(manifest); });
+    } catch (const std::system_error&) {  // no thread to be had (a pids limit): in turn below
+    }
+  }
+  if (!checked.valid()) {
+    SC_RETURN_IF_ERROR(CheckBuiltManifest(manifest));
+    return encode();
+  }
+  Status encoded = encode();
+  SC_RETURN_IF_ERROR(checked.get());
+  return encoded;
+}
+
 Status CommitCheckpoint(const std::string& root, const std::string& temp_name, const Manifest& manifest,
                         const RetentionPolicy& retention) {
-  SC_RETURN_IF_ERROR(CheckBuiltManifest(manifest));
-  SC_ASSIGN_OR_RETURN(std::string json, EncodeManifest(manifest));
+  std::string json;
+  SC_RETURN_IF_ERROR(CheckBuiltManifestWhile(manifest, [&]() -> Status {
+    SC_ASSIGN_OR_RETURN(json, EncodeManifest(manifest));
+    return Status::Ok();
+  }));
   std::optional<ManifestSummary> summary;
   if (retention.RanksByMetric()) summary = SummaryOf(manifest);
   return PublishCheckpoint(root, temp_name, manifest.step, {json}, std::move(summary), retention);

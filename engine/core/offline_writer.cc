@@ -88,7 +88,11 @@ Status OfflineCheckpointWriter::AddPiece(int rank, const std::string& name, DTyp
   SC_ASSIGN_OR_RETURN(uint64_t offset, writer->Append(data, bytes, DTypeSize(dtype)));
   // Straight into the entry, the rank standing in for the file index until Commit numbers the
   // files: no second list of every chunk to move over at Commit (millions with small tensors).
-  record.chunks.push_back(ChunkRecord{static_cast<uint32_t>(rank), offset, bytes, Normalize(layout, shape)});
+  ChunkRecord& chunk = record.chunks.emplace_back();
+  chunk.file = static_cast<uint32_t>(rank);
+  chunk.offset = offset;
+  chunk.bytes = bytes;
+  if (!NormalizesToWhole(layout, shape)) chunk.layout = layout;
   return Status::Ok();
 }
 

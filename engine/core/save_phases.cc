@@ -691,14 +691,19 @@ Status RefreshKeptManifest(int64_t step, const Descriptions& described, std::vec
 Result<ManifestTextPieces> EncodeBuiltManifest(Manifest&& m, const PlannedSave& planned,
                                                std::vector<WriteReport>&& reports, SavePlanCache* cache,
                                                bool direct_io_likely) {
-  SC_RETURN_IF_ERROR(CheckBuiltManifest(m));
   if (cache == nullptr || cache->plan_id != planned.plan_id) {
     ManifestTextPieces whole;
-    SC_ASSIGN_OR_RETURN(whole.head, EncodeManifest(m));
+    SC_RETURN_IF_ERROR(CheckBuiltManifestWhile(m, [&]() -> Status {
+      SC_ASSIGN_OR_RETURN(whole.head, EncodeManifest(m));
+      return Status::Ok();
+    }));
     return whole;
   }
   auto kept = std::make_shared<KeptManifest>();
-  SC_ASSIGN_OR_RETURN(kept->body, EncodeManifestBody(m));
+  SC_RETURN_IF_ERROR(CheckBuiltManifestWhile(m, [&]() -> Status {
+    SC_ASSIGN_OR_RETURN(kept->body, EncodeManifestBody(m));
+    return Status::Ok();
+  }));
   SC_ASSIGN_OR_RETURN(ManifestTextPieces text, EncodeManifestWithBody(m, kept->body));
   kept->head_room = ManifestHeadRoom(text.head.size());
   // Sized now for the repeat saves' early writes with O_DIRECT, which then allocate nothing (a

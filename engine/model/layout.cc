@@ -141,13 +141,17 @@ int64_t ContiguousStart(const Layout& layout, const Shape& global) {
   return layout.offsets[0] * row;
 }
 
-Layout Normalize(const Layout& layout, const Shape& global) {
-  if (layout.kind == LayoutKind::kBox && layout.sizes == global) return Layout::Whole();
+bool NormalizesToWhole(const Layout& layout, const Shape& global) {
+  if (layout.kind == LayoutKind::kBox) return layout.sizes == global;
   if (layout.kind == LayoutKind::kFlatRange && layout.begin == 0) {
     Result<int64_t> numel = NumElements(global);
-    if (numel.ok() && layout.end == *numel && numel.value() > 0) return Layout::Whole();
+    return numel.ok() && layout.end == *numel && numel.value() > 0;
   }
-  return layout;
+  return false;
+}
+
+Layout Normalize(const Layout& layout, const Shape& global) {
+  return NormalizesToWhole(layout, global) ? Layout::Whole() : layout;
 }
 
 namespace {
