@@ -20,6 +20,7 @@
 #include "shardckpt/engine/formats/state_tree.h"
 #include "shardckpt/engine/formats/torch_file.h"
 #include "shardckpt/engine/formats/gguf_writer.h"
+#include "shardckpt/engine/formats/output_file.h"
 #include "shardckpt/engine/formats/torch_pickle.h"
 #include "shardckpt/engine/model/entry_alias.h"
 #include "shardckpt/io/failpoint.h"
@@ -775,6 +776,31 @@ TEST_F(MultiFileExportTest, OneFileAndShardsOfTheSameNameReplaceEachOther) {
   options.max_shard_bytes = 0;
   ASSERT_TRUE(Consolidate(ckpt, Path("sw/model.safetensors"), options).ok());
   EXPECT_THAT(Listing(Path("sw")), ElementsAre("model.safetensors", "model.safetensors.sha256"));
+}
+
+// Two exports to one path at once wrote one OUT.partial together: the second is refused at once,
+// naming the path, and writes nothing; once the first lets go, the path is free again.
+TEST_F(MultiFileExportTest, AnExportToAPathAnotherExportHoldsIsRefused) {
+  const std::string ckpt = Checkpoint(DType::kFloat32);
+  ASSERT_TRUE(MakeDirs(Path("out")).ok());
+  const std::string pt = Path("out/model.pt"), dcp = Path("out/dcp");
+  {
+    OutputLock first = OutputLock::Acquire(pt).value();
+    OutputLock other = OutputLock::Acquire(dcp).value();
+    Result<ConsolidateReport> c = Consolidate(ckpt, pt, ConsolidateOptions{});
+    ASSERT_FALSE(c.ok());
+    EXPECT_EQ(c.status().code(), Code::kFailedPrecondition);
+    EXPECT_THAT(c.status().message(), HasSubstr("another export is writing " + pt));
+    Result<DcpExportReport> d = ExportDcp(ckpt, dcp, DcpExportOptions{});
+    ASSERT_FALSE(d.ok());
+    EXPECT_THAT(d.status().message(), HasSubstr("another export is writing " + dcp));
+    EXPECT_THAT(Listing(Path("out")), ElementsAre(".dcp.lock", ".model.pt.lock"));
+    EXPECT_EQ(OutputLock::Acquire(pt).status().code(), Code::kFailedPrecondition);
+  }
+  EXPECT_TRUE(Listing(Path("out")).empty());  // each hold's file goes with it
+  ASSERT_TRUE(Consolidate(ckpt, pt, ConsolidateOptions{}).ok());
+  ASSERT_TRUE(ExportDcp(ckpt, dcp, DcpExportOptions{}).ok());
+  EXPECT_THAT(Listing(Path("out")), ElementsAre("dcp", "model.pt", "model.pt.sha256"));
 }
 
 TEST_F(MultiFileExportTest, DcpExportAfterAFullDiskLeavesTheFolderAsItWas) {

@@ -330,6 +330,7 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
   SC_RETURN_IF_ERROR(RefuseOutputInCheckpoint(out, reader->dir()));
   MadeDirs made(DirName(out));  // removed again if this fails
   SC_RETURN_IF_ERROR(made.status());
+  SC_ASSIGN_OR_RETURN(OutputLock held, OutputLock::Acquire(out));
   const Manifest& m = reader->manifest();
   ConsolidateReport report;
   report.checkpoint = reader->dir();

@@ -109,6 +109,10 @@ Result<DcpExportReport> ExportDcp(const std::string& checkpoint, const std::stri
   SC_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(checkpoint));
   SC_RETURN_IF_ERROR(RefuseOutputInCheckpoint(out, reader->dir()));
   const Manifest& m = reader->manifest();
+  MadeDirs made(DirName(WithoutTrailingSlashes(out)));  // removed again if this fails
+  SC_RETURN_IF_ERROR(made.status());
+  // Held before the folder is found new or empty: two exports to one folder both found it so.
+  SC_ASSIGN_OR_RETURN(OutputLock held, OutputLock::Acquire(out));
   if (PathExists(out)) {
     if (!IsDirectory(out)) return InvalidArgument(out + " exists and is not a folder");
     SC_ASSIGN_OR_RETURN(std::vector<std::string> present, ListDir(out));
@@ -217,6 +221,7 @@ Result<DcpExportReport> ExportDcp(const std::string& checkpoint, const std::stri
   const std::string metadata = JoinPath(out, kDcpMetadataName);
   SC_RETURN_IF_ERROR(WriteFileAtomic(metadata, EncodeDcpMetadata(md), "export.dcp"));
   written.Keep();
+  made.Keep();
   report.files.push_back(metadata);
   report.bytes_read = reader->stats().data_bytes_read;
   return report;

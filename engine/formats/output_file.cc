@@ -3,6 +3,8 @@
 #include "shardckpt/engine/formats/sha256_sidecar.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,6 +16,7 @@
 #include "shardckpt/engine/formats/byte_text.h"
 #include "shardckpt/io/checksum.h"
 #include "shardckpt/io/fs.h"
+#include "shardckpt/io/log.h"
 
 namespace shardckpt {
 namespace {
@@ -107,6 +110,45 @@ Status OutputFile::Publish() {
 Status OutputFile::Close() {
   SC_RETURN_IF_ERROR(Finish());
   return Publish();
+}
+
+Result<OutputLock> OutputLock::Acquire(const std::string& out) {
+  const std::string name = BaseName(WithoutTrailingSlashes(out));
+  const std::string path = JoinPath(DirName(WithoutTrailingSlashes(out)), "." + name + ".lock");
+  // A holder removes the file as it lets go, so a lock won on a file already removed is no hold:
+  // open again (a few times: each retry means another export just finished).
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return ErrnoStatus(errno, "create the lock file of the output " + out);
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      ::close(fd);
+      if (err == EWOULDBLOCK) {
+        return FailedPrecondition("another export is writing " + out + " now (it holds " + path +
+                                  "): wait for it to finish, or write to another path");
+      }
+      if (err == ENOLCK || err == EOPNOTSUPP || err == EINVAL) {
+        LogOnce(LogLevel::kWarn, "output_lock",
+                "no flock on the file system of " + out + ": two exports to one path at once are not refused");
+        ::unlink(path.c_str());
+        return OutputLock("", -1);
+      }
+      return ErrnoStatus(err, "lock " + path);
+    }
+    struct stat held {}, named {};
+    if (::fstat(fd, &held) == 0 && ::stat(path.c_str(), &named) == 0 && held.st_ino == named.st_ino &&
+        held.st_dev == named.st_dev) {
+      return OutputLock(path, fd);
+    }
+    ::close(fd);
+  }
+  return FailedPrecondition("other exports keep writing " + out + ": try again when they are done");
+}
+
+OutputLock::~OutputLock() {
+  if (fd_ < 0) return;
+  ::unlink(path_.c_str());  // before the close: nobody holds a file that is still named
+  ::close(fd_);
 }
 
 void RemoveOutputFile(const std::string& path) {

@@ -63,6 +63,26 @@ class OutputFile {
   bool published_ = false;
 };
 
+// An export's hold on its output path for as long as it writes there. Two exports to one path
+// at once (two `consolidate --out x.pt`) wrote one x.pt.partial together, and the one that
+// finished published a mixed file beside a .sha256 of neither. The second is refused at once,
+// naming the path. The hold is an flock on .NAME.lock in the output's folder, removed on release;
+// on a file system without flock exports are not held (logged once).
+class OutputLock {
+ public:
+  // The output's folder must exist.
+  static Result<OutputLock> Acquire(const std::string& out);
+  OutputLock(OutputLock&& other) noexcept : path_(std::move(other.path_)), fd_(other.fd_) { other.fd_ = -1; }
+  OutputLock& operator=(OutputLock&&) = delete;
+  OutputLock(const OutputLock&) = delete;
+  ~OutputLock();
+
+ private:
+  OutputLock(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  std::string path_;
+  int fd_ = -1;
+};
+
 // Removes an export's file and its PATH.sha256, whichever of them exist.
 void RemoveOutputFile(const std::string& path);
 
