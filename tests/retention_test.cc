@@ -574,6 +574,24 @@ TEST_F(RetentionTest, ARememberedCheckpointWithAMissingOrTruncatedDataFileIsAPro
   EXPECT_THAT(listed[2].why, HasSubstr("latest"));
 }
 
+// A save stopped between its folder's rename and `latest`: `latest` names an older step, while
+// readers resolve the root to the newest. The dry run kept the step `latest` named and the real
+// prune (which mends `latest` first) removed it: both now keep what readers use.
+TEST_F(RetentionTest, AStaleLatestIsPlannedAsReadersResolveIt) {
+  for (int64_t step = 1; step <= 3; ++step) ASSERT_TRUE(SaveStep(step).ok());
+  ASSERT_TRUE(WriteFileAtomic(JoinPath(root(), kLatestName), StepDirName(1) + "\n", "test").ok());
+  EXPECT_EQ(ResolvedLatestName(root()), StepDirName(3));
+  EXPECT_EQ(ReadLatestName(root()), StepDirName(1));
+  RetentionPolicy policy;
+  policy.keep_last = 1;
+  RetentionReport dry = ApplyRetention(root(), policy, "", /*dry_run=*/true).value();
+  EXPECT_EQ(dry.removed, (std::vector<std::string>{StepDirName(1), StepDirName(2)}));
+  ASSERT_TRUE(RepairLatest(root()).ok());  // as prune does before it applies the rule
+  RetentionReport pruned = ApplyRetention(root(), policy, "", /*dry_run=*/false).value();
+  EXPECT_EQ(pruned.removed, dry.removed);
+  EXPECT_EQ(Names(), std::vector<std::string>{StepDirName(3)});
+}
+
 // The same on disk, as `prune --keep-last 1` and a save's keep_last apply it (no metric ranked,
 // so only the newest manifests are read): it removed the only checkpoint that loaded.
 TEST_F(RetentionTest, KeepLastWithTheNewestDamagedKeepsTheNewestThatLoads) {

@@ -482,7 +482,9 @@ int List(int argc, char** argv) {
   // The preview refuses what prune would refuse, rather than show removals that will not happen.
   Status recorded = CheckMetricRecorded(policy, root, *all);
   if (!recorded.ok()) return Fail(recorded);
-  const std::string latest = ReadLatestName(root);
+  // What readers resolve the root to; a `latest` naming another folder (a save stopped between
+  // its rename and `latest`) is shown as such, and the next save or prune mends it.
+  const std::string latest = ResolvedLatestName(root), latest_file = ReadLatestName(root);
   PlanRetention(policy, latest, &*all);
   // A save or prune running now: its temporary folder is no leftover of a dead save. And a
   // folder retention would remove that a reader holds now is left by a prune until it is free.
@@ -500,8 +502,19 @@ int List(int argc, char** argv) {
       rows.push_back(InfoJson(c));
       rows.back()["retention"] = retention_of(c);
     }
-    PrintJson(json{{"root", root}, {"latest", latest}, {"save_running", save_running}, {"checkpoints", rows}});
+    json out{{"root", root}, {"latest", latest}, {"save_running", save_running}, {"checkpoints", rows}};
+    if (latest_file != latest) out["latest_file"] = latest_file;
+    PrintJson(out);
     return 0;
+  }
+  if (latest_file != latest) {
+    const std::string named = JoinPath(root, kLatestName) + " names " + (latest_file.empty() ? "nothing" : latest_file);
+    if (latest.empty()) {
+      std::fprintf(stderr, "note: %s, which is not a committed checkpoint\n", named.c_str());
+    } else {
+      std::fprintf(stderr, "note: %s; readers use %s, the newest committed checkpoint (a save stopped before "
+                   "updating latest); the next save or prune mends it\n", named.c_str(), latest.c_str());
+    }
   }
   // The folder column as wide as the longest name (a temporary or retired folder's is 50 or more).
   size_t width = 28;
@@ -580,7 +593,7 @@ int Prune(int argc, char** argv) {
     for (const CheckpointInfo& c : *listed) {
       if (c.committed || (save_running && c.temp)) continue;
       if (!c.foreign.empty()) {  // as the cleanup would report it
-        failed.push_back(RemovalFailure{c.name, LeftForItsFiles(root, c.name, c.foreign)});
+        failed.push_back(RemovalFailure{c.name, LeftForItsFiles(root, c.name, c.foreign), /*on_purpose=*/true});
         continue;
       }
       (HeldByReader(root, c.name) ? left : leftovers).push_back(c.name);
@@ -600,15 +613,36 @@ int Prune(int argc, char** argv) {
   r->removed.insert(r->removed.begin(), leftovers.begin(), leftovers.end());
   r->deferred.insert(r->deferred.begin(), left.begin(), left.end());
   failed.insert(failed.end(), r->failed.begin(), r->failed.end());
+  // Folders of someone's own files are left by design: named, no failure (a cron job's prune
+  // would otherwise fail for as long as they stay).
+  std::vector<RemovalFailure> left_alone;
+  for (auto f = failed.begin(); f != failed.end();) {
+    if (f->on_purpose) {
+      left_alone.push_back(std::move(*f));
+      f = failed.erase(f);
+    } else {
+      ++f;
+    }
+  }
+  // On stderr with --json too, as every failure of a --json command gives its message.
+  for (const RemovalFailure& f : left_alone) std::fprintf(stderr, "left %s: %s\n", JoinPath(root, f.name).c_str(), f.status.message().c_str());
+  for (const RemovalFailure& f : failed) {
+    std::fprintf(stderr, "%s %s: %s\n", dry_run ? "would not remove" : "could not remove", JoinPath(root, f.name).c_str(),
+                 f.status.ToString().c_str());
+  }
   // What could not be deleted is named, the rest is still removed, and the exit status says so.
   const int status = failed.empty() ? 0 : 1;
   if (vm.count("json")) {
-    json not_removed = json::array();
-    for (const RemovalFailure& f : failed) {
-      not_removed.push_back(json{{"folder", f.name}, {"code", CodeName(f.status.code())}, {"message", f.status.message()}});
-    }
+    auto rows = [](const std::vector<RemovalFailure>& list) {
+      json out = json::array();
+      for (const RemovalFailure& f : list) {
+        out.push_back(json{{"folder", f.name}, {"code", CodeName(f.status.code())}, {"message", f.status.message()}});
+      }
+      return out;
+    };
     PrintJson(json{{"ok", failed.empty()}, {"root", root}, {"dry_run", dry_run}, {"removed", r->removed},
-                   {"deferred", r->deferred}, {"failed", not_removed}, {"save_running", save_running}});
+                   {"deferred", r->deferred}, {"failed", rows(failed)}, {"left_alone", rows(left_alone)},
+                   {"save_running", save_running}});
     return status;
   }
   if (save_running) {
@@ -622,10 +656,6 @@ int Prune(int argc, char** argv) {
                 IsRetiredDirName(name) ? ", or another process is removing it" : "", JoinPath(root, name).c_str());
   }
   std::printf("%zu folder(s) %s\n", r->removed.size(), dry_run ? "would be removed (dry run)" : "removed");
-  for (const RemovalFailure& f : failed) {
-    std::fprintf(stderr, "%s %s: %s\n", dry_run ? "would not remove" : "could not remove", JoinPath(root, f.name).c_str(),
-                 f.status.ToString().c_str());
-  }
   if (!failed.empty()) std::fprintf(stderr, "%zu folder(s) %s\n", failed.size(), dry_run ? "would not be removed" : "could not be removed");
   return status;
 }

@@ -189,6 +189,11 @@ std::string ReadLatestName(const std::string& root) {
   return name.ok() ? Trim(*name) : std::string();
 }
 
+std::string ResolvedLatestName(const std::string& root) {
+  Result<std::vector<std::pair<int64_t, std::string>>> committed = ListCommitted(root);
+  return committed.ok() && !committed->empty() ? committed->back().second : std::string();
+}
+
 Result<std::vector<std::pair<int64_t, std::string>>> ListCommitted(const std::string& root) {
   SC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(root));
   std::vector<std::pair<int64_t, std::string>> out;
@@ -449,7 +454,7 @@ Status RemoveStaleTempDirs(const std::string& root, std::vector<std::string>* re
       if (!foreign.empty()) {
         Status kept = LeftForItsFiles(root, name, foreign);
         SC_LOG(kWarn) << kept.message();
-        if (failed != nullptr) failed->push_back(RemovalFailure{name, kept});
+        if (failed != nullptr) failed->push_back(RemovalFailure{name, kept, /*on_purpose=*/true});
         continue;
       }
     }

@@ -41,6 +41,10 @@ Result<std::vector<std::pair<int64_t, std::string>>> ListCommitted(const std::st
 
 // The folder name `latest` holds, trimmed; empty when there is no readable `latest`.
 std::string ReadLatestName(const std::string& root);
+// The folder a root resolves to (ResolveCheckpoint): its newest committed one, which `latest`
+// names unless a save stopped between its rename and `latest` (RepairLatest mends that); empty
+// when there is none. Retention keeps this one, so a dry run plans as the real prune does.
+std::string ResolvedLatestName(const std::string& root);
 
 // Parses "step-000001000" (no suffix); false for anything else.
 bool ParseStepDirName(const std::string& name, int64_t* step);
@@ -82,10 +86,13 @@ Result<bool> RemoveCheckpointDir(const std::string& root, const std::string& nam
 // target), so that RemoveCheckpointDir would leave it: what a dry run and a listing report.
 bool HeldByReader(const std::string& root, const std::string& name);
 
-// A folder a removal could not delete (permissions, an immutable file, a busy NFS file), and why.
+// A folder a removal could not delete (permissions, an immutable file, a busy NFS file), and why;
+// or, `on_purpose`, one it left because it holds files no save writes (someone's own): named, but
+// no failure of the removal (a prune that meets one still succeeds).
 struct RemovalFailure {
   std::string name;
   Status status;
+  bool on_purpose = false;
 };
 
 // Whether `path` is named as a file `import` reads: .pt, .pth, .bin, .safetensors or a

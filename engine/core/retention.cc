@@ -158,7 +158,7 @@ Result<RetentionReport> ApplyRetention(const std::string& root, const RetentionP
     }
   }
   SC_RETURN_IF_ERROR(CheckMetricRecorded(policy, root, all, MetricsNoneYet::kApplyTheRest));
-  PlanRetention(policy, ReadLatestName(root), &all);
+  PlanRetention(policy, ResolvedLatestName(root), &all);
   for (const CheckpointInfo& c : all) {
     if (!c.committed || c.keep || c.name == just_committed) continue;
     if (dry_run) {  // what the removal would do now: a folder a reader holds is left
