@@ -289,13 +289,13 @@ namespace {
 // Creates (or truncates) `path`, writes `pieces` one after the other and fdatasyncs it; with
 // `prefer_direct`, O_DIRECT through `staging` where the file system takes it.
 Status WriteAndSync(const std::string& path, const std::vector<std::string_view>& pieces, bool prefer_direct,
-                    AlignedBuffer* staging, const std::string& failpoint_prefix) {
+                    AlignedBuffer* staging, const std::string& failpoint_prefix, int extra_flags = 0) {
   SC_RETURN_IF_ERROR(Failpoint((failpoint_prefix + ".write").c_str(), "write " + path));
   size_t size = 0;
   for (std::string_view piece : pieces) size += piece.size();
   bool direct = false;
   SC_ASSIGN_OR_RETURN(int fd,
-                      OpenPreferDirect(path, O_WRONLY | O_CREAT | O_TRUNC, prefer_direct && size != 0, &direct));
+                      OpenPreferDirect(path, O_WRONLY | O_CREAT | O_TRUNC | extra_flags, prefer_direct && size != 0, &direct));
   FdCloser closer(fd);
   if (direct) {
     const size_t padded = AlignUp(size, kDirectIoAlignment);
@@ -333,8 +333,15 @@ Status WriteFileAtomic(const std::string& path, const std::string& bytes,
                        const char* failpoint_prefix) {
   const std::string prefix = failpoint_prefix;
   const std::string temp = path + ".tmp";
+  // A fresh file, never one found there: a symlink planted at ROOT/latest.tmp made a save write
+  // `latest` into its target, outside the root, and rename the link into place. A stale temp
+  // file (a writer that died) is removed first; a folder there stays, and the open names it.
+  if (::unlink(temp.c_str()) != 0 && errno != ENOENT) {
+    if (errno == EISDIR) return FailedPrecondition(temp + " is a folder, where " + path + " is written first: remove it");
+    return ErrnoStatus(errno, "remove the stale " + temp);
+  }
   // Small files (`latest`) through the page cache: no staging to allocate for a few bytes.
-  Status status = WriteAndSync(temp, {bytes}, /*prefer_direct=*/false, nullptr, prefix);
+  Status status = WriteAndSync(temp, {bytes}, /*prefer_direct=*/false, nullptr, prefix, O_EXCL | O_NOFOLLOW);
   if (status.ok()) status = Rename(temp, path, (prefix + ".rename").c_str());
   if (!status.ok()) {
     ::unlink(temp.c_str());

@@ -157,6 +157,30 @@ TEST_F(WholeFile, ADurableWriteLeavesNothingInThePageCache) {
   EXPECT_GT(CachedPages(Path("buffered")), 0u) << "the probe cannot see cached pages";
 }
 
+// WriteFileAtomic writes a fresh temp file: a symlink planted at PATH.tmp made a save write
+// `latest` into the link's target, outside the root. A stale temp file is replaced; a folder in
+// its place is named.
+TEST_F(WholeFile, AnAtomicWriteNeverFollowsWhatItFindsAtItsTempName) {
+  const std::string victim = Path("victim.txt"), latest = Path("latest");
+  ASSERT_TRUE(WriteFileAtomic(victim, "precious", "t").ok());
+  ASSERT_EQ(::symlink(victim.c_str(), (latest + ".tmp").c_str()), 0);
+  ASSERT_TRUE(WriteFileAtomic(latest, "step-000000006\n", "t").ok());
+  EXPECT_EQ(ReadFileLimited(victim, 100).value(), "precious");
+  struct stat st {};
+  ASSERT_EQ(::lstat(latest.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode)) << "latest is not a plain file";
+  EXPECT_EQ(ReadFileLimited(latest, 100).value(), "step-000000006\n");
+  EXPECT_FALSE(PathExists(latest + ".tmp"));
+  ASSERT_TRUE(WriteFileAtomic(latest + ".tmp", "stale", "t").ok());  // a writer that died
+  ASSERT_TRUE(WriteFileAtomic(latest, "step-000000007\n", "t").ok());
+  EXPECT_EQ(ReadFileLimited(latest, 100).value(), "step-000000007\n");
+  ASSERT_TRUE(MakeDir(latest + ".tmp").ok());
+  Status blocked = WriteFileAtomic(latest, "step-000000008\n", "t");
+  EXPECT_EQ(blocked.code(), Code::kFailedPrecondition);
+  EXPECT_THAT(blocked.message(), HasSubstr(latest + ".tmp is a folder"));
+  EXPECT_EQ(ReadFileLimited(latest, 100).value(), "step-000000007\n");
+}
+
 TEST_F(WholeFile, FailpointsNameTheStepAndTheFile) {
   AlignedBuffer staging;
   ASSERT_TRUE(SetFailpoints("commit.manifest.write=EIO").ok());
