@@ -708,6 +708,37 @@ TEST_F(RetentionTest, AStepFolderWithoutManifestHoldingOtherFilesIsLeftAndNamed)
   EXPECT_TRUE(PathExists(JoinPath(copied, "notes.txt")));
 }
 
+// A file (not a folder) named as a step folder, a temporary or a retired one is someone's: a save
+// deleted it as "a step folder without a manifest". It is left and named, as a folder of
+// someone's files is; saving that very step says what is in the way.
+TEST_F(RetentionTest, AFileNamedAsAStepFolderIsLeftAndNamed) {
+  ASSERT_TRUE(SaveStep(1).ok());
+  const std::string notes = JoinPath(root(), StepDirName(6)), temp = JoinPath(root(), TempDirName(8, RandomId()));
+  for (const std::string& file : {notes, temp}) ASSERT_TRUE(WriteFileAtomic(file, "user notes", "test").ok());
+  Result<std::vector<CheckpointInfo>> listed = ListCheckpoints(root(), false, false);
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->size(), 3u);
+  for (size_t i : {1, 2}) {
+    EXPECT_EQ((*listed)[i].foreign, (*listed)[i].name);
+    EXPECT_THAT((*listed)[i].problem, HasSubstr("a file, not a folder a save writes"));
+  }
+  std::vector<std::string> removed;
+  std::vector<RemovalFailure> failed;
+  ASSERT_TRUE(RemoveStaleTempDirs(root(), &removed, nullptr, &failed).ok());
+  EXPECT_TRUE(removed.empty());
+  ASSERT_EQ(failed.size(), 2u);
+  for (const RemovalFailure& f : failed) {
+    EXPECT_TRUE(f.on_purpose);
+    EXPECT_THAT(f.status.message(), HasSubstr(JoinPath(root(), f.name) + " is a file, not a folder a save writes"));
+  }
+  Result<SaveResult> in_the_way = SaveStep(6);
+  ASSERT_FALSE(in_the_way.ok());
+  EXPECT_THAT(in_the_way.status().message(), HasSubstr(notes + " is a file, not a folder a save writes"));
+  ASSERT_TRUE(SaveStep(9).ok());
+  EXPECT_EQ(ReadFileLimited(notes, 100).value(), "user notes");
+  EXPECT_EQ(ReadFileLimited(temp, 100).value(), "user notes");
+}
+
 // A folder that cannot be deleted (an immutable file, another user's file, a busy NFS file) is
 // passed over and reported; retention still removes the others, and a leftover of a dead save
 // that cannot go does not fail every later save (both stopped at the first such folder).

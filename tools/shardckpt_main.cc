@@ -492,6 +492,7 @@ int List(int argc, char** argv) {
   auto retention_of = [&](const CheckpointInfo& c) -> std::string {
     if (c.committed && c.keep) return "keep: " + c.why;
     if (c.committed) return HeldByReader(root, c.name) ? "would remove (a reader holds it now)" : "would remove";
+    if (c.foreign == c.name) return std::string("left: a file, not a folder a save writes");
     if (c.temp && save_running) return "a save or prune holds the root now (perhaps its own)";
     if (!c.foreign.empty()) return "left: holds " + c.foreign + ", which no save writes";
     return "next save removes";

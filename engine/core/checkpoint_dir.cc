@@ -435,6 +435,10 @@ std::string FirstEntryNoSaveWrites(const std::string& dir) {
 }
 
 Status LeftForItsFiles(const std::string& root, const std::string& name, const std::string& foreign) {
+  if (foreign == name) {
+    return FailedPrecondition(JoinPath(root, name) + " is a file, not a folder a save writes: left as it is; move it " +
+                              "out of the root once it is not needed");
+  }
   return FailedPrecondition(JoinPath(root, name) + " has no manifest but holds " + foreign +
                             ", which no save writes (someone's own files): left as it is; move the files out, or "
                             "remove the folder, once it is not needed");
@@ -449,8 +453,10 @@ Status RemoveStaleTempDirs(const std::string& root, std::vector<std::string>* re
     const bool half_deleted = ParseStepDirName(name, &step) && !PathExists(JoinPath(JoinPath(root, name), kManifestName));
     const bool retired = IsRetiredDirName(name);
     if (!IsTempDirName(name) && !half_deleted && !retired) continue;
-    if (half_deleted) {
-      const std::string foreign = FirstEntryNoSaveWrites(JoinPath(root, name));
+    // A save writes folders only: a file so named is someone's (its name is what it holds).
+    const bool folder = IsDirectory(JoinPath(root, name));
+    if (half_deleted || !folder) {
+      const std::string foreign = folder ? FirstEntryNoSaveWrites(JoinPath(root, name)) : name;
       if (!foreign.empty()) {
         Status kept = LeftForItsFiles(root, name, foreign);
         SC_LOG(kWarn) << kept.message();

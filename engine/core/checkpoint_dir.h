@@ -107,7 +107,8 @@ bool IsImportableFileName(const std::string& path);
 // committed folder that held such files leaves it so too.)
 std::string FirstEntryNoSaveWrites(const std::string& dir);
 // Why root/name, a step folder without a manifest holding `foreign`, is left: as the cleanup
-// reports it and a dry run of it says so.
+// reports it and a dry run of it says so. `foreign` == `name`: root/name is itself a file, not a
+// folder (a save writes folders only).
 Status LeftForItsFiles(const std::string& root, const std::string& name, const std::string& foreign);
 
 // Removes what crashed or failed saves left: temp folders, step folders without a manifest

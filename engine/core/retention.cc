@@ -119,9 +119,14 @@ Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, boo
       }
     }
     c.committed = step_dir && PathExists(JoinPath(dir, kManifestName));
-    if (retired) c.problem = "retired by retention: its files are being deleted, or were left by a process that ended first; the next save removes it";
-    else if (c.temp) c.problem = "save in progress, or left by one that did not finish";
-    else if (!c.committed) {
+    if (!IsDirectory(dir)) {  // as RemoveStaleTempDirs leaves it
+      c.foreign = name;
+      c.problem = "a file, not a folder a save writes: left for you to move or remove";
+    } else if (retired) {
+      c.problem = "retired by retention: its files are being deleted, or were left by a process that ended first; the next save removes it";
+    } else if (c.temp) {
+      c.problem = "save in progress, or left by one that did not finish";
+    } else if (!c.committed) {
       c.foreign = FirstEntryNoSaveWrites(dir);
       c.problem = c.foreign.empty() ? "no manifest (a deletion or commit cut short); the next save removes it"
                                     : "no manifest, and holds " + c.foreign + ", which no save writes: left for you to move or remove";

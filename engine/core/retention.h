@@ -44,7 +44,8 @@ struct CheckpointInfo {
   uint64_t bytes = 0;      // files directly in the folder
   std::map<std::string, double> metrics;
   std::string problem;     // why the manifest could not be read, or why a folder is not committed
-  std::string foreign;     // a step folder without manifest: a file in it no save writes, if any (left alone)
+  std::string foreign;     // a step folder without manifest: a file in it no save writes, if any (left alone);
+                           // `name` itself when the "folder" is a file
   bool keep = false;       // what the policy decides, for committed checkpoints
   std::string why;         // "latest", "last 3", "best 2 by val_loss", ...
 };
