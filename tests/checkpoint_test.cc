@@ -658,6 +658,24 @@ TEST_F(CheckpointTest, ACheckpointFolderIsNeitherARootNorAnOutputFolder) {
   ASSERT_FALSE(over_latest.ok());
   EXPECT_THAT(over_latest.status().message(),
               HasSubstr(JoinPath(root(), kLatestName) + " would replace the `latest` of the root " + root()));
+  // Nor a root that a save, import or reshard makes inside a checkpoint, or as a name the root's
+  // saves write: the next retention of root() deleted it with the step folder.
+  const std::string inside = JoinPath(step2, "rs"), named = JoinPath(root(), StepDirName(50));
+  for (const std::string& out : {inside, named}) {
+    SCOPED_TRACE(out);
+    const std::string why = out == inside ? out + " lies inside the checkpoint " + step2
+                                          : ", named as the checkpoint folders of the root " + root();
+    ConvertOptions three;
+    three.world_size = 3;
+    EXPECT_THAT(Reshard(step2, out, three).status().message(), HasSubstr(why));
+    EXPECT_THAT(ImportFile(JoinPath(root(), StepDirName(1) + ".pt"), out, three).status().message(), HasSubstr(why));
+    Tensors again("again");
+    Result<SaveResult> into = Save(*comm_, out, 3, again.State());
+    ASSERT_FALSE(into.ok());
+    EXPECT_EQ(into.status().code(), Code::kInvalidArgument);
+    EXPECT_THAT(into.status().message(), HasSubstr(why));
+    EXPECT_FALSE(PathExists(out));
+  }
   EXPECT_EQ(ListDir(folder).value(), before);
   ExpectLoads(root(), 2);
   ExpectLoads(folder, 1);

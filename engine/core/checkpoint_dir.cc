@@ -135,6 +135,14 @@ Status RefuseOutputInCheckpoint(const std::string& out, const std::string& check
     return InvalidArgument(out + " lies inside the checkpoint " + checkpoint_dir +
                            " being read: write it elsewhere (a checkpoint folder holds only what its save wrote)");
   }
+  return RefuseOutputInCheckpoints(out);
+}
+
+Status RefuseOutputInCheckpoints(const std::string& out) {
+  std::error_code out_error;
+  const std::filesystem::path file =
+      std::filesystem::weakly_canonical(std::filesystem::absolute(out, out_error), out_error);
+  if (out_error) return Status::Ok();  // nothing to compare: the write reports a bad path
   // A committed checkpoint is a step folder with a manifest (a manifest.json of another kind, a
   // web app's, is no checkpoint), looked for along the path as spelled (a step folder may be a
   // link into an archive, whose target has another name) and with links resolved.

@@ -132,6 +132,10 @@ Status RefuseCheckpointAsRoot(const std::string& root, const std::string& verb);
 // the checkpoint no longer loads) or the pointer every resume reads, and retention would delete
 // it with the checkpoint. Links are resolved on both sides.
 Status RefuseOutputInCheckpoint(const std::string& out, const std::string& checkpoint_dir);
+// The same without a checkpoint being read: `out` (a file, or a root a save, import or reshard
+// writes) inside no committed checkpoint folder, named as no root's checkpoint folders, and no
+// root's `latest`. A root made inside a step folder was deleted with it by the next retention.
+Status RefuseOutputInCheckpoints(const std::string& out);
 
 // Rewrites `latest` when it does not name the newest committed checkpoint. Root lock held.
 Status RepairLatest(const std::string& root);

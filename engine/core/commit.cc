@@ -38,6 +38,7 @@ Status NewestIsNotLater(const std::string& root, int64_t step) {
 
 Result<RootLock> LockRootForSave(const std::string& root, int64_t step) {
   SC_RETURN_IF_ERROR(RefuseCheckpointAsRoot(root, "save into"));
+  SC_RETURN_IF_ERROR(RefuseOutputInCheckpoints(root));
   SC_RETURN_IF_ERROR(PersistReservation::CheckNotReserved(root));
   SC_RETURN_IF_ERROR(MakeDirs(root));
   SC_ASSIGN_OR_RETURN(RootLock lock, RootLock::Acquire(root));
