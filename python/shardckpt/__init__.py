@@ -522,7 +522,7 @@ class AsyncSaveHandle:
             self._fence = (code, message)
             self.fence_seconds = float(seconds)
         if self._fence[0] != "OK":
-            self._seen = True  # the save failed, and the caller is told here
+            self._saw_outcome()  # the save failed, and the caller is told here
         raise_for(*self._fence)
         return self.fence_seconds
 
@@ -532,10 +532,17 @@ class AsyncSaveHandle:
 
     def wait(self) -> None:
         """Waits for the persist (collective in effect: every rank gets the same outcome)."""
-        self._seen = True  # its outcome is the caller's from here: not logged
+        self._saw_outcome()  # its outcome is the caller's from here: not logged
         self.fence()
         code, message, _ = self._handle.wait()
         raise_for(code, message)
+
+    def _saw_outcome(self) -> None:
+        """The caller is told this save's outcome: it is no longer logged as unseen, whenever
+        this handle is dropped (the flag alone went with the handle, and a failure wait() had
+        raised was logged again as one "no wait() saw")."""
+        self._seen = True
+        _unseen[:] = [entry for entry in _unseen if entry[2] is not self._handle]
 
 
 _savers_lock = threading.Lock()

@@ -118,21 +118,23 @@ def _release(*tensors: torch.Tensor) -> None:
         t.set_()
 
 
-def _gloo_group(ranks: List[int], instead: str) -> Any:
+def _gloo_group(ranks: List[int], instead: str, timeout_s: float = 0.0) -> Any:
     """A gloo group over ``ranks`` (global), made by those ranks alone. torch's new_group wants
     every rank of the world to make every group in one order; a subgroup's members making their
     own (pipeline stages each saving on its stage's group) took the group name another subgroup
     had, and joined its peers: a failed or hung connection. use_local_synchronization (torch
     >= 2.1) names the group from its ranks; without it only the whole world is safe."""
     import inspect
+    # torch's own default otherwise (30 minutes): a rank that never comes would hold the others.
+    timeout = {"timeout": datetime.timedelta(seconds=timeout_s)} if timeout_s > 0 else {}
     if "use_local_synchronization" in inspect.signature(dist.new_group).parameters:
-        return dist.new_group(ranks=ranks, backend="gloo", use_local_synchronization=True)
+        return dist.new_group(ranks=ranks, backend="gloo", use_local_synchronization=True, **timeout)
     if len(ranks) != dist.get_world_size():
         raise Unimplemented(
             "shardckpt needs a gloo group of its own over ranks %s of a torch.distributed subgroup, "
             "which its ranks alone can make only with torch >= 2.1 (new_group's "
             "use_local_synchronization; this is torch %s): %s" % (ranks, torch.__version__, instead))
-    return dist.new_group(ranks=ranks, backend="gloo")
+    return dist.new_group(ranks=ranks, backend="gloo", **timeout)
 
 
 class TorchGroupComm:
@@ -237,5 +239,10 @@ class TorchGroupComm:
         return tensor.tolist()
 
     def duplicate(self) -> "TorchGroupComm":
+        # The ranks meet first, within SHARDCKPT_COLLECTIVE_TIMEOUT_S, so that one that never
+        # calls async_save() is named as for any collective: new_group's own rendezvous waited
+        # for it for torch's timeout (30 minutes by default), past the documented deadline.
+        self.barrier()
         ranks = [_global_rank(self.group, r) for r in range(self.size)]
-        return TorchGroupComm(_gloo_group(ranks, "use save() on the subgroup, or async_save() on the default group"))
+        return TorchGroupComm(_gloo_group(ranks, "use save() on the subgroup, or async_save() on the default group",
+                                          self.timeout_s))

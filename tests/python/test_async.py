@@ -369,11 +369,21 @@ if mode == "sync_after":  # dropped unwaited, then a synchronous save
     print("before", flush=True)
     shardckpt.save(state, root, step=2, comm=one)
     print("after", flush=True)
+if mode == "waited_dropped":  # wait() raised, then the handle is dropped before the next save
+    h = shardckpt.async_save(state, root, step=1, comm=one)
+    try:
+        h.wait()
+    except shardckpt.NoSpace:
+        print("wait raised", flush=True)
+    del h
+    shardckpt.save(state, root, step=2, comm=one)
+    print("after", flush=True)
 '''
 
 
 @pytest.mark.parametrize("mode,code,logged", [("exit75", 75, True), ("fence", 0, False),
-                                              ("wait_old", 0, False), ("sync_after", 0, True)])
+                                              ("wait_old", 0, False), ("sync_after", 0, True),
+                                              ("waited_dropped", 0, False)])
 def test_a_failure_no_caller_saw_is_logged_once_and_the_exit_is_the_scripts(comm, root, tmp_path, mode, code,
                                                                              logged):
     """A failed async save whose handle was dropped is logged (at the next save, or at exit),

@@ -160,6 +160,30 @@ def test_a_rank_that_never_joins_is_a_deadline_not_a_hang(comm, root, monkeypatc
     assert not os.path.exists(os.path.join(root, "step-000000001"))
 
 
+def test_a_rank_that_never_joins_the_first_async_save_is_a_deadline_not_a_hang(comm, root, monkeypatch):
+    """The first async_save() makes the saver's own gloo group: torch's new_group waited for the
+    absent rank for torch's timeout (30 minutes), past SHARDCKPT_COLLECTIVE_TIMEOUT_S."""
+    import time
+    import torch.distributed as dist
+    if not dist.is_initialized() or comm.size < 2:
+        pytest.skip("torch.distributed with 2 ranks or more")
+    monkeypatch.setenv("SHARDCKPT_COLLECTIVE_TIMEOUT_S", "3")
+    group = dist.new_group(backend="gloo")  # its own: a timed-out group stays out of step
+    conftest.left_a_group_out_of_step(group)
+    late = shardckpt.from_process_group(group)
+    if comm.rank == comm.size - 1:
+        time.sleep(6)  # busy elsewhere: never calls async_save
+    else:
+        started = time.time()
+        with pytest.raises(shardckpt.DeadlineExceeded) as error:
+            shardckpt.async_save({"w": torch.ones(2)}, root, step=1, comm=late).wait()
+        assert "SHARDCKPT_COLLECTIVE_TIMEOUT_S" in error.value.message
+        assert "rank %d never joined" % (comm.size - 1) in error.value.message, error.value.message
+        assert time.time() - started < 6  # gave up at the deadline
+    barrier(comm)
+    assert not os.path.exists(os.path.join(root, "step-000000001"))
+
+
 def test_async_save_on_disjoint_subgroups(comm, root):
     """Pipeline stages each saving on their own stage's group: the saver's gloo group was made
     by the stage's ranks alone and took the name the other stage's group had, so a stage joined
