@@ -135,15 +135,21 @@ def test_a_process_group_is_wrapped_once(comm):
     assert shardckpt._comm.resolve(group) is shardckpt._comm.resolve(group)
 
 
-def test_a_rank_that_never_joins_is_a_deadline_not_a_hang(comm, root, monkeypatch):
-    import time
+def _group_with_a_deadline(comm, monkeypatch):
+    """A communicator over a gloo group of its own (a timed-out group stays out of step) whose
+    collectives give up after 3 s."""
     import torch.distributed as dist
     if not dist.is_initialized() or comm.size < 2:
         pytest.skip("torch.distributed with 2 ranks or more")
     monkeypatch.setenv("SHARDCKPT_COLLECTIVE_TIMEOUT_S", "3")
-    group = dist.new_group(backend="gloo")  # its own: a timed-out group stays out of step
+    group = dist.new_group(backend="gloo")
     conftest.left_a_group_out_of_step(group)
-    late = shardckpt.from_process_group(group)
+    return shardckpt.from_process_group(group)
+
+
+def test_a_rank_that_never_joins_is_a_deadline_not_a_hang(comm, root, monkeypatch):
+    import time
+    late = _group_with_a_deadline(comm, monkeypatch)
     if comm.rank == comm.size - 1:
         time.sleep(6)  # busy elsewhere: never joins this save
     else:
@@ -164,13 +170,7 @@ def test_a_rank_that_never_joins_the_first_async_save_is_a_deadline_not_a_hang(c
     """The first async_save() makes the saver's own gloo group: torch's new_group waited for the
     absent rank for torch's timeout (30 minutes), past SHARDCKPT_COLLECTIVE_TIMEOUT_S."""
     import time
-    import torch.distributed as dist
-    if not dist.is_initialized() or comm.size < 2:
-        pytest.skip("torch.distributed with 2 ranks or more")
-    monkeypatch.setenv("SHARDCKPT_COLLECTIVE_TIMEOUT_S", "3")
-    group = dist.new_group(backend="gloo")  # its own: a timed-out group stays out of step
-    conftest.left_a_group_out_of_step(group)
-    late = shardckpt.from_process_group(group)
+    late = _group_with_a_deadline(comm, monkeypatch)
     if comm.rank == comm.size - 1:
         time.sleep(6)  # busy elsewhere: never calls async_save
     else:
