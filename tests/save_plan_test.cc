@@ -137,6 +137,13 @@ TEST(PlanSave, RejectsInconsistentOrIncompleteStates) {
     r[2].blobs = {BlobDescription{"w", BlobScope::kPerRank, 2}};
     cases.push_back({"a value's scope differs", r, "value 'w' is global on rank 0 but per-rank on rank 2"});
   }
+  {
+    // A tensor on one rank, a value (a PerRank one in Python) on another: both were committed.
+    std::vector<RankDescription> r(2);
+    r[1].pieces = {Piece("w", {4}, Layout::Whole())};
+    r[0].blobs = {BlobDescription{"w", BlobScope::kPerRank, 2}};
+    cases.push_back({"a tensor on one rank, a value on another", r, "'w' is a tensor on rank 1 but a value on rank 0"});
+  }
   for (Case& c : cases) {
     Result<SavePlan> plan = PlanSave(c.ranks);
     ASSERT_FALSE(plan.ok()) << c.what;

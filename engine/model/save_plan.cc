@@ -276,6 +276,13 @@ Result<SavePlan> PlanSave(const std::vector<RankDescription>& ranks) {
       // One name, one scope: a value global on one rank and per-rank on another would come back
       // as either, depending on the world size that loads it.
       auto [first, fresh] = scope_of.try_emplace(b.name, b.scope, r);
+      // One name, one kind: a tensor on one rank and a value on another committed both, and no
+      // rank's state loaded the checkpoint strictly again.
+      if (const uint32_t entry = fresh ? entry_of.Find(b.name) : entry_of.kAbsent; entry != entry_of.kAbsent) {
+        return InvalidArgument("'" + b.name + "' is a tensor on rank " + std::to_string(entries[entry].first_rank) +
+                               " but a value on rank " + std::to_string(r) +
+                               ": a name must be a tensor on every rank or a value on every rank");
+      }
       if (!fresh && first->second.first != b.scope) {
         auto scope = [](BlobScope s) { return s == BlobScope::kGlobal ? "global" : "per-rank"; };
         return InvalidArgument("value '" + b.name + "' is " + scope(first->second.first) + " on rank " +
