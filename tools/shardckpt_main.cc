@@ -476,6 +476,7 @@ int List(int argc, char** argv) {
   po::variables_map vm = Parse("list", flags, "ROOT", argc, argv);
   const std::string root = vm["ROOT"].as<std::string>();
   RetentionPolicy policy = PolicyFrom(vm);
+  if (!IsDirectory(root)) return Fail(NotFound(root + " is not a folder"));  // as prune says it
   if (Status root_ok = RefuseCheckpointAsRoot(root, "list"); !root_ok.ok()) return Fail(root_ok);
   Result<std::vector<CheckpointInfo>> all = ListCheckpoints(root);
   if (!all.ok()) return Fail(all.status());

@@ -334,7 +334,8 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
     report.values.push_back(v.name);
     if (v.tensors_before < dict.tensors.size()) value_order[v.name] = dict.tensors[v.tensors_before].name;
   }
-  std::map<std::string, std::string> user = {{"imported_from", Utf8OrReplaced(input)}};
+  // Absolute: a relative path names nothing from another working directory.
+  std::map<std::string, std::string> user = {{"imported_from", Utf8OrReplaced(AbsoluteRoot(input))}};
   if (!containers.empty()) user[kTorchContainersKey] = containers.dump();
   if (!value_order.empty()) user[kTorchValueOrderKey] = value_order.dump();
   // A safetensors file's own metadata (a Hugging Face set's first shard's), less "format", which
@@ -416,7 +417,7 @@ Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::stri
     if (listed.insert(b.name).second) report.values.push_back(b.name);  // a per-rank one once
   }
   CreationInfo created = m.created;
-  created.user[reader->is_dcp() ? "imported_from" : "resharded_from"] = Utf8OrReplaced(reader->dir());
+  created.user[reader->is_dcp() ? "imported_from" : "resharded_from"] = Utf8OrReplaced(AbsoluteRoot(reader->dir()));
   SC_ASSIGN_OR_RETURN(report.path, out->Commit(created, m.metrics));
   return report;
 }
@@ -430,8 +431,8 @@ Result<ConvertReport> IntoRoot(const std::string& root,
   Result<ConvertReport> report = convert(input, root, options);
   if (!report.ok() && report.status().code() == Code::kAlreadyExists) {
     return Status(Code::kAlreadyExists, report.status().message() +
-                                            ": import and reshard write step 0 of a new root; give an --out root "
-                                            "that holds no checkpoint");
+                                            ": import writes step 0 and reshard the step it reads, each into a new "
+                                            "root; give an --out root that holds no checkpoint");
   }
   if (!report.ok() && fresh && PathExists(root)) {
     Result<std::vector<std::string>> names = ListDir(root);
