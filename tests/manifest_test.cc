@@ -191,6 +191,11 @@ TEST(Manifest, RejectsHostileOrBrokenManifests) {
       {"table sums missing", [](Manifest& m) { m.files[0].table_page_sums.clear(); }, "table checksums"},
       {"blob of a rank outside the world", [](Manifest& m) { m.blobs[0].rank = 5; }, "world of 2"},
       {"negative step", [](Manifest& m) { m.step = -4; }, "step -4 is negative"},
+      // A NUL cut each message and table naming it short: refused, and shown as "\0".
+      {"NUL in an entry's name", [](Manifest& m) { m.entries[1].name = std::string("model.fc3\0bias", 14); },
+       "entry 'model.fc3\\0bias' has a NUL byte in its name"},
+      {"NUL in a blob's name", [](Manifest& m) { m.blobs[0].name = std::string("rng\0x", 5); },
+       "blob 'rng\\0x' has a NUL byte in its name"},
   };
   for (const Rejected& c : cases) {
     Manifest m = Sample();
@@ -457,6 +462,8 @@ struct Edit {
   const char* message;  // empty: still accepted
 };
 
+std::string Nested(int depth) { return std::string(depth, '[') + std::string(depth, ']'); }
+
 TEST(ManifestText, RefusesHostileFieldsNamingWhere) {
   const std::string good = kTinyText;
   const std::string deep = std::string(70, '[') + std::string(70, ']');
@@ -492,6 +499,9 @@ TEST(ManifestText, RefusesHostileFieldsNamingWhere) {
       {"metric as text", "{\"loss\": 0.25}", "{\"loss\": \"low\"}", "metric 'loss' is string, not a number"},
       {"metrics as a list", "{\"loss\": 0.25}", "[0.25]", "not an object of named numbers"},
       {"nested too deep", "\"chunk_fields\"", "\"future\": " + deep + ",\n \"chunk_fields\"", "nested more than 64"},
+      // docs/format.md: unknown fields nested at most 64 deep (65 were accepted).
+      {"nested 65 deep", "\"chunk_fields\"", "\"future\": " + Nested(65) + ",\n \"chunk_fields\"", "nested more than 64"},
+      {"nested 64 deep", "\"chunk_fields\"", "\"future\": " + Nested(64) + ",\n \"chunk_fields\"", ""},
       {"not UTF-8", "\"name\": \"b\"", "\"name\": \"\xff\"", "malformed manifest"},
       {"missing comma", "[[0,0,16,0,4]]", "[[0,0,16,0 4]]", "malformed manifest"},
       {"bad literal", "\"chunk_fields\"", "\"future\": tru,\n \"chunk_fields\"", "malformed manifest"},

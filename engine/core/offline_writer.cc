@@ -77,6 +77,11 @@ Status OfflineCheckpointWriter::AddPiece(int rank, const std::string& name, DTyp
   const size_t entry = EntryIndex(name, &fresh);
   EntryRecord& record = entries_[entry];
   if (fresh) {
+    if (name.find('\0') != std::string::npos) {
+      entries_.pop_back();
+      entry_of_.erase(name);
+      return InvalidArgument("a tensor's name has a NUL byte in it (no checkpoint entry may): rename it first");
+    }
     record.dtype = dtype;
     record.shape = shape;
     record.chunks.reserve(entry_chunks);
@@ -97,6 +102,9 @@ Status OfflineCheckpointWriter::AddPiece(int rank, const std::string& name, DTyp
 }
 
 Status OfflineCheckpointWriter::AddBlob(int rank, const std::string& name, BlobScope scope, const std::string& bytes) {
+  if (name.find('\0') != std::string::npos) {
+    return InvalidArgument("a value's name has a NUL byte in it (no checkpoint value may): rename it first");
+  }
   SC_ASSIGN_OR_RETURN(ShardFileWriter * writer, Writer(rank));
   SC_ASSIGN_OR_RETURN(uint64_t offset, writer->Append(bytes.data(), bytes.size()));
   ranks_[static_cast<size_t>(rank)].blobs.push_back(BlobRecord{name, scope, rank, 0, offset, bytes.size()});

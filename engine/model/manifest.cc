@@ -212,7 +212,7 @@ void ForEachField(od::value& object, const char* what, Each&& each) {
 // A value the reader does not use (unknown fields, "chunk_fields", the seal): still checked to be
 // valid JSON, as a full parse would.
 void Consume(od::value& v, int depth = 0) {
-  if (depth > kMaxNesting) Refuse("values nested more than " + std::to_string(kMaxNesting) + " deep");
+  if (depth >= kMaxNesting) Refuse("values nested more than " + std::to_string(kMaxNesting) + " deep");
   switch (TypeOf(v)) {
     case od::json_type::array:
       ForEachElement(v, "value", [&](od::value& x) { Consume(x, depth + 1); });
@@ -1019,6 +1019,15 @@ Status ValidateMetrics(const std::map<std::string, double>& metrics) {
   return Status::Ok();
 }
 
+namespace {
+// A name with its NUL bytes as "\0", for a message that can be printed whole.
+std::string WithNulsShown(const std::string& name) {
+  std::string shown;
+  for (char c : name) shown += c == '\0' ? std::string("\\0") : std::string(1, c);
+  return shown;
+}
+}  // namespace
+
 Status ValidateManifest(const Manifest& m) {
   auto bad = [](const std::string& what) { return DataLoss("invalid manifest: " + what); };
   // No save writes one (save.cc refuses it); its folder name could not hold it either.
@@ -1065,6 +1074,8 @@ Status ValidateManifest(const Manifest& m) {
   std::vector<std::pair<int64_t, int64_t>> spans;
   for (const EntryRecord& e : m.entries) {
     if (e.name.empty()) return bad("an entry has an empty name");
+    // A NUL cut every message, table and C string that named the entry short.
+    if (e.name.find('\0') != std::string::npos) return bad("entry '" + WithNulsShown(e.name) + "' has a NUL byte in its name");
     if (!entry_names.TryEmplace(e.name, entry_number++).second) return bad("entry '" + e.name + "' is listed twice");
     Result<int64_t> bytes = NumBytes(e.shape, DTypeSize(e.dtype));
     if (!bytes.ok()) return bad("entry '" + e.name + "': " + bytes.status().message());
@@ -1096,6 +1107,7 @@ Status ValidateManifest(const Manifest& m) {
   for (const BlobRecord& b : m.blobs) {
     auto what = [&] { return "blob '" + b.name + "'"; };
     if (b.name.empty()) return bad("a blob has an empty name");
+    if (b.name.find('\0') != std::string::npos) return bad("blob '" + WithNulsShown(b.name) + "' has a NUL byte in its name");
     if (b.scope == BlobScope::kPerRank && b.rank >= m.world_size) {
       return bad(what() + " belongs to rank " + std::to_string(b.rank) + " of a world of " +
                  std::to_string(m.world_size));
