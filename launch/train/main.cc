@@ -98,6 +98,7 @@ struct Config {
     options.keep_best = keep_best;
     options.best_metric = "loss";
     options.torch_version = TorchVersion();
+    options.user_metadata["job"] = "shardckpt-train";  // sync and async saves alike
     return options;
   }
 
@@ -387,7 +388,6 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
     Status added = AgreeOnStatus(comm, training_state(state));
     SaveOptions options = config.SaveOptionsFor();
     options.metrics = loss_metric();  // keep-best ranks by it
-    options.user_metadata["job"] = "shardckpt-train";
     options.plan_cache = &plan_cache;
     auto t0 = Clock::now();
     Result<SaveResult> saved = added.ok() ? Save(comm, config.ckpt, step, state, options) : Result<SaveResult>(added);
