@@ -277,8 +277,11 @@ Result<std::string> ResolveCheckpoint(const std::string& path) {
   }
   const std::string& newest = committed->back().second;
   if (has_latest && ReadLatestName(path) != newest) {
-    SC_LOG(kInfo) << latest << " does not name the newest committed checkpoint " << newest
-                  << " (a save stopped between its rename and `latest`); using " << newest;
+    // A warning: an operator who edited `latest` to go back would otherwise load the newer one
+    // without a word.
+    SC_LOG(kWarn) << latest << " does not name the newest committed checkpoint " << newest
+                  << " (a save stopped between its rename and `latest`, or it was edited); using " << newest
+                  << " (to read another checkpoint, name its folder)";
   }
   return JoinPath(path, newest);
 }
