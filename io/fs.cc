@@ -83,6 +83,11 @@ bool IsDirectory(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+bool IsPlainNonFolder(const std::string& path) {
+  struct stat st;
+  return ::lstat(path.c_str(), &st) == 0 && !S_ISDIR(st.st_mode) && !S_ISLNK(st.st_mode);
+}
+
 Status MakeDir(const std::string& path) {
   SC_RETURN_IF_ERROR(Failpoint("fs.mkdir", "mkdir " + path));
   if (::mkdir(path.c_str(), 0755) != 0) return ErrnoStatus(errno, "mkdir " + path);
@@ -338,7 +343,8 @@ Status WriteFileAtomic(const std::string& path, const std::string& bytes,
   // file (a writer that died) is removed first; a folder there stays, and the open names it.
   if (::unlink(temp.c_str()) != 0 && errno != ENOENT) {
     if (errno == EISDIR) return FailedPrecondition(temp + " is a folder, where " + path + " is written first: remove it");
-    return ErrnoStatus(errno, "remove the stale " + temp);
+    // Not removable (a read-only file system, no write permission): the create below says why.
+    if (errno != EROFS && errno != EACCES && errno != EPERM) return ErrnoStatus(errno, "remove the stale " + temp);
   }
   // Small files (`latest`) through the page cache: no staging to allocate for a few bytes.
   Status status = WriteAndSync(temp, {bytes}, /*prefer_direct=*/false, nullptr, prefix, O_EXCL | O_NOFOLLOW);

@@ -24,6 +24,9 @@ std::string WithoutTrailingSlashes(std::string path);
 bool EndsWith(const std::string& text, const std::string& suffix);
 bool PathExists(const std::string& path);
 bool IsDirectory(const std::string& path);
+// Whether `path` itself (not a link's target) exists and is neither a folder nor a link: a
+// regular file, FIFO, socket or device.
+bool IsPlainNonFolder(const std::string& path);
 
 Status MakeDir(const std::string& path);
 Status MakeDirs(const std::string& path);

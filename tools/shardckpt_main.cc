@@ -92,6 +92,13 @@ void PrintJson(json out) {
   std::cout << out.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
 }
 
+// The step of the checkpoint folder `path` names, for every verb's --json ("step": which step of
+// a root was read or written); null for a folder not named as a step (a DCP folder).
+json StepOf(const std::string& path) {
+  int64_t step = 0;
+  return ParseStepDirName(BaseName(WithoutTrailingSlashes(path)), &step) ? json(step) : json(nullptr);
+}
+
 // The --json failure object, for runtime and usage errors alike.
 void PrintJsonError(const std::string& code, const std::string& message) {
   PrintJson(json{{"ok", false}, {"error", {{"code", code}, {"message", message}}}});
@@ -259,7 +266,7 @@ int Verify(int argc, char** argv) {
     for (const VerifyProblem& p : r->problems) {
       problems.push_back({{"file", p.file}, {"offset", p.offset}, {"entries", p.entries}, {"blobs", p.blobs}, {"problem", p.what}});
     }
-    PrintJson(json{{"checkpoint", r->checkpoint}, {"ok", r->problems.empty()}, {"files", r->files},
+    PrintJson(json{{"checkpoint", r->checkpoint}, {"step", StepOf(r->checkpoint)}, {"ok", r->problems.empty()}, {"files", r->files},
                       {"bytes_checked", r->bytes_checked}, {"blocks_checked", r->blocks_checked}, {"problems", problems},
                       {"checksums", r->checksums}, {"note", r->note}});
   } else {
@@ -344,7 +351,7 @@ int ConsolidateCommand(int argc, char** argv) {
   bar.Finish();
   if (!r.ok()) return Fail(r.status());
   if (vm.count("json")) {
-    PrintJson(json{{"checkpoint", r->checkpoint}, {"files", r->files}, {"sha256", r->sha256}, {"entries", r->entries},
+    PrintJson(json{{"checkpoint", r->checkpoint}, {"step", StepOf(r->checkpoint)}, {"files", r->files}, {"sha256", r->sha256}, {"entries", r->entries},
                       {"tensor_bytes", r->tensor_bytes}, {"bytes_read", r->bytes_read}, {"aliases", r->aliases},
                       {"values", r->values}, {"skipped", r->skipped}});
   } else {
@@ -390,7 +397,10 @@ int Convert(bool import, int argc, char** argv) {
                 input.c_str(), r->path.c_str());
   }
   if (vm.count("json")) {
-    PrintJson(json{{"checkpoint", r->path}, {"tensors", r->tensors}, {"bytes", r->bytes}, {"world_size", options.world_size},
+    // "checkpoint" and "bytes" as before; "out", "source" and "tensor_bytes" as the other verbs
+    // name the written folder, the one read and the tensors' bytes.
+    PrintJson(json{{"checkpoint", r->path}, {"out", r->path}, {"source", input}, {"step", StepOf(r->path)},
+                      {"tensors", r->tensors}, {"bytes", r->bytes}, {"tensor_bytes", r->bytes}, {"world_size", options.world_size},
                       {"layout", options.layout}, {"skipped", r->skipped}, {"values", r->values}});
   } else {
     std::printf("wrote %s: %llu tensors, %llu bytes, %d ranks, %s layout\n", r->path.c_str(),
@@ -417,7 +427,7 @@ int ExportCommand(int argc, char** argv) {
   bar.Finish();
   if (!r.ok()) return Fail(r.status());
   if (vm.count("json")) {
-    PrintJson(json{{"checkpoint", r->checkpoint}, {"out", r->out}, {"files", r->files}, {"tensors", r->tensors},
+    PrintJson(json{{"checkpoint", r->checkpoint}, {"step", StepOf(r->checkpoint)}, {"out", r->out}, {"files", r->files}, {"tensors", r->tensors},
                       {"chunks", r->chunks}, {"byte_items", r->byte_items}, {"tensor_bytes", r->tensor_bytes},
                       {"bytes_read", r->bytes_read}, {"skipped", r->skipped}});
   } else {
@@ -554,7 +564,8 @@ int Prune(int argc, char** argv) {
   if (listed->empty() && !PathExists(JoinPath(root, kLatestName))) {
     if (vm.count("json")) {
       PrintJson(json{{"ok", true}, {"root", root}, {"dry_run", dry_run}, {"removed", json::array()},
-                     {"deferred", json::array()}, {"failed", json::array()}, {"save_running", false}});
+                     {"deferred", json::array()}, {"failed", json::array()}, {"left_alone", json::array()},
+                     {"save_running", false}});
     } else {
       std::printf("nothing to prune: %s holds no checkpoint folders\n", root.c_str());
     }

@@ -279,9 +279,10 @@ Result<std::string> ResolveCheckpoint(const std::string& path) {
   if (has_latest && ReadLatestName(path) != newest) {
     // A warning: an operator who edited `latest` to go back would otherwise load the newer one
     // without a word.
-    SC_LOG(kWarn) << latest << " does not name the newest committed checkpoint " << newest
-                  << " (a save stopped between its rename and `latest`, or it was edited); using " << newest
-                  << " (to read another checkpoint, name its folder)";
+    LogOnce(LogLevel::kWarn, "stale-latest:" + latest,
+            latest + " does not name the newest committed checkpoint " + newest +
+                " (a save stopped between its rename and `latest`, or it was edited); using " + newest +
+                " (to read another checkpoint, name its folder)");
   }
   return JoinPath(path, newest);
 }
@@ -464,8 +465,9 @@ Status RemoveStaleTempDirs(const std::string& root, std::vector<std::string>* re
     const bool half_deleted = ParseStepDirName(name, &step) && !PathExists(JoinPath(JoinPath(root, name), kManifestName));
     const bool retired = IsRetiredDirName(name);
     if (!IsTempDirName(name) && !half_deleted && !retired) continue;
-    // A save writes folders only: a file so named is someone's (its name is what it holds).
-    const bool folder = IsDirectory(JoinPath(root, name));
+    // A save writes folders only: a file so named is someone's (its name is what it holds). A
+    // link is a step folder kept elsewhere, and a name gone since the listing is no file.
+    const bool folder = !IsPlainNonFolder(JoinPath(root, name));
     if (half_deleted || !folder) {
       const std::string foreign = folder ? FirstEntryNoSaveWrites(JoinPath(root, name)) : name;
       if (!foreign.empty()) {

@@ -115,6 +115,9 @@ Status OfflineCheckpointWriter::AddAlias(const std::string& name, const std::str
   auto it = entry_of_.find(target);
   if (it == entry_of_.end()) return InvalidArgument("alias '" + name + "' of '" + target + "', which is not an entry");
   const size_t to = it->second;
+  if (name.find('\0') != std::string::npos) {
+    return InvalidArgument("a tensor's name has a NUL byte in it (no checkpoint entry may): rename it first");
+  }
   bool fresh = false;
   const size_t entry = EntryIndex(name, &fresh);
   if (!fresh) return InvalidArgument("entry '" + name + "' added twice");

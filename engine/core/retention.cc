@@ -111,7 +111,9 @@ Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, boo
     if (c.temp) ParseLeftoverStepDirName(name, &c.step);
     const std::string dir = JoinPath(root, name);
     struct stat st;
-    c.symlink = ::lstat(dir.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
+    const bool listed = ::lstat(dir.c_str(), &st) == 0;
+    c.symlink = listed && S_ISLNK(st.st_mode);
+    const bool plain_file = listed && !S_ISDIR(st.st_mode) && !S_ISLNK(st.st_mode);  // IsPlainNonFolder
     if (Result<std::vector<std::string>> files = with_bytes ? ListDir(dir) : std::vector<std::string>{}; files.ok()) {
       for (const std::string& f : *files) {
         Result<uint64_t> size = FileSize(JoinPath(dir, f));
@@ -119,7 +121,7 @@ Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, boo
       }
     }
     c.committed = step_dir && PathExists(JoinPath(dir, kManifestName));
-    if (!IsDirectory(dir)) {  // as RemoveStaleTempDirs leaves it
+    if (plain_file) {  // as RemoveStaleTempDirs leaves it
       c.foreign = name;
       c.problem = "a file, not a folder a save writes: left for you to move or remove";
     } else if (retired) {
@@ -163,7 +165,17 @@ Result<RetentionReport> ApplyRetention(const std::string& root, const RetentionP
     }
   }
   SC_RETURN_IF_ERROR(CheckMetricRecorded(policy, root, all, MetricsNoneYet::kApplyTheRest));
-  PlanRetention(policy, ResolvedLatestName(root), &all);
+  // The folder readers resolve the root to (ResolvedLatestName), from the listing in hand: no
+  // second read of the root on every save.
+  std::string resolved;
+  int64_t newest = -1;
+  for (const CheckpointInfo& c : all) {
+    if (c.committed && c.step > newest) {
+      newest = c.step;
+      resolved = c.name;
+    }
+  }
+  PlanRetention(policy, resolved, &all);
   for (const CheckpointInfo& c : all) {
     if (!c.committed || c.keep || c.name == just_committed) continue;
     if (dry_run) {  // what the removal would do now: a folder a reader holds is left

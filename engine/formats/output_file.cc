@@ -118,7 +118,15 @@ Result<OutputLock> OutputLock::Acquire(const std::string& out) {
   // A holder removes the file as it lets go, so a lock won on a file already removed is no hold:
   // open again (a few times: each retry means another export just finished).
   for (int attempt = 0; attempt < 8; ++attempt) {
-    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0 && (errno == EACCES || errno == EPERM || errno == EROFS)) {
+      // A folder this user may not write (an empty export folder made for them in a shared
+      // one): the export goes on unheld, as before there were holds.
+      LogOnce(LogLevel::kWarn, "output_lock_unwritable",
+              "cannot create " + path + " (" + std::strerror(errno) + "): exports to " + out +
+                  " are not held against another export to it");
+      return OutputLock("", -1);
+    }
     if (fd < 0) return ErrnoStatus(errno, "create the lock file of the output " + out);
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;

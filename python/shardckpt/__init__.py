@@ -515,16 +515,22 @@ class AsyncSaveHandle:
         (before ``optimizer.step()``). A failed copy raises here, the same
         :class:`ShardckptError` subclass on every rank (collective in effect: every rank calls
         it), and again on every later ``fence()`` or ``wait()``; no files are written for it."""
+        self._take_fence()
+        if self._fence[0] != "OK":
+            self._saw_outcome()  # the save failed, and the caller is told here
+        raise_for(*self._fence)
+        return self.fence_seconds
+
+    def _take_fence(self) -> None:
+        """Waits for the snapshot copy and keeps its outcome, telling the caller nothing (the
+        library's own fence before the next save: the failure stays unseen until the caller's
+        fence() or wait(), or is logged once no handle can see it)."""
         if self._saver is not None:
             from . import _core
             code, message, seconds = _core.saver_fence(self._saver)
             self._saver, self._keep = None, None
             self._fence = (code, message)
             self.fence_seconds = float(seconds)
-        if self._fence[0] != "OK":
-            self._saw_outcome()  # the save failed, and the caller is told here
-        raise_for(*self._fence)
-        return self.fence_seconds
 
     def done(self) -> bool:
         """Whether the background persist has finished (successfully or not)."""
@@ -542,7 +548,8 @@ class AsyncSaveHandle:
         this handle is dropped (the flag alone went with the handle, and a failure wait() had
         raised was logged again as one "no wait() saw")."""
         self._seen = True
-        _unseen[:] = [entry for entry in _unseen if entry[2] is not self._handle]
+        with _unseen_lock:  # a waiter thread's wait() beside the main thread's next async_save
+            _unseen[:] = [entry for entry in _unseen if entry[2] is not self._handle]
 
 
 _savers_lock = threading.Lock()
@@ -556,6 +563,7 @@ _unfenced: Dict[int, AsyncSaveHandle] = {}
 # weak reference to the AsyncSaveHandle). A failure nobody can see any more (its handle dropped,
 # or the process exiting) is logged as an error, never lost without a word.
 _unseen: List[Tuple[int, int, Any, Any]] = []
+_unseen_lock = threading.Lock()  # every change to _unseen: list rewrites are not atomic
 
 
 def _log_unseen_failures(saver: Any = None) -> None:
@@ -563,20 +571,23 @@ def _log_unseen_failures(saver: Any = None) -> None:
     ``saver``, those of its saves whose handle was dropped (the engine has waited for them);
     without, at exit, all of them. Each rank has the same outcome, so each logs it."""
     from . import _core
-    keep = []
-    for entry in _unseen:
-        key, step, engine_handle, ref = entry
-        handle = ref()
-        if handle is not None and handle._seen:
-            continue
-        if saver is not None and (key != id(saver) or handle is not None):
-            keep.append(entry)  # another saver's, or a handle the caller may still wait on
-            continue
+    keep, unseen = [], []
+    with _unseen_lock:
+        for entry in _unseen:
+            key, step, engine_handle, ref = entry
+            handle = ref()
+            if handle is not None and handle._seen:
+                continue
+            if saver is not None and (key != id(saver) or handle is not None):
+                keep.append(entry)  # another saver's, or a handle the caller may still wait on
+                continue
+            unseen.append((step, engine_handle))
+        _unseen[:] = keep
+    for step, engine_handle in unseen:  # waited for outside the lock
         code, message, _ = engine_handle.wait()
         if code != "OK":
             _core.log_error("the async save of step %d failed, and no wait() saw it: %s: %s"
                             % (step, code, message))
-    _unseen[:] = keep
 
 
 def _drop_savers() -> None:
@@ -606,10 +617,7 @@ def _fence_unfenced(saver: Any) -> None:
     (a bare wait on the saver would take that outcome with it)."""
     previous = _unfenced.pop(id(saver), None)
     if previous is not None and previous._saver is saver:
-        try:
-            previous.fence()
-        except ShardckptError:
-            pass  # raised again by that handle's fence()/wait()
+        previous._take_fence()  # a failure is raised by that handle's fence()/wait(), or logged
 
 
 def _wait_for_savers_of(comm: Any) -> None:
@@ -707,13 +715,15 @@ def async_save(state_dict: Mapping[str, Any], root: PathLike, step: int, *, keep
         raise_for(code, message)
         started = AsyncSaveHandle(handle, saver, keep + [state_dict])
         _unfenced[id(saver)] = started
-        _unseen.append((id(saver), step, handle, weakref.ref(started)))
+        with _unseen_lock:
+            _unseen.append((id(saver), step, handle, weakref.ref(started)))
         return started
     code, message, handle = _core.async_save(comm, saver, _fs(root), step, call.pieces, call.blobs,
                                              call.metrics, call.error)
     raise_for(code, message)
     started = AsyncSaveHandle(handle)
-    _unseen.append((id(saver), step, handle, weakref.ref(started)))
+    with _unseen_lock:
+        _unseen.append((id(saver), step, handle, weakref.ref(started)))
     return started
 
 

@@ -88,6 +88,17 @@ PY
     "$cli" reshard rs2 --out rs3 --world-size 3 --layout flat
     "$cli" verify rs3
     $py -c "import json; d=json.load(open('rs5.json')); assert d['world_size']==5 and d['tensors']>0; print('reshard json OK')"
+    # Every verb names the folder it read or wrote and its step alike.
+    "$cli" verify rs5 --json > v5.json
+    $py - rs5.json v5.json sharded.json <<'PY'
+import json, os, sys
+rs, v, c = (json.load(open(f)) for f in sys.argv[1:])
+assert rs["out"] == rs["checkpoint"] and os.path.basename(rs["out"]) == "step-%09d" % rs["step"], rs
+assert rs["source"] == "root-flat" and rs["tensor_bytes"] == rs["bytes"] > 0, rs
+assert v["checkpoint"] == rs["out"] and v["step"] == rs["step"], v
+assert c["step"] == rs["step"] and isinstance(c["files"], list), c
+print("json keys OK")
+PY
     "$cli" consolidate rs3 --out resharded.pt
     PYTHONPATH=$here $py "$here/compare.py" original.pt resharded.pt
     cmp <(cd root-flat && "$cli" inspect . --json | $py -c "import json,sys; print([(e['name'],e['dtype'],e['shape']) for e in json.load(sys.stdin)['entries']])") \

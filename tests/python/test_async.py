@@ -369,6 +369,11 @@ if mode == "sync_after":  # dropped unwaited, then a synchronous save
     print("before", flush=True)
     shardckpt.save(state, root, step=2, comm=one)
     print("after", flush=True)
+if mode == "copy_dropped":  # a failed snapshot copy, its handle dropped: the next save fences it
+    _core.set_failpoints("async.snapshot#1=EIO")
+    shardckpt.async_save(state, root, step=1, comm=one, copy_while_training=True)
+    shardckpt.async_save(state, root, step=2, comm=one).wait()
+    print("after", flush=True)
 if mode == "waited_dropped":  # wait() raised, then the handle is dropped before the next save
     h = shardckpt.async_save(state, root, step=1, comm=one)
     try:
@@ -383,7 +388,7 @@ if mode == "waited_dropped":  # wait() raised, then the handle is dropped before
 
 @pytest.mark.parametrize("mode,code,logged", [("exit75", 75, True), ("fence", 0, False),
                                               ("wait_old", 0, False), ("sync_after", 0, True),
-                                              ("waited_dropped", 0, False)])
+                                              ("waited_dropped", 0, False), ("copy_dropped", 0, True)])
 def test_a_failure_no_caller_saw_is_logged_once_and_the_exit_is_the_scripts(comm, root, tmp_path, mode, code,
                                                                              logged):
     """A failed async save whose handle was dropped is logged (at the next save, or at exit),
@@ -407,6 +412,7 @@ def test_a_failure_no_caller_saw_is_logged_once_and_the_exit_is_the_scripts(comm
     lines = [line for line in output.splitlines() if "no wait() saw it" in line]
     assert len(lines) == (1 if logged else 0), output
     if logged:
-        assert "the async save of step 1 failed, and no wait() saw it: NoSpace" in lines[0], output
+        code_logged = "IoError" if mode == "copy_dropped" else "NoSpace"
+        assert "the async save of step 1 failed, and no wait() saw it: " + code_logged in lines[0], output
     if mode == "sync_after":  # logged at the save that followed, not only at exit
         assert output.index("no wait() saw it") < output.index("after"), output
