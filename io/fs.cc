@@ -85,7 +85,9 @@ bool IsDirectory(const std::string& path) {
 
 bool IsPlainNonFolder(const std::string& path) {
   struct stat st;
-  return ::lstat(path.c_str(), &st) == 0 && !S_ISDIR(st.st_mode) && !S_ISLNK(st.st_mode);
+  if (::lstat(path.c_str(), &st) != 0 || S_ISDIR(st.st_mode)) return false;
+  if (!S_ISLNK(st.st_mode)) return true;
+  return ::stat(path.c_str(), &st) == 0 && !S_ISDIR(st.st_mode);  // a link to a file; a dangling one is none
 }
 
 Status MakeDir(const std::string& path) {

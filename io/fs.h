@@ -24,8 +24,8 @@ std::string WithoutTrailingSlashes(std::string path);
 bool EndsWith(const std::string& text, const std::string& suffix);
 bool PathExists(const std::string& path);
 bool IsDirectory(const std::string& path);
-// Whether `path` itself (not a link's target) exists and is neither a folder nor a link: a
-// regular file, FIFO, socket or device.
+// Whether `path` exists and is no folder: a regular file, FIFO, socket or device, or a link to
+// one (a link to a folder, or a dangling one, is not).
 bool IsPlainNonFolder(const std::string& path);
 
 Status MakeDir(const std::string& path);

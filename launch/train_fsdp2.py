@@ -321,7 +321,11 @@ def main() -> int:
     # A --ckpt the run cannot write is found now, not at its first save (rank 0 decides, all agree).
     unwritable = ""
     if rank == 0:
+        from shardckpt import _core
+        code, message, _ = _core.check_save_root(os.fsencode(args.ckpt))  # before making the folder
         try:
+            if code != "OK":
+                raise OSError(message)
             os.makedirs(args.ckpt, exist_ok=True)
             if not os.access(args.ckpt, os.W_OK):
                 unwritable = "not writable"

@@ -681,6 +681,22 @@ TEST_F(CheckpointTest, ACheckpointFolderIsNeitherARootNorAnOutputFolder) {
   ExpectLoads(folder, 1);
 }
 
+// Metric names and user metadata are text: a NUL in them was committed, then cut short by list,
+// inspect and keep-best's --metric.
+TEST_F(CheckpointTest, ANulInAMetricNameOrUserMetadataIsRefusedBeforeWriting) {
+  for (int which = 0; which < 3; ++which) {
+    SaveOptions options;
+    if (which == 0) options.metrics[std::string("lo\0ss", 5)] = 1.0;
+    if (which == 1) options.user_metadata[std::string("k\0ey", 5)] = "v";
+    if (which == 2) options.user_metadata["key"] = std::string("v\0al", 5);
+    Result<SaveResult> saved = SaveStep(1, options);
+    ASSERT_FALSE(saved.ok()) << which;
+    EXPECT_EQ(saved.status().code(), Code::kInvalidArgument) << which;
+    EXPECT_THAT(saved.status().message(), HasSubstr("NUL byte")) << which;
+    EXPECT_FALSE(PathExists(JoinPath(root(), StepDirName(1)))) << which;
+  }
+}
+
 TEST_F(CheckpointTest, SecondWriterGetsALockError) {
   ASSERT_TRUE(MakeDirs(root()).ok());
   Result<RootLock> held = RootLock::Acquire(root());

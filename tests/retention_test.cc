@@ -715,10 +715,15 @@ TEST_F(RetentionTest, AFileNamedAsAStepFolderIsLeftAndNamed) {
   ASSERT_TRUE(SaveStep(1).ok());
   const std::string notes = JoinPath(root(), StepDirName(6)), temp = JoinPath(root(), TempDirName(8, RandomId()));
   for (const std::string& file : {notes, temp}) ASSERT_TRUE(WriteFileAtomic(file, "user notes", "test").ok());
+  // A link so named to a file outside the root is left too (its target was never at risk; the
+  // link was removed as "a step folder without a manifest").
+  const std::string outside = JoinPath(dir_.path(), "elsewhere.txt"), link = JoinPath(root(), StepDirName(7));
+  ASSERT_TRUE(WriteFileAtomic(outside, "kept", "test").ok());
+  ASSERT_EQ(::symlink(outside.c_str(), link.c_str()), 0);
   Result<std::vector<CheckpointInfo>> listed = ListCheckpoints(root(), false, false);
   ASSERT_TRUE(listed.ok());
-  ASSERT_EQ(listed->size(), 3u);
-  for (size_t i : {1, 2}) {
+  ASSERT_EQ(listed->size(), 4u);
+  for (size_t i : {1, 2, 3}) {
     EXPECT_EQ((*listed)[i].foreign, (*listed)[i].name);
     EXPECT_THAT((*listed)[i].problem, HasSubstr("a file, not a folder a save writes"));
   }
@@ -726,7 +731,7 @@ TEST_F(RetentionTest, AFileNamedAsAStepFolderIsLeftAndNamed) {
   std::vector<RemovalFailure> failed;
   ASSERT_TRUE(RemoveStaleTempDirs(root(), &removed, nullptr, &failed).ok());
   EXPECT_TRUE(removed.empty());
-  ASSERT_EQ(failed.size(), 2u);
+  ASSERT_EQ(failed.size(), 3u);
   for (const RemovalFailure& f : failed) {
     EXPECT_TRUE(f.on_purpose);
     EXPECT_THAT(f.status.message(), HasSubstr(JoinPath(root(), f.name) + " is a file, not a folder a save writes"));
@@ -734,7 +739,9 @@ TEST_F(RetentionTest, AFileNamedAsAStepFolderIsLeftAndNamed) {
   Result<SaveResult> in_the_way = SaveStep(6);
   ASSERT_FALSE(in_the_way.ok());
   EXPECT_THAT(in_the_way.status().message(), HasSubstr(notes + " is a file, not a folder a save writes"));
+  EXPECT_THAT(in_the_way.status().message(), HasSubstr("it is in the way of step 6's folder"));
   ASSERT_TRUE(SaveStep(9).ok());
+  EXPECT_EQ(ReadFileLimited(link, 100).value(), "kept");
   EXPECT_EQ(ReadFileLimited(notes, 100).value(), "user notes");
   EXPECT_EQ(ReadFileLimited(temp, 100).value(), "user notes");
 }

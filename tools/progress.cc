@@ -21,8 +21,8 @@ std::string Human(double bytes) {
 }
 }  // namespace
 
-ProgressBar::ProgressBar(std::string label, bool enabled)
-    : label_(std::move(label)), enabled_(enabled && ::isatty(STDERR_FILENO)), start_(Now()) {}
+ProgressBar::ProgressBar(std::string label, bool enabled, std::string unit)
+    : label_(std::move(label)), enabled_(enabled && ::isatty(STDERR_FILENO)), unit_(std::move(unit)), start_(Now()) {}
 
 void ProgressBar::Update(uint64_t done, uint64_t total) {
   if (!enabled_) return;
@@ -35,8 +35,10 @@ void ProgressBar::Update(uint64_t done, uint64_t total) {
   const int width = 30;
   int filled = static_cast<int>(fraction * width);
   std::string bar = std::string(filled, '#') + std::string(width - filled, '.');
-  std::fprintf(stderr, "\r%s [%s] %5.1f%% %s / %s  %s/s  %.0fs left   ", label_.c_str(), bar.c_str(), fraction * 100,
-               Human(done).c_str(), Human(total).c_str(), Human(rate).c_str(), left);
+  auto shown = [&](double n) { return unit_.empty() ? Human(n) : std::to_string(static_cast<uint64_t>(n)); };
+  const std::string per = unit_.empty() ? "" : " " + unit_;
+  std::fprintf(stderr, "\r%s [%s] %5.1f%% %s / %s%s  %s%s/s  %.0fs left   ", label_.c_str(), bar.c_str(), fraction * 100,
+               shown(done).c_str(), shown(total).c_str(), per.c_str(), shown(rate).c_str(), per.c_str(), left);
   drawn_ = true;
 }
 

@@ -10,13 +10,16 @@ namespace shardckpt::tools {
 
 class ProgressBar {
  public:
-  explicit ProgressBar(std::string label, bool enabled);
+  // `unit`: what is counted, bytes (shown in KiB, MiB, ...) or the items named (import and reshard
+  // count tensors).
+  explicit ProgressBar(std::string label, bool enabled, std::string unit = "");
   void Update(uint64_t done, uint64_t total);
   void Finish();
 
  private:
   std::string label_;
   bool enabled_;
+  std::string unit_;  // "" for bytes
   double start_ = 0, last_draw_ = 0;
   bool drawn_ = false;
 };

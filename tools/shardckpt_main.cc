@@ -385,7 +385,7 @@ int Convert(bool import, int argc, char** argv) {
   if (options.layout != "flat" && options.layout != "dim0" && options.layout != "replicated") {
     throw Usage{"--layout '" + options.layout + "': use flat, dim0 or replicated"};
   }
-  ProgressBar bar(import ? "import" : "reshard", !vm.count("json"));
+  ProgressBar bar(import ? "import" : "reshard", !vm.count("json"), import ? "tensors" : "");  // import counts tensors
   options.progress = [&](uint64_t d, uint64_t t) { bar.Update(d, t); };
   const std::string input = vm[import ? "FILE" : "CHECKPOINT"].as<std::string>();
   Result<ConvertReport> r = import ? ImportFile(input, vm["out"].as<std::string>(), options)

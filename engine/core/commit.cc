@@ -49,6 +49,7 @@ Result<RootLock> LockRootForSave(const std::string& root, int64_t step) {
   for (const RemovalFailure& f : not_removed) {
     // Other leftovers are passed over; one in the way of this step's folder is not "committed".
     if (f.name == StepDirName(step)) {
+      if (f.on_purpose) return FailedPrecondition(f.status.message() + "; it is in the way of step " + std::to_string(step) + "'s folder");
       return f.status.WithContext(final_dir + " is left from an earlier save of step " + std::to_string(step) +
                                   " (it has no manifest) and could not be removed");
     }

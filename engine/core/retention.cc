@@ -113,7 +113,8 @@ Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, boo
     struct stat st;
     const bool listed = ::lstat(dir.c_str(), &st) == 0;
     c.symlink = listed && S_ISLNK(st.st_mode);
-    const bool plain_file = listed && !S_ISDIR(st.st_mode) && !S_ISLNK(st.st_mode);  // IsPlainNonFolder
+    // IsPlainNonFolder, from the lstat in hand (a link's target looked at only for links).
+    const bool plain_file = listed && !S_ISDIR(st.st_mode) && (!S_ISLNK(st.st_mode) || IsPlainNonFolder(dir));
     if (Result<std::vector<std::string>> files = with_bytes ? ListDir(dir) : std::vector<std::string>{}; files.ok()) {
       for (const std::string& f : *files) {
         Result<uint64_t> size = FileSize(JoinPath(dir, f));

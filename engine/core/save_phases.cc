@@ -174,6 +174,7 @@ Status PlanLocked(const std::string& root, int64_t step, const std::vector<std::
   SC_RETURN_IF_ERROR(cache != nullptr ? ValidateStep(step) : CheckSteps(step, gathered));
   SC_RETURN_IF_ERROR(ValidatePolicy(options.retention()));
   SC_RETURN_IF_ERROR(ValidateMetrics(options.metrics));
+  SC_RETURN_IF_ERROR(ValidateUserMetadata(options.user_metadata));
   SC_ASSIGN_OR_RETURN(RootLock lock, LockRootForSave(root, step));
   planned->lock = std::make_unique<RootLock>(std::move(lock));
   SC_RETURN_IF_ERROR(PrepareLocked(root, step, gathered, cache, planned));

@@ -1012,8 +1012,20 @@ bool TilesDim0(const EntryRecord& e, std::vector<std::pair<int64_t, int64_t>>* s
 Status ValidateMetrics(const std::map<std::string, double>& metrics) {
   for (const auto& [name, value] : metrics) {
     if (name.empty() || name.size() > 255) return InvalidArgument("metric names must have 1 to 255 characters");
+    // A NUL cut the name short in list, retention's messages and --metric.
+    if (name.find('\0') != std::string::npos) return InvalidArgument("a metric's name has a NUL byte in it");
     if (!std::isfinite(value)) {
       return InvalidArgument("metric '" + name + "' is " + std::to_string(value) + ", not a finite number");
+    }
+  }
+  return Status::Ok();
+}
+
+Status ValidateUserMetadata(const std::map<std::string, std::string>& user) {
+  for (const auto& [key, value] : user) {
+    if (key.find('\0') != std::string::npos || value.find('\0') != std::string::npos) {
+      return InvalidArgument("user metadata holds a NUL byte (in the key or value of '" + key.substr(0, key.find('\0')) +
+                             "'): it is text; bytes belong in a blob");
     }
   }
   return Status::Ok();

@@ -139,6 +139,8 @@ bool UsesPackedOffsets(const Manifest& manifest);
 Status ValidateManifest(const Manifest& manifest);
 // Metric names of 1 to 255 characters, finite values.
 Status ValidateMetrics(const std::map<std::string, double>& metrics);
+// A save's user metadata is text: no NUL byte in a key or value (it cut them short in inspect).
+Status ValidateUserMetadata(const std::map<std::string, std::string>& user);
 // Compares each data file's recorded size with `size_of(name)` (missing or truncated files).
 Status CheckDataFiles(const std::vector<FileRecord>& files,
                       const std::function<Result<uint64_t>(const std::string&)>& size_of);

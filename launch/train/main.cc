@@ -193,6 +193,7 @@ Status CheckFreshRoot(const std::string& root) {
 
 // Found before training, not at the first save: a read-only or foreign root.
 Status CheckWritable(const std::string& root) {
+  SC_RETURN_IF_ERROR(RefuseOutputInCheckpoints(root));  // before making it inside a checkpoint
   SC_RETURN_IF_ERROR(MakeDirs(root));
   if (::access(root.c_str(), W_OK) != 0) return ErrnoStatus(errno, "write into " + root);
   return Status::Ok();
