@@ -144,12 +144,46 @@ TEST(PlanSave, RejectsInconsistentOrIncompleteStates) {
     r[0].blobs = {BlobDescription{"w", BlobScope::kPerRank, 2}};
     cases.push_back({"a tensor on one rank, a value on another", r, "'w' is a tensor on rank 1 but a value on rank 0"});
   }
+  {
+    // A dict holding a tensor on one rank, a plain value under the same key on another.
+    std::vector<RankDescription> r(2);
+    r[0].pieces = {Piece("w.a", {4}, Layout::Whole())};
+    r[1].blobs = {BlobDescription{"w", BlobScope::kGlobal, 2}};
+    cases.push_back({"a value above a tensor", r, "'w' is a value on rank 1 but tensor 'w.a' lies under it on rank 0"});
+  }
+  {
+    std::vector<RankDescription> r(2);
+    r[0].pieces = {Piece("w", {4}, Layout::Whole())};
+    r[1].pieces = {Piece("w", {4}, Layout::Whole())};
+    r[1].blobs = {BlobDescription{"w.lr", BlobScope::kGlobal, 2}};
+    cases.push_back({"a tensor above a value", r, "'w' is a tensor on rank 0 but value 'w.lr' lies under it on rank 1"});
+  }
   for (Case& c : cases) {
     Result<SavePlan> plan = PlanSave(c.ranks);
     ASSERT_FALSE(plan.ok()) << c.what;
     EXPECT_THAT(plan.status().message(), HasSubstr(c.message)) << c.what;
     EXPECT_THAT(plan.status().message(), HasSubstr("'w'")) << c.what;
   }
+}
+
+// Values under a value's path ("rng", "rng.dropout") and names that only begin alike ("w" and
+// "w2", "wx.a") are fine; a value "wx" above the tensor "wx.a" is not.
+TEST(PlanSave, ValuesUnderValuesAndLookAlikeNamesPass) {
+  auto ranks_with = [](bool value_above_tensor) {
+    std::vector<RankDescription> ranks(2);
+    for (RankDescription& r : ranks) {
+      r.pieces = {Piece("w", {4}, Layout::Whole()), Piece("wx.a", {2}, Layout::Whole())};
+      r.blobs = {BlobDescription{"rng", BlobScope::kPerRank, 2}, BlobDescription{"rng.dropout", BlobScope::kGlobal, 2},
+                 BlobDescription{"w2", BlobScope::kGlobal, 2}};
+      if (value_above_tensor) r.blobs.push_back(BlobDescription{"wx", BlobScope::kGlobal, 1});
+    }
+    return ranks;
+  };
+  Result<SavePlan> fine = PlanSave(ranks_with(false));
+  EXPECT_TRUE(fine.ok()) << fine.status().ToString();
+  Result<SavePlan> above = PlanSave(ranks_with(true));
+  ASSERT_FALSE(above.ok());
+  EXPECT_THAT(above.status().message(), HasSubstr("'wx' is a value on rank 0 but tensor 'wx.a' lies under it"));
 }
 
 TEST(PlanSave, EncodesAndDecodes) {

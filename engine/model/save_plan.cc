@@ -151,6 +151,41 @@ uint64_t LayoutHash(const Layout& l, uint64_t seed) {
 
 }  // namespace
 
+// One path, one kind: a value named 'r' on one rank beside a tensor 'r.a' on another (a dict
+// holding a tensor on one rank and a plain value on another) committed both, and no rank's state
+// loaded the checkpoint strictly again. Names are key paths joined with '.'; values under a
+// value's path ('rng' and 'rng.dropout') and tensors under a tensor's are other matters.
+template <typename Entries, typename Scopes>
+Status CheckValuesHoldNoTensors(const Entries& entries, const Scopes& scope_of) {
+  if (entries.empty() || scope_of.empty()) return Status::Ok();
+  std::vector<size_t> by_name(entries.size());
+  for (size_t k = 0; k < by_name.size(); ++k) by_name[k] = k;
+  std::sort(by_name.begin(), by_name.end(), [&](size_t a, size_t b) { return entries[a].name < entries[b].name; });
+  auto refuse = [](std::string_view value, int value_rank, std::string_view tensor, int tensor_rank) {
+    return InvalidArgument("'" + std::string(value) + "' is a value on rank " + std::to_string(value_rank) +
+                           " but tensor '" + std::string(tensor) + "' lies under it on rank " + std::to_string(tensor_rank) +
+                           ": a key must hold the same kind (tensors, or values) on every rank");
+  };
+  for (const auto& [name, scope_rank] : scope_of) {  // a value above a tensor
+    const std::string under = std::string(name) + ".";
+    auto it = std::lower_bound(by_name.begin(), by_name.end(), under,
+                               [&](size_t e, const std::string& key) { return entries[e].name < key; });
+    if (it != by_name.end() && entries[*it].name.substr(0, under.size()) == under) {
+      return refuse(name, scope_rank.second, entries[*it].name, entries[*it].first_rank);
+    }
+  }
+  for (const auto& e : entries) {  // a tensor above a value
+    const std::string under = std::string(e.name) + ".";
+    auto it = scope_of.lower_bound(under);
+    if (it != scope_of.end() && it->first.substr(0, under.size()) == under) {
+      return InvalidArgument("'" + std::string(e.name) + "' is a tensor on rank " + std::to_string(e.first_rank) +
+                             " but value '" + std::string(it->first) + "' lies under it on rank " +
+                             std::to_string(it->second.second) + ": a key must hold the same kind (tensors, or values) on every rank");
+    }
+  }
+  return Status::Ok();
+}
+
 Result<SavePlan> PlanSave(const std::vector<RankDescription>& ranks) {
   const int world = static_cast<int>(ranks.size());
   SavePlan plan;
@@ -294,6 +329,7 @@ Result<SavePlan> PlanSave(const std::vector<RankDescription>& ranks) {
       if (writes) plan.bytes_per_rank[r] += b.bytes;
     }
   }
+  SC_RETURN_IF_ERROR(CheckValuesHoldNoTensors(entries, scope_of));
   return plan;
 }
 
