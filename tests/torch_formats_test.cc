@@ -753,6 +753,9 @@ TEST_F(MultiFileExportTest, AFailedExportKeepsThePreviousOutput) {
         // of new and old shards.
         EXPECT_THAT(again.status().message(), HasSubstr("publishing file 2 of 4"));
         EXPECT_FALSE(after.count("model-00001-of-00004.safetensors"));
+        // The old index went before any shard was replaced: a crash between two renames left
+        // old and new shards under it, which passed every check and imported as one model.
+        EXPECT_FALSE(after.count("model.safetensors.index.json"));
         EXPECT_EQ(after.at("model-00002-of-00004.safetensors"), before.at("model-00002-of-00004.safetensors"));
       } else {
         EXPECT_EQ(after, before);
@@ -801,6 +804,49 @@ TEST_F(MultiFileExportTest, AnExportToAPathAnotherExportHoldsIsRefused) {
   ASSERT_TRUE(Consolidate(ckpt, pt, ConsolidateOptions{}).ok());
   ASSERT_TRUE(ExportDcp(ckpt, dcp, DcpExportOptions{}).ok());
   EXPECT_THAT(Listing(Path("out")), ElementsAre("dcp", "model.pt", "model.pt.sha256"));
+}
+
+// An export killed before its .metadata left files of its own in the folder, and every rerun
+// was refused as "not empty" until someone removed them by hand. They are cleared; anything
+// else in the folder still refuses it.
+TEST_F(MultiFileExportTest, DcpExportAgainAfterAKilledOneClearsItsLeftovers) {
+  const std::string ckpt = Checkpoint(DType::kFloat32);
+  const std::string out = Path("killed");
+  ASSERT_TRUE(MakeDirs(out).ok());
+  for (const char* name : {"__0_0.distcp", "__0_0.distcp.sha256", "__1_0.distcp.partial", "__1_0.distcp.sha256.tmp",
+                           ".metadata.tmp"}) {
+    ASSERT_TRUE(WriteFileAtomic(JoinPath(out, name), "half", "test").ok());
+  }
+  Result<DcpExportReport> r = ExportDcp(ckpt, out, DcpExportOptions{});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_THAT(Listing(out), ElementsAre(".metadata", "__0_0.distcp", "__0_0.distcp.sha256", "__1_0.distcp",
+                                        "__1_0.distcp.sha256"));
+  const std::string mine = Path("mine");
+  ASSERT_TRUE(MakeDirs(mine).ok());
+  for (const char* name : {"__0_0.distcp.partial", "notes.txt"}) ASSERT_TRUE(WriteFileAtomic(JoinPath(mine, name), "x", "test").ok());
+  Result<DcpExportReport> refused = ExportDcp(ckpt, mine, DcpExportOptions{});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr(mine + " is not empty"));
+  EXPECT_THAT(Listing(mine), ElementsAre("__0_0.distcp.partial", "notes.txt"));
+}
+
+// A consolidation over an earlier output: the earlier .sha256 goes before the new file takes the
+// name, so no crash leaves the new file beside the old digest (import refused the good file).
+TEST_F(MultiFileExportTest, ANewOutputNeverSitsBesideTheOldDigest) {
+  const std::string ckpt = Checkpoint(DType::kFloat32);
+  const std::string pt = Path("again/model.pt");
+  ASSERT_TRUE(Consolidate(ckpt, pt, ConsolidateOptions{}).ok());
+  ASSERT_TRUE(PathExists(pt + ".sha256"));
+  const std::string before = ReadFileLimited(pt, 1 << 20).value();
+  ASSERT_TRUE(SetFailpoints("fs.rename#1=EIO").ok());  // the rename into place fails, as a crash there
+  ConsolidateOptions bf16;
+  bf16.cast = DType::kBFloat16;
+  EXPECT_FALSE(Consolidate(ckpt, pt, bf16).ok());
+  ASSERT_TRUE(SetFailpoints("").ok());
+  EXPECT_EQ(ReadFileLimited(pt, 1 << 20).value(), before);  // the old file, whole
+  EXPECT_FALSE(PathExists(pt + ".sha256"));                 // and no digest of anything else
+  ASSERT_TRUE(Consolidate(ckpt, pt, bf16).ok());
+  EXPECT_TRUE(RequireSidecarMatch(pt).ok());
 }
 
 TEST_F(MultiFileExportTest, DcpExportAfterAFullDiskLeavesTheFolderAsItWas) {

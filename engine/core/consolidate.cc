@@ -518,6 +518,10 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
     // loaded in its place (a loader looks for model.safetensors first) or lie there unlisted.
     const std::string index_path = JoinPath(DirName(out), Stem(out) + ".safetensors.index.json");
     const std::vector<std::string> previous = PreviousShards(index_path, Stem(out));
+    // The previous set's index goes before any shard is replaced: a crash partway through the
+    // renames left old and new shards under the old index, which passed every check and imported
+    // as one model. Now such a set has no index, and nothing loads it as whole.
+    if (sharded) RemoveOutputFile(index_path);
     OutputSet written;
     for (size_t f = 0; f < finished.size(); ++f) {
       const std::unique_ptr<OutputFile>& file = finished[f];

@@ -1,6 +1,11 @@
 #include "shardckpt/engine/core/dcp_export.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <map>
+#include <regex>
 #include <memory>
 #include <set>
 #include <tuple>
@@ -15,6 +20,7 @@
 #include "shardckpt/engine/formats/zip_writer.h"
 #include "shardckpt/engine/model/utf8_text.h"
 #include "shardckpt/io/fs.h"
+#include "shardckpt/io/log.h"
 
 namespace shardckpt {
 namespace {
@@ -105,6 +111,16 @@ std::vector<std::pair<bool, size_t>> StateDictOrder(const Manifest& m, const Dcp
 
 }  // namespace
 
+namespace {
+// A file an export writes before its .metadata: a data file `__R_N.distcp`, its .sha256, and the
+// temporary names of both (.partial, .tmp), or the .metadata's own temporary.
+bool IsUnfinishedExportFile(const std::string& name) {
+  if (name == std::string(kDcpMetadataName) + ".tmp") return true;
+  static const std::regex kOwn(R"(__\d+_\d+\.distcp(\.partial|\.sha256(\.tmp)?)?)");
+  return std::regex_match(name, kOwn);
+}
+}  // namespace
+
 Result<DcpExportReport> ExportDcp(const std::string& checkpoint, const std::string& out, const DcpExportOptions& options) {
   SC_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(checkpoint));
   SC_RETURN_IF_ERROR(RefuseOutputInCheckpoint(out, reader->dir()));
@@ -116,6 +132,17 @@ Result<DcpExportReport> ExportDcp(const std::string& checkpoint, const std::stri
   if (PathExists(out)) {
     if (!IsDirectory(out)) return InvalidArgument(out + " exists and is not a folder");
     SC_ASSIGN_OR_RETURN(std::vector<std::string> present, ListDir(out));
+    // An export killed before its .metadata (an unfinished export, docs/format.md) left only
+    // files of its own: cleared, so that a rerun succeeds as consolidate's does.
+    if (!present.empty() && std::all_of(present.begin(), present.end(), IsUnfinishedExportFile)) {
+      SC_LOG(kWarn) << out << " holds an unfinished export (no " << kDcpMetadataName << "): removing its "
+                    << present.size() << " file(s) and exporting again";
+      for (const std::string& name : present) {
+        const std::string file = JoinPath(out, name);
+        if (::unlink(file.c_str()) != 0 && errno != ENOENT) return ErrnoStatus(errno, "remove " + file);
+      }
+      present.clear();
+    }
     if (!present.empty()) return InvalidArgument(out + " is not empty: a DCP folder is exported into a new or empty folder");
   }
   // A failed export leaves the folder as it found it: removed if it made it, else empty.

@@ -102,6 +102,12 @@ Status OutputFile::Finish() {
 
 Status OutputFile::Publish() {
   if (sha256_.empty()) return FailedPrecondition(path_ + ": published before it was finished");
+  // The previous file's sidecar goes first: a crash between the rename and the new sidecar left
+  // the new file beside the old digest, which then refused it (import, sha256sum -c). Now a
+  // crash leaves one of the two files without a sidecar, never a mismatched pair.
+  if (::unlink((path_ + ".sha256").c_str()) != 0 && errno != ENOENT) {
+    return ErrnoStatus(errno, "remove the previous " + path_ + ".sha256");
+  }
   SC_RETURN_IF_ERROR(Rename(temp_, path_));
   published_ = true;
   return WriteSidecar(path_, sha256_);
