@@ -2,6 +2,9 @@
 // lists and the values beside them, tied weights and key order, Hugging Face sharded sets. The
 // same cases against files real torch writes are in tests/interop/formats_case.sh.
 #include <gmock/gmock.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -828,6 +831,14 @@ TEST_F(MultiFileExportTest, DcpExportAgainAfterAKilledOneClearsItsLeftovers) {
   ASSERT_FALSE(refused.ok());
   EXPECT_THAT(refused.status().message(), HasSubstr(mine + " is not empty"));
   EXPECT_THAT(Listing(mine), ElementsAre("__0_0.distcp.partial", "notes.txt"));
+  // What torch's own writer leaves (a dcp.save in progress, no .partial or .sha256 of ours).
+  const std::string torchs = Path("torchs");
+  ASSERT_TRUE(MakeDirs(torchs).ok());
+  for (const char* name : {"__0_0.distcp", "__3_7.distcp", ".metadata.tmp"}) {
+    ASSERT_TRUE(WriteFileAtomic(JoinPath(torchs, name), "x", "test").ok());
+  }
+  EXPECT_THAT(ExportDcp(ckpt, torchs, DcpExportOptions{}).status().message(), HasSubstr(torchs + " is not empty"));
+  EXPECT_THAT(Listing(torchs), ElementsAre(".metadata.tmp", "__0_0.distcp", "__3_7.distcp"));
 }
 
 // A consolidation over an earlier output: the earlier .sha256 goes before the new file takes the
@@ -838,15 +849,53 @@ TEST_F(MultiFileExportTest, ANewOutputNeverSitsBesideTheOldDigest) {
   ASSERT_TRUE(Consolidate(ckpt, pt, ConsolidateOptions{}).ok());
   ASSERT_TRUE(PathExists(pt + ".sha256"));
   const std::string before = ReadFileLimited(pt, 1 << 20).value();
-  ASSERT_TRUE(SetFailpoints("fs.rename#1=EIO").ok());  // the rename into place fails, as a crash there
   ConsolidateOptions bf16;
   bf16.cast = DType::kBFloat16;
+  // Killed at the rename into place (a child process): the old file, and no digest of another.
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    SetFailpoints("fs.rename#1=kill").IgnoreError();
+    Consolidate(ckpt, pt, bf16).status().IgnoreError();
+    ::_exit(0);  // not reached: the failpoint kills it
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+  EXPECT_EQ(ReadFileLimited(pt, 1 << 20).value(), before);
+  EXPECT_FALSE(PathExists(pt + ".sha256"));
+  ASSERT_TRUE(Consolidate(ckpt, pt, ConsolidateOptions{}).ok());
+  // A rename that fails (no crash) puts the old digest back: the previous output whole.
+  ASSERT_TRUE(SetFailpoints("fs.rename#1=EIO").ok());
   EXPECT_FALSE(Consolidate(ckpt, pt, bf16).ok());
   ASSERT_TRUE(SetFailpoints("").ok());
-  EXPECT_EQ(ReadFileLimited(pt, 1 << 20).value(), before);  // the old file, whole
-  EXPECT_FALSE(PathExists(pt + ".sha256"));                 // and no digest of anything else
+  EXPECT_EQ(ReadFileLimited(pt, 1 << 20).value(), before);
+  EXPECT_TRUE(RequireSidecarMatch(pt).ok());
+  ASSERT_TRUE(PathExists(pt + ".sha256"));
   ASSERT_TRUE(Consolidate(ckpt, pt, bf16).ok());
   EXPECT_TRUE(RequireSidecarMatch(pt).ok());
+  EXPECT_NE(ReadFileLimited(pt, 1 << 20).value(), before);
+}
+
+// A sharded set over one of another count: the new shards take other names, and the old set,
+// index and all, stays whole until the new index replaces it; a failure before that keeps it.
+TEST_F(MultiFileExportTest, AShardedSetOfAnotherCountKeepsTheOldSetUntilItsIndexIsWritten) {
+  const std::string ckpt = Checkpoint(DType::kFloat32);
+  ConsolidateOptions options;
+  options.format = ExportFormat::kSafetensors;
+  options.max_shard_bytes = 1024;
+  const std::string out = Path("counts/model.safetensors");
+  ASSERT_TRUE(Consolidate(ckpt, out, options).ok());
+  std::map<std::string, std::string> before;
+  for (const std::string& name : Listing(Path("counts"))) before[name] = ReadFileLimited(JoinPath(Path("counts"), name), 1 << 20).value();
+  ASSERT_TRUE(before.count("model.safetensors.index.json"));
+  options.max_shard_bytes = 4096;  // fewer shards, other names
+  ASSERT_TRUE(SetFailpoints("export.index.fsync=ENOSPC").ok());
+  EXPECT_FALSE(Consolidate(ckpt, out, options).ok());
+  ASSERT_TRUE(SetFailpoints("").ok());
+  std::map<std::string, std::string> after;
+  for (const std::string& name : Listing(Path("counts"))) after[name] = ReadFileLimited(JoinPath(Path("counts"), name), 1 << 20).value();
+  EXPECT_EQ(after, before);
 }
 
 TEST_F(MultiFileExportTest, DcpExportAfterAFullDiskLeavesTheFolderAsItWas) {

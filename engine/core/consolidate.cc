@@ -518,10 +518,15 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
     // loaded in its place (a loader looks for model.safetensors first) or lie there unlisted.
     const std::string index_path = JoinPath(DirName(out), Stem(out) + ".safetensors.index.json");
     const std::vector<std::string> previous = PreviousShards(index_path, Stem(out));
-    // The previous set's index goes before any shard is replaced: a crash partway through the
-    // renames left old and new shards under the old index, which passed every check and imported
-    // as one model. Now such a set has no index, and nothing loads it as whole.
-    if (sharded) RemoveOutputFile(index_path);
+    // A new shard that takes an old shard's name (the same count of shards) changes the old set
+    // as it is renamed in: its index goes first, or a crash partway through the renames left old
+    // and new shards under it, which passed every check and imported as one model. Shards of
+    // other names leave the old set whole until the new index replaces its index, atomically.
+    if (sharded && std::any_of(finished.begin(), finished.end(), [&](const std::unique_ptr<OutputFile>& f) {
+          return std::find(previous.begin(), previous.end(), BaseName(f->path())) != previous.end();
+        })) {
+      RemoveOutputFile(index_path);
+    }
     OutputSet written;
     for (size_t f = 0; f < finished.size(); ++f) {
       const std::unique_ptr<OutputFile>& file = finished[f];

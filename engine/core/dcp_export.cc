@@ -134,7 +134,12 @@ Result<DcpExportReport> ExportDcp(const std::string& checkpoint, const std::stri
     SC_ASSIGN_OR_RETURN(std::vector<std::string> present, ListDir(out));
     // An export killed before its .metadata (an unfinished export, docs/format.md) left only
     // files of its own: cleared, so that a rerun succeeds as consolidate's does.
-    if (!present.empty() && std::all_of(present.begin(), present.end(), IsUnfinishedExportFile)) {
+    // Ours only with a file torch's own writer never makes (its FileSystemWriter writes
+    // __R_N.distcp and .metadata.tmp too, and a dcp.save in progress there is not ours to clear).
+    const bool ours = std::any_of(present.begin(), present.end(), [](const std::string& name) {
+      return EndsWith(name, ".distcp.partial") || EndsWith(name, ".distcp.sha256") || EndsWith(name, ".distcp.sha256.tmp");
+    });
+    if (ours && std::all_of(present.begin(), present.end(), IsUnfinishedExportFile)) {
       SC_LOG(kWarn) << out << " holds an unfinished export (no " << kDcpMetadataName << "): removing its "
                     << present.size() << " file(s) and exporting again";
       for (const std::string& name : present) {

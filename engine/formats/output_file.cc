@@ -105,10 +105,14 @@ Status OutputFile::Publish() {
   // The previous file's sidecar goes first: a crash between the rename and the new sidecar left
   // the new file beside the old digest, which then refused it (import, sha256sum -c). Now a
   // crash leaves one of the two files without a sidecar, never a mismatched pair.
-  if (::unlink((path_ + ".sha256").c_str()) != 0 && errno != ENOENT) {
-    return ErrnoStatus(errno, "remove the previous " + path_ + ".sha256");
+  // A rename that fails (not a crash) puts the previous sidecar back: the previous file whole.
+  const std::string sidecar = path_ + ".sha256";
+  Result<std::string> previous_sidecar = ReadFileLimited(sidecar, 4096);
+  if (::unlink(sidecar.c_str()) != 0 && errno != ENOENT) return ErrnoStatus(errno, "remove the previous " + sidecar);
+  if (Status renamed = Rename(temp_, path_); !renamed.ok()) {
+    if (previous_sidecar.ok()) WriteFileAtomic(sidecar, *previous_sidecar, "export.sha256_restore").IgnoreError();
+    return renamed;
   }
-  SC_RETURN_IF_ERROR(Rename(temp_, path_));
   published_ = true;
   return WriteSidecar(path_, sha256_);
 }
