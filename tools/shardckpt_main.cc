@@ -201,7 +201,7 @@ int Inspect(int argc, char** argv) {
                 {"format", dcp ? "dcp" : "shardckpt"},
                 {"format_version", dcp ? m->created.user["dcp_version"]
                                        : std::to_string(m->format_major) + "." + std::to_string(m->format_minor)},
-                {"step", m->step},
+                {"step", dcp ? json(nullptr) : json(m->step)},  // a DCP folder has no step, as the other verbs say
                 {"world_size", m->world_size},
                 {"created", {{"time", m->created.time}, {"shardckpt_version", m->created.shardckpt_version},
                              {"torch_version", m->created.torch_version}, {"hosts", m->created.hosts},
@@ -638,7 +638,10 @@ int Prune(int argc, char** argv) {
     }
   }
   // On stderr with --json too, as every failure of a --json command gives its message.
-  for (const RemovalFailure& f : left_alone) std::fprintf(stderr, "left %s: %s\n", JoinPath(root, f.name).c_str(), f.status.message().c_str());
+  // The cleanup logged the ones it passed over; a plan (dry run, read-only root) names them here.
+  if (plan_only) {
+    for (const RemovalFailure& f : left_alone) std::fprintf(stderr, "left %s: %s\n", JoinPath(root, f.name).c_str(), f.status.message().c_str());
+  }
   for (const RemovalFailure& f : failed) {
     std::fprintf(stderr, "%s %s: %s\n", dry_run ? "would not remove" : "could not remove", JoinPath(root, f.name).c_str(),
                  f.status.ToString().c_str());
