@@ -495,7 +495,7 @@ int List(int argc, char** argv) {
   if (!recorded.ok()) return Fail(recorded);
   // What readers resolve the root to; a `latest` naming another folder (a save stopped between
   // its rename and `latest`) is shown as such, and the next save or prune mends it.
-  const std::string latest = ResolvedLatestName(root), latest_file = ReadLatestName(root);
+  const std::string latest = NewestCommitted(*all), latest_file = ReadLatestName(root);
   PlanRetention(policy, latest, &*all);
   // A save or prune running now: its temporary folder is no leftover of a dead save. And a
   // folder retention would remove that a reader holds now is left by a prune until it is free.
@@ -637,11 +637,11 @@ int Prune(int argc, char** argv) {
       ++f;
     }
   }
-  // On stderr with --json too, as every failure of a --json command gives its message.
   // The cleanup logged the ones it passed over; a plan (dry run, read-only root) names them here.
   if (plan_only) {
     for (const RemovalFailure& f : left_alone) std::fprintf(stderr, "left %s: %s\n", JoinPath(root, f.name).c_str(), f.status.message().c_str());
   }
+  // On stderr with --json too, as every failure of a --json command gives its message.
   for (const RemovalFailure& f : failed) {
     std::fprintf(stderr, "%s %s: %s\n", dry_run ? "would not remove" : "could not remove", JoinPath(root, f.name).c_str(),
                  f.status.ToString().c_str());

@@ -197,11 +197,6 @@ std::string ReadLatestName(const std::string& root) {
   return name.ok() ? Trim(*name) : std::string();
 }
 
-std::string ResolvedLatestName(const std::string& root) {
-  Result<std::vector<std::pair<int64_t, std::string>>> committed = ListCommitted(root);
-  return committed.ok() && !committed->empty() ? committed->back().second : std::string();
-}
-
 Result<std::vector<std::pair<int64_t, std::string>>> ListCommitted(const std::string& root) {
   SC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(root));
   std::vector<std::pair<int64_t, std::string>> out;

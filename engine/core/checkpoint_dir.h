@@ -41,10 +41,6 @@ Result<std::vector<std::pair<int64_t, std::string>>> ListCommitted(const std::st
 
 // The folder name `latest` holds, trimmed; empty when there is no readable `latest`.
 std::string ReadLatestName(const std::string& root);
-// The folder a root resolves to (ResolveCheckpoint): its newest committed one, which `latest`
-// names unless a save stopped between its rename and `latest` (RepairLatest mends that); empty
-// when there is none. Retention keeps this one, so a dry run plans as the real prune does.
-std::string ResolvedLatestName(const std::string& root);
 
 // Parses "step-000001000" (no suffix); false for anything else.
 bool ParseStepDirName(const std::string& name, int64_t* step);

@@ -35,6 +35,14 @@ Status CheckMetricRecorded(const RetentionPolicy& policy, const std::string& roo
                          (names.empty() ? "none" : names) + "): keep-best by it would keep none of them, so the rule is refused");
 }
 
+std::string NewestCommitted(const std::vector<CheckpointInfo>& all) {
+  const CheckpointInfo* newest = nullptr;
+  for (const CheckpointInfo& c : all) {
+    if (c.committed && (newest == nullptr || c.step > newest->step)) newest = &c;
+  }
+  return newest != nullptr ? newest->name : std::string();
+}
+
 void PlanRetention(const RetentionPolicy& policy, const std::string& latest, std::vector<CheckpointInfo>* all) {
   std::vector<CheckpointInfo*> committed;
   for (CheckpointInfo& c : *all) {
@@ -166,17 +174,8 @@ Result<RetentionReport> ApplyRetention(const std::string& root, const RetentionP
     }
   }
   SC_RETURN_IF_ERROR(CheckMetricRecorded(policy, root, all, MetricsNoneYet::kApplyTheRest));
-  // The folder readers resolve the root to (ResolvedLatestName), from the listing in hand: no
-  // second read of the root on every save.
-  std::string resolved;
-  int64_t newest = -1;
-  for (const CheckpointInfo& c : all) {
-    if (c.committed && c.step > newest) {
-      newest = c.step;
-      resolved = c.name;
-    }
-  }
-  PlanRetention(policy, resolved, &all);
+  // From the listing in hand: no second read of the root on every save.
+  PlanRetention(policy, NewestCommitted(all), &all);
   for (const CheckpointInfo& c : all) {
     if (!c.committed || c.keep || c.name == just_committed) continue;
     if (dry_run) {  // what the removal would do now: a folder a reader holds is left

@@ -61,6 +61,12 @@ enum class MetricsNoneYet { kRefuse, kApplyTheRest };
 Status CheckMetricRecorded(const RetentionPolicy& policy, const std::string& root, const std::vector<CheckpointInfo>& all,
                            MetricsNoneYet none_yet = MetricsNoneYet::kRefuse);
 
+// Pure: the folder a root resolves to (ResolveCheckpoint), from its listing: the newest committed
+// one, which `latest` names unless a save stopped between its rename and `latest` (RepairLatest
+// mends that); empty when there is none. Retention keeps this one, so a dry run plans as the
+// real prune does.
+std::string NewestCommitted(const std::vector<CheckpointInfo>& all);
+
 // Pure: marks keep/why on every committed entry of `all` (others are left unkept). `latest` is
 // the folder name `latest` holds; it and the newest committed checkpoint are always kept.
 void PlanRetention(const RetentionPolicy& policy, const std::string& latest, std::vector<CheckpointInfo>* all);
