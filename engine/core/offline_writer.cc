@@ -59,11 +59,16 @@ Result<ShardFileWriter*> OfflineCheckpointWriter::Writer(int rank) {
   return f.writer.get();
 }
 
-size_t OfflineCheckpointWriter::EntryIndex(const std::string& name, bool* fresh) {
+Result<size_t> OfflineCheckpointWriter::EntryIndex(const std::string& name, bool* fresh) {
   *fresh = false;
   if (last_entry_ < entries_.size() && entries_[last_entry_].name == name) return last_entry_;
-  auto [it, added] = entry_of_.try_emplace(name, entries_.size());
-  if (added) {
+  auto it = entry_of_.find(name);
+  if (it == entry_of_.end()) {
+    // Checked once per entry, where entries are made (tensors and aliases alike).
+    if (name.find('\0') != std::string::npos) {
+      return InvalidArgument("a tensor's name has a NUL byte in it (no checkpoint entry may): rename it first");
+    }
+    it = entry_of_.emplace(name, entries_.size()).first;
     entries_.push_back(EntryRecord{name, DType::kUInt8, {}, {}});
     *fresh = true;
   }
@@ -74,14 +79,9 @@ size_t OfflineCheckpointWriter::EntryIndex(const std::string& name, bool* fresh)
 Status OfflineCheckpointWriter::AddPiece(int rank, const std::string& name, DType dtype, const Shape& shape,
                                          const Layout& layout, const void* data, size_t bytes, size_t entry_chunks) {
   bool fresh = false;
-  const size_t entry = EntryIndex(name, &fresh);
+  SC_ASSIGN_OR_RETURN(const size_t entry, EntryIndex(name, &fresh));
   EntryRecord& record = entries_[entry];
   if (fresh) {
-    if (name.find('\0') != std::string::npos) {
-      entries_.pop_back();
-      entry_of_.erase(name);
-      return InvalidArgument("a tensor's name has a NUL byte in it (no checkpoint entry may): rename it first");
-    }
     record.dtype = dtype;
     record.shape = shape;
     record.chunks.reserve(entry_chunks);
@@ -115,11 +115,8 @@ Status OfflineCheckpointWriter::AddAlias(const std::string& name, const std::str
   auto it = entry_of_.find(target);
   if (it == entry_of_.end()) return InvalidArgument("alias '" + name + "' of '" + target + "', which is not an entry");
   const size_t to = it->second;
-  if (name.find('\0') != std::string::npos) {
-    return InvalidArgument("a tensor's name has a NUL byte in it (no checkpoint entry may): rename it first");
-  }
   bool fresh = false;
-  const size_t entry = EntryIndex(name, &fresh);
+  SC_ASSIGN_OR_RETURN(const size_t entry, EntryIndex(name, &fresh));
   if (!fresh) return InvalidArgument("entry '" + name + "' added twice");
   entries_[entry].dtype = entries_[to].dtype;
   entries_[entry].shape = entries_[to].shape;

@@ -35,9 +35,9 @@ class OfflineCheckpointWriter {
  private:
   OfflineCheckpointWriter() = default;
   Result<ShardFileWriter*> Writer(int rank);
-  // The index of entry `name` in entries_, added when new; the last one found is checked first
-  // (a reshard adds every rank's piece of one entry in a row).
-  size_t EntryIndex(const std::string& name, bool* fresh);
+  // The index of entry `name` in entries_, added when new (a name with a NUL byte is refused);
+  // the last one found is checked first (a reshard adds every rank's piece of one entry in a row).
+  Result<size_t> EntryIndex(const std::string& name, bool* fresh);
 
   struct RankFile {
     std::unique_ptr<IoEngine> io;
