@@ -328,7 +328,7 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
     report.bytes += bytes;
     if (options.progress) options.progress(i + 1, count);
   }
-  nlohmann::json value_order = nlohmann::json::object();  // a lookup table (ordered_json's inserts are linear)
+  std::unordered_map<std::string, std::string> value_order;
   for (const PickleValue& v : dict.values) {
     SC_RETURN_IF_ERROR(out->AddBlob(0, v.name, BlobScope::kGlobal, v.blob));
     report.values.push_back(v.name);
@@ -337,7 +337,7 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
   // Absolute: a relative path names nothing from another working directory.
   std::map<std::string, std::string> user = {{"imported_from", Utf8OrReplaced(AbsoluteRoot(input))}};
   if (!containers.empty()) user[kTorchContainersKey] = containers.dump();
-  if (!value_order.empty()) user[kTorchValueOrderKey] = value_order.dump();
+  if (!value_order.empty()) user[kTorchValueOrderKey] = EncodeValueOrder(value_order);
   // A safetensors file's own metadata (a Hugging Face set's first shard's), less "format", which
   // consolidate writes itself: kept for safetensors output.
   if (safetensors && !shards.empty()) {

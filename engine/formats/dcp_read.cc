@@ -172,13 +172,13 @@ Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* 
   if (!md.version.empty()) m.created.user["dcp_version"] = md.version;
   // Byte items and tensors are kept apart in the manifest: where each byte item sat among the
   // tensors, so that a consolidation writes the keys in .metadata's order.
-  nlohmann::json value_order = nlohmann::json::object();  // a lookup table (ordered_json's inserts are linear)
+  std::unordered_map<std::string, std::string> value_order;
   const ParsedDcpItem* next_tensor = nullptr;
   for (auto item = md.items.rbegin(); item != md.items.rend(); ++item) {
     if (!item->is_bytes) next_tensor = &*item;
     else if (next_tensor != nullptr) value_order[item->name] = next_tensor->name;
   }
-  if (!value_order.empty()) m.created.user[kTorchValueOrderKey] = value_order.dump();
+  if (!value_order.empty()) m.created.user[kTorchValueOrderKey] = EncodeValueOrder(value_order);
   // The nesting dcp.save flattened, for a consolidation to rebuild as dcp_to_torch_save does.
   if (!md.paths.empty()) m.created.user[kTorchPathsKey] = EncodeStatePaths(md.paths);
   // Files first: each named once, a plain name inside the folder, its size as it is now.

@@ -77,6 +77,13 @@ std::unordered_map<std::string, std::string> DecodeValueOrder(const std::string&
   return out;
 }
 
+std::string EncodeValueOrder(const std::unordered_map<std::string, std::string>& followers) {
+  // A lookup table: no order to keep (an ordered_json's inserts search its whole list).
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [value, next] : followers) out[value] = next;
+  return out.dump();
+}
+
 std::string JoinedStatePath(const StatePath& path) {
   std::string out;
   for (const StatePathStep& step : path) out += (out.empty() ? "" : ".") + step.key;

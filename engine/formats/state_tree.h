@@ -25,6 +25,8 @@ inline constexpr const char* kTorchValueOrderKey = "torch_value_order";
 // That record as value name -> the tensor entry that followed it; empty where it is not a JSON
 // object (values whose follower is not a string are left out: they go at the end).
 std::unordered_map<std::string, std::string> DecodeValueOrder(const std::string& json);
+// The record from value name -> the tensor entry that followed it (import and the DCP reader).
+std::string EncodeValueOrder(const std::unordered_map<std::string, std::string>& followers);
 
 // Where a leaf sat in a nested state dict: one step per level, a dict key or a list index. DCP
 // records one per flattened key (its planner_data, torch's OBJ_PATH): "optim.param_groups.0.lr"
