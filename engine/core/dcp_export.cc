@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <map>
-#include <regex>
 #include <memory>
+#include <regex>
 #include <set>
 #include <tuple>
 #include <unordered_map>
@@ -109,9 +109,6 @@ std::vector<std::pair<bool, size_t>> StateDictOrder(const Manifest& m, const Dcp
   return order;
 }
 
-}  // namespace
-
-namespace {
 // A file an export writes before its .metadata: a data file `__R_N.distcp`, its .sha256, and the
 // temporary names of both (.partial, .tmp), or the .metadata's own temporary.
 bool IsUnfinishedExportFile(const std::string& name) {

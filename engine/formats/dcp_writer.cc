@@ -1,10 +1,9 @@
 #include "shardckpt/engine/formats/dcp_writer.h"
 
-#include <functional>
-
 #include <openssl/evp.h>
 
 #include <cstdlib>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "shardckpt/engine/formats/pickle_writer.h"
