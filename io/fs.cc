@@ -336,9 +336,7 @@ Status WriteAndSync(const std::string& path, const std::vector<std::string_view>
 
 }  // namespace
 
-Status WriteFileAtomic(const std::string& path, const std::string& bytes,
-                       const char* failpoint_prefix) {
-  const std::string prefix = failpoint_prefix;
+Status PrepareFileAtomic(const std::string& path, const std::string& bytes, const char* failpoint_prefix) {
   const std::string temp = path + ".tmp";
   // A fresh file, never one found there: a symlink planted at ROOT/latest.tmp made a save write
   // `latest` into its target, outside the root, and rename the link into place. A stale temp
@@ -349,13 +347,26 @@ Status WriteFileAtomic(const std::string& path, const std::string& bytes,
     if (errno != EROFS && errno != EACCES && errno != EPERM) return ErrnoStatus(errno, "remove the stale " + temp);
   }
   // Small files (`latest`) through the page cache: no staging to allocate for a few bytes.
-  Status status = WriteAndSync(temp, {bytes}, /*prefer_direct=*/false, nullptr, prefix, O_EXCL | O_NOFOLLOW);
-  if (status.ok()) status = Rename(temp, path, (prefix + ".rename").c_str());
+  Status status = WriteAndSync(temp, {bytes}, /*prefer_direct=*/false, nullptr, failpoint_prefix, O_EXCL | O_NOFOLLOW);
+  if (!status.ok()) DiscardPreparedFile(path);
+  return status;
+}
+
+Status PublishPreparedFile(const std::string& path, const char* failpoint_prefix) {
+  const std::string prefix = failpoint_prefix;
+  Status status = Rename(path + ".tmp", path, (prefix + ".rename").c_str());
   if (!status.ok()) {
-    ::unlink(temp.c_str());
+    DiscardPreparedFile(path);
     return status;
   }
   return SyncDir(DirName(path), (prefix + ".sync_dir").c_str());
+}
+
+void DiscardPreparedFile(const std::string& path) { ::unlink((path + ".tmp").c_str()); }
+
+Status WriteFileAtomic(const std::string& path, const std::string& bytes, const char* failpoint_prefix) {
+  SC_RETURN_IF_ERROR(PrepareFileAtomic(path, bytes, failpoint_prefix));
+  return PublishPreparedFile(path, failpoint_prefix);
 }
 
 Status WriteFileDurably(const std::string& path, const std::vector<std::string_view>& pieces,

@@ -90,6 +90,14 @@ Result<std::string> ReadFileLimited(const std::string& path, uint64_t max_bytes,
 // fsync of the folder. Readers see the old contents or the new, never a mix.
 Status WriteFileAtomic(const std::string& path, const std::string& bytes,
                        const char* failpoint_prefix);
+// WriteFileAtomic in two halves, for a caller that overlaps the temp file's fsync with other
+// work (the commit writes `latest`'s while its manifest is written): PrepareFileAtomic leaves
+// `path`.tmp written and fsynced (failpoints `.write`, `.fsync`), PublishPreparedFile renames it
+// over `path` and fsyncs the folder (`.rename`, `.sync_dir`). A prepared file never published is
+// removed with DiscardPreparedFile; one a crash leaves behind is replaced by the next prepare.
+Status PrepareFileAtomic(const std::string& path, const std::string& bytes, const char* failpoint_prefix);
+Status PublishPreparedFile(const std::string& path, const char* failpoint_prefix);
+void DiscardPreparedFile(const std::string& path);
 // Creates (or truncates) `path`, writes `pieces` one after the other and fdatasyncs it, with
 // O_DIRECT where the file system takes it. Not atomic: for a file in a folder not yet published,
 // whose own fsync and rename publish it (the commit's manifest). Why O_DIRECT: new page-cache

@@ -464,7 +464,10 @@ TEST_F(CheckpointTest, AFailureAtEachCommitStepKeepsThePreviousCheckpoint) {
     EXPECT_THAT(failed.status().message(), HasSubstr(std::string("failpoint ") + failpoint));
     EXPECT_EQ(Latest(), "step-000000001\n") << failpoint;
     EXPECT_FALSE(PathExists(JoinPath(root(), StepDirName(step)))) << failpoint;
-    for (const std::string& name : ListDir(root()).value()) EXPECT_FALSE(IsTempDirName(name)) << failpoint << " left " << name;
+    for (const std::string& name : ListDir(root()).value()) {
+      EXPECT_FALSE(IsTempDirName(name)) << failpoint << " left " << name;
+      EXPECT_NE(name, std::string(kLatestName) + ".tmp") << failpoint << " left it";
+    }
     ExpectLoads(root(), 1);
     // The root works again once the failure is gone.
     ASSERT_TRUE(SetFailpoints("").ok());

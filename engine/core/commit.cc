@@ -114,19 +114,38 @@ Status PublishCheckpoint(const std::string& root, const std::string& temp_name, 
   const std::string temp_dir = JoinPath(root, temp_name);
   const std::string final_name = StepDirName(step);
   const std::string final_dir = JoinPath(root, final_name);
+  const std::string latest = JoinPath(root, kLatestName);
+  // `latest`'s new text is known now: its temp file is written and fsynced beside the manifest,
+  // so that after the folder's rename only a rename and the root's fsync remain (about 1 ms of
+  // a 33 ms save of 20,000 small tensors was that fsync, alone on the commit's path). A save that
+  // fails before its rename removes it; a crash leaves `latest.tmp`, which the next save replaces.
+  std::future<Status> latest_prepared;
+  try {
+    latest_prepared = std::async(std::launch::async, PrepareFileAtomic, latest, final_name + "\n", "commit.latest");
+  } catch (const std::system_error&) {  // no thread to be had (a pids limit): prepared in line
+    latest_prepared = std::async(std::launch::deferred, PrepareFileAtomic, latest, final_name + "\n", "commit.latest");
+  }
   // The manifest is written in place: the temp folder is not a checkpoint until it is renamed,
   // and a save that dies before that leaves it to the next save's cleanup. One fsync of the
   // folder then makes the data files' names and the manifest's durable together.
-  if (written_ahead != nullptr) {
-    SC_RETURN_IF_ERROR(written_ahead->Complete(manifest_text.at(0), manifest_text.at(1), manifest_text.at(2)));
-  } else {
-    SC_RETURN_IF_ERROR(WriteFileDurably(JoinPath(temp_dir, kManifestName), manifest_text, manifest_staging,
-                                        "commit.manifest"));
+  Status written = written_ahead != nullptr
+                       ? written_ahead->Complete(manifest_text.at(0), manifest_text.at(1), manifest_text.at(2))
+                       : WriteFileDurably(JoinPath(temp_dir, kManifestName), manifest_text, manifest_staging,
+                                          "commit.manifest");
+  if (written.ok()) written = SyncDir(temp_dir, "commit.sync_tmp");
+  Status prepared = latest_prepared.get();
+  if (written.ok()) written = prepared;
+  if (written.ok()) written = Rename(temp_dir, final_dir, "commit.rename_dir");
+  if (!written.ok()) {
+    if (prepared.ok()) DiscardPreparedFile(latest);
+    return written;
   }
-  SC_RETURN_IF_ERROR(SyncDir(temp_dir, "commit.sync_tmp"));
-  SC_RETURN_IF_ERROR(Rename(temp_dir, final_dir, "commit.rename_dir"));
   Status status = SyncDir(root, "commit.sync_root");
-  if (status.ok()) status = WriteFileAtomic(JoinPath(root, kLatestName), final_name + "\n", "commit.latest");
+  if (status.ok()) {
+    status = PublishPreparedFile(latest, "commit.latest");
+  } else {
+    DiscardPreparedFile(latest);
+  }
   if (!status.ok()) {
     if (ReadLatestName(root) == final_name) {
       // `latest` was renamed into place and only its fsync failed: the checkpoint is

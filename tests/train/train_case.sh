@@ -367,7 +367,7 @@ PY
   commit-window)
     run 2 "$train" "${small[@]}" --steps 30 > "$work/full.log"
     set +e
-    run 2 -x SHARDCKPT_FAILPOINTS="commit.latest.write@0#2=kill" "$train" "${small[@]}" --ckpt "$work/k" --steps 30 \
+    run 2 -x SHARDCKPT_FAILPOINTS="commit.latest.rename@0#2=kill" "$train" "${small[@]}" --ckpt "$work/k" --steps 30 \
       --save-every 10 > "$work/killed.log" 2>&1
     status=$?
     set -e
