@@ -2,6 +2,8 @@
 # Installs what shardckpt needs on Debian 12, only when something is missing (no apt-get at all
 # on a machine that has everything). Used by the README's two commands.
 set -euo pipefail
+. "$(dirname "$0")/usage.sh"
+refuse_arguments "$@"
 packages=(build-essential cmake pkg-config git libtorch-dev libopenmpi-dev openmpi-bin liburing-dev
           nlohmann-json3-dev libxxhash-dev libgtest-dev libgmock-dev libboost-program-options-dev
           libssl-dev libdeflate-dev python3-torch python3-dev python3-venv pybind11-dev python3-pytest unzip clang-14 libclang-rt-14-dev fio)

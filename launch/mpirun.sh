@@ -28,6 +28,7 @@
 # Inside the program, rank and size come from MPI itself; launch/rank_env.sh shows the
 # OpenMPI, PMI and Slurm variables a wrapper script can read before MPI starts.
 set -euo pipefail
+. "$(dirname "$0")/usage.sh"
 args=()
 np=1
 hostfile=""

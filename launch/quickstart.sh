@@ -3,6 +3,8 @@
 #   install what is missing, build, train 4 ranks with checkpoints, resume on 2 ranks (resharded),
 #   verify, consolidate to one .pt, load it in PyTorch, and summarize.
 set -euo pipefail
+. "$(dirname "$0")/usage.sh"
+refuse_arguments "$@"
 cd "$(dirname "$0")/.."
 work=${SHARDCKPT_WORK:-/tmp/shardckpt-quickstart}
 declare -A took

@@ -8,6 +8,7 @@
 #   usage: PY=$(bash launch/torch2_venv.sh)         creates it if needed; the interpreter on stdout
 #          PY=$(bash launch/torch2_venv.sh --find)  never creates: exit 3 when it is not there yet
 set -euo pipefail
+. "$(dirname "$0")/usage.sh"
 cache=${SHARDCKPT_CACHE:-$HOME/.cache/shardckpt}
 # Pinned so every machine tests the same thing; bump together with the README's "Formats" table.
 pins=(torch==2.15.0 numpy==2.3.5 safetensors==0.8.0 gguf==0.19.0 transformers==5.23.0 mpi4py==4.1.2 pytest)

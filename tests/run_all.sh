@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run): installs what is missing, builds, runs every test.
 set -euo pipefail
+. "$(dirname "$0")/../launch/usage.sh"
+refuse_arguments "$@"
 cd "$(dirname "$0")/.."
 bash launch/install_deps.sh
 bash launch/build.sh

@@ -259,7 +259,7 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
       // says when it applies.
       const Code code = report.status().code();
       if (rank == 0 && (code == Code::kDataLoss || code == Code::kNotFound) && (resume == 2 || config.resume_from.empty())) {
-        std::fprintf(stderr, "%sto resume from an earlier checkpoint: --resume-from %s/step-N with --ckpt a new "
+        std::fprintf(stderr, "%sto resume from an earlier checkpoint: --resume-from %s/step-NNNNNNNNN (its folder) with --ckpt a new "
                              "root, or move the damaged folder out of %s (`shardckpt list %s` shows them, "
                              "`shardckpt verify FOLDER` checks one)\n",
                      code == Code::kNotFound ? "if files of the checkpoint are missing, " : "", config.ckpt.c_str(),
@@ -322,6 +322,12 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
                                               : " (with --resume-from OLD, pass --ckpt NEW_ROOT; add --resume to go on "
                                                 "from --ckpt's newest instead)");
       return 1;
+    }
+    // Saving is asked for (--save-every 0, the default, saves nothing): a resumed run copied
+    // without it trained on and committed nothing.
+    if (config.save_every == 0 && step < config.steps) {
+      say("note: --save-every is 0: this run saves no checkpoint into --ckpt " + config.ckpt +
+          " (give --save-every K to save every K steps and the last)");
     }
   }
 
