@@ -658,10 +658,20 @@ py::tuple ConvertCall(bool import, const std::string& input, const std::string& 
     r = import ? ImportFile(input, root, options) : Reshard(input, root, options);
   }
   if (!r.ok()) return Reply(r.status());
+  // The keys of `shardckpt import|reshard --json` ("path" and "bytes" as before): a script moves
+  // between the two without renaming them.
   py::dict out;
   out["path"] = PathText(r->path);
+  out["checkpoint"] = PathText(r->path);
+  out["out"] = PathText(r->path);
+  out["source"] = PathText(input);
+  int64_t step = 0;
+  out["step"] = ParseStepDirName(BaseName(r->path), &step) ? py::object(py::int_(step)) : py::object(py::none());
   out["tensors"] = r->tensors;
   out["bytes"] = r->bytes;
+  out["tensor_bytes"] = r->bytes;
+  out["world_size"] = world_size;
+  out["layout"] = layout;
   out["values"] = r->values;
   out["skipped"] = r->skipped;
   return Reply(Status::Ok(), out);

@@ -602,7 +602,7 @@ TEST_F(CheckpointTest, ACheckpointFolderIsNeitherARootNorAnOutputFolder) {
   Result<SaveResult> saved = Save(*comm_, folder, 2, tensors.State());
   ASSERT_FALSE(saved.ok());
   EXPECT_EQ(saved.status().code(), Code::kInvalidArgument);
-  EXPECT_THAT(saved.status().message(), HasSubstr(refused + ": save into the folder that holds its step folders"));
+  EXPECT_THAT(saved.status().message(), HasSubstr(refused + ": write checkpoints into the folder that holds its step folders"));
   ConvertOptions two;
   two.world_size = 2;
   Result<ConvertReport> resharded = Reshard(root(), folder, two);

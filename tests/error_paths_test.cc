@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <fstream>
 
 #include "shardckpt/collectives/communicator.h"
@@ -10,6 +12,8 @@
 #include "shardckpt/engine/core/offline_writer.h"
 #include "shardckpt/engine/core/save.h"
 #include "shardckpt/engine/core/verify.h"
+#include "shardckpt/engine/model/manifest.h"
+#include "shardckpt/io/checksum.h"
 #include "shardckpt/io/failpoint.h"
 #include "shardckpt/io/fs.h"
 #include "tests/test_util.h"
@@ -164,6 +168,54 @@ TEST_F(ErrorPaths, VerifyListsEveryDamagedFile) {
   EXPECT_THAT(report->problems[1].what, HasSubstr("checksum mismatch"));
   EXPECT_THAT(report->problems[1].entries, ElementsAre("w"));
   EXPECT_EQ(HoldersText(report->problems[1]), "'w'");
+}
+
+// A file cut inside its checksum table: the blocks whose sums were cut off are named by their
+// entries, not as "padding", and the blocks the remaining pages sum are still checked. Extra
+// bytes after the table are named, and the file checked too.
+TEST_F(ErrorPaths, VerifyOfAFileCutInItsTableNamesTheUnverifiableEntriesAndChecksTheRest) {
+  const std::string root = JoinPath(dir_.path(), "root");
+  // "a" fills the blocks of table page 0 (512 blocks of 4096 bytes), "b" begins on page 1.
+  const Shape a_shape = {int64_t{kSumsPerTablePage * kBlockSize / 4}}, b_shape = {4096};
+  {
+    auto out = OfflineCheckpointWriter::Begin(root, 1, 1);
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    for (const auto& [name, shape] : {std::pair{"a", a_shape}, std::pair{"b", b_shape}}) {
+      Layout whole = FlatShardLayout(shape, 1, 0);
+      std::vector<uint8_t> bytes = testing::PieceBytes(name, DType::kFloat32, shape, whole);
+      ASSERT_TRUE((*out)->AddPiece(0, name, DType::kFloat32, shape, whole, bytes.data(), bytes.size()).ok());
+    }
+    ASSERT_TRUE((*out)->Commit(MakeCreationInfo(1, "", "", {})).ok());
+  }
+  const std::string file = JoinPath(root, "step-000000001/rank-00000.bin");
+  const uint64_t size = FileSize(file).value();
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put('\x5a');  // in "a", whose sums are on the page that stays
+  }
+  ASSERT_EQ(::truncate(file.c_str(), static_cast<off_t>(size - kBlockSize)), 0);
+  Result<VerifyReport> report = VerifyCheckpoint(root);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_EQ(report->problems.size(), 2u);
+  EXPECT_THAT(report->problems[0].what, HasSubstr("truncated in its checksum table"));
+  EXPECT_THAT(report->problems[0].what, HasSubstr("from offset " + std::to_string(kSumsPerTablePage * kBlockSize)));
+  EXPECT_EQ(HoldersText(report->problems[0]), "'b'");
+  EXPECT_EQ(report->problems[1].offset, 0u);
+  EXPECT_THAT(report->problems[1].what, HasSubstr("checksum mismatch"));
+  EXPECT_EQ(HoldersText(report->problems[1]), "'a'");
+  EXPECT_EQ(report->blocks_checked, kSumsPerTablePage);
+  EXPECT_EQ(report->bytes_checked, kSumsPerTablePage * kBlockSize);
+
+  ASSERT_EQ(::truncate(file.c_str(), static_cast<off_t>(size + 10)), 0);  // the page back as zeros, and 10 more
+  report = VerifyCheckpoint(root);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_GE(report->problems.size(), 2u);
+  EXPECT_THAT(report->problems[0].what, HasSubstr("(extra bytes after its checksum table)"));
+  EXPECT_EQ(report->problems[0].offset, size);
+  // The zeroed page no longer matches the manifest: its blocks ("b") are named once.
+  EXPECT_THAT(report->problems[1].what, HasSubstr("checksum table page 1 does not match the manifest"));
+  EXPECT_EQ(HoldersText(report->problems[1]), "'b'");
 }
 
 }  // namespace

@@ -85,7 +85,7 @@ TEST(GgufHeader, RefusesWhatGgufOutputCannotHoldByName) {
   // An integer tensor cannot be cast by --dtype: only excluding it is offered; float64 can.
   EXPECT_TRUE(refused({"idx", DType::kInt64, {4}}).find("tensor 'idx' is int64") != std::string::npos &&
               refused({"idx", DType::kInt64, {4}}).find("--dtype") == std::string::npos);
-  EXPECT_NE(refused({"d", DType::kFloat64, {4}}).find("--exclude it, or --dtype to cast it"), std::string::npos);
+  EXPECT_NE(refused({"d", DType::kFloat64, {4}}).find("exclude it (--exclude; Python exclude=), or cast it (--dtype; dtype=)"), std::string::npos);
   EXPECT_NE(refused({"q", DType::kFloat8E4M3, {4}}).find("tensor 'q' is float8_e4m3fn"), std::string::npos);
   EXPECT_NE(refused({std::string(64, 'n'), DType::kFloat32, {4}}).find("1 to 63 bytes"), std::string::npos);
   EXPECT_NE(refused({"deep", DType::kFloat32, {1, 1, 1, 1, 1}}).find("tensor 'deep' has 5 dims"), std::string::npos);

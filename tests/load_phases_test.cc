@@ -355,8 +355,10 @@ TEST(MatchVerdict, AValueWithTensorsUnderItsNameIsExplained) {
   ValueMatch values{{"optim"}, {}};
   Status s = MatchVerdict(Status::Ok(), true, "/c", {}, {"optim.state.0.exp_avg"}, values, {"step", "optim"});
   EXPECT_EQ(s.code(), Code::kNotFound);
-  EXPECT_THAT(s.message(), HasSubstr("not in checkpoint /c: 'optim'; checkpoint /c has entries no rank loads: 'optim.state.0.exp_avg'"));
-  EXPECT_THAT(s.message(), HasSubstr("'optim' holds no tensors in the state passed"));
+  // The cause first, then what is missing and unloaded.
+  EXPECT_THAT(s.message(), ::testing::StartsWith("'optim' holds no tensors in the state passed, but checkpoint /c holds "
+                                                 "optim.* tensors, which have nowhere to go"));
+  EXPECT_THAT(s.message(), HasSubstr("; not in checkpoint /c: 'optim'; checkpoint /c has entries no rank loads: 'optim.state.0.exp_avg'"));
   EXPECT_THAT(s.message(), HasSubstr("get_state_dict"));
   EXPECT_THAT(s.message(), ::testing::Not(HasSubstr("non-strict")));
 }

@@ -520,12 +520,18 @@ int List(int argc, char** argv) {
     return 0;
   }
   if (latest_file != latest) {
-    const std::string named = JoinPath(root, kLatestName) + " names " + (latest_file.empty() ? "nothing" : latest_file);
+    const std::string path = JoinPath(root, kLatestName);
+    // No `latest` at all: a root copied without it, or one it was removed from; not a save that
+    // stopped (which leaves the one before).
+    const bool missing = latest_file.empty() && !PathExists(path);
+    const std::string named = missing ? root + " has no " + kLatestName + " file"
+                                      : path + " names " + (latest_file.empty() ? "nothing" : latest_file);
     if (latest.empty()) {
       std::fprintf(stderr, "note: %s, which is not a committed checkpoint\n", named.c_str());
     } else {
-      std::fprintf(stderr, "note: %s; readers use %s, the newest committed checkpoint (a save stopped before "
-                   "updating latest); the next save or prune mends it\n", named.c_str(), latest.c_str());
+      std::fprintf(stderr, "note: %s; readers use %s, the newest committed checkpoint%s; the next save or prune "
+                   "mends it\n", named.c_str(), latest.c_str(),
+                   missing ? "" : " (a save stopped before updating latest, or it was edited)");
     }
   }
   // The folder column as wide as the longest name (a temporary or retired folder's is 50 or more).

@@ -120,8 +120,13 @@ bool ParseLeftoverStepDirName(const std::string& name, int64_t* step) {
 }
 
 Status RefuseCheckpointAsRoot(const std::string& root, const std::string& verb) {
-  if (!PathExists(JoinPath(root, kManifestName)) && !IsDcpFolder(root)) return Status::Ok();
-  return InvalidArgument(root + " is a checkpoint, not a root: " + verb + " the folder that holds its step folders");
+  if (PathExists(JoinPath(root, kManifestName))) {
+    return InvalidArgument(root + " is a checkpoint, not a root: " + verb + " the folder that holds its step folders");
+  }
+  if (!IsDcpFolder(root)) return Status::Ok();
+  // A DCP folder has no step folders to point at.
+  return InvalidArgument(root + " is a checkpoint, not a root (a PyTorch DCP folder: it holds " + kDcpMetadataFile +
+                         "): " + verb + " a folder of shardckpt step folders, or a new one");
 }
 
 Status RefuseOutputInCheckpoint(const std::string& out, const std::string& checkpoint_dir) {

@@ -118,7 +118,8 @@ Status RemoveStaleTempDirs(const std::string& root, std::vector<std::string>* re
                            std::vector<std::string>* left = nullptr, std::vector<RemovalFailure>* failed = nullptr);
 
 // A root given that is itself a checkpoint (a step folder, or a DCP folder): InvalidArgument
-// "<root> is a checkpoint, not a root: <verb> the folder that holds its step folders". Saving
+// "<root> is a checkpoint, not a root: <verb> the folder that holds its step folders" (for a DCP
+// folder, which has none, "<verb> a folder of shardckpt step folders, or a new one"). Saving
 // into one nested new checkpoints inside it, which loading it never reads.
 Status RefuseCheckpointAsRoot(const std::string& root, const std::string& verb);
 

@@ -37,7 +37,7 @@ Status NewestIsNotLater(const std::string& root, int64_t step) {
 }  // namespace
 
 Result<RootLock> LockRootForSave(const std::string& root, int64_t step) {
-  SC_RETURN_IF_ERROR(RefuseCheckpointAsRoot(root, "save into"));
+  SC_RETURN_IF_ERROR(RefuseCheckpointAsRoot(root, "write checkpoints into"));
   SC_RETURN_IF_ERROR(RefuseOutputInCheckpoints(root));
   SC_RETURN_IF_ERROR(PersistReservation::CheckNotReserved(root));
   SC_RETURN_IF_ERROR(MakeDirs(root));
@@ -63,7 +63,7 @@ Result<RootLock> LockRootForSave(const std::string& root, int64_t step) {
 
 Status CheckNoLaterStep(const std::string& root, int64_t step) {
   if (!IsDirectory(root)) return Status::Ok();
-  SC_RETURN_IF_ERROR(RefuseCheckpointAsRoot(root, "save into"));
+  SC_RETURN_IF_ERROR(RefuseCheckpointAsRoot(root, "write checkpoints into"));
   return NewestIsNotLater(root, step);
 }
 

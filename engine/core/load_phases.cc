@@ -469,13 +469,9 @@ Status MatchVerdict(const Status& local, bool strict, const std::string& dir, co
     if (!contains(missing, name)) all_unexpected.push_back(name);
   }
   if (all_missing.empty() && all_unexpected.empty() && kinds.empty()) return Status::Ok();
-  std::string message;
-  if (!all_missing.empty()) message = "not in checkpoint " + dir + ": " + NameList(all_missing);
-  if (!all_unexpected.empty()) {
-    message += (message.empty() ? "" : "; ") + std::string("checkpoint ") + dir + " has entries no rank loads: " +
-               NameList(all_unexpected);
-  }
-  for (const std::string& kind : kinds) message += (message.empty() ? "" : "; ") + kind;
+  // A value passed where the checkpoint holds tensors under its name: an optimizer's state before
+  // its first step. Said first, as the cause: "not in checkpoint: 'optim'" alone read as if the
+  // checkpoint lacked the optimizer whose tensors it then listed.
   std::string holder;
   for (const std::string& want : wanted_values) {
     const std::string under = want + ".";
@@ -484,15 +480,23 @@ Status MatchVerdict(const Status& local, bool strict, const std::string& dir, co
     }
     if (!holder.empty()) break;
   }
+  std::string message;
   if (!holder.empty()) {
-    message += "; '" + holder + "' holds no tensors in the state passed, so the checkpoint's " + holder +
-               ".* tensors have nowhere to go: an optimizer has no state before its first step; create it first, in "
-               "the form it was saved in (torch.distributed.checkpoint.state_dict.get_state_dict(model, optim) "
-               "creates it keyed by parameter name, as it saves it; for optim.state_dict(), keyed by index, one "
-               "optim.step() with lr 0 after a backward pass does), load into that, then hand it to the optimizer";
-  } else {
-    message += " (a non-strict load loads the rest and reports them)";
+    message = "'" + holder + "' holds no tensors in the state passed, but checkpoint " + dir + " holds " + holder +
+              ".* tensors, which have nowhere to go: an optimizer has no state before its first step; create it "
+              "first, in the form it was saved in (torch.distributed.checkpoint.state_dict.get_state_dict(model, "
+              "optim) creates it keyed by parameter name, as it saves it; for optim.state_dict(), keyed by index, one "
+              "optim.step() with lr 0 after a backward pass does), load into that, then hand it to the optimizer";
   }
+  if (!all_missing.empty()) {
+    message += (message.empty() ? "" : "; ") + std::string("not in checkpoint ") + dir + ": " + NameList(all_missing);
+  }
+  if (!all_unexpected.empty()) {
+    message += (message.empty() ? "" : "; ") + std::string("checkpoint ") + dir + " has entries no rank loads: " +
+               NameList(all_unexpected);
+  }
+  for (const std::string& kind : kinds) message += (message.empty() ? "" : "; ") + kind;
+  if (holder.empty()) message += " (a non-strict load loads the rest and reports them)";
   return Status(all_missing.empty() ? Code::kInvalidArgument : Code::kNotFound, message);
 }
 

@@ -143,12 +143,27 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::functi
       done += f.size;
       continue;
     }
+    // Table pages the file still holds whole: all but those a truncation cut off. The blocks the
+    // lost pages summed are named as the damage, and the rest of the file is still checked.
+    uint64_t pages_held = TablePages(f.table_offset);
     if (*size != f.size) {
-      problem(std::min(*size, f.size), HoldersOf(spans[fi], std::min(*size, f.table_offset), f.table_offset),
-              "file is " + std::to_string(*size) + " bytes, the manifest records " + std::to_string(f.size) +
-                  (*size < f.size ? " (truncated)" : " (extra bytes)"));
-      done += f.size;
-      continue;
+      const std::string sizes =
+          "file is " + std::to_string(*size) + " bytes, the manifest records " + std::to_string(f.size);
+      if (*size < f.table_offset) {
+        problem(*size, HoldersOf(spans[fi], *size, f.table_offset), sizes + " (truncated)");
+        done += f.size;
+        continue;
+      }
+      if (*size < f.size) {
+        pages_held = std::min(pages_held, (*size - f.table_offset) / kBlockSize);
+        const uint64_t unsummed = std::min(f.table_offset, pages_held * kSumsPerTablePage * kBlockSize);
+        problem(*size, HoldersOf(spans[fi], unsummed, f.table_offset),
+                sizes + (unsummed < f.table_offset ? " (truncated in its checksum table: the bytes from offset " +
+                                                         std::to_string(unsummed) + " on cannot be verified)"
+                                                   : " (truncated after its checksum table)"));
+      } else {
+        problem(f.size, Holders{}, sizes + " (extra bytes after its checksum table)");
+      }
     }
     Result<std::unique_ptr<File>> file = io->Open(file_path, OpenMode::kRead);
     if (!file.ok()) {
@@ -160,6 +175,10 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::functi
     std::vector<uint64_t> table(TablePages(f.table_offset) * kSumsPerTablePage);
     std::vector<bool> page_ok(TablePages(f.table_offset), true);
     for (uint64_t page = 0; page < page_ok.size(); ++page) {
+      if (page >= pages_held) {  // cut off: reported with the file's size above
+        page_ok[page] = false;
+        continue;
+      }
       Status read = read_now(file->get(), f.table_offset + page * kBlockSize, kBlockSize);
       std::string wrong;
       if (!read.ok()) {
@@ -186,13 +205,13 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::functi
       }
       for (uint64_t b = 0; b < length; b += kBlockSize) {
         uint64_t block = (at + b) / kBlockSize;
+        if (!page_ok[block / kSumsPerTablePage]) continue;  // reported once, above; not checked
         report.blocks_checked++;
-        if (!page_ok[block / kSumsPerTablePage]) continue;  // reported once, above
+        report.bytes_checked += std::min(kBlockSize, length - b);
         if (Checksum64(data + b, kBlockSize) != table[block]) {
           problem(at + b, HoldersOf(spans[fi], at + b, at + b + kBlockSize), "checksum mismatch in a 4096-byte block");
         }
       }
-      report.bytes_checked += length;
       done += length;
       if (progress) progress(done, total);
     }

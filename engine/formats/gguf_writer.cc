@@ -182,11 +182,12 @@ Status CheckGgufTensor(const GgufTensorInfo& t) {
     const bool castable = t.dtype == DType::kFloat64;
     return InvalidArgument("tensor '" + t.name + "' is " + DTypeName(t.dtype) +
                            ": GGUF output holds float32, float16 and bfloat16 tensors as they are (no quantization); " +
-                           (castable ? "--exclude it, or --dtype to cast it" : "--exclude it"));
+                           (castable ? "exclude it (--exclude; Python exclude=), or cast it (--dtype; dtype=)"
+                                     : "exclude it (--exclude; Python exclude=)"));
   }
   if (t.name.empty() || t.name.size() > kGgufMaxName) {
     return InvalidArgument("tensor '" + t.name + "': a GGUF tensor name has 1 to " + std::to_string(kGgufMaxName) +
-                           " bytes (ggml's limit); use --strip-prefix or --exclude");
+                           " bytes (ggml's limit); shorten it with --strip-prefix (Python strip_prefix=) or exclude it (--exclude; exclude=)");
   }
   if (t.shape.size() > kGgufMaxDims) {
     return InvalidArgument("tensor '" + t.name + "' has " + std::to_string(t.shape.size()) + " dims " + ShapeString(t.shape) +

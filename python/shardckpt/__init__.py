@@ -880,8 +880,10 @@ def import_checkpoint(src: PathLike, out_root: PathLike, world_size: int, layout
     ranks (``shardckpt import``); ``layout``: ``"flat"``, ``"dim0"`` or ``"replicated"``. It
     writes every rank's file at once, so it raises this process's soft open-file limit to the
     hard one, as the command does (``reshard`` too).
-    Returns ``{"path", "tensors", "bytes", "values", "skipped"}`` (values: the non-tensor values
-    kept; skipped: those that could not be)."""
+    Returns the keys of ``shardckpt import --json``: ``{"checkpoint", "out", "source", "step",
+    "tensors", "tensor_bytes", "world_size", "layout", "values", "skipped"}``, and ``"path"`` and
+    ``"bytes"`` (the same as ``"checkpoint"`` and ``"tensor_bytes"``) (values: the non-tensor
+    values kept; skipped: those that could not be)."""
     from . import _core
     _raise_open_file_limit()
     code, message, result = _core.convert(True, _fs(src), _fs(out_root), _whole("world_size", world_size, 1, 2 ** 31 - 1),
@@ -892,8 +894,9 @@ def import_checkpoint(src: PathLike, out_root: PathLike, world_size: int, layout
 
 def reshard(path: PathLike, out_root: PathLike, world_size: int, layout: str = "flat") -> Dict[str, Any]:
     """A checkpoint rewritten for ``world_size`` ranks under ``out_root``, without a job
-    (``shardckpt reshard``). Returns ``{"path", "tensors", "bytes", "values", "skipped"}``
-    (values: those carried; skipped: per-rank blobs, which have no meaning at another world size)."""
+    (``shardckpt reshard``). Returns the keys of ``shardckpt reshard --json``, as
+    :func:`import_checkpoint` does (values: those carried; skipped: per-rank blobs, which have no
+    meaning at another world size)."""
     from . import _core
     _raise_open_file_limit()
     code, message, result = _core.convert(False, _fs(path), _fs(out_root), _whole("world_size", world_size, 1, 2 ** 31 - 1),

@@ -226,6 +226,14 @@ print('$verb --json failure OK')"
     mkdir -p dcpish plainroot/step-5 && touch dcpish/.metadata dcpish/__0_0.distcp plainroot/step-5/notes.txt
     expect_fail "dcpish is a checkpoint, not a root" "$cli" list dcpish
     expect_fail "dcpish is a checkpoint, not a root" "$cli" prune dcpish --keep-last 1 --dry-run
+    # A write into it says what it is (a DCP folder has no step folders to point at).
+    expect_fail "dcpish is a checkpoint, not a root (a PyTorch DCP folder: it holds .metadata): write checkpoints into a folder of shardckpt step folders, or a new one" \
+      "$cli" import good.pt --out dcpish --world-size 1
+    # A root without `latest` (copied without it): said as such, not as a save that stopped.
+    "$cli" import good.pt --out nolatest --world-size 1 > /dev/null && rm nolatest/latest
+    "$cli" list nolatest > /dev/null 2> nolatest.err
+    grep -q "^note: nolatest has no latest file; readers use step-[0-9]*, the newest committed checkpoint; the next save or prune mends it" nolatest.err ||
+      { cat nolatest.err; exit 1; }
     "$cli" prune plainroot --keep-last 1 --dry-run > dry.out
     [ "$(ls -A plainroot)" = step-5 ] && grep -q "^nothing to prune: plainroot holds no checkpoint folders" dry.out ||
       { ls -A plainroot; cat dry.out; exit 1; }

@@ -117,6 +117,11 @@ def test_import_then_load(comm, root):
     out = os.path.join(root, "rank%d-imported" % comm.rank)
     result = shardckpt.import_checkpoint(src, out, 1, layout="replicated")
     assert result["tensors"] == 4
+    # The keys of `shardckpt import --json`, with the same values.
+    written = os.path.join(out, "step-000000000")
+    assert result["checkpoint"] == result["out"] == result["path"] == written, result
+    assert result["source"] == src and result["step"] == 0 and result["world_size"] == 1, result
+    assert result["layout"] == "replicated" and result["tensor_bytes"] == result["bytes"] > 0, result
     into = {k: torch.zeros_like(v) for k, v in tensors.items()}
     shardckpt.load(into, out, comm=shardckpt.single_process())
     for k in tensors:
