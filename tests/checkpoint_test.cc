@@ -700,6 +700,19 @@ TEST_F(CheckpointTest, ANulInAMetricNameOrUserMetadataIsRefusedBeforeWriting) {
   }
 }
 
+// A NUL in a tensor's or value's name: refused naming it whole (in a state of thousands of
+// names, "a tensor's name has a NUL byte" left the user to search).
+TEST(ShardedStateNames, ANulInANameIsRefusedNamingIt) {
+  float data[2] = {};
+  ShardedState tensors;
+  Status refused = tensors.AddTensor(std::string("model.emb\0ed", 12), DType::kFloat32, {2}, Layout::Whole(), data);
+  EXPECT_EQ(refused.code(), Code::kInvalidArgument);
+  EXPECT_THAT(refused.message(), HasSubstr("tensor 'model.emb\\0ed': its name has a NUL byte in it"));
+  ShardedState values;
+  refused = values.AddBlob(std::string("rng\0x", 5), "bytes", BlobScope::kGlobal);
+  EXPECT_THAT(refused.message(), HasSubstr("value 'rng\\0x': its name has a NUL byte in it"));
+}
+
 TEST_F(CheckpointTest, SecondWriterGetsALockError) {
   ASSERT_TRUE(MakeDirs(root()).ok());
   Result<RootLock> held = RootLock::Acquire(root());

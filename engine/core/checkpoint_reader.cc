@@ -47,9 +47,41 @@ Status CheckpointReader::Run(std::vector<CopyRequest> copies, const ReadTargets&
   return ExecuteReadPlan(io_.get(), pool_.get(), dir_, manifest_, plan, targets, true, &stats_);
 }
 
+void CheckpointReader::ReadOnly(const std::vector<size_t>& entries) {
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> spans(manifest_.files.size());
+  for (size_t entry : entries) {
+    for (const ChunkRecord& c : manifest_.entries.at(entry).chunks) {
+      if (c.bytes > 0) spans[c.file].emplace_back(AlignDown(c.offset, kBlockSize), AlignUp(c.offset + c.bytes, kBlockSize));
+    }
+  }
+  for (auto& file : spans) {
+    std::sort(file.begin(), file.end());
+    std::vector<std::pair<uint64_t, uint64_t>> merged;
+    for (const auto& span : file) {
+      if (!merged.empty() && span.first <= merged.back().second + kWindowGap) {
+        merged.back().second = std::max(merged.back().second, span.second);
+      } else {
+        merged.push_back(span);
+      }
+    }
+    file = std::move(merged);
+  }
+  wanted_ = std::move(spans);
+}
+
+uint64_t CheckpointReader::WantedEnd(uint32_t file, uint64_t offset) const {
+  if (wanted_.empty()) return UINT64_MAX;
+  const auto& spans = wanted_[file];
+  auto it = std::upper_bound(spans.begin(), spans.end(), offset,
+                             [](uint64_t at, const std::pair<uint64_t, uint64_t>& span) { return at < span.second; });
+  return it != spans.end() && it->first <= offset ? it->second : 0;
+}
+
 Status CheckpointReader::ReadWindow(uint32_t file, uint64_t from, Window* into, IoEngine* io, BufferPool* pool,
                                     ReadStats* stats) {
-  const uint64_t to = std::min(manifest_.files[file].table_offset, from + window_bytes_);
+  uint64_t to = std::min(manifest_.files[file].table_offset, from + window_bytes_);
+  // Whatever is asked for is read: a span's end only cuts a window that starts inside it.
+  if (const uint64_t wanted_end = WantedEnd(file, from); wanted_end > from) to = std::min(to, wanted_end);
   if (into->bytes.data() == nullptr) {
     SC_ASSIGN_OR_RETURN(into->bytes, AlignedBuffer::Allocate(window_bytes_));
   }
@@ -91,6 +123,7 @@ void CheckpointReader::StartAhead(uint32_t file) {
   const Window& w = windows_[file];
   const uint64_t from = w.offset + w.size;
   if (w.size == 0 || from >= manifest_.files[file].table_offset) return;
+  if (WantedEnd(file, from) == 0) return;  // the next bytes are none the caller reads
   JoinAhead();  // one at a time; its result stays with its file until taken
   Ahead& a = ahead_[file];
   if (a.done.valid()) TakeAhead(file);

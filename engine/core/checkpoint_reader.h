@@ -35,6 +35,13 @@ class CheckpointReader {
   Status ReadPiece(size_t entry, const Layout& layout, void* out);
   static constexpr uint64_t kWindowBudget = 64u << 20;
   static constexpr uint64_t kMaxWindow = 4u << 20, kMinWindow = 64u << 10;
+  // Tells the reader which entries the caller will read (a consolidation with --include): each
+  // file's windows then end where those entries' bytes do, and no window is read ahead into
+  // bytes none of them holds. A model's entries taken out of a checkpoint that also holds its
+  // optimizer state read a third of the files, not all of them. Gaps under kWindowGap between
+  // wanted bytes are read through: two reads would cost more than the bytes.
+  void ReadOnly(const std::vector<size_t>& entries);
+  static constexpr uint64_t kWindowGap = 64u << 10;
   // A blob's bytes; in a DCP folder a byte item of plain values comes back as a value blob
   // (DcpByteItemValue), others as their torch.save bytes.
   Result<std::string> ReadBlob(const BlobRecord& blob);
@@ -66,11 +73,15 @@ class CheckpointReader {
   // reading (and verifying) them as needed; false when it is wider than a window or its blocks
   // fail verification (the caller reads it alone).
   Result<bool> CopyFromWindows(const CopyRequest& c, unsigned char* target);
-  // Reads [from, from + window) of `file`, cut short at its checksum table, into `into`.
+  // Reads [from, from + window) of `file`, cut short at its checksum table and, after ReadOnly,
+  // at the end of the wanted bytes `from` lies in, into `into`.
   Status ReadWindow(uint32_t file, uint64_t from, Window* into, IoEngine* io, BufferPool* pool, ReadStats* stats);
   // Starts reading the window after windows_[file] in the background, when the file has one
   // (and a thread and staging can be had: else it is read when needed, logged once).
   void StartAhead(uint32_t file);
+  // After ReadOnly: the end of the wanted span of `file` holding `offset`, 0 when none holds it;
+  // without ReadOnly, UINT64_MAX (all of every file is wanted).
+  uint64_t WantedEnd(uint32_t file, uint64_t offset) const;
   // Waits for the background read in flight, if any, and counts its bytes.
   void JoinAhead();
   // Takes the result of `file`'s background read: true when it succeeded.
@@ -85,6 +96,7 @@ class CheckpointReader {
   std::unique_ptr<BufferPool> pool_;
   ReadStats stats_;
   std::vector<Window> windows_;  // by file
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> wanted_;  // by file, [begin, end) sorted; empty: all
   std::vector<CopyRequest> piece_copies_, piece_direct_;
   uint64_t window_bytes_ = kMaxWindow;
   // Background reads: one in flight at a time (its ring and staging are not shared), results

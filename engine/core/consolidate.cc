@@ -385,6 +385,12 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
                            (value_selected || (options.include.empty() && (!m.blobs.empty() || m.entries.empty())));
   if (selected.empty() && !values_only) return InvalidArgument("no entry of " + reader->dir() + " is selected");
   report.entries = selected.size();
+  if (selected.size() < m.entries.size()) {  // a part of the checkpoint: read only its bytes
+    std::vector<size_t> entries;
+    entries.reserve(selected.size());
+    for (const Selected& s : selected) entries.push_back(s.entry);
+    reader->ReadOnly(entries);
+  }
   uint64_t done = 0;
   auto progress = [&](uint64_t n) {
     done += n;

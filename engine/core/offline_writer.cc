@@ -66,7 +66,8 @@ Result<size_t> OfflineCheckpointWriter::EntryIndex(const std::string& name, bool
   if (it == entry_of_.end()) {
     // Checked once per entry, where entries are made (tensors and aliases alike).
     if (name.find('\0') != std::string::npos) {
-      return InvalidArgument("a tensor's name has a NUL byte in it (no checkpoint entry may): rename it first");
+      return InvalidArgument("tensor '" + WithNulsShown(name) +
+                             "': its name has a NUL byte in it (no checkpoint entry may): rename it first");
     }
     it = entry_of_.emplace(name, entries_.size()).first;
     entries_.push_back(EntryRecord{name, DType::kUInt8, {}, {}});
@@ -103,7 +104,8 @@ Status OfflineCheckpointWriter::AddPiece(int rank, const std::string& name, DTyp
 
 Status OfflineCheckpointWriter::AddBlob(int rank, const std::string& name, BlobScope scope, const std::string& bytes) {
   if (name.find('\0') != std::string::npos) {
-    return InvalidArgument("a value's name has a NUL byte in it (no checkpoint value may): rename it first");
+    return InvalidArgument("value '" + WithNulsShown(name) +
+                           "': its name has a NUL byte in it (no checkpoint value may): rename it first");
   }
   SC_ASSIGN_OR_RETURN(ShardFileWriter * writer, Writer(rank));
   SC_ASSIGN_OR_RETURN(uint64_t offset, writer->Append(bytes.data(), bytes.size()));

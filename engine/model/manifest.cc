@@ -1031,14 +1031,11 @@ Status ValidateUserMetadata(const std::map<std::string, std::string>& user) {
   return Status::Ok();
 }
 
-namespace {
-// A name with its NUL bytes as "\0", for a message that can be printed whole.
 std::string WithNulsShown(const std::string& name) {
   std::string shown;
   for (char c : name) shown += c == '\0' ? std::string("\\0") : std::string(1, c);
   return shown;
 }
-}  // namespace
 
 Status ValidateManifest(const Manifest& m) {
   auto bad = [](const std::string& what) { return DataLoss("invalid manifest: " + what); };

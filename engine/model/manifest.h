@@ -139,6 +139,9 @@ bool UsesPackedOffsets(const Manifest& manifest);
 Status ValidateManifest(const Manifest& manifest);
 // Metric names of 1 to 255 characters, finite values.
 Status ValidateMetrics(const std::map<std::string, double>& metrics);
+// A name with its NUL bytes written as "\0", for a message that names it whole (a NUL would
+// cut it short wherever it is printed).
+std::string WithNulsShown(const std::string& name);
 // A save's user metadata is text: no NUL byte in a key or value (it cut them short in inspect).
 Status ValidateUserMetadata(const std::map<std::string, std::string>& user);
 // Compares each data file's recorded size with `size_of(name)` (missing or truncated files).

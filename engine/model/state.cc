@@ -2,6 +2,8 @@
 
 #include <xxhash.h>
 
+#include "shardckpt/engine/model/manifest.h"
+
 namespace shardckpt {
 
 namespace {
@@ -65,7 +67,9 @@ Status ShardedState::CheckNothingRefused() const {
 Status ShardedState::AddTensor(const std::string& name, DType dtype, const Shape& global_shape,
                                const Layout& layout, void* data) {
   if (name.empty()) return Refuse(InvalidArgument("a tensor needs a name"));
-  if (name.find('\0') != std::string::npos) return Refuse(InvalidArgument("a tensor's name has a NUL byte in it"));
+  if (name.find('\0') != std::string::npos) {
+    return Refuse(InvalidArgument("tensor '" + WithNulsShown(name) + "': its name has a NUL byte in it"));
+  }
   if (IsRefusedLayout(layout)) return Refuse(InvalidArgument("tensor '" + name + "': " + RefusedLayoutReason(layout)));
   Result<int64_t> count = ValidateLayout(layout, global_shape);
   if (!count.ok()) return Refuse(count.status().WithContext("tensor '" + name + "'"));
@@ -95,7 +99,9 @@ bool ShardedState::has_device_pieces() const {
 
 Status ShardedState::AddBlob(const std::string& name, std::string bytes, BlobScope scope) {
   if (name.empty()) return Refuse(InvalidArgument("a blob needs a name"));
-  if (name.find('\0') != std::string::npos) return Refuse(InvalidArgument("a value's name has a NUL byte in it"));
+  if (name.find('\0') != std::string::npos) {
+    return Refuse(InvalidArgument("value '" + WithNulsShown(name) + "': its name has a NUL byte in it"));
+  }
   for (const BlobItem& blob : blobs_) {
     if (blob.name == name) return Refuse(InvalidArgument("blob '" + name + "' added twice"));
   }
