@@ -76,9 +76,10 @@ Status WriteTensor(OfflineCheckpointWriter& out, Policy policy, int world, size_
   for (const RunPiece& p : pieces) {
     chunks += over_bound(p) ? SplitRunPiece(p, element, kImportPartBytes).size() : (p.count > 0 ? 1 : 0);
   }
+  SC_ASSIGN_OR_RETURN(const size_t entry, out.Entry(name, dtype, shape, chunks));
   auto add = [&](int rank, const RunPiece& p) -> Status {
     SC_ASSIGN_OR_RETURN(const unsigned char* data, read(p.first, p.count));
-    return out.AddPiece(rank, name, dtype, shape, p.layout, data, static_cast<size_t>(p.count) * element, chunks);
+    return out.AddPieceTo(entry, rank, p.layout, data, static_cast<size_t>(p.count) * element);
   };
   for (size_t r = 0; r < pieces.size(); ++r) {
     if (!over_bound(pieces[r])) {
@@ -372,7 +373,9 @@ Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::stri
     // which dominated with thousands of small entries at many ranks.
     const uint64_t entry_bytes = static_cast<uint64_t>(NumBytes(e.shape, element).value());
     if (entry_bytes <= kReshardWholeBelow) {
-      full.resize(static_cast<size_t>(entry_bytes));
+      // Grown, never shrunk: a resize that grows zero-fills, and entries of alternating sizes
+      // zeroed about 160 MB in a reshard of 20,000 small tensors (2% of its instructions).
+      if (full.size() < entry_bytes) full.resize(static_cast<size_t>(entry_bytes));
       SC_RETURN_IF_ERROR(reader->ReadPiece(i, Layout::Whole(), full.data()));
       SC_RETURN_IF_ERROR(WriteTensor(*out, policy, world, i, e.name, e.dtype, e.shape, InMemory(full, element)));
       report.bytes += entry_bytes;
@@ -390,11 +393,12 @@ Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::stri
     }
     for (size_t r = 0; r < pieces.size(); ++r) {
       const int writer = policy == Policy::kReplicated ? static_cast<int>(i % world) : static_cast<int>(r);
-      piece.resize(static_cast<size_t>(pieces[r].count) * element);
+      const size_t piece_bytes = static_cast<size_t>(pieces[r].count) * element;
+      if (piece.size() < piece_bytes) piece.resize(piece_bytes);  // as `full` above
       SC_RETURN_IF_ERROR(reader->ReadPiece(i, pieces[r].layout, piece.data()));
-      SC_RETURN_IF_ERROR(out->AddPiece(writer, e.name, e.dtype, e.shape, pieces[r].layout, piece.data(), piece.size(),
+      SC_RETURN_IF_ERROR(out->AddPiece(writer, e.name, e.dtype, e.shape, pieces[r].layout, piece.data(), piece_bytes,
                                        pieces.size()));
-      report.bytes += piece.size();
+      report.bytes += piece_bytes;
       if (options.progress) options.progress(report.bytes, total);
     }
     report.tensors++;

@@ -77,8 +77,8 @@ Result<size_t> OfflineCheckpointWriter::EntryIndex(const std::string& name, bool
   return it->second;
 }
 
-Status OfflineCheckpointWriter::AddPiece(int rank, const std::string& name, DType dtype, const Shape& shape,
-                                         const Layout& layout, const void* data, size_t bytes, size_t entry_chunks) {
+Result<size_t> OfflineCheckpointWriter::Entry(const std::string& name, DType dtype, const Shape& shape,
+                                              size_t entry_chunks) {
   bool fresh = false;
   SC_ASSIGN_OR_RETURN(const size_t entry, EntryIndex(name, &fresh));
   EntryRecord& record = entries_[entry];
@@ -89,16 +89,28 @@ Status OfflineCheckpointWriter::AddPiece(int rank, const std::string& name, DTyp
   } else if (record.dtype != dtype || record.shape != shape) {
     return InvalidArgument("entry '" + name + "' added with two dtypes or shapes");
   }
+  return entry;
+}
+
+Status OfflineCheckpointWriter::AddPiece(int rank, const std::string& name, DType dtype, const Shape& shape,
+                                         const Layout& layout, const void* data, size_t bytes, size_t entry_chunks) {
+  SC_ASSIGN_OR_RETURN(const size_t entry, Entry(name, dtype, shape, entry_chunks));
+  return AddPieceTo(entry, rank, layout, data, bytes);
+}
+
+Status OfflineCheckpointWriter::AddPieceTo(size_t entry, int rank, const Layout& layout, const void* data, size_t bytes) {
+  if (entry >= entries_.size()) return InvalidArgument("no entry " + std::to_string(entry) + " was made");
   if (bytes == 0) return Status::Ok();  // empty pieces need no chunk
+  EntryRecord& record = entries_[entry];
   SC_ASSIGN_OR_RETURN(ShardFileWriter * writer, Writer(rank));
-  SC_ASSIGN_OR_RETURN(uint64_t offset, writer->Append(data, bytes, DTypeSize(dtype)));
+  SC_ASSIGN_OR_RETURN(uint64_t offset, writer->Append(data, bytes, DTypeSize(record.dtype)));
   // Straight into the entry, the rank standing in for the file index until Commit numbers the
   // files: no second list of every chunk to move over at Commit (millions with small tensors).
   ChunkRecord& chunk = record.chunks.emplace_back();
   chunk.file = static_cast<uint32_t>(rank);
   chunk.offset = offset;
   chunk.bytes = bytes;
-  if (!NormalizesToWhole(layout, shape)) chunk.layout = layout;
+  if (!NormalizesToWhole(layout, record.shape)) chunk.layout = layout;
   return Status::Ok();
 }
 

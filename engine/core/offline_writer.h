@@ -24,6 +24,10 @@ class OfflineCheckpointWriter {
   // one per rank in a row); its list is then allocated once instead of grown chunk by chunk.
   Status AddPiece(int rank, const std::string& name, DType dtype, const Shape& shape, const Layout& layout,
                   const void* data, size_t bytes, size_t entry_chunks = 0);
+  // AddPiece in two steps, for a caller adding many pieces of one entry in a row (a reshard to 64
+  // ranks adds 630,000): the entry is found or made, and its dtype and shape checked, once.
+  Result<size_t> Entry(const std::string& name, DType dtype, const Shape& shape, size_t entry_chunks = 0);
+  Status AddPieceTo(size_t entry, int rank, const Layout& layout, const void* data, size_t bytes);
   Status AddBlob(int rank, const std::string& name, BlobScope scope, const std::string& bytes);
   // `name` is the entry `target` under a second name (tied weights): its manifest entry points at
   // the same chunks, so the bytes are stored once. `target` must be added (before Commit).
