@@ -9,6 +9,7 @@
 # set: on several hosts, export rank 0's address) and a free MASTER_PORT go to every rank, and
 # each rank takes its rank and size from OpenMPI's variables (see launch/rank_env.sh).
 set -euo pipefail
+. "$(dirname "$0")/usage.sh"
 here=$(cd "$(dirname "$0")" && pwd)
 usage="usage: $0 (-np N | --torchrun N) TRAIN_FSDP2_ARGS... (see: $0 -np 1 --help)"
 [ $# -ge 2 ] || { echo "$usage" >&2; exit 2; }

@@ -661,6 +661,9 @@ TEST_F(CheckpointTest, ACheckpointFolderIsNeitherARootNorAnOutputFolder) {
   ASSERT_FALSE(over_latest.ok());
   EXPECT_THAT(over_latest.status().message(),
               HasSubstr(JoinPath(root(), kLatestName) + " would replace the `latest` of the root " + root()));
+  const std::string latest_tmp = JoinPath(root(), std::string(kLatestName) + ".tmp");  // a commit's own
+  EXPECT_THAT(Consolidate(step2, latest_tmp, pt).status().message(),
+              HasSubstr(latest_tmp + " would replace the `latest` of the root " + root()));
   // Nor a root that a save, import or reshard makes inside a checkpoint, or as a name the root's
   // saves write: the next retention of root() deleted it with the step folder.
   const std::string inside = JoinPath(step2, "rs"), named = JoinPath(root(), StepDirName(50));

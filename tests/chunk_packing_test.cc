@@ -471,6 +471,27 @@ TEST(ChunkOffset, AReaderToldItsEntriesReadsOnlyTheirBytes) {
   EXPECT_EQ(told, wanted);  // each wanted block once, no other
   const uint64_t untold = read_every_third(false, &wanted);
   EXPECT_GT(untold, 2 * wanted);  // windows and read-ahead over the whole file
+
+  // An entry the reader was not told of, starting in a wanted span's last block and running
+  // past it: read whole and right, not copied from a window cut at the span's end.
+  auto reader = CheckpointReader::Open(root).value();
+  const Manifest& m = reader->manifest();
+  auto index_of = [&](const std::string& name) {
+    size_t e = 0;
+    while (m.entries[e].name != name) ++e;
+    return e;
+  };
+  reader->ReadOnly({index_of("t0")});
+  std::vector<uint8_t> got(data[1].size(), 0xEE);
+  ASSERT_TRUE(reader->ReadPiece(index_of("t1"), Layout::Whole(), got.data()).ok());
+  EXPECT_EQ(got, data[1]);
+  got.assign(data[0].size(), 0xEE);
+  ASSERT_TRUE(reader->ReadPiece(index_of("t0"), Layout::Whole(), got.data()).ok());
+  EXPECT_EQ(got, data[0]);
+  reader->ReadOnly({index_of("t2")});  // told again: the windows read before go
+  got.assign(data[1].size(), 0xEE);
+  ASSERT_TRUE(reader->ReadPiece(index_of("t1"), Layout::Whole(), got.data()).ok());
+  EXPECT_EQ(got, data[1]);
 }
 
 // A checkpoint of 300 rank files loaded by one process under an open-file limit of 100: the

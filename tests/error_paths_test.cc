@@ -213,9 +213,20 @@ TEST_F(ErrorPaths, VerifyOfAFileCutInItsTableNamesTheUnverifiableEntriesAndCheck
   ASSERT_GE(report->problems.size(), 2u);
   EXPECT_THAT(report->problems[0].what, HasSubstr("(extra bytes after its checksum table)"));
   EXPECT_EQ(report->problems[0].offset, size);
+  EXPECT_EQ(HoldersText(report->problems[0]), "past the end");
   // The zeroed page no longer matches the manifest: its blocks ("b") are named once.
   EXPECT_THAT(report->problems[1].what, HasSubstr("checksum table page 1 does not match the manifest"));
   EXPECT_EQ(HoldersText(report->problems[1]), "'b'");
+
+  // Cut at its table: nothing can be checked, and nothing is read or counted as checked.
+  ASSERT_EQ(::truncate(file.c_str(), static_cast<off_t>(size - 2 * kBlockSize)), 0);
+  report = VerifyCheckpoint(root);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_EQ(report->problems.size(), 1u);
+  EXPECT_EQ(HoldersText(report->problems[0]), "'a', 'b'");
+  EXPECT_EQ(report->blocks_checked, 0u);
+  EXPECT_EQ(report->bytes_checked, 0u);
+  EXPECT_FALSE(report->dcp);
 }
 
 }  // namespace

@@ -275,8 +275,7 @@ int Verify(int argc, char** argv) {
                    static_cast<unsigned long long>(p.offset), HoldersText(p).c_str(), p.what.c_str());
     }
     // A DCP folder has no block checksums: say what was checked instead of "0 blocks checked".
-    const std::string checked = r->blocks_checked > 0 || (r->checksums && r->files == 0)
-                                    ? std::to_string(r->blocks_checked) + " blocks checked"
+    const std::string checked = !r->dcp ? std::to_string(r->blocks_checked) + " blocks checked"
                                 : r->checksums ? "whole files checked against their checksums"
                                                : "structure only (no checksums stored)";
     // A structure-only check reads no data bytes: "0 bytes" would read as an empty checkpoint.

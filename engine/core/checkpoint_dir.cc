@@ -187,11 +187,13 @@ Status RefuseOutputInCheckpoints(const std::string& out) {
       }
     }
   }
-  if (file.filename() == kLatestName) {
+  // `latest`, and `latest.tmp`, which a commit writes and renames over it.
+  if (file.filename() == kLatestName || file.filename() == std::string(kLatestName) + ".tmp") {
     Result<std::vector<std::pair<int64_t, std::string>>> committed = ListCommitted(file.parent_path().string());
     if (committed.ok() && !committed->empty()) {
       return InvalidArgument(out + " would replace the `latest` of the root " + DirName(out) +
-                             ", which names the checkpoint a resume loads: write it elsewhere");
+                             " (or the file its saves rename over it), which names the checkpoint a resume "
+                             "loads: write it elsewhere");
     }
   }
   return Status::Ok();

@@ -48,6 +48,12 @@ Status CheckpointReader::Run(std::vector<CopyRequest> copies, const ReadTargets&
 }
 
 void CheckpointReader::ReadOnly(const std::vector<size_t>& entries) {
+  // A background read uses wanted_: it ends first, and windows read under the old rule go.
+  JoinAhead();
+  for (size_t file = 0; file < windows_.size(); ++file) {
+    windows_[file].size = 0;
+    if (ahead_[file].done.valid()) TakeAhead(static_cast<uint32_t>(file));
+  }
   std::vector<std::vector<std::pair<uint64_t, uint64_t>>> spans(manifest_.files.size());
   for (size_t entry : entries) {
     for (const ChunkRecord& c : manifest_.entries.at(entry).chunks) {
@@ -155,6 +161,7 @@ void CheckpointReader::StartAhead(uint32_t file) {
 }
 
 Result<bool> CheckpointReader::CopyFromWindows(const CopyRequest& c, unsigned char* target) {
+  if (c.length == 0) return true;  // nothing to read (a DCP folder's empty chunk): no window moved
   const uint64_t begin = c.file_offset, end = c.file_offset + c.length;
   Window& w = windows_[c.file];
   if (begin >= w.offset && end <= w.offset + w.size) {
@@ -198,6 +205,9 @@ Result<bool> CheckpointReader::CopyFromWindows(const CopyRequest& c, unsigned ch
     if (read.code() == Code::kDataLoss) return false;
     return read;
   }
+  // A window cut at the end of the wanted bytes (ReadOnly) may not hold a piece of an entry the
+  // caller did not name: that piece is read on its own, never copied from what the window lacks.
+  if (end > w.offset + w.size) return false;
   std::memcpy(target, w.bytes.data() + (begin - w.offset), c.length);
   if (forward) StartAhead(c.file);
   return true;

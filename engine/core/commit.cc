@@ -1,5 +1,6 @@
 #include "shardckpt/engine/core/commit.h"
 
+#include <chrono>
 #include <ctime>
 #include <functional>
 #include <future>
@@ -149,8 +150,12 @@ Status PublishCheckpoint(const std::string& root, const std::string& temp_name, 
                                           "commit.manifest");
   Status synced = folder_synced.valid() ? folder_synced.get() : Status::Ok();
   if (written.ok()) written = folder_synced.valid() ? synced : SyncDir(temp_dir, "commit.sync_tmp");
-  Status prepared = latest_prepared.get();
-  if (written.ok()) written = prepared;
+  // A prepare that has not started (no thread was had) is not started for a commit that failed.
+  const bool prepare_ran = latest_prepared.wait_for(std::chrono::seconds(0)) != std::future_status::deferred;
+  if (written.ok() || prepare_ran) {
+    Status prepared = latest_prepared.get();
+    if (written.ok()) written = prepared;
+  }
   if (written.ok()) written = Rename(temp_dir, final_dir, "commit.rename_dir");
   if (!written.ok()) {
     DiscardPreparedFile(latest);  // the root is locked: a latest.tmp there is this save's, if any

@@ -14,10 +14,13 @@
 //   4. rank 0 writes manifest.json into the temp folder (O_DIRECT where the file system takes
 //      it) and fdatasyncs it
 //                                                          [commit.manifest.write, .fsync]
+//      and, on a thread beside it, writes and fsyncs latest.tmp, naming step-N
+//                                                          [commit.latest.write, .fsync]
 //   5. fsyncs the temp folder: the data files' and the manifest's names [commit.sync_tmp]
+//      (beside step 4 when the manifest was written ahead, its file made with the data files)
 //   6. renames the folder to step-N                         [commit.rename_dir]
 //   7. fsyncs the root                                      [commit.sync_root]
-//   8. replaces `latest`: temp file, fsync, rename, fsync   [commit.latest.*]
+//   8. renames latest.tmp over `latest`, fsyncs the root     [commit.latest.rename, .sync_dir]
 //   9. applies retention (keep_last, keep_best); a failure here is logged, the save stands.
 // If a step from 6 on fails, the new folder is removed (manifest first) unless `latest` already
 // names it; once `latest` names it the save has succeeded, whatever fails after.

@@ -69,19 +69,27 @@ Result<VerifyReport> VerifyDcpStructure(VerifyReport report) {
 
 }  // namespace
 
+namespace {
+constexpr const char* kExtraBytes = "(extra bytes after its checksum table)";
+}  // namespace
+
 std::string HoldersText(const VerifyProblem& problem) {
   std::string out;
   for (const std::string& name : problem.entries) out += (out.empty() ? "'" : ", '") + name + "'";
   for (const std::string& name : problem.blobs) out += (out.empty() ? "blob '" : ", blob '") + name + "'";
   if (!out.empty()) return out;
-  return problem.file == kManifestName ? "the manifest" : "padding";
+  if (problem.file == kManifestName) return "the manifest";
+  return problem.what.find(kExtraBytes) != std::string::npos ? "past the end" : "padding";
 }
 
 Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::function<void(uint64_t, uint64_t)>& progress) {
   VerifyReport report;
   SC_ASSIGN_OR_RETURN(CheckpointHold hold, HoldCheckpoint(path));  // retention leaves it while held
   report.checkpoint = hold.dir();
-  if (IsDcpFolder(report.checkpoint)) return VerifyDcpStructure(std::move(report));
+  if (IsDcpFolder(report.checkpoint)) {
+    report.dcp = true;
+    return VerifyDcpStructure(std::move(report));
+  }
   const std::string manifest_path = JoinPath(report.checkpoint, kManifestName);
   Result<Manifest> read = ReadManifestFile(manifest_path);
   if (!read.ok()) {
@@ -155,14 +163,14 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::functi
         continue;
       }
       if (*size < f.size) {
+        // The table runs to the file's end: a cut past table_offset cuts a page off.
         pages_held = std::min(pages_held, (*size - f.table_offset) / kBlockSize);
         const uint64_t unsummed = std::min(f.table_offset, pages_held * kSumsPerTablePage * kBlockSize);
         problem(*size, HoldersOf(spans[fi], unsummed, f.table_offset),
-                sizes + (unsummed < f.table_offset ? " (truncated in its checksum table: the bytes from offset " +
-                                                         std::to_string(unsummed) + " on cannot be verified)"
-                                                   : " (truncated after its checksum table)"));
+                sizes + " (truncated in its checksum table: the bytes from offset " + std::to_string(unsummed) +
+                    " on cannot be verified)");
       } else {
-        problem(f.size, Holders{}, sizes + " (extra bytes after its checksum table)");
+        problem(f.size, Holders{}, sizes + " " + kExtraBytes);
       }
     }
     Result<std::unique_ptr<File>> file = io->Open(file_path, OpenMode::kRead);
@@ -198,6 +206,18 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::functi
     }
     for (uint64_t at = 0; at < f.table_offset; at += kExtent) {
       uint64_t length = std::min(kExtent, f.table_offset - at);
+      // Blocks whose sums are lost or wrong cannot be checked: not read (a file cut at its table
+      // is not read whole for nothing).
+      bool checkable = false;
+      for (uint64_t page = at / kBlockSize / kSumsPerTablePage; page <= (at + length - 1) / kBlockSize / kSumsPerTablePage;
+           ++page) {
+        checkable = checkable || page_ok[page];
+      }
+      if (!checkable) {
+        done += length;
+        if (progress) progress(done, total);
+        continue;
+      }
       Status read = read_now(file->get(), at, length);
       if (!read.ok()) {
         problem(at, HoldersOf(spans[fi], at, at + length), read.message());

@@ -21,7 +21,7 @@ struct VerifyProblem {
 };
 
 // For people: 'a', 'b', blob 'c' ("the manifest" for a damaged manifest.json, "padding" when
-// nothing is stored there).
+// nothing is stored there, "past the end" for bytes after a data file's checksum table).
 std::string HoldersText(const VerifyProblem& problem);
 
 struct VerifyReport {
@@ -35,6 +35,9 @@ struct VerifyReport {
   // dtype, coverage exact, no overlaps); `note` says so, and how to gain checksums. True again
   // when every file had a .sha256 beside it (shardckpt export writes them) that was checked.
   bool checksums = true;
+  // A PyTorch DCP folder: no block checksums, so blocks_checked stays 0 (its bytes, when checked,
+  // are checked whole against .sha256 files).
+  bool dcp = false;
   std::string note;
 };
 

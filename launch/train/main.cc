@@ -323,11 +323,11 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
                                                 "from --ckpt's newest instead)");
       return 1;
     }
-    // Saving is asked for (--save-every 0, the default, saves nothing): a resumed run copied
-    // without it trained on and committed nothing.
+    // Saving is asked for (--save-every 0, the default, saves only when preempted): a resumed
+    // run copied without it trained on and committed nothing.
     if (config.save_every == 0 && step < config.steps) {
-      say("note: --save-every is 0: this run saves no checkpoint into --ckpt " + config.ckpt +
-          " (give --save-every K to save every K steps and the last)");
+      say("note: --save-every is 0: this run saves no periodic checkpoint into --ckpt " + config.ckpt +
+          " (only a final one if it is preempted; give --save-every K to save every K steps and the last)");
     }
   }
 

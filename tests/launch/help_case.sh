@@ -14,7 +14,7 @@ export SHARDCKPT_WORK="$work/quickstart-work" SHARDCKPT_CACHE="$work/cache"
 mkdir -p "$SHARDCKPT_WORK"
 touch "$SHARDCKPT_WORK/kept"
 for script in launch/build.sh launch/quickstart.sh launch/install_deps.sh launch/mpirun.sh launch/torch2_venv.sh \
-              tests/run_all.sh; do
+              launch/train_fsdp2.sh tests/run_all.sh; do
   for flag in --help -h; do
     out=$(cd "$work" && bash "$script" "$flag") || { echo "$script $flag exited $?"; exit 1; }
     # The first line of the help is the script's second line, without its "# ".

@@ -128,7 +128,7 @@ EOF2
     grep -q "resumed from .*step-000000020 at step 20" "$work/resumed.log"
     diff <(losses "$work/full.log" 21 30) <(losses "$work/resumed.log" 21 30)
     # Without --save-every the resumed run saved nothing, and said so.
-    grep -q "^note: --save-every is 0: this run saves no checkpoint into --ckpt $work/a " "$work/resumed.log"
+    grep -q "^note: --save-every is 0: this run saves no periodic checkpoint into --ckpt $work/a (only a final one if it is preempted" "$work/resumed.log"
     ! grep -q "^note: --save-every" "$work/first.log"
     # Resumed at or past --steps: says so rather than exiting silently.
     run 2 "$train" "${small[@]}" --ckpt "$work/a" --steps 20 --resume > "$work/nothing.log"
