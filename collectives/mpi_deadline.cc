@@ -183,8 +183,14 @@ Status MpiDeadlineWaiter::RunCensus(const char* call, double waited_s) {
     message << (missing.size() == 1 ? "rank " : "ranks ") << RankList(missing)
             << " never reached it (exited, crashed, or stuck outside the collective)";
   } else if (!elsewhere.empty()) {
-    message << "every rank is alive, but " << (elsewhere.size() == 1 ? "rank " : "ranks ") << RankList(elsewhere)
-            << " waits in a different collective (a rank skipped or added a call)";
+    // Not always a program bug: a rank slower than the deadline (I/O stalled in a save) makes
+    // another give up on an earlier collective, after which the two stand at different numbers.
+    message << "every rank is alive, but";
+    for (size_t i = 0; i < elsewhere.size(); ++i) {
+      message << (i == 0 ? " " : ", ") << "rank " << elsewhere[i] << " is at collective #" << answers[elsewhere[i]];
+    }
+    message << ": a rank slower than the deadline (raise SHARDCKPT_COLLECTIVE_TIMEOUT_S), which made a rank give "
+               "up on an earlier collective, or a rank that skipped or added a call";
   } else {
     message << "every rank is alive and in this collective, yet it did not complete (the MPI transport is stuck)";
   }

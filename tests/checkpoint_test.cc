@@ -716,6 +716,19 @@ TEST(ShardedStateNames, ANulInANameIsRefusedNamingIt) {
   EXPECT_THAT(refused.message(), HasSubstr("value 'rng\\0x': its name has a NUL byte in it"));
 }
 
+// An empty path (an unset variable): refused before anything is made in the working directory.
+TEST_F(CheckpointTest, AnEmptyRootOrPathIsRefusedBeforeAnythingIsMade) {
+  Tensors tensors("empty");
+  Result<SaveResult> saved = Save(*comm_, "", 1, tensors.State());
+  ASSERT_FALSE(saved.ok());
+  EXPECT_EQ(saved.status().code(), Code::kInvalidArgument);
+  EXPECT_THAT(saved.status().message(), HasSubstr("the checkpoint root is an empty path (an unset variable?)"));
+  EXPECT_FALSE(PathExists(kLockName));  // the working directory's
+  Result<std::string> resolved = ResolveCheckpoint("");
+  ASSERT_FALSE(resolved.ok());
+  EXPECT_THAT(resolved.status().message(), HasSubstr("the checkpoint path is empty"));
+}
+
 TEST_F(CheckpointTest, SecondWriterGetsALockError) {
   ASSERT_TRUE(MakeDirs(root()).ok());
   Result<RootLock> held = RootLock::Acquire(root());

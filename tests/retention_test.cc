@@ -620,7 +620,75 @@ TEST_F(RetentionTest, KeepLastWithTheNewestDamagedKeepsTheNewestThatLoads) {
   EXPECT_EQ(Names(), std::vector<std::string>{StepDirName(4)});
 }
 
+// A checkpoint whose manifest cannot be read for a reason that is not damage (a permission
+// changed, EIO, ESTALE; here a folder in its place, which refuses root too) is not known to be
+// damaged: retention keeps it, where it deleted the intact data files with it.
+TEST_F(RetentionTest, ACheckpointThatCannotBeReadIsKeptNotRemovedAsDamaged) {
+  for (int64_t step = 1; step <= 3; ++step) ASSERT_TRUE(SaveStep(step).ok());
+  const std::string manifest = JoinPath(StepDir(2), kManifestName);
+  ASSERT_EQ(::unlink(manifest.c_str()), 0);
+  ASSERT_TRUE(MakeDirs(manifest).ok());
+  RetentionPolicy policy;
+  policy.keep_last = 1;
+  RetentionReport pruned = ApplyRetention(root(), policy, "", /*dry_run=*/false).value();
+  EXPECT_EQ(pruned.removed, std::vector<std::string>{StepDirName(1)});
+  EXPECT_EQ(Names(), (std::vector<std::string>{StepDirName(2), StepDirName(3)}));
+  std::vector<CheckpointInfo> all = ListCheckpoints(root(), /*with_manifests=*/true, false).value();
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_TRUE(all[0].unreadable);
+  PlanRetention(policy, StepDirName(3), &all);
+  EXPECT_TRUE(all[0].keep);
+  EXPECT_EQ(all[0].why, "unreadable, not known to be damaged");
+}
+
 // ---- Deletion: links, crashes, readers. ----
+
+// A step folder linked in from an archive that is not mounted now (and a manifest.json that is
+// such a link): no save leaves either, so the cleanup leaves them, `list` says why, and the
+// root is refused rather than read at the older step (a resume went back two steps and its next
+// save deleted the link). With the archive back, the root reads the linked step again.
+TEST_F(RetentionTest, AStepFolderThatCannotBeReachedIsLeftAndTheRootRefused) {
+  ASSERT_TRUE(SaveStep(2).ok());
+  const std::string archive = JoinPath(dir_.path(), "archive"), away = JoinPath(dir_.path(), "archive.off");
+  ASSERT_TRUE(Save(*comm_, archive, 4, State(4).state).ok());
+  ASSERT_EQ(::symlink(JoinPath(archive, StepDirName(4)).c_str(), StepDir(4).c_str()), 0);
+  EXPECT_EQ(Or(LoadStep(root()), int64_t{-1}), 4);
+  ASSERT_EQ(::rename(archive.c_str(), away.c_str()), 0);  // "unmounted"
+  Result<std::string> resolved = ResolveCheckpoint(root());
+  ASSERT_FALSE(resolved.ok());
+  EXPECT_EQ(resolved.status().code(), Code::kFailedPrecondition);
+  EXPECT_THAT(resolved.status().message(),
+              HasSubstr(StepDir(4) + ", newer than " + StepDirName(2) + ", is a link to " + JoinPath(archive, StepDirName(4)) +
+                        ", which cannot be reached"));
+  std::vector<std::string> removed;
+  std::vector<RemovalFailure> failed;
+  ASSERT_TRUE(RemoveStaleTempDirs(root(), &removed, nullptr, &failed).ok());
+  EXPECT_TRUE(removed.empty());
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_THAT(failed[0].status.message(), HasSubstr("left as it is (no save leaves that)"));
+  std::vector<CheckpointInfo> all = ListCheckpoints(root(), true, false).value();
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_THAT(all[1].unreachable, HasSubstr("which cannot be reached"));
+  // A save of the next step leaves it too.
+  ASSERT_TRUE(SaveStep(6).ok());
+  struct stat st {};
+  EXPECT_EQ(::lstat(StepDir(4).c_str(), &st), 0);
+  ASSERT_EQ(::rename(away.c_str(), archive.c_str()), 0);
+  EXPECT_EQ(Or(LoadStep(StepDir(4)), int64_t{-1}), 4);
+
+  // A manifest.json that is a link to nothing: the same.
+  ASSERT_TRUE(SaveStep(8).ok());
+  const std::string manifest = JoinPath(StepDir(8), kManifestName);
+  ASSERT_EQ(::unlink(manifest.c_str()), 0);
+  ASSERT_EQ(::symlink(JoinPath(away, "manifest.json").c_str(), manifest.c_str()), 0);
+  resolved = ResolveCheckpoint(root());
+  ASSERT_FALSE(resolved.ok());
+  EXPECT_THAT(resolved.status().message(), HasSubstr("its manifest.json is a link to"));
+  failed.clear();
+  ASSERT_TRUE(RemoveStaleTempDirs(root(), nullptr, nullptr, &failed).ok());
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_TRUE(PathExists(JoinPath(StepDir(8), RankFileName(0))));
+}
 
 TEST_F(RetentionTest, RetentionNeverFollowsALinkOutOfTheRoot) {
   // An archived checkpoint linked in as the oldest step, a rank file of another step linked to

@@ -503,6 +503,7 @@ int List(int argc, char** argv) {
     if (c.committed && c.keep) return "keep: " + c.why;
     if (c.committed) return HeldByReader(root, c.name) ? "would remove (a reader holds it now)" : "would remove";
     if (c.foreign == c.name) return std::string("left: a file, not a folder a save writes");
+    if (!c.unreachable.empty()) return "left: " + c.unreachable;
     if (c.temp && save_running) return "a save or prune holds the root now (perhaps its own)";
     if (!c.foreign.empty()) return "left: holds " + c.foreign + ", which no save writes";
     return "next save removes";
@@ -545,7 +546,9 @@ int List(int argc, char** argv) {
     std::printf("%-*s %12lld %-10s %-20s %6d %14llu  %-28s %s\n", w, name.c_str(), static_cast<long long>(c.step), state,
                 c.time.empty() ? "-" : c.time.c_str(), c.world_size, static_cast<unsigned long long>(c.bytes),
                 MetricsText(c.metrics).c_str(), retention_of(c).c_str());
-    if (!c.problem.empty() && (c.committed || !c.foreign.empty())) std::printf("    %s\n", c.problem.c_str());
+    if (!c.problem.empty() && (c.committed || !c.foreign.empty() || !c.unreachable.empty())) {
+      std::printf("    %s\n", c.problem.c_str());
+    }
   }
   return 0;
 }
@@ -612,6 +615,10 @@ int Prune(int argc, char** argv) {
       if (c.committed || (save_running && c.temp)) continue;
       if (!c.foreign.empty()) {  // as the cleanup would report it
         failed.push_back(RemovalFailure{c.name, LeftForItsFiles(root, c.name, c.foreign), /*on_purpose=*/true});
+        continue;
+      }
+      if (!c.unreachable.empty()) {
+        failed.push_back(RemovalFailure{c.name, LeftUnreachable(root, c.name, c.unreachable), /*on_purpose=*/true});
         continue;
       }
       (HeldByReader(root, c.name) ? left : leftovers).push_back(c.name);

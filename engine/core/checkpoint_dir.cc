@@ -217,7 +217,33 @@ Result<std::vector<std::pair<int64_t, std::string>>> ListCommitted(const std::st
   return out;
 }
 
+namespace {
+
+// A step folder newer than the newest committed one that cannot be reached (an archive linked
+// in and not mounted now): reading the older one would go back silently, and a resumed run's
+// next save would collide with it.
+Status RefuseUnreachableNewer(const std::string& root, int64_t newest_step, const std::string& newest) {
+  SC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(root));
+  for (const std::string& name : names) {
+    int64_t step;
+    if (!ParseStepDirName(name, &step) || step <= newest_step) continue;
+    const std::string why = UnreachableStepFolder(JoinPath(root, name));
+    if (why.empty()) continue;
+    if (newest.empty()) {
+      return FailedPrecondition(JoinPath(root, name) + ", the only step folder with a step, is " + why +
+                                ": bring it back (mount the archive)");
+    }
+    return FailedPrecondition(JoinPath(root, name) + ", newer than " + newest + ", is " + why +
+                              ": bring it back (mount the archive), or name the checkpoint folder to read, such as " +
+                              JoinPath(root, newest));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<std::string> ResolveCheckpoint(const std::string& path) {
+  if (path.empty()) return InvalidArgument("the checkpoint path is empty (an unset variable?)");
   if (PathExists(JoinPath(path, kManifestName))) return path;
   if (IsDcpFolder(path)) return path;  // a PyTorch DCP folder, read in place (engine/formats/dcp_read.h)
   if (!PathExists(path)) return NotFound(path + " does not exist");
@@ -266,6 +292,7 @@ Result<std::string> ResolveCheckpoint(const std::string& path) {
                       ", the index DCP writes last: the folder is incomplete (a save that did not finish, or a "
                       "partial copy), and cannot be read without it");
     }
+    if (names.ok()) SC_RETURN_IF_ERROR(RefuseUnreachableNewer(path, -1, ""));
     // A root whose first save has not committed yet (running, or dead): named as such.
     if (names.ok() && std::any_of(names->begin(), names->end(), [](const std::string& n) {
           int64_t s;
@@ -278,6 +305,7 @@ Result<std::string> ResolveCheckpoint(const std::string& path) {
                     " and no committed step folder)");
   }
   const std::string& newest = committed->back().second;
+  SC_RETURN_IF_ERROR(RefuseUnreachableNewer(path, committed->back().first, newest));
   if (has_latest && ReadLatestName(path) != newest) {
     // A warning: an operator who edited `latest` to go back would otherwise load the newer one
     // without a word.
@@ -448,6 +476,29 @@ std::string FirstEntryNoSaveWrites(const std::string& dir) {
   return "";
 }
 
+std::string UnreachableStepFolder(const std::string& dir) {
+  struct stat st {};
+  auto target = [](const std::string& link) {
+    std::error_code error;
+    const std::filesystem::path to = std::filesystem::read_symlink(link, error);
+    return error ? std::string("?") : to.string();
+  };
+  if (::lstat(dir.c_str(), &st) == 0 && S_ISLNK(st.st_mode) && ::stat(dir.c_str(), &st) != 0) {
+    return "a link to " + target(dir) + ", which cannot be reached (" + std::strerror(errno) + ")";
+  }
+  const std::string manifest = JoinPath(dir, kManifestName);
+  if (::lstat(manifest.c_str(), &st) == 0 && ::stat(manifest.c_str(), &st) != 0) {
+    return "its " + std::string(kManifestName) + " is a link to " + target(manifest) + ", which cannot be reached (" +
+           std::strerror(errno) + ")";
+  }
+  return "";
+}
+
+Status LeftUnreachable(const std::string& root, const std::string& name, const std::string& why) {
+  return FailedPrecondition(JoinPath(root, name) + " is " + why + ": left as it is (no save leaves that); bring its " +
+                            "target back, or remove it once it is not needed");
+}
+
 Status LeftForItsFiles(const std::string& root, const std::string& name, const std::string& foreign) {
   if (foreign == name) {
     return FailedPrecondition(JoinPath(root, name) + " is a file, not a folder a save writes: left as it is; move it " +
@@ -467,6 +518,14 @@ Status RemoveStaleTempDirs(const std::string& root, std::vector<std::string>* re
     const bool half_deleted = ParseStepDirName(name, &step) && !PathExists(JoinPath(JoinPath(root, name), kManifestName));
     const bool retired = IsRetiredDirName(name);
     if (!IsTempDirName(name) && !half_deleted && !retired) continue;
+    if (half_deleted) {
+      if (const std::string why = UnreachableStepFolder(JoinPath(root, name)); !why.empty()) {
+        Status kept = LeftUnreachable(root, name, why);
+        SC_LOG(kWarn) << kept.message();
+        if (failed != nullptr) failed->push_back(RemovalFailure{name, kept, /*on_purpose=*/true});
+        continue;
+      }
+    }
     // A save writes folders only: a file so named is someone's (its name is what it holds). A
     // link is a step folder kept elsewhere, and a name gone since the listing is no file.
     const bool folder = !IsPlainNonFolder(JoinPath(root, name));

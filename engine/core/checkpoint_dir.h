@@ -102,6 +102,15 @@ bool IsImportableFileName(const std::string& path);
 // an evaluation's output) are left with it for a person to move. (A deletion cut short of a
 // committed folder that held such files leaves it so too.)
 std::string FirstEntryNoSaveWrites(const std::string& dir);
+// Why step folder `dir`, though something stands in its place, has no manifest to be read: a
+// link to a folder that cannot be reached now (an archive not mounted), or a manifest.json that
+// is a link to nothing. No save leaves either, so the cleanup leaves them, `list` names them,
+// and a root whose newest step folder is one is refused rather than read at an older step.
+// "" for anything else.
+std::string UnreachableStepFolder(const std::string& dir);
+// Why root/name, such a folder (`why` from UnreachableStepFolder), is left: as the cleanup
+// reports it, and `list` and a dry run say it.
+Status LeftUnreachable(const std::string& root, const std::string& name, const std::string& why);
 // Why root/name, a step folder without a manifest holding `foreign`, is left: as the cleanup
 // reports it and a dry run of it says so. `foreign` == `name`: root/name is itself a file, not a
 // folder (a save writes folders only).

@@ -61,6 +61,7 @@ void PlanRetention(const RetentionPolicy& policy, const std::string& latest, std
   }
   for (CheckpointInfo* c : committed) {
     if (c->name == latest) keep(c, "latest");
+    if (c->unreadable) keep(c, "unreadable, not known to be damaged");
   }
   if (!committed.empty() && committed.back()->name != latest) keep(committed.back(), "newest");
   // keep_last counts the checkpoints that are not damaged: a damaged newest one (kept above, to
@@ -101,7 +102,13 @@ void ReadManifestInto(const std::string& dir, CheckpointInfo* c) {
     c->world_size = summary->world_size;
     c->metrics = summary->metrics;
   }
-  if (!files.ok()) c->problem = files.ToString();
+  if (!files.ok()) {
+    c->problem = files.ToString();
+    // Damage is a manifest or file that reads wrong (DataLoss) or is not there (NotFound); a
+    // read refused (EACCES) or failed (EIO, ESTALE) says nothing of the bytes. Removing such a
+    // checkpoint deleted intact data the moment someone changed a permission.
+    c->unreadable = files.code() != Code::kDataLoss && files.code() != Code::kNotFound;
+  }
 }
 
 }  // namespace
@@ -137,6 +144,8 @@ Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, boo
       c.problem = "retired by retention: its files are being deleted, or were left by a process that ended first; the next save removes it";
     } else if (c.temp) {
       c.problem = "save in progress, or left by one that did not finish";
+    } else if (c.unreachable = c.committed ? "" : UnreachableStepFolder(dir); !c.unreachable.empty()) {
+      c.problem = LeftUnreachable(root, name, c.unreachable).message();
     } else if (!c.committed) {
       c.foreign = FirstEntryNoSaveWrites(dir);
       c.problem = c.foreign.empty() ? "no manifest (a deletion or commit cut short); the next save removes it"

@@ -44,8 +44,12 @@ struct CheckpointInfo {
   uint64_t bytes = 0;      // files directly in the folder
   std::map<std::string, double> metrics;
   std::string problem;     // why the manifest could not be read, or why a folder is not committed
+  // The manifest or a data file could not be read for a reason that is not damage (permission,
+  // EIO, ESTALE on a network file system): not known to be damaged, so retention keeps it.
+  bool unreadable = false;
   std::string foreign;     // a step folder without manifest: a file in it no save writes, if any (left alone);
                            // `name` itself when the "folder" is a file
+  std::string unreachable; // a step folder that cannot be reached (UnreachableStepFolder): why; left alone
   bool keep = false;       // what the policy decides, for committed checkpoints
   std::string why;         // "latest", "last 3", "best 2 by val_loss", ...
 };

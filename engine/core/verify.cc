@@ -174,8 +174,8 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::functi
       }
     }
     Result<std::unique_ptr<File>> file = io->Open(file_path, OpenMode::kRead);
-    if (!file.ok()) {
-      problem(0, Holders{}, file.status().message());
+    if (!file.ok()) {  // unreadable (a permission, EIO): everything in it goes unchecked
+      problem(0, HoldersOf(spans[fi], 0, f.table_offset), file.status().message());
       done += f.size;
       continue;
     }

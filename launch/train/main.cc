@@ -645,6 +645,11 @@ int main(int argc, char** argv) {
     po::store(po::parse_command_line(argc, argv, flags), vm);
     po::notify(vm);
     if (Status valid = ValidateConfig(config); !valid.ok() && !vm.count("help")) usage_error = valid.message();
+    // `--ckpt "$CKPT_DIR"` with the variable unset: trained to the end and saved nothing.
+    if (vm.count("ckpt") && config.ckpt.empty() && usage_error.empty()) {
+      usage_error = "--ckpt is empty (an unset variable?): give the checkpoint root, or leave --ckpt out to train "
+                    "without checkpoints";
+    }
   } catch (const std::exception& e) {
     usage_error = e.what();
   }

@@ -120,6 +120,10 @@ case "$case" in
 --copy-while-training|--copy-while-training needs --async-save
 --preempt-grace-s -1|--preempt-grace-s must be seconds >= 0
 EOF2
+    # An empty --ckpt (an unset variable in a batch script): refused, not a run that saves nothing.
+    set +e; run 2 "$train" "${small[@]}" --ckpt "" --steps 4 --save-every 2 > "$work/bad.log" 2>&1; rc=$?; set -e
+    [ $rc = 2 ] && [ "$(grep -c "^shardckpt-train: --ckpt is empty (an unset variable?)" "$work/bad.log")" = 2 ] ||
+      { echo "--ckpt '': exit $rc"; cat "$work/bad.log"; exit 1; }
     run 1 "$train" --help | grep -qE -- '--dropout arg \(=0\.1\)' ;;
   exact-resume)
     run 2 "$train" "${small[@]}" --steps 30 > "$work/full.log"
