@@ -186,9 +186,11 @@ Status MpiDeadlineWaiter::RunCensus(const char* call, double waited_s) {
     // Not always a program bug: a rank slower than the deadline (I/O stalled in a save) makes
     // another give up on an earlier collective, after which the two stand at different numbers.
     message << "every rank is alive, but";
-    for (size_t i = 0; i < elsewhere.size(); ++i) {
+    constexpr size_t kNamed = 8;  // a job of thousands of ranks: a line, not 100 KB per rank
+    for (size_t i = 0; i < std::min(elsewhere.size(), kNamed); ++i) {
       message << (i == 0 ? " " : ", ") << "rank " << elsewhere[i] << " is at collective #" << answers[elsewhere[i]];
     }
+    if (elsewhere.size() > kNamed) message << " and " << elsewhere.size() - kNamed << " more ranks elsewhere";
     message << ": a rank slower than the deadline (raise SHARDCKPT_COLLECTIVE_TIMEOUT_S), which made a rank give "
                "up on an earlier collective, or a rank that skipped or added a call";
   } else {

@@ -465,6 +465,8 @@ json InfoJson(const CheckpointInfo& c) {
               {"symlink", c.symlink}, {"time", c.time}, {"world_size", c.world_size}, {"bytes", c.bytes},
               {"metrics", c.metrics}, {"keep", c.keep}, {"why", c.why}};
   if (!c.problem.empty()) out["problem"] = c.problem;
+  if (c.unreadable) out["unreadable"] = true;  // a problem that is not known damage: kept
+  if (!c.unreachable.empty()) out["unreachable"] = c.unreachable;
   return out;
 }
 
@@ -541,7 +543,10 @@ int List(int argc, char** argv) {
   std::printf("%-*s %12s %-10s %-20s %6s %14s  %-28s %s\n", w, "folder", "step", "state", "time", "ranks", "bytes",
               "metrics", "retention");
   for (const CheckpointInfo& c : *all) {
-    const char* state = c.committed ? (c.problem.empty() ? "committed" : "damaged") : c.temp ? "temporary" : "partial";
+    const char* state = c.committed ? (c.problem.empty() ? "committed" : c.unreadable ? "unreadable" : "damaged")
+                        : c.temp    ? "temporary"
+                        : !c.unreachable.empty() ? "unreachable"
+                                                 : "partial";
     std::string name = c.name + (c.symlink ? "@" : "");
     std::printf("%-*s %12lld %-10s %-20s %6d %14llu  %-28s %s\n", w, name.c_str(), static_cast<long long>(c.step), state,
                 c.time.empty() ? "-" : c.time.c_str(), c.world_size, static_cast<unsigned long long>(c.bytes),

@@ -205,15 +205,25 @@ std::string ReadLatestName(const std::string& root) {
 }
 
 Result<std::vector<std::pair<int64_t, std::string>>> ListCommitted(const std::string& root) {
+  return ListCommitted(root, nullptr);
+}
+
+Result<std::vector<std::pair<int64_t, std::string>>> ListCommitted(
+    const std::string& root, std::vector<std::pair<int64_t, std::string>>* without_manifest) {
   SC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(root));
   std::vector<std::pair<int64_t, std::string>> out;
+  if (without_manifest != nullptr) without_manifest->clear();
   for (const std::string& name : names) {
     int64_t step;
-    if (ParseStepDirName(name, &step) && PathExists(JoinPath(JoinPath(root, name), kManifestName))) {
+    if (!ParseStepDirName(name, &step)) continue;
+    if (PathExists(JoinPath(JoinPath(root, name), kManifestName))) {
       out.emplace_back(step, name);
+    } else if (without_manifest != nullptr) {
+      without_manifest->emplace_back(step, name);
     }
   }
   std::sort(out.begin(), out.end());
+  if (without_manifest != nullptr) std::sort(without_manifest->begin(), without_manifest->end());
   return out;
 }
 
@@ -221,12 +231,11 @@ namespace {
 
 // A step folder newer than the newest committed one that cannot be reached (an archive linked
 // in and not mounted now): reading the older one would go back silently, and a resumed run's
-// next save would collide with it.
-Status RefuseUnreachableNewer(const std::string& root, int64_t newest_step, const std::string& newest) {
-  SC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(root));
-  for (const std::string& name : names) {
-    int64_t step;
-    if (!ParseStepDirName(name, &step) || step <= newest_step) continue;
+// next save would collide with it. `without_manifest` from the listing that found `newest`.
+Status RefuseUnreachableNewer(const std::string& root, const std::vector<std::pair<int64_t, std::string>>& without_manifest,
+                              int64_t newest_step, const std::string& newest) {
+  for (const auto& [step, name] : without_manifest) {
+    if (step <= newest_step) continue;
     const std::string why = UnreachableStepFolder(JoinPath(root, name));
     if (why.empty()) continue;
     if (newest.empty()) {
@@ -260,6 +269,7 @@ Result<std::string> ResolveCheckpoint(const std::string& path) {
   }
   const std::string latest = JoinPath(path, kLatestName);
   Result<std::vector<std::pair<int64_t, std::string>>> committed = std::vector<std::pair<int64_t, std::string>>{};
+  std::vector<std::pair<int64_t, std::string>> without_manifest;
   bool has_latest = false;
   // A listing is a snapshot: a save can rename its newer step into place after the listing and
   // then retire the listed one before its manifest is checked, leaving none of the names listed
@@ -268,12 +278,13 @@ Result<std::string> ResolveCheckpoint(const std::string& path) {
   constexpr int kListings = 20;
   for (int listing = 0; listing < kListings; ++listing) {
     if (listing > 0) std::this_thread::sleep_for(std::chrono::milliseconds(listing));
-    if (is_dir) committed = ListCommitted(path);
+    if (is_dir) committed = ListCommitted(path, &without_manifest);
     if (!committed.ok()) return committed.status();
     has_latest = PathExists(latest);
     if (!committed->empty() || !has_latest) break;
   }
   if (committed->empty()) {
+    SC_RETURN_IF_ERROR(RefuseUnreachableNewer(path, without_manifest, -1, ""));
     if (has_latest) {
       Result<std::string> name = ReadFileLimited(latest, 4096);
       return NotFound(latest + " names " + (name.ok() ? "'" + Trim(*name) + "'" : name.status().message()) +
@@ -292,7 +303,6 @@ Result<std::string> ResolveCheckpoint(const std::string& path) {
                       ", the index DCP writes last: the folder is incomplete (a save that did not finish, or a "
                       "partial copy), and cannot be read without it");
     }
-    if (names.ok()) SC_RETURN_IF_ERROR(RefuseUnreachableNewer(path, -1, ""));
     // A root whose first save has not committed yet (running, or dead): named as such.
     if (names.ok() && std::any_of(names->begin(), names->end(), [](const std::string& n) {
           int64_t s;
@@ -305,7 +315,7 @@ Result<std::string> ResolveCheckpoint(const std::string& path) {
                     " and no committed step folder)");
   }
   const std::string& newest = committed->back().second;
-  SC_RETURN_IF_ERROR(RefuseUnreachableNewer(path, committed->back().first, newest));
+  SC_RETURN_IF_ERROR(RefuseUnreachableNewer(path, without_manifest, committed->back().first, newest));
   if (has_latest && ReadLatestName(path) != newest) {
     // A warning: an operator who edited `latest` to go back would otherwise load the newer one
     // without a word.
@@ -477,19 +487,28 @@ std::string FirstEntryNoSaveWrites(const std::string& dir) {
 }
 
 std::string UnreachableStepFolder(const std::string& dir) {
-  struct stat st {};
+  // Links only, and still links after the stat that failed: a manifest that retention unlinks
+  // (or a folder it renames away) between the two calls is a name gone, not one unreachable.
+  auto dangling = [](const std::string& path, int* error) {
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return false;
+    if (::stat(path.c_str(), &st) == 0) return false;
+    *error = errno;
+    return ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
+  };
   auto target = [](const std::string& link) {
     std::error_code error;
     const std::filesystem::path to = std::filesystem::read_symlink(link, error);
     return error ? std::string("?") : to.string();
   };
-  if (::lstat(dir.c_str(), &st) == 0 && S_ISLNK(st.st_mode) && ::stat(dir.c_str(), &st) != 0) {
-    return "a link to " + target(dir) + ", which cannot be reached (" + std::strerror(errno) + ")";
+  int error = 0;
+  if (dangling(dir, &error)) {
+    return "a link to " + target(dir) + ", which cannot be reached (" + std::strerror(error) + ")";
   }
   const std::string manifest = JoinPath(dir, kManifestName);
-  if (::lstat(manifest.c_str(), &st) == 0 && ::stat(manifest.c_str(), &st) != 0) {
-    return "its " + std::string(kManifestName) + " is a link to " + target(manifest) + ", which cannot be reached (" +
-           std::strerror(errno) + ")";
+  if (dangling(manifest, &error)) {
+    return "a folder whose " + std::string(kManifestName) + " is a link to " + target(manifest) +
+           ", which cannot be reached (" + std::strerror(error) + ")";
   }
   return "";
 }

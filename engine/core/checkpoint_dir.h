@@ -38,6 +38,10 @@ Result<std::string> ResolveCheckpoint(const std::string& path);
 
 // Committed checkpoints under root as (step, folder name), oldest first.
 Result<std::vector<std::pair<int64_t, std::string>>> ListCommitted(const std::string& root);
+// The same, and the step folders of the same listing that hold no manifest (a commit or deletion
+// cut short, or one that cannot be reached), sorted likewise.
+Result<std::vector<std::pair<int64_t, std::string>>> ListCommitted(
+    const std::string& root, std::vector<std::pair<int64_t, std::string>>* without_manifest);
 
 // The folder name `latest` holds, trimmed; empty when there is no readable `latest`.
 std::string ReadLatestName(const std::string& root);

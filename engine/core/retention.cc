@@ -95,8 +95,19 @@ namespace {
 // As ReadManifest checks a checkpoint, but with the manifest decoded once per process
 // (manifest_summary.h): every save with keep_best ranks every checkpoint kept.
 void ReadManifestInto(const std::string& dir, CheckpointInfo* c) {
+  c->examined = true;
   Result<ManifestSummary> summary = ReadManifestSummary(dir);
   const Status files = summary.ok() ? CheckDataFilesIn(dir, summary->files) : summary.status();
+  // A data file that is a link to nothing (rank files linked from an archive not mounted now) is
+  // "missing" to its size check, but not known to be gone.
+  bool linked_away = false;
+  if (files.code() == Code::kNotFound && summary.ok()) {
+    for (const FileRecord& f : summary->files) {
+      struct stat st {};
+      const std::string path = JoinPath(dir, f.name);
+      if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode) && ::stat(path.c_str(), &st) != 0) linked_away = true;
+    }
+  }
   if (summary.ok()) {  // shown even when a data file is missing: which run and step it was
     c->time = summary->time;
     c->world_size = summary->world_size;
@@ -107,7 +118,7 @@ void ReadManifestInto(const std::string& dir, CheckpointInfo* c) {
     // Damage is a manifest or file that reads wrong (DataLoss) or is not there (NotFound); a
     // read refused (EACCES) or failed (EIO, ESTALE) says nothing of the bytes. Removing such a
     // checkpoint deleted intact data the moment someone changed a permission.
-    c->unreadable = files.code() != Code::kDataLoss && files.code() != Code::kNotFound;
+    c->unreadable = linked_away || (files.code() != Code::kDataLoss && files.code() != Code::kNotFound);
   }
 }
 
@@ -185,8 +196,18 @@ Result<RetentionReport> ApplyRetention(const std::string& root, const RetentionP
   SC_RETURN_IF_ERROR(CheckMetricRecorded(policy, root, all, MetricsNoneYet::kApplyTheRest));
   // From the listing in hand: no second read of the root on every save.
   PlanRetention(policy, NewestCommitted(all), &all);
-  for (const CheckpointInfo& c : all) {
+  for (CheckpointInfo& c : all) {
     if (!c.committed || c.keep || c.name == just_committed) continue;
+    // Never removed unexamined: an unreadable checkpoint older than the newest keep_last sound
+    // ones (which were all keep_last needed to read) is kept as PlanRetention keeps one it read.
+    if (!c.examined) {
+      ReadManifestInto(JoinPath(root, c.name), &c);
+      if (c.unreadable) {
+        SC_LOG(kWarn) << "retention: keeping " << JoinPath(root, c.name) << ": " << c.problem
+                      << " (unreadable, not known to be damaged)";
+        continue;
+      }
+    }
     if (dry_run) {  // what the removal would do now: a folder a reader holds is left
       (HeldByReader(root, c.name) ? report.deferred : report.removed).push_back(c.name);
       continue;

@@ -47,6 +47,7 @@ struct CheckpointInfo {
   // The manifest or a data file could not be read for a reason that is not damage (permission,
   // EIO, ESTALE on a network file system): not known to be damaged, so retention keeps it.
   bool unreadable = false;
+  bool examined = false;   // its manifest (and data files' sizes) were read into the fields above
   std::string foreign;     // a step folder without manifest: a file in it no save writes, if any (left alone);
                            // `name` itself when the "folder" is a file
   std::string unreachable; // a step folder that cannot be reached (UnreachableStepFolder): why; left alone

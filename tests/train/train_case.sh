@@ -150,6 +150,19 @@ EOF2
     [ $rc = 1 ] && [ "$(grep -c "is earlier than step-000000020, the newest checkpoint in $work/a" "$work/back.log")" = 2 ] &&
       grep -q -- "with --resume-from OLD, pass --ckpt NEW_ROOT" "$work/back.log" && ! grep -q '^step ' "$work/back.log" ||
       { echo "resume-from an earlier step into its own root: exit $rc"; cat "$work/back.log"; exit 1; }
+    # A newer step folder linked from an archive that is not mounted: a new run is still refused
+    # (the root holds checkpoints), and --resume fails naming the link instead of going back.
+    cp -a "$work/a" "$work/linked" && rm -f "$work/linked/latest"
+    ln -s "$work/archive-gone/step-000000040" "$work/linked/step-000000040"
+    set +e; run 2 "$train" "${small[@]}" --ckpt "$work/linked" --steps 30 --save-every 10 > "$work/linked.log" 2>&1
+    rc=$?; set -e
+    [ $rc = 1 ] && grep -q "already holds checkpoints" "$work/linked.log" && ! grep -q '^step ' "$work/linked.log" ||
+      { echo "a new run into a root with an unreachable step folder: exit $rc"; cat "$work/linked.log"; exit 1; }
+    set +e; run 2 "$train" "${small[@]}" --ckpt "$work/linked" --steps 50 --save-every 10 --resume > "$work/linked.log" 2>&1
+    rc=$?; set -e
+    [ $rc = 1 ] && grep -q "step-000000040, newer than step-000000020, is a link to $work/archive-gone/step-000000040" \
+      "$work/linked.log" && ! grep -q '^step ' "$work/linked.log" && [ -L "$work/linked/step-000000040" ] ||
+      { echo "a resume with an unreachable newer step folder: exit $rc"; cat "$work/linked.log"; exit 1; }
     # --ckpt a checkpoint folder, not its root: refused before training, nothing written in it.
     before=$(ls -A "$work/a/step-000000020")
     set +e; run 2 "$train" "${small[@]}" --ckpt "$work/a/step-000000020" --steps 30 --save-every 10 --resume \
