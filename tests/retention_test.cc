@@ -656,7 +656,17 @@ TEST_F(RetentionTest, AStepFolderThatCannotBeReachedIsLeftAndTheRootRefused) {
   ASSERT_TRUE(Save(*comm_, archive, 4, State(4).state).ok());
   ASSERT_EQ(::symlink(JoinPath(archive, StepDirName(4)).c_str(), StepDir(4).c_str()), 0);
   EXPECT_EQ(Or(LoadStep(root()), int64_t{-1}), 4);
+  ASSERT_TRUE(WriteFileAtomic(JoinPath(root(), kLatestName), StepDirName(4) + "\n", "test").ok());
   ASSERT_EQ(::rename(archive.c_str(), away.c_str()), 0);  // "unmounted"
+  // Still a root of checkpoints (a new run must not be mixed in); `latest` is not turned back;
+  // a save of an earlier step is refused as it would be beside step 4 itself.
+  EXPECT_TRUE(HoldsCheckpoints(root()));
+  ASSERT_TRUE(RepairLatest(root()).ok());
+  EXPECT_EQ(Latest(), StepDirName(4));
+  Result<SaveResult> earlier = SaveStep(3);
+  ASSERT_FALSE(earlier.ok());
+  EXPECT_THAT(earlier.status().message(), HasSubstr("step 3 is earlier than " + StepDirName(4)));
+  EXPECT_THAT(earlier.status().message(), HasSubstr("which cannot be reached"));
   Result<std::string> resolved = ResolveCheckpoint(root());
   ASSERT_FALSE(resolved.ok());
   EXPECT_EQ(resolved.status().code(), Code::kFailedPrecondition);

@@ -234,19 +234,15 @@ namespace {
 // next save would collide with it. `without_manifest` from the listing that found `newest`.
 Status RefuseUnreachableNewer(const std::string& root, const std::vector<std::pair<int64_t, std::string>>& without_manifest,
                               int64_t newest_step, const std::string& newest) {
-  for (const auto& [step, name] : without_manifest) {
-    if (step <= newest_step) continue;
-    const std::string why = UnreachableStepFolder(JoinPath(root, name));
-    if (why.empty()) continue;
-    if (newest.empty()) {
-      return FailedPrecondition(JoinPath(root, name) + ", the only step folder with a step, is " + why +
-                                ": bring it back (mount the archive)");
-    }
-    return FailedPrecondition(JoinPath(root, name) + ", newer than " + newest + ", is " + why +
-                              ": bring it back (mount the archive), or name the checkpoint folder to read, such as " +
-                              JoinPath(root, newest));
+  const auto [name, why] = UnreachableNewerThan(root, without_manifest, newest_step);
+  if (name.empty()) return Status::Ok();
+  if (newest.empty()) {
+    return FailedPrecondition(JoinPath(root, name) + ", the only step folder with a step, is " + why +
+                              ": bring it back (mount the archive)");
   }
-  return Status::Ok();
+  return FailedPrecondition(JoinPath(root, name) + ", newer than " + newest + ", is " + why +
+                            ": bring it back (mount the archive), or name the checkpoint folder to read, such as " +
+                            JoinPath(root, newest));
 }
 
 }  // namespace
@@ -510,7 +506,29 @@ std::string UnreachableStepFolder(const std::string& dir) {
     return "a folder whose " + std::string(kManifestName) + " is a link to " + target(manifest) +
            ", which cannot be reached (" + std::strerror(error) + ")";
   }
+  // Not "no manifest" either: one that cannot be looked for (no permission on the folder, EIO,
+  // ESTALE on a network file system). Only ENOENT (and ENOTDIR) say it is not there.
+  struct stat st {};
+  if (::stat(manifest.c_str(), &st) != 0 && errno != ENOENT && errno != ENOTDIR) {
+    return "a folder whose " + std::string(kManifestName) + " cannot be looked for (" + std::strerror(errno) + ")";
+  }
   return "";
+}
+
+std::pair<std::string, std::string> UnreachableNewerThan(
+    const std::string& root, const std::vector<std::pair<int64_t, std::string>>& without_manifest, int64_t step) {
+  for (const auto& [at, name] : without_manifest) {
+    if (at <= step) continue;
+    if (std::string why = UnreachableStepFolder(JoinPath(root, name)); !why.empty()) return {name, why};
+  }
+  return {"", ""};
+}
+
+bool HoldsCheckpoints(const std::string& root) {
+  std::vector<std::pair<int64_t, std::string>> without_manifest;
+  Result<std::vector<std::pair<int64_t, std::string>>> committed = ListCommitted(root, &without_manifest);
+  if (!committed.ok()) return false;
+  return !committed->empty() || !UnreachableNewerThan(root, without_manifest, INT64_MIN).first.empty();
 }
 
 Status LeftUnreachable(const std::string& root, const std::string& name, const std::string& why) {
@@ -580,9 +598,13 @@ Status RemoveStaleTempDirs(const std::string& root, std::vector<std::string>* re
 }
 
 Status RepairLatest(const std::string& root) {
-  SC_ASSIGN_OR_RETURN(auto committed, ListCommitted(root));
+  std::vector<std::pair<int64_t, std::string>> without_manifest;
+  SC_ASSIGN_OR_RETURN(auto committed, ListCommitted(root, &without_manifest));
   if (committed.empty()) return Status::Ok();
   const std::string& newest = committed.back().second;
+  // A newer step folder that cannot be reached now is the newest once it can be again: `latest`
+  // is not turned back to an older one meanwhile.
+  if (!UnreachableNewerThan(root, without_manifest, committed.back().first).first.empty()) return Status::Ok();
   const std::string latest = JoinPath(root, kLatestName);
   const std::string named = ReadLatestName(root);
   if (named == newest) return Status::Ok();

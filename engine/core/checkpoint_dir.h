@@ -112,6 +112,14 @@ std::string FirstEntryNoSaveWrites(const std::string& dir);
 // and a root whose newest step folder is one is refused rather than read at an older step.
 // "" for anything else.
 std::string UnreachableStepFolder(const std::string& dir);
+// The step folder of `without_manifest` (from ListCommitted) newer than `step` that cannot be
+// reached (UnreachableStepFolder), as {name, why}; empty strings when there is none.
+std::pair<std::string, std::string> UnreachableNewerThan(
+    const std::string& root, const std::vector<std::pair<int64_t, std::string>>& without_manifest, int64_t step);
+// Whether `root` holds a checkpoint: a committed step folder, or one that cannot be reached now
+// (someone's checkpoint elsewhere, which a new run must not be mixed with). False for a root that
+// cannot be listed (none yet).
+bool HoldsCheckpoints(const std::string& root);
 // Why root/name, such a folder (`why` from UnreachableStepFolder), is left: as the cleanup
 // reports it, and `list` and a dry run say it.
 Status LeftUnreachable(const std::string& root, const std::string& name, const std::string& why);

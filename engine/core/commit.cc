@@ -27,11 +27,17 @@ namespace {
 // A root resolves to its newest checkpoint: an earlier step saved beside a later one would never
 // be what loading the root reads, and `latest` would name it while a load read the other.
 Status NewestIsNotLater(const std::string& root, int64_t step) {
-  SC_ASSIGN_OR_RETURN(auto committed, ListCommitted(root));
+  std::vector<std::pair<int64_t, std::string>> without_manifest;
+  SC_ASSIGN_OR_RETURN(auto committed, ListCommitted(root, &without_manifest));
   if (!committed.empty() && committed.back().first > step) {
     return FailedPrecondition("step " + std::to_string(step) + " is earlier than " + committed.back().second +
                               ", the newest checkpoint in " + root + ", which loading the root reads: to go back to " +
                               "an earlier step, save into another root, or remove the later checkpoints first");
+  }
+  // A later checkpoint linked from somewhere that cannot be reached now is one all the same.
+  if (const auto [name, why] = UnreachableNewerThan(root, without_manifest, step); !name.empty()) {
+    return FailedPrecondition("step " + std::to_string(step) + " is earlier than " + name + " in " + root + ", which is " +
+                              why + ": bring it back, or save into another root");
   }
   return Status::Ok();
 }

@@ -187,17 +187,11 @@ Status CheckFreshRoot(const std::string& root) {
   SC_RETURN_IF_ERROR(RefuseCheckpointAsRoot(root, "save into"));
   // Listed, not resolved: a root whose resolution fails (a newer step folder that cannot be
   // reached) still holds checkpoints, and retention would delete them.
+  if (!HoldsCheckpoints(root)) return Status::Ok();  // nothing committed (or no root yet)
   Result<std::vector<std::pair<int64_t, std::string>>> committed = ListCommitted(root);
-  if (!committed.ok() || committed->empty()) return Status::Ok();  // nothing committed (or no root yet)
-  return Status(Code::kAlreadyExists, root + " already holds checkpoints (the newest " + committed->back().second +
-                       "): add --resume to continue from it, or give a new --ckpt for a new run");
-}
-
-// Whether `root` holds a committed checkpoint, whatever resolving it would say (Load says why
-// it cannot be read, where "no checkpoint" would start the run over).
-bool HoldsCommitted(const std::string& root) {
-  Result<std::vector<std::pair<int64_t, std::string>>> committed = ListCommitted(root);
-  return committed.ok() && !committed->empty();
+  const std::string newest = committed.ok() && !committed->empty() ? " (the newest " + committed->back().second + ")" : "";
+  return Status(Code::kAlreadyExists, root + " already holds checkpoints" + newest +
+                                          ": add --resume to continue from it, or give a new --ckpt for a new run");
 }
 
 // Found before training, not at the first save: a read-only or foreign root.
@@ -238,7 +232,7 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
   // --ckpt that holds a checkpoint wins: a requeued job continues from its own newest step, not
   // from where its first attempt started. 2: from --ckpt; 1: from --resume-from.
   const bool ckpt_holds_one = (config.resume || config.resume_weights_only) && !config.ckpt.empty() &&
-                              (PathExists(JoinPath(config.ckpt, "latest")) || HoldsCommitted(config.ckpt));
+                              (PathExists(JoinPath(config.ckpt, "latest")) || HoldsCheckpoints(config.ckpt));
   int64_t resume = ckpt_holds_one ? 2 : !config.resume_from.empty() ? 1 : 0;
   Status decided = comm.AllReduceMaxInt64(&resume, 1);
   if (!decided.ok()) {

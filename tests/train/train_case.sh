@@ -163,6 +163,16 @@ EOF2
     [ $rc = 1 ] && grep -q "step-000000040, newer than step-000000020, is a link to $work/archive-gone/step-000000040" \
       "$work/linked.log" && ! grep -q '^step ' "$work/linked.log" && [ -L "$work/linked/step-000000040" ] ||
       { echo "a resume with an unreachable newer step folder: exit $rc"; cat "$work/linked.log"; exit 1; }
+    # Its only step folder such a link, no `latest`: a root of someone's checkpoints all the same.
+    mkdir -p "$work/onlylink" && ln -s "$work/archive-gone/step-000000040" "$work/onlylink/step-000000040"
+    for resume in "" --resume; do
+      set +e; run 2 "$train" "${small[@]}" --ckpt "$work/onlylink" --steps 30 --save-every 10 $resume > "$work/linked.log" 2>&1
+      rc=$?; set -e
+      [ $rc = 1 ] && ! grep -q '^step ' "$work/linked.log" &&
+        { grep -q "step-000000040.* is a link to $work/archive-gone/step-000000040" "$work/linked.log" ||
+          grep -q "already holds checkpoints" "$work/linked.log"; } ||
+        { echo "a run '$resume' into a root whose only step folder cannot be reached: exit $rc"; cat "$work/linked.log"; exit 1; }
+    done
     # --ckpt a checkpoint folder, not its root: refused before training, nothing written in it.
     before=$(ls -A "$work/a/step-000000020")
     set +e; run 2 "$train" "${small[@]}" --ckpt "$work/a/step-000000020" --steps 30 --save-every 10 --resume \
