@@ -634,7 +634,11 @@ TEST_F(RetentionTest, ACheckpointThatCannotBeReadIsKeptNotRemovedAsDamaged) {
   // before it would be removed, and kept (not a removal that failed).
   RetentionReport pruned = ApplyRetention(root(), policy, "", /*dry_run=*/false).value();
   EXPECT_EQ(pruned.removed, std::vector<std::string>{StepDirName(1)});
-  EXPECT_TRUE(pruned.failed.empty());
+  ASSERT_EQ(pruned.failed.size(), 1u);  // named as left on purpose (prune --json: left_alone)
+  EXPECT_TRUE(pruned.failed[0].on_purpose);
+  EXPECT_EQ(pruned.failed[0].name, StepDirName(2));
+  EXPECT_THAT(pruned.failed[0].status.message(), HasSubstr(" is kept: "));
+  EXPECT_THAT(pruned.failed[0].status.message(), HasSubstr("(unreadable, not known to be damaged)"));
   EXPECT_EQ(Names(), (std::vector<std::string>{StepDirName(2), StepDirName(3)}));
   std::vector<CheckpointInfo> all = ListCheckpoints(root(), /*with_manifests=*/true, false).value();
   ASSERT_EQ(all.size(), 2u);

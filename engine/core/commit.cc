@@ -198,6 +198,7 @@ Status PublishCheckpoint(const std::string& root, const std::string& temp_name, 
   if (!kept.ok()) SC_LOG(kWarn) << "retention after " << final_name << " failed (the save stands): " << kept.status().ToString();
   if (kept.ok()) {
     for (const RemovalFailure& f : kept->failed) {
+      if (f.on_purpose) continue;  // kept by design, and logged so by retention
       SC_LOG(kWarn) << "retention after " << final_name << " could not remove " << JoinPath(root, f.name) << " ("
                     << f.status.ToString() << "); the save stands, and the next save tries again";
     }

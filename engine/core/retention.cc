@@ -196,15 +196,24 @@ Result<RetentionReport> ApplyRetention(const std::string& root, const RetentionP
   SC_RETURN_IF_ERROR(CheckMetricRecorded(policy, root, all, MetricsNoneYet::kApplyTheRest));
   // From the listing in hand: no second read of the root on every save.
   PlanRetention(policy, NewestCommitted(all), &all);
+  // An unreadable checkpoint the rule would have removed is named as left on purpose (prune
+  // --json: left_alone), as well as logged.
+  auto kept_unreadable = [&](const CheckpointInfo& c) {
+    SC_LOG(kWarn) << "retention: keeping " << JoinPath(root, c.name) << ": " << c.problem
+                  << " (unreadable, not known to be damaged)";
+    report.failed.push_back(RemovalFailure{
+        c.name, FailedPrecondition(JoinPath(root, c.name) + " is kept: " + c.problem + " (unreadable, not known to be damaged)"),
+        /*on_purpose=*/true});
+  };
   for (CheckpointInfo& c : all) {
+    if (c.committed && c.keep && c.unreadable && c.why == "unreadable, not known to be damaged") kept_unreadable(c);
     if (!c.committed || c.keep || c.name == just_committed) continue;
     // Never removed unexamined: an unreadable checkpoint older than the newest keep_last sound
     // ones (which were all keep_last needed to read) is kept as PlanRetention keeps one it read.
     if (!c.examined) {
       ReadManifestInto(JoinPath(root, c.name), &c);
       if (c.unreadable) {
-        SC_LOG(kWarn) << "retention: keeping " << JoinPath(root, c.name) << ": " << c.problem
-                      << " (unreadable, not known to be damaged)";
+        kept_unreadable(c);
         continue;
       }
     }
