@@ -157,8 +157,13 @@ Status PublishCheckpoint(const std::string& root, const std::string& temp_name, 
                        ? written_ahead->Complete(manifest_text.at(0), manifest_text.at(1), manifest_text.at(2))
                        : WriteFileDurably(JoinPath(temp_dir, kManifestName), manifest_text, manifest_staging,
                                           "commit.manifest");
-  Status synced = folder_synced.valid() ? folder_synced.get() : Status::Ok();
-  if (written.ok()) written = folder_synced.valid() ? synced : SyncDir(temp_dir, "commit.sync_tmp");
+  // (get() leaves the future invalid: which way the folder was synced is decided before it.)
+  if (folder_synced.valid()) {
+    Status synced = folder_synced.get();
+    if (written.ok()) written = synced;
+  } else if (written.ok()) {
+    written = SyncDir(temp_dir, "commit.sync_tmp");
+  }
   // A prepare that has not started (no thread was had) is not started for a commit that failed.
   const bool prepare_ran = latest_prepared.wait_for(std::chrono::seconds(0)) != std::future_status::deferred;
   if (written.ok() || prepare_ran) {
