@@ -90,6 +90,14 @@ bool IsPlainNonFolder(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && !S_ISDIR(st.st_mode);  // a link to a file; a dangling one is none
 }
 
+bool IsDanglingLink(const std::string& path, int* error) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return false;
+  if (::stat(path.c_str(), &st) == 0) return false;
+  if (error != nullptr) *error = errno;
+  return ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
+}
+
 Status MakeDir(const std::string& path) {
   SC_RETURN_IF_ERROR(Failpoint("fs.mkdir", "mkdir " + path));
   if (::mkdir(path.c_str(), 0755) != 0) return ErrnoStatus(errno, "mkdir " + path);

@@ -27,6 +27,10 @@ bool IsDirectory(const std::string& path);
 // Whether `path` exists and is no folder: a regular file, FIFO, socket or device, or a link to
 // one (a link to a folder, or a dangling one, is not).
 bool IsPlainNonFolder(const std::string& path);
+// Whether `path` is a symbolic link whose target cannot be reached now, and still a link after
+// the stat that failed: a name unlinked between the two calls is gone, not dangling. `error`
+// gets that stat's errno.
+bool IsDanglingLink(const std::string& path, int* error = nullptr);
 
 Status MakeDir(const std::string& path);
 Status MakeDirs(const std::string& path);

@@ -483,26 +483,19 @@ std::string FirstEntryNoSaveWrites(const std::string& dir) {
 }
 
 std::string UnreachableStepFolder(const std::string& dir) {
-  // Links only, and still links after the stat that failed: a manifest that retention unlinks
-  // (or a folder it renames away) between the two calls is a name gone, not one unreachable.
-  auto dangling = [](const std::string& path, int* error) {
-    struct stat st {};
-    if (::lstat(path.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return false;
-    if (::stat(path.c_str(), &st) == 0) return false;
-    *error = errno;
-    return ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
-  };
+  // Links only, and still links after the stat that failed (IsDanglingLink): a manifest that
+  // retention unlinks (or a folder it renames away) meanwhile is a name gone, not unreachable.
   auto target = [](const std::string& link) {
     std::error_code error;
     const std::filesystem::path to = std::filesystem::read_symlink(link, error);
     return error ? std::string("?") : to.string();
   };
   int error = 0;
-  if (dangling(dir, &error)) {
+  if (IsDanglingLink(dir, &error)) {
     return "a link to " + target(dir) + ", which cannot be reached (" + std::strerror(error) + ")";
   }
   const std::string manifest = JoinPath(dir, kManifestName);
-  if (dangling(manifest, &error)) {
+  if (IsDanglingLink(manifest, &error)) {
     return "a folder whose " + std::string(kManifestName) + " is a link to " + target(manifest) +
            ", which cannot be reached (" + std::strerror(error) + ")";
   }

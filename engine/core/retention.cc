@@ -14,6 +14,12 @@
 
 namespace shardckpt {
 
+namespace {
+// Why PlanRetention keeps a checkpoint it cannot read; one kept for this reason alone is named
+// by ApplyRetention as left on purpose.
+constexpr const char* kKeptUnreadable = "unreadable, not known to be damaged";
+}  // namespace
+
 Status ValidatePolicy(const RetentionPolicy& p) {
   if (p.keep_last < 0 || p.keep_best < 0) return InvalidArgument("keep_last and keep_best must not be negative");
   if (p.keep_best > 0 && p.metric.empty()) return InvalidArgument("keep_best needs the name of a metric to rank by");
@@ -61,7 +67,7 @@ void PlanRetention(const RetentionPolicy& policy, const std::string& latest, std
   }
   for (CheckpointInfo* c : committed) {
     if (c->name == latest) keep(c, "latest");
-    if (c->unreadable) keep(c, "unreadable, not known to be damaged");
+    if (c->unreadable) keep(c, kKeptUnreadable);
   }
   if (!committed.empty() && committed.back()->name != latest) keep(committed.back(), "newest");
   // keep_last counts the checkpoints that are not damaged: a damaged newest one (kept above, to
@@ -102,11 +108,7 @@ void ReadManifestInto(const std::string& dir, CheckpointInfo* c) {
   // "missing" to its size check, but not known to be gone.
   bool linked_away = false;
   if (files.code() == Code::kNotFound && summary.ok()) {
-    for (const FileRecord& f : summary->files) {
-      struct stat st {};
-      const std::string path = JoinPath(dir, f.name);
-      if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode) && ::stat(path.c_str(), &st) != 0) linked_away = true;
-    }
+    for (const FileRecord& f : summary->files) linked_away = linked_away || IsDanglingLink(JoinPath(dir, f.name));
   }
   if (summary.ok()) {  // shown even when a data file is missing: which run and step it was
     c->time = summary->time;
@@ -199,14 +201,12 @@ Result<RetentionReport> ApplyRetention(const std::string& root, const RetentionP
   // An unreadable checkpoint the rule would have removed is named as left on purpose (prune
   // --json: left_alone), as well as logged.
   auto kept_unreadable = [&](const CheckpointInfo& c) {
-    SC_LOG(kWarn) << "retention: keeping " << JoinPath(root, c.name) << ": " << c.problem
-                  << " (unreadable, not known to be damaged)";
-    report.failed.push_back(RemovalFailure{
-        c.name, FailedPrecondition(JoinPath(root, c.name) + " is kept: " + c.problem + " (unreadable, not known to be damaged)"),
-        /*on_purpose=*/true});
+    const std::string why = JoinPath(root, c.name) + " is kept: " + c.problem + " (" + kKeptUnreadable + ")";
+    SC_LOG(kWarn) << "retention: " << why;
+    report.failed.push_back(RemovalFailure{c.name, FailedPrecondition(why), /*on_purpose=*/true});
   };
   for (CheckpointInfo& c : all) {
-    if (c.committed && c.keep && c.unreadable && c.why == "unreadable, not known to be damaged") kept_unreadable(c);
+    if (c.committed && c.keep && c.why == kKeptUnreadable) kept_unreadable(c);
     if (!c.committed || c.keep || c.name == just_committed) continue;
     // Never removed unexamined: an unreadable checkpoint older than the newest keep_last sound
     // ones (which were all keep_last needed to read) is kept as PlanRetention keeps one it read.
