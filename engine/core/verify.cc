@@ -67,10 +67,8 @@ Result<VerifyReport> VerifyDcpStructure(VerifyReport report) {
   return report;
 }
 
-}  // namespace
-
-namespace {
 constexpr const char* kExtraBytes = "(extra bytes after its checksum table)";
+
 }  // namespace
 
 std::string HoldersText(const VerifyProblem& problem) {

@@ -161,9 +161,11 @@ Status CheckValuesHoldNoTensors(const Entries& entries, const Scopes& scope_of) 
   std::vector<size_t> by_name(entries.size());
   for (size_t k = 0; k < by_name.size(); ++k) by_name[k] = k;
   std::sort(by_name.begin(), by_name.end(), [&](size_t a, size_t b) { return entries[a].name < entries[b].name; });
-  auto refuse = [](std::string_view value, int value_rank, std::string_view tensor, int tensor_rank) {
-    return InvalidArgument("'" + std::string(value) + "' is a value on rank " + std::to_string(value_rank) +
-                           " but tensor '" + std::string(tensor) + "' lies under it on rank " + std::to_string(tensor_rank) +
+  // `above` (a value, or a tensor, on `rank`) holds `below`, of the other kind, on `below_rank`.
+  auto refuse = [](bool above_is_value, std::string_view above, int rank, std::string_view below, int below_rank) {
+    return InvalidArgument("'" + std::string(above) + "' is a " + (above_is_value ? "value" : "tensor") + " on rank " +
+                           std::to_string(rank) + " but " + (above_is_value ? "tensor" : "value") + " '" +
+                           std::string(below) + "' lies under it on rank " + std::to_string(below_rank) +
                            ": a key must hold the same kind (tensors, or values) on every rank");
   };
   for (const auto& [name, scope_rank] : scope_of) {  // a value above a tensor
@@ -171,16 +173,14 @@ Status CheckValuesHoldNoTensors(const Entries& entries, const Scopes& scope_of) 
     auto it = std::lower_bound(by_name.begin(), by_name.end(), under,
                                [&](size_t e, const std::string& key) { return entries[e].name < key; });
     if (it != by_name.end() && entries[*it].name.substr(0, under.size()) == under) {
-      return refuse(name, scope_rank.second, entries[*it].name, entries[*it].first_rank);
+      return refuse(true, name, scope_rank.second, entries[*it].name, entries[*it].first_rank);
     }
   }
   for (const auto& e : entries) {  // a tensor above a value
     const std::string under = std::string(e.name) + ".";
     auto it = scope_of.lower_bound(under);
     if (it != scope_of.end() && it->first.substr(0, under.size()) == under) {
-      return InvalidArgument("'" + std::string(e.name) + "' is a tensor on rank " + std::to_string(e.first_rank) +
-                             " but value '" + std::string(it->first) + "' lies under it on rank " +
-                             std::to_string(it->second.second) + ": a key must hold the same kind (tensors, or values) on every rank");
+      return refuse(false, e.name, e.first_rank, it->first, it->second.second);
     }
   }
   return Status::Ok();

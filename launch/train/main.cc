@@ -187,11 +187,15 @@ Status CheckFreshRoot(const std::string& root) {
   SC_RETURN_IF_ERROR(RefuseCheckpointAsRoot(root, "save into"));
   // Listed, not resolved: a root whose resolution fails (a newer step folder that cannot be
   // reached) still holds checkpoints, and retention would delete them.
-  if (!HoldsCheckpoints(root)) return Status::Ok();  // nothing committed (or no root yet)
-  Result<std::vector<std::pair<int64_t, std::string>>> committed = ListCommitted(root);
-  const std::string newest = committed.ok() && !committed->empty() ? " (the newest " + committed->back().second + ")" : "";
-  return Status(Code::kAlreadyExists, root + " already holds checkpoints" + newest +
-                                          ": add --resume to continue from it, or give a new --ckpt for a new run");
+  // One listing: its committed folders, or a step folder that cannot be reached now.
+  std::vector<std::pair<int64_t, std::string>> without_manifest;
+  Result<std::vector<std::pair<int64_t, std::string>>> committed = ListCommitted(root, &without_manifest);
+  if (!committed.ok()) return Status::Ok();  // no root yet
+  const std::string newest = !committed->empty() ? committed->back().second
+                                                 : UnreachableNewerThan(root, without_manifest, INT64_MIN).first;
+  if (newest.empty()) return Status::Ok();  // nothing committed
+  return Status(Code::kAlreadyExists, root + " already holds checkpoints (the newest " + newest +
+                                          "): add --resume to continue from it, or give a new --ckpt for a new run");
 }
 
 // Found before training, not at the first save: a read-only or foreign root.
