@@ -20,6 +20,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // The wire bits of EntryWant, named as the tables below read them.
 constexpr unsigned char kWanted = EntryWant::kWanted, kWantedWhole = EntryWant::kWhole,
@@ -335,6 +336,18 @@ TEST(MatchValues, ByNameOrUnderTheNameAfterRenaming) {
   EXPECT_TRUE(v.missing.empty() && v.unexpected.empty());
   v = MatchValues(m, {"step", "optim.param_groups", "extra", "rng"}, options, 2);
   EXPECT_THAT(v.missing, ElementsAre("rng"));
+  // Rank 1 leaving its own "rng" out is said as that, not as a value no rank loads.
+  v = MatchValues(m, {"step", "optim.param_groups", "extra"}, options, 1);
+  EXPECT_THAT(v.unexpected, ElementsAre("rng"));
+  EXPECT_THAT(v.own_unloaded, ElementsAre("rng"));
+  const std::string said = MatchVerdict(Status::Ok(), true, "/c", {}, {}, v).message();
+  EXPECT_THAT(said, HasSubstr("checkpoint /c holds values each rank saved for itself, and rank 1's state leaves its own "
+                              "out: 'rng'"));
+  EXPECT_THAT(said, Not(HasSubstr("no rank loads")));
+  // At another world size every rank's records count as one value, as before.
+  v = MatchValues(m, {"step", "optim.param_groups", "extra"}, options);
+  EXPECT_TRUE(v.own_unloaded.empty());
+  EXPECT_THAT(MatchVerdict(Status::Ok(), true, "/c", {}, {}, v).message(), HasSubstr("no rank loads: 'rng'"));
 }
 
 // An empty dict DCP stored nothing of matches with nothing in a folder DCP wrote, and only there.

@@ -381,20 +381,21 @@ std::vector<std::string> UnwantedEntries(const Manifest& manifest, const Demand&
 ValueMatch MatchValues(const Manifest& manifest, const std::vector<std::string>& wanted_values, const LoadOptions& options,
                        int rank) {
   std::set<std::string> blobs;  // one name per value, however many ranks stored it
+  std::set<std::string> own;    // of those, this rank's own per-rank ones
   std::map<std::string, std::string> original_of;  // with a rename: the saved name of each
   std::map<std::string, std::pair<std::string, std::string>> collided;  // two saved names made one
   for (const BlobRecord& b : manifest.blobs) {
     if (rank >= 0 && b.scope == BlobScope::kPerRank && b.rank != rank) continue;  // another rank's own
-    if (!options.rename) {
-      blobs.insert(b.name);
-      continue;
+    std::string name = options.rename ? options.rename(b.name) : b.name;
+    if (options.rename) {
+      auto [it, fresh] = original_of.try_emplace(name, b.name);
+      if (!fresh && it->second != b.name) collided.try_emplace(name, it->second, b.name);
     }
-    std::string renamed = options.rename(b.name);
-    auto [it, fresh] = original_of.try_emplace(renamed, b.name);
-    if (!fresh && it->second != b.name) collided.try_emplace(renamed, it->second, b.name);
-    blobs.insert(std::move(renamed));
+    if (rank >= 0 && b.scope == BlobScope::kPerRank) own.insert(name);
+    blobs.insert(std::move(name));
   }
   ValueMatch out;
+  out.rank = rank;
   auto refuse_if_collided = [&](const std::string& name) {
     auto it = collided.find(name);
     if (it != collided.end() && out.status.ok()) out.status = RenameCollision(it->second.first, it->second.second, name);
@@ -433,7 +434,9 @@ ValueMatch MatchValues(const Manifest& manifest, const std::vector<std::string>&
     }
   }
   for (const std::string& b : blobs) {
-    if (!taken.count(b)) out.unexpected.push_back(b);
+    if (taken.count(b)) continue;
+    out.unexpected.push_back(b);
+    if (own.count(b)) out.own_unloaded.push_back(b);
   }
   return out;
 }
@@ -465,10 +468,12 @@ Status MatchVerdict(const Status& local, bool strict, const std::string& dir, co
   for (const std::string& name : unexpected) {
     if (!contains(values.missing, name)) all_unexpected.push_back(name);
   }
+  std::vector<std::string> own_unloaded;
   for (const std::string& name : values.unexpected) {
-    if (!contains(missing, name)) all_unexpected.push_back(name);
+    if (contains(missing, name)) continue;
+    (contains(values.own_unloaded, name) ? own_unloaded : all_unexpected).push_back(name);
   }
-  if (all_missing.empty() && all_unexpected.empty() && kinds.empty()) return Status::Ok();
+  if (all_missing.empty() && all_unexpected.empty() && own_unloaded.empty() && kinds.empty()) return Status::Ok();
   // A value passed where the checkpoint holds tensors under its name: an optimizer's state before
   // its first step. Said first, as the cause: "not in checkpoint: 'optim'" alone read as if the
   // checkpoint lacked the optimizer whose tensors it then listed.
@@ -494,6 +499,11 @@ Status MatchVerdict(const Status& local, bool strict, const std::string& dir, co
   if (!all_unexpected.empty()) {
     message += (message.empty() ? "" : "; ") + std::string("checkpoint ") + dir + " has entries no rank loads: " +
                NameList(all_unexpected);
+  }
+  if (!own_unloaded.empty()) {
+    message += (message.empty() ? "" : "; ") + std::string("checkpoint ") + dir + " holds values each rank saved for " +
+               "itself, and rank " + std::to_string(values.rank) + "'s state leaves its own out: " +
+               NameList(own_unloaded);
   }
   for (const std::string& kind : kinds) message += (message.empty() ? "" : "; ") + kind;
   if (holder.empty()) message += " (a non-strict load loads the rest and reports them)";
