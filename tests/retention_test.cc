@@ -596,6 +596,24 @@ TEST_F(RetentionTest, AStaleLatestIsPlannedAsReadersResolveIt) {
   EXPECT_EQ(Names(), std::vector<std::string>{StepDirName(3)});
 }
 
+// A folder named `latest` (someone's mkdir) failed every save at its last step, the rename of
+// latest.tmp over it, after the data was written. The save is refused before it writes, naming it.
+TEST_F(RetentionTest, AFolderNamedLatestFailsTheSaveBeforeItWrites) {
+  ASSERT_TRUE(SaveStep(1).ok());
+  const std::string latest = JoinPath(root(), kLatestName);
+  ASSERT_EQ(::unlink(latest.c_str()), 0);
+  ASSERT_TRUE(MakeDir(latest).ok());
+  Result<SaveResult> saved = SaveStep(2);
+  ASSERT_FALSE(saved.ok());
+  EXPECT_EQ(saved.status().code(), Code::kFailedPrecondition);
+  EXPECT_THAT(saved.status().message(), HasSubstr(latest + " is a folder"));
+  EXPECT_EQ(Names(), std::vector<std::string>{StepDirName(1)});  // nothing written, nothing lost
+  EXPECT_EQ(LoadStep(root()).value(), 1);
+  ASSERT_EQ(::rmdir(latest.c_str()), 0);
+  ASSERT_TRUE(SaveStep(2).ok());
+  EXPECT_EQ(Latest(), StepDirName(2));
+}
+
 // The same on disk, as `prune --keep-last 1` and a save's keep_last apply it (no metric ranked,
 // so only the newest manifests are read): it removed the only checkpoint that loaded.
 TEST_F(RetentionTest, KeepLastWithTheNewestDamagedKeepsTheNewestThatLoads) {
@@ -677,6 +695,12 @@ TEST_F(RetentionTest, AStepFolderThatCannotBeReachedIsLeftAndTheRootRefused) {
   EXPECT_THAT(resolved.status().message(),
               HasSubstr(StepDir(4) + ", newer than " + StepDirName(2) + ", is a link to " + JoinPath(archive, StepDirName(4)) +
                         ", which cannot be reached"));
+  // Named directly, the folder is said to be such a link (it said "does not exist").
+  Result<std::string> direct = ResolveCheckpoint(StepDir(4));
+  ASSERT_FALSE(direct.ok());
+  EXPECT_EQ(direct.status().code(), Code::kFailedPrecondition);
+  EXPECT_THAT(direct.status().message(),
+              HasSubstr(StepDir(4) + " is a link to " + JoinPath(archive, StepDirName(4)) + ", which cannot be reached"));
   std::vector<std::string> removed;
   std::vector<RemovalFailure> failed;
   ASSERT_TRUE(RemoveStaleTempDirs(root(), &removed, nullptr, &failed).ok());

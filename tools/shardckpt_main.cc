@@ -480,6 +480,14 @@ std::string MetricsText(const std::map<std::string, double>& metrics) {
   return out.empty() ? "-" : out;
 }
 
+// list and prune take a root folder; a link to one that cannot be reached now (an archive not
+// mounted, a loop of links) is named as such, not as "not a folder".
+Status RequireRootFolder(const std::string& root) {
+  if (IsDirectory(root)) return Status::Ok();
+  if (const std::string why = UnreachableStepFolder(root); !why.empty()) return FailedPrecondition(root + " is " + why);
+  return NotFound(root + " is not a folder");
+}
+
 int List(int argc, char** argv) {
   po::options_description flags("list: every checkpoint of a root, and which ones retention would keep");
   flags.add_options()("json", "machine-readable output");
@@ -487,7 +495,7 @@ int List(int argc, char** argv) {
   po::variables_map vm = Parse("list", flags, "ROOT", argc, argv);
   const std::string root = vm["ROOT"].as<std::string>();
   RetentionPolicy policy = PolicyFrom(vm);
-  if (!IsDirectory(root)) return Fail(NotFound(root + " is not a folder"));  // as prune says it
+  if (Status folder = RequireRootFolder(root); !folder.ok()) return Fail(folder);
   if (Status root_ok = RefuseCheckpointAsRoot(root, "list"); !root_ok.ok()) return Fail(root_ok);
   Result<std::vector<CheckpointInfo>> all = ListCheckpoints(root);
   if (!all.ok()) return Fail(all.status());
@@ -567,7 +575,7 @@ int Prune(int argc, char** argv) {
   RetentionPolicy policy = PolicyFrom(vm);
   if (policy.KeepsEverything()) throw Usage{"prune needs --keep-last K and/or --keep-best K (K >= 1)"};
   const bool dry_run = vm.count("dry-run") > 0;
-  if (!IsDirectory(root)) return Fail(NotFound(root + " is not a folder"));
+  if (Status folder = RequireRootFolder(root); !folder.ok()) return Fail(folder);
   if (Status root_ok = RefuseCheckpointAsRoot(root, "prune"); !root_ok.ok()) return Fail(root_ok);
   // A folder with nothing a save writes (no step, temporary or retired folder, no `latest`): not
   // a root, or not one yet; said so, and no lock files are left in it. A dry run (no lock, a

@@ -251,6 +251,10 @@ Result<std::string> ResolveCheckpoint(const std::string& path) {
   if (path.empty()) return InvalidArgument("the checkpoint path is empty (an unset variable?)");
   if (PathExists(JoinPath(path, kManifestName))) return path;
   if (IsDcpFolder(path)) return path;  // a PyTorch DCP folder, read in place (engine/formats/dcp_read.h)
+  // A link that cannot be followed now (an archive not mounted, a loop) is named for what it is.
+  if (const std::string why = UnreachableStepFolder(path); !why.empty()) {
+    return FailedPrecondition(path + " is " + why);
+  }
   if (!PathExists(path)) return NotFound(path + " does not exist");
   const bool is_dir = IsDirectory(path);
   if (!is_dir) {
@@ -591,6 +595,14 @@ Status RemoveStaleTempDirs(const std::string& root, std::vector<std::string>* re
 }
 
 Status RepairLatest(const std::string& root) {
+  const std::string latest = JoinPath(root, kLatestName);
+  // A folder there (someone's mkdir) would fail the save at its last step, the rename of
+  // latest.tmp over it, after all its bytes were written: refused before. A link to a folder is
+  // replaced like a file.
+  if (struct stat st {}; ::lstat(latest.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    return FailedPrecondition(latest + " is a folder, where shardckpt keeps the file that names the newest checkpoint: "
+                              "move it out of the root (readers find the newest step folder without it)");
+  }
   std::vector<std::pair<int64_t, std::string>> without_manifest;
   SC_ASSIGN_OR_RETURN(auto committed, ListCommitted(root, &without_manifest));
   if (committed.empty()) return Status::Ok();
@@ -598,7 +610,6 @@ Status RepairLatest(const std::string& root) {
   // A newer step folder that cannot be reached now is the newest once it can be again: `latest`
   // is not turned back to an older one meanwhile.
   if (!UnreachableNewerThan(root, without_manifest, committed.back().first).first.empty()) return Status::Ok();
-  const std::string latest = JoinPath(root, kLatestName);
   const std::string named = ReadLatestName(root);
   if (named == newest) return Status::Ok();
   SC_LOG(kWarn) << "repairing " << latest << ": it named " << (named.empty() ? "nothing" : "'" + named + "'")
