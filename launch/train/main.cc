@@ -265,12 +265,16 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
       // NotFound is also a strict load's verdict on a checkpoint of another model: the advice
       // says when it applies.
       const Code code = report.status().code();
-      if (rank == 0 && (code == Code::kDataLoss || code == Code::kNotFound) && (resume == 2 || config.resume_from.empty())) {
+      // An I/O error (a file made unreadable, EACCES; a broken mount, EIO) gets it too.
+      const char* when = code == Code::kNotFound  ? "if files of the checkpoint are missing, "
+                         : code == Code::kIoError ? "if its files cannot be read (permissions, a broken mount), fix that, or "
+                                                  : "";
+      if (rank == 0 && (code == Code::kDataLoss || code == Code::kNotFound || code == Code::kIoError) &&
+          (resume == 2 || config.resume_from.empty())) {
         std::fprintf(stderr, "%sto resume from an earlier checkpoint: --resume-from %s/step-NNNNNNNNN (its folder) with --ckpt a new "
                              "root, or move the damaged folder out of %s (`shardckpt list %s` shows them, "
                              "`shardckpt verify FOLDER` checks one)\n",
-                     code == Code::kNotFound ? "if files of the checkpoint are missing, " : "", config.ckpt.c_str(),
-                     config.ckpt.c_str(), config.ckpt.c_str());
+                     when, config.ckpt.c_str(), config.ckpt.c_str(), config.ckpt.c_str());
       }
       return 1;
     }

@@ -137,6 +137,13 @@ EOF2
     # Resumed at or past --steps: says so rather than exiting silently.
     run 2 "$train" "${small[@]}" --ckpt "$work/a" --steps 20 --resume > "$work/nothing.log"
     grep -q "^nothing to train: the run is at step 20 and --steps is 20" "$work/nothing.log"
+    # A resume whose reads fail (EIO: a broken mount; EACCES reads the same) gets the advice a
+    # damaged checkpoint gets, once, with what to fix first.
+    set +e; run 2 -x SHARDCKPT_FAILPOINTS="io.read=EIO" "$train" "${small[@]}" --ckpt "$work/a" --steps 30 --resume \
+      > "$work/eio.log" 2>&1; rc=$?; set -e
+    [ $rc = 1 ] && [ "$(grep -c "resume failed: IoError: .*rank-0000.\.bin" "$work/eio.log")" = 2 ] &&
+      [ "$(grep -c "^if its files cannot be read (permissions, a broken mount), fix that, or to resume from an earlier checkpoint: --resume-from $work/a/step-NNNNNNNNN" "$work/eio.log")" = 1 ] ||
+      { echo "a resume whose reads fail: exit $rc"; cat "$work/eio.log"; exit 1; }
     # --resume-from a checkpoint folder of another root: the same losses, saves go to --ckpt.
     run 2 "$train" "${small[@]}" --ckpt "$work/from" --steps 30 --save-every 30 --resume-from "$work/a/step-000000020" \
       > "$work/from.log"
