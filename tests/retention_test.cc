@@ -296,6 +296,10 @@ TEST_F(RetentionTest, ARootWithLatestAndNothingCommittedIsListedAgainBeforeNotFo
   EXPECT_EQ(none.status().code(), Code::kNotFound);
   EXPECT_THAT(none.status().message(), HasSubstr("latest names 'step-000000001', but"));
   EXPECT_THAT(none.status().message(), HasSubstr("holds no committed checkpoint"));
+  // A NUL byte in `latest` is shown, not where the message stops.
+  ASSERT_TRUE(WriteFileAtomic(JoinPath(root(), kLatestName), std::string("step-000000001\0x\n", 17), "test").ok());
+  EXPECT_THAT(ResolveCheckpoint(root()).status().message(),
+              HasSubstr("latest names 'step-000000001\\0x', but " + root() + " holds no committed checkpoint"));
   // The step appears while the reader is listing again (as a save's rename would).
   std::thread saver([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));

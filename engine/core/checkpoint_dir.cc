@@ -287,7 +287,7 @@ Result<std::string> ResolveCheckpoint(const std::string& path) {
     SC_RETURN_IF_ERROR(RefuseUnreachableNewer(path, without_manifest, -1, ""));
     if (has_latest) {
       Result<std::string> name = ReadFileLimited(latest, 4096);
-      return NotFound(latest + " names " + (name.ok() ? "'" + Trim(*name) + "'" : name.status().message()) +
+      return NotFound(latest + " names " + (name.ok() ? "'" + WithNulsShown(Trim(*name)) + "'" : name.status().message()) +
                       ", but " + path + " holds no committed checkpoint (no step folder with " + kManifestName + ")");
     }
     int64_t step;
@@ -612,7 +612,7 @@ Status RepairLatest(const std::string& root) {
   if (!UnreachableNewerThan(root, without_manifest, committed.back().first).first.empty()) return Status::Ok();
   const std::string named = ReadLatestName(root);
   if (named == newest) return Status::Ok();
-  SC_LOG(kWarn) << "repairing " << latest << ": it named " << (named.empty() ? "nothing" : "'" + named + "'")
+  SC_LOG(kWarn) << "repairing " << latest << ": it named " << (named.empty() ? "nothing" : "'" + WithNulsShown(named) + "'")
                 << ", the newest committed checkpoint is " << newest;
   return WriteFileAtomic(latest, newest + "\n", "commit.repair_latest");
 }
