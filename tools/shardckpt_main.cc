@@ -460,8 +460,15 @@ RetentionPolicy PolicyFrom(const po::variables_map& vm) {
   return policy;
 }
 
+// The one word `list` shows for a folder (its --json `state`).
+const char* StateOf(const CheckpointInfo& c) {
+  if (c.committed) return c.problem.empty() ? "committed" : c.unreadable ? "unreadable" : "damaged";
+  if (c.temp) return "temporary";
+  return c.unreachable.empty() ? "partial" : "unreachable";
+}
+
 json InfoJson(const CheckpointInfo& c) {
-  json out = {{"name", c.name}, {"step", c.step}, {"committed", c.committed}, {"temporary", c.temp},
+  json out = {{"name", c.name}, {"step", c.step}, {"state", StateOf(c)}, {"committed", c.committed}, {"temporary", c.temp},
               {"symlink", c.symlink}, {"time", c.time}, {"world_size", c.world_size}, {"bytes", c.bytes},
               {"metrics", c.metrics}, {"keep", c.keep}, {"why", c.why}};
   if (!c.problem.empty()) out["problem"] = c.problem;
@@ -518,6 +525,16 @@ int List(int argc, char** argv) {
     if (!c.foreign.empty()) return "left: holds " + c.foreign + ", which no save writes";
     return "next save removes";
   };
+  // A step folder newer than every committed one that cannot be reached now: readers refuse the
+  // root while it is so (ResolveCheckpoint), rather than use `latest`.
+  const CheckpointInfo* unreachable_newest = nullptr;
+  for (const CheckpointInfo& c : *all) {
+    if (c.unreachable.empty()) continue;
+    const bool newer = std::none_of(all->begin(), all->end(), [&](const CheckpointInfo& o) {
+      return o.committed && o.step >= c.step;
+    });
+    if (newer && (unreachable_newest == nullptr || c.step > unreachable_newest->step)) unreachable_newest = &c;
+  }
   if (vm.count("json")) {
     json rows = json::array();
     for (const CheckpointInfo& c : *all) {
@@ -526,10 +543,15 @@ int List(int argc, char** argv) {
     }
     json out{{"root", root}, {"latest", latest}, {"save_running", save_running}, {"checkpoints", rows}};
     if (latest_file != latest) out["latest_file"] = latest_file;
+    if (unreachable_newest != nullptr) out["unreachable_newest"] = unreachable_newest->name;
     PrintJson(out);
     return 0;
   }
-  if (latest_file != latest) {
+  if (unreachable_newest != nullptr) {
+    std::fprintf(stderr, "note: %s, newer than every committed checkpoint, is %s: loading the root is refused until it "
+                 "is back (name a checkpoint folder to read an older one)\n",
+                 JoinPath(root, unreachable_newest->name).c_str(), unreachable_newest->unreachable.c_str());
+  } else if (latest_file != latest) {
     const std::string path = JoinPath(root, kLatestName);
     // No `latest` at all: a root copied without it, or one it was removed from; not a save that
     // stopped (which leaves the one before).
@@ -551,10 +573,7 @@ int List(int argc, char** argv) {
   std::printf("%-*s %12s %-10s %-20s %6s %14s  %-28s %s\n", w, "folder", "step", "state", "time", "ranks", "bytes",
               "metrics", "retention");
   for (const CheckpointInfo& c : *all) {
-    const char* state = c.committed ? (c.problem.empty() ? "committed" : c.unreadable ? "unreadable" : "damaged")
-                        : c.temp    ? "temporary"
-                        : !c.unreachable.empty() ? "unreachable"
-                                                 : "partial";
+    const char* state = StateOf(c);
     std::string name = c.name + (c.symlink ? "@" : "");
     std::printf("%-*s %12lld %-10s %-20s %6d %14llu  %-28s %s\n", w, name.c_str(), static_cast<long long>(c.step), state,
                 c.time.empty() ? "-" : c.time.c_str(), c.world_size, static_cast<unsigned long long>(c.bytes),

@@ -126,6 +126,7 @@ EOF2
       { echo "--ckpt '': exit $rc"; cat "$work/bad.log"; exit 1; }
     run 1 "$train" --help | grep -qE -- '--dropout arg \(=0\.1\)' ;;
   exact-resume)
+    cli=$1
     run 2 "$train" "${small[@]}" --steps 30 > "$work/full.log"
     run 2 "$train" "${small[@]}" --ckpt "$work/a" --steps 20 --save-every 10 > "$work/first.log"
     run 2 "$train" "${small[@]}" --ckpt "$work/a" --steps 30 --resume > "$work/resumed.log"
@@ -170,6 +171,14 @@ EOF2
     [ $rc = 1 ] && grep -q "step-000000040, newer than step-000000020, is a link to $work/archive-gone/step-000000040" \
       "$work/linked.log" && ! grep -q '^step ' "$work/linked.log" && [ -L "$work/linked/step-000000040" ] ||
       { echo "a resume with an unreachable newer step folder: exit $rc"; cat "$work/linked.log"; exit 1; }
+    # list says so: the state of the link, and that readers refuse the root rather than use latest.
+    "$cli" list "$work/linked" > "$work/list.out" 2> "$work/list.err"
+    grep -q "^step-000000040@ .* unreachable " "$work/list.out" &&
+      grep -q "^note: $work/linked/step-000000040, newer than every committed checkpoint, is a link to $work/archive-gone/step-000000040, which cannot be reached (No such file or directory): loading the root is refused" "$work/list.err" &&
+      ! grep -q "readers use" "$work/list.err" ||
+      { echo "list of a root whose newest step folder cannot be reached"; cat "$work/list.out" "$work/list.err"; exit 1; }
+    "$cli" list "$work/linked" --json | python3 -c "import json,sys; j=json.load(sys.stdin); assert j['unreachable_newest'] == 'step-000000040', j; \
+states={c['name']: c['state'] for c in j['checkpoints']}; assert states == {'step-000000010': 'committed', 'step-000000020': 'committed', 'step-000000040': 'unreachable'}, states"
     # Its only step folder such a link, no `latest`: a root of someone's checkpoints all the same.
     mkdir -p "$work/onlylink" && ln -s "$work/archive-gone/step-000000040" "$work/onlylink/step-000000040"
     for resume in "" --resume; do
