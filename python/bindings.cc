@@ -810,5 +810,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("consolidate_gguf", &ConsolidateGgufCall);
   // A training script's check of its save root before it makes the folder and trains: refused
   // where a save would refuse it (inside a checkpoint, named as a root's checkpoint folder).
-  m.def("check_save_root", [](const std::string& root) { return Reply(RefuseOutputInCheckpoints(root)); });
+  m.def("check_save_root", [](const std::string& root) {
+    Status refused = RefuseOutputInCheckpoints(root);
+    return Reply(refused.ok() ? CheckLatestIsNoFolder(root) : refused);
+  });
 }

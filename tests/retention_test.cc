@@ -612,6 +612,8 @@ TEST_F(RetentionTest, AFolderNamedLatestFailsTheSaveBeforeItWrites) {
   EXPECT_EQ(saved.status().code(), Code::kFailedPrecondition);
   EXPECT_THAT(saved.status().message(), HasSubstr(latest + " is a folder"));
   EXPECT_EQ(Names(), std::vector<std::string>{StepDirName(1)});  // nothing written, nothing lost
+  EXPECT_FALSE(PathExists(JoinPath(root(), StepDirName(2))));
+  EXPECT_THAT(CheckLatestIsNoFolder(root()).message(), HasSubstr(latest + " is a folder"));
   EXPECT_EQ(LoadStep(root()).value(), 1);
   ASSERT_EQ(::rmdir(latest.c_str()), 0);
   ASSERT_TRUE(SaveStep(2).ok());
@@ -699,12 +701,20 @@ TEST_F(RetentionTest, AStepFolderThatCannotBeReachedIsLeftAndTheRootRefused) {
   EXPECT_THAT(resolved.status().message(),
               HasSubstr(StepDir(4) + ", newer than " + StepDirName(2) + ", is a link to " + JoinPath(archive, StepDirName(4)) +
                         ", which cannot be reached"));
-  // Named directly, the folder is said to be such a link (it said "does not exist").
-  Result<std::string> direct = ResolveCheckpoint(StepDir(4));
-  ASSERT_FALSE(direct.ok());
-  EXPECT_EQ(direct.status().code(), Code::kFailedPrecondition);
-  EXPECT_THAT(direct.status().message(),
-              HasSubstr(StepDir(4) + " is a link to " + JoinPath(archive, StepDirName(4)) + ", which cannot be reached"));
+  // Named directly, the folder is said to be such a link (it said "does not exist"), with a
+  // trailing slash too; a path that is simply not there still does not exist.
+  for (const std::string& named : {StepDir(4), StepDir(4) + "/"}) {
+    Result<std::string> direct = ResolveCheckpoint(named);
+    ASSERT_FALSE(direct.ok());
+    EXPECT_EQ(direct.status().code(), Code::kFailedPrecondition);
+    EXPECT_THAT(direct.status().message(),
+                HasSubstr(named + " is a link to " + JoinPath(archive, StepDirName(4)) + ", which cannot be reached"));
+  }
+  for (const std::string& absent : {JoinPath(root(), "nothing"), JoinPath(root(), std::string(300, 'a'))}) {
+    Result<std::string> none = ResolveCheckpoint(absent);
+    EXPECT_EQ(none.status().code(), Code::kNotFound) << none.status().ToString();
+    EXPECT_THAT(none.status().message(), HasSubstr(absent + " does not exist"));
+  }
   std::vector<std::string> removed;
   std::vector<RemovalFailure> failed;
   ASSERT_TRUE(RemoveStaleTempDirs(root(), &removed, nullptr, &failed).ok());

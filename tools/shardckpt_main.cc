@@ -491,7 +491,7 @@ std::string MetricsText(const std::map<std::string, double>& metrics) {
 // mounted, a loop of links) is named as such, not as "not a folder".
 Status RequireRootFolder(const std::string& root) {
   if (IsDirectory(root)) return Status::Ok();
-  if (const std::string why = UnreachableStepFolder(root); !why.empty()) return FailedPrecondition(root + " is " + why);
+  if (const std::string why = UnreachableLink(root); !why.empty()) return FailedPrecondition(root + " is " + why);
   return NotFound(root + " is not a folder");
 }
 
@@ -526,15 +526,16 @@ int List(int argc, char** argv) {
     return "next save removes";
   };
   // A step folder newer than every committed one that cannot be reached now: readers refuse the
-  // root while it is so (ResolveCheckpoint), rather than use `latest`.
+  // root while it is so, naming the first such step (ResolveCheckpoint), rather than use `latest`.
   const CheckpointInfo* unreachable_newest = nullptr;
   for (const CheckpointInfo& c : *all) {
     if (c.unreachable.empty()) continue;
     const bool newer = std::none_of(all->begin(), all->end(), [&](const CheckpointInfo& o) {
       return o.committed && o.step >= c.step;
     });
-    if (newer && (unreachable_newest == nullptr || c.step > unreachable_newest->step)) unreachable_newest = &c;
+    if (newer && (unreachable_newest == nullptr || c.step < unreachable_newest->step)) unreachable_newest = &c;
   }
+  const Status latest_in_the_way = CheckLatestIsNoFolder(root);
   if (vm.count("json")) {
     json rows = json::array();
     for (const CheckpointInfo& c : *all) {
@@ -544,20 +545,25 @@ int List(int argc, char** argv) {
     json out{{"root", root}, {"latest", latest}, {"save_running", save_running}, {"checkpoints", rows}};
     if (latest_file != latest) out["latest_file"] = latest_file;
     if (unreachable_newest != nullptr) out["unreachable_newest"] = unreachable_newest->name;
+    if (!latest_in_the_way.ok()) out["latest_is_a_folder"] = true;
     PrintJson(out);
     return 0;
   }
+  if (!latest_in_the_way.ok()) {
+    std::fprintf(stderr, "note: %s; saves and prune refuse the root until then\n", latest_in_the_way.message().c_str());
+  }
   if (unreachable_newest != nullptr) {
     std::fprintf(stderr, "note: %s, newer than every committed checkpoint, is %s: loading the root is refused until it "
-                 "is back (name a checkpoint folder to read an older one)\n",
-                 JoinPath(root, unreachable_newest->name).c_str(), unreachable_newest->unreachable.c_str());
-  } else if (latest_file != latest) {
+                 "is back%s\n",
+                 JoinPath(root, unreachable_newest->name).c_str(), unreachable_newest->unreachable.c_str(),
+                 latest.empty() ? " (the root holds no committed checkpoint)" : " (name a checkpoint folder to read an older one)");
+  } else if (latest_file != latest && latest_in_the_way.ok()) {
     const std::string path = JoinPath(root, kLatestName);
     // No `latest` at all: a root copied without it, or one it was removed from; not a save that
     // stopped (which leaves the one before).
     const bool missing = latest_file.empty() && !PathExists(path);
     const std::string named = missing ? root + " has no " + kLatestName + " file"
-                                      : path + " names " + (latest_file.empty() ? "nothing" : latest_file);
+                                      : path + " names " + (latest_file.empty() ? "nothing" : WithNulsShown(latest_file));
     if (latest.empty()) {
       std::fprintf(stderr, "note: %s, which is not a committed checkpoint\n", named.c_str());
     } else {
@@ -639,6 +645,8 @@ int Prune(int argc, char** argv) {
   if (!plan_only) {
     Status repaired = RepairLatest(root);
     if (!repaired.ok()) return Fail(repaired);
+  } else if (Status latest_ok = CheckLatestIsNoFolder(root); !latest_ok.ok()) {
+    return Fail(latest_ok);  // as the real prune refuses it
   }
   // A dry run beside a live save must not call the save's temporary folder a leftover.
   const bool save_running = dry_run && RootLock::Held(root);

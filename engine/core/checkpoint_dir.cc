@@ -237,8 +237,8 @@ Status RefuseUnreachableNewer(const std::string& root, const std::vector<std::pa
   const auto [name, why] = UnreachableNewerThan(root, without_manifest, newest_step);
   if (name.empty()) return Status::Ok();
   if (newest.empty()) {
-    return FailedPrecondition(JoinPath(root, name) + ", the only step folder with a step, is " + why +
-                              ": bring it back (mount the archive)");
+    return FailedPrecondition(JoinPath(root, name) + " is " + why + ", and " + root +
+                              " holds no committed checkpoint: bring it back (mount the archive)");
   }
   return FailedPrecondition(JoinPath(root, name) + ", newer than " + newest + ", is " + why +
                             ": bring it back (mount the archive), or name the checkpoint folder to read, such as " +
@@ -252,9 +252,7 @@ Result<std::string> ResolveCheckpoint(const std::string& path) {
   if (PathExists(JoinPath(path, kManifestName))) return path;
   if (IsDcpFolder(path)) return path;  // a PyTorch DCP folder, read in place (engine/formats/dcp_read.h)
   // A link that cannot be followed now (an archive not mounted, a loop) is named for what it is.
-  if (const std::string why = UnreachableStepFolder(path); !why.empty()) {
-    return FailedPrecondition(path + " is " + why);
-  }
+  if (const std::string why = UnreachableLink(path); !why.empty()) return FailedPrecondition(path + " is " + why);
   if (!PathExists(path)) return NotFound(path + " does not exist");
   const bool is_dir = IsDirectory(path);
   if (!is_dir) {
@@ -321,7 +319,7 @@ Result<std::string> ResolveCheckpoint(const std::string& path) {
     // without a word.
     LogOnce(LogLevel::kWarn, "stale-latest:" + latest,
             latest + " does not name the newest committed checkpoint " + newest +
-                " (a save stopped between its rename and `latest`, or it was edited); using " + newest +
+                " (a save is committing now, or stopped between its rename and `latest`, or it was edited); using " + newest +
                 " (to read another checkpoint, name its folder)");
   }
   return JoinPath(path, newest);
@@ -486,21 +484,30 @@ std::string FirstEntryNoSaveWrites(const std::string& dir) {
   return "";
 }
 
+namespace {
+std::string LinkTarget(const std::string& link) {
+  std::error_code error;
+  const std::filesystem::path to = std::filesystem::read_symlink(link, error);
+  return error ? std::string("?") : to.string();
+}
+}  // namespace
+
+std::string UnreachableLink(const std::string& path) {
+  // "dir/" makes lstat follow the link: the name itself is looked at.
+  const std::string name = WithoutTrailingSlashes(path);
+  int error = 0;
+  if (!IsDanglingLink(name, &error)) return "";
+  return "a link to " + LinkTarget(name) + ", which cannot be reached (" + std::strerror(error) + ")";
+}
+
 std::string UnreachableStepFolder(const std::string& dir) {
   // Links only, and still links after the stat that failed (IsDanglingLink): a manifest that
   // retention unlinks (or a folder it renames away) meanwhile is a name gone, not unreachable.
-  auto target = [](const std::string& link) {
-    std::error_code error;
-    const std::filesystem::path to = std::filesystem::read_symlink(link, error);
-    return error ? std::string("?") : to.string();
-  };
+  if (std::string link = UnreachableLink(dir); !link.empty()) return link;
   int error = 0;
-  if (IsDanglingLink(dir, &error)) {
-    return "a link to " + target(dir) + ", which cannot be reached (" + std::strerror(error) + ")";
-  }
   const std::string manifest = JoinPath(dir, kManifestName);
   if (IsDanglingLink(manifest, &error)) {
-    return "a folder whose " + std::string(kManifestName) + " is a link to " + target(manifest) +
+    return "a folder whose " + std::string(kManifestName) + " is a link to " + LinkTarget(manifest) +
            ", which cannot be reached (" + std::strerror(error) + ")";
   }
   // Not "no manifest" either: one that cannot be looked for (no permission on the folder, EIO,
@@ -594,15 +601,18 @@ Status RemoveStaleTempDirs(const std::string& root, std::vector<std::string>* re
   return Status::Ok();
 }
 
-Status RepairLatest(const std::string& root) {
+Status CheckLatestIsNoFolder(const std::string& root) {
   const std::string latest = JoinPath(root, kLatestName);
-  // A folder there (someone's mkdir) would fail the save at its last step, the rename of
-  // latest.tmp over it, after all its bytes were written: refused before. A link to a folder is
-  // replaced like a file.
   if (struct stat st {}; ::lstat(latest.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
     return FailedPrecondition(latest + " is a folder, where shardckpt keeps the file that names the newest checkpoint: "
                               "move it out of the root (readers find the newest step folder without it)");
   }
+  return Status::Ok();
+}
+
+Status RepairLatest(const std::string& root) {
+  SC_RETURN_IF_ERROR(CheckLatestIsNoFolder(root));
+  const std::string latest = JoinPath(root, kLatestName);
   std::vector<std::pair<int64_t, std::string>> without_manifest;
   SC_ASSIGN_OR_RETURN(auto committed, ListCommitted(root, &without_manifest));
   if (committed.empty()) return Status::Ok();

@@ -112,6 +112,10 @@ std::string FirstEntryNoSaveWrites(const std::string& dir);
 // and a root whose newest step folder is one is refused rather than read at an older step.
 // "" for anything else.
 std::string UnreachableStepFolder(const std::string& dir);
+// The first case of it alone, for a path a user names (a root, a checkpoint folder): "a link to
+// T, which cannot be reached (errno text)" when `path` (trailing slashes ignored) is a link that
+// cannot be followed now, else "".
+std::string UnreachableLink(const std::string& path);
 // The step folder of `without_manifest` (from ListCommitted) newer than `step` that cannot be
 // reached (UnreachableStepFolder), as {name, why}; empty strings when there is none.
 std::pair<std::string, std::string> UnreachableNewerThan(
@@ -155,6 +159,11 @@ Status RefuseOutputInCheckpoint(const std::string& out, const std::string& check
 // root's `latest`. A root made inside a step folder was deleted with it by the next retention.
 Status RefuseOutputInCheckpoints(const std::string& out);
 
+// Refuses a folder at root/latest (someone's mkdir), where saves keep the file naming the newest
+// checkpoint: the save's last step, the rename of latest.tmp over it, would fail after all its
+// bytes were written. Checked by RepairLatest (every save and prune), prune --dry-run and the
+// trainers before they train. A link there, even to a folder, is replaced like a file.
+Status CheckLatestIsNoFolder(const std::string& root);
 // Rewrites `latest` when it does not name the newest committed checkpoint. Root lock held.
 Status RepairLatest(const std::string& root);
 

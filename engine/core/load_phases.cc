@@ -395,7 +395,6 @@ ValueMatch MatchValues(const Manifest& manifest, const std::vector<std::string>&
     blobs.insert(std::move(name));
   }
   ValueMatch out;
-  out.rank = rank;
   auto refuse_if_collided = [&](const std::string& name) {
     auto it = collided.find(name);
     if (it != collided.end() && out.status.ok()) out.status = RenameCollision(it->second.first, it->second.second, name);
@@ -501,9 +500,9 @@ Status MatchVerdict(const Status& local, bool strict, const std::string& dir, co
                NameList(all_unexpected);
   }
   if (!own_unloaded.empty()) {
-    message += (message.empty() ? "" : "; ") + std::string("checkpoint ") + dir + " holds values each rank saved for " +
-               "itself, and rank " + std::to_string(values.rank) + "'s state leaves its own out: " +
-               NameList(own_unloaded);
+    // Without the rank's number: the ranks' errors are merged where they read the same.
+    message += (message.empty() ? "" : "; ") + std::string("checkpoint ") + dir +
+               " holds per-rank values this rank saved that its state now leaves out: " + NameList(own_unloaded);
   }
   for (const std::string& kind : kinds) message += (message.empty() ? "" : "; ") + kind;
   if (holder.empty()) message += " (a non-strict load loads the rest and reports them)";

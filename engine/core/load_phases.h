@@ -111,10 +111,9 @@ std::vector<std::string> UnwantedEntries(const Manifest& manifest, const Demand&
 // only some are there), and blobs no wanted value takes.
 struct ValueMatch {
   std::vector<std::string> missing, unexpected;
-  // Of `unexpected`, this rank's own per-rank values (at the saved world size): each rank saved
-  // one, and this rank's state left its name out. Named as such, not as "no rank loads".
+  // Of `unexpected`, this rank's own per-rank values (at the saved world size): this rank saved
+  // one, and its state left the name out. Named as such, not as "no rank loads".
   std::vector<std::string> own_unloaded;
-  int rank = -1;
   Status status;  // a wanted value the rename made of two saved values
 };
 // At the saved world size a rank takes only its own per-rank blobs (as PlanReads gives them):

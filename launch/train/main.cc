@@ -203,7 +203,7 @@ Status CheckWritable(const std::string& root) {
   SC_RETURN_IF_ERROR(RefuseOutputInCheckpoints(root));  // before making it inside a checkpoint
   SC_RETURN_IF_ERROR(MakeDirs(root));
   if (::access(root.c_str(), W_OK) != 0) return ErrnoStatus(errno, "write into " + root);
-  return Status::Ok();
+  return CheckLatestIsNoFolder(root);  // else the first save fails, a save interval of training later
 }
 
 int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Config& config,
@@ -265,11 +265,14 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
       // NotFound is also a strict load's verdict on a checkpoint of another model: the advice
       // says when it applies.
       const Code code = report.status().code();
-      // An I/O error (a file made unreadable, EACCES; a broken mount, EIO) gets it too.
-      const char* when = code == Code::kNotFound  ? "if files of the checkpoint are missing, "
-                         : code == Code::kIoError ? "if its files cannot be read (permissions, a broken mount), fix that, or "
-                                                  : "";
-      if (rank == 0 && (code == Code::kDataLoss || code == Code::kNotFound || code == Code::kIoError) &&
+      // An I/O error reading the checkpoint's files (a file made unreadable, EACCES; a broken
+      // mount, EIO) gets it too; not one of MPI's or a device's, which are IoError as well.
+      const bool unreadable =
+          code == Code::kIoError && report.status().message().find(config.ckpt + "/") != std::string::npos;
+      const char* when = code == Code::kNotFound ? "if files of the checkpoint are missing, "
+                         : unreadable ? "its files cannot be read (a permission, a broken mount?): fix that; or, "
+                                      : "";
+      if (rank == 0 && (code == Code::kDataLoss || code == Code::kNotFound || unreadable) &&
           (resume == 2 || config.resume_from.empty())) {
         std::fprintf(stderr, "%sto resume from an earlier checkpoint: --resume-from %s/step-NNNNNNNNN (its folder) with --ckpt a new "
                              "root, or move the damaged folder out of %s (`shardckpt list %s` shows them, "

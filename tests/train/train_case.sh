@@ -143,8 +143,22 @@ EOF2
     set +e; run 2 -x SHARDCKPT_FAILPOINTS="io.read=EIO" "$train" "${small[@]}" --ckpt "$work/a" --steps 30 --resume \
       > "$work/eio.log" 2>&1; rc=$?; set -e
     [ $rc = 1 ] && [ "$(grep -c "resume failed: IoError: .*rank-0000.\.bin" "$work/eio.log")" = 2 ] &&
-      [ "$(grep -c "^if its files cannot be read (permissions, a broken mount), fix that, or to resume from an earlier checkpoint: --resume-from $work/a/step-NNNNNNNNN" "$work/eio.log")" = 1 ] ||
+      [ "$(grep -c "^its files cannot be read (a permission, a broken mount?): fix that; or, to resume from an earlier checkpoint: --resume-from $work/a/step-NNNNNNNNN" "$work/eio.log")" = 1 ] ||
       { echo "a resume whose reads fail: exit $rc"; cat "$work/eio.log"; exit 1; }
+    # A folder named latest (someone's mkdir): list says saves refuse the root, prune --dry-run
+    # refuses as prune does, and --resume is refused before training, not at its first save.
+    cp -a "$work/a" "$work/dirlatest" && rm "$work/dirlatest/latest" && mkdir "$work/dirlatest/latest"
+    "$cli" list "$work/dirlatest" > /dev/null 2> "$work/list.err"
+    grep -q "^note: $work/dirlatest/latest is a folder, .*saves and prune refuse the root until then" "$work/list.err" &&
+      ! grep -q "mends it" "$work/list.err" || { echo "list of a root with a latest folder"; cat "$work/list.err"; exit 1; }
+    set +e; "$cli" prune "$work/dirlatest" --keep-last 1 --dry-run > "$work/prune.out" 2>&1; rc=$?; set -e
+    [ $rc = 1 ] && grep -q "latest is a folder" "$work/prune.out" && ! grep -q "would remove" "$work/prune.out" ||
+      { echo "prune --dry-run with a latest folder: exit $rc"; cat "$work/prune.out"; exit 1; }
+    set +e; run 2 "$train" "${small[@]}" --ckpt "$work/dirlatest" --steps 30 --save-every 10 --resume > "$work/dirlatest.log" 2>&1
+    rc=$?; set -e
+    [ $rc = 1 ] && grep -q "cannot save into --ckpt $work/dirlatest: .*$work/dirlatest/latest is a folder" "$work/dirlatest.log" &&
+      ! grep -q '^step ' "$work/dirlatest.log" ||
+      { echo "a resume into a root with a latest folder: exit $rc"; cat "$work/dirlatest.log"; exit 1; }
     # --resume-from a checkpoint folder of another root: the same losses, saves go to --ckpt.
     run 2 "$train" "${small[@]}" --ckpt "$work/from" --steps 30 --save-every 30 --resume-from "$work/a/step-000000020" \
       > "$work/from.log"
