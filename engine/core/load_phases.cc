@@ -367,7 +367,43 @@ LocalMatch MatchPieces(const Manifest& manifest, const ShardedState& targets, co
 
 Demand CombineWants(const std::vector<std::string>& all_wants, size_t entries) {
   AllRanksWant all = CombineEntryWants(all_wants, entries);
-  return Demand{std::move(all.any), std::move(all.whole_by_all), std::move(all.whole_on_device_everywhere)};
+  return Demand{std::move(all.any), std::move(all.whole_by_all), std::move(all.whole_on_device_everywhere),
+                std::move(all.whole_by_some)};
+}
+
+Result<std::vector<std::string>> EntriesLoadedInPart(Communicator& comm, const Manifest& manifest,
+                                                     const ShardedState& targets, const LocalMatch& local,
+                                                     const Demand& demand) {
+  constexpr size_t kNone = SIZE_MAX;
+  std::vector<size_t> slot_of(manifest.entries.size(), kNone);
+  std::vector<size_t> checked;  // the entries wanted only in parts, in manifest order
+  for (size_t e = 0; e < manifest.entries.size(); ++e) {
+    if (demand.wanted_any[e] && !demand.wanted_whole_by_some[e]) {
+      slot_of[e] = checked.size();
+      checked.push_back(e);
+    }
+  }
+  std::vector<std::string> short_of;
+  if (checked.empty()) return short_of;  // the same on every rank: none calls the reduction
+  std::vector<double> elements(checked.size(), 0.0);  // exact below 2^53 elements
+  const std::vector<TensorPiece>& pieces = targets.pieces();
+  for (size_t p = 0; p < pieces.size(); ++p) {
+    const long e = local.entry_of_piece[p];
+    if (e < 0 || slot_of[static_cast<size_t>(e)] == kNone) continue;
+    Result<int64_t> count = NumElements(LocalShape(pieces[p].layout, manifest.entries[static_cast<size_t>(e)].shape));
+    if (count.ok()) elements[slot_of[static_cast<size_t>(e)]] += static_cast<double>(*count);
+  }
+  SC_RETURN_IF_ERROR(comm.AllReduceSumDouble(elements.data(), elements.size()));
+  for (size_t k = 0; k < checked.size(); ++k) {
+    const EntryRecord& entry = manifest.entries[checked[k]];
+    const Result<int64_t> whole = NumElements(entry.shape);
+    const int64_t numel = whole.ok() ? *whole : 0;
+    if (elements[k] < static_cast<double>(numel)) {
+      short_of.push_back("'" + entry.name + "' (" + std::to_string(static_cast<int64_t>(elements[k])) + " of " +
+                         std::to_string(numel) + " elements)");
+    }
+  }
+  return short_of;
 }
 
 std::vector<std::string> UnwantedEntries(const Manifest& manifest, const Demand& demand) {
@@ -611,19 +647,37 @@ Result<Match> MatchEntries(Communicator& comm, const Manifest& manifest, const s
   match.local = MatchPieces(manifest, targets, options);
   report->missing = match.local.missing;
   std::vector<std::string> all_wants;
-  SC_RETURN_IF_ERROR(comm.AllGather(EncodeEntryWants(match.local.wants), &all_wants));
+  // One byte past the entries' says whether the rank loads strictly: a rank that does makes every
+  // rank take part in the coverage count below (the same collectives on every rank).
+  std::string my_wants = EncodeEntryWants(match.local.wants);
+  my_wants.push_back(options.strict ? '\1' : '\0');
+  SC_RETURN_IF_ERROR(comm.AllGather(my_wants, &all_wants));
   match.demand = CombineWants(all_wants, manifest.entries.size());
+  const bool some_rank_strict = std::any_of(all_wants.begin(), all_wants.end(), [&](const std::string& w) {
+    return w.size() > manifest.entries.size() && w[manifest.entries.size()] != '\0';
+  });
   report->unexpected = UnwantedEntries(manifest, match.demand);
   const int same_world_rank = manifest.world_size == comm.size() ? comm.rank() : -1;
   const ValueMatch values =
       options.wanted_values ? MatchValues(manifest, *options.wanted_values, options, same_world_rank) : ValueMatch{};
   // A target the state refused is missing from it: that refusal is the cause, not what is missing.
   const Status refused = targets.CheckNothingRefused();
-  SC_RETURN_IF_ERROR(AgreeOnStatus(comm, !refused.ok() ? refused
-                                                      : MatchVerdict(match.local.status, options.strict, dir, report->missing,
-                                                                     report->unexpected, values,
-                                                                     options.wanted_values ? *options.wanted_values
-                                                                                           : std::vector<std::string>{})));
+  Status verdict = !refused.ok() ? refused
+                                  : MatchVerdict(match.local.status, options.strict, dir, report->missing,
+                                                 report->unexpected, values,
+                                                 options.wanted_values ? *options.wanted_values : std::vector<std::string>{});
+  if (some_rank_strict) {
+    SC_ASSIGN_OR_RETURN(const std::vector<std::string> in_part,
+                        EntriesLoadedInPart(comm, manifest, targets, match.local, match.demand));
+    if (verdict.ok() && options.strict && !in_part.empty()) {
+      std::string names;
+      for (const std::string& n : in_part) names += (names.empty() ? "" : ", ") + n;
+      verdict = InvalidArgument("checkpoint " + dir + " has entries no rank loads all of (the ranks' pieces together " +
+                                "hold fewer elements than the tensor; a rank left the name out, or a layout stops " +
+                                "short): " + names + " (a non-strict load loads the rest)");
+    }
+  }
+  SC_RETURN_IF_ERROR(AgreeOnStatus(comm, verdict));
   SC_ASSIGN_OR_RETURN(ReplicatedReadChoice choice, AgreeOnBroadcast(comm, options, dir));
   match.reader_of = AssignReaders(match.demand, choice.broadcast, comm.size());
   match.same_pages = choice.same_pages;

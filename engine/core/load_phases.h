@@ -100,8 +100,19 @@ struct Demand {
   std::vector<bool> wanted_any;                  // some rank reads it
   std::vector<bool> wanted_whole_by_all;         // every rank wants it whole, none a part
   std::vector<bool> whole_on_device_everywhere;  // every rank's whole piece is on a device
+  std::vector<bool> wanted_whole_by_some;        // some rank wants it whole
 };
 Demand CombineWants(const std::vector<std::string>& all_wants, size_t entries);
+
+// Strict loads: the entries that no rank wants whole and whose parts, over every rank, hold fewer
+// elements than the tensor (collective: every rank calls it with the same demand). Each rank's
+// elements of each such entry are summed over the ranks in one reduction: a sum short of the
+// tensor proves elements that no rank loads (a rank that left the name out, a layout that stops
+// short). Parts that overlap and also leave a gap sum to enough, and are not caught. As
+// "'name' (N of M elements)", in manifest order.
+Result<std::vector<std::string>> EntriesLoadedInPart(Communicator& comm, const Manifest& manifest,
+                                                     const ShardedState& targets, const LocalMatch& local,
+                                                     const Demand& demand);
 
 // Checkpoint entries no rank wants.
 std::vector<std::string> UnwantedEntries(const Manifest& manifest, const Demand& demand);

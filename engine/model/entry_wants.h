@@ -50,17 +50,19 @@ struct AllRanksWant {
   std::vector<bool> any;                        // some rank loads it
   std::vector<bool> whole_by_all;               // every rank wants it whole and no rank a part
   std::vector<bool> whole_on_device_everywhere;  // every rank's whole piece is in device memory
+  std::vector<bool> whole_by_some;              // some rank wants it whole
 };
 
 inline AllRanksWant CombineEntryWants(const std::vector<std::string>& per_rank, size_t entries) {
   AllRanksWant all{std::vector<bool>(entries, false), std::vector<bool>(entries, true),
-                   std::vector<bool>(entries, true)};
+                   std::vector<bool>(entries, true), std::vector<bool>(entries, false)};
   for (const std::string& bytes : per_rank) {
     for (size_t i = 0; i < entries; ++i) {
       const EntryWant w = EntryWant::Decode(i < bytes.size() ? bytes[i] : '\0');
       if (w.wanted) all.any[i] = true;
       if (!w.whole || w.part) all.whole_by_all[i] = false;
       if (!w.whole_on_device) all.whole_on_device_everywhere[i] = false;
+      if (w.whole) all.whole_by_some[i] = true;
     }
   }
   return all;

@@ -424,6 +424,37 @@ def test_unexpected_entries_refused_by_a_strict_load(root):
     assert sorted(report.unexpected) == ["blob", "extra"] and torch.equal(target["a"], torch.ones(2))
 
 
+def test_a_strict_load_refuses_a_tensor_no_rank_loads_all_of(root, comm):
+    # Every rank loads a part of "w" (elements [2r, 2r+2)); one rank leaving it out left elements
+    # no rank loaded, and the strict load passed without a word.
+    n, r = comm.size, comm.rank
+    shardckpt.save({"w": shardckpt.FlatShard(torch.arange(2.0 * r, 2.0 * r + 2), [2 * n], 2 * r)}, root, step=1)
+    target = {"w": shardckpt.FlatShard(torch.zeros(2), [2 * n], 2 * r)}
+    shardckpt.load(target, root)  # all of it, between the ranks
+    assert torch.equal(target["w"].local, torch.arange(2.0 * r, 2.0 * r + 2))
+    if n == 1:
+        return
+    partial = {} if r == n - 1 else {"w": shardckpt.FlatShard(torch.zeros(2), [2 * n], 2 * r)}
+    with pytest.raises(shardckpt.InvalidArgument) as error:
+        shardckpt.load(partial, root)
+    assert "has entries no rank loads all of" in error.value.message, error.value.message
+    assert "'w' (%d of %d elements)" % (2 * n - 2, 2 * n) in error.value.message, error.value.message
+    report = shardckpt.load(partial, root, strict=False)  # the rest loads
+    if r != n - 1:
+        assert torch.equal(partial["w"].local, torch.arange(2.0 * r, 2.0 * r + 2))
+
+
+def test_a_module_or_optimizer_passed_to_load_is_named(root):
+    model = torch.nn.Linear(2, 2)
+    shardckpt.save({"model": model.state_dict()}, root, step=1)
+    for target, kind in ((model, "torch.nn.modules.linear.Linear"), (torch.optim.SGD(model.parameters(), lr=0.1),
+                                                                     "torch.optim.sgd.SGD")):
+        for strict in (True, False):
+            with pytest.raises(shardckpt.InvalidArgument) as error:
+                shardckpt.load({"model": target}, root, strict=strict)
+            assert "'model' is a %s: load into its state_dict()" % kind in error.value.message, error.value.message
+
+
 def test_a_fresh_optimizer_is_not_steered_into_losing_its_state(root):
     # A fresh optimizer's state_dict() holds "state": {}: the saved moments have nowhere to go.
     # The refusal names both sides and says to create the state, not to load non-strictly.
