@@ -209,7 +209,11 @@ class PyCommunicator : public Communicator {
       if (py::hasattr(error.value(), "code") && py::hasattr(error.value(), "message")) {
         return FromPython({py::str(error.value().attr("code")), py::str(error.value().attr("message"))});
       }
-      return Status(Code::kAborted, std::string("torch.distributed ") + method + ": " + error.what());
+      // The exception's type and text: what() adds Python's traceback, which named shardckpt's
+      // own frames inside the error a rank reports.
+      const std::string type = py::str(py::type::handle_of(error.value()).attr("__name__"));
+      return Status(Code::kAborted, std::string("torch.distributed ") + method + ": " + type + ": " +
+                                        std::string(py::str(error.value())));
     } catch (const std::exception& error) {
       return Status(Code::kAborted, std::string("torch.distributed ") + method + ": " + error.what());
     }
@@ -754,6 +758,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("load", &LoadCall);
   m.def("log_error", [](const std::string& message) { LogMessage(LogLevel::kError, message); },
         "Logs an error through the library's logger (SHARDCKPT_LOG).");
+  m.def("log_warning_once", [](const std::string& key, const std::string& message) { LogOnce(LogLevel::kWarn, key, message); },
+        "Logs a warning through the library's logger, the first time `key` is seen in this process.");
   m.def("release_staging", [] { ReleaseSpareStaging(); },
         "Frees the staging memory kept between saves and loads of this process.");
   py::class_<Saver>(m, "AsyncSaver");

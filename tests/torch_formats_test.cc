@@ -997,7 +997,7 @@ TEST_F(MultiFileExportTest, ModelFilesAndImportsIntoUsedRootsSayWhatToDo) {
   EXPECT_EQ(m.created.user.count("resharded_from"), 0u);
   Status used = ImportFile(Path("m.pt"), Path("from-dcp"), two).status();
   EXPECT_EQ(used.code(), Code::kAlreadyExists);
-  EXPECT_THAT(used.message(), HasSubstr("give an --out root that holds no checkpoint"));
+  EXPECT_THAT(used.message(), HasSubstr("give an --out root (Python: out_root) that holds no checkpoint"));
 }
 
 }  // namespace

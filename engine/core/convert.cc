@@ -436,7 +436,7 @@ Result<ConvertReport> IntoRoot(const std::string& root,
   if (!report.ok() && report.status().code() == Code::kAlreadyExists) {
     return Status(Code::kAlreadyExists, report.status().message() +
                                             ": import writes step 0 and reshard the step it reads, each into a new "
-                                            "root; give an --out root that holds no checkpoint");
+                                            "root; give an --out root (Python: out_root) that holds no checkpoint");
   }
   if (!report.ok() && fresh && PathExists(root)) {
     Result<std::vector<std::string>> names = ListDir(root);

@@ -290,6 +290,15 @@ def _describe_load(state: Mapping[str, Any]) -> Tuple[list, Dict[str, Any], list
 
 
 def _describe_load_item(name: str, value: Any, pieces: list, wanted_blobs: Dict[str, Any], copies: list) -> None:
+    # A module or an optimizer (DCP's Stateful habit) was taken for a value to replace: the load
+    # then said "holds no tensors" and, with strict=False, left the weights as they were.
+    if isinstance(value, torch.nn.Module):
+        raise InvalidArgument("'%s' is a %s.%s: load into its state_dict() (its tensors are the module's own, "
+                              "filled in place)" % (name, type(value).__module__, type(value).__qualname__))
+    if isinstance(value, torch.optim.Optimizer):
+        raise InvalidArgument("'%s' is a %s.%s: load into its state_dict() (or DCP's get_state_dict(model, "
+                              "optim)), then hand that to its load_state_dict()"
+                              % (name, type(value).__module__, type(value).__qualname__))
     if isinstance(value, (torch.Tensor, FlatShard)):
         target = value.local if isinstance(value, FlatShard) else value
         layout = None

@@ -16,20 +16,30 @@ import collections
 import datetime
 import hashlib
 import os
+import re
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
-from .errors import DeadlineExceeded, FailedPrecondition, Unimplemented
+from .errors import Aborted, DeadlineExceeded, FailedPrecondition, Unimplemented
 
 
 def _timeout_s() -> float:
-    try:
-        value = float(os.environ.get("SHARDCKPT_COLLECTIVE_TIMEOUT_S", "1800"))
-    except ValueError:
+    text = os.environ.get("SHARDCKPT_COLLECTIVE_TIMEOUT_S")
+    if text is None:
         return 1800.0
-    return value if value >= 0 else 1800.0
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value >= 0 and value == value:  # not NaN
+        return value
+    # As the MPI path says it (collectives/mpi_deadline.cc): a typo ("10s") silently waited 30 minutes.
+    from . import _core
+    _core.log_warning_once("collective-timeout-env", "ignoring SHARDCKPT_COLLECTIVE_TIMEOUT_S='%s' (want seconds >= 0); "
+                           "using 1800" % text)
+    return 1800.0
 
 
 def _global_rank(group: Any, rank: int) -> int:
@@ -175,7 +185,7 @@ class TorchGroupComm:
             work.wait(timeout=datetime.timedelta(seconds=self.timeout_s))
         except RuntimeError as error:
             if "timed out" not in str(error).lower():
-                raise
+                raise self._failed(what, str(error)) from None
             absent = self.census.absent()
             who = ("rank%s %s never joined it" % ("s" if len(absent) > 1 else "",
                                                  ", ".join(map(str, absent))) if absent else
@@ -186,6 +196,23 @@ class TorchGroupComm:
                                                      self.size, who))
             raise DeadlineExceeded("torch.distributed " + self.broken) from None
         self.census.leave(self.rank)
+
+    def _failed(self, what: str, text: str) -> Aborted:
+        """A collective that failed other than by the deadline: gloo's "Connection reset by
+        peer" when a rank died mid-collective. Its first line, without gloo's source path, and
+        the ranks that never joined, which are the likely dead."""
+        first = text.strip().splitlines()[0] if text.strip() else "failed"
+        first = re.sub(r"^\[[^\]]*\]\s*", "", first)[:300]
+        absent = self.census.absent()
+        lost = any(word in text for word in ("Connection reset", "Connection closed", "closed by peer",
+                                             "Broken pipe", "Connection refused"))
+        who = ""
+        if lost:
+            who = (": rank%s %s of the group did not join it (died or exited? its own output says why)"
+                   % ("s" if len(absent) > 1 else "", ", ".join(map(str, absent))) if absent else
+                   ": a rank of the group closed its connection (died or exited? its own output says why)")
+        return Aborted("rank %d: torch.distributed %s failed%s [%s]" % (
+            _global_rank(self.group, self.rank), what, who, first))
 
     def barrier(self) -> None:
         self._run("barrier", lambda: dist.barrier(group=self.group, async_op=True))

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# peer_dies.sh PYTHON MODULE_DIR WORK_DIR: under torchrun (gloo), a rank killed inside a save
+# leaves the other rank an error that names the rank that did not join, in a line (it was gloo's
+# "Connection reset by peer ... GLHF" followed by shardckpt's own Python frames); and a
+# SHARDCKPT_COLLECTIVE_TIMEOUT_S that is not a number is said to be ignored (it silently waited
+# 30 minutes), as under mpirun.
+set -euo pipefail
+py=$1 module_dir=$2 work=$3
+"$py" -c 'import torch.distributed.run' 2> /dev/null || { echo "skipped: $py has no torch with torchrun"; exit 77; }
+rm -rf "$work"; mkdir -p "$work"
+export PYTHONPATH="$module_dir${PYTHONPATH:+:$PYTHONPATH}"
+run() {  # ROOT LOG, with the environment given before it
+  local port
+  port=$("$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  timeout 180 "$py" -m torch.distributed.run --nnodes 1 --node_rank 0 --master_addr 127.0.0.1 --master_port "$port" \
+    --redirects 1 --tee 1 --nproc_per_node 2 "$(dirname "$0")/peer_dies.py" "$1" > "$2" 2>&1
+}
+set +e
+SHARDCKPT_COLLECTIVE_TIMEOUT_S=60 SHARDCKPT_FAILPOINTS="save.write_data@1=kill" run "$work/killed" "$work/killed.log"
+rc=$?
+set -e
+[ $rc != 124 ] || { cat "$work/killed.log"; echo "the job hung with a rank killed in its save"; exit 1; }
+line=$(grep -o "rank 0 raised.*" "$work/killed.log") || { cat "$work/killed.log"; echo "rank 0 did not raise"; exit 1; }
+case "$line" in
+  *"rank 0 raised Aborted: "*"rank 1 of the group did not join it (died or exited? its own output says why)"*) ;;
+  *) cat "$work/killed.log"; echo "rank 0's error does not name rank 1: $line"; exit 1 ;;
+esac
+! grep -q "At:\|_torch_comm.py(" "$work/killed.log" || { cat "$work/killed.log"; echo "Python frames in the error"; exit 1; }
+SHARDCKPT_COLLECTIVE_TIMEOUT_S=10s run "$work/typo" "$work/typo.log" ||
+  { cat "$work/typo.log"; echo "the save with a malformed timeout failed"; exit 1; }
+[ "$(grep -c "ignoring SHARDCKPT_COLLECTIVE_TIMEOUT_S='10s' (want seconds >= 0); using 1800" "$work/typo.log")" = 2 ] &&
+  [ "$(grep -c "rank [01]: saved" "$work/typo.log")" = 2 ] || { cat "$work/typo.log"; echo "the malformed timeout was not said"; exit 1; }
+echo "rank 0: $line"
