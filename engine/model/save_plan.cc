@@ -289,6 +289,29 @@ Result<SavePlan> PlanSave(const std::vector<RankDescription>& ranks) {
                                " passed the same piece " + g.layout.ToString() + " as rank " +
                                std::to_string(g.first.rank) + " (equal pieces are taken as replicas)");
       }
+      // Ranks that passed no piece of it: one that left the name out of its state is the likelier
+      // story, and the error (the plan is built on rank 0) named no rank but the ones that hold it.
+      std::vector<bool> holds(static_cast<size_t>(world), false);
+      for (const Group& g : e.groups) {
+        holds[static_cast<size_t>(g.first.rank)] = true;
+        for (const Holder& h : g.more) holds[static_cast<size_t>(h.rank)] = true;
+      }
+      std::string none;
+      int listed = 0, unlisted = 0;
+      for (int r = 0; r < world; ++r) {
+        if (holds[static_cast<size_t>(r)]) continue;
+        if (listed < 8) {
+          none += (none.empty() ? "" : ", ") + std::to_string(r);
+          ++listed;
+        } else {
+          ++unlisted;
+        }
+      }
+      if (!none.empty()) {
+        return InvalidArgument(cover.status.message() + "; rank" + (listed + unlisted > 1 ? "s " : " ") + none +
+                               (unlisted > 0 ? " and " + std::to_string(unlisted) + " more" : "") +
+                               " passed no piece of it (left it out of the state?)");
+      }
     }
     SC_RETURN_IF_ERROR(cover.status);
   }
