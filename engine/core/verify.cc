@@ -43,18 +43,37 @@ VerifyProblem FromDcp(DcpProblem p) {
   return out;
 }
 
+// A problem of a whole DCP data file (missing, unreadable, its .sha256 not matching) named no
+// holder, and read as "padding": it names everything stored in the file.
+void NameFileHolders(const Manifest& m, VerifyProblem* problem) {
+  if (!problem->entries.empty() || !problem->blobs.empty()) return;
+  uint32_t file = 0;
+  while (file < m.files.size() && m.files[file].name != problem->file) ++file;
+  if (file == m.files.size()) return;
+  for (const EntryRecord& e : m.entries) {
+    if (std::any_of(e.chunks.begin(), e.chunks.end(), [&](const ChunkRecord& c) { return c.file == file && c.bytes > 0; })) {
+      problem->entries.push_back(e.name);
+    }
+  }
+  for (const BlobRecord& b : m.blobs) {
+    if (b.file == file) problem->blobs.push_back(b.name);
+  }
+}
+
 Result<VerifyReport> VerifyDcpStructure(VerifyReport report) {
   std::vector<DcpProblem> problems;
   SC_ASSIGN_OR_RETURN(Manifest m, ReadDcpFolder(report.checkpoint, &problems));
-  for (DcpProblem& p : problems) report.problems.push_back(FromDcp(std::move(p)));
+  auto add = [&](DcpProblem p) {
+    report.problems.push_back(FromDcp(std::move(p)));
+    NameFileHolders(m, &report.problems.back());
+  };
+  for (DcpProblem& p : problems) add(std::move(p));
   report.files = m.files.size();
   report.checksums = false;
   // `shardckpt export --format dcp` leaves a .sha256 beside each file: where all are there, the
   // bytes are checked after all, whole files at a time.
   uint64_t summed = 0;
-  for (DcpProblem& p : CheckDcpSha256Files(report.checkpoint, m, &summed, &report.bytes_checked)) {
-    report.problems.push_back(FromDcp(std::move(p)));
-  }
+  for (DcpProblem& p : CheckDcpSha256Files(report.checkpoint, m, &summed, &report.bytes_checked)) add(std::move(p));
   if (summed > 0 && summed == m.files.size()) {
     report.checksums = true;
     report.note = "a DCP folder stores no checksums; every file was checked against the .sha256 beside it "
@@ -72,9 +91,17 @@ constexpr const char* kExtraBytes = "(extra bytes after its checksum table)";
 }  // namespace
 
 std::string HoldersText(const VerifyProblem& problem) {
+  // A whole file's problem names everything in it: the first few, then a count.
+  constexpr size_t kShown = 8;
   std::string out;
-  for (const std::string& name : problem.entries) out += (out.empty() ? "'" : ", '") + name + "'";
-  for (const std::string& name : problem.blobs) out += (out.empty() ? "blob '" : ", blob '") + name + "'";
+  size_t shown = 0;
+  for (const std::string& name : problem.entries) {
+    if (shown++ < kShown) out += (out.empty() ? "'" : ", '") + name + "'";
+  }
+  for (const std::string& name : problem.blobs) {
+    if (shown++ < kShown) out += (out.empty() ? "blob '" : ", blob '") + name + "'";
+  }
+  if (shown > kShown) out += " and " + std::to_string(shown - kShown) + " more";
   if (!out.empty()) return out;
   if (problem.file == kManifestName) return "the manifest";
   return problem.what.find(kExtraBytes) != std::string::npos ? "past the end" : "padding";

@@ -20,7 +20,7 @@ struct VerifyProblem {
   std::string what;
 };
 
-// For people: 'a', 'b', blob 'c' ("the manifest" for a damaged manifest.json, "padding" when
+// For people: 'a', 'b', blob 'c' (eight at most, then a count; "the manifest" for a damaged manifest.json, "padding" when
 // nothing is stored there, "past the end" for bytes after a data file's checksum table).
 std::string HoldersText(const VerifyProblem& problem);
 

@@ -242,6 +242,10 @@ def test_verify_checks_sha256_files_where_every_file_has_one(tmp_path):
     assert run.returncode == 1
     problems = json.loads(run.stdout)["problems"]
     assert [p["file"] for p in problems] == [names[1]] and "does not match" in problems[0]["problem"]
+    # A whole file's problem names what the file holds (it read as "padding"), in the text too.
+    assert problems[0]["entries"] or problems[0]["blobs"], problems[0]
+    text = cli("verify", str(folder)).stdout + cli("verify", str(folder)).stderr
+    assert "(padding)" not in text and ("'%s'" % (problems[0]["entries"] or problems[0]["blobs"])[0]) in text, text
     os.remove(folder / (names[0] + ".sha256"))  # some files without one: structure only, said so
     (folder / (names[1] + ".sha256")).unlink()
     out = json.loads(cli("verify", str(folder), "--json").stdout)
