@@ -353,6 +353,22 @@ TEST(MatchValues, ByNameOrUnderTheNameAfterRenaming) {
   EXPECT_THAT(MatchVerdict(Status::Ok(), true, "/c", {}, {}, v).message(), HasSubstr("no rank loads: 'rng'"));
 }
 
+// Tensors passed under a name the checkpoint holds as one value (a tuple DCP pickled whole): said
+// as that, with how to load it, not as two missing tensors and one value nothing loads.
+TEST(MatchVerdict, TensorsUnderAValueOfTheCheckpointAreSaidAsSuch) {
+  ValueMatch values;
+  values.unexpected = {"tup", "other"};
+  const Status s = MatchVerdict(Status::Ok(), true, "/c", {"tup.0", "tup.1", "w"}, {}, values);
+  EXPECT_EQ(s.code(), Code::kNotFound);
+  EXPECT_THAT(s.message(), HasSubstr("'tup' is one value in the checkpoint (DCP stores a tuple whole, tensors inside), "
+                                     "but the state passed holds tensors under it ('tup.0', 'tup.1'): pass a value "
+                                     "there (None)"));
+  EXPECT_THAT(s.message(), HasSubstr("not in checkpoint /c: 'w'"));
+  EXPECT_THAT(s.message(), HasSubstr("has entries no rank loads: 'other'"));
+  EXPECT_THAT(s.message(), Not(HasSubstr("'tup.0', 'tup.1';")));
+  EXPECT_THAT(s.message(), Not(HasSubstr("loads: 'other', 'tup'")));
+}
+
 // An empty dict DCP stored nothing of matches with nothing in a folder DCP wrote, and only there.
 TEST(MatchValues, AnEmptyDictMatchesNothingOnlyInADcpFolder) {
   Manifest m;

@@ -493,9 +493,32 @@ Status MatchVerdict(const Status& local, bool strict, const std::string& dir, co
   for (const std::string& name : values.missing) {
     if (contains(unexpected, name)) kinds.push_back("'" + name + "' is a tensor in the checkpoint but a value in the state passed");
   }
+  // Tensors passed under a name the checkpoint holds as one value: a tuple DCP pickled whole,
+  // tensors inside ('tup.0', 'tup.1' against 'tup'). Said as such, with how to get it back.
+  std::map<std::string, std::vector<std::string>> inside_value;
+  for (const std::string& name : missing) {
+    if (contains(values.unexpected, name)) continue;
+    for (size_t dot = name.rfind('.'); dot != std::string::npos && dot > 0; dot = name.rfind('.', dot - 1)) {
+      if (contains(values.unexpected, name.substr(0, dot))) {
+        inside_value[name.substr(0, dot)].push_back(name);
+        break;
+      }
+    }
+  }
+  for (const auto& [value, tensors] : inside_value) {
+    kinds.push_back("'" + value + "' is one value in the checkpoint (DCP stores a tuple whole, tensors inside), but the "
+                    "state passed holds tensors under it (" + NameList(tensors) + "): pass a value there (None) to "
+                    "get it back as saved");
+  }
+  auto inside = [&](const std::string& name) {
+    for (const auto& [value, tensors] : inside_value) {
+      if (name == value || contains(tensors, name)) return true;
+    }
+    return false;
+  };
   std::vector<std::string> all_missing, all_unexpected;
   for (const std::string& name : missing) {
-    if (!contains(values.unexpected, name)) all_missing.push_back(name);
+    if (!contains(values.unexpected, name) && !inside(name)) all_missing.push_back(name);
   }
   for (const std::string& name : values.missing) {
     if (!contains(unexpected, name)) all_missing.push_back(name);
@@ -505,7 +528,7 @@ Status MatchVerdict(const Status& local, bool strict, const std::string& dir, co
   }
   std::vector<std::string> own_unloaded;
   for (const std::string& name : values.unexpected) {
-    if (contains(missing, name)) continue;
+    if (contains(missing, name) || inside(name)) continue;
     (contains(values.own_unloaded, name) ? own_unloaded : all_unexpected).push_back(name);
   }
   if (all_missing.empty() && all_unexpected.empty() && own_unloaded.empty() && kinds.empty()) return Status::Ok();
