@@ -369,6 +369,7 @@ py::tuple LoadCall(Comm& comm, const std::string& path, const std::vector<PieceT
   out["saved_world_size"] = report.saved_world_size;
   out["missing"] = report.missing;
   out["unexpected"] = report.unexpected;
+  out["loaded_in_part"] = report.loaded_in_part;
   py::dict blobs;
   for (const auto& [name, blob] : report.blobs) {
     // A DCP byte item's bytes object, tagged as the package tags bytes: untagged bytes that

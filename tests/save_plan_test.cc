@@ -98,8 +98,9 @@ TEST(PlanSave, RejectsInconsistentOrIncompleteStates) {
     std::vector<RankDescription> r(3);
     r[0].pieces = {Piece("w", {10, 7}, Layout::Box({0, 0}, {4, 7}))};
     r[1].pieces = {Piece("w", {10, 7}, Layout::Box({4, 0}, {3, 7}))};
-    cases.push_back({"rows left out", r, "cover 49 of 70 elements (missing pieces): element [7, 0] is in none; rank 2 "
-                                         "passed no piece of it (left it out of the state?)"});
+    cases.push_back({"rows left out", r, "cover 49 of 70 elements (missing pieces): element [7, 0] is in none; ranks with "
+                                         "no piece of it: 2 (one that should hold a part left the name out of its "
+                                         "state?)"});
   }
   {
     // Rank 1 passes rank 0's rows instead of its own: taken as a replica, so rows 3-5 are in none.

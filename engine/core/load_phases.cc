@@ -371,9 +371,9 @@ Demand CombineWants(const std::vector<std::string>& all_wants, size_t entries) {
                 std::move(all.whole_by_some)};
 }
 
-Result<std::vector<std::string>> EntriesLoadedInPart(Communicator& comm, const Manifest& manifest,
-                                                     const ShardedState& targets, const LocalMatch& local,
-                                                     const Demand& demand) {
+Result<std::vector<PartlyLoaded>> EntriesLoadedInPart(Communicator& comm, const Manifest& manifest,
+                                                      const ShardedState& targets, const LocalMatch& local,
+                                                      const Demand& demand) {
   constexpr size_t kNone = SIZE_MAX;
   std::vector<size_t> slot_of(manifest.entries.size(), kNone);
   std::vector<size_t> checked;  // the entries wanted only in parts, in manifest order
@@ -383,7 +383,7 @@ Result<std::vector<std::string>> EntriesLoadedInPart(Communicator& comm, const M
       checked.push_back(e);
     }
   }
-  std::vector<std::string> short_of;
+  std::vector<PartlyLoaded> short_of;
   if (checked.empty()) return short_of;  // the same on every rank: none calls the reduction
   std::vector<double> elements(checked.size(), 0.0);  // exact below 2^53 elements
   const std::vector<TensorPiece>& pieces = targets.pieces();
@@ -399,8 +399,7 @@ Result<std::vector<std::string>> EntriesLoadedInPart(Communicator& comm, const M
     const Result<int64_t> whole = NumElements(entry.shape);
     const int64_t numel = whole.ok() ? *whole : 0;
     if (elements[k] < static_cast<double>(numel)) {
-      short_of.push_back("'" + entry.name + "' (" + std::to_string(static_cast<int64_t>(elements[k])) + " of " +
-                         std::to_string(numel) + " elements)");
+      short_of.push_back(PartlyLoaded{entry.name, static_cast<int64_t>(elements[k]), numel});
     }
   }
   return short_of;
@@ -670,15 +669,8 @@ Result<Match> MatchEntries(Communicator& comm, const Manifest& manifest, const s
   match.local = MatchPieces(manifest, targets, options);
   report->missing = match.local.missing;
   std::vector<std::string> all_wants;
-  // One byte past the entries' says whether the rank loads strictly: a rank that does makes every
-  // rank take part in the coverage count below (the same collectives on every rank).
-  std::string my_wants = EncodeEntryWants(match.local.wants);
-  my_wants.push_back(options.strict ? '\1' : '\0');
-  SC_RETURN_IF_ERROR(comm.AllGather(my_wants, &all_wants));
+  SC_RETURN_IF_ERROR(comm.AllGather(EncodeEntryWants(match.local.wants), &all_wants));
   match.demand = CombineWants(all_wants, manifest.entries.size());
-  const bool some_rank_strict = std::any_of(all_wants.begin(), all_wants.end(), [&](const std::string& w) {
-    return w.size() > manifest.entries.size() && w[manifest.entries.size()] != '\0';
-  });
   report->unexpected = UnwantedEntries(manifest, match.demand);
   const int same_world_rank = manifest.world_size == comm.size() ? comm.rank() : -1;
   const ValueMatch values =
@@ -689,16 +681,20 @@ Result<Match> MatchEntries(Communicator& comm, const Manifest& manifest, const s
                                   : MatchVerdict(match.local.status, options.strict, dir, report->missing,
                                                  report->unexpected, values,
                                                  options.wanted_values ? *options.wanted_values : std::vector<std::string>{});
-  if (some_rank_strict) {
-    SC_ASSIGN_OR_RETURN(const std::vector<std::string> in_part,
-                        EntriesLoadedInPart(comm, manifest, targets, match.local, match.demand));
-    if (verdict.ok() && options.strict && !in_part.empty()) {
-      std::string names;
-      for (const std::string& n : in_part) names += (names.empty() ? "" : ", ") + n;
-      verdict = InvalidArgument("checkpoint " + dir + " has entries no rank loads all of (the ranks' pieces together " +
-                                "hold fewer elements than the tensor; a rank left the name out, or a layout stops " +
-                                "short): " + names + " (a non-strict load loads the rest)");
-    }
+  // Every rank, strict or not, with the same demand: the same collective on every rank. A
+  // non-strict load reports them (LoadReport::loaded_in_part).
+  SC_ASSIGN_OR_RETURN(const std::vector<PartlyLoaded> in_part,
+                      EntriesLoadedInPart(comm, manifest, targets, match.local, match.demand));
+  std::string names;
+  for (const PartlyLoaded& p : in_part) {
+    report->loaded_in_part.push_back(p.name);
+    names += (names.empty() ? "'" : ", '") + p.name + "' (" + std::to_string(p.loaded) + " of " +
+             std::to_string(p.elements) + " elements)";
+  }
+  if (verdict.ok() && options.strict && !in_part.empty()) {
+    verdict = InvalidArgument("checkpoint " + dir + " has entries no rank loads all of (the ranks' pieces together " +
+                              "hold fewer elements than the tensor; a rank left the name out, or a layout stops " +
+                              "short): " + names + " (a non-strict load loads the rest and reports them)");
   }
   SC_RETURN_IF_ERROR(AgreeOnStatus(comm, verdict));
   SC_ASSIGN_OR_RETURN(ReplicatedReadChoice choice, AgreeOnBroadcast(comm, options, dir));

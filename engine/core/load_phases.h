@@ -104,15 +104,19 @@ struct Demand {
 };
 Demand CombineWants(const std::vector<std::string>& all_wants, size_t entries);
 
-// Strict loads: the entries that no rank wants whole and whose parts, over every rank, hold fewer
-// elements than the tensor (collective: every rank calls it with the same demand). Each rank's
-// elements of each such entry are summed over the ranks in one reduction: a sum short of the
-// tensor proves elements that no rank loads (a rank that left the name out, a layout that stops
-// short). Parts that overlap and also leave a gap sum to enough, and are not caught. As
-// "'name' (N of M elements)", in manifest order.
-Result<std::vector<std::string>> EntriesLoadedInPart(Communicator& comm, const Manifest& manifest,
-                                                     const ShardedState& targets, const LocalMatch& local,
-                                                     const Demand& demand);
+// The entries that no rank wants whole and whose parts, over every rank, hold fewer elements than
+// the tensor (collective: every rank calls it with the same demand, and none calls the reduction
+// when no entry is wanted only in parts). Each rank's elements of each such entry are summed over
+// the ranks in one reduction: a sum short of the tensor proves elements that no rank loads (a
+// rank that left the name out, a layout that stops short). Parts that overlap and also leave a
+// gap sum to enough, and are not caught. In manifest order; a strict load refuses them.
+struct PartlyLoaded {
+  std::string name;
+  int64_t loaded = 0, elements = 0;
+};
+Result<std::vector<PartlyLoaded>> EntriesLoadedInPart(Communicator& comm, const Manifest& manifest,
+                                                      const ShardedState& targets, const LocalMatch& local,
+                                                      const Demand& demand);
 
 // Checkpoint entries no rank wants.
 std::vector<std::string> UnwantedEntries(const Manifest& manifest, const Demand& demand);

@@ -289,7 +289,7 @@ Result<SavePlan> PlanSave(const std::vector<RankDescription>& ranks) {
                                " passed the same piece " + g.layout.ToString() + " as rank " +
                                std::to_string(g.first.rank) + " (equal pieces are taken as replicas)");
       }
-      // Ranks that passed no piece of it: one that left the name out of its state is the likelier
+      // Ranks that passed no piece of it: one that left the name out of its state is a likely
       // story, and the error (the plan is built on rank 0) named no rank but the ones that hold it.
       std::vector<bool> holds(static_cast<size_t>(world), false);
       for (const Group& g : e.groups) {
@@ -308,9 +308,10 @@ Result<SavePlan> PlanSave(const std::vector<RankDescription>& ranks) {
         }
       }
       if (!none.empty()) {
-        return InvalidArgument(cover.status.message() + "; rank" + (listed + unlisted > 1 ? "s " : " ") + none +
+        // Not an accusation: ranks of another pipeline stage hold none of it by design.
+        return InvalidArgument(cover.status.message() + "; ranks with no piece of it: " + none +
                                (unlisted > 0 ? " and " + std::to_string(unlisted) + " more" : "") +
-                               " passed no piece of it (left it out of the state?)");
+                               " (one that should hold a part left the name out of its state?)");
       }
     }
     SC_RETURN_IF_ERROR(cover.status);

@@ -100,6 +100,9 @@ class LoadReport:
     phases: Dict[str, float] = dataclasses.field(default_factory=dict)
     bytes_read_ahead: int = 0  # of bytes_read, read during the metadata phases (its own file)
     every_rank_parsed_manifest: bool = False  # rather than receiving rank 0's decoded copy
+    # Tensors whose parts, over every rank, hold fewer elements than the tensor: elements no rank
+    # loaded (a strict load refuses them; a rank that left the name out, say).
+    loaded_in_part: List[str] = dataclasses.field(default_factory=list)
 
 
 PathLike = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
@@ -471,7 +474,8 @@ def load(state_dict: Dict[str, Any], path: PathLike, *, strict: bool = True, str
                       bytes_read=raw["bytes_read"], bytes_wanted=raw["bytes_wanted"],
                       bytes_received=raw["bytes_received"], phases=raw["phases"],
                       bytes_read_ahead=raw["bytes_read_ahead"],
-                      every_rank_parsed_manifest=raw["every_rank_parsed_manifest"])
+                      every_rank_parsed_manifest=raw["every_rank_parsed_manifest"],
+                      loaded_in_part=list(raw["loaded_in_part"]))
 
 
 

@@ -17,6 +17,7 @@ import datetime
 import hashlib
 import os
 import re
+import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -52,7 +53,8 @@ def _global_rank(group: Any, rank: int) -> int:
 
 class _Census:
     """Who reached each collective, in the job's c10d store: a rank marks its arrival before
-    the operation and clears it after, so a timed-out rank can name those that never came.
+    the operation (the mark stays until its next one), so a rank whose collective timed out or
+    failed can name those that never came.
     Without a store (or a torch that lacks the calls) the names are left out."""
     _made: Dict[Tuple[int, ...], int] = {}
 
@@ -69,32 +71,44 @@ class _Census:
         except Exception:  # noqa: BLE001 (no default store: no census)
             self.store = None
 
-    def _key(self, rank: int) -> str:
-        return "%s/%d/%d" % (self.prefix, self.sequence, rank)
+    def _key(self, rank: int, sequence: Optional[int] = None) -> str:
+        return "%s/%d/%d" % (self.prefix, self.sequence if sequence is None else sequence, rank)
 
     def arrive(self, rank: int) -> None:
+        # A rank's key stays after it leaves (a rank done with a collective is no absentee), and
+        # goes when it reaches the next one: the store holds one key per rank.
         self.sequence += 1
         if self.store is not None:
             self.store.set(self._key(rank), b"1")
+            if self.sequence > 1:
+                self.store.delete_key(self._key(rank, self.sequence - 1))
 
-    def leave(self, rank: int) -> None:
-        if self.store is not None:
-            self.store.delete_key(self._key(rank))
+    def _there(self, key: str) -> bool:
+        """Whether `key` is in the store; raises when the store itself cannot answer."""
+        if hasattr(self.store, "check"):
+            return bool(self.store.check([key]))
+        try:  # torch 1.13
+            self.store.wait([key], datetime.timedelta(milliseconds=10))
+            return True
+        except Exception as error:  # noqa: BLE001
+            if "timeout" in str(error).lower() or "timed out" in str(error).lower():
+                return False
+            raise
 
-    def absent(self) -> List[int]:
-        """Ranks of the group (global numbering) that have not reached this collective."""
+    def absent(self, me: Optional[int] = None) -> List[int]:
+        """Ranks of the group (global numbering), other than `me` (an index in the group), that
+        have not reached this collective: neither its key nor the next one's (a rank that went
+        on) is there. Empty when the store cannot say (the rank that hosted it is gone)."""
         if self.store is None:
             return []
         missing = []
         for rank in range(len(self.ranks)):
+            if rank == me:
+                continue
             try:
-                if hasattr(self.store, "check"):
-                    present = self.store.check([self._key(rank)])
-                else:  # torch 1.13
-                    self.store.wait([self._key(rank)], datetime.timedelta(milliseconds=10))
-                    present = True
-            except Exception:  # noqa: BLE001 (not there: wait timed out)
-                present = False
+                present = self._there(self._key(rank)) or self._there(self._key(rank, self.sequence + 1))
+            except Exception:  # noqa: BLE001 (the store is gone with its host: nobody can be named)
+                return []
             if not present:
                 missing.append(self.ranks[rank])
         return missing
@@ -160,6 +174,7 @@ class TorchGroupComm:
         self.size = dist.get_world_size(group)
         self.timeout_s = _timeout_s()
         self.broken = ""  # what timed out, once something did
+        self.failed = ""  # what failed otherwise (a rank lost), once something did
         self.census = _Census(ranks)
 
     def _run(self, what: str, launch: Callable[[], Any]) -> None:
@@ -167,6 +182,10 @@ class TorchGroupComm:
         if self.broken:
             raise DeadlineExceeded("rank %d: torch.distributed %s refused: an earlier %s" % (
                 self.rank, what, self.broken))
+        if self.failed:
+            # Not tried again on a group that lost a rank (and not counted in the census: the
+            # others name the ranks missing from the collective that failed, which this one left).
+            raise Aborted("rank %d: torch.distributed %s refused: an earlier %s" % (self.rank, what, self.failed))
         if _group_gone(self.group):
             # A save in flight (async) when the job called destroy_process_group(): torch's own
             # error ("Group ... is not registered") says nothing of why.
@@ -177,16 +196,15 @@ class TorchGroupComm:
         self.census.arrive(self.rank)
         work = launch()
         _RECENT_WORK.append(work)
-        if self.timeout_s <= 0:
-            work.wait()
-            self.census.leave(self.rank)
-            return
         try:
+            if self.timeout_s <= 0:
+                work.wait()
+                return
             work.wait(timeout=datetime.timedelta(seconds=self.timeout_s))
         except RuntimeError as error:
-            if "timed out" not in str(error).lower():
+            if self.timeout_s <= 0 or "timed out" not in str(error).lower():
                 raise self._failed(what, str(error)) from None
-            absent = self.census.absent()
+            absent = self.census.absent(self.rank)
             who = ("rank%s %s never joined it" % ("s" if len(absent) > 1 else "",
                                                  ", ".join(map(str, absent))) if absent else
                    "another rank never joined it")
@@ -195,7 +213,6 @@ class TorchGroupComm:
                                                      _global_rank(self.group, self.rank),
                                                      self.size, who))
             raise DeadlineExceeded("torch.distributed " + self.broken) from None
-        self.census.leave(self.rank)
 
     def _failed(self, what: str, text: str) -> Aborted:
         """A collective that failed other than by the deadline: gloo's "Connection reset by
@@ -203,16 +220,22 @@ class TorchGroupComm:
         the ranks that never joined, which are the likely dead."""
         first = text.strip().splitlines()[0] if text.strip() else "failed"
         first = re.sub(r"^\[[^\]]*\]\s*", "", first)[:300]
-        absent = self.census.absent()
         lost = any(word in text for word in ("Connection reset", "Connection closed", "closed by peer",
                                              "Broken pipe", "Connection refused"))
         who = ""
         if lost:
+            absent = self.census.absent(self.rank)
+            # A live rank may not have reached the collective yet when a dead one's connection
+            # closed it here: given a moment (a dead rank never comes), it is not named.
+            settle = time.monotonic() + min(1.0, self.timeout_s if self.timeout_s > 0 else 1.0)
+            while absent and time.monotonic() < settle:
+                time.sleep(0.1)
+                absent = self.census.absent(self.rank)
             who = (": rank%s %s of the group did not join it (died or exited? its own output says why)"
                    % ("s" if len(absent) > 1 else "", ", ".join(map(str, absent))) if absent else
                    ": a rank of the group closed its connection (died or exited? its own output says why)")
-        return Aborted("rank %d: torch.distributed %s failed%s [%s]" % (
-            _global_rank(self.group, self.rank), what, who, first))
+        self.failed = "%s failed%s [%s]" % (what, who, first)
+        return Aborted("rank %d: torch.distributed %s" % (_global_rank(self.group, self.rank), self.failed))
 
     def barrier(self) -> None:
         self._run("barrier", lambda: dist.barrier(group=self.group, async_op=True))
