@@ -291,6 +291,13 @@ def _shaped_like(target: Any, value: Any) -> Any:
             return value
         same = restored == value or (restored != restored and value != value)  # NaN is NaN
         return restored if type(restored) is type(target) and same else value
+    if isinstance(target, torch.Size) and isinstance(value, tuple):
+        # A shape is one value whatever its length (a torch.Size([]) placeholder takes a saved
+        # (2, 3) as torch.Size([2, 3])); items that are not ints leave it a tuple.
+        try:
+            return torch.Size(value)
+        except Exception:  # noqa: BLE001
+            return value
     if isinstance(target, tuple) and isinstance(value, tuple) and len(target) == len(value):
         items = [_shaped_like(t, v) for t, v in zip(target, value)]
         if type(target) is tuple:
