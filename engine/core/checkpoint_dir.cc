@@ -322,6 +322,15 @@ Result<std::string> ResolveCheckpoint(const std::string& path) {
                 " (a save is committing now, or stopped between its rename and `latest`, or it was edited); using " + newest +
                 " (to read another checkpoint, name its folder)");
   }
+  // A newer step folder without a manifest (saves rename whole folders into place, and retention
+  // removes older ones): its manifest deleted, or a copy that stopped short. Read past, said once.
+  for (const auto& [step, name] : without_manifest) {
+    if (step <= committed->back().first) continue;
+    LogOnce(LogLevel::kWarn, "newer-without-manifest:" + JoinPath(path, name),
+            JoinPath(path, name) + ", newer than " + newest + ", has no " + kManifestName +
+                " (deleted, or a copy that stopped short): it is not a checkpoint; using " + newest);
+    break;
+  }
   return JoinPath(path, newest);
 }
 

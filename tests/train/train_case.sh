@@ -145,6 +145,12 @@ EOF2
     [ $rc = 1 ] && [ "$(grep -c "resume failed: IoError: .*rank-0000.\.bin" "$work/eio.log")" = 2 ] &&
       [ "$(grep -c "^its files cannot be read (a permission, a broken mount?): fix that; or, to resume from an earlier checkpoint: --resume-from $work/a/step-NNNNNNNNN" "$work/eio.log")" = 1 ] ||
       { echo "a resume whose reads fail: exit $rc"; cat "$work/eio.log"; exit 1; }
+    # A newer step folder whose manifest was deleted: readers use the older one and say why.
+    cp -a "$work/a" "$work/nomanifest" && rm "$work/nomanifest/step-000000020/manifest.json"
+    "$cli" inspect "$work/nomanifest" > "$work/inspect.out" 2> "$work/inspect.err"
+    grep -q "^checkpoint  $work/nomanifest/step-000000010" "$work/inspect.out" &&
+      grep -q "$work/nomanifest/step-000000020, newer than step-000000010, has no manifest.json (deleted, or a copy that stopped short)" "$work/inspect.err" ||
+      { echo "a newer step folder without its manifest"; cat "$work/inspect.out" "$work/inspect.err"; exit 1; }
     # A folder named latest (someone's mkdir): list says saves refuse the root, prune --dry-run
     # refuses as prune does, and --resume is refused before training, not at its first save.
     cp -a "$work/a" "$work/dirlatest" && rm "$work/dirlatest/latest" && mkdir "$work/dirlatest/latest"
