@@ -328,7 +328,8 @@ Result<std::string> ResolveCheckpoint(const std::string& path) {
     if (step <= committed->back().first) continue;
     LogOnce(LogLevel::kWarn, "newer-without-manifest:" + JoinPath(path, name),
             JoinPath(path, name) + ", newer than " + newest + ", has no " + kManifestName +
-                " (deleted, or a copy that stopped short): it is not a checkpoint; using " + newest);
+                " (deleted, a copy that stopped short, or a save removing its own failed commit): it is not a "
+                "checkpoint; using " + newest);
     break;
   }
   return JoinPath(path, newest);

@@ -293,11 +293,10 @@ def _shaped_like(target: Any, value: Any) -> Any:
         return restored if type(restored) is type(target) and same else value
     if isinstance(target, torch.Size) and isinstance(value, tuple):
         # A shape is one value whatever its length (a torch.Size([]) placeholder takes a saved
-        # (2, 3) as torch.Size([2, 3])); items that are not ints leave it a tuple.
-        try:
+        # (2, 3) as torch.Size([2, 3])); items that are not int64s (a bool, 2**70) leave it a tuple.
+        if all(type(v) is int and -(1 << 63) <= v < (1 << 63) for v in value):
             return torch.Size(value)
-        except Exception:  # noqa: BLE001
-            return value
+        return value
     if isinstance(target, tuple) and isinstance(value, tuple) and len(target) == len(value):
         items = [_shaped_like(t, v) for t, v in zip(target, value)]
         if type(target) is tuple:

@@ -83,17 +83,27 @@ class _Census:
             if self.sequence > 1:
                 self.store.delete_key(self._key(rank, self.sequence - 1))
 
+    def gave_up(self, rank: int) -> None:
+        """This rank reached the current collective and will reach no other (it failed or timed
+        out): marked as at the next one too, so a peer that gets further and then fails does not
+        name it as absent."""
+        if self.store is not None:
+            try:
+                self.store.set(self._key(rank, self.sequence + 1), b"1")
+            except Exception:  # noqa: BLE001 (the store is gone: nobody will be named anyway)
+                pass
+
     def _there(self, key: str) -> bool:
         """Whether `key` is in the store; raises when the store itself cannot answer."""
         if hasattr(self.store, "check"):
             return bool(self.store.check([key]))
-        try:  # torch 1.13
-            self.store.wait([key], datetime.timedelta(milliseconds=10))
+        # torch 1.13 has no check(). Not wait(): one that times out stays registered with the
+        # server, whose late reply then stalls this client's next call. add(key, 0) answers at
+        # once ("1" is 1, an absent key is made as 0 and removed again).
+        if int(self.store.add(key, 0)) > 0:
             return True
-        except Exception as error:  # noqa: BLE001
-            if "timeout" in str(error).lower() or "timed out" in str(error).lower():
-                return False
-            raise
+        self.store.delete_key(key)
+        return False
 
     def absent(self, me: Optional[int] = None) -> List[int]:
         """Ranks of the group (global numbering), other than `me` (an index in the group), that
@@ -181,11 +191,12 @@ class TorchGroupComm:
         """Launches one collective (async) and waits for it, at most timeout_s."""
         if self.broken:
             raise DeadlineExceeded("rank %d: torch.distributed %s refused: an earlier %s" % (
-                self.rank, what, self.broken))
+                _global_rank(self.group, self.rank), what, self.broken))
         if self.failed:
             # Not tried again on a group that lost a rank (and not counted in the census: the
             # others name the ranks missing from the collective that failed, which this one left).
-            raise Aborted("rank %d: torch.distributed %s refused: an earlier %s" % (self.rank, what, self.failed))
+            raise Aborted("rank %d: torch.distributed %s refused: an earlier %s" % (
+                _global_rank(self.group, self.rank), what, self.failed))
         if _group_gone(self.group):
             # A save in flight (async) when the job called destroy_process_group(): torch's own
             # error ("Group ... is not registered") says nothing of why.
@@ -204,6 +215,7 @@ class TorchGroupComm:
         except RuntimeError as error:
             if self.timeout_s <= 0 or "timed out" not in str(error).lower():
                 raise self._failed(what, str(error)) from None
+            self.census.gave_up(self.rank)
             absent = self.census.absent(self.rank)
             who = ("rank%s %s never joined it" % ("s" if len(absent) > 1 else "",
                                                  ", ".join(map(str, absent))) if absent else
@@ -223,15 +235,18 @@ class TorchGroupComm:
         lost = any(word in text for word in ("Connection reset", "Connection closed", "closed by peer",
                                              "Broken pipe", "Connection refused"))
         who = ""
+        self.census.gave_up(self.rank)
         if lost:
             absent = self.census.absent(self.rank)
             # A live rank may not have reached the collective yet when a dead one's connection
-            # closed it here: given a moment (a dead rank never comes), it is not named.
+            # closed it here: given a moment (a dead rank never comes), it is not named. One
+            # slower than that still is, so the words claim no more than was seen.
             settle = time.monotonic() + min(1.0, self.timeout_s if self.timeout_s > 0 else 1.0)
             while absent and time.monotonic() < settle:
                 time.sleep(0.1)
                 absent = self.census.absent(self.rank)
-            who = (": rank%s %s of the group did not join it (died or exited? its own output says why)"
+            who = (": rank%s %s of the group had not reached it a second later (a rank that died or exited "
+                   "closed its connection; its own output says why)"
                    % ("s" if len(absent) > 1 else "", ", ".join(map(str, absent))) if absent else
                    ": a rank of the group closed its connection (died or exited? its own output says why)")
         self.failed = "%s failed%s [%s]" % (what, who, first)

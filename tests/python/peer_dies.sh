@@ -25,7 +25,7 @@ set -e
 [ $rc != 124 ] || { cat "$work/killed.log"; echo "the job hung with a rank killed in its save"; exit 1; }
 line=$(grep -o "rank 0 raised.*" "$work/killed.log") || { cat "$work/killed.log"; echo "rank 0 did not raise"; exit 1; }
 case "$line" in
-  *"rank 0 raised Aborted: "*"rank 1 of the group did not join it (died or exited? its own output says why)"*) ;;
+  *"rank 0 raised Aborted: "*"rank 1 of the group had not reached it a second later (a rank that died or exited closed its connection"*) ;;
   *) cat "$work/killed.log"; echo "rank 0's error does not name rank 1: $line"; exit 1 ;;
 esac
 ! grep -q "At:\|_torch_comm.py(" "$work/killed.log" || { cat "$work/killed.log"; echo "Python frames in the error"; exit 1; }
