@@ -17,6 +17,7 @@
 
 #include "shardckpt/collectives/communicator.h"
 #include "shardckpt/collectives/mpi_communicator.h"
+#include "shardckpt/collectives/mpi_deadline.h"
 #include "shardckpt/collectives/preemption.h"
 #include "shardckpt/engine/core/async_save.h"
 #include "shardckpt/engine/core/checkpoint_dir.h"
@@ -759,8 +760,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("load", &LoadCall);
   m.def("log_error", [](const std::string& message) { LogMessage(LogLevel::kError, message); },
         "Logs an error through the library's logger (SHARDCKPT_LOG).");
-  m.def("log_warning_once", [](const std::string& key, const std::string& message) { LogOnce(LogLevel::kWarn, key, message); },
-        "Logs a warning through the library's logger, the first time `key` is seen in this process.");
+  m.def("collective_timeout_s", [] { return CollectiveDeadline::FromEnvironment().timeout_s; },
+        "SHARDCKPT_COLLECTIVE_TIMEOUT_S as the MPI path reads it (a value it ignores is logged once).");
   m.def("release_staging", [] { ReleaseSpareStaging(); },
         "Frees the staging memory kept between saves and loads of this process.");
   py::class_<Saver>(m, "AsyncSaver");

@@ -390,8 +390,9 @@ Result<std::vector<PartlyLoaded>> EntriesLoadedInPart(Communicator& comm, const 
   for (size_t p = 0; p < pieces.size(); ++p) {
     const long e = local.entry_of_piece[p];
     if (e < 0 || slot_of[static_cast<size_t>(e)] == kNone) continue;
-    Result<int64_t> count = NumElements(LocalShape(pieces[p].layout, manifest.entries[static_cast<size_t>(e)].shape));
-    if (count.ok()) elements[slot_of[static_cast<size_t>(e)]] += static_cast<double>(*count);
+    // The piece's element count, as AddTensor sized its bytes (no shape built per piece).
+    elements[slot_of[static_cast<size_t>(e)]] +=
+        static_cast<double>(pieces[p].bytes / static_cast<int64_t>(DTypeSize(pieces[p].dtype)));
   }
   SC_RETURN_IF_ERROR(comm.AllReduceSumDouble(elements.data(), elements.size()));
   for (size_t k = 0; k < checked.size(); ++k) {

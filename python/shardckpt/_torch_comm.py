@@ -15,7 +15,6 @@ from __future__ import annotations
 import collections
 import datetime
 import hashlib
-import os
 import re
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -27,20 +26,10 @@ from .errors import Aborted, DeadlineExceeded, FailedPrecondition, Unimplemented
 
 
 def _timeout_s() -> float:
-    text = os.environ.get("SHARDCKPT_COLLECTIVE_TIMEOUT_S")
-    if text is None:
-        return 1800.0
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value >= 0 and value == value:  # not NaN
-        return value
-    # As the MPI path says it (collectives/mpi_deadline.cc): a typo ("10s") silently waited 30 minutes.
+    # The engine's reading (collectives/mpi_deadline.cc), so that both launchers take and refuse
+    # the same values: a typo ("10s") is said and ignored, where it silently waited 30 minutes.
     from . import _core
-    _core.log_warning_once("collective-timeout-env", "ignoring SHARDCKPT_COLLECTIVE_TIMEOUT_S='%s' (want seconds >= 0); "
-                           "using 1800" % text)
-    return 1800.0
+    return float(_core.collective_timeout_s())
 
 
 def _global_rank(group: Any, rank: int) -> int:
