@@ -108,8 +108,8 @@ struct LoadReport {
   int saved_world_size = 0;
   std::vector<std::string> missing;     // wanted here, not in the checkpoint
   std::vector<std::string> unexpected;  // in the checkpoint, wanted by no rank
-  // Entries whose parts the ranks wanted hold fewer elements together than the tensor (elements
-  // no rank loaded; a non-strict load, as a strict one refuses them).
+  // Entries whose parts the ranks wanted leave elements out (fewer elements together than the
+  // tensor, or as many with some twice; a non-strict load, as a strict one refuses them).
   std::vector<std::string> loaded_in_part;
   std::map<std::string, BlobResult> blobs;
   uint64_t bytes_wanted = 0;  // by this rank, from storage

@@ -18,6 +18,7 @@
 #include "shardckpt/engine/core/save_phases.h"
 #include "shardckpt/engine/core/staging_cache.h"
 #include "shardckpt/engine/formats/dcp_read.h"
+#include "shardckpt/engine/model/index_fingerprint.h"
 #include "shardckpt/engine/model/manifest_wire.h"
 #include "shardckpt/engine/model/name_index.h"
 #include "shardckpt/io/checksum.h"
@@ -385,22 +386,37 @@ Result<std::vector<PartlyLoaded>> EntriesLoadedInPart(Communicator& comm, const 
   }
   std::vector<PartlyLoaded> short_of;
   if (checked.empty()) return short_of;  // the same on every rank: none calls the reduction
-  std::vector<double> elements(checked.size(), 0.0);  // exact below 2^53 elements
+  // Per entry, its element count and its index fingerprint (index_fingerprint.h) kept below
+  // 2^bits: both summed in one reduction of doubles, exact while the world's sum stays under
+  // 2^52 (counts below 2^50 elements, kMaxBytes).
+  int world_bits = 1;
+  while ((int64_t{1} << world_bits) < comm.size()) ++world_bits;
+  const uint64_t fingerprint_mask = (uint64_t{1} << std::min(40, 52 - world_bits)) - 1;
+  std::vector<double> sums(2 * checked.size(), 0.0);  // count, fingerprint; count, fingerprint; ...
+  std::vector<uint64_t> fingerprints(checked.size(), 0);
   const std::vector<TensorPiece>& pieces = targets.pieces();
   for (size_t p = 0; p < pieces.size(); ++p) {
     const long e = local.entry_of_piece[p];
     if (e < 0 || slot_of[static_cast<size_t>(e)] == kNone) continue;
+    const size_t k = slot_of[static_cast<size_t>(e)];
     // The piece's element count, as AddTensor sized its bytes (no shape built per piece).
-    elements[slot_of[static_cast<size_t>(e)]] +=
-        static_cast<double>(pieces[p].bytes / static_cast<int64_t>(DTypeSize(pieces[p].dtype)));
+    sums[2 * k] += static_cast<double>(pieces[p].bytes / static_cast<int64_t>(DTypeSize(pieces[p].dtype)));
+    fingerprints[k] += IndexFingerprint(pieces[p].layout, pieces[p].global_shape);
   }
-  SC_RETURN_IF_ERROR(comm.AllReduceSumDouble(elements.data(), elements.size()));
+  for (size_t k = 0; k < checked.size(); ++k) sums[2 * k + 1] = static_cast<double>(fingerprints[k] & fingerprint_mask);
+  SC_RETURN_IF_ERROR(comm.AllReduceSumDouble(sums.data(), sums.size()));
   for (size_t k = 0; k < checked.size(); ++k) {
     const EntryRecord& entry = manifest.entries[checked[k]];
     const Result<int64_t> whole = NumElements(entry.shape);
     const int64_t numel = whole.ok() ? *whole : 0;
-    if (elements[k] < static_cast<double>(numel)) {
-      short_of.push_back(PartlyLoaded{entry.name, static_cast<int64_t>(elements[k]), numel});
+    const double loaded = sums[2 * k];
+    if (loaded < static_cast<double>(numel)) {
+      short_of.push_back(PartlyLoaded{entry.name, static_cast<int64_t>(loaded), numel, false});
+    } else if (loaded == static_cast<double>(numel) &&
+               (static_cast<uint64_t>(sums[2 * k + 1]) & fingerprint_mask) !=
+                   (IndexFingerprint(Layout::Whole(), entry.shape) & fingerprint_mask)) {
+      // As many elements as the tensor, yet not each of them once: some twice, others never.
+      short_of.push_back(PartlyLoaded{entry.name, numel, numel, true});
     }
   }
   return short_of;
@@ -690,12 +706,13 @@ Result<Match> MatchEntries(Communicator& comm, const Manifest& manifest, const s
   for (const PartlyLoaded& p : in_part) {
     report->loaded_in_part.push_back(p.name);
     names += (names.empty() ? "'" : ", '") + p.name + "' (" + std::to_string(p.loaded) + " of " +
-             std::to_string(p.elements) + " elements)";
+             std::to_string(p.elements) + " elements" + (p.overlapping ? ", some loaded twice and others by no rank" : "") +
+             ")";
   }
   if (verdict.ok() && options.strict && !in_part.empty()) {
     verdict = InvalidArgument("checkpoint " + dir + " has entries no rank loads all of (the ranks' pieces together " +
-                              "hold fewer elements than the tensor; a rank left the name out, or a layout stops " +
-                              "short): " + names + " (a non-strict load loads the rest and reports them)");
+                              "leave elements out: a rank left the name out, a layout stops short, or two ranks " +
+                              "load the same part): " + names + " (a non-strict load loads the rest and reports them)");
   }
   SC_RETURN_IF_ERROR(AgreeOnStatus(comm, verdict));
   SC_ASSIGN_OR_RETURN(ReplicatedReadChoice choice, AgreeOnBroadcast(comm, options, dir));

@@ -104,15 +104,19 @@ struct Demand {
 };
 Demand CombineWants(const std::vector<std::string>& all_wants, size_t entries);
 
-// The entries that no rank wants whole and whose parts, over every rank, hold fewer elements than
-// the tensor (collective: every rank calls it with the same demand, and none calls the reduction
-// when no entry is wanted only in parts). Each rank's elements of each such entry are summed over
-// the ranks in one reduction: a sum short of the tensor proves elements that no rank loads (a
-// rank that left the name out, a layout that stops short). Parts that overlap and also leave a
-// gap sum to enough, and are not caught. In manifest order; a strict load refuses them.
+// The entries that no rank wants whole and whose parts, over every rank, leave elements out
+// (collective: every rank calls it with the same demand, and none calls the reduction when no
+// entry is wanted only in parts). Each rank's element count and index fingerprint
+// (index_fingerprint.h) of each such entry are summed over the ranks in one reduction. A count
+// short of the tensor proves elements no rank loads (a rank that left the name out, a layout
+// that stops short); a count equal to the tensor's whose fingerprint is not the tensor's proves
+// parts that overlap and leave a gap (two ranks loading the same shard). Parts that hold more
+// elements than the tensor (replicas, as in HSDP) are not checked for gaps. In manifest order; a
+// strict load refuses them.
 struct PartlyLoaded {
   std::string name;
   int64_t loaded = 0, elements = 0;
+  bool overlapping = false;  // as many elements as the tensor, some loaded twice and others never
 };
 Result<std::vector<PartlyLoaded>> EntriesLoadedInPart(Communicator& comm, const Manifest& manifest,
                                                       const ShardedState& targets, const LocalMatch& local,

@@ -100,8 +100,8 @@ class LoadReport:
     phases: Dict[str, float] = dataclasses.field(default_factory=dict)
     bytes_read_ahead: int = 0  # of bytes_read, read during the metadata phases (its own file)
     every_rank_parsed_manifest: bool = False  # rather than receiving rank 0's decoded copy
-    # Tensors whose parts, over every rank, hold fewer elements than the tensor: elements no rank
-    # loaded (a strict load refuses them; a rank that left the name out, say).
+    # Tensors whose parts, over every rank, leave elements out: elements no rank loaded (a strict
+    # load refuses them; a rank that left the name out, or two ranks that loaded the same part).
     loaded_in_part: List[str] = dataclasses.field(default_factory=list)
 
 

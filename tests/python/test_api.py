@@ -443,6 +443,23 @@ def test_a_strict_load_refuses_a_tensor_no_rank_loads_all_of(root, comm):
     assert report.loaded_in_part == ["w"], report
     if r != n - 1:
         assert torch.equal(partial["w"].local, torch.arange(2.0 * r, 2.0 * r + 2))
+    # Every rank loading the next rank's part covers "w" exactly: passes.
+    nxt = (r + 1) % n
+    shifted = {"w": shardckpt.FlatShard(torch.zeros(2), [2 * n], 2 * nxt)}
+    assert shardckpt.load(shifted, root).loaded_in_part == []
+    assert torch.equal(shifted["w"].local, torch.arange(2.0 * nxt, 2.0 * nxt + 2))
+    # The last rank loading rank 0's part (a wrong rank index): as many elements as "w", but
+    # [0, 2) twice and [2n-2, 2n) never. A count alone passed this.
+    src = 0 if r == n - 1 else r
+    doubled = {"w": shardckpt.FlatShard(torch.zeros(2), [2 * n], 2 * src)}
+    with pytest.raises(shardckpt.InvalidArgument) as error:
+        shardckpt.load(doubled, root)
+    assert "'w' (%d of %d elements, some loaded twice and others by no rank)" % (2 * n, 2 * n) in error.value.message, \
+        error.value.message
+    assert "or two ranks load the same part" in error.value.message, error.value.message
+    report = shardckpt.load(doubled, root, strict=False)
+    assert report.loaded_in_part == ["w"], report
+    assert torch.equal(doubled["w"].local, torch.arange(2.0 * src, 2.0 * src + 2))
 
 
 def test_a_module_or_optimizer_passed_to_load_is_named(root):

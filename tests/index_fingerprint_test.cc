@@ -1,0 +1,120 @@
+#include "shardckpt/engine/model/index_fingerprint.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+namespace shardckpt {
+namespace {
+
+constexpr uint64_t kSquareWeight = 0x9E3779B97F4A7C15ull;
+
+// The definition, element by element: sum of (l+1) + K (l+1)^2, wrapping mod 2^64 as the
+// closed form must.
+uint64_t Term(uint64_t l) { return (l + 1) + kSquareWeight * ((l + 1) * (l + 1)); }
+
+uint64_t BruteForce(const Layout& layout, const Shape& global) {
+  if (layout.kind == LayoutKind::kFlatRange) {
+    uint64_t f = 0;
+    for (int64_t l = layout.begin; l < layout.end; ++l) f += Term(static_cast<uint64_t>(l));
+    return f;
+  }
+  const std::vector<int64_t> lo = layout.kind == LayoutKind::kBox ? std::vector<int64_t>(layout.offsets)
+                                                                   : std::vector<int64_t>(global.size(), 0);
+  const std::vector<int64_t> size = layout.kind == LayoutKind::kBox ? std::vector<int64_t>(layout.sizes) : global;
+  for (int64_t n : size) {
+    if (n == 0) return 0;
+  }
+  std::vector<int64_t> at(size.size(), 0);  // odometer over the box
+  uint64_t f = 0;
+  while (true) {
+    uint64_t l = 0;
+    for (size_t d = 0; d < global.size(); ++d) l = l * static_cast<uint64_t>(global[d]) + static_cast<uint64_t>(lo[d] + at[d]);
+    f += Term(l);
+    size_t d = size.size();
+    while (d > 0 && ++at[d - 1] == size[d - 1]) at[--d] = 0;
+    if (d == 0) return f;
+  }
+}
+
+TEST(IndexFingerprint, MatchesTheElementByElementSumOnRandomBoxesAndRanges) {
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const size_t dims = rng() % 5;  // 0-d (a scalar) to 4-d
+    Shape shape(dims);
+    for (int64_t& n : shape) n = static_cast<int64_t>(rng() % 6);
+    int64_t numel = 1;
+    for (int64_t n : shape) numel *= n;
+    Dims offsets, sizes;
+    for (int64_t n : shape) {
+      const int64_t o = n == 0 ? 0 : static_cast<int64_t>(rng() % static_cast<uint64_t>(n + 1));
+      offsets.push_back(o);
+      sizes.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(n - o + 1)));
+    }
+    const Layout box = Layout::Box(offsets, sizes);
+    EXPECT_EQ(IndexFingerprint(box, shape), BruteForce(box, shape)) << box.ToString() << " of " << ShapeString(shape);
+    const int64_t b = static_cast<int64_t>(rng() % static_cast<uint64_t>(numel + 1));
+    const Layout range = Layout::FlatRange(b, b + static_cast<int64_t>(rng() % static_cast<uint64_t>(numel - b + 1)));
+    EXPECT_EQ(IndexFingerprint(range, shape), BruteForce(range, shape)) << range.ToString();
+    EXPECT_EQ(IndexFingerprint(Layout::Whole(), shape), BruteForce(Layout::Whole(), shape)) << ShapeString(shape);
+  }
+}
+
+// Indices near 2^50 (the largest tensor a manifest allows): the closed form's products wrap mod
+// 2^64, and must wrap to what the element-by-element sum does.
+TEST(IndexFingerprint, WrapsAsTheElementSumDoesAtLargeIndices) {
+  const int64_t big = int64_t{1} << 50;
+  const Shape flat = {big};
+  for (int64_t b : {big - 1000, big / 2 - 7, int64_t{1} << 33, (int64_t{1} << 32) - 3}) {
+    const Layout range = Layout::FlatRange(b, b + 997);
+    EXPECT_EQ(IndexFingerprint(range, flat), BruteForce(range, flat)) << b;
+    const Layout box = Layout::Box({b}, {997});
+    EXPECT_EQ(IndexFingerprint(box, flat), BruteForce(box, flat)) << b;
+  }
+  const Shape wide = {int64_t{1} << 20, int64_t{1} << 22, 8};
+  const Layout corner = Layout::Box({(int64_t{1} << 20) - 3, (int64_t{1} << 22) - 5, 2}, {3, 5, 6});
+  EXPECT_EQ(IndexFingerprint(corner, wide), BruteForce(corner, wide));
+}
+
+// Any exact split of a tensor sums to the whole tensor's fingerprint (mod 2^64).
+TEST(IndexFingerprint, TheSplitsOfATensorSumToTheWhole) {
+  const std::vector<Shape> shapes = {{10}, {7, 3}, {5, 4, 3}, {2, 3, 4, 5}, {}, {0, 4}, {1 << 12, 1 << 10}};
+  for (const Shape& shape : shapes) {
+    const uint64_t whole = IndexFingerprint(Layout::Whole(), shape);
+    for (int parts : {1, 2, 3, 7}) {
+      uint64_t flat = 0;
+      for (int i = 0; i < parts; ++i) flat += IndexFingerprint(FlatShardLayout(shape, parts, i), shape);
+      EXPECT_EQ(flat, whole) << ShapeString(shape) << " in " << parts << " flat shards";
+      for (int dim = 0; dim < static_cast<int>(shape.size()); ++dim) {
+        uint64_t chunks = 0;
+        for (int i = 0; i < parts; ++i) chunks += IndexFingerprint(ChunkLayout(shape, dim, parts, i), shape);
+        EXPECT_EQ(chunks, whole) << ShapeString(shape) << " in " << parts << " chunks along dim " << dim;
+      }
+    }
+  }
+}
+
+// The sets a count alone passes: as many elements as the tensor, some twice and some never.
+TEST(IndexFingerprint, PartsThatOverlapAndLeaveAGapDoNotSumToTheWhole) {
+  struct Case {
+    const char* what;
+    Shape shape;
+    std::vector<Layout> parts;
+  };
+  const std::vector<Case> cases = {
+      {"both ranks load shard 0 of 2", {8}, {ChunkLayout({8}, 0, 2, 0), ChunkLayout({8}, 0, 2, 0)}},
+      {"both ranks load rows 0-1 of a 4x3", {4, 3}, {Layout::Box({0, 0}, {2, 3}), Layout::Box({0, 0}, {2, 3})}},
+      {"both load column block 1 of 2", {4, 6}, {ChunkLayout({4, 6}, 1, 2, 1), ChunkLayout({4, 6}, 1, 2, 1)}},
+      {"shifted by one", {4}, {Layout::FlatRange(0, 2), Layout::FlatRange(1, 3)}},
+      {"the first element missing, the last twice", {4}, {Layout::FlatRange(1, 4), Layout::FlatRange(3, 4)}},
+      {"a symmetric swap: index sums equal, square sums not", {4}, {Layout::FlatRange(1, 3), Layout::FlatRange(1, 3)}},
+  };
+  for (const Case& c : cases) {
+    uint64_t sum = 0;
+    for (const Layout& part : c.parts) sum += IndexFingerprint(part, c.shape);
+    EXPECT_NE(sum, IndexFingerprint(Layout::Whole(), c.shape)) << c.what;
+  }
+}
+
+}  // namespace
+}  // namespace shardckpt
