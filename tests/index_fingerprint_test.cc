@@ -7,16 +7,20 @@
 namespace shardckpt {
 namespace {
 
-constexpr uint64_t kSquareWeight = 0x9E3779B97F4A7C15ull;
+constexpr uint64_t kP = kIndexFingerprintModulus;
+constexpr uint64_t kSquareWeight = 0x9E3779B97Full % kP;
 
-// The definition, element by element: sum of (l+1) + K (l+1)^2, wrapping mod 2^64 as the
-// closed form must.
-uint64_t Term(uint64_t l) { return (l + 1) + kSquareWeight * ((l + 1) * (l + 1)); }
+// The definition, element by element: sum of (l+1) + K (l+1)^2 mod P.
+uint64_t Term(uint64_t l) {
+  using U = unsigned __int128;
+  const U x = (l + 1) % kP;
+  return static_cast<uint64_t>((x + U{kSquareWeight} * (x * x % kP)) % kP);
+}
 
 uint64_t BruteForce(const Layout& layout, const Shape& global) {
   if (layout.kind == LayoutKind::kFlatRange) {
     uint64_t f = 0;
-    for (int64_t l = layout.begin; l < layout.end; ++l) f += Term(static_cast<uint64_t>(l));
+    for (int64_t l = layout.begin; l < layout.end; ++l) f = AddIndexFingerprints(f, Term(static_cast<uint64_t>(l)));
     return f;
   }
   const std::vector<int64_t> lo = layout.kind == LayoutKind::kBox ? std::vector<int64_t>(layout.offsets)
@@ -30,7 +34,7 @@ uint64_t BruteForce(const Layout& layout, const Shape& global) {
   while (true) {
     uint64_t l = 0;
     for (size_t d = 0; d < global.size(); ++d) l = l * static_cast<uint64_t>(global[d]) + static_cast<uint64_t>(lo[d] + at[d]);
-    f += Term(l);
+    f = AddIndexFingerprints(f, Term(l));
     size_t d = size.size();
     while (d > 0 && ++at[d - 1] == size[d - 1]) at[--d] = 0;
     if (d == 0) return f;
@@ -60,9 +64,9 @@ TEST(IndexFingerprint, MatchesTheElementByElementSumOnRandomBoxesAndRanges) {
   }
 }
 
-// Indices near 2^50 (the largest tensor a manifest allows): the closed form's products wrap mod
-// 2^64, and must wrap to what the element-by-element sum does.
-TEST(IndexFingerprint, WrapsAsTheElementSumDoesAtLargeIndices) {
+// Indices near 2^50 (the largest tensor a manifest allows): the closed form's products, far past
+// 2^64 before they are reduced, must come to what the element-by-element sum does.
+TEST(IndexFingerprint, MatchesTheElementSumAtLargeIndices) {
   const int64_t big = int64_t{1} << 50;
   const Shape flat = {big};
   for (int64_t b : {big - 1000, big / 2 - 7, int64_t{1} << 33, (int64_t{1} << 32) - 3}) {
@@ -83,11 +87,13 @@ TEST(IndexFingerprint, TheSplitsOfATensorSumToTheWhole) {
     const uint64_t whole = IndexFingerprint(Layout::Whole(), shape);
     for (int parts : {1, 2, 3, 7}) {
       uint64_t flat = 0;
-      for (int i = 0; i < parts; ++i) flat += IndexFingerprint(FlatShardLayout(shape, parts, i), shape);
+      for (int i = 0; i < parts; ++i) flat = AddIndexFingerprints(flat, IndexFingerprint(FlatShardLayout(shape, parts, i), shape));
       EXPECT_EQ(flat, whole) << ShapeString(shape) << " in " << parts << " flat shards";
       for (int dim = 0; dim < static_cast<int>(shape.size()); ++dim) {
         uint64_t chunks = 0;
-        for (int i = 0; i < parts; ++i) chunks += IndexFingerprint(ChunkLayout(shape, dim, parts, i), shape);
+        for (int i = 0; i < parts; ++i) {
+          chunks = AddIndexFingerprints(chunks, IndexFingerprint(ChunkLayout(shape, dim, parts, i), shape));
+        }
         EXPECT_EQ(chunks, whole) << ShapeString(shape) << " in " << parts << " chunks along dim " << dim;
       }
     }
@@ -111,9 +117,38 @@ TEST(IndexFingerprint, PartsThatOverlapAndLeaveAGapDoNotSumToTheWhole) {
   };
   for (const Case& c : cases) {
     uint64_t sum = 0;
-    for (const Layout& part : c.parts) sum += IndexFingerprint(part, c.shape);
+    for (const Layout& part : c.parts) sum = AddIndexFingerprints(sum, IndexFingerprint(part, c.shape));
     EXPECT_NE(sum, IndexFingerprint(Layout::Whole(), c.shape)) << c.what;
   }
+}
+
+// A wrong rank index on real weight shapes: rank w loads shard s instead of its own, every
+// other rank its own. Shards of a power-of-two number of elements differ from the whole by a
+// multiple of a large power of two, which a fingerprint mod 2^64 (or its low 40 bits) lost: a
+// [2048, 1024] tensor split two ways passed as loaded whole.
+TEST(IndexFingerprint, AWrongRankIndexIsSeenOnPowerOfTwoShapes) {
+  const std::vector<Shape> shapes = {{2048, 1024}, {4096, 4096}, {1024, 2048}, {int64_t{1} << 33}, {32000, 4096},
+                                     {4096, 11008}, {3 << 20}, {8, 1 << 20, 2}};
+  int cases = 0;
+  for (const Shape& shape : shapes) {
+    const uint64_t whole = IndexFingerprint(Layout::Whole(), shape);
+    for (int world : {2, 3, 4, 8}) {
+      for (bool flat : {false, true}) {
+        auto shard = [&](int i) { return flat ? FlatShardLayout(shape, world, i) : ChunkLayout(shape, 0, world, i); };
+        for (int wrong = 0; wrong < world; ++wrong) {
+          for (int source = 0; source < world; ++source) {
+            if (source == wrong) continue;
+            uint64_t sum = 0;
+            for (int r = 0; r < world; ++r) sum = AddIndexFingerprints(sum, IndexFingerprint(shard(r == wrong ? source : r), shape));
+            EXPECT_NE(sum, whole) << ShapeString(shape) << (flat ? " flat" : " dim0") << " in " << world << ": rank "
+                                  << wrong << " loads shard " << source;
+            ++cases;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(cases, 1000);
 }
 
 }  // namespace

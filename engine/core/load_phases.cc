@@ -386,13 +386,12 @@ Result<std::vector<PartlyLoaded>> EntriesLoadedInPart(Communicator& comm, const 
   }
   std::vector<PartlyLoaded> short_of;
   if (checked.empty()) return short_of;  // the same on every rank: none calls the reduction
-  // Per entry, its element count and its index fingerprint (index_fingerprint.h) kept below
-  // 2^bits: both summed in one reduction of doubles, exact while the world's sum stays under
-  // 2^52 (counts below 2^50 elements, kMaxBytes).
-  int world_bits = 1;
-  while ((int64_t{1} << world_bits) < comm.size()) ++world_bits;
-  const uint64_t fingerprint_mask = (uint64_t{1} << std::min(40, 52 - world_bits)) - 1;
-  std::vector<double> sums(2 * checked.size(), 0.0);  // count, fingerprint; count, fingerprint; ...
+  // Per entry, its element count and its index fingerprint (index_fingerprint.h, below 2^40) as
+  // two 20-bit halves: all summed in one reduction of doubles, exact for any world (each half's
+  // sum stays under 2^52; a count short of or equal to the tensor's, under 2^50, is exact too).
+  constexpr int kHalfBits = 20;
+  constexpr uint64_t kHalfMask = (uint64_t{1} << kHalfBits) - 1;
+  std::vector<double> sums(3 * checked.size(), 0.0);  // per entry: count, high half, low half
   std::vector<uint64_t> fingerprints(checked.size(), 0);
   const std::vector<TensorPiece>& pieces = targets.pieces();
   for (size_t p = 0; p < pieces.size(); ++p) {
@@ -400,21 +399,28 @@ Result<std::vector<PartlyLoaded>> EntriesLoadedInPart(Communicator& comm, const 
     if (e < 0 || slot_of[static_cast<size_t>(e)] == kNone) continue;
     const size_t k = slot_of[static_cast<size_t>(e)];
     // The piece's element count, as AddTensor sized its bytes (no shape built per piece).
-    sums[2 * k] += static_cast<double>(pieces[p].bytes / static_cast<int64_t>(DTypeSize(pieces[p].dtype)));
-    fingerprints[k] += IndexFingerprint(pieces[p].layout, pieces[p].global_shape);
+    sums[3 * k] += static_cast<double>(pieces[p].bytes / static_cast<int64_t>(DTypeSize(pieces[p].dtype)));
+    fingerprints[k] = AddIndexFingerprints(fingerprints[k], IndexFingerprint(pieces[p].layout, pieces[p].global_shape));
   }
-  for (size_t k = 0; k < checked.size(); ++k) sums[2 * k + 1] = static_cast<double>(fingerprints[k] & fingerprint_mask);
+  for (size_t k = 0; k < checked.size(); ++k) {
+    sums[3 * k + 1] = static_cast<double>(fingerprints[k] >> kHalfBits);
+    sums[3 * k + 2] = static_cast<double>(fingerprints[k] & kHalfMask);
+  }
   SC_RETURN_IF_ERROR(comm.AllReduceSumDouble(sums.data(), sums.size()));
   for (size_t k = 0; k < checked.size(); ++k) {
     const EntryRecord& entry = manifest.entries[checked[k]];
     const Result<int64_t> whole = NumElements(entry.shape);
     const int64_t numel = whole.ok() ? *whole : 0;
-    const double loaded = sums[2 * k];
+    const double loaded = sums[3 * k];
     if (loaded < static_cast<double>(numel)) {
       short_of.push_back(PartlyLoaded{entry.name, static_cast<int64_t>(loaded), numel, false});
-    } else if (loaded == static_cast<double>(numel) &&
-               (static_cast<uint64_t>(sums[2 * k + 1]) & fingerprint_mask) !=
-                   (IndexFingerprint(Layout::Whole(), entry.shape) & fingerprint_mask)) {
+      continue;
+    }
+    if (loaded != static_cast<double>(numel)) continue;  // replicas: more than the tensor, not checked for gaps
+    const uint64_t high = static_cast<uint64_t>(sums[3 * k + 1]) % kIndexFingerprintModulus;
+    const uint64_t low = static_cast<uint64_t>(sums[3 * k + 2]) % kIndexFingerprintModulus;
+    const uint64_t all = AddIndexFingerprints((high << kHalfBits) % kIndexFingerprintModulus, low);
+    if (all != IndexFingerprint(Layout::Whole(), entry.shape)) {
       // As many elements as the tensor, yet not each of them once: some twice, others never.
       short_of.push_back(PartlyLoaded{entry.name, numel, numel, true});
     }
@@ -706,8 +712,8 @@ Result<Match> MatchEntries(Communicator& comm, const Manifest& manifest, const s
   for (const PartlyLoaded& p : in_part) {
     report->loaded_in_part.push_back(p.name);
     names += (names.empty() ? "'" : ", '") + p.name + "' (" + std::to_string(p.loaded) + " of " +
-             std::to_string(p.elements) + " elements" + (p.overlapping ? ", some loaded twice and others by no rank" : "") +
-             ")";
+             std::to_string(p.elements) + " elements" +
+             (p.overlapping ? ", but some loaded more than once and others by no rank" : "") + ")";
   }
   if (verdict.ok() && options.strict && !in_part.empty()) {
     verdict = InvalidArgument("checkpoint " + dir + " has entries no rank loads all of (the ranks' pieces together " +

@@ -110,9 +110,9 @@ Demand CombineWants(const std::vector<std::string>& all_wants, size_t entries);
 // (index_fingerprint.h) of each such entry are summed over the ranks in one reduction. A count
 // short of the tensor proves elements no rank loads (a rank that left the name out, a layout
 // that stops short); a count equal to the tensor's whose fingerprint is not the tensor's proves
-// parts that overlap and leave a gap (two ranks loading the same shard). Parts that hold more
-// elements than the tensor (replicas, as in HSDP) are not checked for gaps. In manifest order; a
-// strict load refuses them.
+// parts that overlap and leave a gap (two ranks loading the same shard; missed only by a chance
+// of about 2^-40). Parts that hold more elements than the tensor (replicas, as in HSDP) are not
+// checked for gaps. In manifest order; a strict load refuses them.
 struct PartlyLoaded {
   std::string name;
   int64_t loaded = 0, elements = 0;

@@ -1,23 +1,29 @@
 #include "shardckpt/engine/model/index_fingerprint.h"
 
-#include <vector>
-
 namespace shardckpt {
 namespace {
 
-// Odd, so that K * (square sum) keeps every bit of the square sum's difference.
-constexpr uint64_t kSquareWeight = 0x9E3779B97F4A7C15ull;
+constexpr uint64_t kP = kIndexFingerprintModulus;
+// Any nonzero weight below P; the square sums' share of the fingerprint.
+constexpr uint64_t kSquareWeight = 0x9E3779B97Full % kP;
 
-// Sum of x for x in [0, n), mod 2^64: n(n-1)/2 with the even factor halved first, so the
-// division is exact before anything wraps.
+uint64_t Mod(uint64_t x) { return x % kP; }
+uint64_t Mul(uint64_t a, uint64_t b) {
+  return static_cast<uint64_t>(static_cast<unsigned __int128>(a % kP) * (b % kP) % kP);
+}
+uint64_t Add(uint64_t a, uint64_t b) { return AddIndexFingerprints(Mod(a), Mod(b)); }
+uint64_t Sub(uint64_t a, uint64_t b) { return AddIndexFingerprints(Mod(a), kP - Mod(b)); }
+
+// Sum of x for x in [0, n), mod P: n(n-1)/2 with the even factor halved first (exact, as n is
+// at most 2^50).
 uint64_t SumBelow(uint64_t n) {
   if (n == 0) return 0;
   uint64_t a = n, b = n - 1;
   (a % 2 == 0 ? a : b) /= 2;
-  return a * b;
+  return Mul(a, b);
 }
 
-// Sum of x^2 for x in [0, n), mod 2^64: (n-1) n (2n-1) / 6, the 2 and the 3 divided out of the
+// Sum of x^2 for x in [0, n), mod P: (n-1) n (2n-1) / 6, the 2 and the 3 divided out of the
 // factors that hold them (one of n-1, n is even; one of n-1, n, 2n-1 is a multiple of 3).
 uint64_t SquareSumBelow(uint64_t n) {
   if (n == 0) return 0;
@@ -29,28 +35,25 @@ uint64_t SquareSumBelow(uint64_t n) {
       break;
     }
   }
-  return f[0] * f[1] * f[2];
+  return Mul(Mul(f[0], f[1]), f[2]);
 }
 
-// The count, index sum and square sum of one box of the row-major index space: dim k runs
-// offsets[k] + [0, sizes[k]) with stride strides[k].
+// The count, index sum and square sum of a set of row-major indices, each mod P.
 struct Moments {
   uint64_t count = 0, sum = 0, square_sum = 0;
 };
 
 Moments RangeMoments(uint64_t begin, uint64_t end) {
-  return Moments{end - begin, SumBelow(end) - SumBelow(begin), SquareSumBelow(end) - SquareSumBelow(begin)};
+  return Moments{Mod(end - begin), Sub(SumBelow(end), SumBelow(begin)), Sub(SquareSumBelow(end), SquareSumBelow(begin))};
 }
 
-Moments BoxMoments(const int64_t* offsets, const int64_t* sizes, const std::vector<uint64_t>& strides) {
-  const size_t dims = strides.size();
-  std::vector<Moments> along(dims);  // each dim's own range of x_k
-  uint64_t count = 1;
+// A box whose dim k runs offsets[k] + [0, sizes[k]) with stride strides[k].
+Moments BoxMoments(const int64_t* offsets, const int64_t* sizes, const uint64_t* strides, size_t dims) {
+  Moments along[kMaxDims];  // each dim's own range of x_k
   for (size_t k = 0; k < dims; ++k) {
     const uint64_t o = static_cast<uint64_t>(offsets[k]), n = static_cast<uint64_t>(sizes[k]);
     if (n == 0) return Moments{};
     along[k] = RangeMoments(o, o + n);
-    count *= n;
   }
   // With l = sum_k x_k s_k over the box, and P(k...) the product of the sizes of the other dims:
   //   sum l   = sum_k s_k A_k P(k)
@@ -59,18 +62,19 @@ Moments BoxMoments(const int64_t* offsets, const int64_t* sizes, const std::vect
   auto others = [&](size_t skip1, size_t skip2) {
     uint64_t p = 1;
     for (size_t d = 0; d < dims; ++d) {
-      if (d != skip1 && d != skip2) p *= along[d].count;
+      if (d != skip1 && d != skip2) p = Mul(p, along[d].count);
     }
     return p;
   };
   Moments m;
-  m.count = count;
+  m.count = others(dims, dims);
   for (size_t k = 0; k < dims; ++k) {
     const uint64_t rest = others(k, k);
-    m.sum += strides[k] * along[k].sum * rest;
-    m.square_sum += strides[k] * strides[k] * along[k].square_sum * rest;
+    m.sum = Add(m.sum, Mul(Mul(strides[k], along[k].sum), rest));
+    m.square_sum = Add(m.square_sum, Mul(Mul(Mul(strides[k], strides[k]), along[k].square_sum), rest));
     for (size_t j = k + 1; j < dims; ++j) {
-      m.square_sum += 2 * strides[k] * strides[j] * along[k].sum * along[j].sum * others(k, j);
+      const uint64_t cross = Mul(Mul(Mul(2, Mul(strides[k], strides[j])), Mul(along[k].sum, along[j].sum)), others(k, j));
+      m.square_sum = Add(m.square_sum, cross);
     }
   }
   return m;
@@ -91,17 +95,19 @@ uint64_t IndexFingerprint(const Layout& layout, const Shape& global) {
       if (layout.end > layout.begin) m = RangeMoments(static_cast<uint64_t>(layout.begin), static_cast<uint64_t>(layout.end));
       break;
     case LayoutKind::kBox: {
-      std::vector<uint64_t> strides(global.size(), 1);
-      for (size_t d = global.size(); d-- > 1;) strides[d - 1] = strides[d] * static_cast<uint64_t>(global[d]);
-      m = BoxMoments(layout.offsets.data(), layout.sizes.data(), strides);
+      const size_t dims = std::min<size_t>(global.size(), kMaxDims);  // validated layouts have at most kMaxDims
+      uint64_t strides[kMaxDims];
+      for (size_t d = 0; d < dims; ++d) strides[d] = 1;
+      for (size_t d = dims; d-- > 1;) strides[d - 1] = strides[d] * static_cast<uint64_t>(global[d]);
+      m = BoxMoments(layout.offsets.data(), layout.sizes.data(), strides, dims);
       break;
     }
   }
   // Over l + 1, so that index 0 weighs as much as any: sum (l+1) = S1 + C and
   // sum (l+1)^2 = S2 + 2 S1 + C.
-  const uint64_t shifted_sum = m.sum + m.count;
-  const uint64_t shifted_squares = m.square_sum + 2 * m.sum + m.count;
-  return shifted_sum + kSquareWeight * shifted_squares;
+  const uint64_t shifted_sum = Add(m.sum, m.count);
+  const uint64_t shifted_squares = Add(Add(m.square_sum, Mul(2, m.sum)), m.count);
+  return Add(shifted_sum, Mul(kSquareWeight, shifted_squares));
 }
 
 }  // namespace shardckpt

@@ -4,11 +4,13 @@
 // Why: a strict load refuses a tensor whose parts, over every rank, hold fewer elements than it.
 // A count alone passes two ranks that both load shard 0 of a two-way split (the classic wrong
 // rank index): 2 x half = the whole count, and half the tensor is never loaded. The fingerprint
-// of a set of elements is the sum over its row-major indices l of h(l) = (l + 1) + K (l + 1)^2,
-// mod 2^64, in closed form per box (no loop over elements). A set of exactly numel elements that
-// covers the tensor sums to the whole tensor's fingerprint; one that counts numel with some
-// elements twice and others missing almost never does (its index sums and square sums would both
-// have to match). Sums of fingerprints wrap mod 2^64 like the indices they stand for.
+// of a set of elements is the sum over its row-major indices l of h(l) = (l + 1) + K (l + 1)^2
+// mod P, a prime just under 2^40, in closed form per box (no loop over elements). A set that
+// covers the tensor exactly sums to the whole tensor's fingerprint. One of as many elements that
+// holds some twice and others never differs from it by a nonzero integer (its index sums and
+// square sums would both have to match to give zero) that P divides only by chance, about one
+// time in 2^40. Not mod 2^64: shards of a power-of-two number of elements (most weight matrices)
+// make that difference a multiple of a large power of two, which a power-of-two modulus loses.
 #pragma once
 
 #include <cstdint>
@@ -17,8 +19,17 @@
 
 namespace shardckpt {
 
+// 2^40 - 87, prime. Below 2^40, so that a world of 2^12 ranks' fingerprints sum exactly in a double.
+inline constexpr uint64_t kIndexFingerprintModulus = (uint64_t{1} << 40) - 87;
+
 // The fingerprint of the elements `layout` holds in the row-major `global` (a layout already
-// validated against it; a whole layout is every element, an empty one 0).
+// validated against it; a whole layout is every element, an empty one 0), in [0, modulus).
 uint64_t IndexFingerprint(const Layout& layout, const Shape& global);
+
+// The fingerprint of two disjoint sets' union: their sum mod the modulus.
+inline uint64_t AddIndexFingerprints(uint64_t a, uint64_t b) {
+  const uint64_t sum = a + b;
+  return sum >= kIndexFingerprintModulus ? sum - kIndexFingerprintModulus : sum;
+}
 
 }  // namespace shardckpt

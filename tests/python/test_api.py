@@ -425,41 +425,46 @@ def test_unexpected_entries_refused_by_a_strict_load(root):
 
 
 def test_a_strict_load_refuses_a_tensor_no_rank_loads_all_of(root, comm):
-    # Every rank loads a part of "w" (elements [2r, 2r+2)); one rank leaving it out left elements
-    # no rank loaded, and the strict load passed without a word.
-    n, r = comm.size, comm.rank
-    shardckpt.save({"w": shardckpt.FlatShard(torch.arange(2.0 * r, 2.0 * r + 2), [2 * n], 2 * r)}, root, step=1)
-    target = {"w": shardckpt.FlatShard(torch.zeros(2), [2 * n], 2 * r)}
+    # Every rank loads a part of "w" (elements [m r, m r + m)); one rank leaving it out left
+    # elements no rank loaded, and the strict load passed without a word. m is a power of two, as
+    # in most weight shapes: a fingerprint kept mod a power of two missed a doubled part there.
+    n, r, m = comm.size, comm.rank, 1 << 18
+
+    def part(rank):
+        return torch.arange(float(m * rank), float(m * rank + m))
+
+    shardckpt.save({"w": shardckpt.FlatShard(part(r), [m * n], m * r)}, root, step=1)
+    target = {"w": shardckpt.FlatShard(torch.zeros(m), [m * n], m * r)}
     shardckpt.load(target, root)  # all of it, between the ranks
-    assert torch.equal(target["w"].local, torch.arange(2.0 * r, 2.0 * r + 2))
+    assert torch.equal(target["w"].local, part(r))
     if n == 1:
         return
-    partial = {} if r == n - 1 else {"w": shardckpt.FlatShard(torch.zeros(2), [2 * n], 2 * r)}
+    partial = {} if r == n - 1 else {"w": shardckpt.FlatShard(torch.zeros(m), [m * n], m * r)}
     with pytest.raises(shardckpt.InvalidArgument) as error:
         shardckpt.load(partial, root)
     assert "has entries no rank loads all of" in error.value.message, error.value.message
-    assert "'w' (%d of %d elements)" % (2 * n - 2, 2 * n) in error.value.message, error.value.message
+    assert "'w' (%d of %d elements)" % (m * n - m, m * n) in error.value.message, error.value.message
     report = shardckpt.load(partial, root, strict=False)  # the rest loads, and the gap is reported
     assert report.loaded_in_part == ["w"], report
     if r != n - 1:
-        assert torch.equal(partial["w"].local, torch.arange(2.0 * r, 2.0 * r + 2))
+        assert torch.equal(partial["w"].local, part(r))
     # Every rank loading the next rank's part covers "w" exactly: passes.
     nxt = (r + 1) % n
-    shifted = {"w": shardckpt.FlatShard(torch.zeros(2), [2 * n], 2 * nxt)}
+    shifted = {"w": shardckpt.FlatShard(torch.zeros(m), [m * n], m * nxt)}
     assert shardckpt.load(shifted, root).loaded_in_part == []
-    assert torch.equal(shifted["w"].local, torch.arange(2.0 * nxt, 2.0 * nxt + 2))
+    assert torch.equal(shifted["w"].local, part(nxt))
     # The last rank loading rank 0's part (a wrong rank index): as many elements as "w", but
-    # [0, 2) twice and [2n-2, 2n) never. A count alone passed this.
+    # rank 0's part twice and the last never. A count alone passed this.
     src = 0 if r == n - 1 else r
-    doubled = {"w": shardckpt.FlatShard(torch.zeros(2), [2 * n], 2 * src)}
+    doubled = {"w": shardckpt.FlatShard(torch.zeros(m), [m * n], m * src)}
     with pytest.raises(shardckpt.InvalidArgument) as error:
         shardckpt.load(doubled, root)
-    assert "'w' (%d of %d elements, some loaded twice and others by no rank)" % (2 * n, 2 * n) in error.value.message, \
-        error.value.message
+    assert "'w' (%d of %d elements, but some loaded more than once and others by no rank)" % (m * n, m * n) \
+        in error.value.message, error.value.message
     assert "or two ranks load the same part" in error.value.message, error.value.message
     report = shardckpt.load(doubled, root, strict=False)
     assert report.loaded_in_part == ["w"], report
-    assert torch.equal(doubled["w"].local, torch.arange(2.0 * src, 2.0 * src + 2))
+    assert torch.equal(doubled["w"].local, part(src))
 
 
 def test_a_module_or_optimizer_passed_to_load_is_named(root):
