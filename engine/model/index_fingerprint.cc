@@ -8,11 +8,18 @@ constexpr uint64_t kP = kIndexFingerprintModulus;
 constexpr uint64_t kSquareWeight = 0x9E3779B97Full % kP;
 
 uint64_t Mod(uint64_t x) { return x % kP; }
+// a b mod P for a, b < P, without a 128-bit division (a library call: most of this check's cost
+// at 20,000 pieces): the product is under 2^80, and 2^40 = 87 (mod P) folds its high part down.
 uint64_t Mul(uint64_t a, uint64_t b) {
-  return static_cast<uint64_t>(static_cast<unsigned __int128>(a % kP) * (b % kP) % kP);
+  constexpr uint64_t kLow = (uint64_t{1} << 40) - 1, kFold = (uint64_t{1} << 40) - kP;  // 87
+  const unsigned __int128 product = static_cast<unsigned __int128>(a) * b;
+  uint64_t x = static_cast<uint64_t>(product >> 40) * kFold + (static_cast<uint64_t>(product) & kLow);  // < 2^48
+  x = (x >> 40) * kFold + (x & kLow);  // < 2^40 + 2^16
+  return x >= kP ? x - kP : x;
 }
-uint64_t Add(uint64_t a, uint64_t b) { return AddIndexFingerprints(Mod(a), Mod(b)); }
-uint64_t Sub(uint64_t a, uint64_t b) { return AddIndexFingerprints(Mod(a), kP - Mod(b)); }
+// For a, b < P.
+uint64_t Add(uint64_t a, uint64_t b) { return AddIndexFingerprints(a, b); }
+uint64_t Sub(uint64_t a, uint64_t b) { return AddIndexFingerprints(a, b == 0 ? 0 : kP - b); }
 
 // Sum of x for x in [0, n), mod P: n(n-1)/2 with the even factor halved first (exact, as n is
 // at most 2^50).
@@ -20,7 +27,7 @@ uint64_t SumBelow(uint64_t n) {
   if (n == 0) return 0;
   uint64_t a = n, b = n - 1;
   (a % 2 == 0 ? a : b) /= 2;
-  return Mul(a, b);
+  return Mul(Mod(a), Mod(b));
 }
 
 // Sum of x^2 for x in [0, n), mod P: (n-1) n (2n-1) / 6, the 2 and the 3 divided out of the
@@ -35,7 +42,7 @@ uint64_t SquareSumBelow(uint64_t n) {
       break;
     }
   }
-  return Mul(Mul(f[0], f[1]), f[2]);
+  return Mul(Mul(Mod(f[0]), Mod(f[1])), Mod(f[2]));
 }
 
 // The count, index sum and square sum of a set of row-major indices, each mod P.
@@ -69,11 +76,12 @@ Moments BoxMoments(const int64_t* offsets, const int64_t* sizes, const uint64_t*
   Moments m;
   m.count = others(dims, dims);
   for (size_t k = 0; k < dims; ++k) {
-    const uint64_t rest = others(k, k);
-    m.sum = Add(m.sum, Mul(Mul(strides[k], along[k].sum), rest));
-    m.square_sum = Add(m.square_sum, Mul(Mul(Mul(strides[k], strides[k]), along[k].square_sum), rest));
+    const uint64_t rest = others(k, k), stride = Mod(strides[k]);
+    m.sum = Add(m.sum, Mul(Mul(stride, along[k].sum), rest));
+    m.square_sum = Add(m.square_sum, Mul(Mul(Mul(stride, stride), along[k].square_sum), rest));
     for (size_t j = k + 1; j < dims; ++j) {
-      const uint64_t cross = Mul(Mul(Mul(2, Mul(strides[k], strides[j])), Mul(along[k].sum, along[j].sum)), others(k, j));
+      const uint64_t strides_kj = Mul(stride, Mod(strides[j]));
+      const uint64_t cross = Mul(Mul(Add(strides_kj, strides_kj), Mul(along[k].sum, along[j].sum)), others(k, j));
       m.square_sum = Add(m.square_sum, cross);
     }
   }
@@ -95,6 +103,14 @@ uint64_t IndexFingerprint(const Layout& layout, const Shape& global) {
       if (layout.end > layout.begin) m = RangeMoments(static_cast<uint64_t>(layout.begin), static_cast<uint64_t>(layout.end));
       break;
     case LayoutKind::kBox: {
+      // Most boxes are one run of the row-major tensor (cut along dim 0 alone): a range's sums are
+      // a few products where a box's are a few per pair of dims.
+      if (const int64_t start = ContiguousStart(layout, global); start >= 0) {
+        uint64_t count = 1;
+        for (int64_t n : layout.sizes) count *= static_cast<uint64_t>(n);
+        m = RangeMoments(static_cast<uint64_t>(start), static_cast<uint64_t>(start) + count);
+        break;
+      }
       const size_t dims = std::min<size_t>(global.size(), kMaxDims);  // validated layouts have at most kMaxDims
       uint64_t strides[kMaxDims];
       for (size_t d = 0; d < dims; ++d) strides[d] = 1;
@@ -106,7 +122,7 @@ uint64_t IndexFingerprint(const Layout& layout, const Shape& global) {
   // Over l + 1, so that index 0 weighs as much as any: sum (l+1) = S1 + C and
   // sum (l+1)^2 = S2 + 2 S1 + C.
   const uint64_t shifted_sum = Add(m.sum, m.count);
-  const uint64_t shifted_squares = Add(Add(m.square_sum, Mul(2, m.sum)), m.count);
+  const uint64_t shifted_squares = Add(Add(m.square_sum, Add(m.sum, m.sum)), m.count);
   return Add(shifted_sum, Mul(kSquareWeight, shifted_squares));
 }
 
