@@ -386,12 +386,15 @@ Result<std::vector<PartlyLoaded>> EntriesLoadedInPart(Communicator& comm, const 
   }
   std::vector<PartlyLoaded> short_of;
   if (checked.empty()) return short_of;  // the same on every rank: none calls the reduction
-  // Per entry, its element count and its index fingerprint (index_fingerprint.h, below 2^40) as
-  // two 20-bit halves: all summed in one reduction of doubles, exact for any world (each half's
-  // sum stays under 2^52; a count short of or equal to the tensor's, under 2^50, is exact too).
+  // Per entry, its element count and its index fingerprint (index_fingerprint.h, below 2^40),
+  // summed in one reduction of doubles. Up to 4096 ranks the fingerprints' sum stays under 2^52,
+  // exact in one double; past that each goes as two 20-bit halves, exact for any world. A count
+  // short of or equal to the tensor's (under 2^50) is exact too.
   constexpr int kHalfBits = 20;
   constexpr uint64_t kHalfMask = (uint64_t{1} << kHalfBits) - 1;
-  std::vector<double> sums(3 * checked.size(), 0.0);  // per entry: count, high half, low half
+  const bool halves = comm.size() > 4096;
+  const size_t per_entry = halves ? 3 : 2;  // count, fingerprint (or its high half, low half)
+  std::vector<double> sums(per_entry * checked.size(), 0.0);
   std::vector<uint64_t> fingerprints(checked.size(), 0);
   const std::vector<TensorPiece>& pieces = targets.pieces();
   for (size_t p = 0; p < pieces.size(); ++p) {
@@ -399,27 +402,33 @@ Result<std::vector<PartlyLoaded>> EntriesLoadedInPart(Communicator& comm, const 
     if (e < 0 || slot_of[static_cast<size_t>(e)] == kNone) continue;
     const size_t k = slot_of[static_cast<size_t>(e)];
     // The piece's element count, as AddTensor sized its bytes (no shape built per piece).
-    sums[3 * k] += static_cast<double>(pieces[p].bytes / static_cast<int64_t>(DTypeSize(pieces[p].dtype)));
+    sums[per_entry * k] += static_cast<double>(pieces[p].bytes / static_cast<int64_t>(DTypeSize(pieces[p].dtype)));
     fingerprints[k] = AddIndexFingerprints(fingerprints[k], IndexFingerprint(pieces[p].layout, pieces[p].global_shape));
   }
   for (size_t k = 0; k < checked.size(); ++k) {
-    sums[3 * k + 1] = static_cast<double>(fingerprints[k] >> kHalfBits);
-    sums[3 * k + 2] = static_cast<double>(fingerprints[k] & kHalfMask);
+    if (halves) {
+      sums[per_entry * k + 1] = static_cast<double>(fingerprints[k] >> kHalfBits);
+      sums[per_entry * k + 2] = static_cast<double>(fingerprints[k] & kHalfMask);
+    } else {
+      sums[per_entry * k + 1] = static_cast<double>(fingerprints[k]);
+    }
   }
   SC_RETURN_IF_ERROR(comm.AllReduceSumDouble(sums.data(), sums.size()));
   for (size_t k = 0; k < checked.size(); ++k) {
     const EntryRecord& entry = manifest.entries[checked[k]];
     const Result<int64_t> whole = NumElements(entry.shape);
     const int64_t numel = whole.ok() ? *whole : 0;
-    const double loaded = sums[3 * k];
+    const double loaded = sums[per_entry * k];
     if (loaded < static_cast<double>(numel)) {
       short_of.push_back(PartlyLoaded{entry.name, static_cast<int64_t>(loaded), numel, false});
       continue;
     }
     if (loaded != static_cast<double>(numel)) continue;  // replicas: more than the tensor, not checked for gaps
-    const uint64_t high = static_cast<uint64_t>(sums[3 * k + 1]) % kIndexFingerprintModulus;
-    const uint64_t low = static_cast<uint64_t>(sums[3 * k + 2]) % kIndexFingerprintModulus;
-    const uint64_t all = AddIndexFingerprints((high << kHalfBits) % kIndexFingerprintModulus, low);
+    const uint64_t first = static_cast<uint64_t>(sums[per_entry * k + 1]) % kIndexFingerprintModulus;
+    const uint64_t all =
+        halves ? AddIndexFingerprints((first << kHalfBits) % kIndexFingerprintModulus,
+                                      static_cast<uint64_t>(sums[per_entry * k + 2]) % kIndexFingerprintModulus)
+               : first;
     if (all != IndexFingerprint(Layout::Whole(), entry.shape)) {
       // As many elements as the tensor, yet not each of them once: some twice, others never.
       short_of.push_back(PartlyLoaded{entry.name, numel, numel, true});
