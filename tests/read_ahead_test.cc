@@ -180,6 +180,56 @@ TEST_F(ReadAheadLoad, AFailedReadAheadIsDroppedAndTheFileReadAgain) {
   }
 }
 
+// A read ahead whose second read fails, after its first (the file's tail, with the checksum
+// table) landed and may have been taken: what it had stays valid, the rest is read from the file,
+// and the load reads the same values.
+TEST_F(ReadAheadLoad, AReadAheadThatFailsPartWayKeepsWhatItReadAndReadsTheRest) {
+  std::string why;
+  if (!testing::FastPathAvailable(dir_.path(), &why)) {
+    std::cout << "no read ahead here (" << why << "): nothing to fail\n";
+    return;
+  }
+  ReleaseSpareStaging();
+  ASSERT_TRUE(SetFailpoints("io.read.complete#2=EIO").ok());
+  std::vector<float> got;
+  Result<LoadReport> report = LoadInto(&got);
+  SetFailpoints("").IgnoreError();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(got, saved_);
+  const uint64_t file_bytes = FileSize(file_).value();
+  EXPECT_GT(report->stats.bytes_read_ahead, 0u);
+  EXPECT_LT(report->stats.bytes_read_ahead, file_bytes);
+}
+
+// Its reads are waited for by range: the file's first and last bytes can be taken before the
+// whole file is asked for, and each range's bytes are the file's.
+TEST(FileReadAhead, WaitsForTheReadsThatHoldARange) {
+  testing::TempDir dir;
+  const std::string path = JoinPath(dir.path(), "rank-00000.bin");
+  std::string bytes(5 * kMiB + 7 * 4096, '\0');  // five 1 MiB reads and the tail
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>((i * 167) >> 5);
+  ASSERT_TRUE(WriteFileAtomic(path, bytes, "test").ok());
+  std::string why;
+  if (!testing::FastPathAvailable(dir.path(), &why)) {
+    std::cout << "no read ahead here (" << why << ")\n";
+    return;
+  }
+  std::unique_ptr<FileReadAhead> ahead = FileReadAhead::Start(path, ReadAheadHint{4 * kMiB, true}, 64 * kMiB, IoOptions{});
+  ASSERT_NE(ahead, nullptr);
+  const uint64_t n = bytes.size();
+  struct Range {
+    uint64_t offset, length;
+  };
+  for (const Range& r : {Range{n - 4096, 4096}, Range{0, 4096}, Range{kMiB - 4096, 8192}, Range{3 * kMiB, kMiB}}) {
+    ASSERT_TRUE(ahead->WaitFor(r.offset, r.length)) << r.offset;
+    EXPECT_EQ(std::memcmp(ahead->data() + r.offset, bytes.data() + r.offset, r.length), 0) << r.offset;
+  }
+  EXPECT_LE(ahead->bytes_completed(), n);
+  ASSERT_NE(ahead->Wait(), nullptr);
+  EXPECT_EQ(ahead->bytes_completed(), n);
+  EXPECT_EQ(std::memcmp(ahead->data(), bytes.data(), n), 0);
+}
+
 // The bytes read ahead are verified like any read: a flipped byte names its tensor.
 TEST_F(ReadAheadLoad, ADamagedByteInTheFileReadAheadNamesItsTensor) {
   const int victim = 2345;

@@ -111,7 +111,8 @@ Status ExecuteReadPlan(IoEngine* io, BufferPool* pool, const std::string& dir,
   // Manifests are validated (every extent and table page lies inside its file), but a read out
   // of bounds in memory is worse than a failed one: anything outside is read from the file.
   auto from_memory = [&](uint32_t file, uint64_t offset, uint64_t length) {
-    return file == in_memory.file && in_memory.data != nullptr && offset + length <= in_memory.bytes;
+    return file == in_memory.file && in_memory.data != nullptr && offset + length <= in_memory.bytes &&
+           (!in_memory.arrived || in_memory.arrived(offset, length));
   };
   OpenFiles files(io, dir, manifest);
   // Level 1: the checksum-table pages covering the blocks we read, verified against the manifest.

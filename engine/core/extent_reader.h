@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -57,12 +58,15 @@ struct ReadTargets {
   std::vector<DeviceCopier*> copier; // by target; null (or empty vector) for host memory
 };
 
-// One data file whose bytes are in memory already (engine/core/read_ahead.h), all of it: the
-// plan's extents there (and its checksum-table pages) are verified and copied from memory.
+// One data file whose bytes are being read into memory (engine/core/read_ahead.h): the plan's
+// extents there (and its checksum-table pages) are verified and copied from memory, each once
+// `arrived` says its bytes are there (null: all of them are); where it says they never will (a
+// failed read), they are read from the file.
 struct FileInMemory {
   uint32_t file = UINT32_MAX;  // manifest.files index; UINT32_MAX: none
   const unsigned char* data = nullptr;
   uint64_t bytes = 0;
+  std::function<bool(uint64_t offset, uint64_t length)> arrived;
 };
 
 Status ExecuteReadPlan(IoEngine* io, BufferPool* pool, const std::string& dir,

@@ -847,15 +847,13 @@ Status ReadExtents(const std::string& dir, const Manifest& manifest, const ReadW
                    const LoadOptions& options, ReadStats* stats, FileReadAhead* ahead) {
   FileInMemory in_memory;
   if (ahead != nullptr) {
-    const unsigned char* data = ahead->Wait();
     const std::string name = BaseName(ahead->path());
-    for (uint32_t f = 0; f < manifest.files.size() && data != nullptr; ++f) {
+    for (uint32_t f = 0; f < manifest.files.size(); ++f) {
       // The size rank 0 checked against the manifest: the bytes read are the file it describes.
-      if (manifest.files[f].name == name && manifest.files[f].size == ahead->bytes()) in_memory = {f, data, ahead->bytes()};
-    }
-    if (data != nullptr) {  // read, whether the plan takes any of it or not
-      stats->data_bytes_read += ahead->bytes();
-      stats->bytes_read_ahead += ahead->bytes();
+      if (manifest.files[f].name == name && manifest.files[f].size == ahead->bytes()) {
+        in_memory = {f, ahead->data(), ahead->bytes(),
+                     [ahead](uint64_t offset, uint64_t length) { return ahead->WaitFor(offset, length); }};
+      }
     }
   }
   const StagingSize staging = SizeStaging(work.plan, options.staging_buffers, work.max_extent);
@@ -865,8 +863,14 @@ Status ReadExtents(const std::string& dir, const Manifest& manifest, const ReadW
   IoOptions io_options = options.io;
   io_options.queue_depth = std::max<size_t>(io_options.queue_depth, lease.pool()->count() + 1);
   std::unique_ptr<IoEngine> io = CreateIoEngine(io_options);
-  return ExecuteReadPlan(io.get(), lease.pool(), dir, manifest, work.plan, work.targets, options.verify_checksums,
-                         stats, in_memory, work.shared);
+  const Status read = ExecuteReadPlan(io.get(), lease.pool(), dir, manifest, work.plan, work.targets,
+                                      options.verify_checksums, stats, in_memory, work.shared);
+  if (ahead != nullptr) {  // read, whether the plan took any of it or not
+    ahead->WaitFor(0, ahead->bytes());
+    stats->data_bytes_read += ahead->bytes_completed();
+    stats->bytes_read_ahead += ahead->bytes_completed();
+  }
+  return read;
 }
 
 // ---- 6.

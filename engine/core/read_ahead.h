@@ -5,7 +5,8 @@
 // read, and the reads used to wait for all of it (issue 14 part 5: the load stood at 0.4x of fio).
 // At the world size the checkpoint was saved by, a rank's own file (rank-NNNNN.bin) is what a
 // resuming rank loads, so each rank reads it whole, with O_DIRECT through io_uring, while the
-// metadata phases run on the CPU; the read phase then verifies and copies from memory.
+// metadata phases run on the CPU; the read phase then verifies and copies from memory, each
+// block as soon as its read is done (WaitFor), the checksum table at the file's end read first.
 //
 // Only where it pays (WorthReadingAhead): the job has the checkpoint's world size (rank 0's probe
 // of the rank files), the manifest is large enough for its phases to hide a read, and the file is
@@ -21,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "shardckpt/engine/core/staging_cache.h"
 #include "shardckpt/io/io_engine.h"
@@ -55,21 +57,36 @@ class FileReadAhead {
                                               const IoOptions& io_options, bool keep_memory = true);
   ~FileReadAhead();
 
-  // Waits for the reads; the file's bytes, or null where a read failed (logged at debug level).
-  const unsigned char* Wait();
+  // Waits for the reads that hold [offset, offset + length) and no others: true when those bytes
+  // are in data(), false where a read failed (logged at debug level; from then on every call is
+  // false, and the caller reads from the file what it has not taken yet). The load takes the
+  // file's blocks as they arrive, in file order: the reads complete in that order, and each block
+  // is verified and copied while the later ones are still on their way.
+  bool WaitFor(uint64_t offset, uint64_t length);
+  // Waits for every read; the file's bytes, or null where a read failed.
+  const unsigned char* Wait() { return WaitFor(0, bytes_) ? data() : nullptr; }
+  const unsigned char* data() const { return memory_.pool()->at(0).data(); }
+  // The bytes of the reads completed before any failure (the bytes read ahead a load counts).
+  uint64_t bytes_completed() const { return bytes_completed_; }
   const std::string& path() const { return path_; }
   uint64_t bytes() const { return bytes_; }
 
  private:
   FileReadAhead() = default;
+  struct Read {
+    uint64_t offset = 0, length = 0;
+    bool done = false;
+  };
 
   std::string path_;
   uint64_t bytes_ = 0;
   StagingLease memory_;  // one buffer, at least bytes_ long
   std::unique_ptr<IoEngine> io_;
   std::unique_ptr<File> file_;
+  std::vector<Read> reads_;  // by tag: the file's tail (its checksum table) first, then in file order
+  uint64_t bytes_completed_ = 0;
   Status failure_;
-  bool waited_ = false;
+  bool dropped_ = false;
 };
 
 }  // namespace shardckpt
