@@ -8,13 +8,16 @@ namespace shardckpt {
 namespace {
 
 constexpr uint64_t kP = kIndexFingerprintModulus;
-constexpr uint64_t kSquareWeight = 0x9E3779B97Full % kP;
 
-// The definition, element by element: sum of (l+1) + K (l+1)^2 mod P.
+// The definition, element by element: the sum of 13^l mod P (13: a primitive root of P), each
+// power by plain square-and-multiply in 128 bits.
 uint64_t Term(uint64_t l) {
   using U = unsigned __int128;
-  const U x = (l + 1) % kP;
-  return static_cast<uint64_t>((x + U{kSquareWeight} * (x * x % kP)) % kP);
+  U result = 1, base = 13;
+  for (uint64_t e = l % (kP - 1); e > 0; e >>= 1, base = base * base % kP) {
+    if (e & 1) result = result * base % kP;
+  }
+  return static_cast<uint64_t>(result);
 }
 
 uint64_t BruteForce(const Layout& layout, const Shape& global) {
@@ -107,7 +110,7 @@ TEST(IndexFingerprint, PartsThatOverlapAndLeaveAGapDoNotSumToTheWhole) {
     Shape shape;
     std::vector<Layout> parts;
   };
-  const std::vector<Case> cases = {
+  std::vector<Case> cases = {
       {"both ranks load shard 0 of 2", {8}, {ChunkLayout({8}, 0, 2, 0), ChunkLayout({8}, 0, 2, 0)}},
       {"both ranks load rows 0-1 of a 4x3", {4, 3}, {Layout::Box({0, 0}, {2, 3}), Layout::Box({0, 0}, {2, 3})}},
       {"both load column block 1 of 2", {4, 6}, {ChunkLayout({4, 6}, 1, 2, 1), ChunkLayout({4, 6}, 1, 2, 1)}},
@@ -115,6 +118,35 @@ TEST(IndexFingerprint, PartsThatOverlapAndLeaveAGapDoNotSumToTheWhole) {
       {"the first element missing, the last twice", {4}, {Layout::FlatRange(1, 4), Layout::FlatRange(3, 4)}},
       {"a symmetric swap: index sums equal, square sums not", {4}, {Layout::FlatRange(1, 3), Layout::FlatRange(1, 3)}},
   };
+  // Patterns whose index sums and square sums both match the whole's (an earlier fingerprint of
+  // those moments passed them): 8 flat shards where each rank with an odd number of set bits
+  // loads shard r^1; ranks 1, 2, 6 loading shards 0, 4, 5 instead of their own.
+  std::vector<Case> matching_moments;
+  {
+    Case parity{"ranks of odd parity load their neighbour's shard", {64}, {}};
+    Case three{"ranks 1, 2, 6 load shards 0, 4, 5", {64}, {}};
+    for (int r = 0; r < 8; ++r) {
+      parity.parts.push_back(FlatShardLayout({64}, 8, __builtin_popcount(r) % 2 == 1 ? r ^ 1 : r));
+      three.parts.push_back(FlatShardLayout({64}, 8, r == 1 ? 0 : r == 2 ? 4 : r == 6 ? 5 : r));
+    }
+    matching_moments = {parity, three};
+  }
+  // A 2x2x2 grid of blocks of a 3-D tensor with the blocks of even parity doubled and the others
+  // missing.
+  Case grid{"a 2x2x2 block grid, even blocks twice", {4, 6, 2}, {}};
+  for (int b = 0; b < 8; ++b) {
+    const int i = b >> 2, j = (b >> 1) & 1, k = b & 1;
+    if ((i + j + k) % 2 == 0) {
+      for (int twice = 0; twice < 2; ++twice) grid.parts.push_back(Layout::Box({2 * i, 3 * j, k}, {2, 3, 1}));
+    }
+  }
+  matching_moments.push_back(grid);
+  for (Case& c : matching_moments) {
+    int64_t count = 0;
+    for (const Layout& part : c.parts) count += ValidateLayout(part, c.shape).value();
+    ASSERT_EQ(count, NumElements(c.shape).value()) << c.what;  // as many elements as the tensor
+    cases.push_back(c);
+  }
   for (const Case& c : cases) {
     uint64_t sum = 0;
     for (const Layout& part : c.parts) sum = AddIndexFingerprints(sum, IndexFingerprint(part, c.shape));

@@ -388,7 +388,7 @@ Result<std::vector<PartlyLoaded>> EntriesLoadedInPart(Communicator& comm, const 
   if (checked.empty()) return short_of;  // the same on every rank: none calls the reduction
   // Per entry, its element count and its index fingerprint (index_fingerprint.h, below 2^40),
   // summed in one reduction of doubles. Up to 4096 ranks the fingerprints' sum stays under 2^52,
-  // exact in one double; past that each goes as two 20-bit halves, exact for any world. A count
+  // exact in one double; past that each goes as two 20-bit halves, exact up to 2^32 ranks. A count
   // short of or equal to the tensor's (under 2^50) is exact too.
   constexpr int kHalfBits = 20;
   constexpr uint64_t kHalfMask = (uint64_t{1} << kHalfBits) - 1;

@@ -4,13 +4,13 @@
 // Why: a strict load refuses a tensor whose parts, over every rank, hold fewer elements than it.
 // A count alone passes two ranks that both load shard 0 of a two-way split (the classic wrong
 // rank index): 2 x half = the whole count, and half the tensor is never loaded. The fingerprint
-// of a set of elements is the sum over its row-major indices l of h(l) = (l + 1) + K (l + 1)^2
-// mod P, a prime just under 2^40, in closed form per box (no loop over elements). A set that
-// covers the tensor exactly sums to the whole tensor's fingerprint. One of as many elements that
-// holds some twice and others never differs from it by a nonzero integer (its index sums and
-// square sums would both have to match to give zero) that P divides only by chance, about one
-// time in 2^40. Not mod 2^64: shards of a power-of-two number of elements (most weight matrices)
-// make that difference a multiple of a large power of two, which a power-of-two modulus loses.
+// of a set of elements is the sum over its row-major indices l of g^l mod P, P a prime just under
+// 2^40 and g a primitive root of it, in closed form per box (geometric sums, no loop over
+// elements). A set that covers the tensor exactly sums to the whole tensor's fingerprint. One of
+// as many elements that holds some twice (D) and others never (M) matches it only where g is a
+// root of the polynomial sum_D x^l - sum_M x^l, which no layout chooses: by chance, about one
+// time in 2^40 per tensor. Moments (sums of l and l^2, an earlier version) were blind to whole
+// families of patterns, and a modulus of 2^64 to shards of a power-of-two size.
 #pragma once
 
 #include <cstdint>
