@@ -225,9 +225,55 @@ TEST(FileReadAhead, WaitsForTheReadsThatHoldARange) {
     EXPECT_EQ(std::memcmp(ahead->data() + r.offset, bytes.data() + r.offset, r.length), 0) << r.offset;
   }
   EXPECT_LE(ahead->bytes_completed(), n);
+  EXPECT_FALSE(ahead->WaitFor(n, 4096));  // ranges not inside the file are never "arrived"
+  EXPECT_FALSE(ahead->WaitFor(n - 4096, 8192));
+  EXPECT_FALSE(ahead->WaitFor(UINT64_MAX - 4095, 8192));
   ASSERT_NE(ahead->Wait(), nullptr);
   EXPECT_EQ(ahead->bytes_completed(), n);
   EXPECT_EQ(std::memcmp(ahead->data(), bytes.data(), n), 0);
+}
+
+// A file of several reads, whose extents each span many of them: a read failing at each place in
+// turn cuts the read ahead short inside an extent already partly copied from memory. That extent
+// is read from the file whole and copied again; the values are the saved ones every time.
+TEST(ReadAheadLoadLarger, AReadFailingInsideAnExtentHasThatExtentReadFromTheFile) {
+  testing::TempDir dir;
+  std::string why;
+  if (!testing::FastPathAvailable(dir.path(), &why)) {
+    std::cout << "no read ahead here (" << why << "): nothing to fail\n";
+    return;
+  }
+  constexpr int kTensors = 4000, kElements = 256;  // 4 MiB of data: four 1 MiB reads and the tail
+  std::vector<float> saved(kTensors * kElements);
+  for (size_t i = 0; i < saved.size(); ++i) saved[i] = static_cast<float>(i % 100003) * 0.25f;
+  auto name = [](int t) { return "layers." + std::to_string(t) + ".norm.weight"; };
+  std::unique_ptr<Communicator> comm = CreateSingleProcessCommunicator();
+  const std::string root = JoinPath(dir.path(), "ckpt");
+  ShardedState state;
+  for (int t = 0; t < kTensors; ++t) {
+    ASSERT_TRUE(state.AddTensor(name(t), DType::kFloat32, {kElements}, Layout::Whole(), &saved[t * kElements]).ok());
+  }
+  ASSERT_TRUE(Save(*comm, root, 1, state).ok());
+  const uint64_t file_bytes = FileSize(JoinPath(JoinPath(root, StepDirName(1)), RankFileName(0))).value();
+  for (int failing = 0; failing <= 5; ++failing) {  // 0: none fails
+    ReleaseSpareStaging();
+    if (failing > 0) ASSERT_TRUE(SetFailpoints("io.read.complete#" + std::to_string(failing) + "=EIO").ok());
+    std::vector<float> got(saved.size(), -1.0f);
+    ShardedState targets;
+    for (int t = 0; t < kTensors; ++t) {
+      ASSERT_TRUE(targets.AddTensor(name(t), DType::kFloat32, {kElements}, Layout::Whole(), &got[t * kElements]).ok());
+    }
+    Result<LoadReport> report = Load(*comm, root, targets);
+    SetFailpoints("").IgnoreError();
+    ASSERT_TRUE(report.ok()) << failing << ": " << report.status().ToString();
+    EXPECT_EQ(got, saved) << "read " << failing << " failing";
+    if (failing == 0) {
+      EXPECT_EQ(report->stats.bytes_read_ahead, file_bytes);  // the whole file was read ahead
+    } else {
+      EXPECT_LT(report->stats.bytes_read_ahead, file_bytes) << failing;
+      if (failing > 1) EXPECT_GT(report->stats.bytes_read_ahead, 0u) << failing;  // reads before it landed
+    }
+  }
 }
 
 // The bytes read ahead are verified like any read: a flipped byte names its tensor.

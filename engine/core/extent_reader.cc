@@ -111,8 +111,8 @@ Status ExecuteReadPlan(IoEngine* io, BufferPool* pool, const std::string& dir,
   // Manifests are validated (every extent and table page lies inside its file), but a read out
   // of bounds in memory is worse than a failed one: anything outside is read from the file.
   auto from_memory = [&](uint32_t file, uint64_t offset, uint64_t length) {
-    return file == in_memory.file && in_memory.data != nullptr && offset + length <= in_memory.bytes &&
-           (!in_memory.arrived || in_memory.arrived(offset, length));
+    return file == in_memory.file && in_memory.data != nullptr && offset <= in_memory.bytes &&
+           length <= in_memory.bytes - offset && (!in_memory.arrived || in_memory.arrived(offset, length));
   };
   OpenFiles files(io, dir, manifest);
   // Level 1: the checksum-table pages covering the blocks we read, verified against the manifest.
@@ -126,16 +126,20 @@ Status ExecuteReadPlan(IoEngine* io, BufferPool* pool, const std::string& dir,
       for (uint64_t p = first / kSumsPerTablePage; p <= last / kSumsPerTablePage; ++p) needed.insert({e.file, p});
     }
     auto page_offset = [&](const PageKey& key) { return manifest.files[key.first].table_offset + key.second * kBlockSize; };
-    const size_t to_read = std::count_if(needed.begin(), needed.end(), [&](const PageKey& key) {
-      return !from_memory(key.first, page_offset(key), kBlockSize);
-    });
+    // Decided once per page: the buffer below is sized by it, and the read ahead may fail between
+    // two askings.
+    std::vector<bool> page_in_memory;
+    page_in_memory.reserve(needed.size());
+    for (const PageKey& key : needed) page_in_memory.push_back(from_memory(key.first, page_offset(key), kBlockSize));
+    const size_t to_read = std::count(page_in_memory.begin(), page_in_memory.end(), false);
     if (to_read > 0) {
       SC_ASSIGN_OR_RETURN(pages, AlignedBuffer::Allocate(to_read * kBlockSize));
     }
     std::vector<std::pair<File*, IoOp>> ops;
     size_t pages_read = 0;
+    size_t page = 0;
     for (const PageKey& key : needed) {  // in file order: each file's pages, then the next file's
-      if (from_memory(key.first, page_offset(key), kBlockSize)) {
+      if (page_in_memory[page++]) {
         sums[key] = reinterpret_cast<const uint64_t*>(in_memory.data + page_offset(key));
         continue;
       }
@@ -256,6 +260,8 @@ Status ExecuteReadPlan(IoEngine* io, BufferPool* pool, const std::string& dir,
       stats->extents++;
       continue;
     }
+    // Once its reads are in (the extents before it were taken meanwhile); where one failed, the
+    // extent is read from the file below.
     if (from_memory(e.file, e.offset, e.length)) {  // counted as read by the read ahead
       Status copied = complete(i, in_memory.data + e.offset);
       if (!copied.ok()) return stop(copied);

@@ -18,7 +18,7 @@ constexpr uint64_t kReadBytes = 1u << 20;
 
 // The file's tail read first, so that the checksum table (the last ceil(blocks / 512) pages of
 // a file this engine wrote: one 8-byte sum per 4096-byte block) is in memory before the first
-// data block the load verifies. A page more than that, in case the file ends in padding.
+// data block the load verifies. A page more than that: slack, not needed by the arithmetic.
 uint64_t TailBytes(uint64_t file_bytes) {
   return std::min(file_bytes, AlignUp(file_bytes / (kDirectIoAlignment / 8), kDirectIoAlignment) + kDirectIoAlignment);
 }
@@ -84,6 +84,7 @@ FileReadAhead::~FileReadAhead() {
 }
 
 bool FileReadAhead::WaitFor(uint64_t offset, uint64_t length) {
+  if (offset > bytes_ || length > bytes_ - offset) return false;
   auto pending = [&] {
     for (const Read& read : reads_) {
       if (!read.done && read.offset < offset + length && offset < read.offset + read.length) return true;
@@ -99,11 +100,11 @@ bool FileReadAhead::WaitFor(uint64_t offset, uint64_t length) {
     reads_[*tag].done = true;
     bytes_completed_ += reads_[*tag].length;
   }
-  if (failure_.ok()) return true;
+  if (!pending()) return true;  // every read of the range landed, before any failure
   if (!dropped_) {
     dropped_ = true;
     io_->Drain().IgnoreError();  // the reads still in flight land before anything reads the file again
-    SC_LOG(kDebug) << "read ahead of " << path_ << " dropped: " << failure_.ToString();
+    SC_LOG(kDebug) << "read ahead of " << path_ << " cut short: " << failure_.ToString();
   }
   return false;
 }

@@ -58,15 +58,17 @@ class FileReadAhead {
   ~FileReadAhead();
 
   // Waits for the reads that hold [offset, offset + length) and no others: true when those bytes
-  // are in data(), false where a read failed (logged at debug level; from then on every call is
-  // false, and the caller reads from the file what it has not taken yet). The load takes the
-  // file's blocks as they arrive, in file order: the reads complete in that order, and each block
-  // is verified and copied while the later ones are still on their way.
+  // are in data(), false where one of them failed or the range is not inside the file. A failed
+  // read stops the waiting (logged at debug level): the reads done before it stay true, all the
+  // others are false from then on, and the caller reads those bytes from the file. The load takes
+  // the file's blocks as they arrive, verifying and copying each while later ones are still on
+  // their way (a disk completes them about in file order, the order they were submitted).
   bool WaitFor(uint64_t offset, uint64_t length);
   // Waits for every read; the file's bytes, or null where a read failed.
   const unsigned char* Wait() { return WaitFor(0, bytes_) ? data() : nullptr; }
   const unsigned char* data() const { return memory_.pool()->at(0).data(); }
-  // The bytes of the reads completed before any failure (the bytes read ahead a load counts).
+  // The bytes of the reads completed before any failure (the bytes read ahead a load counts:
+  // those a failure cut short and the load read again from the file count there too).
   uint64_t bytes_completed() const { return bytes_completed_; }
   const std::string& path() const { return path_; }
   uint64_t bytes() const { return bytes_; }
