@@ -169,18 +169,16 @@ class PyCommunicator : public Communicator {
       for (py::handle item : got) all->push_back(item.cast<std::string>());
     });
   }
+  // In place: the Python side reduces a tensor over this memory (no list of Python floats each
+  // way: a 20,000-tensor load's coverage check reduces 40,000 values).
   Status AllReduceMaxInt64(int64_t* values, size_t count) override {
     return Call("allreduce_max_int64", [&](py::object f) {
-      std::vector<int64_t> in(values, values + count);
-      std::vector<int64_t> out = f(in).cast<std::vector<int64_t>>();
-      std::copy(out.begin(), out.end(), values);
+      f(py::memoryview::from_memory(values, static_cast<ssize_t>(count * sizeof(int64_t)), false));
     });
   }
   Status AllReduceSumDouble(double* values, size_t count) override {
     return Call("allreduce_sum_double", [&](py::object f) {
-      std::vector<double> in(values, values + count);
-      std::vector<double> out = f(in).cast<std::vector<double>>();
-      std::copy(out.begin(), out.end(), values);
+      f(py::memoryview::from_memory(values, static_cast<ssize_t>(count * sizeof(double)), false));
     });
   }
   Status AllGatherFloat(const float*, size_t, float*) override {

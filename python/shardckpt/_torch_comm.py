@@ -280,17 +280,23 @@ class TorchGroupComm:
         everything = self.allgather(mine)  # metadata only: small, and one code path
         return everything if self.rank == root else []
 
-    def allreduce_max_int64(self, values: List[int]) -> List[int]:
-        tensor = torch.tensor(values, dtype=torch.int64)
-        self._run("all_reduce", lambda: dist.all_reduce(tensor, op=dist.ReduceOp.MAX,
-                                                        group=self.group, async_op=True))
-        return tensor.tolist()
+    def _allreduce(self, buffer: memoryview, dtype: torch.dtype, op: Any) -> None:
+        # In place in the engine's memory (lists each way took 0.8-1.7 ms of Python alone at the
+        # 40,000 values of a 20,000-tensor load's coverage check; this 0.1-0.3 ms), through a
+        # tensor torch owns, as broadcast() does.
+        if len(buffer) == 0:  # every rank passes the same length
+            return
+        view = torch.frombuffer(buffer, dtype=dtype)
+        tensor = view.clone()
+        self._run("all_reduce", lambda: dist.all_reduce(tensor, op=op, group=self.group, async_op=True))
+        view.copy_(tensor)
+        _release(tensor)
 
-    def allreduce_sum_double(self, values: List[float]) -> List[float]:
-        tensor = torch.tensor(values, dtype=torch.float64)
-        self._run("all_reduce", lambda: dist.all_reduce(tensor, op=dist.ReduceOp.SUM,
-                                                        group=self.group, async_op=True))
-        return tensor.tolist()
+    def allreduce_max_int64(self, buffer: memoryview) -> None:
+        self._allreduce(buffer, torch.int64, dist.ReduceOp.MAX)
+
+    def allreduce_sum_double(self, buffer: memoryview) -> None:
+        self._allreduce(buffer, torch.float64, dist.ReduceOp.SUM)
 
     def duplicate(self) -> "TorchGroupComm":
         # The ranks meet first, within SHARDCKPT_COLLECTIVE_TIMEOUT_S, so that one that never
