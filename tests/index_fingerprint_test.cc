@@ -67,8 +67,8 @@ TEST(IndexFingerprint, MatchesTheElementByElementSumOnRandomBoxesAndRanges) {
   }
 }
 
-// Indices near 2^50 (the largest tensor a manifest allows): the closed form's products, far past
-// 2^64 before they are reduced, must come to what the element-by-element sum does.
+// Indices near 2^50 (the largest tensor a manifest allows): the closed form's exponents, reduced
+// mod P - 1, and its geometric sums must come to what the element-by-element sum does.
 TEST(IndexFingerprint, MatchesTheElementSumAtLargeIndices) {
   const int64_t big = int64_t{1} << 50;
   const Shape flat = {big};
@@ -83,7 +83,7 @@ TEST(IndexFingerprint, MatchesTheElementSumAtLargeIndices) {
   EXPECT_EQ(IndexFingerprint(corner, wide), BruteForce(corner, wide));
 }
 
-// Any exact split of a tensor sums to the whole tensor's fingerprint (mod 2^64).
+// Any exact split of a tensor sums to the whole tensor's fingerprint (mod P).
 TEST(IndexFingerprint, TheSplitsOfATensorSumToTheWhole) {
   const std::vector<Shape> shapes = {{10}, {7, 3}, {5, 4, 3}, {2, 3, 4, 5}, {}, {0, 4}, {1 << 12, 1 << 10}};
   for (const Shape& shape : shapes) {
@@ -156,8 +156,8 @@ TEST(IndexFingerprint, PartsThatOverlapAndLeaveAGapDoNotSumToTheWhole) {
 
 // A wrong rank index on real weight shapes: rank w loads shard s instead of its own, every
 // other rank its own. Shards of a power-of-two number of elements differ from the whole by a
-// multiple of a large power of two, which a fingerprint mod 2^64 (or its low 40 bits) lost: a
-// [2048, 1024] tensor split two ways passed as loaded whole.
+// multiple of a large power of two in the moments an earlier fingerprint summed mod 2^64 (or its
+// low 40 bits), which lost it: a [2048, 1024] tensor split two ways passed as loaded whole.
 TEST(IndexFingerprint, AWrongRankIndexIsSeenOnPowerOfTwoShapes) {
   const std::vector<Shape> shapes = {{2048, 1024}, {4096, 4096}, {1024, 2048}, {int64_t{1} << 33}, {32000, 4096},
                                      {4096, 11008}, {3 << 20}, {8, 1 << 20, 2}};

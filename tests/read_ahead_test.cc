@@ -231,11 +231,30 @@ TEST(FileReadAhead, WaitsForTheReadsThatHoldARange) {
   ASSERT_NE(ahead->Wait(), nullptr);
   EXPECT_EQ(ahead->bytes_completed(), n);
   EXPECT_EQ(std::memcmp(ahead->data(), bytes.data(), n), 0);
+
+  // The third read to land fails: the two before it stay usable (whichever reads they were, each
+  // block of them readable and the file's), every other block is refused, and the whole file is not
+  // there.
+  ReleaseSpareStaging();
+  ASSERT_TRUE(SetFailpoints("io.read.complete#3=EIO").ok());
+  ahead = FileReadAhead::Start(path, ReadAheadHint{4 * kMiB, true}, 64 * kMiB, IoOptions{});
+  ASSERT_NE(ahead, nullptr);
+  EXPECT_EQ(ahead->Wait(), nullptr);
+  SetFailpoints("").IgnoreError();
+  uint64_t usable = 0;
+  for (uint64_t at = 0; at < n; at += 4096) {
+    if (!ahead->WaitFor(at, 4096)) continue;
+    usable += 4096;
+    EXPECT_EQ(std::memcmp(ahead->data() + at, bytes.data() + at, 4096), 0) << at;
+  }
+  EXPECT_GT(usable, 0u);
+  EXPECT_LT(usable, n);
+  EXPECT_EQ(usable, ahead->bytes_completed());  // exactly the reads that landed before the failure
 }
 
-// A file of several reads, whose extents each span many of them: a read failing at each place in
-// turn cuts the read ahead short inside an extent already partly copied from memory. That extent
-// is read from the file whole and copied again; the values are the saved ones every time.
+// A file of several reads, planned in extents of 256 KiB (four to a read): a read failing at each
+// place in turn cuts the read ahead short, the extents it had not landed for are read from the
+// file, and the values are the saved ones every time.
 TEST(ReadAheadLoadLarger, AReadFailingInsideAnExtentHasThatExtentReadFromTheFile) {
   testing::TempDir dir;
   std::string why;
@@ -263,9 +282,12 @@ TEST(ReadAheadLoadLarger, AReadFailingInsideAnExtentHasThatExtentReadFromTheFile
     for (int t = 0; t < kTensors; ++t) {
       ASSERT_TRUE(targets.AddTensor(name(t), DType::kFloat32, {kElements}, Layout::Whole(), &got[t * kElements]).ok());
     }
-    Result<LoadReport> report = Load(*comm, root, targets);
+    LoadOptions options;
+    options.plan.max_extent = 256u << 10;
+    Result<LoadReport> report = Load(*comm, root, targets, options);
     SetFailpoints("").IgnoreError();
     ASSERT_TRUE(report.ok()) << failing << ": " << report.status().ToString();
+    EXPECT_GE(report->stats.extents, 16u);
     EXPECT_EQ(got, saved) << "read " << failing << " failing";
     if (failing == 0) {
       EXPECT_EQ(report->stats.bytes_read_ahead, file_bytes);  // the whole file was read ahead

@@ -420,18 +420,25 @@ Result<std::vector<PartlyLoaded>> EntriesLoadedInPart(Communicator& comm, const 
     const int64_t numel = whole.ok() ? *whole : 0;
     const double loaded = sums[per_entry * k];
     if (loaded < static_cast<double>(numel)) {
-      short_of.push_back(PartlyLoaded{entry.name, static_cast<int64_t>(loaded), numel, false});
+      short_of.push_back(PartlyLoaded{entry.name, static_cast<int64_t>(loaded), numel, PartlyLoaded::kShort});
       continue;
     }
-    if (loaded != static_cast<double>(numel)) continue;  // replicas: more than the tensor, not checked for gaps
+    // Past 2^53 the count is not exact, and past kIndexFingerprintMaxElements the fingerprint
+    // says nothing; an empty tensor has nothing to leave out.
+    if (numel == 0 || numel > kIndexFingerprintMaxElements || loaded > 0x1p53) continue;
+    const double times = loaded / static_cast<double>(numel);
+    if (times != static_cast<double>(static_cast<uint64_t>(times))) continue;  // not whole copies: unchecked
     const uint64_t first = static_cast<uint64_t>(sums[per_entry * k + 1]) % kIndexFingerprintModulus;
     const uint64_t all =
         halves ? AddIndexFingerprints((first << kHalfBits) % kIndexFingerprintModulus,
                                       static_cast<uint64_t>(sums[per_entry * k + 2]) % kIndexFingerprintModulus)
                : first;
-    if (all != IndexFingerprint(Layout::Whole(), entry.shape)) {
-      // As many elements as the tensor, yet not each of them once: some twice, others never.
-      short_of.push_back(PartlyLoaded{entry.name, numel, numel, true});
+    const uint64_t copies = static_cast<uint64_t>(times);
+    if (all != ScaleIndexFingerprint(IndexFingerprint(Layout::Whole(), entry.shape), copies)) {
+      // Not every element loaded `copies` times: with one copy's count, some twice and others
+      // never (proven); with more, a gap or replicas cut unevenly.
+      short_of.push_back(PartlyLoaded{entry.name, static_cast<int64_t>(loaded), numel,
+                                      copies == 1 ? PartlyLoaded::kOverlapping : PartlyLoaded::kUnevenReplicas});
     }
   }
   return short_of;
@@ -717,14 +724,25 @@ Result<Match> MatchEntries(Communicator& comm, const Manifest& manifest, const s
   // non-strict load reports them (LoadReport::loaded_in_part).
   SC_ASSIGN_OR_RETURN(const std::vector<PartlyLoaded> in_part,
                       EntriesLoadedInPart(comm, manifest, targets, match.local, match.demand));
-  std::string names;
+  std::string names, uneven;
   for (const PartlyLoaded& p : in_part) {
+    if (p.kind == PartlyLoaded::kUnevenReplicas) {
+      uneven += (uneven.empty() ? "'" : ", '") + p.name + "' (" + std::to_string(p.loaded) + " elements for " +
+                std::to_string(p.elements) + ")";
+      continue;
+    }
     report->loaded_in_part.push_back(p.name);
     names += (names.empty() ? "'" : ", '") + p.name + "' (" + std::to_string(p.loaded) + " of " +
              std::to_string(p.elements) + " elements" +
-             (p.overlapping ? ", but some loaded more than once and others by no rank" : "") + ")";
+             (p.kind == PartlyLoaded::kOverlapping ? ", but some loaded more than once and others by no rank" : "") + ")";
   }
-  if (verdict.ok() && options.strict && !in_part.empty()) {
+  if (!uneven.empty() && comm.rank() == 0) {
+    SC_LOG(kWarn) << "checkpoint " << dir << ": the ranks' parts of these tensors hold whole multiples of their "
+                  << "elements, but not every element that many times: " << uneven << ". A part that no rank loads "
+                  << "(every replica group loading the same shard, say) or replicas cut in different ways; a count "
+                  << "cannot tell which, so the load goes on: check the ranks' layouts";
+  }
+  if (verdict.ok() && options.strict && !names.empty()) {
     verdict = InvalidArgument("checkpoint " + dir + " has entries no rank loads all of (the ranks' pieces together " +
                               "leave elements out: a rank left the name out, a layout stops short, or two ranks " +
                               "load the same part): " + names + " (a non-strict load loads the rest and reports them)");

@@ -111,12 +111,16 @@ Demand CombineWants(const std::vector<std::string>& all_wants, size_t entries);
 // short of the tensor proves elements no rank loads (a rank that left the name out, a layout
 // that stops short); a count equal to the tensor's whose fingerprint is not the tensor's proves
 // parts that overlap and leave a gap (two ranks loading the same shard; missed only by a chance
-// of about 2^-40). Parts that hold more elements than the tensor (replicas, as in HSDP) are not
-// checked for gaps. In manifest order; a strict load refuses them.
+// of about 2^-40). A count of k times the tensor's (replicas, as in HSDP) whose fingerprint is
+// not k times the tensor's means the elements are not each loaded k times: a gap, or replicas cut
+// in different ways, which a count cannot tell apart (kUnevenReplicas, for a warning, not a
+// refusal). Other counts above the tensor's are not checked. In manifest order; a strict load
+// refuses the first two kinds.
 struct PartlyLoaded {
+  enum Kind { kShort, kOverlapping, kUnevenReplicas };
   std::string name;
   int64_t loaded = 0, elements = 0;
-  bool overlapping = false;  // as many elements as the tensor, some loaded twice and others never
+  Kind kind = kShort;
 };
 Result<std::vector<PartlyLoaded>> EntriesLoadedInPart(Communicator& comm, const Manifest& manifest,
                                                       const ShardedState& targets, const LocalMatch& local,

@@ -10,7 +10,9 @@
 // as many elements that holds some twice (D) and others never (M) matches it only where g is a
 // root of the polynomial sum_D x^l - sum_M x^l, which no layout chooses: by chance, about one
 // time in 2^40 per tensor. Moments (sums of l and l^2, an earlier version) were blind to whole
-// families of patterns, and a modulus of 2^64 to shards of a power-of-two size.
+// families of patterns, and a modulus of 2^64 to shards of a power-of-two size. Indices are told
+// apart mod P - 1 (about 1.1e12) only: past that many elements a tensor's fingerprint says nothing,
+// and the load does not compare it (kIndexFingerprintMaxElements).
 #pragma once
 
 #include <cstdint>
@@ -25,6 +27,15 @@ inline constexpr uint64_t kIndexFingerprintModulus = (uint64_t{1} << 40) - 87;
 // The fingerprint of the elements `layout` holds in the row-major `global` (a layout already
 // validated against it; a whole layout is every element, an empty one 0), in [0, modulus).
 uint64_t IndexFingerprint(const Layout& layout, const Shape& global);
+
+// Tensors of more elements than this have indices that alias mod P - 1.
+inline constexpr int64_t kIndexFingerprintMaxElements = static_cast<int64_t>(kIndexFingerprintModulus - 1);
+
+// The fingerprint of a set taken `times` times over (replicas): its product with `times` mod P.
+inline uint64_t ScaleIndexFingerprint(uint64_t fingerprint, uint64_t times) {
+  return static_cast<uint64_t>(static_cast<unsigned __int128>(fingerprint) * (times % kIndexFingerprintModulus) %
+                               kIndexFingerprintModulus);
+}
 
 // The fingerprint of two disjoint sets' union: their sum mod the modulus.
 inline uint64_t AddIndexFingerprints(uint64_t a, uint64_t b) {
