@@ -998,14 +998,48 @@ TEST_F(CheckpointTest, AStrictLoadRefusesPartsThatLeaveElementsOut) {
     EXPECT_EQ(loose->loaded_in_part, std::vector<std::string>{"w"}) << c.expected;
     EXPECT_EQ(buffers[0][1], saved[c.halves[0] * half + 1]);  // the parts asked for are loaded all the same
   }
-  // Two copies' worth, but half 0 three times and half 1 once: a replica group loading the wrong
-  // half, or replicas cut unevenly. Not refused (a count cannot tell which); warned about.
+  // More than the tensor, not each element equally often: the layouts decide. Half 0 three times
+  // and half 1 once holds every element (uneven replicas): passes, silently.
   ::testing::internal::CaptureStderr();
   Result<LoadReport> uneven = load({0, 0, 1, 0}, true);
   const std::string log = ::testing::internal::GetCapturedStderr();
   ASSERT_TRUE(uneven.ok()) << uneven.status().ToString();
   EXPECT_TRUE(uneven->loaded_in_part.empty());
-  EXPECT_THAT(log, HasSubstr("not every element that many times: 'w' (4194304 elements for 2097152)"));
+  EXPECT_THAT(log, Not(HasSubstr("checkpoint")));
+  // Half 0 two or three times and half 1 never (every replica group loading shard 0; a wrong
+  // shard of an uneven split counts a fraction over the tensor the same way): refused.
+  for (const std::vector<int>& missing : {std::vector<int>{0, 0, 0}, std::vector<int>{0, 0, 0, 0}}) {
+    Result<LoadReport> strict = load(missing, true);
+    ASSERT_FALSE(strict.ok()) << missing.size();
+    EXPECT_THAT(strict.status().message(), HasSubstr("'w' (" + std::to_string(missing.size() * half) +
+                                                     " elements for 2097152, but some loaded by no rank)"));
+    Result<LoadReport> loose = load(missing, false);
+    ASSERT_TRUE(loose.ok()) << loose.status().ToString();
+    EXPECT_EQ(loose->loaded_in_part, std::vector<std::string>{"w"});
+  }
+}
+
+// Parts over the tensor's count cut so finely (a column of a tall tensor: one run per row) that
+// checking them element by element would take more than a million runs: a warning, not a refusal.
+TEST_F(CheckpointTest, PartsTooFineToCheckAreWarnedAbout) {
+  const Shape shape = {int64_t{1} << 20, 4};
+  std::vector<int8_t> saved((size_t{1} << 20) * 4, 7);
+  ShardedState state;
+  ASSERT_TRUE(state.AddTensor("tall", DType::kInt8, shape, Layout::Whole(), saved.data()).ok());
+  ASSERT_TRUE(Save(*comm_, root(), 1, state).ok());
+  std::vector<std::vector<int8_t>> columns(5, std::vector<int8_t>(size_t{1} << 20));
+  ShardedState targets;
+  for (int c = 0; c < 5; ++c) {  // columns 0, 1, 2, 3 and 0 again: 1.25 times the tensor, all of it
+    ASSERT_TRUE(targets.AddTensor("tall", DType::kInt8, shape, Layout::Box({0, c % 4}, {int64_t{1} << 20, 1}),
+                                  columns[static_cast<size_t>(c)].data()).ok());
+  }
+  ::testing::internal::CaptureStderr();
+  Result<LoadReport> report = Load(*comm_, root(), targets);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(report->loaded_in_part.empty());
+  EXPECT_THAT(log, HasSubstr("cut too finely to check element by element: 'tall' (5242880 elements for 4194304)"));
+  EXPECT_EQ(columns[4][12345], 7);
 }
 
 TEST_F(CheckpointTest, RenameDtypeAndShapeChecks) {

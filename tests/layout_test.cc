@@ -1,8 +1,10 @@
 #include "shardckpt/engine/model/layout.h"
+#include "shardckpt/engine/model/coverage.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <random>
 #include <tuple>
 
 namespace shardckpt {
@@ -290,6 +292,65 @@ TEST(Validation, RejectsOutOfBoundsAndOverflow) {
   EXPECT_THAT(huge.status().message(), ::testing::HasSubstr("too large"));
   EXPECT_FALSE(NumElements({-3}).ok());
   EXPECT_EQ(*ValidateLayout(Layout::Box({1, 0}, {2, 3}), {4, 3}), 6);
+}
+
+// PartsCoverWhole against marking every element of random parts (boxes, ranges, whole) of random
+// shapes, overlaps allowed; and its run budget.
+TEST(PartsCoverWhole, MatchesMarkingEveryElement) {
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 3000; ++trial) {
+    const size_t dims = rng() % 4;
+    Shape shape(dims);
+    for (int64_t& n : shape) n = static_cast<int64_t>(rng() % 5);
+    const int64_t numel = NumElements(shape).value();
+    std::vector<Layout> parts;
+    std::vector<bool> held(static_cast<size_t>(numel), false);
+    const int count = static_cast<int>(rng() % 4);
+    for (int p = 0; p < count; ++p) {
+      Layout part;
+      if (rng() % 3 == 0) {
+        const int64_t b = static_cast<int64_t>(rng() % static_cast<uint64_t>(numel + 1));
+        part = Layout::FlatRange(b, b + static_cast<int64_t>(rng() % static_cast<uint64_t>(numel - b + 1)));
+        for (int64_t l = part.begin; l < part.end; ++l) held[static_cast<size_t>(l)] = true;
+      } else {
+        Dims offsets, sizes;
+        for (int64_t n : shape) {
+          const int64_t o = static_cast<int64_t>(rng() % static_cast<uint64_t>(n + 1));
+          offsets.push_back(o);
+          sizes.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(n - o + 1)));
+        }
+        part = Layout::Box(offsets, sizes);
+        for (const Region& r : LayoutRegions(part, shape)) {
+          // Every index of the region's box, row-major in the global shape.
+          int64_t cells = 1;
+          for (int64_t n : r.size) cells *= n;
+          for (int64_t c = 0; c < cells; ++c) {
+            int64_t rest = c, l = 0;
+            std::vector<int64_t> at(r.size.size());
+            for (size_t d = r.size.size(); d-- > 0;) {
+              at[d] = rest % r.size[d];
+              rest /= r.size[d];
+            }
+            for (size_t d = 0; d < shape.size(); ++d) l = l * shape[d] + r.lo[d] + at[d];
+            held[static_cast<size_t>(l)] = true;
+          }
+        }
+      }
+      parts.push_back(part);
+    }
+    const bool all = std::all_of(held.begin(), held.end(), [](bool h) { return h; });
+    const std::optional<bool> covered = PartsCoverWhole(parts, shape, 1 << 20);
+    ASSERT_TRUE(covered.has_value());
+    EXPECT_EQ(*covered, all) << ShapeString(shape) << ", " << parts.size() << " parts, first "
+                             << (parts.empty() ? std::string("none") : parts[0].ToString());
+  }
+  // A column half of a [1000, 10] is 1000 runs: over a budget of 10, no answer.
+  const Shape wide = {1000, 10};
+  EXPECT_FALSE(PartsCoverWhole({Layout::Box({0, 0}, {1000, 5})}, wide, 10).has_value());
+  EXPECT_EQ(PartsCoverWhole({Layout::Box({0, 0}, {1000, 5}), Layout::Box({0, 4}, {1000, 6})}, wide, 5000), true);
+  EXPECT_EQ(PartsCoverWhole({Layout::FlatRange(0, 2), Layout::FlatRange(0, 2)}, {3}, 10), false);
+  EXPECT_EQ(PartsCoverWhole({}, {0, 4}, 10), true);  // nothing to hold
+  EXPECT_EQ(PartsCoverWhole({}, {}, 10), false);     // a scalar's one element
 }
 
 }  // namespace

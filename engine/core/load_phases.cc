@@ -18,6 +18,7 @@
 #include "shardckpt/engine/core/save_phases.h"
 #include "shardckpt/engine/core/staging_cache.h"
 #include "shardckpt/engine/formats/dcp_read.h"
+#include "shardckpt/engine/model/coverage.h"
 #include "shardckpt/engine/model/index_fingerprint.h"
 #include "shardckpt/engine/model/manifest_wire.h"
 #include "shardckpt/engine/model/name_index.h"
@@ -372,6 +373,62 @@ Demand CombineWants(const std::vector<std::string>& all_wants, size_t entries) {
                 std::move(all.whole_by_some)};
 }
 
+namespace {
+
+// A rank's layouts of some entries, for every rank to decide their coverage alike: per piece its
+// slot in `slots`' order, its kind and dims, then begin and end or offsets and sizes.
+std::string EncodeLayouts(const std::vector<std::pair<uint32_t, const Layout*>>& pieces) {
+  std::string out;
+  auto put = [&out](const void* p, size_t n) { out.append(static_cast<const char*>(p), n); };
+  for (const auto& [slot, layout] : pieces) {
+    put(&slot, sizeof(slot));
+    const uint8_t kind = static_cast<uint8_t>(layout->kind), dims = static_cast<uint8_t>(layout->offsets.size());
+    put(&kind, 1);
+    put(&dims, 1);
+    if (layout->kind == LayoutKind::kFlatRange) {
+      put(&layout->begin, 8);
+      put(&layout->end, 8);
+    } else if (layout->kind == LayoutKind::kBox) {
+      put(layout->offsets.data(), 8 * dims);
+      put(layout->sizes.data(), 8 * dims);
+    }
+  }
+  return out;
+}
+
+// The layouts of every rank's message, by slot (messages of this job's own ranks, well formed).
+void DecodeLayouts(const std::string& in, std::vector<std::vector<Layout>>* by_slot) {
+  size_t at = 0;
+  auto get = [&](void* p, size_t n) {
+    std::memcpy(p, in.data() + at, n);
+    at += n;
+  };
+  while (at < in.size()) {
+    uint32_t slot = 0;
+    uint8_t kind = 0, dims = 0;
+    get(&slot, sizeof(slot));
+    get(&kind, 1);
+    get(&dims, 1);
+    Layout layout;
+    layout.kind = static_cast<LayoutKind>(kind);
+    if (layout.kind == LayoutKind::kFlatRange) {
+      get(&layout.begin, 8);
+      get(&layout.end, 8);
+    } else if (layout.kind == LayoutKind::kBox) {
+      layout.offsets.resize(dims);
+      layout.sizes.resize(dims);
+      get(layout.offsets.data(), 8 * dims);
+      get(layout.sizes.data(), 8 * dims);
+    }
+    (*by_slot)[slot].push_back(std::move(layout));
+  }
+}
+
+// Runs a coverage decision may take per tensor (16 bytes each): past that, a warning instead.
+constexpr uint64_t kMaxCoverageRuns = 1u << 20;
+
+}  // namespace
+
 Result<std::vector<PartlyLoaded>> EntriesLoadedInPart(Communicator& comm, const Manifest& manifest,
                                                       const ShardedState& targets, const LocalMatch& local,
                                                       const Demand& demand) {
@@ -414,6 +471,7 @@ Result<std::vector<PartlyLoaded>> EntriesLoadedInPart(Communicator& comm, const 
     }
   }
   SC_RETURN_IF_ERROR(comm.AllReduceSumDouble(sums.data(), sums.size()));
+  std::vector<size_t> suspects;  // slots whose coverage only the layouts themselves can decide
   for (size_t k = 0; k < checked.size(); ++k) {
     const EntryRecord& entry = manifest.entries[checked[k]];
     const Result<int64_t> whole = NumElements(entry.shape);
@@ -426,20 +484,44 @@ Result<std::vector<PartlyLoaded>> EntriesLoadedInPart(Communicator& comm, const 
     // Past 2^53 the count is not exact, and past kIndexFingerprintMaxElements the fingerprint
     // says nothing; an empty tensor has nothing to leave out.
     if (numel == 0 || numel > kIndexFingerprintMaxElements || loaded > 0x1p53) continue;
-    const double times = loaded / static_cast<double>(numel);
-    if (times != static_cast<double>(static_cast<uint64_t>(times))) continue;  // not whole copies: unchecked
     const uint64_t first = static_cast<uint64_t>(sums[per_entry * k + 1]) % kIndexFingerprintModulus;
     const uint64_t all =
         halves ? AddIndexFingerprints((first << kHalfBits) % kIndexFingerprintModulus,
                                       static_cast<uint64_t>(sums[per_entry * k + 2]) % kIndexFingerprintModulus)
                : first;
-    const uint64_t copies = static_cast<uint64_t>(times);
-    if (all != ScaleIndexFingerprint(IndexFingerprint(Layout::Whole(), entry.shape), copies)) {
-      // Not every element loaded `copies` times: with one copy's count, some twice and others
-      // never (proven); with more, a gap or replicas cut unevenly.
-      short_of.push_back(PartlyLoaded{entry.name, static_cast<int64_t>(loaded), numel,
-                                      copies == 1 ? PartlyLoaded::kOverlapping : PartlyLoaded::kUnevenReplicas});
+    const double times = loaded / static_cast<double>(numel);
+    const bool whole_copies = times == static_cast<double>(static_cast<uint64_t>(times));
+    const uint64_t whole_fingerprint = IndexFingerprint(Layout::Whole(), entry.shape);
+    if (whole_copies && all == ScaleIndexFingerprint(whole_fingerprint, static_cast<uint64_t>(times))) continue;
+    if (times == 1) {  // as many elements as the tensor, yet not each once: some twice, others never
+      short_of.push_back(PartlyLoaded{entry.name, numel, numel, PartlyLoaded::kOverlapping});
+    } else {  // more than the tensor, not each element equally often: decided below
+      suspects.push_back(k);
     }
+  }
+  if (suspects.empty()) return short_of;  // the same on every rank, as the sums are
+  // Rare (a wrong layout, or replicas cut in different ways): every rank's layouts of these
+  // entries, gathered, and the same coverage decided on every rank.
+  std::vector<uint32_t> suspect_of(checked.size(), UINT32_MAX);
+  for (size_t s = 0; s < suspects.size(); ++s) suspect_of[suspects[s]] = static_cast<uint32_t>(s);
+  std::vector<std::pair<uint32_t, const Layout*>> mine;
+  for (size_t p = 0; p < pieces.size(); ++p) {
+    const long e = local.entry_of_piece[p];
+    if (e < 0 || slot_of[static_cast<size_t>(e)] == kNone) continue;
+    const uint32_t s = suspect_of[slot_of[static_cast<size_t>(e)]];
+    if (s != UINT32_MAX) mine.emplace_back(s, &pieces[p].layout);
+  }
+  std::vector<std::string> everyone;
+  SC_RETURN_IF_ERROR(comm.AllGather(EncodeLayouts(mine), &everyone));
+  std::vector<std::vector<Layout>> parts(suspects.size());
+  for (const std::string& message : everyone) DecodeLayouts(message, &parts);
+  for (size_t s = 0; s < suspects.size(); ++s) {
+    const EntryRecord& entry = manifest.entries[checked[suspects[s]]];
+    const std::optional<bool> covered = PartsCoverWhole(parts[s], entry.shape, kMaxCoverageRuns);
+    if (covered.has_value() && *covered) continue;  // every element, some more often than others
+    short_of.push_back(PartlyLoaded{entry.name, static_cast<int64_t>(sums[per_entry * suspects[s]]),
+                                    NumElements(entry.shape).value(),
+                                    covered.has_value() ? PartlyLoaded::kUncovered : PartlyLoaded::kUndecided});
   }
   return short_of;
 }
@@ -724,23 +806,26 @@ Result<Match> MatchEntries(Communicator& comm, const Manifest& manifest, const s
   // non-strict load reports them (LoadReport::loaded_in_part).
   SC_ASSIGN_OR_RETURN(const std::vector<PartlyLoaded> in_part,
                       EntriesLoadedInPart(comm, manifest, targets, match.local, match.demand));
-  std::string names, uneven;
+  std::string names, undecided;
   for (const PartlyLoaded& p : in_part) {
-    if (p.kind == PartlyLoaded::kUnevenReplicas) {
-      uneven += (uneven.empty() ? "'" : ", '") + p.name + "' (" + std::to_string(p.loaded) + " elements for " +
-                std::to_string(p.elements) + ")";
+    const std::string counted = std::to_string(p.loaded), of = std::to_string(p.elements);
+    if (p.kind == PartlyLoaded::kUndecided) {
+      undecided += (undecided.empty() ? "'" : ", '") + p.name + "' (" + counted + " elements for " + of + ")";
       continue;
     }
     report->loaded_in_part.push_back(p.name);
-    names += (names.empty() ? "'" : ", '") + p.name + "' (" + std::to_string(p.loaded) + " of " +
-             std::to_string(p.elements) + " elements" +
-             (p.kind == PartlyLoaded::kOverlapping ? ", but some loaded more than once and others by no rank" : "") + ")";
+    names += (names.empty() ? "'" : ", '") + p.name + "' (" +
+             (p.kind == PartlyLoaded::kShort         ? counted + " of " + of + " elements"
+              : p.kind == PartlyLoaded::kOverlapping ? counted + " of " + of +
+                                                           " elements, but some loaded more than once and others by no rank"
+                                                     : counted + " elements for " + of + ", but some loaded by no rank") +
+             ")";
   }
-  if (!uneven.empty() && comm.rank() == 0) {
-    SC_LOG(kWarn) << "checkpoint " << dir << ": the ranks' parts of these tensors hold whole multiples of their "
-                  << "elements, but not every element that many times: " << uneven << ". A part that no rank loads "
-                  << "(every replica group loading the same shard, say) or replicas cut in different ways; a count "
-                  << "cannot tell which, so the load goes on: check the ranks' layouts";
+  if (!undecided.empty() && comm.rank() == 0) {
+    SC_LOG(kWarn) << "checkpoint " << dir << ": the ranks' parts of these tensors hold more elements than the "
+                  << "tensor, not each element equally often, and are cut too finely to check element by element: "
+                  << undecided << ". Some element may be loaded by no rank (every replica group loading the same "
+                  << "shard, say); the load goes on: check the ranks' layouts";
   }
   if (verdict.ok() && options.strict && !names.empty()) {
     verdict = InvalidArgument("checkpoint " + dir + " has entries no rank loads all of (the ranks' pieces together " +

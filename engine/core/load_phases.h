@@ -111,13 +111,15 @@ Demand CombineWants(const std::vector<std::string>& all_wants, size_t entries);
 // short of the tensor proves elements no rank loads (a rank that left the name out, a layout
 // that stops short); a count equal to the tensor's whose fingerprint is not the tensor's proves
 // parts that overlap and leave a gap (two ranks loading the same shard; missed only by a chance
-// of about 2^-40). A count of k times the tensor's (replicas, as in HSDP) whose fingerprint is
-// not k times the tensor's means the elements are not each loaded k times: a gap, or replicas cut
-// in different ways, which a count cannot tell apart (kUnevenReplicas, for a warning, not a
-// refusal). Other counts above the tensor's are not checked. In manifest order; a strict load
-// refuses the first two kinds.
+// of about 2^-40). A count of k times the tensor's with k times its fingerprint is k copies of
+// each element (replicas, as in HSDP). Any other count above the tensor's (replicas not each
+// loaded equally, or a wrong shard of an uneven split) is decided exactly: the ranks' layouts of
+// those entries alone are gathered (a second collective, which correct loads never make) and
+// their union checked (kUncovered where an element is missing; kUndecided, for a warning only,
+// where that would take more than a million runs). Short and overlapping entries in manifest
+// order, then uncovered and undecided ones; a strict load refuses all but kUndecided.
 struct PartlyLoaded {
-  enum Kind { kShort, kOverlapping, kUnevenReplicas };
+  enum Kind { kShort, kOverlapping, kUncovered, kUndecided };
   std::string name;
   int64_t loaded = 0, elements = 0;
   Kind kind = kShort;

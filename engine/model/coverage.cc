@@ -160,4 +160,60 @@ CoverResult CheckExactCover(const std::string& entry, const Shape& global, const
   return CheckCover(entry, global, LayoutPointers{pieces}, OwnerNames{owner});
 }
 
+namespace {
+
+// Appends the runs [begin, end) of the row-major index space that `layout` holds; false once
+// `*budget` runs are spent.
+bool AppendRuns(const Layout& layout, const Shape& global, uint64_t* budget,
+                std::vector<std::pair<int64_t, int64_t>>* runs) {
+  auto add = [&](int64_t begin, int64_t end) {
+    if (end <= begin) return true;
+    if (*budget == 0) return false;
+    --*budget;
+    runs->emplace_back(begin, end);
+    return true;
+  };
+  if (layout.kind == LayoutKind::kWhole) return add(0, NumElements(global).value());
+  if (layout.kind == LayoutKind::kFlatRange) return add(layout.begin, layout.end);
+  const size_t dims = global.size();
+  for (size_t d = 0; d < dims; ++d) {
+    if (layout.sizes[d] == 0) return true;
+  }
+  // The dims after `cut` are whole: each run is sizes[cut] of those blocks, one run per index of
+  // the dims before `cut`.
+  size_t cut = dims;
+  int64_t block = 1;
+  while (cut > 0 && layout.offsets[cut - 1] == 0 && layout.sizes[cut - 1] == global[cut - 1]) block *= global[--cut];
+  if (cut == 0) return add(0, block);
+  --cut;
+  const int64_t run = layout.sizes[cut] * block;
+  std::vector<int64_t> at(cut, 0);  // odometer over dims [0, cut)
+  while (true) {
+    int64_t start = 0;
+    for (size_t d = 0; d < cut; ++d) start = start * global[d] + layout.offsets[d] + at[d];
+    start = (start * global[cut] + layout.offsets[cut]) * block;
+    if (!add(start, start + run)) return false;
+    size_t d = cut;
+    while (d > 0 && ++at[d - 1] == layout.sizes[d - 1]) at[--d] = 0;
+    if (d == 0) return true;
+  }
+}
+
+}  // namespace
+
+std::optional<bool> PartsCoverWhole(const std::vector<Layout>& parts, const Shape& global, uint64_t max_runs) {
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  uint64_t budget = max_runs;
+  for (const Layout& part : parts) {
+    if (!AppendRuns(part, global, &budget, &runs)) return std::nullopt;
+  }
+  std::sort(runs.begin(), runs.end());
+  int64_t covered = 0;  // [0, covered) is held
+  for (const auto& [begin, end] : runs) {
+    if (begin > covered) return false;
+    covered = std::max(covered, end);
+  }
+  return covered >= NumElements(global).value();
+}
+
 }  // namespace shardckpt

@@ -465,6 +465,19 @@ def test_a_strict_load_refuses_a_tensor_no_rank_loads_all_of(root, comm):
     report = shardckpt.load(doubled, root, strict=False)
     assert report.loaded_in_part == ["w"], report
     assert torch.equal(doubled["w"].local, part(src))
+    # An uneven split (2n - 1 elements, the last rank's part one short) with the last rank loading
+    # rank 0's part: one element more than the tensor, and the last one never loaded. Neither the
+    # count nor k copies of the fingerprint decide it; the ranks' layouts do.
+    u = 2 * n - 1
+    mine = (2 * r, min(2 * r + 2, u))
+    shardckpt.save({"u": shardckpt.FlatShard(torch.arange(float(mine[0]), float(mine[1])), [u], mine[0])},
+                   os.path.join(root, "uneven"), step=1)
+    take = (0, 2) if r == n - 1 else mine
+    wrong = {"u": shardckpt.FlatShard(torch.zeros(take[1] - take[0]), [u], take[0])}
+    with pytest.raises(shardckpt.InvalidArgument) as error:
+        shardckpt.load(wrong, os.path.join(root, "uneven"))
+    assert "'u' (%d elements for %d, but some loaded by no rank)" % (u + 1, u) in error.value.message, \
+        error.value.message
 
 
 def test_a_module_or_optimizer_passed_to_load_is_named(root):
