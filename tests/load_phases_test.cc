@@ -407,6 +407,17 @@ TEST(MatchVerdict, ANameOfAnotherKindIsSaidToBeSo) {
   EXPECT_EQ(with_more.code(), Code::kNotFound);
   EXPECT_THAT(with_more.message(), ::testing::StartsWith("not in checkpoint /c: 'x'; checkpoint /c has entries no rank "
                                                          "loads: 'y'; 'step' is a value in the checkpoint"));
+  // Passed as a value on this rank only, as a tensor on another: the tensor is wanted, so not in
+  // `unexpected`, and still said to be a tensor, not "not in checkpoint".
+  Manifest m;
+  m.entries.push_back(EntryRecord{"module.rep", DType::kFloat32, {4}, {}});
+  LoadOptions strip;
+  strip.rename = [](const std::string& name) { return name.substr(7); };
+  const ValueMatch one_rank = MatchValues(m, {"rep"}, strip);
+  EXPECT_THAT(one_rank.tensors_named, ElementsAre("rep"));
+  EXPECT_EQ(MatchVerdict(Status::Ok(), true, "/c", {}, {}, one_rank, {"rep"}).message(),
+            "'rep' is a tensor in the checkpoint but a value in the state passed (a non-strict load loads the rest and "
+            "reports them)");
   Status plain = MatchVerdict(Status::Ok(), true, "/c", {"a"}, {"b"}, ValueMatch{{"c"}, {"d"}}, {"c"});
   EXPECT_THAT(plain.message(), ::testing::Not(HasSubstr(" in the state passed")));
 }

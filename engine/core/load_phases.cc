@@ -593,6 +593,13 @@ ValueMatch MatchValues(const Manifest& manifest, const std::vector<std::string>&
     out.unexpected.push_back(b);
     if (own.count(b)) out.own_unloaded.push_back(b);
   }
+  if (!out.missing.empty()) {  // only then: a name per entry
+    const std::set<std::string> missing(out.missing.begin(), out.missing.end());
+    for (const EntryRecord& e : manifest.entries) {
+      std::string name = options.rename ? options.rename(e.name) : e.name;
+      if (missing.count(name)) out.tensors_named.push_back(std::move(name));
+    }
+  }
   return out;
 }
 
@@ -610,8 +617,11 @@ Status MatchVerdict(const Status& local, bool strict, const std::string& dir, co
   for (const std::string& name : missing) {
     if (contains(values.unexpected, name)) kinds.push_back("'" + name + "' is a value in the checkpoint but a tensor in the state passed");
   }
+  auto a_tensor = [&](const std::string& name) {
+    return contains(unexpected, name) || contains(values.tensors_named, name);
+  };
   for (const std::string& name : values.missing) {
-    if (contains(unexpected, name)) kinds.push_back("'" + name + "' is a tensor in the checkpoint but a value in the state passed");
+    if (a_tensor(name)) kinds.push_back("'" + name + "' is a tensor in the checkpoint but a value in the state passed");
   }
   // Tensors passed under a name the checkpoint holds as one value: a tuple DCP pickled whole,
   // tensors inside ('tup.0', 'tup.1' against 'tup'). Said as such, with how to get it back.
@@ -641,7 +651,7 @@ Status MatchVerdict(const Status& local, bool strict, const std::string& dir, co
     if (!contains(values.unexpected, name) && !inside(name)) all_missing.push_back(name);
   }
   for (const std::string& name : values.missing) {
-    if (!contains(unexpected, name)) all_missing.push_back(name);
+    if (!a_tensor(name)) all_missing.push_back(name);
   }
   for (const std::string& name : unexpected) {
     if (!contains(values.missing, name)) all_unexpected.push_back(name);

@@ -140,6 +140,9 @@ struct ValueMatch {
   // one, and its state left the name out. Named as such, not as "no rank loads".
   std::vector<std::string> own_unloaded;
   Status status;  // a wanted value the rename made of two saved values
+  // Of `missing`, those the checkpoint holds as tensors (after the rename): said as a tensor
+  // passed as a value even where another rank's state takes the tensor.
+  std::vector<std::string> tensors_named;
 };
 // At the saved world size a rank takes only its own per-rank blobs (as PlanReads gives them):
 // `rank` is this rank there, -1 at another world size (every rank's records count).
