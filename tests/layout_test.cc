@@ -351,6 +351,8 @@ TEST(PartsCoverWhole, MatchesMarkingEveryElement) {
   EXPECT_EQ(PartsCoverWhole({Layout::FlatRange(0, 2), Layout::FlatRange(0, 2)}, {3}, 10), false);
   EXPECT_EQ(PartsCoverWhole({}, {0, 4}, 10), true);  // nothing to hold
   EXPECT_EQ(PartsCoverWhole({}, {}, 10), false);     // a scalar's one element
+  // A box of another shape (a piece the match refused) gives no answer, never a read past its dims.
+  EXPECT_FALSE(PartsCoverWhole({Layout::Box({0, 0}, {1, 7})}, {1, 1, 7}, 10).has_value());
 }
 
 }  // namespace

@@ -415,6 +415,11 @@ TEST(MatchVerdict, ANameOfAnotherKindIsSaidToBeSo) {
   strip.rename = [](const std::string& name) { return name.substr(7); };
   const ValueMatch one_rank = MatchValues(m, {"rep"}, strip);
   EXPECT_THAT(one_rank.tensors_named, ElementsAre("rep"));
+  EXPECT_THAT(one_rank.tensors_named_saved, ElementsAre("module.rep"));
+  // Every rank passing the value: the tensor is one nobody loads too, said once, not twice.
+  EXPECT_EQ(MatchVerdict(Status::Ok(), true, "/c", {}, {"module.rep"}, one_rank, {"rep"}).message(),
+            "'rep' is a tensor in the checkpoint but a value in the state passed (a non-strict load loads the rest and "
+            "reports them)");
   EXPECT_EQ(MatchVerdict(Status::Ok(), true, "/c", {}, {}, one_rank, {"rep"}).message(),
             "'rep' is a tensor in the checkpoint but a value in the state passed (a non-strict load loads the rest and "
             "reports them)");

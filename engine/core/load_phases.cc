@@ -457,6 +457,9 @@ Result<std::vector<PartlyLoaded>> EntriesLoadedInPart(Communicator& comm, const 
   for (size_t p = 0; p < pieces.size(); ++p) {
     const long e = local.entry_of_piece[p];
     if (e < 0 || slot_of[static_cast<size_t>(e)] == kNone) continue;
+    // A piece of another shape than its entry's is a match error already; its layout means
+    // nothing in the entry's index space.
+    if (pieces[p].global_shape != manifest.entries[static_cast<size_t>(e)].shape) continue;
     const size_t k = slot_of[static_cast<size_t>(e)];
     // The piece's element count, as AddTensor sized its bytes (no shape built per piece).
     sums[per_entry * k] += static_cast<double>(pieces[p].bytes / static_cast<int64_t>(DTypeSize(pieces[p].dtype)));
@@ -508,6 +511,7 @@ Result<std::vector<PartlyLoaded>> EntriesLoadedInPart(Communicator& comm, const 
   for (size_t p = 0; p < pieces.size(); ++p) {
     const long e = local.entry_of_piece[p];
     if (e < 0 || slot_of[static_cast<size_t>(e)] == kNone) continue;
+    if (pieces[p].global_shape != manifest.entries[static_cast<size_t>(e)].shape) continue;  // as counted
     const uint32_t s = suspect_of[slot_of[static_cast<size_t>(e)]];
     if (s != UINT32_MAX) mine.emplace_back(s, &pieces[p].layout);
   }
@@ -597,7 +601,9 @@ ValueMatch MatchValues(const Manifest& manifest, const std::vector<std::string>&
     const std::set<std::string> missing(out.missing.begin(), out.missing.end());
     for (const EntryRecord& e : manifest.entries) {
       std::string name = options.rename ? options.rename(e.name) : e.name;
-      if (missing.count(name)) out.tensors_named.push_back(std::move(name));
+      if (!missing.count(name)) continue;
+      out.tensors_named.push_back(std::move(name));
+      out.tensors_named_saved.push_back(e.name);
     }
   }
   return out;
@@ -653,8 +659,8 @@ Status MatchVerdict(const Status& local, bool strict, const std::string& dir, co
   for (const std::string& name : values.missing) {
     if (!a_tensor(name)) all_missing.push_back(name);
   }
-  for (const std::string& name : unexpected) {
-    if (!contains(values.missing, name)) all_unexpected.push_back(name);
+  for (const std::string& name : unexpected) {  // saved names: said above when passed as a value
+    if (!contains(values.missing, name) && !contains(values.tensors_named_saved, name)) all_unexpected.push_back(name);
   }
   std::vector<std::string> own_unloaded;
   for (const std::string& name : values.unexpected) {

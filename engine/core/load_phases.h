@@ -143,6 +143,7 @@ struct ValueMatch {
   // Of `missing`, those the checkpoint holds as tensors (after the rename): said as a tensor
   // passed as a value even where another rank's state takes the tensor.
   std::vector<std::string> tensors_named;
+  std::vector<std::string> tensors_named_saved;  // the same tensors under their saved names
 };
 // At the saved world size a rank takes only its own per-rank blobs (as PlanReads gives them):
 // `rank` is this rank there, -1 at another world size (every rank's records count).

@@ -176,6 +176,7 @@ bool AppendRuns(const Layout& layout, const Shape& global, uint64_t* budget,
   if (layout.kind == LayoutKind::kWhole) return add(0, NumElements(global).value());
   if (layout.kind == LayoutKind::kFlatRange) return add(layout.begin, layout.end);
   const size_t dims = global.size();
+  if (layout.offsets.size() != dims || layout.sizes.size() != dims) return false;  // not of this shape: no answer
   for (size_t d = 0; d < dims; ++d) {
     if (layout.sizes[d] == 0) return true;
   }

@@ -32,8 +32,9 @@ CoverResult CheckExactCover(const std::string& entry, const Shape& global, const
 // Whether `parts` (layouts validated against `global`, overlaps allowed) together hold every
 // element of it: each is cut into runs of the row-major index space, sorted and merged. Empty
 // where that would take more than `max_runs` runs (a box cut along a late dim of a large tensor
-// is one run per row). For a load's parts that hold more elements than their tensor without
-// holding each the same number of times: a count cannot tell a gap from uneven replicas.
+// is one run per row), or where a box has another number of dims than `global`. For a load's
+// parts that hold more elements than their tensor without holding each the same number of times:
+// a count cannot tell a gap from uneven replicas.
 std::optional<bool> PartsCoverWhole(const std::vector<Layout>& parts, const Shape& global, uint64_t max_runs);
 
 }  // namespace shardckpt
