@@ -454,17 +454,22 @@ Result<std::vector<PartlyLoaded>> EntriesLoadedInPart(Communicator& comm, const 
   std::vector<double> sums(per_entry * checked.size(), 0.0);
   std::vector<uint64_t> fingerprints(checked.size(), 0);
   const std::vector<TensorPiece>& pieces = targets.pieces();
-  for (size_t p = 0; p < pieces.size(); ++p) {
-    const long e = local.entry_of_piece[p];
-    if (e < 0 || slot_of[static_cast<size_t>(e)] == kNone) continue;
-    // A piece of another shape than its entry's is a match error already; its layout means
-    // nothing in the entry's index space.
-    if (pieces[p].global_shape != manifest.entries[static_cast<size_t>(e)].shape) continue;
-    const size_t k = slot_of[static_cast<size_t>(e)];
+  // Calls `visit(piece, slot)` for this rank's pieces of the checked entries. A piece of another
+  // shape than its entry's is a match error already; its layout means nothing in the entry's
+  // index space, so it is left out.
+  auto for_each_checked_piece = [&](auto&& visit) {
+    for (size_t p = 0; p < pieces.size(); ++p) {
+      const long e = local.entry_of_piece[p];
+      if (e < 0 || slot_of[static_cast<size_t>(e)] == kNone) continue;
+      if (pieces[p].global_shape != manifest.entries[static_cast<size_t>(e)].shape) continue;
+      visit(pieces[p], slot_of[static_cast<size_t>(e)]);
+    }
+  };
+  for_each_checked_piece([&](const TensorPiece& piece, size_t k) {
     // The piece's element count, as AddTensor sized its bytes (no shape built per piece).
-    sums[per_entry * k] += static_cast<double>(pieces[p].bytes / static_cast<int64_t>(DTypeSize(pieces[p].dtype)));
-    fingerprints[k] = AddIndexFingerprints(fingerprints[k], IndexFingerprint(pieces[p].layout, pieces[p].global_shape));
-  }
+    sums[per_entry * k] += static_cast<double>(piece.bytes / static_cast<int64_t>(DTypeSize(piece.dtype)));
+    fingerprints[k] = AddIndexFingerprints(fingerprints[k], IndexFingerprint(piece.layout, piece.global_shape));
+  });
   for (size_t k = 0; k < checked.size(); ++k) {
     if (halves) {
       sums[per_entry * k + 1] = static_cast<double>(fingerprints[k] >> kHalfBits);
@@ -508,13 +513,9 @@ Result<std::vector<PartlyLoaded>> EntriesLoadedInPart(Communicator& comm, const 
   std::vector<uint32_t> suspect_of(checked.size(), UINT32_MAX);
   for (size_t s = 0; s < suspects.size(); ++s) suspect_of[suspects[s]] = static_cast<uint32_t>(s);
   std::vector<std::pair<uint32_t, const Layout*>> mine;
-  for (size_t p = 0; p < pieces.size(); ++p) {
-    const long e = local.entry_of_piece[p];
-    if (e < 0 || slot_of[static_cast<size_t>(e)] == kNone) continue;
-    if (pieces[p].global_shape != manifest.entries[static_cast<size_t>(e)].shape) continue;  // as counted
-    const uint32_t s = suspect_of[slot_of[static_cast<size_t>(e)]];
-    if (s != UINT32_MAX) mine.emplace_back(s, &pieces[p].layout);
-  }
+  for_each_checked_piece([&](const TensorPiece& piece, size_t k) {
+    if (suspect_of[k] != UINT32_MAX) mine.emplace_back(suspect_of[k], &piece.layout);
+  });
   std::vector<std::string> everyone;
   SC_RETURN_IF_ERROR(comm.AllGather(EncodeLayouts(mine), &everyone));
   std::vector<std::vector<Layout>> parts(suspects.size());
