@@ -183,5 +183,26 @@ TEST(IndexFingerprint, AWrongRankIndexIsSeenOnPowerOfTwoShapes) {
   EXPECT_GT(cases, 1000);
 }
 
+// Fingerprints summed as doubles come back as their sum mod P: in one slot up to 4096 ranks, in
+// two 20-bit halves past that (a job of 5,000 or 100,000 ranks, each near the largest value).
+TEST(IndexFingerprint, SummedAsDoublesAtAnyWorldSize) {
+  std::mt19937_64 rng(5);
+  for (int ranks : {1, 2, 4096, 4097, 5000, 100000}) {
+    const size_t slots = FingerprintSlots(ranks);
+    EXPECT_EQ(slots, ranks > 4096 ? 2u : 1u);
+    double summed[2] = {0, 0};
+    uint64_t expected = 0;
+    for (int r = 0; r < ranks; ++r) {
+      const uint64_t f = r % 3 == 0 ? kP - 1 : rng() % kP;
+      expected = AddIndexFingerprints(expected, f);
+      double packed[2] = {0, 0};
+      PackFingerprint(f, slots, packed);
+      summed[0] += packed[0];
+      summed[1] += packed[1];
+    }
+    EXPECT_EQ(UnpackFingerprintSum(summed, slots), expected) << ranks << " ranks";
+  }
+}
+
 }  // namespace
 }  // namespace shardckpt

@@ -443,14 +443,11 @@ Result<std::vector<PartlyLoaded>> EntriesLoadedInPart(Communicator& comm, const 
   }
   std::vector<PartlyLoaded> short_of;
   if (checked.empty()) return short_of;  // the same on every rank: none calls the reduction
-  // Per entry, its element count and its index fingerprint (index_fingerprint.h, below 2^40),
-  // summed in one reduction of doubles. Up to 4096 ranks the fingerprints' sum stays under 2^52,
-  // exact in one double; past that each goes as two 20-bit halves, exact up to 2^32 ranks. A count
-  // short of or equal to the tensor's (under 2^50) is exact too.
-  constexpr int kHalfBits = 20;
-  constexpr uint64_t kHalfMask = (uint64_t{1} << kHalfBits) - 1;
-  const bool halves = comm.size() > 4096;
-  const size_t per_entry = halves ? 3 : 2;  // count, fingerprint (or its high half, low half)
+  // Per entry, its element count and its index fingerprint (index_fingerprint.h: one or two
+  // slots by world size), summed in one reduction of doubles. A count short of or equal to the
+  // tensor's (under 2^50) is exact.
+  const size_t slots = FingerprintSlots(comm.size());
+  const size_t per_entry = 1 + slots;
   std::vector<double> sums(per_entry * checked.size(), 0.0);
   std::vector<uint64_t> fingerprints(checked.size(), 0);
   const std::vector<TensorPiece>& pieces = targets.pieces();
@@ -470,14 +467,7 @@ Result<std::vector<PartlyLoaded>> EntriesLoadedInPart(Communicator& comm, const 
     sums[per_entry * k] += static_cast<double>(piece.bytes / static_cast<int64_t>(DTypeSize(piece.dtype)));
     fingerprints[k] = AddIndexFingerprints(fingerprints[k], IndexFingerprint(piece.layout, piece.global_shape));
   });
-  for (size_t k = 0; k < checked.size(); ++k) {
-    if (halves) {
-      sums[per_entry * k + 1] = static_cast<double>(fingerprints[k] >> kHalfBits);
-      sums[per_entry * k + 2] = static_cast<double>(fingerprints[k] & kHalfMask);
-    } else {
-      sums[per_entry * k + 1] = static_cast<double>(fingerprints[k]);
-    }
-  }
+  for (size_t k = 0; k < checked.size(); ++k) PackFingerprint(fingerprints[k], slots, &sums[per_entry * k + 1]);
   SC_RETURN_IF_ERROR(comm.AllReduceSumDouble(sums.data(), sums.size()));
   std::vector<size_t> suspects;  // slots whose coverage only the layouts themselves can decide
   for (size_t k = 0; k < checked.size(); ++k) {
@@ -492,11 +482,7 @@ Result<std::vector<PartlyLoaded>> EntriesLoadedInPart(Communicator& comm, const 
     // Past 2^53 the count is not exact, and past kIndexFingerprintMaxElements the fingerprint
     // says nothing; an empty tensor has nothing to leave out.
     if (numel == 0 || numel > kIndexFingerprintMaxElements || loaded > 0x1p53) continue;
-    const uint64_t first = static_cast<uint64_t>(sums[per_entry * k + 1]) % kIndexFingerprintModulus;
-    const uint64_t all =
-        halves ? AddIndexFingerprints((first << kHalfBits) % kIndexFingerprintModulus,
-                                      static_cast<uint64_t>(sums[per_entry * k + 2]) % kIndexFingerprintModulus)
-               : first;
+    const uint64_t all = UnpackFingerprintSum(&sums[per_entry * k + 1], slots);
     const double times = loaded / static_cast<double>(numel);
     const bool whole_copies = times == static_cast<double>(static_cast<uint64_t>(times));
     const uint64_t whole_fingerprint = IndexFingerprint(Layout::Whole(), entry.shape);

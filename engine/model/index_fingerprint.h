@@ -15,6 +15,7 @@
 // and the load does not compare it (kIndexFingerprintMaxElements).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "shardckpt/engine/model/layout.h"
@@ -35,6 +36,28 @@ inline constexpr int64_t kIndexFingerprintMaxElements = static_cast<int64_t>(kIn
 inline uint64_t ScaleIndexFingerprint(uint64_t fingerprint, uint64_t times) {
   return static_cast<uint64_t>(static_cast<unsigned __int128>(fingerprint) * (times % kIndexFingerprintModulus) %
                                kIndexFingerprintModulus);
+}
+
+// A fingerprint as doubles for a sum over `ranks` ranks (a reduction of doubles, exact below
+// 2^53): one value up to 4096 ranks (4096 x 2^40 = 2^52), two 20-bit halves past that, exact up to
+// 2^32 ranks. FingerprintSlots says how many; PackFingerprint writes them, and UnpackFingerprintSum
+// reads the summed slots back as the sum of the fingerprints mod the modulus.
+inline size_t FingerprintSlots(int ranks) { return ranks > 4096 ? 2 : 1; }
+inline void PackFingerprint(uint64_t fingerprint, size_t slots, double* out) {
+  if (slots == 1) {
+    out[0] = static_cast<double>(fingerprint);
+  } else {
+    out[0] = static_cast<double>(fingerprint >> 20);
+    out[1] = static_cast<double>(fingerprint & ((uint64_t{1} << 20) - 1));
+  }
+}
+inline uint64_t UnpackFingerprintSum(const double* in, size_t slots) {
+  const uint64_t first = static_cast<uint64_t>(in[0]) % kIndexFingerprintModulus;
+  if (slots == 1) return first;
+  const uint64_t high = (first << 20) % kIndexFingerprintModulus;  // first < 2^40: no overflow
+  const uint64_t low = static_cast<uint64_t>(in[1]) % kIndexFingerprintModulus;
+  const uint64_t sum = high + low;
+  return sum >= kIndexFingerprintModulus ? sum - kIndexFingerprintModulus : sum;
 }
 
 // The fingerprint of two disjoint sets' union: their sum mod the modulus.
