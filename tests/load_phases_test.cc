@@ -44,6 +44,15 @@ TEST(NameList, QuotesUpToTwentyThenCounts) {
   }
 }
 
+// With notes, each name carries its own, and the list still stops at twenty.
+TEST(NameList, EachNameWithItsNote) {
+  EXPECT_EQ(NameList({"w", "b"}, {"2 of 4 elements", "1 of 2 elements"}), "'w' (2 of 4 elements), 'b' (1 of 2 elements)");
+  const std::vector<std::string> notes(25, "x");
+  const std::string list = NameList(Names(25), notes);
+  EXPECT_EQ(list.substr(list.size() - 21), "'t19' (x), and 5 more");
+  EXPECT_EQ(list.find("'t20'"), std::string::npos);
+}
+
 // Entries "a" float32 [4] and "b" float32 [2, 2].
 Manifest TwoEntries() {
   Manifest m;

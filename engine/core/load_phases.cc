@@ -55,9 +55,11 @@ bool IsWhole(const TensorPiece& piece) {
 
 }  // namespace
 
-std::string NameList(const std::vector<std::string>& names) {
+std::string NameList(const std::vector<std::string>& names, const std::vector<std::string>& notes) {
   std::string out;
-  for (size_t i = 0; i < names.size() && i < 20; ++i) out += (i ? ", " : "") + ("'" + names[i] + "'");
+  for (size_t i = 0; i < names.size() && i < 20; ++i) {
+    out += (i ? ", " : "") + ("'" + names[i] + "'") + (i < notes.size() ? " (" + notes[i] + ")" : "");
+  }
   if (names.size() > 20) out += ", and " + std::to_string(names.size() - 20) + " more";
   return out;
 }
@@ -485,8 +487,10 @@ Result<std::vector<PartlyLoaded>> EntriesLoadedInPart(Communicator& comm, const 
     const uint64_t all = UnpackFingerprintSum(&sums[per_entry * k + 1], slots);
     const double times = loaded / static_cast<double>(numel);
     const bool whole_copies = times == static_cast<double>(static_cast<uint64_t>(times));
-    const uint64_t whole_fingerprint = IndexFingerprint(Layout::Whole(), entry.shape);
-    if (whole_copies && all == ScaleIndexFingerprint(whole_fingerprint, static_cast<uint64_t>(times))) continue;
+    if (whole_copies &&
+        all == ScaleIndexFingerprint(IndexFingerprint(Layout::Whole(), entry.shape), static_cast<uint64_t>(times))) {
+      continue;
+    }
     if (times == 1) {  // as many elements as the tensor, yet not each once: some twice, others never
       short_of.push_back(PartlyLoaded{entry.name, numel, numel, PartlyLoaded::kOverlapping});
     } else {  // more than the tensor, not each element equally often: decided below
@@ -809,31 +813,31 @@ Result<Match> MatchEntries(Communicator& comm, const Manifest& manifest, const s
   // non-strict load reports them (LoadReport::loaded_in_part).
   SC_ASSIGN_OR_RETURN(const std::vector<PartlyLoaded> in_part,
                       EntriesLoadedInPart(comm, manifest, targets, match.local, match.demand));
-  std::string names, undecided;
+  std::vector<std::string> undecided, undecided_notes, in_part_notes;  // in_part's names: the report's
   for (const PartlyLoaded& p : in_part) {
     const std::string counted = std::to_string(p.loaded), of = std::to_string(p.elements);
     if (p.kind == PartlyLoaded::kUndecided) {
-      undecided += (undecided.empty() ? "'" : ", '") + p.name + "' (" + counted + " elements for " + of + ")";
+      undecided.push_back(p.name);
+      undecided_notes.push_back(counted + " elements for " + of);
       continue;
     }
     report->loaded_in_part.push_back(p.name);
-    names += (names.empty() ? "'" : ", '") + p.name + "' (" +
-             (p.kind == PartlyLoaded::kShort         ? counted + " of " + of + " elements"
-              : p.kind == PartlyLoaded::kOverlapping ? counted + " of " + of +
-                                                           " elements, but some loaded more than once and others by no rank"
-                                                     : counted + " elements for " + of + ", but some loaded by no rank") +
-             ")";
+    in_part_notes.push_back(p.kind == PartlyLoaded::kShort ? counted + " of " + of + " elements"
+                            : p.kind == PartlyLoaded::kOverlapping
+                                ? counted + " of " + of + " elements, but some loaded more than once and others by no rank"
+                                : counted + " elements for " + of + ", but some loaded by no rank");
   }
   if (!undecided.empty() && comm.rank() == 0) {
     SC_LOG(kWarn) << "checkpoint " << dir << ": the ranks' parts of these tensors hold more elements than the "
                   << "tensor, not each element equally often, and are cut too finely to check element by element: "
-                  << undecided << ". Some element may be loaded by no rank (every replica group loading the same "
-                  << "shard, say); the load goes on: check the ranks' layouts";
+                  << NameList(undecided, undecided_notes) << ". Some element may be loaded by no rank (every replica "
+                  << "group loading the same shard, say); the load goes on: check the ranks' layouts";
   }
-  if (verdict.ok() && options.strict && !names.empty()) {
+  if (verdict.ok() && options.strict && !report->loaded_in_part.empty()) {
     verdict = InvalidArgument("checkpoint " + dir + " has entries no rank loads all of (the ranks' pieces together " +
                               "leave elements out: a rank left the name out, a layout stops short, or two ranks " +
-                              "load the same part): " + names + " (a non-strict load loads the rest and reports them)");
+                              "load the same part): " + NameList(report->loaded_in_part, in_part_notes) +
+                              " (a non-strict load loads the rest and reports them)");
   }
   SC_RETURN_IF_ERROR(AgreeOnStatus(comm, verdict));
   SC_ASSIGN_OR_RETURN(ReplicatedReadChoice choice, AgreeOnBroadcast(comm, options, dir));
