@@ -41,8 +41,18 @@ Result<std::unique_ptr<File>> IoEngine::Open(const std::string& path, OpenMode m
 Status IoEngine::Drain() {
   Status first;
   while (in_flight() > 0) {
+    const size_t before = in_flight();
     Result<uint64_t> tag = Reap();
-    if (!tag.ok() && first.ok()) first = tag.status();
+    if (tag.ok()) continue;
+    if (first.ok()) first = tag.status();
+    // The wait itself failed and nothing came back (Reap already waited out a busy ring): waiting
+    // again would spin for ever. Said loudly, since the operations' buffers may still be written
+    // to after their owner frees them.
+    if (in_flight() == before) {
+      SC_LOG(kError) << name() << " engine: " << in_flight() << " operation(s) still in flight could not be waited for: "
+                     << tag.status().ToString();
+      return first.WithContext(std::to_string(in_flight()) + " operation(s) still in flight could not be waited for");
+    }
   }
   return first;
 }

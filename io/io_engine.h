@@ -16,7 +16,8 @@
 // resubmitted until the operation is complete. A read that meets end-of-file before its length is
 // DataLoss (a truncated file), never a silently short buffer. The failpoints io.read/io.write
 // fire at submission, io.read.complete/io.write.complete at each completion (an errno, or
-// `short`), and io.uring_submit where io_uring_submit would fail.
+// `short`), io.uring_submit where io_uring_submit would fail and io.uring_wait where
+// io_uring_wait_cqe would (nothing reaped).
 //
 // Lifecycle: buffers handed to Submit must stay valid until their tag comes back from Reap() or
 // Drain() returns. Destroying an engine with operations in flight waits for them first.
@@ -86,7 +87,9 @@ class IoEngine {
   virtual Status Submit(File* file, const IoOp& op, uint64_t tag) = 0;
   // Waits for one operation to finish completely and returns its tag.
   virtual Result<uint64_t> Reap() = 0;
-  // Reaps everything in flight; returns the first error and still waits for the rest.
+  // Reaps everything in flight; returns the first error and still waits for the rest. Where the
+  // wait itself fails (a broken ring; a busy one is waited out for about a second) it returns
+  // that error with the operations still in flight, logged as an error, rather than spin.
   Status Drain();
   // fdatasync: data and the size needed to read it back.
   Status Sync(File* file);

@@ -13,6 +13,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "shardckpt/io/failpoint.h"
@@ -23,6 +25,9 @@ namespace {
 
 // user_data of a request voided after a failed submit; never a slot index.
 constexpr uint64_t kVoided = ~uint64_t{0};
+// Waits in a row that find the ring busy (EBUSY, EAGAIN) before the wait counts as failed:
+// about a second.
+constexpr int kMaxBusyWaits = 1000;
 
 struct Slot {
   File* file = nullptr;
@@ -66,12 +71,21 @@ class UringEngine final : public IoEngine {
   }
 
   Result<uint64_t> Reap() override {
+    int busy_waits = 0;
     while (true) {
       if (in_flight() == 0) return Internal("io_uring engine: reap with nothing in flight");
       struct io_uring_cqe* cqe = nullptr;
-      int rc = io_uring_wait_cqe(&ring_, &cqe);
+      const int injected = FailpointErrno(FailpointAction("io.uring_wait"));
+      const int rc = injected != 0 ? -injected : io_uring_wait_cqe(&ring_, &cqe);
       if (rc == -EINTR) continue;
-      if (rc < 0) return ErrnoStatus(-rc, "io_uring_wait_cqe");
+      // A ring short of room for completions clears as soon as the kernel flushes them.
+      if ((rc == -EBUSY || rc == -EAGAIN) && ++busy_waits <= kMaxBusyWaits) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        continue;
+      }
+      if (rc < 0) {
+        return ErrnoStatus(-rc, std::string("io_uring_wait_cqe") + (injected ? " [injected at failpoint io.uring_wait]" : ""));
+      }
       uint64_t data = io_uring_cqe_get_data64(cqe);
       int res = cqe->res;
       io_uring_cqe_seen(&ring_, cqe);

@@ -3,6 +3,7 @@
 // check that the kernel really has O_DIRECT on the file wherever the file system allows it.
 #include "shardckpt/io/io_engine.h"
 
+#include <chrono>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -359,6 +360,35 @@ TEST_P(IoEngineConformance, AFailedResubmissionFreesItsSlot) {
   ASSERT_TRUE(SetFailpoints("").ok());
   ASSERT_TRUE(engine_->Submit(file.get(), IoOp{IoKind::kWrite, 0, buffer.data(), buffer.size()}, 8).ok());
   EXPECT_EQ(engine_->Reap().value(), 8u);
+}
+
+// io_uring_wait_cqe fails with nothing reaped. A busy ring (EBUSY) is waited out and every
+// operation still lands; a wait that fails otherwise makes Drain return its error with the
+// operations still in flight, instead of spinning for ever.
+TEST_P(IoEngineConformance, AWaitThatKeepsFailingEndsTheDrain) {
+  if (!uring()) GTEST_SKIP() << "pread/pwrite complete inside Submit";
+  const std::string path = JoinPath(dir_.path(), "unreaped");
+  AlignedBuffer buffer = AlignedBuffer::Allocate(2 * 4096).value();
+  Fill(buffer, 23);
+  auto file = Open(path, OpenMode::kCreate);
+  ASSERT_TRUE(SetFailpoints("io.uring_wait#1=EBUSY;io.uring_wait#2=EBUSY").ok());
+  ASSERT_TRUE(engine_->Submit(file.get(), IoOp{IoKind::kWrite, 0, buffer.data(), 4096}, 1).ok());
+  ASSERT_TRUE(engine_->Submit(file.get(), IoOp{IoKind::kWrite, 4096, buffer.data() + 4096, 4096}, 2).ok());
+  EXPECT_TRUE(engine_->Drain().ok()) << "a busy ring failed the writes";
+  EXPECT_EQ(engine_->in_flight(), 0u);
+
+  ASSERT_TRUE(SetFailpoints("io.uring_wait=EIO").ok());
+  ASSERT_TRUE(engine_->Submit(file.get(), IoOp{IoKind::kWrite, 0, buffer.data(), 4096}, 3).ok());
+  const auto start = std::chrono::steady_clock::now();
+  Status stuck = engine_->Drain();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  EXPECT_FALSE(stuck.ok());
+  EXPECT_THAT(stuck.message(), HasSubstr("1 operation(s) still in flight could not be waited for"));
+  EXPECT_THAT(stuck.message(), HasSubstr("io_uring_wait_cqe [injected at failpoint io.uring_wait]"));
+  EXPECT_EQ(engine_->in_flight(), 1u);
+  ASSERT_TRUE(SetFailpoints("").ok());  // the ring works again: the write's completion is there
+  EXPECT_TRUE(engine_->Drain().ok());
+  EXPECT_EQ(engine_->in_flight(), 0u);
 }
 
 // io_uring_submit fails after the request was prepared in the ring. The request must not go to
