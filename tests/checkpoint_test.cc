@@ -852,6 +852,9 @@ TEST_F(DamagedCheckpointTest, CorruptChecksumTableIsDetected) {
   Status status = LoadStatus();
   EXPECT_EQ(status.code(), Code::kDataLoss);
   EXPECT_THAT(status.message(), HasSubstr("checksum table page 0"));
+  // Named by what it leaves unverified, as a damaged data block is.
+  EXPECT_THAT(status.message(), HasSubstr("the blocks it sums cannot be verified (they hold "));
+  EXPECT_THAT(status.message(), HasSubstr("'model.float32'"));
 }
 
 TEST_F(DamagedCheckpointTest, TruncatedFileIsNamed) {

@@ -10,6 +10,7 @@
 #include <memory>
 #include <set>
 
+#include "shardckpt/engine/model/name_list.h"
 #include "shardckpt/io/checksum.h"
 #include "shardckpt/io/fs.h"
 #include "shardckpt/io/read_ring.h"
@@ -66,18 +67,37 @@ Status RunAll(IoEngine* io, const std::vector<std::pair<File*, IoOp>>& ops) {
   return io->Drain();
 }
 
+// Adds the targets `extent`'s copies fill from the file bytes [begin, end) to `names`.
+void AddTargetsIn(const ReadPlan& plan, const ReadExtent& extent, uint64_t begin, uint64_t end,
+                  const ReadTargets& targets, std::set<std::string>* names) {
+  for (size_t k = extent.first_copy; k < extent.first_copy + extent.copy_count; ++k) {
+    const ScatterCopy& c = plan.copies[k];
+    const uint64_t from = extent.offset + c.extent_offset;
+    if (from < end && from + c.length > begin) names->emplace(targets.names[c.target]);
+  }
+}
+
+// Every tensor a damaged block holds is named (a block holds 4096 bytes of them at most).
 std::string TargetsInBlock(const ReadPlan& plan, const ReadExtent& extent, uint64_t block_begin,
                            const ReadTargets& targets) {
   std::set<std::string> names;
-  for (size_t k = extent.first_copy; k < extent.first_copy + extent.copy_count; ++k) {
-    const ScatterCopy& c = plan.copies[k];
-    if (c.extent_offset < block_begin + kBlockSize && c.extent_offset + c.length > block_begin) {
-      names.emplace(targets.names[c.target]);
-    }
-  }
+  const uint64_t begin = extent.offset + block_begin;
+  AddTargetsIn(plan, extent, begin, begin + kBlockSize, targets, &names);
   std::string out;
   for (const std::string& n : names) out += (out.empty() ? "" : ", ") + ("'" + n + "'");
   return out.empty() ? "padding" : out;
+}
+
+// What a damaged checksum-table page leaves unverifiable: the targets of every extent of this
+// read in the blocks the page sums.
+std::string TargetsSummedBy(const ReadPlan& plan, const PageKey& page, const ReadTargets& targets) {
+  const uint64_t begin = page.second * kSumsPerTablePage * kBlockSize, end = begin + kSumsPerTablePage * kBlockSize;
+  std::set<std::string> names;
+  for (const ReadExtent& e : plan.extents) {
+    if (e.file == page.first && e.offset < end && e.offset + e.length > begin) AddTargetsIn(plan, e, begin, end, targets, &names);
+  }
+  // A page sums 2 MiB of blocks: thousands of small tensors, listed twenty and a count.
+  return names.empty() ? "padding" : NameList(std::vector<std::string>(names.begin(), names.end()));
 }
 
 // An extent that is exactly one copy into host memory can be read straight into the target,
@@ -160,7 +180,8 @@ Status ExecuteReadPlan(IoEngine* io, BufferPool* pool, const std::string& dir,
       if (Checksum64(table, kBlockSize) != f.table_page_sums[key.second]) {
         return DataLoss(JoinPath(dir, f.name) + ": checksum table page " + std::to_string(key.second) +
                         " (file offset " + std::to_string(f.table_offset + key.second * kBlockSize) +
-                        ") does not match the manifest: the file is corrupt");
+                        ") does not match the manifest: the file is corrupt, and the blocks it sums cannot be "
+                        "verified (they hold " + TargetsSummedBy(plan, key, targets) + ")");
       }
     }
   }

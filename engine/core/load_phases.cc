@@ -55,15 +55,6 @@ bool IsWhole(const TensorPiece& piece) {
 
 }  // namespace
 
-std::string NameList(const std::vector<std::string>& names, const std::vector<std::string>& notes) {
-  std::string out;
-  for (size_t i = 0; i < names.size() && i < 20; ++i) {
-    out += (i ? ", " : "") + ("'" + names[i] + "'") + (i < notes.size() ? " (" + notes[i] + ")" : "");
-  }
-  if (names.size() > 20) out += ", and " + std::to_string(names.size() - 20) + " more";
-  return out;
-}
-
 Status CopyPiece(const TensorPiece& to, const TensorPiece& from) {
   const size_t bytes = static_cast<size_t>(from.bytes);
   if (to.space == MemorySpace::kHost && from.space == MemorySpace::kHost) {

@@ -17,12 +17,9 @@
 #include "shardckpt/engine/core/load.h"
 #include "shardckpt/engine/core/read_ahead.h"
 #include "shardckpt/engine/model/entry_wants.h"
+#include "shardckpt/engine/model/name_list.h"
 
 namespace shardckpt::load_phases {
-
-// Up to 20 quoted names, then "and N more"; with `notes`, each name followed by its own note
-// ("'w' (2 of 4 elements)").
-std::string NameList(const std::vector<std::string>& names, const std::vector<std::string>& notes = {});
 
 // ---- 1. Resolve, hold, read and fully check the manifest (rank 0 only: validation and data
 // file sizes; other ranks return an empty one), in two steps with the folder's sharing and the

@@ -1,0 +1,14 @@
+// The names an error message lists: a message about a state of 20,000 tensors must not carry
+// all 20,000 of them.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace shardckpt {
+
+// Up to 20 quoted names, then "and N more"; with `notes`, each name followed by its own note
+// ("'w' (2 of 4 elements)").
+std::string NameList(const std::vector<std::string>& names, const std::vector<std::string>& notes = {});
+
+}  // namespace shardckpt
