@@ -23,6 +23,10 @@ constexpr uint64_t kStagingBudget = 16u << 20, kBuffersPerFile = 4, kMinBuffer =
 Result<std::unique_ptr<OfflineCheckpointWriter>> OfflineCheckpointWriter::Begin(const std::string& root, int64_t step,
                                                                               int world) {
   if (world < 1) return InvalidArgument("world size must be at least 1");
+  if (world > kMaxWorldSize) {
+    return InvalidArgument("world size " + std::to_string(world) + " is above the format's limit of " +
+                           std::to_string(kMaxWorldSize) + " ranks");
+  }
   SC_RETURN_IF_ERROR(ValidateStep(step));
   std::unique_ptr<OfflineCheckpointWriter> w(new OfflineCheckpointWriter());
   SC_ASSIGN_OR_RETURN(RootLock lock, LockRootForSave(root, step));

@@ -456,7 +456,7 @@ void DecodeBlob(od::value& v, BlobRecord* b) {
         b->scope = scope == "global" ? BlobScope::kGlobal : BlobScope::kPerRank;
         break;
       }
-      case 2: b->rank = static_cast<int>(U64AtMost(x, "rank", 1u << 24, "rank or file out of range")); break;
+      case 2: b->rank = static_cast<int>(U64AtMost(x, "rank", kMaxWorldSize, "rank or file out of range")); break;
       case 3: b->file = static_cast<uint32_t>(U64AtMost(x, "file", UINT32_MAX, "rank or file out of range")); break;
       case 4: b->offset = U64(x, "offset"); break;
       case 5: b->bytes = U64(x, "bytes"); break;
@@ -605,7 +605,7 @@ Result<Manifest> DecodeText(const std::string& text, SealShape seal, uint64_t re
         }
         case 3: {
           uint64_t world = U64(v, "world_size");
-          if (world == 0 || world > (1u << 24)) Refuse("world_size out of range");
+          if (world == 0 || world > kMaxWorldSize) Refuse("world_size out of range");
           m.world_size = static_cast<int>(world);
           break;
         }

@@ -32,6 +32,9 @@ inline constexpr int kFormatMinor = 1;
 inline constexpr int kFormatMinorPacked = 1;
 inline constexpr const char* kManifestName = "manifest.json";
 inline constexpr uint64_t kSumsPerTablePage = 4096 / 8;
+// Ranks a checkpoint can be written by: a decode refuses more, so a hostile world size cannot
+// size allocations (a tool asked for more refuses before writing anything).
+inline constexpr int kMaxWorldSize = 1 << 24;
 
 struct FileRecord {
   std::string name;

@@ -54,6 +54,11 @@ float8=$("$py1" -c "import json; print(int(json.load(open('in/info.json'))['floa
 # 1, 2: every dtype this torch writes, through import, reshard and consolidation to .pt.
 "$cli" import in/dtypes.pt --out dt --world-size 3
 "$cli" reshard dt --out dt2 --world-size 2 --layout dim0
+# A world size the format cannot hold is refused before anything is written (it once built
+# per-rank state for all of them: 13 GB for 100,000,000 ranks).
+expect_fail "world size 100000000 is above the format's limit of 16777216 ranks" "$cli" reshard dt --out huge --world-size 100000000
+expect_fail "world size 16777217 is above the format's limit" "$cli" import in/dtypes.pt --out huge --world-size 16777217
+test ! -e huge/latest
 "$cli" consolidate dt2 --out dtypes.pt
 check same in/dtypes.pt dtypes.pt
 # safetensors holds every dtype but complex128, which is refused by tensor and dtype.
