@@ -989,8 +989,8 @@ TEST_F(CheckpointTest, AStrictLoadRefusesPartsThatLeaveElementsOut) {
     std::vector<int> halves;
     const char* expected;
   };
-  const char* twice = "'w' (2097152 of 2097152 elements, but some loaded more than once and others by no rank)";
-  for (const Case& c : {Case{{0}, "'w' (1048576 of 2097152 elements)"}, Case{{0, 0}, twice}, Case{{1, 1}, twice}}) {
+  const char* twice = "'w' (2097152 elements for 2097152, but some loaded more than once and others by no rank)";
+  for (const Case& c : {Case{{0}, "'w' (1048576 elements for 2097152)"}, Case{{0, 0}, twice}, Case{{1, 1}, twice}}) {
     Result<LoadReport> strict = load(c.halves, true);
     ASSERT_FALSE(strict.ok()) << c.expected;
     EXPECT_EQ(strict.status().code(), Code::kInvalidArgument);

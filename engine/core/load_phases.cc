@@ -813,10 +813,12 @@ Result<Match> MatchEntries(Communicator& comm, const Manifest& manifest, const s
       continue;
     }
     report->loaded_in_part.push_back(p.name);
-    in_part_notes.push_back(p.kind == PartlyLoaded::kShort ? counted + " of " + of + " elements"
-                            : p.kind == PartlyLoaded::kOverlapping
-                                ? counted + " of " + of + " elements, but some loaded more than once and others by no rank"
-                                : counted + " elements for " + of + ", but some loaded by no rank");
+    // The counts are sums over the ranks' pieces, not of distinct elements: pieces that overlap
+    // and still fall short hold fewer distinct elements than counted ("N of M" said otherwise).
+    in_part_notes.push_back(counted + " elements for " + of +
+                            (p.kind == PartlyLoaded::kShort         ? ""
+                             : p.kind == PartlyLoaded::kOverlapping ? ", but some loaded more than once and others by no rank"
+                                                                    : ", but some loaded by no rank"));
   }
   if (!undecided.empty() && comm.rank() == 0) {
     SC_LOG(kWarn) << "checkpoint " << dir << ": the ranks' parts of these tensors hold more elements than the "
