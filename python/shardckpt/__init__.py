@@ -48,8 +48,8 @@ import torch
 from ._dtensor import dtensor_piece, is_dtensor
 from ._comm import (forget_foreign, from_mpi4py, from_process_group, launched_by_mpi, resolve,
                     single_process, world)
-from ._state import (DTYPES, FlatShard, PerRank, dcp_leaf_names, dcp_leaves, dcp_stores_nothing_of, decode_blob,
-                     dtype_name, encode_blob, host_values, regroup, restore, walk)
+from ._state import (DTYPES, FlatShard, PerRank, check_unicode, dcp_leaf_names, dcp_leaves, dcp_stores_nothing_of,
+                     decode_blob, dtype_name, encode_blob, host_values, regroup, restore, walk)
 from .errors import (Aborted, AlreadyExists, DataLoss, DeadlineExceeded, FailedPrecondition,
                      Internal, InvalidArgument, IoError, NoSpace, NotFound, ShardckptError,
                      Unimplemented, raise_for)
@@ -132,6 +132,38 @@ def _check_dense(tensor: torch.Tensor, name: str, verb: str) -> None:
                               "(e.g. .to_dense()) first" % (name, tensor.layout, verb))
 
 
+def _overlaps_itself(tensor: torch.Tensor) -> bool:
+    """Whether two of ``tensor``'s elements share memory (a view made by ``as_strided`` or
+    ``unfold`` whose windows overlap; an expanded view, stride 0, is refused before this). Dims
+    sorted by stride, each stride past the reach of the smaller ones proves no overlap at once,
+    as it does for every transpose, slice and permutation; only other views have their offsets
+    counted."""
+    dims = sorted((abs(st), n) for st, n in zip(tensor.stride(), tensor.shape) if n > 1)
+    reach = 0
+    for stride, size in dims:
+        if stride <= reach:
+            break
+        reach += stride * (size - 1)
+    else:
+        return False
+    offsets = torch.zeros((), dtype=torch.int64)
+    for stride, size in zip(tensor.stride(), tensor.shape):
+        offsets = offsets.unsqueeze(-1) + torch.arange(size, dtype=torch.int64) * stride
+    return torch.unique(offsets).numel() < tensor.numel()
+
+
+def _refusal(failure: BaseException) -> Tuple[str, str]:
+    """(code, message) of a failure on this rank that every rank must be told of. Not only
+    ShardckptError: an error of Python's or torch's (RecursionError, a failed conversion) raised
+    here alone left the other ranks waiting in the engine's next collective until its timeout.
+    The message made UTF-8 safe (a lone surrogate in it failed the call into the engine)."""
+    if isinstance(failure, ShardckptError):
+        code, message = failure.code, failure.message
+    else:
+        code, message = "InvalidArgument", "%s: %s" % (type(failure).__name__, failure)
+    return code, message.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _named(name: str, describe: Callable[[], Any]) -> Any:
     """describe(), with an error of torch or Python's (not a ShardckptError) turned into an
     InvalidArgument naming the key, so that it is agreed on by every rank like the others."""
@@ -190,8 +222,8 @@ def _describe_for_collective(state: Mapping[str, Any], step: Any,
     try:
         pieces, blobs = _describe_save(state, keep)
         return int(step), pieces, blobs, ("OK", "")
-    except ShardckptError as failure:
-        return int(step), [], [], (failure.code, failure.message)
+    except Exception as failure:  # noqa: BLE001 - told to every rank (_refusal)
+        return int(step), [], [], _refusal(failure)
 
 
 def _user_metadata(user_metadata: Optional[Mapping[str, str]]) -> Tuple[Dict[str, str], Tuple[str, str]]:
@@ -204,6 +236,11 @@ def _user_metadata(user_metadata: Optional[Mapping[str, str]]) -> Tuple[Dict[str
         if not isinstance(value, str):
             return {}, ("InvalidArgument", "user_metadata['%s'] is %s (%r); its values are str, stored as "
                         "given: pass str(...), or save the value in the state dict" % (key, type(value).__name__, value))
+        try:
+            check_unicode(key, lambda: "a user_metadata key")
+            check_unicode(value, lambda: "user_metadata[%a]" % key)
+        except ShardckptError as failure:
+            return {}, _refusal(failure)
     return items, ("OK", "")
 
 
@@ -218,6 +255,10 @@ def _metrics(metrics: Optional[Mapping[str, float]]) -> Tuple[Dict[str, float], 
     for key, value in items:
         if not isinstance(key, str):
             return {}, ("InvalidArgument", "metrics keys are str, not %s (%r)" % (type(key).__name__, key))
+        try:
+            check_unicode(key, lambda: "a metrics key")
+        except ShardckptError as failure:
+            return {}, _refusal(failure)
         refusal = ("InvalidArgument", "metrics['%s'] is %s (%r); metrics are numbers" % (key, type(value).__name__, value))
         if isinstance(value, (bool, str, bytes)) or getattr(value, "dtype", None) in (torch.bool, bool):
             return {}, refusal
@@ -313,6 +354,10 @@ def _describe_load_item(name: str, value: Any, pieces: list, wanted_blobs: Dict[
             # "more than one element of the written-to tensor refers to a single memory location".
             raise InvalidArgument("'%s' is an expanded view (stride 0): its elements share memory, so it "
                                   "cannot take the loaded values; load into a tensor of its own (.clone())" % name)
+        if not target.is_contiguous() and _overlaps_itself(target):
+            raise InvalidArgument("'%s' is a view whose elements overlap in memory (shape %s, strides %s), so it "
+                                  "cannot take the loaded values; load into a tensor of its own (.clone())"
+                                  % (name, list(target.shape), list(target.stride())))
         into = target
         if target.device.type != "cpu" or not target.is_contiguous() or target.is_neg() or target.is_conj():
             into = torch.empty(target.shape, dtype=target.dtype)
@@ -385,8 +430,8 @@ def load(state_dict: Dict[str, Any], path: PathLike, *, strict: bool = True, str
     copies: list = []
     try:
         pieces, wanted, copies = _describe_load(state_dict)
-    except ShardckptError as failure:
-        error = (failure.code, failure.message)
+    except Exception as failure:  # noqa: BLE001 - told to every rank (_refusal)
+        error = _refusal(failure)
     # The engine gives the strict verdict over tensors and values together, before reading: it
     # is told which names this state dict takes as values.
     names = list(wanted)
@@ -462,8 +507,8 @@ def load(state_dict: Dict[str, Any], path: PathLike, *, strict: bool = True, str
                     values[name] = value
                 else:
                     unavailable[name] = value
-    except ShardckptError as failure:
-        error = (failure.code, failure.message)
+    except Exception as failure:  # noqa: BLE001 - told to every rank (_refusal)
+        error = _refusal(failure)
     raise_for(*comm.agree(*error)[:2])
     with torch.no_grad():
         for target, temporary in copies:
@@ -896,7 +941,7 @@ def import_checkpoint(src: PathLike, out_root: PathLike, world_size: int, layout
     Returns the keys of ``shardckpt import --json``: ``{"checkpoint", "out", "source", "step",
     "tensors", "tensor_bytes", "world_size", "layout", "values", "skipped"}``, and ``"path"`` and
     ``"bytes"`` (the same as ``"checkpoint"`` and ``"tensor_bytes"``) (values: the non-tensor
-    values kept; skipped: those that could not be)."""
+    values kept; skipped: those that could not be, each "name (why)")."""
     from . import _core
     _raise_open_file_limit()
     code, message, result = _core.convert(True, _fs(src), _fs(out_root), _whole("world_size", world_size, 1, 2 ** 31 - 1),

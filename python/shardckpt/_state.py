@@ -82,14 +82,35 @@ def is_tensorish(value: Any) -> bool:
     return isinstance(value, (torch.Tensor, FlatShard, PerRank))
 
 
-def _holds_tensors(value: Any) -> bool:
+class _HoldsItself(Exception):
+    """A dict, list or tuple met again inside itself (walked, it would recurse for ever)."""
+
+
+def _holds_tensors(value: Any, on_path: Optional[set] = None) -> bool:
     if is_tensorish(value):
         return True
-    if isinstance(value, dict):
-        return any(_holds_tensors(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(_holds_tensors(v) for v in value)
-    return False
+    if not isinstance(value, (dict, list, tuple)):
+        return False
+    on_path = set() if on_path is None else on_path
+    if id(value) in on_path:
+        raise _HoldsItself()
+    on_path.add(id(value))
+    children = value.values() if isinstance(value, dict) else value
+    held = any(_holds_tensors(v, on_path) for v in children)
+    on_path.discard(id(value))
+    return held
+
+
+def check_unicode(text: str, what: Callable[[], str]) -> None:
+    """Refuses a str that is not valid Unicode: a lone surrogate, as ``os.fsdecode`` makes of
+    file-name bytes that are not UTF-8. The checkpoint's other readers (consolidate, DCP export,
+    the C++ engine) take UTF-8 only; ``what()`` says where it is, ascii-escaped."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgument("%s %s is not valid Unicode (it holds a lone surrogate, as os.fsdecode makes of "
+                              "bytes that are not UTF-8); a checkpoint holds UTF-8 only: re-encode it, or keep "
+                              "such a path as bytes (os.fsencode)" % (what(), ascii(text))) from None
 
 
 def walk(state: Any, prefix: str = "") -> List[Tuple[str, Any]]:
@@ -101,7 +122,12 @@ def walk(state: Any, prefix: str = "") -> List[Tuple[str, Any]]:
 
     def visit(value: Any, name: str, top: bool = False) -> None:
         # The state dict itself is always walked, tensors or not: its values have names.
-        if not top and (is_tensorish(value) or not _holds_tensors(value)):
+        try:
+            leaf = not top and (is_tensorish(value) or not _holds_tensors(value))
+        except _HoldsItself:
+            raise InvalidArgument("'%s' holds itself (a dict or list inside itself): a state dict is a tree"
+                                  % (name or "the state dict")) from None
+        if leaf:
             if name in seen:
                 raise InvalidArgument("two values are named '%s': a dotted key and a nested dict, or "
                                       "an int key and its string, flatten to the same name" % name)
@@ -111,7 +137,9 @@ def walk(state: Any, prefix: str = "") -> List[Tuple[str, Any]]:
         items = value.items() if isinstance(value, dict) else enumerate(value)
         for key, child in items:
             if not isinstance(key, (str, int)) or isinstance(key, bool):
-                raise InvalidArgument("'%s': key %r is neither a str nor an int" % (name, key))
+                raise InvalidArgument("'%s': key %a is neither a str nor an int" % (name, key))
+            if isinstance(key, str):
+                check_unicode(key, lambda: "a key" + (" of '%s'" % name if name else ""))
             visit(child, "%s.%s" % (name, key) if name else str(key))
 
     visit(state, prefix, True)
@@ -220,7 +248,10 @@ def regroup(name: str, current: Any, saved: Mapping[str, Any], leaf: Callable[[s
 
 
 def _encode_json(value: Any, name: str) -> Any:
-    if value is None or isinstance(value, (bool, str)):
+    if isinstance(value, str):
+        check_unicode(value, lambda: "'%s': the string" % name)
+        return value
+    if value is None or isinstance(value, bool):
         return value
     if isinstance(value, int):
         value = int(value)
@@ -239,6 +270,9 @@ def _encode_json(value: Any, name: str) -> Any:
     if isinstance(value, list):
         return [_encode_json(v, name) for v in value]
     if isinstance(value, dict):
+        for key in value:
+            if isinstance(key, str):
+                check_unicode(key, lambda: "'%s': the key" % name)
         if all(isinstance(k, str) for k in value) and _TAG not in value:
             return {k: _encode_json(v, "%s.%s" % (name, k)) for k, v in value.items()}
         return {_TAG: "dict", "v": [[_encode_json(k, name), _encode_json(v, "%s.%s" % (name, k))]

@@ -341,6 +341,23 @@ def test_non_contiguous_tensors(root):
     got = {"e": torch.zeros(3, 4)}
     shardckpt.load(got, root)
     assert torch.equal(got["e"], torch.arange(4.0).expand(3, 4))
+    # So is any other view whose elements overlap (sliding windows): before, the load passed and
+    # the windows ended up holding each other's values.
+    windows = torch.zeros(10)
+    with pytest.raises(shardckpt.InvalidArgument) as error:
+        shardckpt.load({"e": windows.as_strided((3, 4), (2, 1))}, root)
+    assert "'e' is a view whose elements overlap in memory (shape [3, 4], strides [2, 1])" in error.value.message, \
+        error.value.message
+    assert torch.equal(windows, torch.zeros(10))
+    # Views that interleave without overlapping load, those only counting offsets tells apart too.
+    apart = torch.zeros(12)
+    interleaved = apart.as_strided((3, 4), (1, 3))  # a transpose: told apart by its strides alone
+    shardckpt.load({"e": interleaved}, root)
+    assert torch.equal(interleaved, torch.arange(4.0).expand(3, 4))
+    woven = torch.zeros(14)
+    target = woven.as_strided((3, 4), (2, 3))  # offsets 0 3 6 9, 2 5 8 11, 4 7 10 13: all apart
+    shardckpt.load({"e": target}, root)
+    assert torch.equal(target, torch.arange(4.0).expand(3, 4))
 
 
 def test_negative_and_conjugate_views_keep_their_values(root):
@@ -443,7 +460,7 @@ def test_a_strict_load_refuses_a_tensor_no_rank_loads_all_of(root, comm):
     with pytest.raises(shardckpt.InvalidArgument) as error:
         shardckpt.load(partial, root)
     assert "has entries no rank loads all of" in error.value.message, error.value.message
-    assert "'w' (%d of %d elements)" % (m * n - m, m * n) in error.value.message, error.value.message
+    assert "'w' (%d elements for %d)" % (m * n - m, m * n) in error.value.message, error.value.message
     report = shardckpt.load(partial, root, strict=False)  # the rest loads, and the gap is reported
     assert report.loaded_in_part == ["w"], report
     if r != n - 1:
@@ -459,7 +476,7 @@ def test_a_strict_load_refuses_a_tensor_no_rank_loads_all_of(root, comm):
     doubled = {"w": shardckpt.FlatShard(torch.zeros(m), [m * n], m * src)}
     with pytest.raises(shardckpt.InvalidArgument) as error:
         shardckpt.load(doubled, root)
-    assert "'w' (%d of %d elements, but some loaded more than once and others by no rank)" % (m * n, m * n) \
+    assert "'w' (%d elements for %d, but some loaded more than once and others by no rank)" % (m * n, m * n) \
         in error.value.message, error.value.message
     assert "or two ranks load the same part" in error.value.message, error.value.message
     report = shardckpt.load(doubled, root, strict=False)
@@ -552,6 +569,43 @@ def test_unsupported_value_is_refused_on_every_rank_naming_its_key(comm, root):
         shardckpt.save(state, root, step=1)
     assert "opt.sched" in error.value.message
     assert not os.path.exists(os.path.join(root, "step-000000001"))
+
+
+@pytest.mark.parametrize("bad", ["key", "value", "metadata", "cycle"])
+def test_a_state_only_python_can_hold_is_refused_on_every_rank_naming_it(comm, root, bad):
+    """Held by the last rank only: a key or a string value that is not valid Unicode (a lone
+    surrogate, as os.fsdecode makes of a file name that is not UTF-8), or a dict that holds
+    itself. They raised TypeError (the binding's conversion) or RecursionError on that rank
+    alone, and the others waited in the engine's first collective until its timeout; a string
+    value saved, then failed every consolidation of the checkpoint."""
+    odd = os.fsdecode(b"shard-\xff.bin")
+    last = comm.rank == comm.size - 1
+    state = {"w": torch.ones(2), "data": {"current_file": "shard-0.bin"}}
+    metadata = None
+    if last and bad == "key":
+        state[odd] = torch.ones(2)
+    if last and bad == "value":
+        state["data"]["current_file"] = odd
+    if last and bad == "metadata":
+        metadata = {"source": odd}
+    if last and bad == "cycle":
+        state["data"]["self"] = state["data"]
+    expected = {"key": "a key 'shard-\\udcff.bin' is not valid Unicode",
+                "value": "'data.current_file': the string 'shard-\\udcff.bin' is not valid Unicode",
+                "metadata": "user_metadata['source'] 'shard-\\udcff.bin' is not valid Unicode",
+                "cycle": "'data' holds itself (a dict or list inside itself)"}[bad]
+    start = time.monotonic()
+    with pytest.raises(shardckpt.InvalidArgument) as error:
+        shardckpt.save(state, root, step=1, user_metadata=metadata)
+    assert expected in error.value.message, error.value.message
+    assert time.monotonic() - start < 30, "a rank waited for the one that refused"
+    assert not os.path.exists(os.path.join(root, "step-000000001"))
+    if bad in ("metadata", "value"):  # a load replaces values: their strings are not stored
+        return
+    shardckpt.save({"w": torch.ones(2), "data": {"current_file": "shard-0.bin"}}, root, step=1)
+    with pytest.raises(shardckpt.InvalidArgument) as error:
+        shardckpt.load(state, root, strict=False)
+    assert expected in error.value.message, error.value.message
 
 
 @pytest.mark.parametrize("bad", ["meta", "sparse", "raises"])
