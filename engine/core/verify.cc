@@ -38,9 +38,7 @@ Holders HoldersOf(const std::vector<Span>& spans, uint64_t begin, uint64_t end) 
 }
 
 VerifyProblem FromDcp(DcpProblem p) {
-  VerifyProblem out{std::move(p.file), p.offset, {}, {}, std::move(p.what)};
-  if (!p.entries.empty()) (p.byte_item ? out.blobs : out.entries).push_back(std::move(p.entries));
-  return out;
+  return VerifyProblem{std::move(p.file), p.offset, std::move(p.entries), std::move(p.blobs), std::move(p.what)};
 }
 
 // A problem of a whole DCP data file (missing, unreadable, its .sha256 not matching) named no

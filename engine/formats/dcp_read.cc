@@ -184,6 +184,7 @@ Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* 
   // Files first: each named once, a plain name inside the folder, its size as it is now.
   std::map<std::string, uint32_t> file_index;
   std::vector<std::optional<ByteSource>> sources;
+  std::vector<size_t> problem_of_file;  // a missing file's problem, which names what it holds
   int max_rank = -1;
   for (const ParsedDcpStorage& s : md.storage) {
     if (!IsPlainFileName(s.relative_path)) {
@@ -205,7 +206,9 @@ Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* 
       f.size = f.table_offset = source->size();
       sources.push_back(std::move(source).value());
     } else if (problems) {
-      problems->push_back(DcpProblem{f.name, 0, "", "missing or unreadable: " + source.status().message()});
+      problem_of_file.resize(m.files.size() + 1, SIZE_MAX);
+      problem_of_file[m.files.size()] = problems->size();
+      problems->push_back(DcpProblem{f.name, 0, "missing or unreadable: " + source.status().message(), {}, {}});
       sources.push_back(std::nullopt);
     } else {
       return source.status().WithContext(dir);
@@ -229,7 +232,8 @@ Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* 
     if (!problems || st.code() == Code::kUnimplemented) {
       return Status(st.code() == Code::kUnimplemented ? st.code() : Code::kDataLoss, JoinPath(dir, s.relative_path) + ": " + what);
     }
-    problems->push_back(DcpProblem{s.relative_path, s.offset_in_file, name, st.message(), byte_item});
+    problems->push_back(DcpProblem{s.relative_path, s.offset_in_file, st.message(), {}, {}});
+    (byte_item ? problems->back().blobs : problems->back().entries).push_back(name);
     return Status::Ok();
   };
   for (const ParsedDcpItem& item : md.items) {
@@ -238,7 +242,10 @@ Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* 
       if (it == bytes_at.end()) return bad("byte item '" + item.name + "' has no storage record");
       const ParsedDcpStorage& s = *it->second;
       const uint32_t file = file_index.at(s.relative_path);
-      if (!sources[file]) continue;
+      if (!sources[file]) {
+        (*problems)[problem_of_file[file]].blobs.push_back(item.name);
+        continue;
+      }
       if (s.offset_in_file > m.files[file].size || s.length > m.files[file].size - s.offset_in_file) {
         SC_RETURN_IF_ERROR(problem(s, item.name, DataLoss("runs past the end of the file (" + std::to_string(m.files[file].size) +
                                                           " bytes): truncated?"),
@@ -265,7 +272,11 @@ Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* 
       if (it == tensor_at.end()) return bad("tensor '" + e.name + "' chunk at " + OffsetsText(c.offsets) + " has no storage record");
       const ParsedDcpStorage& s = *it->second;
       const uint32_t file = file_index.at(s.relative_path);
-      if (!sources[file]) continue;
+      if (!sources[file]) {
+        std::vector<std::string>& held = (*problems)[problem_of_file[file]].entries;
+        if (held.empty() || held.back() != e.name) held.push_back(e.name);  // each tensor once
+        continue;
+      }
       std::vector<ChunkRecord> located;
       Status status = LocateChunk(*sources[file], s, e.dtype, c, &located);
       if (!status.ok()) {
@@ -304,14 +315,14 @@ std::vector<DcpProblem> CheckDcpSha256Files(const std::string& dir, const Manife
   for (const FileRecord& f : m.files) {
     Result<SidecarCheck> check = CheckSha256Sidecar(JoinPath(dir, f.name));
     if (!check.ok()) {
-      problems.push_back(DcpProblem{f.name, 0, "", check.status().message()});
+      problems.push_back(DcpProblem{f.name, 0, check.status().message(), {}, {}});
       if (PathExists(JoinPath(dir, f.name + ".sha256"))) (*checked)++;
       continue;
     }
     if (!check->had_sidecar) continue;
     (*checked)++;
     *bytes += check->bytes_hashed;
-    if (!check->problem.empty()) problems.push_back(DcpProblem{f.name, 0, "", check->problem});
+    if (!check->problem.empty()) problems.push_back(DcpProblem{f.name, 0, check->problem, {}, {}});
   }
   return problems;
 }

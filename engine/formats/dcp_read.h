@@ -27,9 +27,9 @@ bool IsDcpFolder(const std::string& path);
 struct DcpProblem {
   std::string file;
   uint64_t offset = 0;
-  std::string entries;  // the tensor or byte item stored there
   std::string what;
-  bool byte_item = false;  // `entries` names a byte item (a blob), not a tensor
+  // What is stored there: the tensors, and the byte items (blobs); a missing file's, all of them.
+  std::vector<std::string> entries, blobs;
 };
 
 // Reads and validates the folder. With `problems`, damage in the data files (a missing or

@@ -271,6 +271,15 @@ def test_truncated_distcp_is_found_by_verify(tmp_path):
     epoch = [p for p in problems if "epoch" in p["blobs"]]
     assert epoch and epoch[0]["entries"] == [] and "past the end" in epoch[0]["problem"]
     assert not any("epoch" in p["entries"] for p in problems)
+    # Gone: one problem for the file, naming its tensors and byte items (it said "padding").
+    os.unlink(victim)
+    run = cli("verify", str(folder), "--json")
+    assert run.returncode == 1
+    problems = json.loads(run.stdout)["problems"]
+    assert [p["file"] for p in problems] == ["__1_0.distcp"], problems
+    assert "missing or unreadable" in problems[0]["problem"], problems
+    assert "opt.meta.betas" in problems[0]["entries"] and "epoch" in problems[0]["blobs"], problems
+    assert "(padding)" not in cli("verify", str(folder)).stdout
 
 
 class RunsAShell:
