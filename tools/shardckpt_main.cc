@@ -15,6 +15,7 @@
 // 1 on a failed check or error (with a message on stderr), 2 on bad usage.
 #include <boost/program_options.hpp>
 
+#include <csignal>
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -35,10 +36,12 @@
 #include "shardckpt/engine/formats/dcp_read.h"
 #include "shardckpt/io/fs.h"
 #include "shardckpt/io/size_text.h"
+#include "tools/interrupt.h"
 #include "tools/progress.h"
 
 namespace po = boost::program_options;
 using namespace shardckpt;
+using shardckpt::tools::InterruptScope;
 using shardckpt::tools::ProgressBar;
 using json = nlohmann::ordered_json;
 
@@ -109,6 +112,8 @@ int Fail(const Status& status) {
   if (json_output) {
     PrintJsonError(CodeName(status.code()), status.message());
   }
+  // Stopped by Ctrl-C or SIGTERM: the status a shell expects of a command the signal ended.
+  if (status.code() == Code::kAborted && InterruptScope::Caught() != 0) return 128 + InterruptScope::Caught();
   return 1;
 }
 
@@ -345,7 +350,8 @@ int ConsolidateCommand(int argc, char** argv) {
     throw Usage{"--gguf-arch, --gguf-name and --gguf-metadata apply to gguf output"};
   }
   ProgressBar bar("consolidate", !vm.count("json"));
-  options.progress = [&](uint64_t d, uint64_t t) { bar.Update(d, t); };
+  InterruptScope interrupt;
+  options.progress = [&](uint64_t d, uint64_t t) { return bar.Update(d, t), InterruptScope::Check(); };
   Result<ConsolidateReport> r = Consolidate(vm["CHECKPOINT"].as<std::string>(), out, options);
   bar.Finish();
   if (!r.ok()) return Fail(r.status());
@@ -385,7 +391,8 @@ int Convert(bool import, int argc, char** argv) {
     throw Usage{"--layout '" + options.layout + "': use flat, dim0 or replicated"};
   }
   ProgressBar bar(import ? "import" : "reshard", !vm.count("json"), import ? "tensors" : "");  // import counts tensors
-  options.progress = [&](uint64_t d, uint64_t t) { bar.Update(d, t); };
+  InterruptScope interrupt;
+  options.progress = [&](uint64_t d, uint64_t t) { return bar.Update(d, t), InterruptScope::Check(); };
   const std::string input = vm[import ? "FILE" : "CHECKPOINT"].as<std::string>();
   Result<ConvertReport> r = import ? ImportFile(input, vm["out"].as<std::string>(), options)
                                    : Reshard(input, vm["out"].as<std::string>(), options);
@@ -405,7 +412,7 @@ int Convert(bool import, int argc, char** argv) {
     std::printf("wrote %s: %llu tensors, %llu bytes, %d ranks, %s layout\n", r->path.c_str(),
                 static_cast<unsigned long long>(r->tensors), static_cast<unsigned long long>(r->bytes), options.world_size,
                 options.layout.c_str());
-    for (const std::string& s : r->skipped) std::printf("skipped (not a tensor, or a per-rank blob): %s\n", s.c_str());
+    for (const std::string& s : r->skipped) std::printf("skipped: %s\n", s.c_str());
     for (const std::string& s : r->values) std::printf("kept as a blob (not a tensor): %s\n", s.c_str());
   }
   return 0;
@@ -421,7 +428,8 @@ int ExportCommand(int argc, char** argv) {
   if (vm["format"].as<std::string>() != "dcp") throw Usage{"--format must be dcp"};
   DcpExportOptions options;
   ProgressBar bar("export", !vm.count("json"));
-  options.progress = [&](uint64_t d, uint64_t t) { bar.Update(d, t); };
+  InterruptScope interrupt;
+  options.progress = [&](uint64_t d, uint64_t t) { return bar.Update(d, t), InterruptScope::Check(); };
   Result<DcpExportReport> r = ExportDcp(vm["CHECKPOINT"].as<std::string>(), vm["out"].as<std::string>(), options);
   bar.Finish();
   if (!r.ok()) return Fail(r.status());
@@ -755,6 +763,9 @@ void RaiseOpenFileLimit() {
 
 int main(int argc, char** argv) {
   RaiseOpenFileLimit();
+  // Past a file-size limit (ulimit -f) a write fails with EFBIG, reported and cleaned up like a
+  // full disk; the signal's default action killed the tool silently, its partial output left.
+  std::signal(SIGXFSZ, SIG_IGN);
   if (argc >= 2 && std::string(argv[1]) == "--version") {
     std::printf("shardckpt %s (checkpoint format %d.%d)\n", kVersion, kFormatMajor, kFormatMinor);
     return 0;

@@ -394,7 +394,7 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
   uint64_t done = 0;
   auto progress = [&](uint64_t n) {
     done += n;
-    if (options.progress) options.progress(done, report.tensor_bytes);
+    return options.progress ? options.progress(done, report.tensor_bytes) : Status::Ok();
   };
 
   if (options.format == ExportFormat::kTorch) {
@@ -421,7 +421,7 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
         *reader, selected, all, options.window_bytes,
         [&](size_t k) { return zip.BeginRecord(root + "data/" + std::to_string(k), selected[k].bytes); },
         [&](const void* p, size_t n) {
-          progress(n);
+          SC_RETURN_IF_ERROR(progress(n));
           return zip.Append(p, n);
         },
         [&](size_t) { return zip.EndRecord(); }));
@@ -445,7 +445,7 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
     SC_RETURN_IF_ERROR(StreamEntries(
         *reader, selected, all, options.window_bytes, [&](size_t) { return Status::Ok(); },
         [&](const void* p, size_t n) {
-          progress(n);
+          SC_RETURN_IF_ERROR(progress(n));
           return file->Write(p, n);
         },
         [&](size_t k) { return file->Write(kZeros, GgufPadding(selected[k].bytes)); }));
@@ -512,7 +512,7 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
             return Status::Ok();
           },
           [&](const void* p, size_t n) {
-            progress(n);
+            SC_RETURN_IF_ERROR(progress(n));
             return file->Write(p, n);
           },
           [&](size_t) { return Status::Ok(); }));

@@ -28,7 +28,9 @@ struct ConsolidateOptions {
   uint64_t window_bytes = 32u << 20;
   // gguf: general.architecture (required), general.name and any other keys, in this order.
   std::vector<GgufKeyValue> gguf_metadata;
-  std::function<void(uint64_t done, uint64_t total)> progress;
+  // Called as the work goes on; a failed Status (a tool's Ctrl-C) stops the work there, with its
+  // partial output removed, and is what the call returns.
+  std::function<Status(uint64_t done, uint64_t total)> progress;
 };
 
 struct ConsolidateReport {

@@ -327,7 +327,7 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
     }
     report.tensors++;
     report.bytes += bytes;
-    if (options.progress) options.progress(i + 1, count);
+    if (options.progress) SC_RETURN_IF_ERROR(options.progress(i + 1, count));
   }
   std::unordered_map<std::string, std::string> value_order;
   for (const PickleValue& v : dict.values) {
@@ -379,7 +379,7 @@ Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::stri
       SC_RETURN_IF_ERROR(reader->ReadPiece(i, Layout::Whole(), full.data()));
       SC_RETURN_IF_ERROR(WriteTensor(*out, policy, world, i, e.name, e.dtype, e.shape, InMemory(full, element)));
       report.bytes += entry_bytes;
-      if (options.progress) options.progress(report.bytes, total);
+      if (options.progress) SC_RETURN_IF_ERROR(options.progress(report.bytes, total));
       report.tensors++;
       continue;
     }
@@ -399,7 +399,7 @@ Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::stri
       SC_RETURN_IF_ERROR(out->AddPiece(writer, e.name, e.dtype, e.shape, pieces[r].layout, piece.data(), piece_bytes,
                                        pieces.size()));
       report.bytes += piece_bytes;
-      if (options.progress) options.progress(report.bytes, total);
+      if (options.progress) SC_RETURN_IF_ERROR(options.progress(report.bytes, total));
     }
     report.tensors++;
   }
@@ -413,7 +413,8 @@ Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::stri
       continue;
     }
     if (b.scope == BlobScope::kPerRank && m.world_size != world) {
-      report.skipped.push_back(b.name + "@rank" + std::to_string(b.rank));
+      report.skipped.push_back(b.name + " (a per-rank value saved by rank " + std::to_string(b.rank) +
+                               ", which has no place at another world size)");
       continue;
     }
     SC_ASSIGN_OR_RETURN(std::string bytes, reader->ReadBlob(b));

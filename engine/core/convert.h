@@ -19,14 +19,16 @@ Result<Layout> PolicyLayout(const std::string& policy, const Shape& shape, int w
 struct ConvertOptions {
   int world_size = 1;
   std::string layout = "flat";
-  std::function<void(uint64_t done, uint64_t total)> progress;
+  // Called as the work goes on; a failed Status (a tool's Ctrl-C) stops the work there, with its
+  // partial output removed, and is what the call returns.
+  std::function<Status(uint64_t done, uint64_t total)> progress;
 };
 
 struct ConvertReport {
   std::string path;  // the committed checkpoint
   uint64_t tensors = 0;
   uint64_t bytes = 0;
-  std::vector<std::string> skipped;  // values import cannot keep, or per-rank blobs (reshard)
+  std::vector<std::string> skipped;  // values import cannot keep, or per-rank blobs (reshard): "name (why)"
   std::vector<std::string> values;   // non-tensor values kept as blobs (import: of a .pt)
 };
 

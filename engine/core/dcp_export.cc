@@ -229,7 +229,7 @@ Result<DcpExportReport> ExportDcp(const std::string& checkpoint, const std::stri
           Layout piece = Normalize(Layout::Box(lo, size), entry.shape);
           SC_RETURN_IF_ERROR(reader->ReadPiece(item.index, piece, buffer.data()).WithContext("entry '" + entry.name + "'"));
           done += buffer.size();
-          if (options.progress) options.progress(done, report.tensor_bytes);
+          if (options.progress) SC_RETURN_IF_ERROR(options.progress(done, report.tensor_bytes));
           return zip.Append(buffer.data(), buffer.size());
         });
       };

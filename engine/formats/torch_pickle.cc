@@ -793,10 +793,12 @@ class Flattener {
 
   // The Python package's typed JSON (python/shardckpt/_state.py): None, bool, int, str, float
   // (non-finite ones tagged), list, {tag: tuple}, dicts with string keys as objects and others
-  // tagged. False for what it cannot hold (an integer past 64 bits).
+  // tagged. False for what it cannot hold (a torch.dtype or torch.device value, a cycle), why in
+  // unstorable_.
   Result<bool> ToJson(Value* v, int depth, nlohmann::ordered_json* out) {
     SC_RETURN_IF_ERROR(unpickler_->Charge(64 + v->s.size()));
-    if (depth > 64 || v->on_path) return false;
+    if (depth > 64) return Unstorable("nested more than 64 deep");
+    if (v->on_path) return Unstorable("it holds itself");
     switch (v->kind) {
       case Value::kNone: *out = nullptr; return true;
       case Value::kBool: *out = v->i != 0; return true;
@@ -850,8 +852,16 @@ class Flattener {
         *out = {{kTag, "int"}, {"v", HexEncode(v->s)}};
         return true;
       }
-      default: return false;
+      case Value::kGlobal:  // a torch.dtype (torch.float16) or a torch.device
+        return Unstorable("a " + std::string(v->s) + " value, a Python object rather than plain data");
+      default: return Unstorable(std::string("a ") + KindName(v->kind) + " inside a value");
     }
+  }
+
+  // Why the value being encoded has no typed-JSON form: the skipped leaf's note.
+  bool Unstorable(std::string why) {
+    unstorable_ = std::move(why);
+    return false;
   }
 
   Status Leaf(std::string name, Value* value, int depth) {
@@ -871,7 +881,7 @@ class Flattener {
     nlohmann::ordered_json json;
     SC_ASSIGN_OR_RETURN(bool encoded, ToJson(value, depth, &json));
     if (!encoded) {
-      out_->skipped.push_back(std::move(name));
+      out_->skipped.push_back(name + " (" + unstorable_ + ")");
       return Status::Ok();
     }
     std::string text = std::string(kPickleValueTag, 2) + json.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);  // hostile bytes: never a throw
@@ -928,6 +938,7 @@ class Flattener {
   UnpickledStateDict* out_;
   bool in_sequence_ = false;  // inside a list or tuple: dicts there are walked only for tensors
   std::unordered_set<std::string> names_;
+  std::string unstorable_;  // set by ToJson where it returns false
 };
 
 }  // namespace

@@ -57,7 +57,8 @@ struct UnpickledStateDict {
   // Nested dicts flattened to dotted names; lists and tuples holding tensors by index ("lst.0").
   std::vector<PickleTensor> tensors;
   std::vector<PickleValue> values;   // non-tensor leaves, in the state dict's order
-  std::vector<std::string> skipped;  // leaves the blob encoding cannot hold (integers past 64 bits)
+  // Leaves the blob encoding cannot hold, each "name (why)": a torch.dtype or torch.device value.
+  std::vector<std::string> skipped;
   // The lists and tuples walked for their tensors: (dotted path, "list" or "tuple").
   std::vector<std::pair<std::string, std::string>> containers;
 };

@@ -29,6 +29,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -609,6 +610,9 @@ int main(int argc, char** argv) {
   // Progress lines reach a log file or pipe as they happen, not when a 4 KiB buffer fills (a
   // person tailing the log would see stale progress, and a kill would lose its end).
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  // Past a file-size limit (ulimit -f) a checkpoint write fails with EFBIG on this rank, agreed
+  // on by every rank, the last checkpoint kept; the signal's default action killed the rank.
+  std::signal(SIGXFSZ, SIG_IGN);
   // Before MPI_Init and the (possibly long) resume: a stop request that arrives while the job
   // starts is acted on at the first step instead of killing the rank with the signal's default
   // action (a launcher forwards SIGUSR1 as soon as the ranks exist; the job would end without

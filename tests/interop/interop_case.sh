@@ -170,7 +170,9 @@ assert d['ok'] is False and p['offset'] == 0 and sorted(p['entries']) == ['a', \
     # and names each such value as skipped.
     $py -c "import torch; torch.save({'w': torch.ones(2), 'dev': torch.device('cuda', 1), 'cpu': torch.device('cpu'), 'dt': torch.float16}, 'devices.pt')"
     "$cli" import devices.pt --out devices --world-size 1 > devices.out
-    for v in dev cpu dt; do grep -qx "skipped (not a tensor, or a per-rank blob): $v" devices.out || { cat devices.out; exit 1; }; done
+    for v in "dev (a torch.device value" "cpu (a torch.device value" "dt (a torch.float16 value"; do
+      grep -q "^skipped: $v, a Python object rather than plain data)$" devices.out || { cat devices.out; exit 1; }
+    done
     "$cli" inspect devices --json | $py -c "import json, sys; assert [e['name'] for e in json.load(sys.stdin)['entries']] == ['w']"
     expect_fail "devices/step-000000000/manifest.json is a file: give the checkpoint folder (or the root) instead, such as devices/step-000000000" \
       "$cli" verify devices/step-000000000/manifest.json

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The command line stopped from outside: Ctrl-C or SIGTERM during a consolidation or a reshard,
+# and a file-size limit (ulimit -f, as batch systems set) during one. Each must end with a
+# message and leave no partial output (OUT.partial, its .OUT.lock, a checkpoint's .tmp folder)
+# behind; the signals' default actions killed the tool silently, a 200 MB partial file left.
+#   bash cli_stops_case.sh SHARDCKPT_BINARY WORKDIR
+set -euo pipefail
+cli=$1; work=$2
+py=/usr/bin/python3  # Debian's interpreter, where python3-torch lives
+rm -rf "$work"; mkdir -p "$work"; cd "$work"
+$py -c "import torch; torch.save({'w%d' % i: torch.full((1 << 18,), float(i)) for i in range(8)}, 'state.pt')"
+"$cli" import state.pt --out root --world-size 2 > /dev/null
+leftovers() { find . -name '*.partial' -o -name '.*.lock' -o -name '*.tmp-*' | grep -v '^./root/.shardckpt.lock$' || true; }
+
+# Job control on: a background job of a script without it starts with SIGINT ignored (which the
+# tool keeps ignoring, as a program should).
+set -m
+# Every read made to sleep 400 ms (a consolidation makes eight or more): the work is still going when the signal comes, whatever the machine.
+for sig in INT TERM; do
+  for verb in consolidate reshard; do
+    out=$([ $verb = consolidate ] && echo "out-$sig.pt" || echo "rs-$sig")
+    args=("$verb" root --out "$out"); [ $verb = reshard ] && args+=(--world-size 3)
+    SHARDCKPT_FAILPOINTS="io.read=sleep:400" "$cli" "${args[@]}" > /dev/null 2> err.txt &
+    pid=$!
+    sleep 1
+    kill -$sig $pid
+    rc=0; wait $pid || rc=$?
+    want=$([ $sig = INT ] && echo 130 || echo 143)
+    [ $rc = "$want" ] || { echo "$verb, SIG$sig: exit $rc, expected $want"; cat err.txt; exit 1; }
+    grep -q "Aborted: interrupted by SIG$sig" err.txt || { echo "$verb, SIG$sig: no message"; cat err.txt; exit 1; }
+    [ -z "$(leftovers)" ] || { echo "$verb, SIG$sig left: $(leftovers)"; exit 1; }
+    [ ! -e "$out" ] && { [ $verb = consolidate ] || [ ! -e "$out/latest" ]; } || { echo "$verb, SIG$sig wrote $out"; exit 1; }
+    echo "$verb stopped by SIG$sig: exit $rc, nothing left"
+  done
+done
+
+# A file-size limit of 100 KiB: EFBIG reported like a full disk, nothing left.
+for verb in consolidate import; do
+  rc=0
+  if [ $verb = consolidate ]; then
+    bash -c "ulimit -f 100; exec \"$cli\" consolidate root --out limited.pt" 2> err.txt || rc=$?
+  else
+    bash -c "ulimit -f 100; exec \"$cli\" import state.pt --out limited --world-size 2" 2> err.txt || rc=$?
+  fi
+  [ $rc = 1 ] || { echo "$verb under ulimit -f: exit $rc, expected 1"; cat err.txt; exit 1; }
+  grep -q "File too large" err.txt || { echo "$verb under ulimit -f: no message"; cat err.txt; exit 1; }
+  [ -z "$(leftovers)" ] && [ ! -e limited.pt ] || { echo "$verb under ulimit -f left: $(leftovers)"; exit 1; }
+  echo "$verb under ulimit -f: $(head -c 120 err.txt)"
+done
+# The checkpoint read is untouched.
+"$cli" verify root > /dev/null
+echo "ok"
