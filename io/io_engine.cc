@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "shardckpt/io/checksum.h"
@@ -46,12 +47,13 @@ Status IoEngine::Drain() {
     if (tag.ok()) continue;
     if (first.ok()) first = tag.status();
     // The wait itself failed and nothing came back (Reap already waited out a busy ring): waiting
-    // again would spin for ever. Said loudly, since the operations' buffers may still be written
-    // to after their owner frees them.
+    // again would spin for ever, and returning would let the owner free buffers the kernel may
+    // still write into (memory corrupted where it was reused). Neither is safe to go on from.
     if (in_flight() == before) {
-      SC_LOG(kError) << name() << " engine: " << in_flight() << " operation(s) still in flight could not be waited for: "
-                     << tag.status().ToString();
-      return first.WithContext(std::to_string(in_flight()) + " operation(s) still in flight could not be waited for");
+      SC_LOG(kError) << name() << " engine: " << in_flight() << " operation(s) in flight can no longer be waited for ("
+                     << tag.status().ToString() << "); aborting rather than freeing memory the kernel may still "
+                     << "write into";
+      std::abort();
     }
   }
   return first;

@@ -88,8 +88,9 @@ class IoEngine {
   // Waits for one operation to finish completely and returns its tag.
   virtual Result<uint64_t> Reap() = 0;
   // Reaps everything in flight; returns the first error and still waits for the rest. Where the
-  // wait itself fails (a broken ring; a busy one is waited out for about a second) it returns
-  // that error with the operations still in flight, logged as an error, rather than spin.
+  // wait itself fails (a broken ring; a busy one is waited out for about a second) the process
+  // aborts, logged as an error: spinning would hang it, and returning would free buffers the
+  // kernel may still write into.
   Status Drain();
   // fdatasync: data and the size needed to read it back.
   Status Sync(File* file);
