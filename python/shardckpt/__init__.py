@@ -134,10 +134,13 @@ def _check_dense(tensor: torch.Tensor, name: str, verb: str) -> None:
 
 def _overlaps_itself(tensor: torch.Tensor) -> bool:
     """Whether two of ``tensor``'s elements share memory (a view made by ``as_strided`` or
-    ``unfold`` whose windows overlap; an expanded view, stride 0, is refused before this). Dims
-    sorted by stride, each stride past the reach of the smaller ones proves no overlap at once,
-    as it does for every transpose, slice and permutation; only other views have their offsets
-    counted."""
+    ``unfold`` whose windows overlap; an expanded view, stride 0, is refused before this).
+
+    Dims sorted by stride, each stride past the reach of the smaller ones proves no overlap at
+    once, as it does for every transpose, slice and permutation. More elements than the memory
+    positions they span (every overlapping unfold) is an overlap. Only views neither settles
+    have their positions marked, a block at a time (memory: a byte per position spanned, up to
+    2^28; a view spanning more is loaded as torch's copy_ would)."""
     dims = sorted((abs(st), n) for st, n in zip(tensor.stride(), tensor.shape) if n > 1)
     reach = 0
     for stride, size in dims:
@@ -146,10 +149,29 @@ def _overlaps_itself(tensor: torch.Tensor) -> bool:
         reach += stride * (size - 1)
     else:
         return False
-    offsets = torch.zeros((), dtype=torch.int64)
-    for stride, size in zip(tensor.stride(), tensor.shape):
-        offsets = offsets.unsqueeze(-1) + torch.arange(size, dtype=torch.int64) * stride
-    return torch.unique(offsets).numel() < tensor.numel()
+    span = sum(stride * (size - 1) for stride, size in dims) + 1
+    if tensor.numel() > span:
+        return True
+    if span > 1 << 28:
+        return False
+    # Blocks along the largest dim; within a block, the offsets of the other dims.
+    outer = max(dims, key=lambda d: d[1])
+    inner = torch.zeros(1, dtype=torch.int64)
+    for dim in dims:
+        if dim is not outer:
+            inner = (inner.unsqueeze(-1) + torch.arange(dim[1], dtype=torch.int64) * dim[0]).reshape(-1)
+    hit = torch.zeros(span, dtype=torch.bool)
+    rows = max(1, (1 << 22) // inner.numel())
+    for first in range(0, outer[1], rows):
+        at = torch.arange(first, min(outer[1], first + rows), dtype=torch.int64) * outer[0]
+        hit[(at.unsqueeze(-1) + inner).reshape(-1)] = True
+    return int(hit.sum()) < tensor.numel()
+
+
+def _utf8_safe(message: str) -> str:
+    """``message`` with anything that is not valid Unicode escaped: a lone surrogate failed the
+    call into the engine on this rank alone."""
+    return message.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _refusal(failure: BaseException) -> Tuple[str, str]:
@@ -161,7 +183,7 @@ def _refusal(failure: BaseException) -> Tuple[str, str]:
         code, message = failure.code, failure.message
     else:
         code, message = "InvalidArgument", "%s: %s" % (type(failure).__name__, failure)
-    return code, message.encode("utf-8", "backslashreplace").decode("utf-8")
+    return code, _utf8_safe(message)
 
 
 def _named(name: str, describe: Callable[[], Any]) -> Any:
@@ -231,13 +253,15 @@ def _user_metadata(user_metadata: Optional[Mapping[str, str]]) -> Tuple[Dict[str
     the engine tells every rank, as _describe_for_collective's."""
     items = dict(user_metadata or {})
     for key, value in items.items():
+        if isinstance(key, str) and not _utf8_safe(key) == key:
+            return {}, ("InvalidArgument", "a user_metadata key %a is not valid Unicode (a checkpoint holds "
+                        "UTF-8 only)" % key)
         if not isinstance(key, str):
             return {}, ("InvalidArgument", "user_metadata keys are str, not %s (%r)" % (type(key).__name__, key))
         if not isinstance(value, str):
             return {}, ("InvalidArgument", "user_metadata['%s'] is %s (%r); its values are str, stored as "
                         "given: pass str(...), or save the value in the state dict" % (key, type(value).__name__, value))
         try:
-            check_unicode(key, lambda: "a user_metadata key")
             check_unicode(value, lambda: "user_metadata[%a]" % key)
         except ShardckptError as failure:
             return {}, _refusal(failure)
@@ -255,10 +279,9 @@ def _metrics(metrics: Optional[Mapping[str, float]]) -> Tuple[Dict[str, float], 
     for key, value in items:
         if not isinstance(key, str):
             return {}, ("InvalidArgument", "metrics keys are str, not %s (%r)" % (type(key).__name__, key))
-        try:
-            check_unicode(key, lambda: "a metrics key")
-        except ShardckptError as failure:
-            return {}, _refusal(failure)
+        if _utf8_safe(key) != key:
+            return {}, ("InvalidArgument", "a metrics key %a is not valid Unicode (a checkpoint holds UTF-8 only)"
+                        % key)
         refusal = ("InvalidArgument", "metrics['%s'] is %s (%r); metrics are numbers" % (key, type(value).__name__, value))
         if isinstance(value, (bool, str, bytes)) or getattr(value, "dtype", None) in (torch.bool, bool):
             return {}, refusal
@@ -289,7 +312,7 @@ def _describe_save_call(state: Mapping[str, Any], step: Any, metrics: Optional[M
     for refusal in (metadata_error, metrics_error):
         if error[0] == "OK":
             error = refusal
-    return _SaveCall(step, pieces, blobs, metadata, recorded, error)
+    return _SaveCall(step, pieces, blobs, metadata, recorded, (error[0], _utf8_safe(error[1])))
 
 
 def save(state_dict: Mapping[str, Any], root: PathLike, step: int, *, keep_last: int = 0,
@@ -428,15 +451,24 @@ def load(state_dict: Dict[str, Any], path: PathLike, *, strict: bool = True, str
     pieces: list = []
     wanted: Dict[str, Any] = {}
     copies: list = []
+    names: List[str] = []
+    leaves: List[List[str]] = []
+    nothing_stored: List[str] = []
     try:
+        check_unicode(strip_prefix, lambda: "strip_prefix")
         pieces, wanted, copies = _describe_load(state_dict)
+        # The engine gives the strict verdict over tensors and values together, before reading:
+        # it is told which names this state dict takes as values, and the names of the leaves
+        # a DCP folder may hold a value's parts under (made of the value's own keys).
+        names = list(wanted)
+        leaves = [[] if isinstance(wanted[n], PerRank) else dcp_leaf_names(n, wanted[n]) for n in names]
+        for leaf in (leaf for group in leaves for leaf in group):
+            check_unicode(leaf, lambda: "a key inside the value named")
+        nothing_stored = [n for n in names if dcp_stores_nothing_of(wanted[n])]
     except Exception as failure:  # noqa: BLE001 - told to every rank (_refusal)
         error = _refusal(failure)
-    # The engine gives the strict verdict over tensors and values together, before reading: it
-    # is told which names this state dict takes as values.
-    names = list(wanted)
-    leaves = [[] if isinstance(wanted[n], PerRank) else dcp_leaf_names(n, wanted[n]) for n in names]
-    nothing_stored = [n for n in names if dcp_stores_nothing_of(wanted[n])]
+        pieces, wanted, copies, names, leaves, nothing_stored = [], {}, [], [], [], []
+        strip_prefix = ""  # refused with the rest; not handed to the engine as it is
     # A bad size is refused on every rank with the rest, never raised here on one rank alone:
     # the others would pair their collectives with this rank's next call.
     ahead_max = None
@@ -954,7 +986,7 @@ def reshard(path: PathLike, out_root: PathLike, world_size: int, layout: str = "
     """A checkpoint rewritten for ``world_size`` ranks under ``out_root``, without a job
     (``shardckpt reshard``). Returns the keys of ``shardckpt reshard --json``, as
     :func:`import_checkpoint` does (values: those carried; skipped: per-rank blobs, which have no
-    meaning at another world size)."""
+    meaning at another world size, each ``"name@rankN (why)"``)."""
     from . import _core
     _raise_open_file_limit()
     code, message, result = _core.convert(False, _fs(path), _fs(out_root), _whole("world_size", world_size, 1, 2 ** 31 - 1),

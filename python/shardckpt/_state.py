@@ -119,6 +119,7 @@ def walk(state: Any, prefix: str = "") -> List[Tuple[str, Any]]:
         raise InvalidArgument("a state dict must be a dict, not %s" % type(state).__name__)
     out: List[Tuple[str, Any]] = []
     seen: Dict[str, bool] = {}
+    on_path: set = set()  # the containers being walked: one met again inside itself is a cycle
 
     def visit(value: Any, name: str, top: bool = False) -> None:
         # The state dict itself is always walked, tensors or not: its values have names.
@@ -134,6 +135,10 @@ def walk(state: Any, prefix: str = "") -> List[Tuple[str, Any]]:
             seen[name] = True
             out.append((name, value))
             return
+        if id(value) in on_path:
+            raise InvalidArgument("'%s' holds itself (a dict or list inside itself): a state dict is a tree"
+                                  % (name or "the state dict"))
+        on_path.add(id(value))
         items = value.items() if isinstance(value, dict) else enumerate(value)
         for key, child in items:
             if not isinstance(key, (str, int)) or isinstance(key, bool):
@@ -141,6 +146,7 @@ def walk(state: Any, prefix: str = "") -> List[Tuple[str, Any]]:
             if isinstance(key, str):
                 check_unicode(key, lambda: "a key" + (" of '%s'" % name if name else ""))
             visit(child, "%s.%s" % (name, key) if name else str(key))
+        on_path.discard(id(value))
 
     visit(state, prefix, True)
     return out

@@ -571,7 +571,7 @@ def test_unsupported_value_is_refused_on_every_rank_naming_its_key(comm, root):
     assert not os.path.exists(os.path.join(root, "step-000000001"))
 
 
-@pytest.mark.parametrize("bad", ["key", "value", "metadata", "cycle"])
+@pytest.mark.parametrize("bad", ["key", "value", "value_key", "metadata", "metadata_key", "cycle", "cycle_past_a_tensor"])
 def test_a_state_only_python_can_hold_is_refused_on_every_rank_naming_it(comm, root, bad):
     """Held by the last rank only: a key or a string value that is not valid Unicode (a lone
     surrogate, as os.fsdecode makes of a file name that is not UTF-8), or a dict that holds
@@ -586,22 +586,33 @@ def test_a_state_only_python_can_hold_is_refused_on_every_rank_naming_it(comm, r
         state[odd] = torch.ones(2)
     if last and bad == "value":
         state["data"]["current_file"] = odd
+    if last and bad == "value_key":
+        state["data"] = {odd: 1}
     if last and bad == "metadata":
         metadata = {"source": odd}
+    if last and bad == "metadata_key":
+        metadata = {odd: 1}
     if last and bad == "cycle":
         state["data"]["self"] = state["data"]
+    if last and bad == "cycle_past_a_tensor":
+        state["self"] = state
     expected = {"key": "a key 'shard-\\udcff.bin' is not valid Unicode",
                 "value": "'data.current_file': the string 'shard-\\udcff.bin' is not valid Unicode",
+                "value_key": "'data': the key 'shard-\\udcff.bin' is not valid Unicode",
                 "metadata": "user_metadata['source'] 'shard-\\udcff.bin' is not valid Unicode",
-                "cycle": "'data' holds itself (a dict or list inside itself)"}[bad]
+                "metadata_key": "a user_metadata key 'shard-\\udcff.bin' is not valid Unicode",
+                "cycle": "'data' holds itself (a dict or list inside itself)",
+                "cycle_past_a_tensor": "'self' holds itself (a dict or list inside itself)"}[bad]
     start = time.monotonic()
     with pytest.raises(shardckpt.InvalidArgument) as error:
         shardckpt.save(state, root, step=1, user_metadata=metadata)
     assert expected in error.value.message, error.value.message
     assert time.monotonic() - start < 30, "a rank waited for the one that refused"
     assert not os.path.exists(os.path.join(root, "step-000000001"))
-    if bad in ("metadata", "value"):  # a load replaces values: their strings are not stored
+    if bad in ("metadata", "metadata_key", "value"):  # a load replaces values: their strings are not stored
         return
+    if bad == "value_key":  # not stored either, but a DCP folder's leaves are named by its keys
+        expected = "a key inside the value named 'data.shard-\\udcff.bin' is not valid Unicode"
     shardckpt.save({"w": torch.ones(2), "data": {"current_file": "shard-0.bin"}}, root, step=1)
     with pytest.raises(shardckpt.InvalidArgument) as error:
         shardckpt.load(state, root, strict=False)
