@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <atomic>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -9,10 +10,12 @@
 namespace shardckpt::tools {
 namespace {
 
-volatile sig_atomic_t g_caught = 0;
+// Lock-free atomic, not volatile sig_atomic_t: the signal may land on any of the tool's threads.
+std::atomic<int> g_caught{0};
+static_assert(std::atomic<int>::is_always_lock_free);
 struct sigaction g_previous_int, g_previous_term;
 
-void OnSignal(int signal) { g_caught = signal; }
+void OnSignal(int signal) { g_caught.store(signal, std::memory_order_relaxed); }
 
 }  // namespace
 
@@ -35,12 +38,12 @@ InterruptScope::~InterruptScope() {
 }
 
 Status InterruptScope::Check() {
-  const int caught = g_caught;
+  const int caught = g_caught.load(std::memory_order_relaxed);
   if (caught == 0) return Status::Ok();
   return Status(Code::kAborted, std::string("interrupted by ") + (caught == SIGINT ? "SIGINT (Ctrl-C)" : "SIGTERM") +
                                     ": stopped, and the partial output removed");
 }
 
-int InterruptScope::Caught() { return g_caught; }
+int InterruptScope::Caught() { return g_caught.load(std::memory_order_relaxed); }
 
 }  // namespace shardckpt::tools

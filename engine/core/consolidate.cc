@@ -427,6 +427,7 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
         [&](size_t) { return zip.EndRecord(); }));
     SC_RETURN_IF_ERROR(zip.AddRecord(root + "version", "3\n"));
     SC_RETURN_IF_ERROR(zip.Finish());
+    SC_RETURN_IF_ERROR(progress(0));  // a stop asked for since the last bytes: before the file is published
     SC_RETURN_IF_ERROR(file->Close());
     report.files.push_back(out);
     report.sha256.push_back(file->sha256());
@@ -449,6 +450,7 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
           return file->Write(p, n);
         },
         [&](size_t k) { return file->Write(kZeros, GgufPadding(selected[k].bytes)); }));
+    SC_RETURN_IF_ERROR(progress(0));
     SC_RETURN_IF_ERROR(file->Close());
     report.files.push_back(out);
     report.sha256.push_back(file->sha256());
@@ -533,6 +535,7 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
         })) {
       RemoveOutputFile(index_path);
     }
+    SC_RETURN_IF_ERROR(progress(0));
     OutputSet written;
     for (size_t f = 0; f < finished.size(); ++f) {
       const std::unique_ptr<OutputFile>& file = finished[f];

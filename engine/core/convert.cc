@@ -285,9 +285,11 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
     tied = TiedTensors(dict.tensors);
     for (const auto& [path, kind] : dict.containers) containers[path] = kind;
   }
+  const size_t count = safetensors ? order.size() : dict.tensors.size();
+  // A stop asked for while the input was read and checked: before anything is written.
+  if (options.progress) SC_RETURN_IF_ERROR(options.progress(0, count));
   SC_ASSIGN_OR_RETURN(std::unique_ptr<OfflineCheckpointWriter> out, OfflineCheckpointWriter::Begin(root, 0, options.world_size));
   std::vector<unsigned char> full;
-  const size_t count = safetensors ? order.size() : dict.tensors.size();
   for (size_t i = 0; i < count; ++i) {
     uint64_t bytes = 0;
     if (safetensors) {
@@ -346,6 +348,7 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
     kept.erase("format");
     if (!kept.empty()) user[kSafetensorsMetadataKey] = nlohmann::json(kept).dump();
   }
+  if (options.progress) SC_RETURN_IF_ERROR(options.progress(count, count));  // before the commit
   SC_ASSIGN_OR_RETURN(report.path, out->Commit(MakeCreationInfo(1, "", "", user)));
   return report;
 }
@@ -413,8 +416,8 @@ Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::stri
       continue;
     }
     if (b.scope == BlobScope::kPerRank && m.world_size != world) {
-      report.skipped.push_back(b.name + " (a per-rank value saved by rank " + std::to_string(b.rank) +
-                               ", which has no place at another world size)");
+      report.skipped.push_back(b.name + "@rank" + std::to_string(b.rank) +
+                               " (a per-rank value, which has no place at another world size)");
       continue;
     }
     SC_ASSIGN_OR_RETURN(std::string bytes, reader->ReadBlob(b));
@@ -423,6 +426,7 @@ Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::stri
   }
   CreationInfo created = m.created;
   created.user[reader->is_dcp() ? "imported_from" : "resharded_from"] = Utf8OrReplaced(AbsoluteRoot(reader->dir()));
+  if (options.progress) SC_RETURN_IF_ERROR(options.progress(report.bytes, report.bytes));  // before the commit
   SC_ASSIGN_OR_RETURN(report.path, out->Commit(created, m.metrics));
   return report;
 }

@@ -247,6 +247,8 @@ Result<DcpExportReport> ExportDcp(const std::string& checkpoint, const std::stri
   report.tensors = md.tensors.size();
   report.byte_items = md.bytes.size();
   md.order = StateDictOrder(m, md);
+  // A stop asked for since the last bytes: before .metadata makes the folder a checkpoint.
+  if (options.progress) SC_RETURN_IF_ERROR(options.progress(report.tensor_bytes, report.tensor_bytes));
   const std::string metadata = JoinPath(out, kDcpMetadataName);
   SC_RETURN_IF_ERROR(WriteFileAtomic(metadata, EncodeDcpMetadata(md), "export.dcp"));
   written.Keep();
