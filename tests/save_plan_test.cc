@@ -147,6 +147,13 @@ TEST(PlanSave, RejectsInconsistentOrIncompleteStates) {
     cases.push_back({"a tensor on one rank, a value on another", r, "'w' is a tensor on rank 1 but a value on rank 0"});
   }
   {
+    // Both on one rank.
+    std::vector<RankDescription> r(2);
+    r[0].pieces = {Piece("w", {4}, Layout::Whole())};
+    r[0].blobs = {BlobDescription{"w", BlobScope::kGlobal, 2}};
+    cases.push_back({"a tensor and a value on one rank", r, "rank 0 saves 'w' both as a tensor and as a value"});
+  }
+  {
     // A dict holding a tensor on one rank, a plain value under the same key on another.
     std::vector<RankDescription> r(2);
     r[0].pieces = {Piece("w.a", {4}, Layout::Whole())};

@@ -338,6 +338,10 @@ Result<SavePlan> PlanSave(const std::vector<RankDescription>& ranks) {
       // One name, one kind: a tensor on one rank and a value on another committed both, and no
       // rank's state loaded the checkpoint strictly again.
       if (const uint32_t entry = fresh ? entry_of.Find(b.name) : entry_of.kAbsent; entry != entry_of.kAbsent) {
+        if (entries[entry].first_rank == r) {  // "a tensor on rank 0 but a value on rank 0" said nothing
+          return InvalidArgument("rank " + std::to_string(r) + " saves '" + b.name +
+                                 "' both as a tensor and as a value: a name is one or the other");
+        }
         return InvalidArgument("'" + b.name + "' is a tensor on rank " + std::to_string(entries[entry].first_rank) +
                                " but a value on rank " + std::to_string(r) +
                                ": a name must be a tensor on every rank or a value on every rank");
