@@ -560,6 +560,28 @@ Status LeftForItsFiles(const std::string& root, const std::string& name, const s
                             "remove the folder, once it is not needed");
 }
 
+Status CheckPlannedStepFolders(const std::string& root, const std::function<bool(int64_t)>& planned) {
+  Result<std::vector<std::string>> names = ListDir(root);
+  if (!names.ok()) return Status::Ok();  // no root yet: nothing in the way
+  std::sort(names->begin(), names->end());  // the first step the run reaches, first
+  for (const std::string& name : *names) {
+    int64_t step;
+    if (!ParseStepDirName(name, &step) || !planned(step)) continue;
+    const std::string path = JoinPath(root, name);
+    if (PathExists(JoinPath(path, kManifestName))) continue;  // a checkpoint: the root's checks decide
+    Status left = Status::Ok();
+    if (const std::string why = UnreachableStepFolder(path); !why.empty()) {
+      left = LeftUnreachable(root, name, why);
+    } else if (IsPlainNonFolder(path)) {
+      left = LeftForItsFiles(root, name, name);
+    } else if (const std::string foreign = FirstEntryNoSaveWrites(path); !foreign.empty()) {
+      left = LeftForItsFiles(root, name, foreign);
+    }
+    if (!left.ok()) return FailedPrecondition(left.message() + "; it is in the way of step " + std::to_string(step) + "'s save");
+  }
+  return Status::Ok();
+}
+
 Status RemoveStaleTempDirs(const std::string& root, std::vector<std::string>* removed_names,
                            std::vector<std::string>* left_names, std::vector<RemovalFailure>* failed) {
   WaitForBackgroundRemovals();

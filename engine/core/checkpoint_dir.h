@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -131,6 +132,11 @@ Status LeftUnreachable(const std::string& root, const std::string& name, const s
 // reports it and a dry run of it says so. `foreign` == `name`: root/name is itself a file, not a
 // folder (a save writes folders only).
 Status LeftForItsFiles(const std::string& root, const std::string& name, const std::string& foreign);
+// The refusal a save of a step `planned` picks would meet at its commit, for the first such
+// step folder in `root` that the cleanup leaves in its place (someone's files, a file, a link
+// that cannot be reached); OK when there is none. A job that knows its save steps checks them
+// before training, not when it reaches that step (the work since the last save lost).
+Status CheckPlannedStepFolders(const std::string& root, const std::function<bool(int64_t)>& planned);
 
 // Removes what crashed or failed saves left: temp folders, step folders without a manifest
 // (a deletion cut short; one holding files no save writes is passed over and put in `failed`)

@@ -329,6 +329,11 @@ int Run(Communicator& comm, Communicator& data_comm, at::Device device, const Co
     Status root_ok = Status::Ok();
     if (rank == 0) root_ok = resume ? CheckNoLaterStep(config.ckpt, step) : CheckFreshRoot(config.ckpt);
     if (rank == 0 && root_ok.ok()) root_ok = CheckWritable(config.ckpt);
+    if (rank == 0 && root_ok.ok()) {  // a folder in the way of a later save, found now rather than when it is reached
+      root_ok = CheckPlannedStepFolders(config.ckpt, [&](int64_t s) {
+        return config.save_every > 0 && s > step && s <= config.steps && (s % config.save_every == 0 || s == config.steps);
+      });
+    }
     root_ok = AgreeOnStatus(comm, root_ok);
     if (!root_ok.ok()) {
       std::fprintf(stderr, "rank %d: cannot save into --ckpt %s: %s%s\n", rank, config.ckpt.c_str(),

@@ -165,6 +165,14 @@ EOF2
     [ $rc = 1 ] && grep -q "cannot save into --ckpt $work/dirlatest: .*$work/dirlatest/latest is a folder" "$work/dirlatest.log" &&
       ! grep -q '^step ' "$work/dirlatest.log" ||
       { echo "a resume into a root with a latest folder: exit $rc"; cat "$work/dirlatest.log"; exit 1; }
+    # Someone's files in the folder of a step the run will save (step 20): refused before
+    # training, not when step 20 is reached (every rank died there, the steps since 10 lost).
+    mkdir -p "$work/inway/step-000000020" && echo "eval notes" > "$work/inway/step-000000020/notes.txt"
+    set +e; run 2 "$train" "${small[@]}" --ckpt "$work/inway" --steps 30 --save-every 10 > "$work/inway.log" 2>&1
+    rc=$?; set -e
+    [ $rc = 1 ] && grep -q "cannot save into --ckpt $work/inway: .*step-000000020 has no manifest but holds notes.txt.*in the way of step 20's save" "$work/inway.log" &&
+      ! grep -q '^step ' "$work/inway.log" && [ ! -e "$work/inway/step-000000010" ] ||
+      { echo "a run whose later save folder holds someone's files: exit $rc"; cat "$work/inway.log"; exit 1; }
     # --resume-from a checkpoint folder of another root: the same losses, saves go to --ckpt.
     run 2 "$train" "${small[@]}" --ckpt "$work/from" --steps 30 --save-every 30 --resume-from "$work/a/step-000000020" \
       > "$work/from.log"
