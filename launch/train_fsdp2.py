@@ -354,6 +354,20 @@ def main() -> int:
                       file=sys.stderr, flush=True)
             dist.destroy_process_group()
             return 1
+    # A step folder in the way of a later save (someone's files in it): found now, as the C++
+    # trainer does, not when that step is reached and every rank fails there.
+    in_the_way = ""
+    if rank == 0:
+        from shardckpt import _core
+        code, message, _ = _core.check_planned_step_folders(os.fsencode(args.ckpt), step, args.steps, args.save_every)
+        in_the_way = message if code != "OK" else ""
+    verdict = torch.tensor([1 if in_the_way else 0], device=device)
+    dist.all_reduce(verdict, op=dist.ReduceOp.MAX)
+    if int(verdict.item()):
+        if rank == 0:
+            print("error: cannot save into --ckpt %s: %s" % (args.ckpt, in_the_way), file=sys.stderr, flush=True)
+        dist.destroy_process_group()
+        return 1
 
     handle = None
     started = time.time()

@@ -820,4 +820,11 @@ PYBIND11_MODULE(_core, m) {
     Status refused = RefuseOutputInCheckpoints(root);
     return Reply(refused.ok() ? CheckLatestIsNoFolder(root) : refused);
   });
+  // A trainer's saves after step `after` up to `last`, every `every` steps and the last: a step
+  // folder in their way (someone's files), found before training (CheckPlannedStepFolders).
+  m.def("check_planned_step_folders", [](const std::string& root, int64_t after, int64_t last, int64_t every) {
+    return Reply(CheckPlannedStepFolders(root, [&](int64_t s) {
+      return every > 0 && s > after && s <= last && (s % every == 0 || s == last);
+    }));
+  });
 }

@@ -88,6 +88,15 @@ if [ "$mode" = exact ]; then
   [ $rc = 1 ] && grep -q "error: cannot save into --ckpt $work/afile/sub: " "$work/unwritable.log" &&
     ! grep -q "^step 1 " "$work/unwritable.log" || {
     echo "an unwritable --ckpt: exit $rc"; tail -20 "$work/unwritable.log"; exit 1; }
+  # Someone's files in the folder of a step the run will save: refused before training.
+  mkdir -p "$work/inway/step-000000004" && echo "eval notes" > "$work/inway/step-000000004/notes.txt"
+  set +e
+  bash "$launch/train_fsdp2.sh" "$flag" "$np_save" --ckpt "$work/inway" --steps 6 --save-every 2 > "$work/inway.log" 2>&1
+  rc=$?
+  set -e
+  [ $rc = 1 ] && grep -q "error: cannot save into --ckpt $work/inway: .*step-000000004 has no manifest but holds notes.txt.*in the way of step 4's save" \
+    "$work/inway.log" && ! grep -q "^step 1 " "$work/inway.log" || {
+    echo "a run whose later save folder holds someone's files: exit $rc"; tail -20 "$work/inway.log"; exit 1; }
   # Preemption: a stop signal to the launcher (mpirun.sh forwards it to every rank as SIGUSR1),
   # or to one torchrun worker alone: every rank stops after the same step, saves it, exits 0,
   # and a resume from it continues with the uninterrupted losses.
