@@ -142,6 +142,19 @@ def local_batch(args, position: int, rank: int, world: int) -> torch.Tensor:
 
 # ---- Checkpoint state -----------------------------------------------------------------------
 
+def refused_on_rank0(ckpt: str, why: str, device, rank: int) -> bool:
+    """Whether rank 0 found ``--ckpt`` unusable (``why``, "" on the other ranks): every rank
+    learns it, rank 0 says why, and the process group is closed for the caller to return."""
+    verdict = torch.tensor([1 if why else 0], device=device)
+    dist.all_reduce(verdict, op=dist.ReduceOp.MAX)
+    if not int(verdict.item()):
+        return False
+    if rank == 0:
+        print("error: cannot save into --ckpt %s: %s" % (ckpt, why), file=sys.stderr, flush=True)
+    dist.destroy_process_group()
+    return True
+
+
 def checkpoint_state(model, optim, sched, position: int, step: int) -> dict:
     """What a checkpoint holds. The model's and optimizer's tensors are FSDP2's DTensor shards
     (get_state_dict keys the optimizer state by parameter name, so it loads at any world size);
@@ -331,12 +344,7 @@ def main() -> int:
                 unwritable = "not writable"
         except OSError as error:
             unwritable = str(error)
-    verdict = torch.tensor([1 if unwritable else 0], device=device)
-    dist.all_reduce(verdict, op=dist.ReduceOp.MAX)
-    if int(verdict.item()):
-        if rank == 0:
-            print("error: cannot save into --ckpt %s: %s" % (args.ckpt, unwritable), file=sys.stderr, flush=True)
-        dist.destroy_process_group()
+    if refused_on_rank0(args.ckpt, unwritable, device, rank):
         return 1
     if args.resume and not args.resume_from and newest_step(args.ckpt, device) < 0:
         if rank == 0:
@@ -361,12 +369,7 @@ def main() -> int:
         from shardckpt import _core
         code, message, _ = _core.check_planned_step_folders(os.fsencode(args.ckpt), step, args.steps, args.save_every)
         in_the_way = message if code != "OK" else ""
-    verdict = torch.tensor([1 if in_the_way else 0], device=device)
-    dist.all_reduce(verdict, op=dist.ReduceOp.MAX)
-    if int(verdict.item()):
-        if rank == 0:
-            print("error: cannot save into --ckpt %s: %s" % (args.ckpt, in_the_way), file=sys.stderr, flush=True)
-        dist.destroy_process_group()
+    if refused_on_rank0(args.ckpt, in_the_way, device, rank):
         return 1
 
     handle = None

@@ -71,32 +71,28 @@ if [ "$mode" = exact ]; then
   [ $rc = 1 ] && grep -q "error: --ckpt $work/full holds step 30, later than step 20" "$work/back.log" &&
     ! grep -q "^step 21 " "$work/back.log" || {
     echo "resume-from an earlier step into its own root: exit $rc"; tail -20 "$work/back.log"; exit 1; }
-  # --resume forgotten on a root with checkpoints: refused before training, exit 1.
-  set +e
-  bash "$launch/train_fsdp2.sh" "$flag" "$np_save" --ckpt "$work/full" --steps 40 --save-every 10 > "$work/fresh_again.log" 2>&1
-  rc=$?
-  set -e
-  [ $rc = 1 ] && grep -q "error: --ckpt $work/full already holds checkpoints (the newest step 30): add --resume" \
-    "$work/fresh_again.log" && ! grep -q "^step 1 " "$work/fresh_again.log" || {
-    echo "a new run into a root with checkpoints: exit $rc"; tail -20 "$work/fresh_again.log"; exit 1; }
-  # A --ckpt it cannot write (under a file): refused before training, not at the first save.
+  # refused_before_training LOG TEXT WHAT ARGS...: the trainer exits 1 printing TEXT (a grep
+  # pattern), having trained no step.
+  refused_before_training() {
+    local log=$1 text=$2 what=$3 rc=0
+    shift 3
+    bash "$launch/train_fsdp2.sh" "$flag" "$np_save" "$@" > "$log" 2>&1 || rc=$?
+    [ $rc = 1 ] && grep -q "$text" "$log" && ! grep -q "^step 1 " "$log" || {
+      echo "$what: exit $rc"; tail -20 "$log"; exit 1; }
+  }
+  # --resume forgotten on a root with checkpoints.
+  refused_before_training "$work/fresh_again.log" \
+    "error: --ckpt $work/full already holds checkpoints (the newest step 30): add --resume" \
+    "a new run into a root with checkpoints" --ckpt "$work/full" --steps 40 --save-every 10
+  # A --ckpt it cannot write (under a file): not found at the first save.
   touch "$work/afile"
-  set +e
-  bash "$launch/train_fsdp2.sh" "$flag" "$np_save" --ckpt "$work/afile/sub" --steps 4 --save-every 2 > "$work/unwritable.log" 2>&1
-  rc=$?
-  set -e
-  [ $rc = 1 ] && grep -q "error: cannot save into --ckpt $work/afile/sub: " "$work/unwritable.log" &&
-    ! grep -q "^step 1 " "$work/unwritable.log" || {
-    echo "an unwritable --ckpt: exit $rc"; tail -20 "$work/unwritable.log"; exit 1; }
-  # Someone's files in the folder of a step the run will save: refused before training.
+  refused_before_training "$work/unwritable.log" "error: cannot save into --ckpt $work/afile/sub: " \
+    "an unwritable --ckpt" --ckpt "$work/afile/sub" --steps 4 --save-every 2
+  # Someone's files in the folder of a step the run will save: not found when step 4 is reached.
   mkdir -p "$work/inway/step-000000004" && echo "eval notes" > "$work/inway/step-000000004/notes.txt"
-  set +e
-  bash "$launch/train_fsdp2.sh" "$flag" "$np_save" --ckpt "$work/inway" --steps 6 --save-every 2 > "$work/inway.log" 2>&1
-  rc=$?
-  set -e
-  [ $rc = 1 ] && grep -q "error: cannot save into --ckpt $work/inway: .*step-000000004 has no manifest but holds notes.txt.*in the way of step 4's save" \
-    "$work/inway.log" && ! grep -q "^step 1 " "$work/inway.log" || {
-    echo "a run whose later save folder holds someone's files: exit $rc"; tail -20 "$work/inway.log"; exit 1; }
+  refused_before_training "$work/inway.log" \
+    "error: cannot save into --ckpt $work/inway: .*step-000000004 has no manifest but holds notes.txt.*in the way of step 4's save" \
+    "a run whose later save folder holds someone's files" --ckpt "$work/inway" --steps 6 --save-every 2
   # Preemption: a stop signal to the launcher (mpirun.sh forwards it to every rank as SIGUSR1),
   # or to one torchrun worker alone: every rank stops after the same step, saves it, exits 0,
   # and a resume from it continues with the uninterrupted losses.
