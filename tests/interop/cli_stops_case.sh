@@ -17,9 +17,12 @@ leftovers() { find . -name '*.partial' -o -name '.*.lock' -o -name '*.tmp-*' | g
 set -m
 # Every read made to sleep 400 ms (a consolidation makes eight or more): the work is still going when the signal comes, whatever the machine.
 for sig in INT TERM; do
-  for verb in consolidate reshard; do
-    out=$([ $verb = consolidate ] && echo "out-$sig.pt" || echo "rs-$sig")
-    args=("$verb" root --out "$out"); [ $verb = reshard ] && args+=(--world-size 3)
+  for verb in consolidate reshard export; do
+    case $verb in
+      consolidate) out="out-$sig.pt"; args=(consolidate root --out "$out") ;;
+      reshard) out="rs-$sig"; args=(reshard root --out "$out" --world-size 3) ;;
+      export) out="dcp-$sig"; args=(export root --format dcp --out "$out") ;;
+    esac
     SHARDCKPT_FAILPOINTS="io.read=sleep:400" "$cli" "${args[@]}" > /dev/null 2> err.txt &
     pid=$!
     sleep 1
@@ -29,7 +32,8 @@ for sig in INT TERM; do
     [ $rc = "$want" ] || { echo "$verb, SIG$sig: exit $rc, expected $want"; cat err.txt; exit 1; }
     grep -q "Aborted: interrupted by SIG$sig" err.txt || { echo "$verb, SIG$sig: no message"; cat err.txt; exit 1; }
     [ -z "$(leftovers)" ] || { echo "$verb, SIG$sig left: $(leftovers)"; exit 1; }
-    [ ! -e "$out" ] && { [ $verb = consolidate ] || [ ! -e "$out/latest" ]; } || { echo "$verb, SIG$sig wrote $out"; exit 1; }
+    # Nothing at OUT: no file, no checkpoint, no DCP folder (a folder export made is removed).
+    [ ! -e "$out" ] || { echo "$verb, SIG$sig left $out: $(ls -A "$out")"; exit 1; }
     echo "$verb stopped by SIG$sig: exit $rc, nothing left"
   done
 done
