@@ -427,8 +427,10 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
         [&](size_t) { return zip.EndRecord(); }));
     SC_RETURN_IF_ERROR(zip.AddRecord(root + "version", "3\n"));
     SC_RETURN_IF_ERROR(zip.Finish());
-    SC_RETURN_IF_ERROR(progress(0));  // a stop asked for since the last bytes: before the file is published
-    SC_RETURN_IF_ERROR(file->Close());
+    // A stop asked for since the last bytes, the fsync included: before the file is published.
+    SC_RETURN_IF_ERROR(file->Finish());
+    SC_RETURN_IF_ERROR(progress(0));
+    SC_RETURN_IF_ERROR(file->Publish());
     report.files.push_back(out);
     report.sha256.push_back(file->sha256());
   } else if (options.format == ExportFormat::kGguf) {
@@ -450,8 +452,9 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
           return file->Write(p, n);
         },
         [&](size_t k) { return file->Write(kZeros, GgufPadding(selected[k].bytes)); }));
+    SC_RETURN_IF_ERROR(file->Finish());
     SC_RETURN_IF_ERROR(progress(0));
-    SC_RETURN_IF_ERROR(file->Close());
+    SC_RETURN_IF_ERROR(file->Publish());
     report.files.push_back(out);
     report.sha256.push_back(file->sha256());
   } else {
@@ -530,12 +533,13 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
     // as it is renamed in: its index goes first, or a crash partway through the renames left old
     // and new shards under it, which passed every check and imported as one model. Shards of
     // other names leave the old set whole until the new index replaces its index, atomically.
+    // A stop asked for since the last bytes: before anything of the old set is touched.
+    SC_RETURN_IF_ERROR(progress(0));
     if (sharded && std::any_of(finished.begin(), finished.end(), [&](const std::unique_ptr<OutputFile>& f) {
           return std::find(previous.begin(), previous.end(), BaseName(f->path())) != previous.end();
         })) {
       RemoveOutputFile(index_path);
     }
-    SC_RETURN_IF_ERROR(progress(0));
     OutputSet written;
     for (size_t f = 0; f < finished.size(); ++f) {
       const std::unique_ptr<OutputFile>& file = finished[f];

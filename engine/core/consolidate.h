@@ -28,8 +28,9 @@ struct ConsolidateOptions {
   uint64_t window_bytes = 32u << 20;
   // gguf: general.architecture (required), general.name and any other keys, in this order.
   std::vector<GgufKeyValue> gguf_metadata;
-  // Called as the work goes on; a failed Status (a tool's Ctrl-C) stops the work there, with its
-  // partial output removed, and is what the call returns.
+  // Called as the work goes on, and once more before anything is written and before the output
+  // is committed (so `done` may repeat, and `total` may be 0); a failed Status (a tool's
+  // Ctrl-C) stops the work there, with its partial output removed, and is what the call returns.
   std::function<Status(uint64_t done, uint64_t total)> progress;
 };
 

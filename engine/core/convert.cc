@@ -426,7 +426,7 @@ Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::stri
   }
   CreationInfo created = m.created;
   created.user[reader->is_dcp() ? "imported_from" : "resharded_from"] = Utf8OrReplaced(AbsoluteRoot(reader->dir()));
-  if (options.progress) SC_RETURN_IF_ERROR(options.progress(report.bytes, report.bytes));  // before the commit
+  if (options.progress) SC_RETURN_IF_ERROR(options.progress(report.bytes, total));  // before the commit
   SC_ASSIGN_OR_RETURN(report.path, out->Commit(created, m.metrics));
   return report;
 }

@@ -19,8 +19,9 @@ Result<Layout> PolicyLayout(const std::string& policy, const Shape& shape, int w
 struct ConvertOptions {
   int world_size = 1;
   std::string layout = "flat";
-  // Called as the work goes on; a failed Status (a tool's Ctrl-C) stops the work there, with its
-  // partial output removed, and is what the call returns.
+  // Called as the work goes on, and once more before anything is written and before the output
+  // is committed (so `done` may repeat, and `total` may be 0); a failed Status (a tool's
+  // Ctrl-C) stops the work there, with its partial output removed, and is what the call returns.
   std::function<Status(uint64_t done, uint64_t total)> progress;
 };
 
