@@ -285,6 +285,8 @@ def main() -> int:
     p.add_argument("--json", action="store_true",
                    help="rank 0's last line: a JSON summary of step time and save waits")
     args = p.parse_args()
+    if args.save_every < 1:  # 0 divided by zero after the first step; a negative one saved by |k|
+        p.error("--save-every must be at least 1, not %d" % args.save_every)
 
     torch.set_num_threads(1)  # same kernels every run, and polite on a shared machine
     # cuBLAS is deterministic only with a fixed workspace; an op without a deterministic kernel

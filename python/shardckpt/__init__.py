@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import math
 import numbers
 import os
 import sys
@@ -136,36 +137,42 @@ def _overlaps_itself(tensor: torch.Tensor) -> bool:
     """Whether two of ``tensor``'s elements share memory (a view made by ``as_strided`` or
     ``unfold`` whose windows overlap; an expanded view, stride 0, is refused before this).
 
-    Dims sorted by stride, each stride past the reach of the smaller ones proves no overlap at
-    once, as it does for every transpose, slice and permutation. More elements than the memory
-    positions they span (every overlapping unfold) is an overlap. Only views neither settles
-    have their positions marked, a block at a time (memory: a byte per position spanned, up to
-    2^28; a view spanning more is loaded as torch's copy_ would)."""
+    Dims sorted by stride: the largest is dropped while its stride is past the reach of all the
+    smaller ones (its slices cannot meet), which settles transposes, slices and permutations at
+    once. Of what is left, more elements than the memory positions they span (every overlapping
+    unfold) is an overlap; anything else has its positions marked on a bitmap a block at a time
+    (a byte per position spanned, up to 2^28), or, spanning more, its offsets counted (up to
+    2^24 elements; a larger view is loaded as torch's copy_ would)."""
+    if tensor.numel() == 0:
+        return False
     dims = sorted((abs(st), n) for st, n in zip(tensor.stride(), tensor.shape) if n > 1)
-    reach = 0
-    for stride, size in dims:
-        if stride <= reach:
-            break
-        reach += stride * (size - 1)
-    else:
+    while dims and dims[-1][0] > sum(stride * (size - 1) for stride, size in dims[:-1]):
+        dims.pop()
+    if not dims:
         return False
+    numel = math.prod(size for _, size in dims)
     span = sum(stride * (size - 1) for stride, size in dims) + 1
-    if tensor.numel() > span:
+    if numel > span:
         return True
+
+    def offsets(of: List[Tuple[int, int]]) -> torch.Tensor:
+        out = torch.zeros(1, dtype=torch.int64)
+        for stride, size in of:
+            out = (out.unsqueeze(-1) + torch.arange(size, dtype=torch.int64) * stride).reshape(-1)
+        return out
+
     if span > 1 << 28:
-        return False
-    # Blocks along the largest dim; within a block, the offsets of the other dims.
-    outer = max(dims, key=lambda d: d[1])
-    inner = torch.zeros(1, dtype=torch.int64)
-    for dim in dims:
-        if dim is not outer:
-            inner = (inner.unsqueeze(-1) + torch.arange(dim[1], dtype=torch.int64) * dim[0]).reshape(-1)
+        return numel <= 1 << 24 and torch.unique(offsets(dims)).numel() < numel
+    # Blocks along the largest dim; within a block, the offsets of the others.
+    outer = max(range(len(dims)), key=lambda d: dims[d][1])
+    inner = offsets(dims[:outer] + dims[outer + 1:])
     hit = torch.zeros(span, dtype=torch.bool)
     rows = max(1, (1 << 22) // inner.numel())
-    for first in range(0, outer[1], rows):
-        at = torch.arange(first, min(outer[1], first + rows), dtype=torch.int64) * outer[0]
+    stride, size = dims[outer]
+    for first in range(0, size, rows):
+        at = torch.arange(first, min(size, first + rows), dtype=torch.int64) * stride
         hit[(at.unsqueeze(-1) + inner).reshape(-1)] = True
-    return int(hit.sum()) < tensor.numel()
+    return int(hit.sum()) < numel
 
 
 def _utf8_safe(message: str) -> str:
@@ -251,7 +258,11 @@ def _describe_for_collective(state: Mapping[str, Any], step: Any,
 def _user_metadata(user_metadata: Optional[Mapping[str, str]]) -> Tuple[Dict[str, str], Tuple[str, str]]:
     """The manifest's user metadata (str to str), or {} and the refusal as (code, message), which
     the engine tells every rank, as _describe_for_collective's."""
-    items = dict(user_metadata or {})
+    try:
+        items = dict(user_metadata or {})
+    except Exception as error:  # noqa: BLE001 - this rank's argument, told to every rank
+        return {}, ("InvalidArgument", "user_metadata must be a mapping of str to str: %s: %s"
+                    % (type(error).__name__, error))
     for key, value in items.items():
         if isinstance(key, str) and not _utf8_safe(key) == key:
             return {}, ("InvalidArgument", "a user_metadata key %a is not valid Unicode (a checkpoint holds "
@@ -273,9 +284,10 @@ def _metrics(metrics: Optional[Mapping[str, float]]) -> Tuple[Dict[str, float], 
     the engine tells every rank, as _user_metadata's."""
     out: Dict[str, float] = {}
     try:
-        items = dict(metrics or {}).items()
-    except (TypeError, ValueError) as error:
-        return {}, ("InvalidArgument", "metrics must be a mapping of names to numbers: %s" % error)
+        items = dict({} if metrics is None else metrics).items()
+    except Exception as error:  # noqa: BLE001 - a tensor's truth value, a list: told to every rank
+        return {}, ("InvalidArgument", "metrics must be a mapping of names to numbers: %s: %s"
+                    % (type(error).__name__, error))
     for key, value in items:
         if not isinstance(key, str):
             return {}, ("InvalidArgument", "metrics keys are str, not %s (%r)" % (type(key).__name__, key))
@@ -293,26 +305,61 @@ def _metrics(metrics: Optional[Mapping[str, float]]) -> Tuple[Dict[str, float], 
     return out, ("OK", "")
 
 
+def _path_arg(path: Any, what: str) -> Tuple[bytes, Tuple[str, str]]:
+    """_fs(path), or b"" and the refusal (None, a number): raised on one rank alone it left the
+    others waiting in the engine's first collective."""
+    try:
+        return _fs(path), ("OK", "")
+    except Exception as error:  # noqa: BLE001 - this rank's argument, told to every rank
+        return b"", ("InvalidArgument", "%s must be a path (str, bytes or os.PathLike), not %s"
+                     % (what, type(path).__name__))
+
+
+class _Retention(NamedTuple):
+    keep_last: int = 0
+    keep_best: int = 0
+    best_metric: str = ""
+    best_higher_is_better: bool = False
+
+
+def _retention(keep_last: Any, keep_best: Any, best_metric: Any,
+               best_higher_is_better: Any) -> Tuple[_Retention, Tuple[str, str]]:
+    """The save's retention rule as the engine takes it, or the defaults and the refusal."""
+    try:
+        if not isinstance(best_metric, str):
+            raise InvalidArgument("best_metric must be a str, not %s" % type(best_metric).__name__)
+        check_unicode(best_metric, lambda: "best_metric")
+        return _Retention(int(keep_last), int(keep_best), best_metric, bool(best_higher_is_better)), ("OK", "")
+    except Exception as failure:  # noqa: BLE001 - this rank's arguments, told to every rank
+        return _Retention(), _refusal(failure)
+
+
 class _SaveCall(NamedTuple):
     step: int
     pieces: list
     blobs: list
     user_metadata: Dict[str, str]
     metrics: Dict[str, float]
-    error: Tuple[str, str]  # the first refusal of the three, ("OK", "") when none
+    retention: _Retention
+    root: bytes
+    error: Tuple[str, str]  # the first refusal among them, ("OK", "") when none
 
 
 def _describe_save_call(state: Mapping[str, Any], step: Any, metrics: Optional[Mapping[str, float]],
-                        user_metadata: Optional[Mapping[str, str]], keep: List[torch.Tensor]) -> _SaveCall:
-    """What save and async_save hand the engine: the state, the user metadata and the metrics,
-    with the first refusal among them, which the engine tells every rank."""
+                        user_metadata: Optional[Mapping[str, str]], keep: List[torch.Tensor],
+                        root: Any, retention: Tuple[Any, Any, Any, Any]) -> _SaveCall:
+    """What save and async_save hand the engine: the state, the user metadata, the metrics, the
+    retention rule and the root, with the first refusal among them, which the engine tells
+    every rank."""
     step, pieces, blobs, error = _describe_for_collective(state, step, keep)
     metadata, metadata_error = _user_metadata(user_metadata)
     recorded, metrics_error = _metrics(metrics)
-    for refusal in (metadata_error, metrics_error):
+    rule, rule_error = _retention(*retention)
+    root_bytes, root_error = _path_arg(root, "root")
+    for refusal in (metadata_error, metrics_error, rule_error, root_error):
         if error[0] == "OK":
             error = refusal
-    return _SaveCall(step, pieces, blobs, metadata, recorded, (error[0], _utf8_safe(error[1])))
+    return _SaveCall(step, pieces, blobs, metadata, recorded, rule, root_bytes, (error[0], _utf8_safe(error[1])))
 
 
 def save(state_dict: Mapping[str, Any], root: PathLike, step: int, *, keep_last: int = 0,
@@ -338,10 +385,10 @@ def save(state_dict: Mapping[str, Any], root: PathLike, step: int, *, keep_last:
     # otherwise one of the two saves found the root locked by the other and failed.
     _wait_for_savers_of(comm)
     keep: List[torch.Tensor] = []
-    call = _describe_save_call(state_dict, step, metrics, user_metadata, keep)
+    call = _describe_save_call(state_dict, step, metrics, user_metadata, keep, root,
+                               (keep_last, keep_best, best_metric, best_higher_is_better))
     code, message, result = _core.save(
-        comm, _fs(root), call.step, call.pieces, call.blobs, int(keep_last), int(keep_best), best_metric,
-        bool(best_higher_is_better), call.metrics, call.user_metadata,
+        comm, call.root, call.step, call.pieces, call.blobs, *call.retention, call.metrics, call.user_metadata,
         torch.__version__, call.error)
     raise_for(code, message)
     return SaveResult(**result)
@@ -454,8 +501,17 @@ def load(state_dict: Dict[str, Any], path: PathLike, *, strict: bool = True, str
     names: List[str] = []
     leaves: List[List[str]] = []
     nothing_stored: List[str] = []
+    root, root_error = _path_arg(path, "path")
+    choices = ("auto", "auto")
     try:
-        check_unicode(strip_prefix, lambda: "strip_prefix")
+        if root_error[0] != "OK":
+            raise InvalidArgument(root_error[1])
+        for what, choice in (("strip_prefix", strip_prefix), ("replicated_reads", replicated_reads),
+                             ("manifest_sharing", manifest_sharing)):
+            if not isinstance(choice, str):
+                raise InvalidArgument("%s must be a str, not %s" % (what, type(choice).__name__))
+            check_unicode(choice, lambda: what)
+        choices = (replicated_reads, manifest_sharing)
         pieces, wanted, copies = _describe_load(state_dict)
         # The engine gives the strict verdict over tensors and values together, before reading:
         # it is told which names this state dict takes as values, and the names of the leaves
@@ -479,9 +535,8 @@ def load(state_dict: Dict[str, Any], path: PathLike, *, strict: bool = True, str
         elif error[0] == "OK":
             error = ("InvalidArgument", "read_ahead_max_bytes=%r: a whole number of bytes, 0 to 2**64 - 1"
                      % (size,))
-    code, message, raw = _core.load(comm, _fs(path), pieces, bool(strict), strip_prefix,
-                                    bool(verify_checksums), error, names, leaves,
-                                    str(replicated_reads), str(manifest_sharing),
+    code, message, raw = _core.load(comm, root, pieces, bool(strict), strip_prefix,
+                                    bool(verify_checksums), error, names, leaves, *choices,
                                     ahead_max, nothing_stored)
     raise_for(code, message)
     # Blobs: matched here, and any failure agreed on, so every rank raises the same.
@@ -794,13 +849,13 @@ def async_save(state_dict: Mapping[str, Any], root: PathLike, step: int, *, keep
     from . import _core
     comm = resolve(comm)
     keep: List[torch.Tensor] = []
-    call = _describe_save_call(state_dict, step, metrics, user_metadata, keep)
+    call = _describe_save_call(state_dict, step, metrics, user_metadata, keep, root,
+                               (keep_last, keep_best, best_metric, best_higher_is_better))
     step = call.step
-    saver = _saver_for(comm, (int(keep_last), int(keep_best), str(best_metric),
-                              bool(best_higher_is_better)), call.user_metadata)
+    saver = _saver_for(comm, tuple(call.retention), call.user_metadata)
     _finish_in_flight(saver)  # the engine's save would wait for the one in flight anyway
     if copy_while_training:
-        code, message, handle = _core.start_save(comm, saver, _fs(root), step, call.pieces,
+        code, message, handle = _core.start_save(comm, saver, call.root, step, call.pieces,
                                                  call.blobs, call.metrics, call.error)
         raise_for(code, message)
         started = AsyncSaveHandle(handle, saver, keep + [state_dict])
@@ -808,7 +863,7 @@ def async_save(state_dict: Mapping[str, Any], root: PathLike, step: int, *, keep
         with _unseen_lock:
             _unseen.append((id(saver), step, handle, weakref.ref(started)))
         return started
-    code, message, handle = _core.async_save(comm, saver, _fs(root), step, call.pieces, call.blobs,
+    code, message, handle = _core.async_save(comm, saver, call.root, step, call.pieces, call.blobs,
                                              call.metrics, call.error)
     raise_for(code, message)
     started = AsyncSaveHandle(handle)

@@ -619,6 +619,50 @@ def test_a_state_only_python_can_hold_is_refused_on_every_rank_naming_it(comm, r
     assert expected in error.value.message, error.value.message
 
 
+@pytest.mark.parametrize("verb, argument", [
+    ("save", {"best_metric": os.fsdecode(b"loss\xff"), "keep_best": 1}),
+    ("save", {"keep_last": "two"}),
+    ("save", {"metrics": torch.ones(3)}),
+    ("save", {"user_metadata": [1, 2]}),
+    ("save", {"root": None}),
+    ("async_save", {"best_metric": os.fsdecode(b"loss\xff"), "keep_best": 1}),
+    ("load", {"replicated_reads": os.fsdecode(b"auto\xff")}),
+    ("load", {"manifest_sharing": 7}),
+    ("load", {"strip_prefix": 3}),
+    ("load", {"path": None})])
+def test_an_argument_only_one_rank_gets_wrong_is_refused_on_every_rank(comm, root, verb, argument):
+    """Held by the last rank only. Each raised there alone (the binding's TypeError, int()'s
+    ValueError, a tensor's truth value) and the other ranks waited in the first collective
+    until its timeout."""
+    state = {"w": torch.ones(2)}
+    shardckpt.save(state, root, step=1)
+    last = comm.rank == comm.size - 1
+    kwargs = dict(argument) if last else {}
+    path = kwargs.pop("root", kwargs.pop("path", root))
+    start = time.monotonic()
+    with pytest.raises(shardckpt.ShardckptError) as error:
+        if verb == "load":
+            shardckpt.load({"w": torch.zeros(2)}, path, **kwargs)
+        elif verb == "save":
+            shardckpt.save(state, path, step=2, **kwargs)
+        else:
+            shardckpt.async_save(state, path, step=2, **kwargs).wait()
+    assert time.monotonic() - start < 30, "a rank waited for the one that refused"
+    assert error.value.code == "InvalidArgument", error.value.message
+    assert not os.path.exists(os.path.join(root, "step-000000002"))
+
+
+def test_overlap_of_load_targets_is_decided_by_their_geometry():
+    # Meta tensors: strides and shapes only, no memory (a span of 2^29 positions).
+    m = torch.empty(2 ** 31, device="meta", dtype=torch.uint8)
+    cases = [((300, 49, 4), (1_000_000, 2, 1), True),   # rows far apart, overlapping windows in each
+             ((3, 2), (2 ** 28, 2 ** 28 + 1), False),   # spread over 2^29 positions, none shared
+             ((3, 2), (2 ** 28, 2 ** 29), True),
+             ((4, 3), (1, 4), False), ((0, 5), (1, 1), False)]
+    for shape, strides, overlaps in cases:
+        assert shardckpt._overlaps_itself(m.as_strided(shape, strides)) == overlaps, (shape, strides)
+
+
 @pytest.mark.parametrize("bad", ["meta", "sparse", "raises"])
 def test_a_tensor_without_dense_memory_is_refused_on_every_rank_naming_its_key(comm, root, bad):
     """Held by the last rank only: a meta tensor (FSDP2's meta init), a sparse one, or a tensor
