@@ -549,10 +549,8 @@ WriteReport WriteRankFile(int rank, const std::string& temp_dir, const ShardedSt
     return report;
   }
   WriteReport report = WriteShard(rank, temp_dir, state, *planned.plan, options);
-  // The file named once: an I/O error names it already ("write PATH at offset ...").
-  const std::string path = JoinPath(temp_dir, RankFileName(rank));
-  if (!report.status.ok() && report.status.message().find(path) == std::string::npos) {
-    report.status = report.status.WithContext("writing " + path);
+  if (!report.status.ok()) {
+    report.status = report.status.WithContext("writing " + JoinPath(temp_dir, RankFileName(rank)));
   }
   return report;
 }
