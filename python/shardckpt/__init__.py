@@ -172,7 +172,7 @@ def _overlaps_itself(tensor: torch.Tensor) -> bool:
     for first in range(0, size, rows):
         at = torch.arange(first, min(size, first + rows), dtype=torch.int64) * stride
         hit[(at.unsqueeze(-1) + inner).reshape(-1)] = True
-    return int(hit.sum()) < numel
+    return int(hit.count_nonzero()) < numel
 
 
 def _utf8_safe(message: str) -> str:
@@ -242,8 +242,11 @@ def _describe_for_collective(state: Mapping[str, Any], step: Any,
     """The step and _describe_save, with a refusal returned as (code, message) instead of
     raised: the engine tells it to every rank, so a rank whose state is refused does not leave
     the others waiting."""
-    if isinstance(step, torch.Tensor) and step.numel() == 1 and float(step.item()).is_integer():
-        step = int(step.item())  # an optimizer's state["step"], a tensor in torch 2.x
+    try:
+        if isinstance(step, torch.Tensor) and step.numel() == 1 and float(step.item()).is_integer():
+            step = int(step.item())  # an optimizer's state["step"], a tensor in torch 2.x
+    except Exception:  # noqa: BLE001 - a complex or meta tensor: refused below, on every rank
+        pass
     if isinstance(step, bool) or not isinstance(step, numbers.Integral):
         return 0, [], [], ("InvalidArgument", "step must be a whole number, not %r" % (step,))
     if not -2 ** 63 <= int(step) < 2 ** 63:  # the engine's int64 (pybind's TypeError said less)
@@ -329,7 +332,11 @@ def _retention(keep_last: Any, keep_best: Any, best_metric: Any,
         if not isinstance(best_metric, str):
             raise InvalidArgument("best_metric must be a str, not %s" % type(best_metric).__name__)
         check_unicode(best_metric, lambda: "best_metric")
-        return _Retention(int(keep_last), int(keep_best), best_metric, bool(best_higher_is_better)), ("OK", "")
+        rule = _Retention(int(keep_last), int(keep_best), best_metric, bool(best_higher_is_better))
+        for what, count in (("keep_last", rule.keep_last), ("keep_best", rule.keep_best)):
+            if not 0 <= count < 2 ** 31:  # the engine's int (a larger one failed the binding alone)
+                raise InvalidArgument("%s=%d: a count of checkpoints, 0 (keep all) to 2**31 - 1" % (what, count))
+        return rule, ("OK", "")
     except Exception as failure:  # noqa: BLE001 - this rank's arguments, told to every rank
         return _Retention(), _refusal(failure)
 
@@ -535,9 +542,15 @@ def load(state_dict: Dict[str, Any], path: PathLike, *, strict: bool = True, str
         elif error[0] == "OK":
             error = ("InvalidArgument", "read_ahead_max_bytes=%r: a whole number of bytes, 0 to 2**64 - 1"
                      % (size,))
-    code, message, raw = _core.load(comm, root, pieces, bool(strict), strip_prefix,
-                                    bool(verify_checksums), error, names, leaves, *choices,
-                                    ahead_max, nothing_stored)
+    flags = (True, True)
+    try:
+        flags = (bool(strict), bool(verify_checksums))  # a tensor's truth value raises: told to every rank
+    except Exception as failure:  # noqa: BLE001
+        if error[0] == "OK":
+            error = _refusal(failure)
+    strict = flags[0]
+    code, message, raw = _core.load(comm, root, pieces, flags[0], strip_prefix, flags[1], error, names, leaves,
+                                    *choices, ahead_max, nothing_stored)
     raise_for(code, message)
     # Blobs: matched here, and any failure agreed on, so every rank raises the same.
     saved = {_strip(name, strip_prefix): blob for name, blob in raw["blobs"].items()}
@@ -851,10 +864,16 @@ def async_save(state_dict: Mapping[str, Any], root: PathLike, step: int, *, keep
     keep: List[torch.Tensor] = []
     call = _describe_save_call(state_dict, step, metrics, user_metadata, keep, root,
                                (keep_last, keep_best, best_metric, best_higher_is_better))
+    try:
+        copying = bool(copy_while_training)
+    except Exception as failure:  # noqa: BLE001 - a tensor's truth value: told to every rank
+        copying = False
+        if call.error[0] == "OK":
+            call = call._replace(error=_refusal(failure))
     step = call.step
     saver = _saver_for(comm, tuple(call.retention), call.user_metadata)
     _finish_in_flight(saver)  # the engine's save would wait for the one in flight anyway
-    if copy_while_training:
+    if copying:
         code, message, handle = _core.start_save(comm, saver, call.root, step, call.pieces,
                                                  call.blobs, call.metrics, call.error)
         raise_for(code, message)

@@ -625,6 +625,10 @@ def test_a_state_only_python_can_hold_is_refused_on_every_rank_naming_it(comm, r
     ("save", {"metrics": torch.ones(3)}),
     ("save", {"user_metadata": [1, 2]}),
     ("save", {"root": None}),
+    ("save", {"keep_last": 2 ** 31}),
+    ("save", {"step": torch.tensor(1 + 1j)}),
+    ("async_save", {"copy_while_training": torch.ones(3)}),
+    ("load", {"strict": torch.ones(3)}),
     ("async_save", {"best_metric": os.fsdecode(b"loss\xff"), "keep_best": 1}),
     ("load", {"replicated_reads": os.fsdecode(b"auto\xff")}),
     ("load", {"manifest_sharing": 7}),
@@ -639,14 +643,15 @@ def test_an_argument_only_one_rank_gets_wrong_is_refused_on_every_rank(comm, roo
     last = comm.rank == comm.size - 1
     kwargs = dict(argument) if last else {}
     path = kwargs.pop("root", kwargs.pop("path", root))
+    step = kwargs.pop("step", 2)
     start = time.monotonic()
     with pytest.raises(shardckpt.ShardckptError) as error:
         if verb == "load":
             shardckpt.load({"w": torch.zeros(2)}, path, **kwargs)
         elif verb == "save":
-            shardckpt.save(state, path, step=2, **kwargs)
+            shardckpt.save(state, path, step=step, **kwargs)
         else:
-            shardckpt.async_save(state, path, step=2, **kwargs).wait()
+            shardckpt.async_save(state, path, step=step, **kwargs).wait()
     assert time.monotonic() - start < 30, "a rank waited for the one that refused"
     assert error.value.code == "InvalidArgument", error.value.message
     assert not os.path.exists(os.path.join(root, "step-000000002"))
