@@ -9,7 +9,7 @@ import os
 import threading
 from typing import Any, Dict, Optional, Tuple
 
-from .errors import FailedPrecondition, raise_for
+from .errors import FailedPrecondition, InvalidArgument, raise_for
 
 # Set by mpirun/mpiexec (OpenMPI, MPICH/PMI, PMIx, MVAPICH) in every rank's environment.
 _MPI_LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
@@ -105,6 +105,14 @@ def from_process_group(group: Any) -> Any:
 _foreign: Dict[int, Tuple[Any, Any]] = {}  # id(group or mpi4py comm) -> (it, our communicator)
 
 
+def _is_process_group(comm: Any) -> bool:
+    try:
+        import torch.distributed as dist
+        return isinstance(comm, dist.ProcessGroup)
+    except (ImportError, AttributeError):
+        return True  # nothing to tell it by: from_process_group says what is wrong
+
+
 def _is_mpi4py(comm: Any) -> bool:
     return type(comm).__module__.startswith("mpi4py") and hasattr(comm, "py2f")
 
@@ -136,6 +144,12 @@ def resolve(comm: Any) -> Any:
         held = _foreign.get(id(comm))
         if held is not None and held[0] is comm:
             return held[1]
+    if not _is_mpi4py(comm) and not _is_process_group(comm):
+        # Said here, naming what it takes: it failed inside the wrapper with an AttributeError.
+        # (Only this rank raises: a communicator is what ranks would agree over.)
+        raise InvalidArgument("comm=%r: pass a communicator of shardckpt (world(), single_process(), "
+                              "from_process_group(), from_mpi4py()), a torch.distributed process group, an mpi4py "
+                              "communicator, or None" % (comm,))
     made = from_mpi4py(comm) if _is_mpi4py(comm) else from_process_group(comm)
     with _lock:
         if not _foreign:
