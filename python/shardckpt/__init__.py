@@ -262,23 +262,21 @@ def _user_metadata(user_metadata: Optional[Mapping[str, str]]) -> Tuple[Dict[str
     """The manifest's user metadata (str to str), or {} and the refusal as (code, message), which
     the engine tells every rank, as _describe_for_collective's."""
     try:
-        items = dict(user_metadata or {})
-    except Exception as error:  # noqa: BLE001 - this rank's argument, told to every rank
-        return {}, ("InvalidArgument", "user_metadata must be a mapping of str to str: %s: %s"
-                    % (type(error).__name__, error))
-    for key, value in items.items():
-        if isinstance(key, str) and not _utf8_safe(key) == key:
-            return {}, ("InvalidArgument", "a user_metadata key %a is not valid Unicode (a checkpoint holds "
-                        "UTF-8 only)" % key)
-        if not isinstance(key, str):
-            return {}, ("InvalidArgument", "user_metadata keys are str, not %s (%r)" % (type(key).__name__, key))
-        if not isinstance(value, str):
-            return {}, ("InvalidArgument", "user_metadata['%s'] is %s (%r); its values are str, stored as "
-                        "given: pass str(...), or save the value in the state dict" % (key, type(value).__name__, value))
         try:
+            items = dict(user_metadata or {})
+        except Exception as error:  # noqa: BLE001 - a list, a tensor's truth value
+            raise InvalidArgument("user_metadata must be a mapping of str to str: %s: %s"
+                                  % (type(error).__name__, error)) from None
+        for key, value in items.items():
+            if not isinstance(key, str):
+                raise InvalidArgument("user_metadata keys are str, not %s (%r)" % (type(key).__name__, key))
+            check_unicode(key, lambda: "a user_metadata key")
+            if not isinstance(value, str):
+                raise InvalidArgument("user_metadata['%s'] is %s (%r); its values are str, stored as given: pass "
+                                      "str(...), or save the value in the state dict" % (key, type(value).__name__, value))
             check_unicode(value, lambda: "user_metadata[%a]" % key)
-        except ShardckptError as failure:
-            return {}, _refusal(failure)
+    except ShardckptError as failure:  # this rank's argument, told to every rank
+        return {}, _refusal(failure)
     return items, ("OK", "")
 
 
@@ -294,9 +292,10 @@ def _metrics(metrics: Optional[Mapping[str, float]]) -> Tuple[Dict[str, float], 
     for key, value in items:
         if not isinstance(key, str):
             return {}, ("InvalidArgument", "metrics keys are str, not %s (%r)" % (type(key).__name__, key))
-        if _utf8_safe(key) != key:
-            return {}, ("InvalidArgument", "a metrics key %a is not valid Unicode (a checkpoint holds UTF-8 only)"
-                        % key)
+        try:
+            check_unicode(key, lambda: "a metrics key")
+        except ShardckptError as failure:
+            return {}, _refusal(failure)
         refusal = ("InvalidArgument", "metrics['%s'] is %s (%r); metrics are numbers" % (key, type(value).__name__, value))
         if isinstance(value, (bool, str, bytes)) or getattr(value, "dtype", None) in (torch.bool, bool):
             return {}, refusal
