@@ -22,6 +22,7 @@
 #include "shardckpt/engine/model/index_fingerprint.h"
 #include "shardckpt/engine/model/manifest_wire.h"
 #include "shardckpt/engine/model/name_index.h"
+#include "shardckpt/engine/model/wire.h"
 #include "shardckpt/io/checksum.h"
 #include "shardckpt/io/failpoint.h"
 #include "shardckpt/io/fs.h"
@@ -369,52 +370,26 @@ Demand CombineWants(const std::vector<std::string>& all_wants, size_t entries) {
 namespace {
 
 // A rank's layouts of some entries, for every rank to decide their coverage alike: per piece its
-// slot in `slots`' order, its kind and dims, then begin and end or offsets and sizes.
+// slot in `slots`' order, then its layout, in the wire encoding the ranks' descriptions use.
 std::string EncodeLayouts(const std::vector<std::pair<uint32_t, const Layout*>>& pieces) {
-  std::string out;
-  auto put = [&out](const void* p, size_t n) { out.append(static_cast<const char*>(p), n); };
+  WireWriter w;
   for (const auto& [slot, layout] : pieces) {
-    put(&slot, sizeof(slot));
-    const uint8_t kind = static_cast<uint8_t>(layout->kind), dims = static_cast<uint8_t>(layout->offsets.size());
-    put(&kind, 1);
-    put(&dims, 1);
-    if (layout->kind == LayoutKind::kFlatRange) {
-      put(&layout->begin, 8);
-      put(&layout->end, 8);
-    } else if (layout->kind == LayoutKind::kBox) {
-      put(layout->offsets.data(), 8 * dims);
-      put(layout->sizes.data(), 8 * dims);
-    }
+    w.U64(slot);
+    w.Layout(*layout);
   }
-  return out;
+  return std::move(w.bytes());
 }
 
-// The layouts of every rank's message, by slot (messages of this job's own ranks, well formed).
-void DecodeLayouts(const std::string& in, std::vector<std::vector<Layout>>* by_slot) {
-  size_t at = 0;
-  auto get = [&](void* p, size_t n) {
-    std::memcpy(p, in.data() + at, n);
-    at += n;
-  };
-  while (at < in.size()) {
-    uint32_t slot = 0;
-    uint8_t kind = 0, dims = 0;
-    get(&slot, sizeof(slot));
-    get(&kind, 1);
-    get(&dims, 1);
-    Layout layout;
-    layout.kind = static_cast<LayoutKind>(kind);
-    if (layout.kind == LayoutKind::kFlatRange) {
-      get(&layout.begin, 8);
-      get(&layout.end, 8);
-    } else if (layout.kind == LayoutKind::kBox) {
-      layout.offsets.resize(dims);
-      layout.sizes.resize(dims);
-      get(layout.offsets.data(), 8 * dims);
-      get(layout.sizes.data(), 8 * dims);
-    }
+// The layouts of one rank's message, by slot.
+Status DecodeLayouts(const std::string& in, std::vector<std::vector<Layout>>* by_slot) {
+  WireReader r(in);
+  while (r.ok() && !r.done()) {
+    const uint64_t slot = r.U64();
+    Layout layout = r.Layout();
+    if (!r.ok() || slot >= by_slot->size()) break;
     (*by_slot)[slot].push_back(std::move(layout));
   }
+  return r.ok() && r.done() ? Status::Ok() : Internal("a malformed message of layouts in the coverage check");
 }
 
 // Runs a coverage decision may take per tensor (16 bytes each): past that, a warning instead.
@@ -500,7 +475,7 @@ Result<std::vector<PartlyLoaded>> EntriesLoadedInPart(Communicator& comm, const 
   std::vector<std::string> everyone;
   SC_RETURN_IF_ERROR(comm.AllGather(EncodeLayouts(mine), &everyone));
   std::vector<std::vector<Layout>> parts(suspects.size());
-  for (const std::string& message : everyone) DecodeLayouts(message, &parts);
+  for (const std::string& message : everyone) SC_RETURN_IF_ERROR(DecodeLayouts(message, &parts));
   for (size_t s = 0; s < suspects.size(); ++s) {
     const EntryRecord& entry = manifest.entries[checked[suspects[s]]];
     const std::optional<bool> covered = PartsCoverWhole(parts[s], entry.shape, kMaxCoverageRuns);
