@@ -123,8 +123,8 @@ def walk(state: Any, prefix: str = "") -> List[Tuple[str, Any]]:
 
     def visit(value: Any, name: str, top: bool = False) -> None:
         # The state dict itself is always walked, tensors or not: its values have names.
-        try:
-            leaf = not top and (is_tensorish(value) or not _holds_tensors(value))
+        try:  # on the walk's own path: a container met inside itself, below here or above
+            leaf = not top and (is_tensorish(value) or not _holds_tensors(value, on_path))
         except _HoldsItself:
             raise InvalidArgument("'%s' holds itself (a dict or list inside itself): a state dict is a tree"
                                   % (name or "the state dict")) from None
@@ -135,9 +135,6 @@ def walk(state: Any, prefix: str = "") -> List[Tuple[str, Any]]:
             seen[name] = True
             out.append((name, value))
             return
-        if id(value) in on_path:
-            raise InvalidArgument("'%s' holds itself (a dict or list inside itself): a state dict is a tree"
-                                  % (name or "the state dict"))
         on_path.add(id(value))
         items = value.items() if isinstance(value, dict) else enumerate(value)
         for key, child in items:
