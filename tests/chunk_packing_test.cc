@@ -332,6 +332,32 @@ TEST(ChunkOffset, AnExtentIsVerifiedAndScatteredWindowByWindow) {
                                            " holding 't1'"));
 }
 
+std::vector<size_t> AllEntries(const Manifest& m) {
+  std::vector<size_t> all(m.entries.size());
+  for (size_t e = 0; e < all.size(); ++e) all[e] = e;
+  return all;
+}
+
+// Reads `entries` (named t<i>, holding data[i]) whole, in the order given: each read either
+// matches its data or fails as damaged naming its entry, which is added to `failed`.
+void WalkEntries(CheckpointReader& reader, const std::vector<size_t>& entries,
+                 const std::vector<std::vector<uint8_t>>& data, std::vector<std::string>* failed) {
+  const Manifest& m = reader.manifest();
+  std::vector<uint8_t> got;
+  for (size_t e : entries) {
+    const size_t i = std::stoul(m.entries[e].name.substr(1));
+    got.assign(data[i].size(), 0xEE);
+    Status read = reader.ReadPiece(e, Layout::Whole(), got.data());
+    if (!read.ok()) {
+      EXPECT_EQ(read.code(), Code::kDataLoss) << read.ToString();
+      EXPECT_THAT(read.message(), HasSubstr("'" + m.entries[e].name + "'"));
+      failed->push_back(m.entries[e].name);
+      continue;
+    }
+    EXPECT_EQ(got, data[i]) << m.entries[e].name;
+  }
+}
+
 // The tools read small entries through CheckpointReader's read-ahead windows: many pieces per
 // read, each block verified once; a damaged block fails only the pieces it holds, named.
 TEST(ChunkOffset, ReadAheadServesPackedPiecesAndNamesTheDamagedOne) {
@@ -389,20 +415,7 @@ TEST(ChunkOffset, ReadAheadWalksAFileWindowAfterWindow) {
   const std::vector<std::vector<uint8_t>> data = WriteSmallWholeEntries(root, 1, 1, count, [](int i) { return 7000 + i % 13; });
   ASSERT_FALSE(HasFailure());
   auto walk = [&](CheckpointReader& reader, std::vector<std::string>* failed) {
-    const Manifest& m = reader.manifest();
-    std::vector<uint8_t> got;
-    for (size_t e = 0; e < m.entries.size(); ++e) {
-      const size_t i = std::stoul(m.entries[e].name.substr(1));
-      got.assign(data[i].size(), 0xEE);
-      Status read = reader.ReadPiece(e, Layout::Whole(), got.data());
-      if (!read.ok()) {
-        EXPECT_EQ(read.code(), Code::kDataLoss) << read.ToString();
-        EXPECT_THAT(read.message(), HasSubstr("'" + m.entries[e].name + "'"));
-        failed->push_back(m.entries[e].name);
-        continue;
-      }
-      EXPECT_EQ(got, data[i]) << m.entries[e].name;
-    }
+    WalkEntries(reader, AllEntries(reader.manifest()), data, failed);
   };
   auto reader = CheckpointReader::Open(root).value();
   const Manifest m = reader->manifest();
@@ -542,6 +555,74 @@ TEST(ChunkOffset, ReadAheadReadsEachBlockOnceAcrossManyFiles) {
     ASSERT_EQ(got, data[i]) << m.entries[e].name;
   }
   EXPECT_EQ(reader->stats().data_bytes_read, data_bytes);
+}
+
+// ReadFirstWindowsAhead reads every file's first window in one background plan: a walk then reads
+// each block once (the first windows ahead, the second when the walk reaches it, the rest ahead
+// again); after ReadOnly it reads only wanted bytes; a damaged block in a first window fails that
+// read alone, and the pieces are read as before, the damaged one named.
+TEST(ChunkOffset, FirstWindowsReadAheadServeTheWalkAndNameADamagedBlock) {
+  testing::TempDir dir;
+  const std::string root = JoinPath(dir.path(), "root");
+  const uint64_t window = CheckpointReader::kMaxWindow;
+  // Three files of about 2.5 windows each, entries of about 28 KiB in turn across them.
+  const int count = static_cast<int>(window * 75 / 10 / 28000);
+  const std::vector<std::vector<uint8_t>> data = WriteSmallWholeEntries(root, 1, 3, count, [](int i) { return 7000 + i % 13; });
+  ASSERT_FALSE(HasFailure());
+  auto walk = [&](CheckpointReader& reader, const std::vector<size_t>& entries, std::vector<std::string>* failed) {
+    WalkEntries(reader, entries, data, failed);
+  };
+  auto reader = CheckpointReader::Open(root).value();
+  const Manifest m = reader->manifest();
+  ASSERT_EQ(m.files.size(), 3u);
+  const std::vector<size_t> all = AllEntries(m);
+  uint64_t data_bytes = 0;
+  for (const FileRecord& f : m.files) {
+    ASSERT_GT(f.table_offset, 2 * window);
+    data_bytes += f.table_offset;
+  }
+  reader->ReadFirstWindowsAhead();
+  std::vector<std::string> failed;
+  walk(*reader, all, &failed);
+  EXPECT_TRUE(failed.empty());
+  EXPECT_EQ(reader->stats().data_bytes_read, data_bytes);  // each block once
+  EXPECT_EQ(reader->stats().bytes_read_ahead, data_bytes - 3 * window);  // all but each file's second window
+
+  // Told its entries first (runs of 8 in files 0 and 1, gaps of 8 far wider than kWindowGap,
+  // none of file 2): the first windows hold wanted blocks only.
+  reader = CheckpointReader::Open(root).value();
+  std::vector<size_t> some;
+  std::vector<std::pair<uint64_t, uint64_t>> blocks;  // (file, block) of each wanted block
+  for (size_t e : all) {
+    const size_t i = std::stoul(m.entries[e].name.substr(1));
+    if (i % 3 == 2 || (i / 24) % 2 == 1) continue;
+    some.push_back(e);
+    const ChunkRecord& c = m.entries[e].chunks.at(0);
+    for (uint64_t b = c.offset / kBlockSize; b * kBlockSize < c.offset + c.bytes; ++b) blocks.emplace_back(c.file, b);
+  }
+  std::sort(blocks.begin(), blocks.end());
+  const uint64_t wanted = kBlockSize * static_cast<uint64_t>(std::unique(blocks.begin(), blocks.end()) - blocks.begin());
+  reader->ReadOnly(some);
+  reader->ReadFirstWindowsAhead();
+  walk(*reader, some, &failed);
+  EXPECT_TRUE(failed.empty());
+  EXPECT_EQ(reader->stats().data_bytes_read, wanted);
+  EXPECT_GT(reader->stats().bytes_read_ahead, 0u);
+
+  // A damaged block in file 1's first window: every other entry is still served, that one named.
+  const EntryRecord* damaged = nullptr;
+  for (const EntryRecord& e : m.entries) {
+    if (damaged == nullptr && e.chunks[0].file == 1 && e.chunks[0].offset > window / 2) damaged = &e;
+  }
+  ASSERT_NE(damaged, nullptr);
+  const std::string path = JoinPath(JoinPath(root, StepDirName(1)), m.files[1].name);
+  std::string file = ReadFileLimited(path, 64 << 20).value();
+  file[damaged->chunks[0].offset + 12000] ^= 1;
+  ASSERT_TRUE(WriteFileAtomic(path, file, "test").ok());
+  reader = CheckpointReader::Open(root).value();
+  reader->ReadFirstWindowsAhead();
+  walk(*reader, all, &failed);
+  EXPECT_EQ(failed, std::vector<std::string>{damaged->name});
 }
 
 // Consolidation reads many packed entries a batch at a time from aligned read-ahead windows:

@@ -49,6 +49,7 @@ Status CheckpointReader::Run(std::vector<CopyRequest> copies, const ReadTargets&
 
 void CheckpointReader::ReadOnly(const std::vector<size_t>& entries) {
   // A background read uses wanted_: it ends first, and windows read under the old rule go.
+  JoinFirstWindows();
   JoinAhead();
   for (size_t file = 0; file < windows_.size(); ++file) {
     windows_[file].size = 0;
@@ -106,16 +107,88 @@ Status CheckpointReader::ReadWindow(uint32_t file, uint64_t from, Window* into, 
   return Status::Ok();
 }
 
+void CheckpointReader::ReadFirstWindowsAhead() {
+  JoinFirstWindows();
+  std::vector<CopyRequest> copies;
+  std::vector<unsigned char*> bases;
+  std::vector<std::string> labels;
+  uint64_t budget = kWindowBudget;
+  for (uint32_t file = 0; file < windows_.size() && budget >= window_bytes_; ++file) {
+    Window& w = windows_[file];
+    if (w.size > 0) continue;
+    uint64_t from = 0;
+    if (!wanted_.empty()) {
+      if (wanted_[file].empty()) continue;
+      from = wanted_[file].front().first;
+    }
+    const uint64_t to = std::min({manifest_.files[file].table_offset, from + window_bytes_, WantedEnd(file, from)});
+    if (to <= from) continue;
+    if (w.bytes.data() == nullptr) {
+      Result<AlignedBuffer> bytes = AlignedBuffer::Allocate(window_bytes_);
+      if (!bytes.ok()) break;  // (memory): the rest are read when needed, which reports it
+      w.bytes = std::move(*bytes);
+    }
+    budget -= window_bytes_;
+    copies.push_back(CopyRequest{file, from, to - from, static_cast<uint32_t>(bases.size()), 0});
+    bases.push_back(w.bytes.data());
+    labels.push_back("read-ahead of " + manifest_.files[file].name);
+    first_windows_.push_back(FirstWindow{file, from, to - from});
+  }
+  if (copies.empty()) return;
+  // Reading ahead only saves time: when it cannot be set up, windows are read when needed.
+  auto skip = [&](const std::string& why) {
+    first_windows_.clear();
+    LogOnce(LogLevel::kInfo, "checkpoint-reader-first", "reading first windows when needed, not ahead: " + why);
+  };
+  Result<std::unique_ptr<BufferPool>> pool = BufferPool::Create(kFirstWindowsInFlight, kWindowPart);
+  if (!pool.ok()) return skip(pool.status().ToString());
+  IoOptions io;
+  io.queue_depth = kFirstWindowsInFlight + 1;
+  try {
+    first_done_ = std::async(std::launch::async, [this, copies = std::move(copies), bases = std::move(bases),
+                                                  labels = std::move(labels), pool = std::move(*pool), io]() mutable -> Status {
+      try {
+        ReadPlanOptions cut;
+        cut.max_extent = kWindowPart;
+        const ReadPlan plan = CoalesceReads(std::move(copies), cut);
+        ReadTargets targets{std::move(bases), std::vector<std::string_view>(labels.begin(), labels.end()), {}};
+        std::unique_ptr<IoEngine> engine = CreateIoEngine(io);
+        return ExecuteReadPlan(engine.get(), pool.get(), dir_, manifest_, plan, targets, true, &first_stats_);
+      } catch (const std::exception& e) {  // (memory): the foreground reads will say what fails
+        return Internal(std::string("first windows: ") + e.what());
+      }
+    });
+  } catch (const std::exception& e) {  // no thread to be had (a pids limit, memory)
+    return skip(e.what());
+  }
+}
+
+void CheckpointReader::JoinFirstWindows() {
+  if (!first_done_.valid()) return;
+  const bool read = first_done_.get().ok();
+  for (const FirstWindow& f : first_windows_) {
+    if (!read) break;
+    windows_[f.file].offset = f.from;
+    windows_[f.file].size = f.size;
+  }
+  first_windows_.clear();
+  CountReadAhead(&first_stats_);
+}
+
+void CheckpointReader::CountReadAhead(ReadStats* read) {
+  stats_.data_bytes_read += read->data_bytes_read;
+  stats_.table_bytes_read += read->table_bytes_read;
+  stats_.extents += read->extents;
+  stats_.bytes_read_in_place += read->bytes_read_in_place;
+  stats_.bytes_read_ahead += read->data_bytes_read;
+  *read = ReadStats{};
+}
+
 void CheckpointReader::JoinAhead() {
   if (reading_ahead_ < 0) return;
   ahead_[static_cast<size_t>(reading_ahead_)].done.wait();
   reading_ahead_ = -1;
-  stats_.data_bytes_read += ahead_stats_.data_bytes_read;
-  stats_.table_bytes_read += ahead_stats_.table_bytes_read;
-  stats_.extents += ahead_stats_.extents;
-  stats_.bytes_read_in_place += ahead_stats_.bytes_read_in_place;
-  stats_.bytes_read_ahead += ahead_stats_.data_bytes_read;
-  ahead_stats_ = ReadStats{};
+  CountReadAhead(&ahead_stats_);
 }
 
 bool CheckpointReader::TakeAhead(uint32_t file) {
@@ -162,6 +235,7 @@ void CheckpointReader::StartAhead(uint32_t file) {
 
 Result<bool> CheckpointReader::CopyFromWindows(const CopyRequest& c, unsigned char* target) {
   if (c.length == 0) return true;  // nothing to read (a DCP folder's empty chunk): no window moved
+  JoinFirstWindows();
   const uint64_t begin = c.file_offset, end = c.file_offset + c.length;
   Window& w = windows_[c.file];
   if (begin >= w.offset && end <= w.offset + w.size) {

@@ -42,11 +42,22 @@ class CheckpointReader {
   // wanted bytes are read through: two reads would cost more than the bytes.
   void ReadOnly(const std::vector<size_t>& entries);
   static constexpr uint64_t kWindowGap = 64u << 10;
+
+  // Starts reading each file's first window (from its first wanted byte, after ReadOnly) in the
+  // background, every file in one plan with kFirstWindowsInFlight reads in flight, up to
+  // kWindowBudget in all. Why: a tool walking entries in order needs every file's first window for
+  // its first pieces, and read one file at a time those took a quarter of a consolidation from 64
+  // files (65 of 240 ms), four reads in flight and the caller idle; started before the caller's
+  // own planning (a .pt's pickle), they overlap it too. A window this could not read (a damaged
+  // block) is read again when a piece needs it, which reports as before. Call after ReadOnly.
+  void ReadFirstWindowsAhead();
+  static constexpr size_t kFirstWindowsInFlight = 16;
   // A blob's bytes; in a DCP folder a byte item of plain values comes back as a value blob
   // (DcpByteItemValue), others as their torch.save bytes.
   Result<std::string> ReadBlob(const BlobRecord& blob);
   // Bytes read so far, a background read in flight included (it is waited for).
   const ReadStats& stats() {
+    JoinFirstWindows();
     JoinAhead();
     return stats_;
   }
@@ -84,6 +95,10 @@ class CheckpointReader {
   uint64_t WantedEnd(uint32_t file, uint64_t offset) const;
   // Waits for the background read in flight, if any, and counts its bytes.
   void JoinAhead();
+  // Waits for ReadFirstWindowsAhead's read, if any; its windows serve pieces from then on.
+  void JoinFirstWindows();
+  // Adds a joined background read's counts to stats_ (as read ahead) and clears them.
+  void CountReadAhead(ReadStats* read);
   // Takes the result of `file`'s background read: true when it succeeded.
   bool TakeAhead(uint32_t file);
 
@@ -106,6 +121,16 @@ class CheckpointReader {
   ReadStats ahead_stats_;  // written by the helper, merged into stats_ once it is joined
   int64_t reading_ahead_ = -1;  // the file whose background read may still be running
   std::vector<Ahead> ahead_;  // by file
+  // ReadFirstWindowsAhead's read: the files and offsets it reads into windows_ (theirs until it is
+  // joined), and its result. Last: destroyed first, waiting for the read.
+  struct FirstWindow {
+    uint32_t file = 0;
+    uint64_t from = 0;
+    uint64_t size = 0;
+  };
+  std::vector<FirstWindow> first_windows_;
+  ReadStats first_stats_;
+  std::future<Status> first_done_;
 };
 
 }  // namespace shardckpt
