@@ -13,6 +13,7 @@ timed-out operation is still queued), so this communicator refuses every later c
 from __future__ import annotations
 
 import collections
+import ctypes
 import datetime
 import hashlib
 import re
@@ -123,6 +124,20 @@ class _Census:
 _RECENT_WORK: "collections.deque[Any]" = collections.deque(maxlen=8)
 
 
+def _never_freed(*objects: Any) -> None:
+    """Keeps ``objects`` until the process ends, past interpreter shutdown. A gloo group whose
+    collective timed out still has it queued, and its destructor waits for it for torch's own
+    timeout (30 minutes by default): a job that caught DeadlineExceeded and called
+    destroy_process_group() hung at exit, in the hook that drops shardckpt's communicator, which
+    then held the group's last reference. A reference nothing drops lets the process end; the
+    group's threads end with it."""
+    incref = ctypes.pythonapi.Py_IncRef
+    incref.argtypes = [ctypes.py_object]
+    incref.restype = None
+    for obj in objects:
+        incref(obj)
+
+
 def _group_gone(group: Any) -> bool:
     """Whether ``group`` was destroyed (with the default group, or on its own)."""
     if not dist.is_initialized():
@@ -204,6 +219,7 @@ class TorchGroupComm:
         except RuntimeError as error:
             if self.timeout_s <= 0 or "timed out" not in str(error).lower():
                 raise self._failed(what, str(error)) from None
+            _never_freed(self.group, work)
             self.census.gave_up(self.rank)
             absent = self.census.absent(self.rank)
             who = ("rank%s %s never joined it" % ("s" if len(absent) > 1 else "",
