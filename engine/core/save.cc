@@ -58,6 +58,14 @@ Result<SaveResult> Save(Communicator& comm, const std::string& root, int64_t ste
   SC_RETURN_IF_ERROR(ShareOutcome(comm, committed, &total));
   clock.Lap("share_outcome");
   result.path = JoinPath(root, StepDirName(step));
+  if (!planned.rank0_root.empty() && !PathExists(result.path)) {
+    // This rank named another root than rank 0's and had nothing to write (else the commit would
+    // have failed): the checkpoint is the folder rank 0 committed, not one that does not exist.
+    const std::string committed = JoinPath(planned.rank0_root, StepDirName(step));
+    SC_LOG(kWarn) << "rank " << rank << ": " << result.path << " does not exist: step " << step
+                  << " was committed in rank 0's root, " << committed;
+    result.path = committed;
+  }
   result.total_bytes = total;
   if (rank == 0 && LogEnabled(LogLevel::kInfo)) {
     double seconds = 0;

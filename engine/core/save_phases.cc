@@ -457,6 +457,7 @@ Result<PlannedSave> DecidePlan(Communicator& comm, const std::string& root, int6
   if (refused) {  // every rank knows: one allgather to name each rank's refusal, on every rank alike
     return AgreeOnStatus(comm, state.CheckNothingRefused()).WithContext(StepFailed(step));
   }
+  std::string rank0_root;  // set where this rank's root differs from rank 0's
   if (values_differ) {  // every rank knows: one allgather to name the value, on every rank alike
     WireWriter mine;
     mine.Str(EncodeGlobalValues(state));
@@ -483,6 +484,7 @@ Result<PlannedSave> DecidePlan(Communicator& comm, const std::string& root, int6
     }
     SC_RETURN_IF_ERROR(GlobalValueConflicts(values).WithContext(StepFailed(step)));
     SC_RETURN_IF_ERROR(OptionConflicts(options_by_rank, metrics_by_rank).WithContext(StepFailed(step)));
+    if (roots[static_cast<size_t>(rank)] != roots[0]) rank0_root = roots[0];
   }
   PlannedSave planned;
   if (reuse) {
@@ -494,6 +496,7 @@ Result<PlannedSave> DecidePlan(Communicator& comm, const std::string& root, int6
   }
   SC_RETURN_IF_ERROR(SharePlan(comm, &planned, cache));
   KeepPlan(cache, planned, digest, comm.size());
+  planned.rank0_root = std::move(rank0_root);  // not kept: the next save says its own
   return planned;
 }
 

@@ -50,6 +50,9 @@ struct PlannedSave {
   std::string temp_name;            // <root>/<temp_name> receives the data files
   std::string plan_bytes;           // the broadcast: temp_name, plan id and the encoded plan
   Status decoded;                   // a rank's own failure to decode plan_bytes [save.decode_plan]
+  // Rank 0's root (absolute), on a rank that named another one: a rank with nothing to write
+  // there does not fail the commit, and returns the folder rank 0 committed.
+  std::string rank0_root;
 };
 // On rank 0: validates the step, retention rule and metrics, takes the root lock, cleans the
 // root, plans and creates the temp folder. Elsewhere: an empty plan, status Ok.

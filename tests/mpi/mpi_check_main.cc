@@ -27,6 +27,7 @@
 
 #include "shardckpt/collectives/mpi_communicator.h"
 #include "shardckpt/engine/core/async_save.h"
+#include "shardckpt/engine/core/checkpoint_dir.h"
 #include "shardckpt/engine/core/load.h"
 #include "shardckpt/engine/core/save.h"
 #include "shardckpt/engine/core/save_plan_cache.h"
@@ -532,9 +533,21 @@ int main(int argc, char** argv) {
     Result<SaveResult> other = Save(*comm, rank == 2 ? root + "-other" : root, 4, fourth.state);
     if (other.ok()) return Fail(rank, "a save with a rank in another folder committed");
     std::printf("rank %d: step 4 refused: %s\n", rank, other.status().ToString().c_str());
+    // One where the rank in another folder has nothing to write (one replicated tensor, written
+    // by rank 0) commits: every rank returns the folder rank 0 committed.
+    std::vector<float> replicated(10, 5.0f);
+    ShardedState fifth;
+    if (!fifth.AddTensor("w", DType::kFloat32, {10}, Layout::Whole(), replicated.data()).ok()) return Fail(rank, "state");
+    Result<SaveResult> apart = Save(*comm, rank == 2 ? root + "-other" : root, 5, fifth);
+    const std::string committed = JoinPath(AbsoluteRoot(root), StepDirName(5));
+    if (!apart.ok() || (rank == 2 ? apart->path != committed : apart->path != JoinPath(root, StepDirName(5))) ||
+        !PathExists(committed) || PathExists(JoinPath(root + "-other", StepDirName(5)))) {
+      return Fail(rank, "step 5, rank 2 in another folder with nothing to write: " +
+                            (apart.ok() ? apart->path : apart.status().ToString()));
+    }
     session->reset();  // MPI_Finalize
-    Held again = Build("mixed", comm->size(), rank, 5, true);
-    Result<SaveResult> after = Save(*comm, root, 5, again.state);
+    Held again = Build("mixed", comm->size(), rank, 6, true);
+    Result<SaveResult> after = Save(*comm, root, 6, again.state);
     const bool refused = !after.ok() && after.status().code() == Code::kFailedPrecondition &&
                          after.status().message().find("MPI is already finalized") != std::string::npos;
     std::printf("rank %d: %s %s\n", rank, refused ? "OK" : "FAIL:", after.ok() ? "saved" : after.status().ToString().c_str());
