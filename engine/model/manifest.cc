@@ -148,9 +148,32 @@ void Check(simdjson::error_code error) {
 
 constexpr int kMaxNesting = 64;
 
+// Whether `v`, which did not convert, is written as an integer (digits, after a '-' where
+// `negative`): one past int64 (uint64) is then said to be out of range, not "not an integer"
+// (simdjson's error codes for it differ between its versions).
+bool WrittenAsInteger(od::value& v, bool negative) {
+  std::string_view text = v.raw_json_token();
+  while (!text.empty() && (text.back() == ' ' || text.back() == '\n' || text.back() == '\r' || text.back() == '\t')) {
+    text.remove_suffix(1);
+  }
+  if (negative && !text.empty() && text.front() == '-') text.remove_prefix(1);
+  return !text.empty() && std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
 uint64_t U64(od::value& v, const char* what) {
   uint64_t x = 0;
-  if (v.get_uint64().get(x)) Refuse(std::string(what) + " is not a non-negative integer");
+  if (v.get_uint64().get(x)) {
+    Refuse(std::string(what) +
+           (WrittenAsInteger(v, false) ? " is an integer out of range (past 2^64 - 1)" : " is not a non-negative integer"));
+  }
+  return x;
+}
+
+int64_t I64(od::value& v, const std::string& what) {
+  int64_t x = 0;
+  if (v.get_int64().get(x)) {
+    Refuse(what + (WrittenAsInteger(v, true) ? " an integer out of range (past 2^63 - 1)" : " a non-integer"));
+  }
   return x;
 }
 
@@ -252,8 +275,7 @@ void IntList(od::value& v, const char* what, IntVector* out) {
   int64_t small[kSmall];
   size_t n = 0;
   ForEachElement(v, what, [&](od::value& x) {
-    int64_t i = 0;
-    if (x.get_int64().get(i)) Refuse(std::string(what) + " holds a non-integer");
+    const int64_t i = I64(x, std::string(what) + " holds");
     if (n < kSmall) {
       small[n++] = i;
       return;
@@ -304,11 +326,7 @@ void DecodeChunk(od::value& v, ChunkRecord* chunk) {
   bool box = false;
   Dims offsets, sizes;
   int64_t begin = 0, end = 0;
-  auto bound = [](od::value& x) {
-    int64_t b = 0;
-    if (x.get_int64().get(b)) Refuse("flat range bounds are not integers");
-    return b;
-  };
+  auto bound = [](od::value& x) { return I64(x, "a flat range bound is"); };
   ForEachElement(v, "chunk", [&](od::value& x) {
     switch (k++) {
       case 0:
@@ -598,9 +616,7 @@ Result<Manifest> DecodeText(const std::string& text, SealShape seal, uint64_t re
         case 0:
         case 1: break;  // read above
         case 2: {
-          int64_t step = 0;
-          if (v.get_int64().get(step)) Refuse("step is not an integer");
-          m.step = step;
+          m.step = I64(v, "step is");
           break;
         }
         case 3: {
