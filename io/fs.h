@@ -24,6 +24,8 @@ std::string WithoutTrailingSlashes(std::string path);
 bool EndsWith(const std::string& text, const std::string& suffix);
 bool PathExists(const std::string& path);
 bool IsDirectory(const std::string& path);
+// Whether both paths exist and name the same file or folder (device and inode).
+bool SameFile(const std::string& a, const std::string& b);
 // Whether `path` exists and is no folder: a regular file, FIFO, socket or device, or a link to
 // one (a link to a folder, or a dangling one, is not).
 bool IsPlainNonFolder(const std::string& path);

@@ -582,6 +582,7 @@ TEST(ChunkOffset, FirstWindowsReadAheadServeTheWalkAndNameADamagedBlock) {
     data_bytes += f.table_offset;
   }
   reader->ReadFirstWindowsAhead();
+  EXPECT_EQ(reader->first_windows_kept(), 3u);
   std::vector<std::string> failed;
   walk(*reader, all, &failed);
   EXPECT_TRUE(failed.empty());
@@ -621,7 +622,22 @@ TEST(ChunkOffset, FirstWindowsReadAheadServeTheWalkAndNameADamagedBlock) {
   ASSERT_TRUE(WriteFileAtomic(path, file, "test").ok());
   reader = CheckpointReader::Open(root).value();
   reader->ReadFirstWindowsAhead();
+  EXPECT_EQ(reader->first_windows_kept(), 2u);  // files 0 and 2: the damaged block fails file 1's alone
   walk(*reader, all, &failed);
+  EXPECT_EQ(failed, std::vector<std::string>{damaged->name});
+
+  // Entries wider than a window are read on their own: no first window is read for nothing.
+  const std::string wide_root = JoinPath(dir.path(), "wide");
+  const std::vector<std::vector<uint8_t>> wide =
+      WriteSmallWholeEntries(wide_root, 1, 2, 4, [&](int i) { return static_cast<int64_t>(window / 4 + 1000 * (i + 1)); });
+  ASSERT_FALSE(HasFailure());
+  reader = CheckpointReader::Open(wide_root).value();
+  reader->ReadFirstWindowsAhead();
+  EXPECT_EQ(reader->first_windows_kept(), 0u);
+  WalkEntries(*reader, AllEntries(reader->manifest()), wide, &failed);
+  uint64_t wide_bytes = 0;
+  for (const FileRecord& f : reader->manifest().files) wide_bytes += f.table_offset;
+  EXPECT_EQ(reader->stats().data_bytes_read, wide_bytes);  // each block once, none more
   EXPECT_EQ(failed, std::vector<std::string>{damaged->name});
 }
 

@@ -109,67 +109,87 @@ Status CheckpointReader::ReadWindow(uint32_t file, uint64_t from, Window* into, 
 
 void CheckpointReader::ReadFirstWindowsAhead() {
   JoinFirstWindows();
+  if (windows_.empty()) return;
+  try {
+    first_done_ = std::async(std::launch::async, [this]() -> Status {
+      try {
+        return ReadFirstWindows();
+      } catch (const std::exception& e) {  // (memory): the foreground reads will say what fails
+        return Internal(std::string("first windows: ") + e.what());
+      }
+    });
+  } catch (const std::exception& e) {  // no thread to be had (a pids limit, memory): read when needed
+    LogOnce(LogLevel::kInfo, "checkpoint-reader-first", std::string("reading first windows when needed, not ahead: ") + e.what());
+  }
+}
+
+Status CheckpointReader::ReadFirstWindows() {
+  // Each file's first window starts at the block of its first chunk that windows serve (one
+  // within a window's size, CopyFromWindows), among the wanted bytes after ReadOnly: the window
+  // the walk would read there first. A file whose chunks are all wider than a window gets none:
+  // its pieces are read on their own, and a window there would be read for nothing.
+  std::vector<uint64_t> first(windows_.size(), UINT64_MAX);
+  for (const EntryRecord& e : manifest_.entries) {
+    for (const ChunkRecord& c : e.chunks) {
+      if (c.bytes == 0 || c.offset >= first[c.file]) continue;
+      if (AlignUp(c.offset + c.bytes, kBlockSize) - AlignDown(c.offset, kBlockSize) > window_bytes_) continue;
+      if (WantedEnd(c.file, c.offset) <= c.offset) continue;  // not a wanted entry's
+      first[c.file] = c.offset;
+    }
+  }
   std::vector<CopyRequest> copies;
   std::vector<unsigned char*> bases;
   std::vector<std::string> labels;
   uint64_t budget = kWindowBudget;
   for (uint32_t file = 0; file < windows_.size() && budget >= window_bytes_; ++file) {
     Window& w = windows_[file];
-    if (w.size > 0) continue;
-    uint64_t from = 0;
-    if (!wanted_.empty()) {
-      if (wanted_[file].empty()) continue;
-      from = wanted_[file].front().first;
-    }
+    if (first[file] == UINT64_MAX || w.size > 0) continue;
+    const uint64_t from = AlignDown(first[file], kBlockSize);
     const uint64_t to = std::min({manifest_.files[file].table_offset, from + window_bytes_, WantedEnd(file, from)});
     if (to <= from) continue;
     if (w.bytes.data() == nullptr) {
-      Result<AlignedBuffer> bytes = AlignedBuffer::Allocate(window_bytes_);
-      if (!bytes.ok()) break;  // (memory): the rest are read when needed, which reports it
-      w.bytes = std::move(*bytes);
+      SC_ASSIGN_OR_RETURN(w.bytes, AlignedBuffer::Allocate(window_bytes_));
     }
     budget -= window_bytes_;
     copies.push_back(CopyRequest{file, from, to - from, static_cast<uint32_t>(bases.size()), 0});
     bases.push_back(w.bytes.data());
     labels.push_back("read-ahead of " + manifest_.files[file].name);
-    first_windows_.push_back(FirstWindow{file, from, to - from});
+    first_windows_.push_back(FirstWindow{file, from, to - from, false});
   }
-  if (copies.empty()) return;
-  // Reading ahead only saves time: when it cannot be set up, windows are read when needed.
-  auto skip = [&](const std::string& why) {
-    first_windows_.clear();
-    LogOnce(LogLevel::kInfo, "checkpoint-reader-first", "reading first windows when needed, not ahead: " + why);
-  };
-  Result<std::unique_ptr<BufferPool>> pool = BufferPool::Create(kFirstWindowsInFlight, kWindowPart);
-  if (!pool.ok()) return skip(pool.status().ToString());
+  if (copies.empty()) return Status::Ok();
+  SC_ASSIGN_OR_RETURN(std::unique_ptr<BufferPool> pool, BufferPool::Create(kFirstWindowsInFlight, kWindowPart));
   IoOptions io;
   io.queue_depth = kFirstWindowsInFlight + 1;
-  try {
-    first_done_ = std::async(std::launch::async, [this, copies = std::move(copies), bases = std::move(bases),
-                                                  labels = std::move(labels), pool = std::move(*pool), io]() mutable -> Status {
-      try {
-        ReadPlanOptions cut;
-        cut.max_extent = kWindowPart;
-        const ReadPlan plan = CoalesceReads(std::move(copies), cut);
-        ReadTargets targets{std::move(bases), std::vector<std::string_view>(labels.begin(), labels.end()), {}};
-        std::unique_ptr<IoEngine> engine = CreateIoEngine(io);
-        return ExecuteReadPlan(engine.get(), pool.get(), dir_, manifest_, plan, targets, true, &first_stats_);
-      } catch (const std::exception& e) {  // (memory): the foreground reads will say what fails
-        return Internal(std::string("first windows: ") + e.what());
-      }
-    });
-  } catch (const std::exception& e) {  // no thread to be had (a pids limit, memory)
-    return skip(e.what());
+  std::unique_ptr<IoEngine> engine = CreateIoEngine(io);
+  ReadPlanOptions cut;
+  cut.max_extent = kWindowPart;
+  const std::vector<std::string_view> names(labels.begin(), labels.end());
+  Status read = ExecuteReadPlan(engine.get(), pool.get(), dir_, manifest_, CoalesceReads(copies, cut),
+                                ReadTargets{bases, names, {}}, true, &first_stats_);
+  if (read.ok()) {
+    for (FirstWindow& f : first_windows_) f.read = true;
+    return read;
   }
+  // A plan stops at its first failure (a damaged block): each file's window is read again on its
+  // own, so that only the failing ones are left to be read (and reported) when a piece needs them.
+  for (size_t i = 0; i < copies.size(); ++i) {
+    CopyRequest one = copies[i];
+    one.target = 0;
+    first_windows_[i].read = ExecuteReadPlan(engine.get(), pool.get(), dir_, manifest_, CoalesceReads({one}, cut),
+                                             ReadTargets{{bases[i]}, {names[i]}, {}}, true, &first_stats_)
+                                 .ok();
+  }
+  return read;
 }
 
 void CheckpointReader::JoinFirstWindows() {
   if (!first_done_.valid()) return;
-  const bool read = first_done_.get().ok();
+  first_done_.get().IgnoreError();  // a window that failed is read again when needed, which reports
   for (const FirstWindow& f : first_windows_) {
-    if (!read) break;
+    if (!f.read) continue;
     windows_[f.file].offset = f.from;
     windows_[f.file].size = f.size;
+    first_windows_kept_++;
   }
   first_windows_.clear();
   CountReadAhead(&first_stats_);

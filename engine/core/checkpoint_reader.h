@@ -43,15 +43,23 @@ class CheckpointReader {
   void ReadOnly(const std::vector<size_t>& entries);
   static constexpr uint64_t kWindowGap = 64u << 10;
 
-  // Starts reading each file's first window (from its first wanted byte, after ReadOnly) in the
-  // background, every file in one plan with kFirstWindowsInFlight reads in flight, up to
-  // kWindowBudget in all. Why: a tool walking entries in order needs every file's first window for
-  // its first pieces, and read one file at a time those took a quarter of a consolidation from 64
+  // Starts reading each file's first window in the background: from the block of the file's
+  // first chunk that windows serve (one within a window's size; after ReadOnly, of a wanted
+  // entry), every file in one plan with kFirstWindowsInFlight reads in flight, up to
+  // kWindowBudget in all. Files holding only wider chunks get none (their pieces are read on
+  // their own). Why: a tool walking entries in order needs every file's first window for its
+  // first pieces, and read one file at a time those took a quarter of a consolidation from 64
   // files (65 of 240 ms), four reads in flight and the caller idle; started before the caller's
-  // own planning (a .pt's pickle), they overlap it too. A window this could not read (a damaged
-  // block) is read again when a piece needs it, which reports as before. Call after ReadOnly.
+  // own planning (a .pt's pickle), they overlap it too. A window that could not be read (a
+  // damaged block) is read again when a piece needs it, which reports as before; the other
+  // files' windows are kept. Call after ReadOnly.
   void ReadFirstWindowsAhead();
   static constexpr size_t kFirstWindowsInFlight = 16;
+  // Files whose first window ReadFirstWindowsAhead read, verified, and kept (it waits for it).
+  size_t first_windows_kept() {
+    JoinFirstWindows();
+    return first_windows_kept_;
+  }
   // A blob's bytes; in a DCP folder a byte item of plain values comes back as a value blob
   // (DcpByteItemValue), others as their torch.save bytes.
   Result<std::string> ReadBlob(const BlobRecord& blob);
@@ -95,6 +103,8 @@ class CheckpointReader {
   uint64_t WantedEnd(uint32_t file, uint64_t offset) const;
   // Waits for the background read in flight, if any, and counts its bytes.
   void JoinAhead();
+  // ReadFirstWindowsAhead's work, on its thread: picks the windows, reads them, marks each read.
+  Status ReadFirstWindows();
   // Waits for ReadFirstWindowsAhead's read, if any; its windows serve pieces from then on.
   void JoinFirstWindows();
   // Adds a joined background read's counts to stats_ (as read ahead) and clears them.
@@ -121,15 +131,17 @@ class CheckpointReader {
   ReadStats ahead_stats_;  // written by the helper, merged into stats_ once it is joined
   int64_t reading_ahead_ = -1;  // the file whose background read may still be running
   std::vector<Ahead> ahead_;  // by file
-  // ReadFirstWindowsAhead's read: the files and offsets it reads into windows_ (theirs until it is
-  // joined), and its result. Last: destroyed first, waiting for the read.
+  // ReadFirstWindowsAhead's read: the windows it reads into windows_ (its thread's, and
+  // windows_ with them, until it is joined), and its end. Last: destroyed first, waiting for it.
   struct FirstWindow {
     uint32_t file = 0;
     uint64_t from = 0;
     uint64_t size = 0;
+    bool read = false;  // read and verified
   };
   std::vector<FirstWindow> first_windows_;
   ReadStats first_stats_;
+  size_t first_windows_kept_ = 0;
   std::future<Status> first_done_;
 };
 

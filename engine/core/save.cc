@@ -58,13 +58,18 @@ Result<SaveResult> Save(Communicator& comm, const std::string& root, int64_t ste
   SC_RETURN_IF_ERROR(ShareOutcome(comm, committed, &total));
   clock.Lap("share_outcome");
   result.path = JoinPath(root, StepDirName(step));
-  if (!planned.rank0_root.empty() && !PathExists(result.path)) {
+  if (!planned.rank0_root.empty()) {
     // This rank named another root than rank 0's and had nothing to write (else the commit would
-    // have failed): the checkpoint is the folder rank 0 committed, not one that does not exist.
+    // have failed). Its own step folder is the checkpoint only where it is the one rank 0
+    // committed, or where rank 0's path names nothing here (another host's mount of the same
+    // folder); else (missing, or an older checkpoint of another root) the result is rank 0's.
     const std::string committed = JoinPath(planned.rank0_root, StepDirName(step));
-    SC_LOG(kWarn) << "rank " << rank << ": " << result.path << " does not exist: step " << step
-                  << " was committed in rank 0's root, " << committed;
-    result.path = committed;
+    const bool own_exists = PathExists(result.path);
+    if (!SameFile(result.path, committed) && (!own_exists || PathExists(committed))) {
+      SC_LOG(kWarn) << "rank " << rank << ": " << result.path << (own_exists ? " is another folder" : " does not exist")
+                    << ": step " << step << " was committed in rank 0's root, " << committed;
+      result.path = committed;
+    }
   }
   result.total_bytes = total;
   if (rank == 0 && LogEnabled(LogLevel::kInfo)) {

@@ -148,23 +148,29 @@ void Check(simdjson::error_code error) {
 
 constexpr int kMaxNesting = 64;
 
-// Whether `v`, which did not convert, is written as an integer (digits, after a '-' where
-// `negative`): one past int64 (uint64) is then said to be out of range, not "not an integer"
-// (simdjson's error codes for it differ between its versions).
-bool WrittenAsInteger(od::value& v, bool negative) {
+// How `v`, which did not convert to an integer, is written: as an integer too large (positive)
+// or too small (negative) for the type, or as something else (a fraction, an exponent, leading
+// zeros, not a number). Said so rather than "not an integer" (simdjson's error codes for an
+// integer out of range differ between its versions).
+enum class IntegerText { kNone, kTooLarge, kTooSmall };
+IntegerText WrittenAsInteger(od::value& v) {
   std::string_view text = v.raw_json_token();
   while (!text.empty() && (text.back() == ' ' || text.back() == '\n' || text.back() == '\r' || text.back() == '\t')) {
     text.remove_suffix(1);
   }
-  if (negative && !text.empty() && text.front() == '-') text.remove_prefix(1);
-  return !text.empty() && std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+  const bool negative = !text.empty() && text.front() == '-';
+  if (negative) text.remove_prefix(1);
+  const bool digits = !text.empty() && (text.front() != '0' || text.size() == 1) &&
+                      std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits) return IntegerText::kNone;
+  return negative ? IntegerText::kTooSmall : IntegerText::kTooLarge;
 }
 
 uint64_t U64(od::value& v, const char* what) {
   uint64_t x = 0;
   if (v.get_uint64().get(x)) {
-    Refuse(std::string(what) +
-           (WrittenAsInteger(v, false) ? " is an integer out of range (past 2^64 - 1)" : " is not a non-negative integer"));
+    Refuse(std::string(what) + (WrittenAsInteger(v) == IntegerText::kTooLarge ? " is an integer out of range (past 2^64 - 1)"
+                                                                              : " is not a non-negative integer"));
   }
   return x;
 }
@@ -172,7 +178,11 @@ uint64_t U64(od::value& v, const char* what) {
 int64_t I64(od::value& v, const std::string& what) {
   int64_t x = 0;
   if (v.get_int64().get(x)) {
-    Refuse(what + (WrittenAsInteger(v, true) ? " an integer out of range (past 2^63 - 1)" : " a non-integer"));
+    switch (WrittenAsInteger(v)) {
+      case IntegerText::kTooLarge: Refuse(what + " an integer out of range (past 2^63 - 1)");
+      case IntegerText::kTooSmall: Refuse(what + " an integer out of range (below -2^63)");
+      case IntegerText::kNone: Refuse(what + " a non-integer");
+    }
   }
   return x;
 }

@@ -130,12 +130,20 @@ def _never_freed(*objects: Any) -> None:
     timeout (30 minutes by default): a job that caught DeadlineExceeded and called
     destroy_process_group() hung at exit, in the hook that drops shardckpt's communicator, which
     then held the group's last reference. A reference nothing drops lets the process end; the
-    group's threads end with it."""
-    incref = ctypes.pythonapi.Py_IncRef
+    group's threads end with it. (The collective's buffers stay allocated too: a job that goes on
+    after the error keeps them.)"""
+    _KEPT.extend(objects)  # where the interpreter has no C API to take a reference with
+    try:
+        incref = ctypes.pythonapi.Py_IncRef
+    except AttributeError:
+        return
     incref.argtypes = [ctypes.py_object]
     incref.restype = None
     for obj in objects:
         incref(obj)
+
+
+_KEPT: List[Any] = []
 
 
 def _group_gone(group: Any) -> bool:

@@ -201,10 +201,11 @@ case "$case" in
     [ "$(grep -c '^rank [0-9]: OK' "$work/out.txt")" = 3 ] &&
       grep -q "rank 1 named '$work/root/step-000000001' to load, rank 0 '$work/root/': rank 0's is loaded on every rank" \
         "$work/out.txt" &&
-      [ "$(grep -c "saves into" "$work/out.txt")" = 4 ] &&  # rank 2 and rank 0, for steps 4 and 5 alone
+      [ "$(grep -c "saves into" "$work/out.txt")" = 6 ] &&  # rank 2 and rank 0, for steps 4, 5 and 6 alone
       grep -q "rank 2 saves into '$work/root-other', rank 0 into '$work/root': unless both name one folder" \
         "$work/out.txt" &&
       [ "$(grep -c "rank 2: $work/root-other/step-000000005 does not exist: step 5 was committed in rank 0's root, $work/root/step-000000005" "$work/out.txt")" = 1 ] &&
+      [ "$(grep -c "rank 2: $work/root-other/step-000000006 is another folder: step 6 was committed in rank 0's root, $work/root/step-000000006" "$work/out.txt")" = 1 ] &&
       [ "$(grep -c "step 4 refused: NotFound: save of step 4 failed: rank 2: writing $work/root-other/" "$work/out.txt")" = 3 ] ||
       { cat "$work/out.txt"; exit 1; } ;;
   dead-rank-create)  # rank 2 of 4 leaves before shardckpt's communicator exists (a Python rank
