@@ -681,10 +681,57 @@ TEST(ChunkOffset, ConsolidateBatchesPackedEntriesAndNamesADamagedBlock) {
   Result<ConsolidateReport> damaged = Consolidate(root, JoinPath(dir.path(), "bad.safetensors"), options);
   ASSERT_FALSE(damaged.ok());
   EXPECT_EQ(damaged.status().code(), Code::kDataLoss);
-  // The first entry read from the damaged block fails the export, naming the block: the block's
-  // checksum cannot tell which of the entries sharing it holds the flipped bit.
+  // The first entry read from the damaged block fails the export, naming the block and every
+  // entry in it: the block's checksum cannot tell which of them holds the flipped bit, and one
+  // --exclude leaves them all out.
   EXPECT_THAT(damaged.status().message(), HasSubstr("rank-00001.bin: checksum mismatch in the block at offset " +
                                                     std::to_string(AlignDown(at, kBlockSize)) + " holding"));
+  const uint64_t block = AlignDown(at, kBlockSize);
+  size_t in_block = 0;
+  for (const EntryRecord& e : m.entries) {
+    const ChunkRecord& c = e.chunks.at(0);
+    if (c.file != 1 || c.offset >= block + kBlockSize || c.offset + c.bytes <= block) continue;
+    in_block++;
+    EXPECT_THAT(damaged.status().message(), HasSubstr("'" + e.name + "'"));
+  }
+  EXPECT_GE(in_block, 3u);
+}
+
+// A data file missing (or cut short) fails only what needs it: a consolidation of the entries
+// other files hold succeeds, and one that needs it fails before writing, naming the file and
+// the entries it holds.
+TEST(ChunkOffset, AMissingFileFailsOnlyTheConsolidationsThatNeedIt) {
+  testing::TempDir dir;
+  const std::string root = JoinPath(dir.path(), "root");
+  WriteSmallWholeEntries(root, 1, 3, 30, [](int i) { return 10 + i; });  // t<i> in rank i % 3's file
+  ASSERT_FALSE(HasFailure());
+  const std::string folder = JoinPath(root, StepDirName(1));
+  ASSERT_EQ(::unlink(JoinPath(folder, "rank-00002.bin").c_str()), 0);
+  ConsolidateOptions some;
+  some.include = {"t0", "t1", "t3", "t4"};
+  const std::string some_out = JoinPath(dir.path(), "some.pt");
+  Result<ConsolidateReport> fine = Consolidate(root, some_out, some);
+  ASSERT_TRUE(fine.ok()) << fine.status().ToString();
+  EXPECT_EQ(fine->entries, 4u);
+  const std::string all_out = JoinPath(dir.path(), "all.pt");
+  Result<ConsolidateReport> missing = Consolidate(root, all_out, ConsolidateOptions{});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), Code::kNotFound);
+  EXPECT_THAT(missing.status().message(), HasSubstr("the file holding 't2', 't5', 't8'"));
+  EXPECT_THAT(missing.status().message(), HasSubstr("data file 'rank-00002.bin' is missing"));
+  EXPECT_FALSE(PathExists(all_out));
+  EXPECT_FALSE(PathExists(all_out + ".partial"));
+  // Cut short: the same, as data loss.
+  const std::string path = JoinPath(folder, "rank-00001.bin");
+  ASSERT_EQ(::truncate(path.c_str(), 4096), 0);
+  some.include = {"t1"};
+  Result<ConsolidateReport> short_file = Consolidate(root, JoinPath(dir.path(), "t1.pt"), some);
+  ASSERT_FALSE(short_file.ok());
+  EXPECT_EQ(short_file.status().code(), Code::kDataLoss);
+  EXPECT_THAT(short_file.status().message(), HasSubstr("the file holding 't1': "));
+  EXPECT_THAT(short_file.status().message(), HasSubstr("data file 'rank-00001.bin' is 4096 bytes"));
+  some.include = {"t0", "t3"};
+  EXPECT_TRUE(Consolidate(root, some_out, some).ok());
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include "shardckpt/engine/core/checkpoint_dir.h"
 #include "shardckpt/engine/core/load.h"
 #include "shardckpt/engine/formats/dcp_read.h"
+#include "shardckpt/engine/model/name_list.h"
 #include "shardckpt/io/checksum.h"
 #include "shardckpt/io/log.h"
 
@@ -17,7 +18,15 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(const std::stri
   SC_ASSIGN_OR_RETURN(r->hold_, HoldCheckpoint(path));
   r->dir_ = r->hold_.dir();
   r->dcp_ = IsDcpFolder(r->dir_);
-  SC_ASSIGN_OR_RETURN(r->manifest_, ReadManifest(r->dir_));
+  // The data files are checked (present, their recorded sizes) when a read first needs each one
+  // (CheckFile), not all here: a consolidation of some entries must not fail on a file that
+  // holds none of them (the tools call CheckWantedFiles first, to fail before writing).
+  if (r->dcp_) {
+    SC_ASSIGN_OR_RETURN(r->manifest_, ReadManifest(r->dir_));
+  } else {
+    SC_ASSIGN_OR_RETURN(r->manifest_, ReadManifestFile(JoinPath(r->dir_, kManifestName)));
+  }
+  r->file_checked_.assign(r->manifest_.files.size(), r->dcp_);  // a DCP folder's files have no recorded size
   if (r->dcp_) {
     // A DCP folder has no checksums of its own; where export left a .sha256 beside its files,
     // they are checked before the folder is read whole into something new (sha256_sidecar.h).
@@ -42,6 +51,31 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(const std::stri
   return r;
 }
 
+Status CheckpointReader::CheckFile(uint32_t file) {
+  if (file_checked_[file]) return Status::Ok();
+  SC_RETURN_IF_ERROR(CheckDataFilesIn(dir_, {manifest_.files[file]}));
+  file_checked_[file] = 1;
+  return Status::Ok();
+}
+
+Status CheckpointReader::CheckWantedFiles() {
+  for (uint32_t file = 0; file < manifest_.files.size(); ++file) {
+    if (!wanted_.empty() && wanted_[file].empty()) continue;
+    Status checked = CheckFile(file);
+    if (checked.ok()) continue;
+    std::vector<std::string> held;  // the wanted entries it holds, for the message
+    for (size_t entry = 0; entry < manifest_.entries.size(); ++entry) {
+      if (!wanted_entries_.empty() && !wanted_entries_[entry]) continue;
+      const EntryRecord& e = manifest_.entries[entry];
+      if (std::any_of(e.chunks.begin(), e.chunks.end(), [&](const ChunkRecord& c) { return c.file == file && c.bytes > 0; })) {
+        held.push_back(e.name);
+      }
+    }
+    return held.empty() ? checked : checked.WithContext("the file holding " + NameList(held));
+  }
+  return Status::Ok();
+}
+
 Status CheckpointReader::Run(std::vector<CopyRequest> copies, const ReadTargets& targets) {
   ReadPlan plan = CoalesceReads(std::move(copies), ReadPlanOptions{});
   return ExecuteReadPlan(io_.get(), pool_.get(), dir_, manifest_, plan, targets, true, &stats_);
@@ -56,7 +90,9 @@ void CheckpointReader::ReadOnly(const std::vector<size_t>& entries) {
     if (ahead_[file].done.valid()) TakeAhead(static_cast<uint32_t>(file));
   }
   std::vector<std::vector<std::pair<uint64_t, uint64_t>>> spans(manifest_.files.size());
+  wanted_entries_.assign(manifest_.entries.size(), false);
   for (size_t entry : entries) {
+    wanted_entries_.at(entry) = true;
     for (const ChunkRecord& c : manifest_.entries.at(entry).chunks) {
       if (c.bytes > 0) spans[c.file].emplace_back(AlignDown(c.offset, kBlockSize), AlignUp(c.offset + c.bytes, kBlockSize));
     }
@@ -317,6 +353,9 @@ Status CheckpointReader::ReadPiece(size_t entry, const Layout& layout, void* out
   PlanPieceCopy(manifest_, *index_, entry, layout, 0, &copies);
   auto* target = static_cast<unsigned char*>(out);
   const std::string& name = manifest_.entries[entry].name;
+  for (const CopyRequest& c : copies) {
+    if (!file_checked_[c.file]) SC_RETURN_IF_ERROR(CheckFile(c.file).WithContext("entry '" + name + "'"));
+  }
   // Small copies (a piece of a small entry, cut from the chunks of several files) come from the
   // windows; anything wider goes through one plan of its own.
   for (const CopyRequest& c : copies) {
@@ -331,8 +370,12 @@ Status CheckpointReader::ReadPiece(size_t entry, const Layout& layout, void* out
 Result<std::string> CheckpointReader::ReadBlob(const BlobRecord& blob) {
   std::string bytes(blob.bytes, '\0');
   const std::string label = "blob " + blob.name;
-  SC_RETURN_IF_ERROR(Run({CopyRequest{blob.file, blob.offset, blob.bytes, 0, 0}},
-                         ReadTargets{{reinterpret_cast<unsigned char*>(bytes.data())}, {label}, {}}));
+  Status read = CheckFile(blob.file);
+  if (read.ok()) {
+    read = Run({CopyRequest{blob.file, blob.offset, blob.bytes, 0, 0}},
+               ReadTargets{{reinterpret_cast<unsigned char*>(bytes.data())}, {label}, {}});
+  }
+  if (!read.ok()) return read.WithContext("value '" + blob.name + "'");
   if (dcp_) {
     Result<std::string> value = DcpByteItemValue(bytes, blob.name);
     if (value.ok()) return value;

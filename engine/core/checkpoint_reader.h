@@ -35,6 +35,10 @@ class CheckpointReader {
   Status ReadPiece(size_t entry, const Layout& layout, void* out);
   static constexpr uint64_t kWindowBudget = 64u << 20;
   static constexpr uint64_t kMaxWindow = 4u << 20, kMinWindow = 64u << 10;
+  // Checks the data files the caller will read (those holding the entries ReadOnly named, else
+  // all) are there at their recorded sizes; a failure names the file and the entries it holds.
+  // Reads check each file when they first need it anyway: this fails before anything is written.
+  Status CheckWantedFiles();
   // Tells the reader which entries the caller will read (a consolidation with --include): each
   // file's windows then end where those entries' bytes do, and no window is read ahead into
   // bytes none of them holds. A model's entries taken out of a checkpoint that also holds its
@@ -73,6 +77,8 @@ class CheckpointReader {
  private:
   CheckpointReader() = default;
   Status Run(std::vector<CopyRequest> copies, const ReadTargets& targets);
+  // Checks `file` is there at its recorded size, once it passed.
+  Status CheckFile(uint32_t file);
   // Verified bytes [offset, offset + size) of one data file, in aligned memory allocated once
   // (window_bytes_), so each window is read straight into it.
   struct Window {
@@ -122,7 +128,9 @@ class CheckpointReader {
   ReadStats stats_;
   std::vector<Window> windows_;  // by file
   std::vector<std::vector<std::pair<uint64_t, uint64_t>>> wanted_;  // by file, [begin, end) sorted; empty: all
+  std::vector<bool> wanted_entries_;  // by entry, after ReadOnly; empty: all
   std::vector<CopyRequest> piece_copies_, piece_direct_;
+  std::vector<uint8_t> file_checked_;  // by file: present at its recorded size (CheckFile)
   uint64_t window_bytes_ = kMaxWindow;
   // Background reads: one in flight at a time (its ring and staging are not shared), results
   // kept by file until taken. Last members: destroyed first, each waiting for its read.

@@ -391,6 +391,7 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
     for (const Selected& s : selected) entries.push_back(s.entry);
     reader->ReadOnly(entries);
   }
+  SC_RETURN_IF_ERROR(reader->CheckWantedFiles());
   reader->ReadFirstWindowsAhead();  // while the output's header is made
   uint64_t done = 0;
   auto progress = [&](uint64_t n) {

@@ -77,14 +77,32 @@ void AddTargetsIn(const ReadPlan& plan, const ReadExtent& extent, uint64_t begin
   }
 }
 
-// Every tensor a damaged block holds is named (a block holds 4096 bytes of them at most).
-std::string TargetsInBlock(const ReadPlan& plan, const ReadExtent& extent, uint64_t block_begin,
-                           const ReadTargets& targets) {
-  std::set<std::string> names;
+// What a damaged block holds, for its message: every entry and value the manifest places in it
+// (a checksum cannot tell which of them holds the damage, and a consolidation that named only the
+// one it was reading sent its user back to exclude them one run at a time), those this read
+// fills first; where the manifest places none, the targets this read fills, or "padding". All of
+// them: a block holds 4096 bytes of them at most.
+std::string HeldInBlock(const Manifest& m, const ReadPlan& plan, const ReadExtent& extent, uint64_t block_begin,
+                        const ReadTargets& targets) {
+  std::set<std::string> read;
   const uint64_t begin = extent.offset + block_begin;
-  AddTargetsIn(plan, extent, begin, begin + kBlockSize, targets, &names);
+  AddTargetsIn(plan, extent, begin, begin + kBlockSize, targets, &read);
+  auto in_block = [&](uint32_t file, uint64_t offset, uint64_t bytes) {
+    return file == extent.file && bytes > 0 && offset < begin + kBlockSize && offset + bytes > begin;
+  };
+  std::vector<std::string> names;
+  for (const EntryRecord& e : m.entries) {
+    if (std::any_of(e.chunks.begin(), e.chunks.end(), [&](const ChunkRecord& c) { return in_block(c.file, c.offset, c.bytes); })) {
+      names.push_back(e.name);
+    }
+  }
+  for (const BlobRecord& b : m.blobs) {
+    if (in_block(b.file, b.offset, b.bytes)) names.push_back(b.name);
+  }
+  if (names.empty()) names.assign(read.begin(), read.end());
+  std::stable_partition(names.begin(), names.end(), [&](const std::string& n) { return read.count(n) != 0; });
   std::string out;
-  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + ("'" + n + "'");
+  for (const std::string& n : names) out += (out.empty() ? "'" : ", '") + n + "'";
   return out.empty() ? "padding" : out;
 }
 
@@ -198,7 +216,7 @@ Status ExecuteReadPlan(IoEngine* io, BufferPool* pool, const std::string& dir,
       uint64_t expected = sums[{e.file, block / kSumsPerTablePage}][block % kSumsPerTablePage];
       if (Checksum64(data + at, kBlockSize) != expected) {
         return DataLoss(JoinPath(dir, manifest.files[e.file].name) + ": checksum mismatch in the block at offset " +
-                        std::to_string(e.offset + at) + " holding " + TargetsInBlock(plan, e, at, targets));
+                        std::to_string(e.offset + at) + " holding " + HeldInBlock(manifest, plan, e, at, targets));
       }
     }
     return Status::Ok();
