@@ -697,6 +697,30 @@ TEST(ChunkOffset, ConsolidateBatchesPackedEntriesAndNamesADamagedBlock) {
   EXPECT_GE(in_block, 3u);
 }
 
+// Small entries between entries wider than a window (a model's norms between its weights): the
+// windows serving the small ones stop where a wide one starts, and are not read ahead into it,
+// so each block is read once but the one a wide entry shares with the next (a window ran 4 MiB
+// into each wide entry, which was then read again on its own: 1.4x the bytes).
+TEST(ChunkOffset, WindowsStopWhereAnEntryWiderThanAWindowStarts) {
+  testing::TempDir dir;
+  const std::string root = JoinPath(dir.path(), "root");
+  const uint64_t window = CheckpointReader::kMaxWindow;
+  const std::vector<std::vector<uint8_t>> data = WriteSmallWholeEntries(
+      root, 1, 1, 12, [&](int i) { return i % 2 == 0 ? int64_t{3} + i : static_cast<int64_t>(window / 4 + 5000 * i); });
+  ASSERT_FALSE(HasFailure());
+  for (bool first_windows : {false, true}) {
+    auto reader = CheckpointReader::Open(root).value();
+    if (first_windows) reader->ReadFirstWindowsAhead();
+    std::vector<std::string> failed;
+    WalkEntries(*reader, AllEntries(reader->manifest()), data, &failed);
+    EXPECT_TRUE(failed.empty());
+    // At most the block a wide entry ends in, shared with the small one after it, twice.
+    const uint64_t bytes = reader->manifest().files[0].table_offset;
+    EXPECT_GE(reader->stats().data_bytes_read, bytes);
+    EXPECT_LE(reader->stats().data_bytes_read, bytes + 6 * kBlockSize) << first_windows;
+  }
+}
+
 // A data file missing (or cut short) fails only what needs it: a consolidation of the entries
 // other files hold succeeds, and one that needs it fails before writing, naming the file and
 // the entries it holds.

@@ -101,6 +101,12 @@ class CheckpointReader {
   // Reads [from, from + window) of `file`, cut short at its checksum table and, after ReadOnly,
   // at the end of the wanted bytes `from` lies in, into `into`.
   Status ReadWindow(uint32_t file, uint64_t from, Window* into, IoEngine* io, BufferPool* pool, ReadStats* stats);
+  // Where a window of `file` from `from` ends: a window's size on, cut at the file's data end,
+  // at the end of the wanted span `from` lies in (ReadOnly), and at the block holding the start
+  // of the next chunk wider than a window (read on its own, never from a window).
+  uint64_t WindowEnd(uint32_t file, uint64_t from) const;
+  // Whether `offset` lies inside a chunk wider than a window, before its last block.
+  bool InsideWideChunk(uint32_t file, uint64_t offset) const;
   // Starts reading the window after windows_[file] in the background, when the file has one
   // (and a thread and staging can be had: else it is read when needed, logged once).
   void StartAhead(uint32_t file);
@@ -129,6 +135,7 @@ class CheckpointReader {
   std::vector<Window> windows_;  // by file
   std::vector<std::vector<std::pair<uint64_t, uint64_t>>> wanted_;  // by file, [begin, end) sorted; empty: all
   std::vector<bool> wanted_entries_;  // by entry, after ReadOnly; empty: all
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> wide_;  // by file: [begin, end) of chunks wider than a window, sorted
   std::vector<CopyRequest> piece_copies_, piece_direct_;
   std::vector<uint8_t> file_checked_;  // by file: present at its recorded size (CheckFile)
   uint64_t window_bytes_ = kMaxWindow;
