@@ -615,6 +615,7 @@ py::tuple RunConsolidate(const std::string& path, const std::string& out_file, c
   out["entries"] = r->entries;
   out["tensor_bytes"] = r->tensor_bytes;
   out["bytes_read"] = r->bytes_read;
+  out["aliases"] = r->aliases;
   out["values"] = r->values;
   out["skipped"] = r->skipped;
   return Reply(Status::Ok(), out);

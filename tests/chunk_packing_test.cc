@@ -31,6 +31,7 @@ namespace shardckpt {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 struct OffsetCase {
   uint64_t position, bytes, element_size;
@@ -447,6 +448,8 @@ TEST(ChunkOffset, ReadAheadWalksAFileWindowAfterWindow) {
   failed.clear();
   walk(*reader, &failed);
   EXPECT_EQ(failed, std::vector<std::string>{damaged->name});
+  // Near the damage each piece is read alone, not a window again for each: each block about once.
+  EXPECT_LT(reader->stats().data_bytes_read, 2 * m.files[0].table_offset);
   EXPECT_GT(reader->stats().bytes_read_ahead, 0u);  // the damaged window was one read ahead
 }
 
@@ -625,6 +628,8 @@ TEST(ChunkOffset, FirstWindowsReadAheadServeTheWalkAndNameADamagedBlock) {
   EXPECT_EQ(reader->first_windows_kept(), 2u);  // files 0 and 2: the damaged block fails file 1's alone
   walk(*reader, all, &failed);
   EXPECT_EQ(failed, std::vector<std::string>{damaged->name});
+  // Near the damage each piece is read alone, not a window again for each: each block about once.
+  EXPECT_LT(reader->stats().data_bytes_read, 2 * data_bytes);
 
   // Entries wider than a window are read on their own: no first window is read for nothing.
   const std::string wide_root = JoinPath(dir.path(), "wide");
@@ -721,6 +726,51 @@ TEST(ChunkOffset, WindowsStopWhereAnEntryWiderThanAWindowStarts) {
   }
 }
 
+// A walk through one chunk wider than a window in small slices (a piece of a column-sharded
+// tensor is a row at a time) is served from windows inside the chunk, read ahead as any walk.
+TEST(ChunkOffset, SlicesOfAWideChunkAreReadAhead) {
+  testing::TempDir dir;
+  const std::string root = JoinPath(dir.path(), "root");
+  const uint64_t window = CheckpointReader::kMaxWindow;
+  const int64_t elements = static_cast<int64_t>(3 * window / 4 + 777);
+  const std::vector<std::vector<uint8_t>> data = WriteSmallWholeEntries(root, 1, 1, 1, [&](int) { return elements; });
+  ASSERT_FALSE(HasFailure());
+  auto reader = CheckpointReader::Open(root).value();
+  std::vector<uint8_t> got(static_cast<size_t>(elements) * 4);
+  for (int64_t a = 0; a < elements; a += 1000) {
+    const int64_t b = std::min(elements, a + 1000);
+    ASSERT_TRUE(reader->ReadPiece(0, Layout::FlatRange(a, b), got.data() + a * 4).ok()) << a;
+  }
+  EXPECT_EQ(got, data[0]);
+  EXPECT_EQ(reader->stats().data_bytes_read, reader->manifest().files[0].table_offset);  // each block once
+  EXPECT_GE(reader->stats().bytes_read_ahead, window);  // the third window, in the background
+}
+
+// A damaged block of 4-byte values holds 1024 of them: the message names a hundred (the ones
+// being read first) and counts the rest.
+TEST(ChunkOffset, ADamagedBlockOfManyValuesIsNamedInBrief) {
+  testing::TempDir dir;
+  const std::string root = JoinPath(dir.path(), "root");
+  WriteSmallWholeEntries(root, 1, 1, 3000, [](int) { return int64_t{1}; });
+  ASSERT_FALSE(HasFailure());
+  const Manifest m = ReadManifest(JoinPath(root, StepDirName(1))).value();
+  const std::string path = JoinPath(JoinPath(root, StepDirName(1)), m.files[0].name);
+  std::string file = ReadFileLimited(path, 64 << 20).value();
+  file[kBlockSize + 100] ^= 1;
+  ASSERT_TRUE(WriteFileAtomic(path, file, "test").ok());
+  Result<ConsolidateReport> damaged = Consolidate(root, JoinPath(dir.path(), "out.pt"), ConsolidateOptions{});
+  ASSERT_FALSE(damaged.ok());
+  EXPECT_EQ(damaged.status().code(), Code::kDataLoss);
+  size_t in_block = 0;
+  for (const EntryRecord& e : m.entries) {
+    const ChunkRecord& c = e.chunks.at(0);
+    if (c.offset < 2 * kBlockSize && c.offset + c.bytes > kBlockSize) in_block++;
+  }
+  ASSERT_GT(in_block, 500u);
+  EXPECT_THAT(damaged.status().message(), HasSubstr(", and " + std::to_string(in_block - 100) + " more"));
+  EXPECT_LT(damaged.status().message().size(), 4000u);
+}
+
 // A data file missing (or cut short) fails only what needs it: a consolidation of the entries
 // other files hold succeeds, and one that needs it fails before writing, naming the file and
 // the entries it holds.
@@ -756,6 +806,25 @@ TEST(ChunkOffset, AMissingFileFailsOnlyTheConsolidationsThatNeedIt) {
   EXPECT_THAT(short_file.status().message(), HasSubstr("data file 'rank-00001.bin' is 4096 bytes"));
   some.include = {"t0", "t3"};
   EXPECT_TRUE(Consolidate(root, some_out, some).ok());
+}
+
+// A --strip-prefix that starts no selected name (a typo) is said, not silently ignored.
+TEST(ChunkOffset, AStripPrefixThatMatchesNothingIsSaid) {
+  testing::TempDir dir;
+  const std::string root = JoinPath(dir.path(), "root");
+  WriteSmallWholeEntries(root, 1, 1, 3, [](int i) { return 1 + i; });
+  ASSERT_FALSE(HasFailure());
+  ConsolidateOptions options;
+  options.strip_prefix = "model.";
+  ::testing::internal::CaptureStderr();
+  Result<ConsolidateReport> done = Consolidate(root, JoinPath(dir.path(), "out.pt"), options);
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(done.ok()) << done.status().ToString();
+  EXPECT_THAT(said, HasSubstr("--strip-prefix 'model.' starts no selected entry's name (the first is 't0')"));
+  options.strip_prefix = "t";  // starts them all: nothing said
+  ::testing::internal::CaptureStderr();
+  ASSERT_TRUE(Consolidate(root, JoinPath(dir.path(), "out2.pt"), options).ok());
+  EXPECT_THAT(::testing::internal::GetCapturedStderr(), Not(HasSubstr("--strip-prefix")));
 }
 
 }  // namespace

@@ -13,6 +13,12 @@
 
 namespace shardckpt {
 
+std::vector<size_t> AllBlobs(const Manifest& m) {
+  std::vector<size_t> all(m.blobs.size());
+  for (size_t b = 0; b < all.size(); ++b) all[b] = b;
+  return all;
+}
+
 Result<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(const std::string& path, IoOptions io) {
   std::unique_ptr<CheckpointReader> r(new CheckpointReader());
   SC_ASSIGN_OR_RETURN(r->hold_, HoldCheckpoint(path));
@@ -49,6 +55,7 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(const std::stri
   const uint64_t share = kWindowBudget / std::max<size_t>(1, r->manifest_.files.size());
   r->window_bytes_ = AlignDown(std::clamp(share, kMinWindow, kMaxWindow), kBlockSize);
   r->wide_.resize(r->manifest_.files.size());
+  r->damaged_.resize(r->manifest_.files.size());
   for (const EntryRecord& e : r->manifest_.entries) {
     for (const ChunkRecord& c : e.chunks) {
       if (AlignUp(c.offset + c.bytes, kBlockSize) - AlignDown(c.offset, kBlockSize) > r->window_bytes_) {
@@ -67,18 +74,23 @@ Status CheckpointReader::CheckFile(uint32_t file) {
   return Status::Ok();
 }
 
-Status CheckpointReader::CheckWantedFiles() {
+Status CheckpointReader::CheckWantedFiles(const std::vector<size_t>& blobs) {
+  std::vector<bool> blob_file(manifest_.files.size(), false);
+  for (size_t b : blobs) blob_file[manifest_.blobs.at(b).file] = true;
   for (uint32_t file = 0; file < manifest_.files.size(); ++file) {
-    if (!wanted_.empty() && wanted_[file].empty()) continue;
+    if (!wanted_.empty() && wanted_[file].empty() && !blob_file[file]) continue;
     Status checked = CheckFile(file);
     if (checked.ok()) continue;
-    std::vector<std::string> held;  // the wanted entries it holds, for the message
+    std::vector<std::string> held;  // the wanted entries and values it holds, for the message
     for (size_t entry = 0; entry < manifest_.entries.size(); ++entry) {
       if (!wanted_entries_.empty() && !wanted_entries_[entry]) continue;
       const EntryRecord& e = manifest_.entries[entry];
       if (std::any_of(e.chunks.begin(), e.chunks.end(), [&](const ChunkRecord& c) { return c.file == file && c.bytes > 0; })) {
         held.push_back(e.name);
       }
+    }
+    for (size_t b : blobs) {
+      if (manifest_.blobs[b].file == file) held.push_back(manifest_.blobs[b].name);
     }
     return held.empty() ? checked : checked.WithContext("the file holding " + NameList(held));
   }
@@ -142,10 +154,21 @@ uint64_t CheckpointReader::WindowEnd(uint32_t file, uint64_t from) const {
   return to;
 }
 
-bool CheckpointReader::InsideWideChunk(uint32_t file, uint64_t offset) const {
+bool CheckpointReader::CutAtWideChunk(uint32_t file, uint64_t from, uint64_t to) const {
   const auto& wide = wide_[file];
-  auto after = std::upper_bound(wide.begin(), wide.end(), std::make_pair(offset, UINT64_MAX));
-  return after != wide.begin() && offset < AlignDown(std::prev(after)->second, kBlockSize);
+  auto next = std::upper_bound(wide.begin(), wide.end(), std::make_pair(from, UINT64_MAX));
+  return next != wide.end() && std::max(AlignUp(next->first, kBlockSize), from + kBlockSize) == to;
+}
+
+void CheckpointReader::MarkDamaged(uint32_t file, uint64_t from) {
+  damaged_[file].emplace_back(from, WindowEnd(file, from));
+}
+
+bool CheckpointReader::InDamagedWindow(uint32_t file, uint64_t begin, uint64_t end) const {
+  for (const auto& [from, to] : damaged_[file]) {
+    if (begin < to && end > from) return true;
+  }
+  return false;
 }
 
 Status CheckpointReader::ReadWindow(uint32_t file, uint64_t from, Window* into, IoEngine* io, BufferPool* pool,
@@ -248,7 +271,10 @@ void CheckpointReader::JoinFirstWindows() {
   if (!first_done_.valid()) return;
   first_done_.get().IgnoreError();  // a window that failed is read again when needed, which reports
   for (const FirstWindow& f : first_windows_) {
-    if (!f.read) continue;
+    if (!f.read) {
+      MarkDamaged(f.file, f.from);  // its pieces are read on their own, which says what fails
+      continue;
+    }
     windows_[f.file].offset = f.from;
     windows_[f.file].size = f.size;
     first_windows_kept_++;
@@ -285,7 +311,7 @@ void CheckpointReader::StartAhead(uint32_t file) {
   const uint64_t from = w.offset + w.size;
   if (w.size == 0 || from >= manifest_.files[file].table_offset) return;
   if (WantedEnd(file, from) == 0) return;  // the next bytes are none the caller reads
-  if (InsideWideChunk(file, from)) return;  // nor are they: that chunk is read on its own
+  if (CutAtWideChunk(file, w.offset, from)) return;  // nor are they: a chunk read on its own starts there
   JoinAhead();  // one at a time; its result stays with its file until taken
   Ahead& a = ahead_[file];
   if (a.done.valid()) TakeAhead(file);
@@ -326,6 +352,9 @@ Result<bool> CheckpointReader::CopyFromWindows(const CopyRequest& c, unsigned ch
     return true;
   }
   if (AlignUp(end, kBlockSize) - AlignDown(begin, kBlockSize) > window_bytes_) return false;
+  // Near a damaged block, not another window for each piece (a window read, a verification and a
+  // message built per piece: minutes for a few hundred thousand pieces): each piece alone.
+  if (InDamagedWindow(c.file, begin, end)) return false;
   // The window after this one serves the piece when it starts there, or starts here and runs on
   // into it (its head copied from here): read in the background if the walk went forward, else
   // now. Either way each block of a file walked in order is read once.
@@ -340,6 +369,7 @@ Result<bool> CheckpointReader::CopyFromWindows(const CopyRequest& c, unsigned ch
   if (!next && straddles && next_from < manifest_.files[c.file].table_offset) {
     Status read = ReadWindow(c.file, next_from, &a.window, io_.get(), pool_.get(), &stats_);
     if (!read.ok() && read.code() != Code::kDataLoss) return read;
+    if (!read.ok()) MarkDamaged(c.file, next_from);
     a.from = next_from;
     next = read.ok() && end <= a.from + a.window.size;  // a damaged block there: the piece alone, below
   }
@@ -359,8 +389,9 @@ Result<bool> CheckpointReader::CopyFromWindows(const CopyRequest& c, unsigned ch
   if (!read.ok()) {
     // A damaged block elsewhere in the window must not fail a piece that does not touch it, and
     // a damaged block of this piece is reported naming it: the piece is read on its own.
-    if (read.code() == Code::kDataLoss) return false;
-    return read;
+    if (read.code() != Code::kDataLoss) return read;
+    MarkDamaged(c.file, from);
+    return false;
   }
   // A window cut at the end of the wanted bytes (ReadOnly) may not hold a piece of an entry the
   // caller did not name: that piece is read on its own, never copied from what the window lacks.

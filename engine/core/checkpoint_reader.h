@@ -15,6 +15,9 @@
 
 namespace shardckpt {
 
+// Every blob index of `m` (for CheckWantedFiles, by a caller that reads all values).
+std::vector<size_t> AllBlobs(const Manifest& m);
+
 class CheckpointReader {
  public:
   // `path` is a checkpoint folder or a root (then `latest`).
@@ -36,9 +39,10 @@ class CheckpointReader {
   static constexpr uint64_t kWindowBudget = 64u << 20;
   static constexpr uint64_t kMaxWindow = 4u << 20, kMinWindow = 64u << 10;
   // Checks the data files the caller will read (those holding the entries ReadOnly named, else
-  // all) are there at their recorded sizes; a failure names the file and the entries it holds.
-  // Reads check each file when they first need it anyway: this fails before anything is written.
-  Status CheckWantedFiles();
+  // all, and those holding `blobs`, indexes of the manifest's blobs it will read) are there at
+  // their recorded sizes; a failure names the file and the entries and values it holds. Reads
+  // check each file when they first need it anyway: this fails before anything is written.
+  Status CheckWantedFiles(const std::vector<size_t>& blobs = {});
   // Tells the reader which entries the caller will read (a consolidation with --include): each
   // file's windows then end where those entries' bytes do, and no window is read ahead into
   // bytes none of them holds. A model's entries taken out of a checkpoint that also holds its
@@ -56,7 +60,8 @@ class CheckpointReader {
   // files (65 of 240 ms), four reads in flight and the caller idle; started before the caller's
   // own planning (a .pt's pickle), they overlap it too. A window that could not be read (a
   // damaged block) is read again when a piece needs it, which reports as before; the other
-  // files' windows are kept. Call after ReadOnly.
+  // files' windows are kept. Call after ReadOnly and CheckWantedFiles (it reads what they chose,
+  // and a file it reads unchecked can only fail its window, never serve one short).
   void ReadFirstWindowsAhead();
   static constexpr size_t kFirstWindowsInFlight = 16;
   // Files whose first window ReadFirstWindowsAhead read, verified, and kept (it waits for it).
@@ -105,8 +110,14 @@ class CheckpointReader {
   // at the end of the wanted span `from` lies in (ReadOnly), and at the block holding the start
   // of the next chunk wider than a window (read on its own, never from a window).
   uint64_t WindowEnd(uint32_t file, uint64_t from) const;
-  // Whether `offset` lies inside a chunk wider than a window, before its last block.
-  bool InsideWideChunk(uint32_t file, uint64_t offset) const;
+  // Whether a window of `file` [from, to) ends where WindowEnd cut it before the next chunk wider
+  // than a window: nothing after it is for a window (a walk slicing through a wide chunk reads
+  // windows inside it, which are not cut so, and read ahead as any).
+  bool CutAtWideChunk(uint32_t file, uint64_t from, uint64_t to) const;
+  // A window of `file` from `from` failed verification (or could not be read ahead): pieces that
+  // touch it are read on their own from now on.
+  void MarkDamaged(uint32_t file, uint64_t from);
+  bool InDamagedWindow(uint32_t file, uint64_t begin, uint64_t end) const;
   // Starts reading the window after windows_[file] in the background, when the file has one
   // (and a thread and staging can be had: else it is read when needed, logged once).
   void StartAhead(uint32_t file);
@@ -136,6 +147,7 @@ class CheckpointReader {
   std::vector<std::vector<std::pair<uint64_t, uint64_t>>> wanted_;  // by file, [begin, end) sorted; empty: all
   std::vector<bool> wanted_entries_;  // by entry, after ReadOnly; empty: all
   std::vector<std::vector<std::pair<uint64_t, uint64_t>>> wide_;  // by file: [begin, end) of chunks wider than a window, sorted
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> damaged_;  // by file: windows [from, to) that failed (MarkDamaged)
   std::vector<CopyRequest> piece_copies_, piece_direct_;
   std::vector<uint8_t> file_checked_;  // by file: present at its recorded size (CheckFile)
   uint64_t window_bytes_ = kMaxWindow;

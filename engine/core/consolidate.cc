@@ -26,6 +26,7 @@
 #include "shardckpt/engine/formats/torch_pickle.h"
 #include "shardckpt/engine/formats/zip_writer.h"
 #include "shardckpt/io/fs.h"
+#include "shardckpt/io/log.h"
 
 namespace shardckpt {
 namespace {
@@ -358,6 +359,13 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
     selected.push_back(Selected{i, name, dtype, e.shape, bytes});
     report.tensor_bytes += bytes;
   }
+  // A prefix no selected name starts with is a typo (or the wrong checkpoint): said, not silently
+  // written under the full names.
+  if (renames && !selected.empty() &&
+      std::none_of(selected.begin(), selected.end(), [&](const Selected& s) { return s.name != m.entries[s.entry].name; })) {
+    SC_LOG(kWarn) << "--strip-prefix '" << options.strip_prefix << "' starts no selected entry's name (the first is '"
+                  << m.entries[selected.front().entry].name << "'): names are written as they are";
+  }
   // Tied weights: in a .pt, one storage under both names (as torch.save writes them).
   if (options.format == ExportFormat::kTorch) {
     const std::vector<int64_t> aliases = EntryAliases(m);
@@ -391,7 +399,11 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
     for (const Selected& s : selected) entries.push_back(s.entry);
     reader->ReadOnly(entries);
   }
-  SC_RETURN_IF_ERROR(reader->CheckWantedFiles());
+  std::vector<size_t> values_read;  // a .pt's values (TorchStateDictPickle reads them)
+  for (size_t b = 0; b < m.blobs.size() && options.format == ExportFormat::kTorch; ++b) {
+    if (m.blobs[b].scope == BlobScope::kGlobal && !OutputName(options, m.blobs[b].name).empty()) values_read.push_back(b);
+  }
+  SC_RETURN_IF_ERROR(reader->CheckWantedFiles(values_read));
   reader->ReadFirstWindowsAhead();  // while the output's header is made
   uint64_t done = 0;
   auto progress = [&](uint64_t n) {

@@ -356,7 +356,7 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
 Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::string& root, const ConvertOptions& options) {
   SC_ASSIGN_OR_RETURN(const Policy policy, ParsePolicy(options.layout));
   SC_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(checkpoint));
-  SC_RETURN_IF_ERROR(reader->CheckWantedFiles());
+  SC_RETURN_IF_ERROR(reader->CheckWantedFiles(AllBlobs(reader->manifest())));
   reader->ReadFirstWindowsAhead();  // while the new checkpoint's files are set up
   const Manifest& m = reader->manifest();
   const int world = options.world_size;

@@ -120,7 +120,7 @@ bool IsUnfinishedExportFile(const std::string& name) {
 
 Result<DcpExportReport> ExportDcp(const std::string& checkpoint, const std::string& out, const DcpExportOptions& options) {
   SC_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(checkpoint));
-  SC_RETURN_IF_ERROR(reader->CheckWantedFiles());
+  SC_RETURN_IF_ERROR(reader->CheckWantedFiles(AllBlobs(reader->manifest())));
   SC_RETURN_IF_ERROR(RefuseOutputInCheckpoint(out, reader->dir()));
   const Manifest& m = reader->manifest();
   MadeDirs made(DirName(WithoutTrailingSlashes(out)));  // removed again if this fails

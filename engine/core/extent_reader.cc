@@ -80,8 +80,8 @@ void AddTargetsIn(const ReadPlan& plan, const ReadExtent& extent, uint64_t begin
 // What a damaged block holds, for its message: every entry and value the manifest places in it
 // (a checksum cannot tell which of them holds the damage, and a consolidation that named only the
 // one it was reading sent its user back to exclude them one run at a time), those this read
-// fills first; where the manifest places none, the targets this read fills, or "padding". All of
-// them: a block holds 4096 bytes of them at most.
+// fills first; where the manifest places none, the targets this read fills, or "padding". At
+// most kBlockNamesShown: a block of 1-byte values holds 4096 of them (`verify` lists every one).
 std::string HeldInBlock(const Manifest& m, const ReadPlan& plan, const ReadExtent& extent, uint64_t block_begin,
                         const ReadTargets& targets) {
   std::set<std::string> read;
@@ -91,19 +91,22 @@ std::string HeldInBlock(const Manifest& m, const ReadPlan& plan, const ReadExten
     return file == extent.file && bytes > 0 && offset < begin + kBlockSize && offset + bytes > begin;
   };
   std::vector<std::string> names;
+  std::set<std::string_view> named;
+  auto add = [&](const std::string& name) {
+    if (named.insert(name).second) names.push_back(name);
+  };
   for (const EntryRecord& e : m.entries) {
     if (std::any_of(e.chunks.begin(), e.chunks.end(), [&](const ChunkRecord& c) { return in_block(c.file, c.offset, c.bytes); })) {
-      names.push_back(e.name);
+      add(e.name);
     }
   }
   for (const BlobRecord& b : m.blobs) {
-    if (in_block(b.file, b.offset, b.bytes)) names.push_back(b.name);
+    if (in_block(b.file, b.offset, b.bytes)) add(b.name);
   }
   if (names.empty()) names.assign(read.begin(), read.end());
   std::stable_partition(names.begin(), names.end(), [&](const std::string& n) { return read.count(n) != 0; });
-  std::string out;
-  for (const std::string& n : names) out += (out.empty() ? "'" : ", '") + n + "'";
-  return out.empty() ? "padding" : out;
+  constexpr size_t kBlockNamesShown = 100;
+  return names.empty() ? "padding" : NameList(names, {}, kBlockNamesShown);
 }
 
 // What a damaged checksum-table page leaves unverifiable: the targets of every extent of this

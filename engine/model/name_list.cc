@@ -2,12 +2,12 @@
 
 namespace shardckpt {
 
-std::string NameList(const std::vector<std::string>& names, const std::vector<std::string>& notes) {
+std::string NameList(const std::vector<std::string>& names, const std::vector<std::string>& notes, size_t limit) {
   std::string out;
-  for (size_t i = 0; i < names.size() && i < 20; ++i) {
+  for (size_t i = 0; i < names.size() && i < limit; ++i) {
     out += (i ? ", " : "") + ("'" + names[i] + "'") + (i < notes.size() ? " (" + notes[i] + ")" : "");
   }
-  if (names.size() > 20) out += ", and " + std::to_string(names.size() - 20) + " more";
+  if (names.size() > limit) out += ", and " + std::to_string(names.size() - limit) + " more";
   return out;
 }
 

@@ -7,8 +7,9 @@
 
 namespace shardckpt {
 
-// Up to 20 quoted names, then "and N more"; with `notes`, each name followed by its own note
+// Up to `limit` quoted names, then "and N more"; with `notes`, each name followed by its own note
 // ("'w' (2 of 4 elements)").
-std::string NameList(const std::vector<std::string>& names, const std::vector<std::string>& notes = {});
+std::string NameList(const std::vector<std::string>& names, const std::vector<std::string>& notes = {},
+                     size_t limit = 20);
 
 }  // namespace shardckpt

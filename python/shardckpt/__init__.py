@@ -994,8 +994,9 @@ def consolidate(path: PathLike, out: PathLike, format: Optional[str] = None, *,
     ``exclude``: globs of entry names (one string is one glob); ``dtype``: cast floating tensors to ``"bf16"``, ``"fp16"``
     or ``"fp32"``; ``max_shard_bytes``: split safetensors output. GGUF needs
     ``gguf_architecture`` (see :func:`consolidate_gguf`). Returns ``{"checkpoint", "files",
-    "sha256", "entries", "tensor_bytes", "bytes_read", "values", "skipped"}`` (values: the
-    non-tensor values written; skipped: those not written, each with the reason)."""
+    "sha256", "entries", "tensor_bytes", "bytes_read", "aliases", "values", "skipped"}`` (aliases:
+    tied entries written as one storage; values: the non-tensor values written; skipped: those
+    not written, each with the reason), as ``shardckpt consolidate --json`` says."""
     if format == "gguf" or (format is None and os.fsdecode(out).endswith(".gguf")):
         return consolidate_gguf(path, out, gguf_architecture, name=gguf_name,
                                 metadata=gguf_metadata, include=include, exclude=exclude,
