@@ -239,7 +239,7 @@ Status CheckpointReader::ReadFirstWindows() {
     copies.push_back(CopyRequest{file, from, to - from, static_cast<uint32_t>(bases.size()), 0});
     bases.push_back(w.bytes.data());
     labels.push_back("read-ahead of " + manifest_.files[file].name);
-    first_windows_.push_back(FirstWindow{file, from, to - from, false});
+    first_windows_.push_back(FirstWindow{file, from, to - from, false, false});
   }
   if (copies.empty()) return Status::Ok();
   SC_ASSIGN_OR_RETURN(std::unique_ptr<BufferPool> pool, BufferPool::Create(kFirstWindowsInFlight, kWindowPart));
@@ -260,9 +260,10 @@ Status CheckpointReader::ReadFirstWindows() {
   for (size_t i = 0; i < copies.size(); ++i) {
     CopyRequest one = copies[i];
     one.target = 0;
-    first_windows_[i].read = ExecuteReadPlan(engine.get(), pool.get(), dir_, manifest_, CoalesceReads({one}, cut),
-                                             ReadTargets{{bases[i]}, {names[i]}, {}}, true, &first_stats_)
-                                 .ok();
+    const Status alone = ExecuteReadPlan(engine.get(), pool.get(), dir_, manifest_, CoalesceReads({one}, cut),
+                                         ReadTargets{{bases[i]}, {names[i]}, {}}, true, &first_stats_);
+    first_windows_[i].read = alone.ok();
+    first_windows_[i].damaged = alone.code() == Code::kDataLoss;
   }
   return read;
 }
@@ -272,7 +273,7 @@ void CheckpointReader::JoinFirstWindows() {
   first_done_.get().IgnoreError();  // a window that failed is read again when needed, which reports
   for (const FirstWindow& f : first_windows_) {
     if (!f.read) {
-      MarkDamaged(f.file, f.from);  // its pieces are read on their own, which says what fails
+      if (f.damaged) MarkDamaged(f.file, f.from);  // its pieces are read on their own, which says what fails
       continue;
     }
     windows_[f.file].offset = f.from;

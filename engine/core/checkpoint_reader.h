@@ -164,7 +164,8 @@ class CheckpointReader {
     uint32_t file = 0;
     uint64_t from = 0;
     uint64_t size = 0;
-    bool read = false;  // read and verified
+    bool read = false;     // read and verified
+    bool damaged = false;  // read alone, it failed verification (MarkDamaged)
   };
   std::vector<FirstWindow> first_windows_;
   ReadStats first_stats_;
