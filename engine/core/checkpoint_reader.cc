@@ -58,7 +58,7 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(const std::stri
   r->damaged_.resize(r->manifest_.files.size());
   for (const EntryRecord& e : r->manifest_.entries) {
     for (const ChunkRecord& c : e.chunks) {
-      if (AlignUp(c.offset + c.bytes, kBlockSize) - AlignDown(c.offset, kBlockSize) > r->window_bytes_) {
+      if (r->WiderThanWindow(c.offset, c.offset + c.bytes)) {
         r->wide_[c.file].emplace_back(c.offset, c.offset + c.bytes);
       }
     }
@@ -141,6 +141,10 @@ uint64_t CheckpointReader::WantedEnd(uint32_t file, uint64_t offset) const {
   return it != spans.end() && it->first <= offset ? it->second : 0;
 }
 
+bool CheckpointReader::WiderThanWindow(uint64_t begin, uint64_t end) const {
+  return AlignUp(end, kBlockSize) - AlignDown(begin, kBlockSize) > window_bytes_;
+}
+
 uint64_t CheckpointReader::WindowEnd(uint32_t file, uint64_t from) const {
   uint64_t to = std::min(manifest_.files[file].table_offset, from + window_bytes_);
   // Whatever is asked for is read: a span's end only cuts a window that starts inside it.
@@ -217,7 +221,7 @@ Status CheckpointReader::ReadFirstWindows() {
   for (const EntryRecord& e : manifest_.entries) {
     for (const ChunkRecord& c : e.chunks) {
       if (c.bytes == 0 || c.offset >= first[c.file]) continue;
-      if (AlignUp(c.offset + c.bytes, kBlockSize) - AlignDown(c.offset, kBlockSize) > window_bytes_) continue;
+      if (WiderThanWindow(c.offset, c.offset + c.bytes)) continue;
       if (WantedEnd(c.file, c.offset) <= c.offset) continue;  // not a wanted entry's
       first[c.file] = c.offset;
     }
@@ -352,7 +356,7 @@ Result<bool> CheckpointReader::CopyFromWindows(const CopyRequest& c, unsigned ch
     std::memcpy(target, w.bytes.data() + (begin - w.offset), c.length);
     return true;
   }
-  if (AlignUp(end, kBlockSize) - AlignDown(begin, kBlockSize) > window_bytes_) return false;
+  if (WiderThanWindow(begin, end)) return false;
   // Near a damaged block, not another window for each piece (a window read, a verification and a
   // message built per piece: minutes for a few hundred thousand pieces): each piece alone.
   if (InDamagedWindow(c.file, begin, end)) return false;

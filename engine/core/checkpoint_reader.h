@@ -106,6 +106,9 @@ class CheckpointReader {
   // Reads [from, from + window) of `file`, cut short at its checksum table and, after ReadOnly,
   // at the end of the wanted bytes `from` lies in, into `into`.
   Status ReadWindow(uint32_t file, uint64_t from, Window* into, IoEngine* io, BufferPool* pool, ReadStats* stats);
+  // Whether file bytes [begin, end) span more blocks than a window holds: such a piece (or chunk)
+  // is read on its own, never from a window.
+  bool WiderThanWindow(uint64_t begin, uint64_t end) const;
   // Where a window of `file` from `from` ends: a window's size on, cut at the file's data end,
   // at the end of the wanted span `from` lies in (ReadOnly), and at the block holding the start
   // of the next chunk wider than a window (read on its own, never from a window).

@@ -386,11 +386,12 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
   // scheduler's values), or of nothing at all (torch.save({}) imported), is a .pt still; with an
   // --include that selects nothing, or in a format of tensors only, an empty selection is a
   // mistake to report.
-  const bool value_selected = std::any_of(m.blobs.begin(), m.blobs.end(), [&](const BlobRecord& b) {
-    return b.scope == BlobScope::kGlobal && !OutputName(options, b.name).empty();
-  });
+  std::vector<size_t> values_selected;  // the global values a .pt holds (TorchStateDictPickle reads them)
+  for (size_t b = 0; b < m.blobs.size(); ++b) {
+    if (m.blobs[b].scope == BlobScope::kGlobal && !OutputName(options, m.blobs[b].name).empty()) values_selected.push_back(b);
+  }
   const bool values_only = options.format == ExportFormat::kTorch &&
-                           (value_selected || (options.include.empty() && (!m.blobs.empty() || m.entries.empty())));
+                           (!values_selected.empty() || (options.include.empty() && (!m.blobs.empty() || m.entries.empty())));
   if (selected.empty() && !values_only) return InvalidArgument("no entry of " + reader->dir() + " is selected");
   report.entries = selected.size();
   if (selected.size() < m.entries.size()) {  // a part of the checkpoint: read only its bytes
@@ -399,11 +400,7 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
     for (const Selected& s : selected) entries.push_back(s.entry);
     reader->ReadOnly(entries);
   }
-  std::vector<size_t> values_read;  // a .pt's values (TorchStateDictPickle reads them)
-  for (size_t b = 0; b < m.blobs.size() && options.format == ExportFormat::kTorch; ++b) {
-    if (m.blobs[b].scope == BlobScope::kGlobal && !OutputName(options, m.blobs[b].name).empty()) values_read.push_back(b);
-  }
-  SC_RETURN_IF_ERROR(reader->CheckWantedFiles(values_read));
+  SC_RETURN_IF_ERROR(reader->CheckWantedFiles(options.format == ExportFormat::kTorch ? values_selected : std::vector<size_t>{}));
   reader->ReadFirstWindowsAhead();  // while the output's header is made
   uint64_t done = 0;
   auto progress = [&](uint64_t n) {
