@@ -210,6 +210,80 @@ TEST(Manifest, RejectsHostileOrBrokenManifests) {
   }
 }
 
+// 1,000 entries of 80 one-element chunks: past the size at which the chunks are checked on two
+// threads, the first half's and the second half's entries on different ones.
+Manifest ManyChunks() {
+  constexpr int kEntries = 1000, kChunks = 80;
+  Manifest m;
+  const uint64_t data = uint64_t{kEntries} * kChunks * 4;
+  const uint64_t table_offset = (data + 4095) / 4096 * 4096;
+  m.files.push_back(FileRecord{"rank-00000.bin", DataFileSize(table_offset), table_offset,
+                               std::vector<uint64_t>(TablePages(table_offset), 0)});
+  uint64_t offset = 0;
+  for (int e = 0; e < kEntries; ++e) {
+    EntryRecord entry{"layer." + std::to_string(e), DType::kFloat32, {kChunks}, {}};
+    for (int c = 0; c < kChunks; ++c, offset += 4) entry.chunks.push_back(ChunkRecord{0, offset, 4, Layout::FlatRange(c, c + 1)});
+    m.entries.push_back(std::move(entry));
+  }
+  return m;
+}
+
+TEST(Manifest, ValidatingOnTwoThreadsReturnsTheFirstErrorInEntryOrder) {
+  auto bad_chunk = [](Manifest& m, int e) { m.entries[static_cast<size_t>(e)].chunks[3].bytes = 8; };
+  struct Case {
+    const char* what;
+    std::function<void(Manifest&)> damage;
+    const char* message;  // empty: valid
+  };
+  const std::vector<Case> cases = {
+      {"valid", [](Manifest&) {}, ""},
+      {"chunks wrong in both halves",
+       [&](Manifest& m) {
+         bad_chunk(m, 10);
+         bad_chunk(m, 900);
+       },
+       "entry 'layer.10' chunk 3 holds 8 bytes"},
+      {"chunks wrong in the second half", [&](Manifest& m) { bad_chunk(m, 900); }, "entry 'layer.900' chunk 3 holds 8 bytes"},
+      {"a name listed twice after a chunk error",
+       [&](Manifest& m) {
+         bad_chunk(m, 900);
+         m.entries[950].name = "layer.949";
+       },
+       "entry 'layer.900' chunk 3"},
+      {"a name listed twice before a chunk error",
+       [&](Manifest& m) {
+         bad_chunk(m, 950);
+         m.entries[900].name = "layer.899";
+       },
+       "entry 'layer.899' is listed twice"},
+      {"a bad shape before a chunk error",
+       [&](Manifest& m) {
+         bad_chunk(m, 960);
+         m.entries[920].shape = {-80};
+       },
+       "entry 'layer.920': "},
+      {"a bad name and bad chunks in one entry",
+       [&](Manifest& m) {
+         bad_chunk(m, 900);
+         m.entries[900].name = std::string("layer\0900", 9);
+       },
+       "has a NUL byte in its name"},
+      {"overlapping chunks in the last entry",
+       [](Manifest& m) { m.entries.back().chunks[1].layout = Layout::FlatRange(0, 1); }, "overlaps"},
+  };
+  for (const Case& c : cases) {
+    Manifest m = ManyChunks();
+    c.damage(m);
+    const Status one = ValidateManifest(m, 1), two = ValidateManifest(m, 2);
+    EXPECT_EQ(one.ToString(), two.ToString()) << c.what;
+    if (*c.message == '\0') {
+      EXPECT_TRUE(two.ok()) << c.what << ": " << two.ToString();
+    } else {
+      EXPECT_THAT(two.message(), HasSubstr(c.message)) << c.what;
+    }
+  }
+}
+
 TEST(Manifest, RejectsMalformedJsonAndVersions) {
   std::string good = *EncodeManifest([] {
     Manifest m = Sample();

@@ -361,6 +361,7 @@ Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::stri
   const Manifest& m = reader->manifest();
   const int world = options.world_size;
   SC_ASSIGN_OR_RETURN(std::unique_ptr<OfflineCheckpointWriter> out, OfflineCheckpointWriter::Begin(root, m.step, world));
+  out->ReserveEntries(m.entries.size());
   ConvertReport report;
   uint64_t total = 0;
   for (const EntryRecord& e : m.entries) total += static_cast<uint64_t>(NumBytes(e.shape, DTypeSize(e.dtype)).value());

@@ -63,22 +63,29 @@ Result<ShardFileWriter*> OfflineCheckpointWriter::Writer(int rank) {
   return f.writer.get();
 }
 
+void OfflineCheckpointWriter::ReserveEntries(size_t entries) {
+  entries_.reserve(entries);
+  entry_of_.Reserve(entries);
+}
+
 Result<size_t> OfflineCheckpointWriter::EntryIndex(const std::string& name, bool* fresh) {
   *fresh = false;
   if (last_entry_ < entries_.size() && entries_[last_entry_].name == name) return last_entry_;
-  auto it = entry_of_.find(name);
-  if (it == entry_of_.end()) {
+  uint32_t index = entry_of_.Find(name);
+  if (index == decltype(entry_of_)::kAbsent) {
     // Checked once per entry, where entries are made (tensors and aliases alike).
     if (name.find('\0') != std::string::npos) {
       return InvalidArgument("tensor '" + WithNulsShown(name) +
                              "': its name has a NUL byte in it (no checkpoint entry may): rename it first");
     }
-    it = entry_of_.emplace(name, entries_.size()).first;
+    if (entries_.size() >= decltype(entry_of_)::kAbsent) return InvalidArgument("more entries than a checkpoint can hold");
+    index = static_cast<uint32_t>(entries_.size());
     entries_.push_back(EntryRecord{name, DType::kUInt8, {}, {}});
+    entry_of_.TryEmplace(name, index);
     *fresh = true;
   }
-  last_entry_ = it->second;
-  return it->second;
+  last_entry_ = index;
+  return index;
 }
 
 Result<size_t> OfflineCheckpointWriter::Entry(const std::string& name, DType dtype, const Shape& shape,
@@ -130,9 +137,8 @@ Status OfflineCheckpointWriter::AddBlob(int rank, const std::string& name, BlobS
 }
 
 Status OfflineCheckpointWriter::AddAlias(const std::string& name, const std::string& target) {
-  auto it = entry_of_.find(target);
-  if (it == entry_of_.end()) return InvalidArgument("alias '" + name + "' of '" + target + "', which is not an entry");
-  const size_t to = it->second;
+  const uint32_t to = entry_of_.Find(target);
+  if (to == decltype(entry_of_)::kAbsent) return InvalidArgument("alias '" + name + "' of '" + target + "', which is not an entry");
   bool fresh = false;
   SC_ASSIGN_OR_RETURN(const size_t entry, EntryIndex(name, &fresh));
   if (!fresh) return InvalidArgument("entry '" + name + "' added twice");
@@ -212,7 +218,7 @@ Result<std::string> OfflineCheckpointWriter::Commit(const CreationInfo& created,
   for (const auto& [entry, target] : aliases_) entries_[entry].chunks = entries_[target].chunks;
   m.entries = std::move(entries_);
   entries_.clear();
-  entry_of_.clear();
+  entry_of_ = decltype(entry_of_)(0, EntryName{&entries_});
   SC_RETURN_IF_ERROR(CommitCheckpoint(root_, temp_name_, m, RetentionPolicy{}));
   committed_ = true;
   return JoinPath(root_, StepDirName(step_));

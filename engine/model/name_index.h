@@ -75,6 +75,11 @@ class NameIndex {
 
   size_t size() const { return size_; }
 
+  // Room for `names` names without growing (a writer told how many entries it will get).
+  void Reserve(size_t names) {
+    if (SlotsFor(names) > slots_.size()) Rehash(SlotsFor(names));
+  }
+
  private:
   struct Slot {
     uint32_t tag = 0;
