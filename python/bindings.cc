@@ -285,8 +285,9 @@ py::dict PhaseDict(const std::vector<PhaseTime>& phases) {
 SaveOptions SaveOptionsFrom(int keep_last, int keep_best, const std::string& best_metric,
                             bool best_higher_is_better,
                             const std::map<std::string, std::string>& user_metadata,
-                            const std::string& torch_version) {
+                            const std::string& state_paths, const std::string& torch_version) {
   SaveOptions options;
+  options.state_paths = state_paths;
   options.keep_last = keep_last;
   options.keep_best = keep_best;
   options.best_metric = best_metric;
@@ -300,13 +301,13 @@ py::tuple SaveCall(Comm& comm, const std::string& root, int64_t step,
                    const std::vector<PieceTuple>& pieces, const std::vector<BlobTuple>& blobs,
                    int keep_last, int keep_best, const std::string& best_metric,
                    bool best_higher_is_better, const std::map<std::string, double>& metrics,
-                   const std::map<std::string, std::string>& user_metadata,
+                   const std::map<std::string, std::string>& user_metadata, const std::string& state_paths,
                    const std::string& torch_version, const LocalError& error) {
   ShardedState state;
   Status built = FromPython(error);
   if (built.ok()) built = BuildState(pieces, blobs, &state);
   SaveOptions options = SaveOptionsFrom(keep_last, keep_best, best_metric, best_higher_is_better,
-                                        user_metadata, torch_version);
+                                        user_metadata, state_paths, torch_version);
   options.metrics = metrics;
   options.plan_cache = &comm.plan_cache();
   const uint64_t reused_before = comm.plan_cache().plans_reused;
@@ -463,9 +464,9 @@ class Handle {
 py::tuple CreateSaverCall(Comm& comm, int keep_last, int keep_best, const std::string& best_metric,
                           bool best_higher_is_better,
                           const std::map<std::string, std::string>& user_metadata,
-                          const std::string& torch_version) {
+                          const std::string& state_paths, const std::string& torch_version) {
   SaveOptions options = SaveOptionsFrom(keep_last, keep_best, best_metric, best_higher_is_better,
-                                        user_metadata, torch_version);
+                                        user_metadata, state_paths, torch_version);
   Result<std::unique_ptr<AsyncSaver>> made = Status(Code::kInternal, "not run");
   {
     py::gil_scoped_release release;
@@ -788,9 +789,10 @@ PYBIND11_MODULE(_core, m) {
     return Reply(s);
   });
   m.def("saver_set_options", [](Saver& saver, int keep_last, int keep_best, const std::string& best_metric,
-                                 bool best_higher_is_better, const std::map<std::string, std::string>& user_metadata) {
+                                 bool best_higher_is_better, const std::map<std::string, std::string>& user_metadata,
+                                 const std::string& state_paths) {
     saver.saver->SetRetentionAndMetadata(
-        SaveOptionsFrom(keep_last, keep_best, best_metric, best_higher_is_better, user_metadata, ""));
+        SaveOptionsFrom(keep_last, keep_best, best_metric, best_higher_is_better, user_metadata, state_paths, ""));
   });
   m.def("async_save", &AsyncSaveCall);
   m.def("start_save", &StartSaveCall);

@@ -46,6 +46,16 @@ PickleTensor Contiguous(const std::string& name, DType dtype, const Shape& shape
   return PickleTensor{name, dtype, shape, strides, 0, key, NumElements(shape).value()};
 }
 
+}  // namespace
+
+// Steps in a failure message as their JSON would show them.
+void PrintTo(const StatePathStep& step, std::ostream* os) {
+  *os << (step.in_tuple ? "{tuple: " : step.int_key ? "{int: " : step.is_index ? "" : "\"") << step.key
+      << (step.in_tuple || step.int_key ? "}" : step.is_index ? "" : "\"");
+}
+
+namespace {
+
 PickleNode Leaf(size_t tensor) {
   PickleNode n;
   n.kind = PickleNode::kTensor;
@@ -253,6 +263,46 @@ TEST(StateTree, PathsPutEachLeafWhereItSat) {
   ASSERT_EQ(params.kind, PickleNode::kList);
   EXPECT_EQ(params.items[0].second.tensor, 5u);  // index 0 first, whatever the order added
   EXPECT_EQ(params.items[1].second.tensor, 4u);
+}
+
+// A training checkpoint's nesting (an optimizer's state by int parameter number, a tuple inside
+// a dict, a module's dotted keys one level down) goes from a .pt's pickle to the paths import
+// records, through their JSON, and back through the tree into a pickle that reads the same.
+TEST(StateTree, IntKeysAndTuplesRoundTripThroughPathsAndThePickle) {
+  const std::string json =
+      R"({"optim.state.0.exp_avg": ["optim", "state", {"int": 0}, "exp_avg"],)"
+      R"( "optim.state.-3.step": ["optim", "state", {"int": -3}, "step"],)"
+      R"( "pair.0": ["pair", {"tuple": 0}], "pair.1.0": ["pair", {"tuple": 1}, 0], "model.layers.0.w": ["model", "layers.0.w"],)"
+      R"( "7": [{"int": 7}],)"
+      R"( "neg.-1": ["neg", {"tuple": -1}], "two.1": ["two", {"int": 1, "tuple": 1}],)"
+      R"( "huge.18446744073709551615": ["huge", {"int": 18446744073709551615}]})";
+  std::unordered_map<std::string, StatePath> paths = DecodeStatePaths(json);
+  EXPECT_EQ(paths.size(), 6u);  // refused: a negative tuple index, a step of two tags, an int key past int64
+  EXPECT_EQ(paths.at("optim.state.-3.step")[2], (StatePathStep{"-3", false, true}));
+  EXPECT_EQ(paths.at("pair.1.0")[1], (StatePathStep{"1", true, false, true}));
+  std::vector<std::pair<std::string, StatePath>> listed(paths.begin(), paths.end());
+  EXPECT_EQ(DecodeStatePaths(EncodeStatePaths(listed)), paths);
+
+  const std::vector<std::string> names = {"model.layers.0.w", "optim.state.0.exp_avg", "optim.state.-3.step",
+                                          "pair.0", "pair.1.0", "7"};
+  std::vector<PickleTensor> tensors;
+  StateTreeBuilder tree({}, paths);
+  for (size_t i = 0; i < names.size(); ++i) {
+    tensors.push_back(Contiguous(names[i], DType::kFloat32, {1}, std::to_string(i)));
+    ASSERT_TRUE(tree.Add(names[i], Leaf(i)).ok()) << names[i];
+  }
+  Result<std::string> pickle = PickleTree(tensors, tree.Finish());
+  ASSERT_TRUE(pickle.ok()) << pickle.status().ToString();
+  Result<UnpickledStateDict> back = UnpickleStateDict(*pickle);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  std::vector<std::string> read;
+  for (const PickleTensor& t : back->tensors) read.push_back(t.name);
+  EXPECT_EQ(read, names);
+  // Every leaf below the top, and the top one under an int key, with its path as recorded.
+  std::unordered_map<std::string, StatePath> recorded(back->paths.begin(), back->paths.end());
+  EXPECT_EQ(recorded, paths);
+  EXPECT_THAT(back->containers, ElementsAre(std::make_pair(std::string("pair"), std::string("tuple")),
+                                            std::make_pair(std::string("pair.1"), std::string("list"))));
 }
 
 // A .pt holds 128 levels (more than dcp_to_torch_save's 65); deeper is refused naming where,
@@ -796,10 +846,10 @@ TEST_F(MultiFileExportTest, AnExportToAPathAnotherExportHoldsIsRefused) {
     Result<ConsolidateReport> c = Consolidate(ckpt, pt, ConsolidateOptions{});
     ASSERT_FALSE(c.ok());
     EXPECT_EQ(c.status().code(), Code::kFailedPrecondition);
-    EXPECT_THAT(c.status().message(), HasSubstr("another export is writing " + pt));
+    EXPECT_THAT(c.status().message(), HasSubstr("another consolidate or export is writing " + pt));
     Result<DcpExportReport> d = ExportDcp(ckpt, dcp, DcpExportOptions{});
     ASSERT_FALSE(d.ok());
-    EXPECT_THAT(d.status().message(), HasSubstr("another export is writing " + dcp));
+    EXPECT_THAT(d.status().message(), HasSubstr("another consolidate or export is writing " + dcp));
     EXPECT_THAT(Listing(Path("out")), ElementsAre(".dcp.lock", ".model.pt.lock"));
     EXPECT_EQ(OutputLock::Acquire(pt).status().code(), Code::kFailedPrecondition);
   }

@@ -237,6 +237,7 @@ void AsyncSaver::SetRetentionAndMetadata(const SaveOptions& from) {
   options_.best_metric = from.best_metric;
   options_.best_higher_is_better = from.best_higher_is_better;
   options_.user_metadata = from.user_metadata;
+  options_.state_paths = from.state_paths;
 }
 
 Status AsyncSaver::Fence() {

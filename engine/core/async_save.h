@@ -75,7 +75,7 @@ class AsyncSaver {
   Status Fence();
   // Waits for the persist in flight, if any.
   Status Wait();
-  // The retention policy and user metadata of the saves from now on (Create's options give the
+  // The retention policy, user metadata and state paths of the saves from now on (Create's options give the
   // first): a job that keeps the best checkpoints only on evaluation steps changes them between
   // saves and keeps one saver, one staging area. A save already started keeps its own. Call it
   // between saves, from the thread that calls Save and StartSave.

@@ -340,6 +340,10 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
   // Absolute: a relative path names nothing from another working directory.
   std::map<std::string, std::string> user = {{"imported_from", Utf8OrReplaced(AbsoluteRoot(input))}};
   if (!containers.empty()) user[kTorchContainersKey] = containers.dump();
+  // Where each nested leaf sat (dict keys, ints among them, list and tuple indices), so that the
+  // .pt a consolidation writes has the nesting of the one imported (the containers alone gave
+  // "optimizer.state.0.exp_avg" at the top).
+  if (!dict.paths.empty()) user[kTorchPathsKey] = EncodeStatePaths(dict.paths);
   if (!value_order.empty()) user[kTorchValueOrderKey] = EncodeValueOrder(value_order);
   // A safetensors file's own metadata (a Hugging Face set's first shard's), less "format", which
   // consolidate writes itself: kept for safetensors output.

@@ -60,6 +60,11 @@ struct SaveOptions {
   // tensors straight from their memory).
   bool always_stage = false;
   std::map<std::string, std::string> user_metadata;
+  // Where each nested leaf of the state sat (the Python package's save: a JSON object of paths,
+  // engine/formats/state_tree.h), recorded as user_metadata["torch_paths"] unless that key is
+  // given, so that a consolidated .pt has the state's nesting. Rank 0's is recorded; unlike
+  // user_metadata the ranks need not pass the same (their states may name different leaves).
+  std::string state_paths;
   std::string torch_version;
   std::string git_commit;
   // Staging memory to reuse across saves; when null, the process's spare staging pool is used

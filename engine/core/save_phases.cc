@@ -15,6 +15,7 @@
 #include "shardckpt/engine/core/save_plan_cache.h"
 #include "shardckpt/engine/core/shard_writer.h"
 #include "shardckpt/engine/core/staging_cache.h"
+#include "shardckpt/engine/formats/state_tree.h"
 #include "shardckpt/engine/model/name_index.h"
 #include "shardckpt/engine/model/wire.h"
 #include "shardckpt/io/checksum.h"
@@ -175,6 +176,7 @@ Status PlanLocked(const std::string& root, int64_t step, const std::vector<std::
   SC_RETURN_IF_ERROR(ValidatePolicy(options.retention()));
   SC_RETURN_IF_ERROR(ValidateMetrics(options.metrics));
   SC_RETURN_IF_ERROR(ValidateUserMetadata(options.user_metadata));
+  SC_RETURN_IF_ERROR(ValidateUserMetadata({{kTorchPathsKey, options.state_paths}}));
   SC_ASSIGN_OR_RETURN(RootLock lock, LockRootForSave(root, step));
   planned->lock = std::make_unique<RootLock>(std::move(lock));
   SC_RETURN_IF_ERROR(PrepareLocked(root, step, gathered, cache, planned));
@@ -573,14 +575,25 @@ Result<std::vector<WriteReport>> CollectReports(int64_t step, const std::vector<
   return reports;
 }
 
+namespace {
+
+// The manifest's creation facts: the options' user metadata, and the state's paths under it.
+CreationInfo SavedCreationInfo(const Descriptions& described, const SaveOptions& options) {
+  CreationInfo created = MakeCreationInfo(static_cast<int>(described.hosts.size()), options.torch_version,
+                                          options.git_commit, options.user_metadata);
+  if (!options.state_paths.empty()) created.user.emplace(kTorchPathsKey, options.state_paths);  // the caller's key wins
+  return created;
+}
+
+}  // namespace
+
 Manifest BuildManifest(int64_t step, const Descriptions& described, const std::vector<WriteReport>& reports,
                        const SaveOptions& options, int64_t* total_bytes) {
   const int world = static_cast<int>(reports.size());
   Manifest m;
   m.step = step;
   m.world_size = world;
-  m.created = MakeCreationInfo(static_cast<int>(described.hosts.size()), options.torch_version, options.git_commit,
-                               options.user_metadata);
+  m.created = SavedCreationInfo(described, options);
   m.metrics = options.metrics;
   // Entries in name order, so manifests of equal states compare equal. Names are matched as
   // views of the descriptions and sorted as indices, and each entry's chunk list is sized before
@@ -674,8 +687,7 @@ Status RefreshKeptManifest(int64_t step, const Descriptions& described, std::vec
                            const SaveOptions& options, KeptManifest* kept, int64_t* total_bytes) {
   Manifest& m = kept->head;
   m.step = step;
-  m.created = MakeCreationInfo(static_cast<int>(described.hosts.size()), options.torch_version, options.git_commit,
-                               options.user_metadata);
+  m.created = SavedCreationInfo(described, options);
   m.metrics = options.metrics;
   SC_RETURN_IF_ERROR(ValidateMetrics(m.metrics));
   size_t file = 0;

@@ -149,7 +149,8 @@ std::string EncodeDcpMetadata(const DcpMetadata& m) {
       p.String(fqn);
     } else {
       for (const StatePathStep& step : path->second) {
-        if (step.is_index) p.Int(std::stoll(step.key));
+        // DCP's own paths hold a dict's int key as an int, as they hold a list's index.
+        if (step.is_index || step.int_key) p.Int(std::stoll(step.key));
         else p.String(step.key);
       }
     }

@@ -1,5 +1,6 @@
 #include "shardckpt/engine/formats/state_tree.h"
 
+#include <climits>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
@@ -18,16 +19,18 @@ struct StateTreeBuilder::Tree {
   PickleNode::Kind kind = PickleNode::kDict;
   PickleNode leaf;  // when is_leaf
   bool is_leaf = false;
+  bool int_key = false;  // its key in the dict holding it is an int
   std::vector<std::string> keys;  // in insertion order
   // Hashed: `keys` gives the order, and a state dict's root holds up to hundreds of thousands.
   std::unordered_map<std::string, std::unique_ptr<Tree>> children;
 
-  Result<Tree*> Child(const std::string& key, PickleNode::Kind child_kind, const std::string& path) {
+  Result<Tree*> Child(const std::string& key, PickleNode::Kind child_kind, const std::string& path, bool int_key = false) {
     auto it = children.find(key);
     if (it == children.end()) {
       keys.push_back(key);
       it = children.emplace(key, std::make_unique<Tree>()).first;
       it->second->kind = child_kind;
+      it->second->int_key = int_key;
     } else if (it->second->is_leaf) {
       return InvalidArgument("'" + path + "' is both a value and a container of others");
     }
@@ -35,7 +38,7 @@ struct StateTreeBuilder::Tree {
   }
 
   // `value` as this level's item `key`; `name` (the flattened name) for the errors.
-  Status Put(const std::string& key, PickleNode value, const std::string& name) {
+  Status Put(const std::string& key, PickleNode value, const std::string& name, bool int_key = false) {
     auto taken = children.find(key);
     if (taken != children.end()) {
       return taken->second->is_leaf ? TwoValuesNamed(name)
@@ -45,14 +48,19 @@ struct StateTreeBuilder::Tree {
     auto& slot = children[key];
     slot = std::make_unique<Tree>();
     slot->is_leaf = true;
+    slot->int_key = int_key;
     slot->leaf = std::move(value);
     return Status::Ok();
   }
 
   PickleNode Take() {
-    if (is_leaf) return std::move(leaf);
+    if (is_leaf) {
+      leaf.int_key = int_key;
+      return std::move(leaf);
+    }
     PickleNode node;
     node.kind = kind;
+    node.int_key = int_key;
     if (kind != PickleNode::kDict) {  // items exactly 0..n-1, else a dict of those there are
       bool dense = true;
       for (size_t i = 0; i < keys.size() && dense; ++i) dense = children.count(std::to_string(i)) == 1;
@@ -96,7 +104,9 @@ std::string EncodeStatePaths(const std::vector<std::pair<std::string, StatePath>
   for (const auto& [name, path] : paths) {
     nlohmann::json steps = nlohmann::json::array();
     for (const StatePathStep& step : path) {
-      if (step.is_index) steps.push_back(std::stoll(step.key));
+      if (step.is_index && step.in_tuple) steps.push_back({{"tuple", std::stoll(step.key)}});
+      else if (step.is_index) steps.push_back(std::stoll(step.key));
+      else if (step.int_key) steps.push_back({{"int", std::stoll(step.key)}});
       else steps.push_back(step.key);
     }
     out[name] = std::move(steps);
@@ -113,10 +123,19 @@ std::unordered_map<std::string, StatePath> DecodeStatePaths(const std::string& j
     StatePath path;
     bool valid = true;
     for (const auto& step : steps) {
+      // {"int": n}, {"tuple": i}: one member, an integer (an index is not negative).
+      const nlohmann::json* tagged = nullptr;
+      const bool int_key = step.is_object() && step.size() == 1 && step.contains("int");
+      const bool tuple_index = step.is_object() && step.size() == 1 && step.contains("tuple");
+      if (int_key || tuple_index) tagged = &step.begin().value();
       if (step.is_string()) {
-        path.push_back({step.get<std::string>(), false});
+        path.push_back({step.get<std::string>()});
       } else if (step.is_number_integer() && step.get<int64_t>() >= 0) {
         path.push_back({std::to_string(step.get<int64_t>()), true});
+      } else if (tagged != nullptr && tagged->is_number_integer() &&
+                 !(tagged->is_number_unsigned() && tagged->get<uint64_t>() > INT64_MAX) &&
+                 (int_key || tagged->get<int64_t>() >= 0)) {
+        path.push_back({std::to_string(tagged->get<int64_t>()), tuple_index, int_key, tuple_index});
       } else {
         valid = false;
         break;
@@ -157,11 +176,13 @@ Status StateTreeBuilder::AddAtPath(const std::string& name, const StatePath& pat
   std::string walked;
   for (size_t i = 0; i + 1 < path.size(); ++i) {
     walked += (i ? "." : "") + path[i].key;
-    // A level holding indices is a list (items exactly 0..n-1 at the end, else a dict of them).
-    SC_ASSIGN_OR_RETURN(node, node->Child(path[i].key, path[i + 1].is_index ? PickleNode::kList : PickleNode::kDict, walked));
+    // A level holding indices is a list or tuple (items exactly 0..n-1 at the end, else a dict
+    // of them).
+    const StatePathStep& next = path[i + 1];
+    const PickleNode::Kind kind = !next.is_index ? PickleNode::kDict : next.in_tuple ? PickleNode::kTuple : PickleNode::kList;
+    SC_ASSIGN_OR_RETURN(node, node->Child(path[i].key, kind, walked, path[i].int_key));
   }
-  const std::string& key = path.back().key;
-  return node->Put(key, std::move(leaf), name);
+  return node->Put(path.back().key, std::move(leaf), name, path.back().int_key);
 }
 
 Status StateTreeBuilder::Add(const std::string& name, PickleNode leaf) {

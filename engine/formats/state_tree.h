@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "shardckpt/engine/formats/state_path.h"
 #include "shardckpt/engine/formats/torch_pickle.h"
 
 namespace shardckpt {
@@ -28,19 +29,12 @@ std::unordered_map<std::string, std::string> DecodeValueOrder(const std::string&
 // The record from value name -> the tensor entry that followed it (import and the DCP reader).
 std::string EncodeValueOrder(const std::unordered_map<std::string, std::string>& followers);
 
-// Where a leaf sat in a nested state dict: one step per level, a dict key or a list index. DCP
-// records one per flattened key (its planner_data, torch's OBJ_PATH): "optim.param_groups.0.lr"
-// is ("optim", "param_groups", 0, "lr"), "model.layers.0.weight" is ("model", "layers.0.weight").
-struct StatePathStep {
-  std::string key;  // the dict key, or the index in decimal
-  bool is_index = false;
-  bool operator==(const StatePathStep& other) const { return key == other.key && is_index == other.is_index; }
-};
-using StatePath = std::vector<StatePathStep>;
-// The manifest's creation info key (user metadata) under which a DCP folder's reader records the
-// paths of its flattened keys, for consolidation to rebuild the nesting dcp_to_torch_save
-// rebuilds: a JSON object {key: [step, ...]}, each step a string (a dict key) or an integer (a
-// list index). Only keys whose path is more than the key itself are recorded.
+// The manifest's creation info key (user metadata) under which the paths of flattened keys are
+// recorded, for consolidation to rebuild the nesting: by a DCP folder's reader (the nesting
+// dcp_to_torch_save rebuilds), by import of a .pt and by the Python package's save (the state
+// dict as saved). A JSON object {key: [step, ...]}, each step a string (a dict key), an integer (a
+// list index), {"int": n} (a dict key that is an int) or {"tuple": i} (a tuple's index). Only keys
+// whose path is more than the key itself are recorded.
 inline constexpr const char* kTorchPathsKey = "torch_paths";
 // Longer paths are left out (their key stays at the top): a hostile .metadata's million-step path
 // would otherwise build a tree that deep. A .pt holds at most 128 levels (torch_pickle.h).

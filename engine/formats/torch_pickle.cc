@@ -97,7 +97,11 @@ Status PutNode(PickleWriter& w, const std::vector<PickleTensor>& tensors, const 
       if (node.items.empty()) return Status::Ok();
       w.Mark();
       for (const auto& [key, child] : node.items) {
-        w.String(key);
+        if (child.int_key) {
+          w.Int(std::stoll(key));
+        } else {
+          w.String(key);
+        }
         SC_RETURN_IF_ERROR(PutNode(w, tensors, child, depth + 1));
       }
       w.SetItems();
@@ -868,6 +872,10 @@ class Flattener {
     if (!names_.insert(name).second) {
       return InvalidArgument("the name '" + name + "' occurs twice (a dotted key and a nested dict, or 1 and \"1\")");
     }
+    if (path_.size() > 1 || path_.back().int_key) {
+      SC_RETURN_IF_ERROR(unpickler_->Charge(name.size() + 48 * path_.size()));
+      out_->paths.emplace_back(name, path_);
+    }
     if (value->kind == Value::kTensor && value->unsupported) {
       return Status(Code::kUnimplemented, "tensor '" + name + "': " + RefusedTensorText(value->unsupported));
     }
@@ -895,6 +903,7 @@ class Flattener {
     for (size_t k = 0, index = 0; k < container->items.size(); k += dict ? 2 : 1, ++index) {
       if (dict && k + 1 >= container->items.size()) break;
       std::string name;
+      StatePathStep step;
       if (dict) {
         const Value* key = container->items[k];
         if (key->kind != Value::kString && key->kind != Value::kInt) {
@@ -902,34 +911,41 @@ class Flattener {
         }
         name = key->kind == Value::kString ? std::string(key->s) : std::to_string(key->i);
         if (name.empty()) return InvalidArgument("a key in " + Where(prefix) + " is empty: it cannot name an entry");
+        step = StatePathStep{name, false, key->kind == Value::kInt};
       } else {
         name = std::to_string(index);
+        step = StatePathStep{name, true, false, container->kind == Value::kTuple};
       }
       name = prefix + name;
-      Value* value = container->items[dict ? k + 1 : k];
-      SC_RETURN_IF_ERROR(unpickler_->Charge(2 * name.size() + 64));
-      // The root's nested dicts are walked even without tensors, as before; lists and tuples,
-      // and dicts inside them, only when they hold one (else they are one value). An empty dict
-      // (an optimizer's "state" before its first step) would leave no name behind: it is a value.
-      bool walk = value->kind == Value::kDict && !in_sequence_ && !value->items.empty();
-      if (!walk && IsContainer(value)) {
-        SC_ASSIGN_OR_RETURN(walk, HoldsTensor(value, depth));
-      }
-      if (walk && IsContainer(value)) {
-        if (value->kind != Value::kDict) {
-          out_->containers.emplace_back(name, value->kind == Value::kList ? "list" : "tuple");
-        }
-        const bool was = in_sequence_;
-        in_sequence_ = in_sequence_ || value->kind != Value::kDict;
-        Status visited = Visit(value, name + ".", depth + 1);
-        in_sequence_ = was;
-        SC_RETURN_IF_ERROR(visited);
-        continue;
-      }
-      SC_RETURN_IF_ERROR(Leaf(std::move(name), value, depth));
+      path_.push_back(std::move(step));
+      Status item = VisitItem(std::move(name), container->items[dict ? k + 1 : k], depth);
+      path_.pop_back();
+      SC_RETURN_IF_ERROR(item);
     }
     return Status::Ok();
   }
+
+  // Item `name` of a container, whose step is path_'s last.
+  Status VisitItem(std::string name, Value* value, int depth) {
+    SC_RETURN_IF_ERROR(unpickler_->Charge(2 * name.size() + 64));
+    // The root's nested dicts are walked even without tensors, as before; lists and tuples,
+    // and dicts inside them, only when they hold one (else they are one value). An empty dict
+    // (an optimizer's "state" before its first step) would leave no name behind: it is a value.
+    bool walk = value->kind == Value::kDict && !in_sequence_ && !value->items.empty();
+    if (!walk && IsContainer(value)) {
+      SC_ASSIGN_OR_RETURN(walk, HoldsTensor(value, depth));
+    }
+    if (!walk || !IsContainer(value)) return Leaf(std::move(name), value, depth);
+    if (value->kind != Value::kDict) {
+      out_->containers.emplace_back(name, value->kind == Value::kList ? "list" : "tuple");
+    }
+    const bool was = in_sequence_;
+    in_sequence_ = in_sequence_ || value->kind != Value::kDict;
+    Status visited = Visit(value, name + ".", depth + 1);
+    in_sequence_ = was;
+    return visited;
+  }
+
   static std::string Where(const std::string& prefix) {
     return prefix.empty() ? "the state dict" : "'" + prefix.substr(0, prefix.size() - 1) + "'";
   }
@@ -938,6 +954,7 @@ class Flattener {
   UnpickledStateDict* out_;
   bool in_sequence_ = false;  // inside a list or tuple: dicts there are walked only for tensors
   std::unordered_set<std::string> names_;
+  StatePath path_;  // the steps to the item being visited
   std::string unstorable_;  // set by ToJson where it returns false
 };
 

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "shardckpt/engine/formats/state_path.h"
 #include "shardckpt/engine/model/dtype.h"
 #include "shardckpt/engine/model/layout.h"
 
@@ -40,6 +41,7 @@ struct PickleNode {
   size_t tensor = 0;
   std::string json;
   std::vector<std::pair<std::string, PickleNode>> items;  // dict: key, value; list, tuple: items in order
+  bool int_key = false;  // its key in the dict holding it is an int (written in decimal above)
 };
 // `root` (a dict) as an OrderedDict; values in opcodes torch's weights_only unpickler accepts.
 Result<std::string> PickleTree(const std::vector<PickleTensor>& tensors, const PickleNode& root);
@@ -61,6 +63,9 @@ struct UnpickledStateDict {
   std::vector<std::string> skipped;
   // The lists and tuples walked for their tensors: (dotted path, "list" or "tuple").
   std::vector<std::pair<std::string, std::string>> containers;
+  // Every leaf (tensor or value) below the top level, with where it sat: its dict keys (ints
+  // marked), list and tuple indices.
+  std::vector<std::pair<std::string, StatePath>> paths;
 };
 
 // The pickle of one plain value (None, bool, int of any width, float, str, bytes, and lists,

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import json
 import math
 import numbers
 import os
@@ -212,11 +213,12 @@ def _save_view(tensor: torch.Tensor, name: str, keep: List[torch.Tensor]) -> tor
     return view
 
 
-def _describe_save(state: Mapping[str, Any], keep: List[torch.Tensor]) -> Tuple[list, list]:
-    pieces, blobs = [], []
-    for name, value in walk(state):
+def _describe_save(state: Mapping[str, Any], keep: List[torch.Tensor]) -> Tuple[list, list, str]:
+    """The pieces and blobs to save, and where the nested ones sat (JSON, "" when none is)."""
+    pieces, blobs, paths = [], [], {}  # type: ignore[var-annotated]
+    for name, value in walk(state, paths=paths):
         _named(name, lambda: _describe_save_item(name, value, keep, pieces, blobs))
-    return pieces, blobs
+    return pieces, blobs, json.dumps(paths, separators=(",", ":")) if paths else ""
 
 
 def _describe_save_item(name: str, value: Any, keep: List[torch.Tensor], pieces: list, blobs: list) -> None:
@@ -238,7 +240,7 @@ def _describe_save_item(name: str, value: Any, keep: List[torch.Tensor], pieces:
 
 
 def _describe_for_collective(state: Mapping[str, Any], step: Any,
-                             keep: List[torch.Tensor]) -> Tuple[int, list, list, Tuple[str, str]]:
+                             keep: List[torch.Tensor]) -> Tuple[int, list, list, str, Tuple[str, str]]:
     """The step and _describe_save, with a refusal returned as (code, message) instead of
     raised: the engine tells it to every rank, so a rank whose state is refused does not leave
     the others waiting."""
@@ -248,14 +250,14 @@ def _describe_for_collective(state: Mapping[str, Any], step: Any,
     except Exception:  # noqa: BLE001 - a complex or meta tensor: refused below, on every rank
         pass
     if isinstance(step, bool) or not isinstance(step, numbers.Integral):
-        return 0, [], [], ("InvalidArgument", "step must be a whole number, not %r" % (step,))
+        return 0, [], [], "", ("InvalidArgument", "step must be a whole number, not %r" % (step,))
     if not -2 ** 63 <= int(step) < 2 ** 63:  # the engine's int64 (pybind's TypeError said less)
-        return 0, [], [], ("InvalidArgument", "step %d is out of range (a 64-bit step)" % int(step))
+        return 0, [], [], "", ("InvalidArgument", "step %d is out of range (a 64-bit step)" % int(step))
     try:
-        pieces, blobs = _describe_save(state, keep)
-        return int(step), pieces, blobs, ("OK", "")
+        pieces, blobs, paths = _describe_save(state, keep)
+        return int(step), pieces, blobs, paths, ("OK", "")
     except Exception as failure:  # noqa: BLE001 - told to every rank (_refusal)
-        return int(step), [], [], _refusal(failure)
+        return int(step), [], [], "", _refusal(failure)
 
 
 def _user_metadata(user_metadata: Optional[Mapping[str, str]]) -> Tuple[Dict[str, str], Tuple[str, str]]:
@@ -345,6 +347,7 @@ class _SaveCall(NamedTuple):
     pieces: list
     blobs: list
     user_metadata: Dict[str, str]
+    state_paths: str  # JSON: where the nested leaves sat, for a consolidated .pt's nesting
     metrics: Dict[str, float]
     retention: _Retention
     root: bytes
@@ -357,7 +360,7 @@ def _describe_save_call(state: Mapping[str, Any], step: Any, metrics: Optional[M
     """What save and async_save hand the engine: the state, the user metadata, the metrics, the
     retention rule and the root, with the first refusal among them, which the engine tells
     every rank."""
-    step, pieces, blobs, error = _describe_for_collective(state, step, keep)
+    step, pieces, blobs, paths, error = _describe_for_collective(state, step, keep)
     metadata, metadata_error = _user_metadata(user_metadata)
     recorded, metrics_error = _metrics(metrics)
     rule, rule_error = _retention(*retention)
@@ -365,7 +368,7 @@ def _describe_save_call(state: Mapping[str, Any], step: Any, metrics: Optional[M
     for refusal in (metadata_error, metrics_error, rule_error, root_error):
         if error[0] == "OK":
             error = refusal
-    return _SaveCall(step, pieces, blobs, metadata, recorded, rule, root_bytes, (error[0], _utf8_safe(error[1])))
+    return _SaveCall(step, pieces, blobs, metadata, paths, recorded, rule, root_bytes, (error[0], _utf8_safe(error[1])))
 
 
 def save(state_dict: Mapping[str, Any], root: PathLike, step: int, *, keep_last: int = 0,
@@ -395,7 +398,7 @@ def save(state_dict: Mapping[str, Any], root: PathLike, step: int, *, keep_last:
                                (keep_last, keep_best, best_metric, best_higher_is_better))
     code, message, result = _core.save(
         comm, call.root, call.step, call.pieces, call.blobs, *call.retention, call.metrics, call.user_metadata,
-        torch.__version__, call.error)
+        call.state_paths, torch.__version__, call.error)
     raise_for(code, message)
     return SaveResult(**result)
 
@@ -796,7 +799,7 @@ def _finish_in_flight(saver: Any) -> None:
 
 
 def _saver_for(comm: Any, options: Tuple[int, int, str, bool],
-               user_metadata: Mapping[str, str]) -> Any:
+               user_metadata: Mapping[str, str], state_paths: str) -> Any:
     """The engine AsyncSaver of this communicator, kept across calls so its staging is reused,
     with this save's retention policy and user metadata (a save in flight keeps its own: the
     engine waits for it before the next one starts)."""
@@ -805,9 +808,9 @@ def _saver_for(comm: Any, options: Tuple[int, int, str, bool],
     with _savers_lock:
         held = _savers.get(id(comm))
     if held is not None and held[0] is comm:
-        _core.saver_set_options(held[1], *options, dict(user_metadata))
+        _core.saver_set_options(held[1], *options, dict(user_metadata), state_paths)
         return held[1]
-    code, message, saver = _core.create_saver(comm, *options, dict(user_metadata),
+    code, message, saver = _core.create_saver(comm, *options, dict(user_metadata), state_paths,
                                               torch.__version__)  # collective (duplicates comm)
     if code == "FailedPrecondition" and "MPI_THREAD_MULTIPLE" in message and \
             "mpi4py" in sys.modules:
@@ -870,7 +873,7 @@ def async_save(state_dict: Mapping[str, Any], root: PathLike, step: int, *, keep
         if call.error[0] == "OK":
             call = call._replace(error=_refusal(failure))
     step = call.step
-    saver = _saver_for(comm, tuple(call.retention), call.user_metadata)
+    saver = _saver_for(comm, tuple(call.retention), call.user_metadata, call.state_paths)
     _finish_in_flight(saver)  # the engine's save would wait for the one in flight anyway
     if copying:
         code, message, handle = _core.start_save(comm, saver, call.root, step, call.pieces,

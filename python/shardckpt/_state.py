@@ -113,13 +113,17 @@ def check_unicode(text: str, what: Callable[[], str]) -> None:
                               "such a path as bytes (os.fsencode)" % (what(), ascii(text))) from None
 
 
-def walk(state: Any, prefix: str = "") -> List[Tuple[str, Any]]:
-    """(name, leaf) for every tensor, FlatShard, PerRank and blob-able value, in order."""
+def walk(state: Any, prefix: str = "", paths: Optional[Dict[str, list]] = None) -> List[Tuple[str, Any]]:
+    """(name, leaf) for every tensor, FlatShard, PerRank and blob-able value, in order. With
+    ``paths``, also where each leaf below the top sat, as the manifest records it for
+    consolidation (engine/formats/state_tree.h, "torch_paths"): name -> steps, each a dict key
+    (str), {"int": key} (an int dict key), a list index (int) or {"tuple": index}."""
     if prefix == "" and not isinstance(state, dict):
         raise InvalidArgument("a state dict must be a dict, not %s" % type(state).__name__)
     out: List[Tuple[str, Any]] = []
     seen: Dict[str, bool] = {}
     on_path: set = set()  # the containers being walked: one met again inside itself is a cycle
+    steps: list = []  # to the value being visited
 
     def visit(value: Any, name: str, top: bool = False) -> None:
         # The state dict itself is always walked, tensors or not: its values have names.
@@ -134,15 +138,22 @@ def walk(state: Any, prefix: str = "") -> List[Tuple[str, Any]]:
                                       "an int key and its string, flatten to the same name" % name)
             seen[name] = True
             out.append((name, value))
+            if paths is not None and (len(steps) > 1 or (steps and not isinstance(steps[0], str))):
+                paths[name] = list(steps)
             return
         on_path.add(id(value))
-        items = value.items() if isinstance(value, dict) else enumerate(value)
+        is_dict = isinstance(value, dict)
+        index_kind = "tuple" if isinstance(value, tuple) else None
+        items = value.items() if is_dict else enumerate(value)
         for key, child in items:
             if not isinstance(key, (str, int)) or isinstance(key, bool):
                 raise InvalidArgument("'%s': key %a is neither a str nor an int" % (name, key))
             if isinstance(key, str):
                 check_unicode(key, lambda: "a key" + (" of '%s'" % name if name else ""))
+            steps.append(key if isinstance(key, str) or (not is_dict and index_kind is None)
+                         else {"int" if is_dict else index_kind: key})
             visit(child, "%s.%s" % (name, key) if name else str(key))
+            steps.pop()
         on_path.discard(id(value))
 
     visit(state, prefix, True)

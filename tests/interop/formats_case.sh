@@ -82,12 +82,17 @@ fi
 # 3: tensors in lists and tuples are entries by index; other values are blobs, restored in the .pt.
 "$cli" import in/lists.pt --out ls --world-size 2 > import-lists.txt
 cat import-lists.txt
-for v in opt.lr epoch name nothing flags raw; do grep -qx "kept as a blob (not a tensor): $v" import-lists.txt; done
+for v in opt.lr epoch name nothing flags raw optim.param_groups; do grep -qx "kept as a blob (not a tensor): $v" import-lists.txt; done
 "$cli" inspect ls --json | "$py1" -c "import json, sys; d = json.load(sys.stdin); \
-names = [e['name'] for e in d['entries']]; assert names == ['w', 'lst.0', 'lst.1', 'opt.steps.0', 'opt.steps.1.m', 'tup.0', 'tup.1'], names; \
-assert [b['name'] for b in d['blobs']] == ['opt.lr', 'epoch', 'name', 'nothing', 'flags', 'raw'], d['blobs']; print('lists: entries and blobs named')"
+names = [e['name'] for e in d['entries']]; assert names == ['w', 'lst.0', 'lst.1', 'opt.steps.0', 'opt.steps.1.m', 'tup.0', 'tup.1', \
+'model.layers.0.weight', 'optim.state.0.exp_avg', 'optim.state.0.step', 'optim.state.1.exp_avg', 'optim.state.1.step'], names; \
+assert [b['name'] for b in d['blobs']] == ['opt.lr', 'epoch', 'name', 'nothing', 'flags', 'raw', 'optim.param_groups'], d['blobs']; print('lists: entries and blobs named')"
 "$cli" consolidate ls --out lists.pt
 check lists in/lists.pt lists.pt
+# The nesting survives a reshard; --strip-prefix gives the optimizer's own state dict.
+"$cli" reshard ls --out ls3 --world-size 3 --layout dim0 > /dev/null
+"$cli" consolidate ls3 --out optim.pt --include 'optim.*' --strip-prefix optim. > /dev/null
+check optim in/lists.pt optim.pt
 "$cli" import in/proto4.pt --out p4 --world-size 1
 "$cli" consolidate p4 --out proto4.pt
 check lists in/proto4.pt proto4.pt

@@ -4,7 +4,8 @@ or the cached torch 2.x environment), plus a JSON of what each must hold.
 usage: make_format_cases.py OUT_DIR [pt|hf]   (pt: all but hf/; hf: only hf/; default both)
   dtypes.pt        every dtype this torch has and shardckpt supports (float8 and uint16/32/64
                    only from torch 2.1 on), written by torch.save
-  lists.pt         tensors inside lists and tuples, and ints, strings, floats, None beside them
+  lists.pt         tensors inside lists and tuples, and ints, strings, floats, None beside them;
+                   a module's and an optimizer's state dicts (int keys) nested in dicts
   legacy.pt        the pre-1.6 format (_use_new_zipfile_serialization=False)
   legacy_p1.pt, legacy_p3.pt, legacy_p4.pt, legacy_p5.pt   the same at those pickle protocols
   tied.pt          two names sharing one tensor (tied embeddings), keys in an unsorted order
@@ -61,6 +62,12 @@ def lists():
     sd["flags"] = [1, 2, "x", 2 ** 70, -2 ** 65]
     # Protocol 2 pickles bytes through _codecs.encode (b"" as bytes()), 3 and up as BINBYTES.
     sd["raw"] = [b"\x00\xffab\x80", b""]
+    # A training checkpoint's nesting: a module's dotted keys inside a dict, an optimizer's state
+    # by parameter number (int keys), its param groups a value.
+    sd["model"] = {"layers.0.weight": torch.randn(2, 3, generator=g)}
+    sd["optim"] = {"state": {0: {"exp_avg": torch.randn(2, 3, generator=g), "step": torch.tensor(3.0)},
+                             1: {"exp_avg": torch.randn(4, generator=g), "step": torch.tensor(3.0)}},
+                   "param_groups": [{"lr": 0.5, "params": [0, 1]}]}
     return sd
 
 

@@ -890,6 +890,44 @@ def test_bytes_values_are_written_into_a_consolidated_pt(root, tmp_path):
     assert back["raw"] == b"\x00\xff\x80a" and back["cfg"] == {"key": b"k\xe9"}, back
 
 
+@pytest.mark.parametrize("saver", ["save", "async_save"])
+def test_a_training_state_consolidates_with_the_nesting_it_was_saved_with(saver, comm, root, tmp_path):
+    # A module's dotted keys one level down, an optimizer's state by int parameter number, a
+    # tuple, an int key at the top: the .pt holds them where they were (it held
+    # "optimizer.state.0.exp_avg" at the top before), and torch.optim loads its part.
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.Adam(model.parameters(), lr=0.125)
+    model(torch.ones(2, 4)).sum().backward()
+    opt.step()
+    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "pair": (torch.ones(2), torch.zeros(1)),
+             7: torch.arange(3), "epoch": 3}
+    if saver == "save":
+        shardckpt.save(state, root, step=1, comm=comm)
+    else:
+        shardckpt.async_save(state, root, step=1, comm=comm).wait()
+    out = str(tmp_path / "c.pt")
+    shardckpt.consolidate(root, out)
+    # torch 1.13's weights_only reader has no float (the param groups' lr).
+    back = torch.load(out, weights_only=not torch.__version__.startswith("1."))
+    assert sorted(map(str, back)) == ["7", "epoch", "model", "optimizer", "pair"], list(back)
+    assert type(back["pair"]) is tuple and torch.equal(back["pair"][0], torch.ones(2)), back["pair"]
+    assert torch.equal(back[7], torch.arange(3)) and back["epoch"] == 3
+    assert list(back["optimizer"]["state"]) == [0, 1], back["optimizer"]
+    fresh = torch.nn.Linear(4, 3)
+    fresh_opt = torch.optim.Adam(fresh.parameters(), lr=1.0)
+    fresh.load_state_dict(back["model"])
+    fresh_opt.load_state_dict(back["optimizer"])
+    assert fresh_opt.param_groups[0]["lr"] == 0.125
+    assert torch.equal(fresh.weight, model.weight)
+    for key, value in opt.state_dict()["state"][1].items():
+        assert torch.equal(fresh_opt.state_dict()["state"][1][key], value), key
+    # The model's own state dict, as a release wants it.
+    only = str(tmp_path / "m.pt")
+    shardckpt.consolidate(root, only, include="model.*", strip_prefix="model.")
+    assert sorted(torch.load(only, weights_only=True)) == ["bias", "weight"]
+
+
 def test_collective_work_outlives_the_gloo_worker_with_its_buffers_freed(root):
     # Under torchrun only. A gloo worker that drops the last reference to a finished collective
     # frees Python tensors on its own thread; at interpreter exit that aborted the process

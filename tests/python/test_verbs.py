@@ -75,8 +75,10 @@ def test_consolidate_to_pt(comm, root, tmp_path):
         loaded = torch.load(out, weights_only=True)
     except TypeError:  # torch before 1.13 has no weights_only
         loaded = torch.load(out)
+    # Nested as saved (the manifest's torch_paths), not "model.w" at the top.
+    assert sorted(loaded) == ["epoch", "model"], list(loaded)
     for name, tensor in sample()["model"].items():
-        assert torch.equal(loaded["model." + name], tensor), name
+        assert torch.equal(loaded["model"][name], tensor), name
     with pytest.raises(shardckpt.InvalidArgument):
         shardckpt.consolidate(path, out, format="numpy")
     # A cast in either spelling; floating entries only.
@@ -84,8 +86,8 @@ def test_consolidate_to_pt(comm, root, tmp_path):
         cast = os.path.join(root, "rank%d-%s.pt" % (comm.rank, spelling))
         shardckpt.consolidate(path, cast, dtype=spelling)
         loaded = torch.load(cast)
-        assert loaded["model.w"].dtype == torch.bfloat16 and loaded["model.n"].dtype == torch.int64, spelling
-        assert torch.equal(loaded["model.w"], sample()["model"]["w"].to(torch.bfloat16)), spelling
+        assert loaded["model"]["w"].dtype == torch.bfloat16 and loaded["model"]["n"].dtype == torch.int64, spelling
+        assert torch.equal(loaded["model"]["w"], sample()["model"]["w"].to(torch.bfloat16)), spelling
     with pytest.raises(shardckpt.InvalidArgument, match="dtype must be bf16, fp16 or fp32 .or bfloat16"):
         shardckpt.consolidate(path, out, dtype="int8")
 
@@ -100,9 +102,9 @@ def test_consolidate_takes_one_glob_as_a_string(comm, root):
     shardckpt.consolidate(path, out, exclude="model.*")
     assert sorted(torch.load(out)) == ["epoch"]
     shardckpt.consolidate(path, out, include=["model.w", "model.b"], exclude=("model.b",))
-    assert sorted(torch.load(out)) == ["model.w"]
+    assert sorted(torch.load(out)) == ["model"] and sorted(torch.load(out)["model"]) == ["w"]
     shardckpt.consolidate(path, out, include=(g for g in ["model.b"]))  # any iterable of globs
-    assert sorted(torch.load(out)) == ["model.b"]
+    assert sorted(torch.load(out)) == ["model"] and sorted(torch.load(out)["model"]) == ["b"]
     with pytest.raises(shardckpt.InvalidArgument, match="include= takes globs as str, not int"):
         shardckpt.consolidate(path, out, include=["model.*", 3])
     with pytest.raises(shardckpt.InvalidArgument, match="exclude= takes a glob or a list of globs, not bytes"):
@@ -315,7 +317,7 @@ def test_verbs_with_a_path_that_is_not_utf8(comm, root):
     made = shardckpt.consolidate(bad, out)
     assert [os.fsencode(f) for f in made["files"]] == [out]
     with open(out, "rb") as f:  # torch 1.13's load takes no bytes path
-        assert torch.equal(torch.load(f)["model.w"], sample()["model"]["w"])
+        assert torch.equal(torch.load(f)["model"]["w"], sample()["model"]["w"])
     moved = shardckpt.reshard(bad, bad + b"-r3", 3)
     assert os.fsencode(moved["path"]).startswith(bad + b"-r3/step-"), moved
     assert shardckpt.inspect(bad + b"-r3")["world_size"] == 3
