@@ -2,7 +2,9 @@
 // stops at its next progress report and goes out through its error path, which removes the
 // partial output (OUT.partial, its lock, an unfinished checkpoint folder). Killed by the
 // signal's default action instead, the tool left a partial file the size of what it had written.
-// A second signal while the first is being handled kills the process as usual.
+// A second signal while the first is being handled kills the process as usual, unless it comes
+// within 0.2 s of the first: that is one request delivered twice (timeout(1) signals the tool
+// and then its process group).
 #pragma once
 
 #include "shardckpt/io/status.h"

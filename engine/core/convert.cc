@@ -360,6 +360,9 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
 Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::string& root, const ConvertOptions& options) {
   SC_ASSIGN_OR_RETURN(const Policy policy, ParsePolicy(options.layout));
   SC_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(checkpoint));
+  // A shardckpt step folder is refused as a place for a root by the commit; a DCP folder, which
+  // has no step folders, only here.
+  if (reader->is_dcp()) SC_RETURN_IF_ERROR(RefuseOutputInCheckpoint(root, reader->dir()));
   SC_RETURN_IF_ERROR(reader->CheckWantedFiles(AllBlobs(reader->manifest())));
   reader->ReadFirstWindowsAhead();  // while the new checkpoint's files are set up
   const Manifest& m = reader->manifest();

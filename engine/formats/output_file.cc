@@ -142,7 +142,7 @@ Result<OutputLock> OutputLock::Acquire(const std::string& out) {
       const int err = errno;
       ::close(fd);
       if (err == EWOULDBLOCK) {
-        return FailedPrecondition("another export is writing " + out + " now (it holds " + path +
+        return FailedPrecondition("another consolidate or export is writing " + out + " now (it holds " + path +
                                   "): wait for it to finish, or write to another path");
       }
       if (err == ENOLCK || err == EOPNOTSUPP || err == EINVAL) {

@@ -38,6 +38,25 @@ for sig in INT TERM; do
   done
 done
 
+# The same signal twice in a moment, as timeout(1) sends it (to the tool, then to its process
+# group, which holds the tool again): one request, stopped as above. Ended at once by the copy,
+# the tool left OUT.partial and its lock behind. (The second comes after the first was handled:
+# two sent back to back merge while the first is pending.)
+for verb in consolidate reshard; do
+  case $verb in
+    consolidate) out="twice.pt"; args=(consolidate root --out "$out") ;;
+    reshard) out="twice-rs"; args=(reshard root --out "$out" --world-size 3) ;;
+  esac
+  SHARDCKPT_FAILPOINTS="io.read=sleep:400" "$cli" "${args[@]}" > /dev/null 2> err.txt &
+  pid=$!
+  sleep 1
+  kill -TERM $pid; sleep 0.05; kill -TERM $pid
+  rc=0; wait $pid || rc=$?
+  { [ $rc = 143 ] && grep -q "Aborted: interrupted by SIGTERM" err.txt; } || { echo "$verb, SIGTERM twice in a moment: exit $rc"; cat err.txt; exit 1; }
+  { [ -z "$(leftovers)" ] && [ ! -e "$out" ]; } || { echo "$verb, SIGTERM twice in a moment left: $(leftovers) $(ls -d "$out" 2>/dev/null)"; exit 1; }
+  echo "$verb stopped by SIGTERM sent twice in a moment: exit 143, nothing left"
+done
+
 # A sharded safetensors set written again over itself, stopped while its files are synced: the
 # set written before is left whole, its index included (a stop caught after the old index was
 # taken away, to make room for shards of the same names, left shards no index lists).

@@ -190,6 +190,20 @@ def test_import_gains_checksums_and_verifies(tmp_path):
     assert_values("dist", back)
 
 
+def test_import_and_reshard_refuse_a_root_inside_the_dcp_folder_they_read(tmp_path):
+    # Consolidate and export refused an output inside the folder they read; import and reshard
+    # wrote their root into it (a shardckpt step folder was refused by the commit, a DCP folder,
+    # which has no step folders, not at all).
+    folder = str(tmp_path / "dcp")
+    shutil.copytree(os.path.join(DATA, "dist"), folder)
+    before = sorted(os.listdir(folder))
+    for verb, out in (("import", "ck"), ("reshard", "rs")):
+        run = cli(verb, folder, "--out", os.path.join(folder, out), "--world-size", "2")
+        assert run.returncode != 0, (verb, run.stdout)
+        assert "lies inside the checkpoint %s being read" % folder in run.stderr, (verb, run.stderr)
+    assert sorted(os.listdir(folder)) == before
+
+
 def test_inspect_lists_tensors_and_byte_items():
     run = cli("inspect", os.path.join(DATA, "dist"), "--json")
     assert run.returncode == 0, run.stderr
