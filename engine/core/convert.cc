@@ -13,6 +13,7 @@
 #include "shardckpt/engine/core/checkpoint_reader.h"
 #include "shardckpt/engine/core/commit.h"
 #include "shardckpt/engine/core/offline_writer.h"
+#include "shardckpt/engine/core/per_rank_left.h"
 #include "shardckpt/engine/formats/dcp_read.h"
 #include "shardckpt/engine/formats/sha256_sidecar.h"
 #include "shardckpt/engine/formats/json_keys.h"
@@ -420,6 +421,7 @@ Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::stri
   // restoring them would mean running their pickle.
   SC_ASSIGN_OR_RETURN(const auto opaque, DcpOpaqueByteItems(reader->dir(), m));
   std::unordered_set<std::string> listed;  // the values carried, each once (per-rank ones are stored per rank)
+  std::map<std::string, int> left = PerRankValuesLeft(m);  // an earlier reshard's, and this one's
   for (const BlobRecord& b : m.blobs) {
     if (auto it = opaque.find(b.name); it != opaque.end()) {
       report.skipped.push_back(OpaqueByteItemSkipped(b.name, it->second));
@@ -428,6 +430,7 @@ Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::stri
     if (b.scope == BlobScope::kPerRank && m.world_size != world) {
       report.skipped.push_back(b.name + "@rank" + std::to_string(b.rank) +
                                " (a per-rank value, which has no place at another world size)");
+      left.emplace(b.name, m.world_size);
       continue;
     }
     SC_ASSIGN_OR_RETURN(std::string bytes, reader->ReadBlob(b));
@@ -436,6 +439,7 @@ Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::stri
   }
   CreationInfo created = m.created;
   created.user[reader->is_dcp() ? "imported_from" : "resharded_from"] = Utf8OrReplaced(AbsoluteRoot(reader->dir()));
+  if (!left.empty()) created.user[kPerRankValuesLeftKey] = EncodePerRankValuesLeft(left);
   if (options.progress) SC_RETURN_IF_ERROR(options.progress(report.bytes, total));  // before the commit
   SC_ASSIGN_OR_RETURN(report.path, out->Commit(created, m.metrics));
   return report;

@@ -15,6 +15,7 @@
 #include <unordered_set>
 
 #include "shardckpt/engine/core/load.h"
+#include "shardckpt/engine/core/per_rank_left.h"
 #include "shardckpt/engine/core/save_phases.h"
 #include "shardckpt/engine/core/staging_cache.h"
 #include "shardckpt/engine/formats/dcp_read.h"
@@ -511,6 +512,11 @@ ValueMatch MatchValues(const Manifest& manifest, const std::vector<std::string>&
     if (rank >= 0 && b.scope == BlobScope::kPerRank) own.insert(name);
     blobs.insert(std::move(name));
   }
+  // Per-rank values a reshard left out: matched as those of another world size are (the load
+  // reports them unavailable), not missing.
+  for (const auto& [left, saved_by] : PerRankValuesLeft(manifest)) {
+    blobs.insert(options.rename ? options.rename(left) : left);
+  }
   ValueMatch out;
   auto refuse_if_collided = [&](const std::string& name) {
     auto it = collided.find(name);
@@ -890,6 +896,12 @@ ReadWork PlanReads(const Manifest& manifest, const ShardedState& targets, const 
       result.reason = "per-rank blob saved by " + std::to_string(manifest.world_size) +
                       " ranks; this job has " + std::to_string(world) + ", so it is not restored";
     }
+  }
+  for (const auto& [name, saved_by] : PerRankValuesLeft(manifest)) {
+    auto [result, fresh] = report->blobs.try_emplace(name);
+    if (!fresh) continue;  // a value of that name the checkpoint holds
+    result->second.available = false;
+    result->second.reason = PerRankValueLeftReason(saved_by, manifest.world_size);
   }
   for (auto& [name, record] : blob_reads) {
     BlobResult& result = report->blobs[name];

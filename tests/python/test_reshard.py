@@ -62,6 +62,40 @@ def test_load_flat_shards_at_another_world_size(comm):
 
 
 @pytest.mark.skipif(PHASE != "load", reason="load phase only")
+def test_a_resharded_checkpoint_reports_the_per_rank_values_it_left_out(comm):
+    # The same resume code on a checkpoint `reshard` moved to this world size: its per-rank
+    # values were left out (they belong to the 2 ranks that saved them), and a strict load of a
+    # state holding them failed with "not in checkpoint: 'rng'".
+    import shutil
+    out = os.environ["SHARDCKPT_PY_WORK"] + "-resharded-%d-%s" % (comm.size, os.environ.get("TORCHELASTIC_RUN_ID", "mpi"))
+    if comm.rank == 0:
+        shutil.rmtree(out, ignore_errors=True)
+        moved = shardckpt.reshard(os.environ["SHARDCKPT_PY_WORK"], out, comm.size)
+        assert any(s.startswith("rng@rank") for s in moved["skipped"]), moved
+    code, message, _ = comm.agree("OK", "")
+    assert code == "OK", message
+    state = {"params": sharded_state(comm, fill=False), "step": 0, "rng": shardckpt.PerRank("unchanged")}
+    report = shardckpt.load(state, out)
+    assert report.saved_world_size == comm.size and state["step"] == 42
+    assert state["rng"].value == "unchanged"
+    assert "saved by 2 ranks, left out when the checkpoint was resharded to %d" % comm.size in report.unavailable["rng"], \
+        report.unavailable
+    for name, shape in SHAPES.items():
+        begin, end = flat_range(math.prod(shape), comm.size, comm.rank)
+        assert torch.equal(state["params"][name].local, full(name).reshape(-1)[begin:end].to(torch.float32)), name
+    # Resharded again, the record is kept: the values are still the 2 ranks' own.
+    again = out + "-again"
+    if comm.rank == 0:
+        shutil.rmtree(again, ignore_errors=True)
+        shardckpt.reshard(out, again, comm.size + 1)
+    code, message, _ = comm.agree("OK", "")
+    assert code == "OK", message
+    state = {"params": sharded_state(comm, fill=False), "step": 0, "rng": shardckpt.PerRank("unchanged")}
+    report = shardckpt.load(state, again)
+    assert "saved by 2 ranks" in report.unavailable["rng"], report.unavailable
+
+
+@pytest.mark.skipif(PHASE != "load", reason="load phase only")
 def test_load_flat_shards_into_full_tensors(comm):
     state = {"params": {name: torch.zeros(shape) for name, shape in SHAPES.items()}, "step": 0}
     report = shardckpt.load(state, os.environ["SHARDCKPT_PY_WORK"], strict=False)
