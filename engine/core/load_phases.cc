@@ -901,7 +901,7 @@ ReadWork PlanReads(const Manifest& manifest, const ShardedState& targets, const 
     auto [result, fresh] = report->blobs.try_emplace(name);
     if (!fresh) continue;  // a value of that name the checkpoint holds
     result->second.available = false;
-    result->second.reason = PerRankValueLeftReason(saved_by, manifest.world_size);
+    result->second.reason = PerRankValueLeftReason(saved_by);
   }
   for (auto& [name, record] : blob_reads) {
     BlobResult& result = report->blobs[name];

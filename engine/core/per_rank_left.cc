@@ -24,9 +24,10 @@ std::string EncodePerRankValuesLeft(const std::map<std::string, int>& left) {
   return out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-std::string PerRankValueLeftReason(int saved_by, int world) {
-  return "per-rank blob saved by " + std::to_string(saved_by) + " ranks, left out when the checkpoint was resharded to " +
-         std::to_string(world) + ", so it is not restored";
+std::string PerRankValueLeftReason(int saved_by) {
+  // Not the size it was resharded to: after two reshards the manifest names only the last.
+  return "per-rank blob saved by " + std::to_string(saved_by) +
+         " ranks, left out when the checkpoint was resharded (it belongs to those ranks), so it is not restored";
 }
 
 }  // namespace shardckpt

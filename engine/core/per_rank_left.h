@@ -23,6 +23,6 @@ std::map<std::string, int> PerRankValuesLeft(const Manifest& manifest);
 std::string EncodePerRankValuesLeft(const std::map<std::string, int>& left);
 
 // Why a load does not restore a value the record holds.
-std::string PerRankValueLeftReason(int saved_by, int world);
+std::string PerRankValueLeftReason(int saved_by);
 
 }  // namespace shardckpt

@@ -585,6 +585,24 @@ CreationInfo SavedCreationInfo(const Descriptions& described, const SaveOptions&
   return created;
 }
 
+// Rank 0's paths leave out the leaves only other ranks hold; with a record that places some of a
+// nested dict's leaves and not others, a consolidation split it (the optimizer state of another
+// rank's parameters at the top as dotted names, which optimizer.load_state_dict of the nested
+// part then silently lacked). Such a record is dropped: the .pt is flat, as without one.
+void DropUnplacingStatePaths(const SaveOptions& options, Manifest* m) {
+  if (options.state_paths.empty() || options.user_metadata.count(kTorchPathsKey)) return;
+  std::vector<std::string> names;
+  names.reserve(m->entries.size() + m->blobs.size());
+  for (const EntryRecord& e : m->entries) names.push_back(e.name);
+  for (const BlobRecord& b : m->blobs) names.push_back(b.name);
+  const std::string unplaced = FirstNameLeftUnplaced(DecodeStatePaths(options.state_paths), names);
+  if (unplaced.empty()) return;
+  m->created.user.erase(kTorchPathsKey);
+  LogOnce(LogLevel::kWarn, "save.state_paths_incomplete",
+          "'" + unplaced + "' is nested in the state of a rank other than 0, whose state names other leaves: the "
+          "checkpoint records no nesting, and its consolidation writes dotted names at the top");
+}
+
 }  // namespace
 
 Manifest BuildManifest(int64_t step, const Descriptions& described, const std::vector<WriteReport>& reports,
@@ -662,6 +680,7 @@ Manifest BuildManifest(int64_t step, const Descriptions& described, const std::v
       m.blobs.push_back(BlobRecord{b.name, b.scope, r, file, offset, static_cast<uint64_t>(b.bytes)});
     }
   }
+  DropUnplacingStatePaths(options, &m);
   return m;
 }
 
@@ -687,7 +706,10 @@ Status RefreshKeptManifest(int64_t step, const Descriptions& described, std::vec
                            const SaveOptions& options, KeptManifest* kept, int64_t* total_bytes) {
   Manifest& m = kept->head;
   m.step = step;
+  // The same names as the save the plan was made by: a record that save dropped is dropped again.
+  const bool paths_dropped = !m.created.user.count(kTorchPathsKey);
   m.created = SavedCreationInfo(described, options);
+  if (paths_dropped && !options.user_metadata.count(kTorchPathsKey)) m.created.user.erase(kTorchPathsKey);
   m.metrics = options.metrics;
   SC_RETURN_IF_ERROR(ValidateMetrics(m.metrics));
   size_t file = 0;

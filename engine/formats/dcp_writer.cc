@@ -149,8 +149,9 @@ std::string EncodeDcpMetadata(const DcpMetadata& m) {
       p.String(fqn);
     } else {
       for (const StatePathStep& step : path->second) {
-        // DCP's own paths hold a dict's int key as an int, as they hold a list's index.
-        if (step.is_index || step.int_key) p.Int(std::stoll(step.key));
+        // A dict's int key as DCP's own flattening records it, as a string (str(k)): an int step
+        // is a list index to dcp_to_torch_save, which turned an optimizer's state into a list.
+        if (step.is_index) p.Int(std::stoll(step.key));
         else p.String(step.key);
       }
     }

@@ -2,6 +2,7 @@
 
 #include <climits>
 #include <string_view>
+#include <unordered_set>
 
 #include <nlohmann/json.hpp>
 
@@ -144,6 +145,19 @@ std::unordered_map<std::string, StatePath> DecodeStatePaths(const std::string& j
     if (valid && JoinedStatePath(path) == name) out.emplace(name, std::move(path));
   }
   return out;
+}
+
+std::string FirstNameLeftUnplaced(const std::unordered_map<std::string, StatePath>& paths,
+                                  const std::vector<std::string>& names) {
+  std::unordered_set<std::string> heads;
+  for (const auto& [name, path] : paths) {
+    if (!path.empty() && !path[0].is_index) heads.insert(path[0].key);
+  }
+  for (const std::string& name : names) {
+    const size_t dot = name.find('.');
+    if (dot != std::string::npos && heads.count(name.substr(0, dot)) && !paths.count(name)) return name;
+  }
+  return "";
 }
 
 StateTreeBuilder::StateTreeBuilder(std::map<std::string, std::string> containers,

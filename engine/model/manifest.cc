@@ -1162,13 +1162,14 @@ Status ValidateManifest(const Manifest& m, size_t threads) {
   // returned does not depend on it: the first in entry order, an entry's name and shape before its
   // chunks, as one thread finds it.
   const size_t second = SecondHalfStart(m.entries, threads);
-  size_t second_failed_at = m.entries.size();
+  size_t second_failed_at = m.entries.size();  // where the second thread stopped: an error or a throw
   Status second_failure;
-  std::exception_ptr second_threw;
+  std::exception_ptr second_threw;  // what it threw there (std::bad_alloc), rethrown here
   auto check_second = [&]() noexcept {
+    size_t i = second;
     try {
       std::vector<std::pair<int64_t, int64_t>> spans;
-      for (size_t i = second; i < m.entries.size(); ++i) {
+      for (; i < m.entries.size(); ++i) {
         const EntryRecord& e = m.entries[i];
         if (!NumBytes(e.shape, DTypeSize(e.dtype)).ok()) continue;  // the calling thread reports it
         Status checked = CheckEntryChunks(m, e, &spans);
@@ -1179,22 +1180,33 @@ Status ValidateManifest(const Manifest& m, size_t threads) {
         }
       }
     } catch (...) {
+      second_failed_at = i;
       second_threw = std::current_exception();
     }
   };
   std::thread helper;
+  // Joined however this function leaves, a throw of this thread's included (a joinable
+  // std::thread destroyed ends the process).
+  struct JoinOnExit {
+    std::thread& thread;
+    ~JoinOnExit() {
+      if (thread.joinable()) thread.join();
+    }
+  } join_on_exit{helper};
   if (second < m.entries.size()) {
     try {
       helper = std::thread(check_second);
     } catch (const std::system_error&) {
-      check_second();  // no thread to be had (a pids limit): here, after the first half
+      check_second();  // no thread to be had (a pids limit): here, before the first half
     }
   }
-  // The first error at entry `at`, or the second thread's if that came at an earlier entry.
+  // The first error at entry `at`, or the second thread's (an error or a throw) if that came at an
+  // earlier entry, as one thread checking in entry order meets them.
   auto first_error = [&](size_t at, Status found) {
     if (helper.joinable()) helper.join();
+    if (second_failed_at >= at) return found;
     if (second_threw) std::rethrow_exception(second_threw);
-    return second_failed_at < at ? second_failure : found;
+    return second_failure;
   };
   NameIndex entry_names(m.entries.size(), [&](uint32_t i) -> std::string_view { return m.entries[i].name; });
   std::vector<std::pair<int64_t, int64_t>> spans;

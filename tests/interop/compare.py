@@ -21,9 +21,9 @@ def flatten(d, prefix=""):
     out = {}
     for k, v in d.items():
         if isinstance(v, dict):
-            out.update(flatten(v, prefix + k + "."))
+            out.update(flatten(v, prefix + str(k) + "."))
         elif isinstance(v, torch.Tensor):
-            out[prefix + k] = v
+            out[prefix + str(k)] = v
     return out
 
 
@@ -69,6 +69,10 @@ def main():
         # through safetensors on the way, which holds tensors only).
         if "not_a_tensor" in got:
             assert got.pop("not_a_tensor") == raw["not_a_tensor"], got
+        # Nested as the original where the chain kept its nesting (import of a .pt records it),
+        # dotted names where it went through safetensors: compared by dotted name either way.
+        assert isinstance(got, dict), type(got)
+        got = flatten(got)
     assert isinstance(got, dict), type(got)
     assert set(got) == set(original), (sorted(set(got) ^ set(original)))
     for name, want in original.items():

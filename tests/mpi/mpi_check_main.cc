@@ -157,7 +157,7 @@ int DoLoad(Communicator& comm, const Args& a) {
   if (a.no_rank_blobs) {
     // `shardckpt reshard` writes no per-rank blobs (they belong to the saving ranks): reported
     // unavailable, as at another world size, by the names its manifest records.
-    if (rng.available || rng.reason.find("left out when the checkpoint was resharded to") == std::string::npos) {
+    if (rng.available || rng.reason.find("left out when the checkpoint was resharded") == std::string::npos) {
       return Fail(rank, "per-rank blob 'rng' of a resharded checkpoint: available " + std::to_string(rng.available) +
                             ", reason '" + rng.reason + "'");
     }

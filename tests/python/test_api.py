@@ -926,6 +926,35 @@ def test_a_training_state_consolidates_with_the_nesting_it_was_saved_with(saver,
     only = str(tmp_path / "m.pt")
     shardckpt.consolidate(root, only, include="model.*", strip_prefix="model.")
     assert sorted(torch.load(only, weights_only=True)) == ["bias", "weight"]
+    # Exported to DCP, the int keys are strings in planner_data, as dcp.save records them: an int
+    # step is a list index to dcp_to_torch_save, which made the optimizer's state a list.
+    try:
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    except ImportError:  # torch 1.13
+        return
+    shardckpt.export(root, str(tmp_path / "dcp"))
+    dcp_to_torch_save(str(tmp_path / "dcp"), str(tmp_path / "dcp.pt"))
+    converted = torch.load(str(tmp_path / "dcp.pt"), weights_only=False)
+    assert isinstance(converted["optimizer"]["state"], dict), type(converted["optimizer"]["state"])
+    assert sorted(converted["optimizer"]["state"]) == ["0", "1"], converted["optimizer"]["state"].keys()
+
+
+def test_a_state_whose_ranks_name_other_nested_leaves_consolidates_flat(comm, root, tmp_path):
+    # Only rank 0's paths are recorded: with them, the other ranks' leaves of the same nested
+    # dict landed at the top as dotted names beside it, and optimizer.load_state_dict of the
+    # nested part silently lacked them. Such a record is dropped: the .pt is flat, as before.
+    if comm.size < 2:
+        pytest.skip("needs ranks naming different leaves")
+    state = {"optim": {"state": {comm.rank: {"exp_avg": torch.full((2,), float(comm.rank))}}}, "epoch": 1}
+    shardckpt.save(state, root, step=1, comm=comm)
+    out = str(tmp_path / "c.pt")
+    shardckpt.consolidate(root, out)
+    back = torch.load(out, weights_only=True)
+    assert sorted(back) == ["epoch"] + ["optim.state.%d.exp_avg" % r for r in range(comm.size)], list(back)
+    # Every rank naming the same leaves: nested.
+    shardckpt.save({"optim": {"state": {0: {"exp_avg": torch.ones(2)}}}}, root, step=2, comm=comm)
+    shardckpt.consolidate(root, out)
+    assert list(torch.load(out, weights_only=True)["optim"]["state"]) == [0]
 
 
 def test_collective_work_outlives_the_gloo_worker_with_its_buffers_freed(root):
