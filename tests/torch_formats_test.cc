@@ -305,6 +305,28 @@ TEST(StateTree, IntKeysAndTuplesRoundTripThroughPathsAndThePickle) {
                                             std::make_pair(std::string("pair.1"), std::string("list"))));
 }
 
+// A record of paths that leaves a name beside the nested dict it belongs in is found: another
+// rank's leaf, also under a nested dict whose own name has a dot.
+TEST(StateTree, ANameLeftBesideANestedDictOfItsPrefixIsFound) {
+  const std::unordered_map<std::string, StatePath> paths = {
+      {"optim.state.0.m", {{"optim"}, {"state"}, {"0", false, true}, {"m"}}},
+      {"opt.a.state.0.m", {{"opt.a"}, {"state"}, {"0", false, true}, {"m"}}},
+      {"7.w", {{"7", false, true}, {"w"}}}};
+  struct Case {
+    std::vector<std::string> names;
+    std::string unplaced;
+  };
+  const std::vector<Case> cases = {
+      {{"optim.state.0.m", "opt.a.state.0.m", "7.w", "epoch", "layers.0.weight"}, ""},
+      {{"optim.state.0.m", "optim.state.1.m"}, "optim.state.1.m"},
+      {{"opt.a.state.1.m"}, "opt.a.state.1.m"},
+      {{"7.b"}, "7.b"},
+      {{"opt.b.x", "optimizer.x", "opt"}, ""},  // no recorded dict of those prefixes
+      {{"optim.y"}, "optim.y"},  // a top-level key with a dot looks the same: taken as unplaced
+  };
+  for (const Case& c : cases) EXPECT_EQ(FirstNameLeftUnplaced(paths, c.names), c.unplaced) << c.names.back();
+}
+
 // A .pt holds 128 levels (more than dcp_to_torch_save's 65); deeper is refused naming where,
 // and a path of more steps than that is not taken from a .metadata at all.
 TEST(StateTree, DepthIsBoundedAndTheRefusalNamesThePath) {

@@ -599,8 +599,9 @@ void DropUnplacingStatePaths(const SaveOptions& options, Manifest* m) {
   if (unplaced.empty()) return;
   m->created.user.erase(kTorchPathsKey);
   LogOnce(LogLevel::kWarn, "save.state_paths_incomplete",
-          "'" + unplaced + "' is nested in the state of a rank other than 0, whose state names other leaves: the "
-          "checkpoint records no nesting, and its consolidation writes dotted names at the top");
+          "'" + unplaced + "' has no place in rank 0's state paths beside a nested dict whose name starts it (a leaf "
+          "of another rank's state, or a key with a dot in it): the checkpoint records no nesting, and its "
+          "consolidation writes dotted names at the top");
 }
 
 }  // namespace
@@ -706,10 +707,17 @@ Status RefreshKeptManifest(int64_t step, const Descriptions& described, std::vec
                            const SaveOptions& options, KeptManifest* kept, int64_t* total_bytes) {
   Manifest& m = kept->head;
   m.step = step;
-  // The same names as the save the plan was made by: a record that save dropped is dropped again.
-  const bool paths_dropped = !m.created.user.count(kTorchPathsKey);
   m.created = SavedCreationInfo(described, options);
-  if (paths_dropped && !options.user_metadata.count(kTorchPathsKey)) m.created.user.erase(kTorchPathsKey);
+  // The same names and places as the save the plan was made by: its verdict on these paths holds.
+  if (!options.state_paths.empty() && !options.user_metadata.count(kTorchPathsKey) &&
+      options.state_paths != kept->recorded_state_paths) {
+    m.created.user.erase(kTorchPathsKey);
+    if (!kept->recorded_state_paths.empty()) {
+      LogOnce(LogLevel::kWarn, "save.state_paths_changed",
+              "the state's nesting changed while its leaves kept their names and places: this save records no "
+              "nesting (its consolidation writes dotted names at the top) until a save makes a new plan");
+    }
+  }
   m.metrics = options.metrics;
   SC_RETURN_IF_ERROR(ValidateMetrics(m.metrics));
   size_t file = 0;
@@ -728,7 +736,7 @@ Status RefreshKeptManifest(int64_t step, const Descriptions& described, std::vec
 // piece, the head: no body copy.
 Result<ManifestTextPieces> EncodeBuiltManifest(Manifest&& m, const PlannedSave& planned,
                                                std::vector<WriteReport>&& reports, SavePlanCache* cache,
-                                               bool direct_io_likely) {
+                                               bool direct_io_likely, const SaveOptions& options) {
   if (cache == nullptr || cache->plan_id != planned.plan_id) {
     ManifestTextPieces whole;
     SC_RETURN_IF_ERROR(CheckBuiltManifestWhile(m, [&]() -> Status {
@@ -753,6 +761,9 @@ Result<ManifestTextPieces> EncodeBuiltManifest(Manifest&& m, const PlannedSave& 
   }
   kept->plan_id = planned.plan_id;
   kept->reports = std::move(reports);
+  if (!options.user_metadata.count(kTorchPathsKey) && m.created.user.count(kTorchPathsKey)) {
+    kept->recorded_state_paths = options.state_paths;
+  }
   m.entries = {};  // said by the body
   m.blobs = {};
   kept->head = std::move(m);
@@ -821,7 +832,8 @@ Status CommitOnRoot(const std::string& root, int64_t step, const PlannedSave& pl
       Manifest m = BuildManifest(step, *planned.described, *reports, options, total_bytes);
       if (clock != nullptr) clock->Lap("build_manifest");
       if (summarize) summary = SummaryOf(m);
-      text = EncodeBuiltManifest(std::move(m), planned, std::move(reports).value(), cache, !IsMemoryBacked(root));
+      text = EncodeBuiltManifest(std::move(m), planned, std::move(reports).value(), cache, !IsMemoryBacked(root),
+                                 options);
     }
     // Not to be completed: closed before the whole write opens the file anew.
     if (ahead != nullptr && written_ahead == nullptr) ahead->Close();

@@ -140,6 +140,10 @@ struct KeptManifest {
   Manifest head;                     // the validated manifest without its entries and blobs
   ManifestBody body;                 // its entries and blobs, encoded
   uint64_t head_room = 0;            // where a repeat save's body starts (ManifestHeadRoom)
+  // The state paths (SaveOptions::state_paths) its manifest recorded, "" when it recorded none
+  // of them: a repeat save records its own only when they are these (the check that they place
+  // every leaf needs the names, which a kept manifest holds only as text).
+  std::string recorded_state_paths;
 };
 // Whether `now` places every piece and blob where `before` did, in files of the same name,
 // size, table offset and number of table checksums.

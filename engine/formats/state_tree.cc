@@ -154,8 +154,11 @@ std::string FirstNameLeftUnplaced(const std::unordered_map<std::string, StatePat
     if (!path.empty() && !path[0].is_index) heads.insert(path[0].key);
   }
   for (const std::string& name : names) {
-    const size_t dot = name.find('.');
-    if (dot != std::string::npos && heads.count(name.substr(0, dot)) && !paths.count(name)) return name;
+    if (paths.count(name)) continue;
+    // Every dotted prefix: a nested dict's own name may hold dots ("opt.a").
+    for (size_t dot = name.find('.'); dot != std::string::npos; dot = name.find('.', dot + 1)) {
+      if (heads.count(name.substr(0, dot))) return name;
+    }
   }
   return "";
 }

@@ -46,10 +46,11 @@ std::string EncodeStatePaths(const std::vector<std::pair<std::string, StatePath>
 // left out (they only shape the output; a leaf without one keeps its key at the top).
 std::unordered_map<std::string, StatePath> DecodeStatePaths(const std::string& json);
 
-// A name of `names` that `paths` does not place though it must, or "" when there is none: a
-// dotted name without a path whose first part is the first step of a recorded path would land at
-// the top beside the nested dict of that name ("optim.state.2.exp_avg" beside "optim"). Such a
-// record is incomplete (rank 0's, of a state whose other ranks name other leaves).
+// A name of `names` that `paths` does not place though it may need to, or "" when there is none:
+// a dotted name without a path, a dotted prefix of which is the first step of a recorded path,
+// would land at the top beside the nested dict of that name ("optim.state.2.exp_avg" beside
+// "optim"). Such a record is taken as incomplete (rank 0's, of a state whose other ranks name
+// other leaves), though a top-level key with a dot ("optim.y" beside "optim") looks the same.
 std::string FirstNameLeftUnplaced(const std::unordered_map<std::string, StatePath>& paths,
                                   const std::vector<std::string>& names);
 

@@ -955,6 +955,16 @@ def test_a_state_whose_ranks_name_other_nested_leaves_consolidates_flat(comm, ro
     shardckpt.save({"optim": {"state": {0: {"exp_avg": torch.ones(2)}}}}, root, step=2, comm=comm)
     shardckpt.consolidate(root, out)
     assert list(torch.load(out, weights_only=True)["optim"]["state"]) == [0]
+    # A nested dict whose own name has a dot, and a repeat save with the plan kept after one that
+    # passed its own torch_paths: flat too (both recorded rank 0's paths and split the dict).
+    dotted = {"opt.a": {"state": {comm.rank: {"m": torch.ones(2)}}}}
+    flat = {id(state): ["epoch"] + ["optim.state.%d.exp_avg" % r for r in range(comm.size)],
+            id(dotted): ["opt.a.state.%d.m" % r for r in range(comm.size)]}
+    for step, metadata, saved in ((3, {"torch_paths": "{}"}, state), (4, {}, state), (5, {}, dotted), (6, {}, dotted)):
+        shardckpt.save(saved, root, step=step, comm=comm, user_metadata=metadata)
+        shardckpt.consolidate(root, out)
+        back = torch.load(out, weights_only=True)
+        assert sorted(back) == flat[id(saved)], (step, list(back))
 
 
 def test_collective_work_outlives_the_gloo_worker_with_its_buffers_freed(root):
