@@ -808,7 +808,8 @@ TEST(ChunkOffset, AMissingFileFailsOnlyTheConsolidationsThatNeedIt) {
   EXPECT_TRUE(Consolidate(root, some_out, some).ok());
 }
 
-// A --strip-prefix that starts no selected name (a typo) is said, not silently ignored.
+// A --strip-prefix that starts no selected name, or a glob that matches nothing (a typo), is said,
+// not silently ignored.
 TEST(ChunkOffset, AStripPrefixThatMatchesNothingIsSaid) {
   testing::TempDir dir;
   const std::string root = JoinPath(dir.path(), "root");
@@ -818,13 +819,23 @@ TEST(ChunkOffset, AStripPrefixThatMatchesNothingIsSaid) {
   options.strip_prefix = "model.";
   ::testing::internal::CaptureStderr();
   Result<ConsolidateReport> done = Consolidate(root, JoinPath(dir.path(), "out.pt"), options);
-  const std::string said = ::testing::internal::GetCapturedStderr();
+  std::string said = ::testing::internal::GetCapturedStderr();
   ASSERT_TRUE(done.ok()) << done.status().ToString();
   EXPECT_THAT(said, HasSubstr("--strip-prefix 'model.' starts no selected entry's name (the first is 't0')"));
   options.strip_prefix = "t";  // starts them all: nothing said
   ::testing::internal::CaptureStderr();
   ASSERT_TRUE(Consolidate(root, JoinPath(dir.path(), "out2.pt"), options).ok());
   EXPECT_THAT(::testing::internal::GetCapturedStderr(), Not(HasSubstr("--strip-prefix")));
+  // So is an --include or --exclude glob that matches nothing.
+  options.strip_prefix.clear();
+  options.include = {"t1", "model.*"};
+  options.exclude = {"t9"};
+  ::testing::internal::CaptureStderr();
+  ASSERT_TRUE(Consolidate(root, JoinPath(dir.path(), "out3.pt"), options).ok());
+  said = ::testing::internal::GetCapturedStderr();
+  EXPECT_THAT(said, HasSubstr("--include 'model.*' matches no entry or value"));
+  EXPECT_THAT(said, HasSubstr("--exclude 't9' matches no entry or value"));
+  EXPECT_THAT(said, Not(HasSubstr("'t1'")));
 }
 
 }  // namespace

@@ -139,6 +139,30 @@ Status StreamEntries(CheckpointReader& reader, const std::vector<Selected>& sele
   return Status::Ok();
 }
 
+// An --include or --exclude glob that matches no entry and no value is a typo, or names
+// something inside a value saved whole (shardckpt.save stores a dict of plain values, a
+// GradScaler's state, as one value 'scaler', where import keeps each leaf, 'scaler.scale'): said,
+// not silently leaving the output without it (or with it).
+void WarnOfGlobsMatchingNothing(const Manifest& m, const ConsolidateOptions& options) {
+  for (const auto* globs : {&options.include, &options.exclude}) {
+    for (const std::string& glob : *globs) {
+      auto hit = [&](const std::string& name) { return fnmatch(glob.c_str(), name.c_str(), 0) == 0; };
+      if (std::any_of(m.entries.begin(), m.entries.end(), [&](const EntryRecord& e) { return hit(e.name); }) ||
+          std::any_of(m.blobs.begin(), m.blobs.end(), [&](const BlobRecord& b) { return hit(b.name); })) {
+        continue;
+      }
+      std::string holder;  // a value whose name the glob continues with a dot
+      for (const BlobRecord& b : m.blobs) {
+        if (glob.size() > b.name.size() && glob.compare(0, b.name.size() + 1, b.name + ".") == 0) holder = b.name;
+      }
+      SC_LOG(kWarn) << (globs == &options.include ? "--include '" : "--exclude '") << glob
+                    << "' matches no entry or value"
+                    << (holder.empty() ? std::string()
+                                       : "; '" + holder + "' is one value, saved whole: select it as '" + holder + "'");
+    }
+  }
+}
+
 // The name in the output: `name` after --strip-prefix, "" when it is not selected.
 std::string OutputName(const ConsolidateOptions& options, const std::string& name) {
   if (!options.include.empty() && !Matches(options.include, name)) return "";
@@ -366,6 +390,7 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
     SC_LOG(kWarn) << "--strip-prefix '" << options.strip_prefix << "' starts no selected entry's name (the first is '"
                   << m.entries[selected.front().entry].name << "'): names are written as they are";
   }
+  WarnOfGlobsMatchingNothing(m, options);
   // Tied weights: in a .pt, one storage under both names (as torch.save writes them).
   if (options.format == ExportFormat::kTorch) {
     const std::vector<int64_t> aliases = EntryAliases(m);

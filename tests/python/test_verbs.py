@@ -180,6 +180,25 @@ def test_reshard_to_more_ranks_than_the_soft_open_file_limit(comm, root):
     assert shardckpt.inspect(out)["world_size"] == 200
 
 
+def test_cli_says_when_a_glob_names_something_inside_a_value_saved_whole(comm, root):
+    # save stores a dict of plain values (a GradScaler's state) as one value: a glob naming one of
+    # its leaves matched nothing, and the output silently lacked it.
+    import subprocess
+    cli = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(shardckpt.__file__))), "..", "bin",
+                       "shardckpt")
+    if not os.path.exists(cli):
+        pytest.skip("the shardckpt tool is not built next to the package")
+    path = os.path.join(root, "rank%d" % comm.rank)
+    shardckpt.save({"scaler": {"scale": 65536.0, "n": 0}, "w": torch.ones(1)}, path, 1, comm=shardckpt.single_process())
+    out = path + ".pt"
+    done = subprocess.run([cli, "consolidate", path, "--out", out, "--include", "scaler.scale", "--include", "w"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "--include 'scaler.scale' matches no entry or value; 'scaler' is one value, saved whole: select it as " \
+        "'scaler'" in done.stderr, done.stderr
+    assert sorted(torch.load(out)) == ["w"]
+
+
 def test_cli_json_with_a_path_that_is_not_utf8(comm, root):
     """A folder name need not be UTF-8: every --json object still prints, its bad bytes as
     U+FFFD, and prune's output comes after its work as usual (it used to abort after deleting)."""
