@@ -577,11 +577,17 @@ Result<std::vector<WriteReport>> CollectReports(int64_t step, const std::vector<
 
 namespace {
 
+// Whether the manifest's torch_paths are the state's paths (SaveOptions::state_paths): some were
+// given, and the caller's user metadata holds no torch_paths of its own, which wins.
+bool RecordsStatePaths(const SaveOptions& options) {
+  return !options.state_paths.empty() && !options.user_metadata.count(kTorchPathsKey);
+}
+
 // The manifest's creation facts: the options' user metadata, and the state's paths under it.
 CreationInfo SavedCreationInfo(const Descriptions& described, const SaveOptions& options) {
   CreationInfo created = MakeCreationInfo(static_cast<int>(described.hosts.size()), options.torch_version,
                                           options.git_commit, options.user_metadata);
-  if (!options.state_paths.empty()) created.user.emplace(kTorchPathsKey, options.state_paths);  // the caller's key wins
+  if (RecordsStatePaths(options)) created.user.emplace(kTorchPathsKey, options.state_paths);
   return created;
 }
 
@@ -590,7 +596,7 @@ CreationInfo SavedCreationInfo(const Descriptions& described, const SaveOptions&
 // rank's parameters at the top as dotted names, which optimizer.load_state_dict of the nested
 // part then silently lacked). Such a record is dropped: the .pt is flat, as without one.
 void DropUnplacingStatePaths(const SaveOptions& options, Manifest* m) {
-  if (options.state_paths.empty() || options.user_metadata.count(kTorchPathsKey)) return;
+  if (!RecordsStatePaths(options)) return;
   std::vector<std::string> names;
   names.reserve(m->entries.size() + m->blobs.size());
   for (const EntryRecord& e : m->entries) names.push_back(e.name);
@@ -709,8 +715,7 @@ Status RefreshKeptManifest(int64_t step, const Descriptions& described, std::vec
   m.step = step;
   m.created = SavedCreationInfo(described, options);
   // The same names and places as the save the plan was made by: its verdict on these paths holds.
-  if (!options.state_paths.empty() && !options.user_metadata.count(kTorchPathsKey) &&
-      options.state_paths != kept->recorded_state_paths) {
+  if (RecordsStatePaths(options) && options.state_paths != kept->recorded_state_paths) {
     m.created.user.erase(kTorchPathsKey);
     if (!kept->recorded_state_paths.empty()) {
       LogOnce(LogLevel::kWarn, "save.state_paths_changed",
@@ -761,9 +766,7 @@ Result<ManifestTextPieces> EncodeBuiltManifest(Manifest&& m, const PlannedSave& 
   }
   kept->plan_id = planned.plan_id;
   kept->reports = std::move(reports);
-  if (!options.user_metadata.count(kTorchPathsKey) && m.created.user.count(kTorchPathsKey)) {
-    kept->recorded_state_paths = options.state_paths;
-  }
+  if (RecordsStatePaths(options) && m.created.user.count(kTorchPathsKey)) kept->recorded_state_paths = options.state_paths;
   m.entries = {};  // said by the body
   m.blobs = {};
   kept->head = std::move(m);

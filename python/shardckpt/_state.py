@@ -143,15 +143,16 @@ def walk(state: Any, prefix: str = "", paths: Optional[Dict[str, list]] = None) 
             return
         on_path.add(id(value))
         is_dict = isinstance(value, dict)
-        index_kind = "tuple" if isinstance(value, tuple) else None
         items = value.items() if is_dict else enumerate(value)
         for key, child in items:
             if not isinstance(key, (str, int)) or isinstance(key, bool):
                 raise InvalidArgument("'%s': key %a is neither a str nor an int" % (name, key))
             if isinstance(key, str):
                 check_unicode(key, lambda: "a key" + (" of '%s'" % name if name else ""))
-            steps.append(key if isinstance(key, str) or (not is_dict and index_kind is None)
-                         else {"int" if is_dict else index_kind: key})
+            if is_dict:
+                steps.append(key if isinstance(key, str) else {"int": key})
+            else:
+                steps.append({"tuple": key} if isinstance(value, tuple) else key)
             visit(child, "%s.%s" % (name, key) if name else str(key))
             steps.pop()
         on_path.discard(id(value))
