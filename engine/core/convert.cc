@@ -147,6 +147,15 @@ Result<SafetensorsInput> OpenSafetensors(const std::string& file) {
   SC_ASSIGN_OR_RETURN(ByteSource source, ByteSource::OpenFile(file));
   SafetensorsInput in{std::move(source), 0, {}, {}};
   SC_ASSIGN_OR_RETURN(in.entries, ReadSafetensorsIndex(in.source, &in.data_start, &in.metadata));
+  // DCP's HuggingFaceStorageWriter(save_distributed=True) writes each rank's pieces as a
+  // safetensors file of its own, every piece under the whole tensor's name with its place in
+  // this key: imported, a piece would pass for the whole tensor.
+  if (in.metadata.count("DCP_SHARDING_INFO") > 0) {
+    return InvalidArgument(file + " is one rank's shard of a DCP save (its metadata's DCP_SHARDING_INFO places "
+                                  "each tensor in a larger one): its tensors are pieces, not whole. Join the shards "
+                                  "first (torch.distributed.checkpoint.consolidate_safetensors_files) and import "
+                                  "what that writes");
+  }
   for (const SafetensorsEntry& e : in.entries) {
     if (e.name.empty()) {
       return InvalidArgument(file + ": a tensor has an empty name (valid in safetensors, but a checkpoint entry "
@@ -224,6 +233,33 @@ Result<std::string> ResolveImportInput(const std::string& input) {
                                           : std::to_string(indexes.size()) + " *.safetensors.index.json files; name one"));
 }
 
+enum class ImportKind { kTorch, kSafetensors, kSafetensorsIndex };
+
+// What `file` holds: by its name where that says (.pt, .pth, .bin, .safetensors, an index), else
+// by its first bytes, so that a torch.save file under any name imports (Lightning's .ckpt, the
+// classic model_best.pth.tar): a zip or the legacy format's magic number is torch.save's, an
+// 8-byte header length followed by '{' a safetensors file's.
+Result<ImportKind> ImportKindOf(const std::string& file) {
+  if (EndsWith(file, ".safetensors.index.json")) return ImportKind::kSafetensorsIndex;
+  if (EndsWith(file, ".safetensors")) return ImportKind::kSafetensors;
+  if (IsImportableFileName(file)) return ImportKind::kTorch;
+  auto refused = [&](const std::string& why) {
+    return InvalidArgument("cannot import '" + file + "': " + why +
+                           "; expected a torch.save file (a zip or the legacy format, under any name), a .safetensors "
+                           "file, a *.safetensors.index.json or a folder holding one");
+  };
+  if (IsDirectory(file)) return refused("it is a folder");
+  SC_ASSIGN_OR_RETURN(ByteSource source, ByteSource::OpenFile(file));
+  unsigned char head[9] = {};
+  if (source.size() >= sizeof(head)) SC_RETURN_IF_ERROR(source.ReadAt(0, head, sizeof(head)));
+  if (std::memcmp(head, "PK\x03\x04", 4) == 0 || IsLegacyTorchFile(source)) return ImportKind::kTorch;
+  uint64_t header = 0;
+  for (int i = 7; i >= 0; --i) header = header << 8 | head[i];
+  if (head[8] == '{' && header >= 2 && header <= source.size() - 8) return ImportKind::kSafetensors;
+  return refused(source.size() < sizeof(head) ? "it is " + std::to_string(source.size()) + " bytes long"
+                                              : "its first bytes are none of those formats'");
+}
+
 // Tensors of a .pt that are one tensor under two names (the same storage, offset, sizes and
 // strides): for each, the index of the first, or -1.
 std::vector<int64_t> TiedTensors(const std::vector<PickleTensor>& tensors) {
@@ -249,12 +285,9 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
   SC_ASSIGN_OR_RETURN(const Policy policy, ParsePolicy(options.layout));
   ConvertReport report;
   SC_ASSIGN_OR_RETURN(const std::string file, ResolveImportInput(input));
-  const bool index = EndsWith(file, ".safetensors.index.json");
-  const bool safetensors = index || EndsWith(file, ".safetensors");
-  if (!IsImportableFileName(file)) {
-    return InvalidArgument("cannot import '" + file +
-                           "': expected .pt, .pth, .bin, .safetensors, a *.safetensors.index.json or a folder holding one");
-  }
+  SC_ASSIGN_OR_RETURN(const ImportKind kind, ImportKindOf(file));
+  const bool index = kind == ImportKind::kSafetensorsIndex;
+  const bool safetensors = index || kind == ImportKind::kSafetensors;
   // The whole input is read and checked before the output root is touched, so a refused file
   // leaves nothing behind.
   std::vector<SafetensorsInput> shards;

@@ -215,6 +215,8 @@ const std::set<std::string>& AllowedGlobals() {
   static const std::set<std::string> kAllowed = [] {
     std::set<std::string> s = {"collections.OrderedDict", "torch._utils._rebuild_tensor_v2",
                                "torch._utils._rebuild_tensor_v3", "torch._utils._rebuild_parameter",
+                               // A Parameter with Python attributes (Megatron's tensor_model_parallel).
+                               "torch._utils._rebuild_parameter_with_state",
                                // torch 2.x's name for it; the bare one is what shardckpt <= 0.x wrote.
                                "torch.storage.UntypedStorage", "torch.UntypedStorage",
                                // How protocol 2 pickles bytes (torch 2.x's weights_only takes it too).
@@ -434,6 +436,17 @@ class Unpickler : public PickleStack<Value> {
       if (a.size() != 3) return Refused("_rebuild_parameter with " + std::to_string(a.size()) + " arguments, not 3");
       if (a[0]->kind != Value::kTensor || a[1]->kind != Value::kBool || a[2]->kind != Value::kDict) {
         return DataLoss("_rebuild_parameter arguments are not (tensor, bool, dict)");
+      }
+      return Push(a[0]);
+    }
+    // (data, requires_grad, backward_hooks, state): the state (the Parameter's Python attributes)
+    // is not kept, as requires_grad is not; the tensor is.
+    if (name == "torch._utils._rebuild_parameter_with_state") {
+      if (a.size() != 4) {
+        return Refused("_rebuild_parameter_with_state with " + std::to_string(a.size()) + " arguments, not 4");
+      }
+      if (a[0]->kind != Value::kTensor || a[1]->kind != Value::kBool) {
+        return DataLoss("_rebuild_parameter_with_state arguments do not start with (tensor, bool)");
       }
       return Push(a[0]);
     }
@@ -931,7 +944,9 @@ class Flattener {
     // The root's nested dicts are walked even without tensors, as before; lists and tuples,
     // and dicts inside them, only when they hold one (else they are one value). An empty dict
     // (an optimizer's "state" before its first step) would leave no name behind: it is a value.
-    bool walk = value->kind == Value::kDict && !in_sequence_ && !value->items.empty();
+    // A dict whose keys cannot name entries (a float, None, a tuple, ""), which torch.load
+    // takes, is walked only when it holds a tensor (and then refused by VisitItems): one value.
+    bool walk = value->kind == Value::kDict && !in_sequence_ && !value->items.empty() && KeysNameEntries(value);
     if (!walk && IsContainer(value)) {
       SC_ASSIGN_OR_RETURN(walk, HoldsTensor(value, depth));
     }
@@ -944,6 +959,15 @@ class Flattener {
     Status visited = Visit(value, name + ".", depth + 1);
     in_sequence_ = was;
     return visited;
+  }
+
+  static bool KeysNameEntries(const Value* dict) {
+    for (size_t k = 0; k < dict->items.size(); k += 2) {
+      const Value* key = dict->items[k];
+      if (key->kind == Value::kInt) continue;
+      if (key->kind != Value::kString || key->s.empty()) return false;
+    }
+    return true;
   }
 
   static std::string Where(const std::string& prefix) {

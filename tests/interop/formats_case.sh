@@ -139,6 +139,35 @@ if [ "$which" = torch2 ]; then
   expect_fail "a tensor has an empty name" "$cli" import in/empty_name.safetensors --out en --world-size 2
   [ ! -e en ] || { echo "a failed import left en behind"; exit 1; }
 fi
+# 9: a torch.save file under any name (Lightning's .ckpt, model_best.pth.tar in the legacy format)
+# is told by its bytes; a dict whose keys cannot name entries (a float, None, a tuple, a bool) is
+# one value; a Parameter carrying Python attributes (torch 2.x pickles its state) is its tensor.
+"$py" - <<'PY'
+import torch
+p = torch.nn.Parameter(torch.arange(3.0))
+p.tensor_model_parallel = True
+state = {"state_dict": {"w": torch.arange(4.0)}, "keys": {1.5: "f", None: "n", (0, 1): "t", True: "b"}, "p": p}
+torch.save(state, "model.ckpt")
+torch.save(state, "model_best.pth.tar", _use_new_zipfile_serialization=False)
+open("notes.ckpt", "wb").write(b"epoch=3 loss=0.25\n" * 4)
+PY
+for f in model.ckpt model_best.pth.tar; do
+  "$cli" import $f --out "odd-$f" --world-size 2 > /dev/null
+  "$cli" consolidate "odd-$f" --out "odd-$f.pt" > /dev/null
+  # (torch 1.13's weights_only reader takes no float: BINFLOAT)
+  "$py" -c "import sys, torch; b = torch.load(sys.argv[1], weights_only=sys.argv[2] == 'torch2'); \
+assert torch.equal(b['state_dict']['w'], torch.arange(4.0)) and torch.equal(b['p'], torch.arange(3.0)), b; \
+assert b['keys'] == {1.5: 'f', None: 'n', (0, 1): 't', True: 'b'}, b['keys']; print('imported by its bytes:', sys.argv[1])" "odd-$f.pt" "$which"
+done
+expect_fail "cannot import 'notes.ckpt': its first bytes are none of those formats'" "$cli" import notes.ckpt --out notes --world-size 1
+[ ! -e notes ] || { echo "a refused import left notes behind"; exit 1; }
+if [ "$which" = torch2 ]; then
+  # A rank's shard of DCP's HuggingFaceStorageWriter(save_distributed=True) holds pieces under
+  # the whole tensors' names: refused, never imported as whole tensors.
+  "$py" -c "import torch, safetensors.torch as s; s.save_file({'model.w': torch.ones(4, 4)}, 'dcp-shard.safetensors', \
+metadata={'DCP_SHARDING_INFO': '{\"model.w\": {\"saved_offsets\": [0, 0]}}', 'DCP_VERSION': '1.0'})"
+  expect_fail "dcp-shard.safetensors is one rank's shard of a DCP save" "$cli" import dcp-shard.safetensors --out shard --world-size 1
+fi
 # Names in UTF-8 (CJK characters two columns wide) keep inspect's table aligned.
 "$py" -c "import torch; torch.save({'层.权重': torch.ones(2), 'ascii': torch.ones(3), 'é': torch.ones(1)}, 'cjk.pt')"
 "$cli" import cjk.pt --out cjk --world-size 1 > /dev/null
