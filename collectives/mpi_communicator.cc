@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <cstdlib>
 #include <limits>
+#include <mutex>
+#include <system_error>
 #include <thread>
 
 #include "shardckpt/collectives/mpi_deadline.h"
@@ -182,6 +186,47 @@ class MpiCommunicator final : public Communicator {
   int size_ = 1;
 };
 
+// MPI_Init_thread waits for every rank of the job with no deadline of its own: a rank stuck
+// before its first checkpoint call (Python starts MPI at world() or its first save) held the
+// others there for good, silently. This gives the start the collectives' deadline: past it, the
+// process says why and exits (there is no communicator yet to abort through), and the launcher
+// ends the job as it does for a rank that fails.
+class InitWatchdog {
+ public:
+  explicit InitWatchdog(double timeout_s) {
+    if (timeout_s <= 0) return;
+    try {
+      thread_ = std::thread([this, timeout_s] {
+        std::unique_lock<std::mutex> lock(mutex_);
+        if (done_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [this] { return done_; })) return;
+        SC_LOG(kError) << "MPI_Init_thread has not finished after " << timeout_s
+                       << " s (SHARDCKPT_COLLECTIVE_TIMEOUT_S): a rank of the job has not started MPI "
+                          "(stuck or failed before its first checkpoint call, or never launched); ending this process";
+        std::_Exit(3);
+      });
+    } catch (const std::system_error& e) {  // no thread to be had: the start waits as MPI's does
+      SC_LOG(kInfo) << "MPI_Init_thread without a deadline: " << e.what();
+    }
+  }
+  ~InitWatchdog() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    done_cv_.notify_all();
+    thread_.join();
+  }
+  InitWatchdog(const InitWatchdog&) = delete;
+  InitWatchdog& operator=(const InitWatchdog&) = delete;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
 }  // namespace
 
 Result<std::unique_ptr<MpiSession>> MpiSession::Init(int* argc, char*** argv) {
@@ -192,7 +237,11 @@ Result<std::unique_ptr<MpiSession>> MpiSession::Init(int* argc, char*** argv) {
     MPI_Query_thread(&session->provided_);
     return session;
   }
-  int rc = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &session->provided_);
+  int rc;
+  {
+    InitWatchdog watchdog(CollectiveDeadline::FromEnvironment().timeout_s);
+    rc = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &session->provided_);
+  }
   if (rc != MPI_SUCCESS) return MpiCallStatus(rc, "MPI_Init_thread");
   session->owns_ = true;
   int rank = 0;

@@ -588,7 +588,8 @@ py::tuple VerifyCall(const std::string& path) {
   if (!r.ok()) return Reply(r.status());
   py::list problems;
   for (const VerifyProblem& p : r->problems) {
-    problems.append(py::make_tuple(PathText(p.file), p.offset, p.entries, p.blobs, MessageText(p.what), HoldersText(p)));
+    problems.append(
+        py::make_tuple(PathText(p.file), p.offset, p.entries, p.blobs, MessageText(p.what), HoldersText(p), p.unreadable));
   }
   py::dict out;
   out["checkpoint"] = PathText(r->checkpoint);

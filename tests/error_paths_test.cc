@@ -163,11 +163,29 @@ TEST_F(ErrorPaths, VerifyListsEveryDamagedFile) {
   EXPECT_THAT(report->problems[0].what, HasSubstr("checksum table page 0 cannot be read"));
   EXPECT_THAT(report->problems[0].what, HasSubstr("injected at failpoint io.read"));
   EXPECT_THAT(report->problems[0].entries, ElementsAre("w"));
+  // A read that failed tells nothing of the bytes (the tool says UNREADABLE, not DAMAGED, for a
+  // checkpoint with only such problems); a mismatch is damage.
+  EXPECT_TRUE(report->problems[0].unreadable);
   EXPECT_EQ(report->problems[1].file, "rank-00001.bin");
   EXPECT_EQ(report->problems[1].offset, 0u);
   EXPECT_THAT(report->problems[1].what, HasSubstr("checksum mismatch"));
   EXPECT_THAT(report->problems[1].entries, ElementsAre("w"));
   EXPECT_EQ(HoldersText(report->problems[1]), "'w'");
+  EXPECT_FALSE(report->problems[1].unreadable);
+  // Every read failing (a permission, a failing disk): each file's problem is unreadable alone.
+  ASSERT_TRUE(SetFailpoints("io.read=EIO").ok());
+  report = VerifyCheckpoint(root);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_EQ(report->problems.size(), 2u);
+  for (const VerifyProblem& p : report->problems) EXPECT_TRUE(p.unreadable) << p.file << ": " << p.what;
+  ASSERT_TRUE(SetFailpoints("").ok());
+  // A missing file is damage, not a read that failed.
+  ASSERT_EQ(::unlink(JoinPath(ckpt, "rank-00001.bin").c_str()), 0);
+  report = VerifyCheckpoint(root);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_EQ(report->problems.size(), 1u);
+  EXPECT_THAT(report->problems[0].what, HasSubstr("missing"));
+  EXPECT_FALSE(report->problems[0].unreadable);
 }
 
 // A file cut inside its checksum table: the blocks whose sums were cut off are named by their

@@ -185,6 +185,19 @@ TEST(Manifest, RejectsHostileOrBrokenManifests) {
          m.entries[0].chunks[1].layout = Layout::FlatRange(8, 24);
        },
        "overlaps"},
+      // Each chunk alone is sound; a load would read chunk 0's values for chunk 1's elements.
+      {"two chunks on the same bytes",
+       [](Manifest& m) {
+         m.entries[0].chunks[1].file = 0;
+         m.entries[0].chunks[1].offset = 32;
+       },
+       "entry 'model.w' chunks 0 and 1 share bytes of file 'rank-00000.bin' (from offset 32)"},
+      {"two chunks on the same bytes, out of file order",
+       [](Manifest& m) {
+         m.entries[0].chunks[0].offset = 32;
+         m.entries[0].chunks[1].file = 0;
+       },
+       "entry 'model.w' chunks 0 and 1 share bytes of file 'rank-00000.bin' (from offset 32)"},
       {"file index out of range", [](Manifest& m) { m.entries[0].chunks[0].file = 7; }, "out of range"},
       {"duplicate entry", [](Manifest& m) { m.entries[1].name = "model.w"; }, "listed twice"},
       {"file size inconsistent", [](Manifest& m) { m.files[0].size = 100; }, "does not match"},
@@ -208,6 +221,17 @@ TEST(Manifest, RejectsHostileOrBrokenManifests) {
     EXPECT_THAT(decoded.status().message(), HasSubstr(c.message)) << c.what;
     EXPECT_THAT(decoded.status().message(), HasSubstr("ckpt/manifest.json")) << c.what;
   }
+}
+
+// Chunks of one entry in any file order, apart: sound (the bytes check sorts them first).
+TEST(Manifest, AcceptsChunksOutOfFileOrderOnBytesApart) {
+  Manifest m = Sample();
+  std::swap(m.entries[0].chunks[0].file, m.entries[0].chunks[1].file);  // file 1 first, then file 0
+  Result<std::string> json = EncodeManifest(m);
+  ASSERT_TRUE(json.ok());
+  Result<Manifest> decoded = DecodeManifest(*json, "ckpt/manifest.json");
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  EXPECT_EQ(decoded->entries[0].chunks[0].file, 1u);
 }
 
 // 1,000 entries of 80 one-element chunks: past the size at which the chunks are checked on two
@@ -577,6 +601,7 @@ TEST(ManifestText, RefusesHostileFieldsNamingWhere) {
       {"checksums off on disk", "\"table_offset\": 4096,", "\"table_offset\": 4096, \"checksums\": false,", "'checksums' is not allowed"},
       {"metric as text", "{\"loss\": 0.25}", "{\"loss\": \"low\"}", "metric 'loss' is string, not a number"},
       {"metrics as a list", "{\"loss\": 0.25}", "[0.25]", "not an object of named numbers"},
+      {"metric past a double", "{\"loss\": 0.25}", "{\"loss\": 1e999}", "metric 'loss' is a number out of a double's range"},
       {"nested too deep", "\"chunk_fields\"", "\"future\": " + deep + ",\n \"chunk_fields\"", "nested more than 64"},
       // docs/format.md: unknown fields nested at most 64 deep (65 were accepted).
       {"nested 65 deep", "\"chunk_fields\"", "\"future\": " + Nested(65) + ",\n \"chunk_fields\"", "nested more than 64"},

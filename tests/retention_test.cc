@@ -285,6 +285,30 @@ TEST_F(RetentionTest, ARootWithoutLatestResolvesToItsNewestCommittedCheckpoint) 
   EXPECT_THAT(partial.status().message(), HasSubstr(dcp + " holds PyTorch DCP data files (*.distcp) but no .metadata"));
 }
 
+// A save's temporary folder holds its whole manifest just before the rename that commits it (a
+// save killed there leaves it so), and a retired folder is a checkpoint being deleted: named
+// directly, neither is read as a checkpoint (verify called one OK, and consolidate and load read it).
+TEST_F(RetentionTest, ATemporaryOrRetiredFolderNamedDirectlyIsNotACheckpoint) {
+  ASSERT_TRUE(SaveStep(1).ok());
+  const std::string temp = JoinPath(root(), StepDirName(2) + ".tmp-0123456789abcdef");
+  const std::string retired = JoinPath(root(), RetiredDirName(StepDirName(1)));
+  for (const std::string& folder : {temp, retired}) {
+    ASSERT_TRUE(MakeDirs(folder).ok());
+    Result<std::string> manifest = ReadFileLimited(JoinPath(StepDir(1), kManifestName), 1u << 20);
+    ASSERT_TRUE(manifest.ok());
+    ASSERT_TRUE(WriteFileAtomic(JoinPath(folder, kManifestName), *manifest, "test").ok());
+    for (const std::string& named : {folder, folder + "/"}) {
+      Result<std::string> resolved = ResolveCheckpoint(named);
+      EXPECT_EQ(resolved.status().code(), Code::kFailedPrecondition) << named;
+      EXPECT_THAT(resolved.status().message(), HasSubstr(named + " is ")) << named;
+      EXPECT_THAT(resolved.status().message(), HasSubstr("not a committed checkpoint: `shardckpt list " + root() + "`"));
+    }
+  }
+  EXPECT_THAT(ResolveCheckpoint(temp).status().message(), HasSubstr("the temporary folder of a save that is running or died"));
+  EXPECT_THAT(ResolveCheckpoint(retired).status().message(), HasSubstr("a checkpoint being deleted"));
+  EXPECT_EQ(Or(ResolveCheckpoint(root()), std::string()), StepDir(1));  // the root still resolves
+}
+
 // A listing is a snapshot: a save that renames its new step in after a reader listed the root
 // and then retires the listed one leaves the reader with nothing committed. The root is listed
 // again while `latest` exists; only when nothing committed appears is it NotFound, saying so.

@@ -15,6 +15,7 @@
 // 1 on a failed check or error (with a message on stderr), 2 on bad usage.
 #include <boost/program_options.hpp>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <iostream>
@@ -269,9 +270,12 @@ int Verify(int argc, char** argv) {
   if (as_json) {
     json problems = json::array();
     for (const VerifyProblem& p : r->problems) {
-      problems.push_back({{"file", p.file}, {"offset", p.offset}, {"entries", p.entries}, {"blobs", p.blobs}, {"problem", p.what}});
+      problems.push_back({{"file", p.file}, {"offset", p.offset}, {"entries", p.entries}, {"blobs", p.blobs}, {"problem", p.what},
+                          {"unreadable", p.unreadable}});
     }
-    PrintJson(json{{"checkpoint", r->checkpoint}, {"step", StepOf(r->checkpoint)}, {"ok", r->problems.empty()}, {"files", r->files},
+    const bool damaged = std::any_of(r->problems.begin(), r->problems.end(), [](const VerifyProblem& p) { return !p.unreadable; });
+    PrintJson(json{{"checkpoint", r->checkpoint}, {"step", StepOf(r->checkpoint)}, {"ok", r->problems.empty()},
+                   {"damaged", damaged}, {"files", r->files},
                       {"bytes_checked", r->bytes_checked}, {"blocks_checked", r->blocks_checked}, {"problems", problems},
                       {"checksums", r->checksums}, {"note", r->note}});
   } else {
@@ -285,8 +289,11 @@ int Verify(int argc, char** argv) {
                                                : "structure only (no checksums stored)";
     // A structure-only check reads no data bytes: "0 bytes" would read as an empty checkpoint.
     const std::string bytes = r->bytes_checked > 0 || r->checksums ? std::to_string(r->bytes_checked) + " bytes, " : "";
-    std::printf("%s: %s: %llu files, %s%s, %zu problem(s)\n", r->checkpoint.c_str(),
-                r->problems.empty() ? "OK" : "DAMAGED", static_cast<unsigned long long>(r->files),
+    // A file it may not read (a permission) tells nothing of the bytes: not called damaged, so
+    // that nobody discards a sound checkpoint for it.
+    const bool damaged = std::any_of(r->problems.begin(), r->problems.end(), [](const VerifyProblem& p) { return !p.unreadable; });
+    const char* verdict = r->problems.empty() ? "OK" : damaged ? "DAMAGED" : "UNREADABLE (not known to be damaged)";
+    std::printf("%s: %s: %llu files, %s%s, %zu problem(s)\n", r->checkpoint.c_str(), verdict, static_cast<unsigned long long>(r->files),
                 bytes.c_str(), checked.c_str(), r->problems.size());
     if (!r->note.empty()) std::printf("note: %s\n", r->note.c_str());
   }
@@ -374,7 +381,7 @@ int ConsolidateCommand(int argc, char** argv) {
 }
 
 int Convert(bool import, int argc, char** argv) {
-  po::options_description flags(import ? "import: a .pt, a .safetensors file, a Hugging Face sharded set (its "
+  po::options_description flags(import ? "import: a torch.save file (.pt, .pth, .bin, or any name: .ckpt), a .safetensors file, a Hugging Face sharded set (its "
                                          "*.safetensors.index.json or folder) or a PyTorch DCP folder into a "
                                          "sharded checkpoint with checksums"
                                        : "reshard: a checkpoint for another world size, without a job");
@@ -650,9 +657,19 @@ int Prune(int argc, char** argv) {
   // process is removing a retired folder), as the removal reports them, not as listed before it.
   std::vector<std::string> leftovers, left;
   std::vector<RemovalFailure> failed;
+  // On a full disk `latest` cannot be rewritten, and prune is how an operator frees space: the
+  // removals go first, keeping the folder `latest` names, and `latest` is mended after them.
+  Status repaired = Status::Ok();
+  std::string kept_for_latest;
   if (!plan_only) {
-    Status repaired = RepairLatest(root);
-    if (!repaired.ok()) return Fail(repaired);
+    repaired = RepairLatest(root);
+    if (repaired.code() == Code::kNoSpace) {
+      kept_for_latest = ReadLatestName(root);
+      std::fprintf(stderr, "%s; removing first (keeping %s, which `latest` names), then mending `latest`\n",
+                   repaired.ToString().c_str(), kept_for_latest.empty() ? "nothing" : kept_for_latest.c_str());
+    } else if (!repaired.ok()) {
+      return Fail(repaired);
+    }
   } else if (Status latest_ok = CheckLatestIsNoFolder(root); !latest_ok.ok()) {
     return Fail(latest_ok);  // as the real prune refuses it
   }
@@ -675,8 +692,17 @@ int Prune(int argc, char** argv) {
     Status cleaned = RemoveStaleTempDirs(root, &leftovers, &left, &failed);
     if (!cleaned.ok()) return Fail(cleaned);
   }
-  Result<RetentionReport> r = ApplyRetention(root, policy, "", plan_only);
+  Result<RetentionReport> r = ApplyRetention(root, policy, kept_for_latest, plan_only);
   if (!r.ok()) return Fail(r.status());
+  if (!repaired.ok()) {
+    repaired = RepairLatest(root);
+    if (!repaired.ok()) {
+      std::fprintf(stderr, "`latest` is still not mended: %s\n", repaired.ToString().c_str());
+    } else if (!kept_for_latest.empty()) {
+      std::fprintf(stderr, "`latest` mended; %s was kept for it: prune again to apply the rule to it\n",
+                   JoinPath(root, kept_for_latest).c_str());
+    }
+  }
   if (read_only && !(r->removed.empty() && leftovers.empty())) {
     const std::string first = leftovers.empty() ? r->removed.front() : leftovers.front();
     return Fail(FailedPrecondition(root + " is on a read-only file system: the rule would remove " +
@@ -707,7 +733,8 @@ int Prune(int argc, char** argv) {
                  f.status.ToString().c_str());
   }
   // What could not be deleted is named, the rest is still removed, and the exit status says so.
-  const int status = failed.empty() ? 0 : 1;
+  const bool ok = failed.empty() && repaired.ok();
+  const int status = ok ? 0 : 1;
   if (vm.count("json")) {
     auto rows = [](const std::vector<RemovalFailure>& list) {
       json out = json::array();
@@ -716,9 +743,11 @@ int Prune(int argc, char** argv) {
       }
       return out;
     };
-    PrintJson(json{{"ok", failed.empty()}, {"root", root}, {"dry_run", dry_run}, {"removed", r->removed},
-                   {"deferred", r->deferred}, {"failed", rows(failed)}, {"left_alone", rows(left_alone)},
-                   {"save_running", save_running}});
+    json out{{"ok", ok}, {"root", root}, {"dry_run", dry_run}, {"removed", r->removed},
+             {"deferred", r->deferred}, {"failed", rows(failed)}, {"left_alone", rows(left_alone)},
+             {"save_running", save_running}};
+    if (!repaired.ok()) out["latest"] = json{{"code", CodeName(repaired.code())}, {"message", repaired.message()}};
+    PrintJson(out);
     return status;
   }
   if (save_running) {
@@ -743,7 +772,7 @@ const char* kUsage =
     "  verify CHECKPOINT        read everything, check every checksum\n"
     "  consolidate CHECKPOINT   one .pt, .safetensors or .gguf file (streaming)\n"
     "  export CHECKPOINT        a PyTorch DCP folder (--format dcp, streaming)\n"
-    "  import FILE              a .pt, .safetensors, Hugging Face set or DCP folder into a checkpoint\n"
+    "  import FILE              a torch.save file, .safetensors, Hugging Face set or DCP folder into a checkpoint\n"
     "  reshard CHECKPOINT       a checkpoint for another world size\n"
     "  list ROOT                every checkpoint of a root, and what retention keeps\n"
     "  prune ROOT               apply --keep-last / --keep-best to a root now\n";

@@ -249,6 +249,16 @@ Status RefuseUnreachableNewer(const std::string& root, const std::vector<std::pa
 
 Result<std::string> ResolveCheckpoint(const std::string& path) {
   if (path.empty()) return InvalidArgument("the checkpoint path is empty (an unset variable?)");
+  // A save's temporary folder holds its manifest just before the rename that commits it, and a
+  // retired one is a checkpoint being deleted: neither is one to read, whatever it holds.
+  if (const std::string name = BaseName(WithoutTrailingSlashes(path)); IsTempDirName(name) || IsRetiredDirName(name)) {
+    return FailedPrecondition(path + " is " +
+                              (IsTempDirName(name) ? "the temporary folder of a save that is running or died before its "
+                                                     "commit"
+                                                   : "a checkpoint being deleted") +
+                              ", not a committed checkpoint: `shardckpt list " + DirName(WithoutTrailingSlashes(path)) +
+                              "` shows the committed ones");
+  }
   if (PathExists(JoinPath(path, kManifestName))) return path;
   if (IsDcpFolder(path)) return path;  // a PyTorch DCP folder, read in place (engine/formats/dcp_read.h)
   // A link that cannot be followed now (an archive not mounted, a loop) is named for what it is.
@@ -682,6 +692,7 @@ bool HeldByThisProcess(const std::string& path) {
 // An exclusive flock on root/name without waiting: the fd, -1 when another holder has it.
 Result<int> TryLockFile(const std::string& root, const char* name) {
   const std::string path = JoinPath(root, name);
+  SC_RETURN_IF_ERROR(Failpoint("lock.open", "open " + path));
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoStatus(errno, "open " + path);
   if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return fd;
@@ -741,11 +752,20 @@ Result<RootLock> RootLock::AcquireForPrune(const std::string& root) {
     return FailedPrecondition("a save or another prune is writing into " + root + " (lock " +
                               JoinPath(root, kLockName) + " is held); prune again when it is done");
   };
-  SC_ASSIGN_OR_RETURN(int prune_fd, TryLockFile(root, kPruneLockName));
-  if (prune_fd < 0) return busy();
+  Result<int> prune_lock = TryLockFile(root, kPruneLockName);
+  // A full disk (or inode quota) where no prune ran before has no room for the prune lock file,
+  // and prune is how the operator frees space: it goes on under the root lock alone. A save
+  // that comes meanwhile then fails as beside another save, rather than waiting for the prune.
+  if (!prune_lock.ok() && prune_lock.status().code() == Code::kNoSpace) {
+    SC_LOG(kWarn) << prune_lock.status().ToString() << ": pruning under " << JoinPath(root, kLockName) << " alone";
+    prune_lock = -2;
+  }
+  SC_RETURN_IF_ERROR(prune_lock.status());
+  const int prune_fd = *prune_lock == -2 ? -1 : *prune_lock;
+  if (*prune_lock == -1) return busy();
   Result<int> fd = TryLockFile(root, kLockName);
   if (!fd.ok() || *fd < 0) {
-    ::close(prune_fd);
+    if (prune_fd >= 0) ::close(prune_fd);
     return fd.ok() ? busy() : fd.status();
   }
   return RootLock(*fd, prune_fd);

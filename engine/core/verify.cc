@@ -164,13 +164,14 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::functi
     const FileRecord& f = m.files[fi];
     const std::string file_path = JoinPath(report.checkpoint, f.name);
     report.files++;
-    auto problem = [&](uint64_t offset, Holders holders, const std::string& what) {
-      report.problems.push_back(VerifyProblem{f.name, offset, std::move(holders.entries), std::move(holders.blobs), what});
+    auto problem = [&](uint64_t offset, Holders holders, const std::string& what, bool unreadable = false) {
+      report.problems.push_back(
+          VerifyProblem{f.name, offset, std::move(holders.entries), std::move(holders.blobs), what, unreadable});
     };
     Result<uint64_t> size = FileSize(file_path);
     if (!size.ok()) {
-      problem(0, HoldersOf(spans[fi], 0, f.table_offset),
-              (size.status().code() == Code::kNotFound ? "missing: " : "") + size.status().message());
+      const bool missing = size.status().code() == Code::kNotFound;
+      problem(0, HoldersOf(spans[fi], 0, f.table_offset), (missing ? "missing: " : "") + size.status().message(), !missing);
       done += f.size;
       continue;
     }
@@ -198,7 +199,8 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::functi
     }
     Result<std::unique_ptr<File>> file = io->Open(file_path, OpenMode::kRead);
     if (!file.ok()) {  // unreadable (a permission, EIO): everything in it goes unchecked
-      problem(0, HoldersOf(spans[fi], 0, f.table_offset), file.status().message());
+      problem(0, HoldersOf(spans[fi], 0, f.table_offset), file.status().message(),
+              file.status().code() != Code::kNotFound);
       done += f.size;
       continue;
     }
@@ -212,6 +214,7 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::functi
       }
       Status read = read_now(file->get(), f.table_offset + page * kBlockSize, kBlockSize);
       std::string wrong;
+      const bool unreadable = !read.ok() && read.code() != Code::kDataLoss;
       if (!read.ok()) {
         wrong = "checksum table page " + std::to_string(page) + " cannot be read: " + read.message();
       } else if (Checksum64(data, kBlockSize) != f.table_page_sums[page]) {
@@ -222,7 +225,8 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::functi
         page_ok[page] = false;
         uint64_t first = page * kSumsPerTablePage * kBlockSize;
         problem(f.table_offset + page * kBlockSize,
-                HoldersOf(spans[fi], first, std::min(f.table_offset, first + kSumsPerTablePage * kBlockSize)), wrong);
+                HoldersOf(spans[fi], first, std::min(f.table_offset, first + kSumsPerTablePage * kBlockSize)), wrong,
+                unreadable);
         continue;
       }
       std::memcpy(table.data() + page * kSumsPerTablePage, data, kBlockSize);
@@ -243,7 +247,7 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::functi
       }
       Status read = read_now(file->get(), at, length);
       if (!read.ok()) {
-        problem(at, HoldersOf(spans[fi], at, at + length), read.message());
+        problem(at, HoldersOf(spans[fi], at, at + length), read.message(), read.code() != Code::kDataLoss);
         break;
       }
       for (uint64_t b = 0; b < length; b += kBlockSize) {

@@ -18,6 +18,9 @@ struct VerifyProblem {
   std::vector<std::string> entries;  // the tensors whose bytes are there
   std::vector<std::string> blobs;    // the values (blobs) whose bytes are there
   std::string what;
+  // The bytes could not be read (a permission, an I/O error): not known to be damaged, and not
+  // verified either. A missing or cut file, or a checksum that does not match, is damage.
+  bool unreadable = false;
 };
 
 // For people: 'a', 'b', blob 'c' (eight at most, then a count; "the manifest" for a damaged manifest.json, "padding" when

@@ -650,9 +650,9 @@ Result<Manifest> DecodeText(const std::string& text, SealShape seal, uint64_t re
           ForEachField(v, "metrics", [&](std::string_view name, od::value& x) {
             od::json_type type = TypeOf(x);
             double value = 0;
-            if (type != od::json_type::number || x.get_double().get(value)) {
-              Refuse("metric '" + std::string(name) + "' is " + TypeName(type) + ", not a number");
-            }
+            if (type != od::json_type::number) Refuse("metric '" + std::string(name) + "' is " + TypeName(type) + ", not a number");
+            // A number out of a double's range (1e999): simdjson refuses it rather than make it inf.
+            if (x.get_double().get(value)) Refuse("metric '" + std::string(name) + "' is a number out of a double's range");
             m.metrics[std::string(name)] = value;
           });
           break;
@@ -1088,6 +1088,41 @@ Status CheckExtent(const Manifest& m, uint32_t file, uint64_t offset, uint64_t b
 
 // Entry `e`'s chunks (its shape and bytes already checked): each inside the shape, as many bytes
 // as its layout needs, inside its file, and together covering the entry exactly once.
+// Two chunks of one entry on the same bytes of a file (a resealed manifest) each pass alone, and
+// a load would silently read one piece's values for the other. Every writer lists an entry's
+// chunks in file and offset order, so one pass checks them; another order is sorted first.
+Status CheckChunkBytesApart(const Manifest& m, const EntryRecord& e) {
+  auto before = [&](uint32_t a, uint32_t b) {
+    const ChunkRecord &x = e.chunks[a], &y = e.chunks[b];
+    return x.file != y.file ? x.file < y.file : x.offset < y.offset;
+  };
+  auto check = [&](uint32_t a, uint32_t b) {  // a before b
+    const ChunkRecord &x = e.chunks[a], &y = e.chunks[b];
+    if (x.file != y.file || y.offset >= x.offset + x.bytes) return Status::Ok();
+    return InvalidManifest("entry '" + e.name + "' chunks " + std::to_string(std::min(a, b)) + " and " +
+                           std::to_string(std::max(a, b)) + " share bytes of file '" + m.files[x.file].name +
+                           "' (from offset " + std::to_string(y.offset) + "): each chunk needs bytes of its own");
+  };
+  uint32_t previous = UINT32_MAX;
+  for (uint32_t i = 0; i < e.chunks.size(); ++i) {
+    if (e.chunks[i].bytes == 0) continue;
+    if (previous != UINT32_MAX) {
+      if (before(i, previous)) {  // not in file order: all of them, sorted
+        std::vector<uint32_t> order;
+        for (uint32_t k = 0; k < e.chunks.size(); ++k) {
+          if (e.chunks[k].bytes > 0) order.push_back(k);
+        }
+        std::sort(order.begin(), order.end(), before);
+        for (size_t k = 1; k < order.size(); ++k) SC_RETURN_IF_ERROR(check(order[k - 1], order[k]));
+        return Status::Ok();
+      }
+      SC_RETURN_IF_ERROR(check(previous, i));
+    }
+    previous = i;
+  }
+  return Status::Ok();
+}
+
 Status CheckEntryChunks(const Manifest& m, const EntryRecord& e, std::vector<std::pair<int64_t, int64_t>>* spans) {
   const int64_t numel = NumElements(e.shape).value();  // valid: the caller checked NumBytes
   for (size_t i = 0; i < e.chunks.size(); ++i) {
@@ -1101,6 +1136,7 @@ Status CheckEntryChunks(const Manifest& m, const EntryRecord& e, std::vector<std
     }
     SC_RETURN_IF_ERROR(CheckExtent(m, c.file, c.offset, c.bytes, what));
   }
+  SC_RETURN_IF_ERROR(CheckChunkBytesApart(m, e));
   if (TilesDim0(e, spans)) return Status::Ok();
   std::vector<Layout> layouts;
   std::vector<std::string> owners;

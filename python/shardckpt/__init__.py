@@ -905,6 +905,8 @@ class VerifyProblem:
     blobs: List[str]
     what: str
     holders: str = ""  # entries and blobs as the message names them ("padding" for none)
+    # The bytes could not be read (a permission, an I/O error): not known to be damaged.
+    unreadable: bool = False
 
 
 @dataclasses.dataclass
@@ -950,21 +952,25 @@ def verify(path: PathLike) -> VerifyReport:
 
     Returns the report when the checkpoint is sound. A damaged one raises :class:`DataLoss`
     whose message names each damaged file, offset and entries (``problems`` on the exception
-    holds the :class:`VerifyProblem` list); one that cannot be examined at all (no manifest)
+    holds the :class:`VerifyProblem` list; files this process may not read, and nothing
+    damaged, raise :class:`IoError` the same way); one that cannot be examined at all (no manifest)
     raises what the engine reports (:class:`NotFound`, :class:`DataLoss`...).
     """
     from . import _core
     code, message, raw = _core.verify(_fs(path))
     raise_for(code, message)
-    problems = [VerifyProblem(file, offset, list(entries), list(blobs), what, holders)
-                for file, offset, entries, blobs, what, holders in raw["problems"]]
+    problems = [VerifyProblem(file, offset, list(entries), list(blobs), what, holders, unreadable)
+                for file, offset, entries, blobs, what, holders, unreadable in raw["problems"]]
     report = VerifyReport(checkpoint=raw["checkpoint"], files=raw["files"],
                           bytes_checked=raw["bytes_checked"], blocks_checked=raw["blocks_checked"],
                           problems=problems, checksums=raw.get("checksums", True), note=raw.get("note", ""))
     if problems:
-        error = DataLoss("checkpoint %s is damaged: %s" % (report.checkpoint, "; ".join(
-            "%s/%s at offset %d (%s): %s" % (report.checkpoint, p.file, p.offset, p.holders, p.what)
-            for p in problems)))
+        # Files this process may not read tell nothing of the bytes: IoError, not DataLoss.
+        damaged = any(not p.unreadable for p in problems)
+        error = (DataLoss if damaged else IoError)("checkpoint %s %s: %s" % (
+            report.checkpoint, "is damaged" if damaged else "cannot be read (not known to be damaged)", "; ".join(
+                "%s/%s at offset %d (%s): %s" % (report.checkpoint, p.file, p.offset, p.holders, p.what)
+                for p in problems)))
         error.problems = problems  # type: ignore[attr-defined]
         error.report = report  # type: ignore[attr-defined]
         raise error

@@ -410,6 +410,32 @@ PY
     if "$cli" prune "$work/r/step-000000060" --keep-last 1 > "$work/notroot.out" 2>&1; then exit 1; fi
     grep -q "is a checkpoint, not a root" "$work/notroot.out" || { cat "$work/notroot.out"; exit 1; }
     test ! -e "$work/r/step-000000060/.shardckpt.lock"
+    # A full disk: `latest` (stale, naming the oldest step) cannot be rewritten and no prune lock
+    # file can be made, yet prune is how space is freed: it removes first (here a dead save's
+    # leftover), keeping the folder `latest` names, then mends `latest`. It stopped at the repair.
+    steps=$(ls "$work/r" | grep '^step-[0-9]*$')
+    oldest=$(echo "$steps" | head -1) newest=$(echo "$steps" | tail -1)
+    [ "$(echo "$steps" | wc -l)" -eq 3 ] || { echo "expected 3 checkpoints: $steps"; exit 1; }
+    mkdir "$work/r/step-000000070.tmp-0123456789abcdef" && echo x > "$work/r/step-000000070.tmp-0123456789abcdef/rank-00000.bin"
+    echo "$oldest" > "$work/r/latest"
+    SHARDCKPT_FAILPOINTS="lock.open#1=ENOSPC;commit.repair_latest.write#1=ENOSPC" "$cli" prune "$work/r" --keep-last 2 \
+      > "$work/full.out" 2> "$work/full.err" || { cat "$work/full.out" "$work/full.err"; echo "prune on a full disk failed"; exit 1; }
+    grep -q "pruning under $work/r/.shardckpt.lock alone" "$work/full.err" &&
+      grep -q "No space left on device.*; removing first (keeping $oldest, which \`latest\` names), then mending \`latest\`" "$work/full.err" &&
+      grep -q "^removed $work/r/step-000000070.tmp-0123456789abcdef$" "$work/full.out" &&
+      [ "$(cat "$work/r/latest")" = "$newest" ] && [ "$(ls "$work/r" | grep '^step-')" = "$steps" ] ||
+      { cat "$work/full.out" "$work/full.err"; ls "$work/r"; echo "prune on a full disk"; exit 1; }
+    # `latest` still not to be mended after the removals: said, exit 1, and the folder it names kept.
+    echo "$oldest" > "$work/r/latest"
+    set +e
+    SHARDCKPT_FAILPOINTS="commit.repair_latest.write=ENOSPC" "$cli" prune "$work/r" --keep-last 2 --json > "$work/full.json" 2> "$work/full.err"
+    status=$?
+    set -e
+    [ $status -eq 1 ] && grep -q '^`latest` is still not mended: NoSpace' "$work/full.err" &&
+      [ "$(cat "$work/r/latest")" = "$oldest" ] && [ "$(ls "$work/r" | grep '^step-')" = "$steps" ] &&
+      python3 -c "import json, sys; r = json.load(open(sys.argv[1])); assert r['ok'] is False and r['latest']['code'] == 'NoSpace', r" \
+        "$work/full.json" || { cat "$work/full.json" "$work/full.err"; echo "prune with latest not mendable: exit $status"; exit 1; }
+    echo "$newest" > "$work/r/latest"
     # A prune SIGKILLed after the first manifest is gone: each folder is complete or has no manifest.
     set +e
     SHARDCKPT_FAILPOINTS="retention.remove_tree#1=kill" "$cli" prune "$work/r" --keep-last 1 > /dev/null 2>&1
@@ -437,7 +463,11 @@ PY
     [ "$(ls "$work"/r/step-*/manifest.json)" = "$work/r/step-000000060/manifest.json" ] || { ls -R "$work/r"; exit 1; }
     "$cli" prune "$work/r" --keep-last 1 > "$work/prune.out"
     [ "$(ls "$work/r" | grep '^step-')" = step-000000060 ] || { ls "$work/r"; exit 1; }
-    "$cli" verify "$work/r" > /dev/null ;;
+    "$cli" verify "$work/r" > /dev/null
+    # Reads that fail (a permission, a failing disk) tell nothing of the bytes: not called damaged.
+    if SHARDCKPT_FAILPOINTS="io.read=EIO" "$cli" verify "$work/r" > "$work/eio.out" 2>&1; then echo "verify passed unread"; exit 1; fi
+    grep -q "step-000000060: UNREADABLE (not known to be damaged): " "$work/eio.out" && ! grep -q DAMAGED "$work/eio.out" ||
+      { cat "$work/eio.out"; echo "verify of unreadable files"; exit 1; } ;;
   commit-window)
     run 2 "$train" "${small[@]}" --steps 30 > "$work/full.log"
     set +e
