@@ -201,7 +201,8 @@ class InitWatchdog {
         if (done_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [this] { return done_; })) return;
         SC_LOG(kError) << "MPI_Init_thread has not finished after " << timeout_s
                        << " s (SHARDCKPT_COLLECTIVE_TIMEOUT_S): a rank of the job has not started MPI "
-                          "(stuck or failed before its first checkpoint call, or never launched); ending this process";
+                          "(stuck or failed before its first checkpoint call, or never launched), or MPI's start "
+                          "takes longer than that here (raise the timeout); ending this process";
         std::_Exit(3);
       });
     } catch (const std::system_error& e) {  // no thread to be had: the start waits as MPI's does

@@ -60,8 +60,11 @@ CollectiveDeadline CollectiveDeadline::FromEnvironment() {
   if (const char* text = std::getenv("SHARDCKPT_COLLECTIVE_TIMEOUT_S")) {
     char* end = nullptr;
     double value = std::strtod(text, &end);
+    // A deadline past 30 years (or "inf") is meant as none: as a wait's duration in nanoseconds
+    // it would overflow and expire at once.
+    constexpr double kNoDeadlineAbove = 1e9;
     if (end != text && *end == '\0' && value >= 0) {
-      deadline.timeout_s = value;
+      deadline.timeout_s = value > kNoDeadlineAbove ? 0 : value;
     } else {
       LogOnce(LogLevel::kWarn, "collective-timeout-env",
               std::string("ignoring SHARDCKPT_COLLECTIVE_TIMEOUT_S='") + text +

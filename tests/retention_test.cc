@@ -177,6 +177,20 @@ class RetentionTest : public ::testing::Test {
     return Save(comm ? *comm : *comm_, root(), step, s.state, options);
   }
 
+  // Saves `step` while `prune` holds the root for 300 ms more: the save waits for it, not fails.
+  void SaveWhilePruneHoldsForAWhile(std::optional<RootLock>* prune, int64_t step) {
+    std::thread finishes([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      prune->reset();
+    });
+    auto t0 = std::chrono::steady_clock::now();
+    Result<SaveResult> saved = SaveStep(step);
+    const auto waited = std::chrono::steady_clock::now() - t0;
+    finishes.join();
+    ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+    EXPECT_GE(waited, std::chrono::milliseconds(250));
+  }
+
   // Loads `path` and returns the step whose bytes it holds (after checking they match it).
   Result<int64_t> LoadStep(const std::string& path, Communicator* comm = nullptr) {
     std::vector<uint8_t> got(40000, 0xAB);
@@ -297,7 +311,9 @@ TEST_F(RetentionTest, ATemporaryOrRetiredFolderNamedDirectlyIsNotACheckpoint) {
     Result<std::string> manifest = ReadFileLimited(JoinPath(StepDir(1), kManifestName), 1u << 20);
     ASSERT_TRUE(manifest.ok());
     ASSERT_TRUE(WriteFileAtomic(JoinPath(folder, kManifestName), *manifest, "test").ok());
-    for (const std::string& named : {folder, folder + "/"}) {
+    const std::string link = JoinPath(dir_.path(), "link-to-" + BaseName(folder));
+    ASSERT_EQ(::symlink(folder.c_str(), link.c_str()), 0);
+    for (const std::string& named : {folder, folder + "/", folder + "/.", link}) {
       Result<std::string> resolved = ResolveCheckpoint(named);
       EXPECT_EQ(resolved.status().code(), Code::kFailedPrecondition) << named;
       EXPECT_THAT(resolved.status().message(), HasSubstr(named + " is ")) << named;
@@ -952,16 +968,8 @@ TEST_F(RetentionTest, ASaveWaitsForAPruneAndAPruneForNobody) {
   ASSERT_FALSE(second.ok());
   EXPECT_EQ(second.status().code(), Code::kFailedPrecondition);
   EXPECT_THAT(second.status().message(), HasSubstr("a save or another prune is writing into " + root()));
-  std::thread finishes([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    prune.reset();
-  });
-  auto t0 = std::chrono::steady_clock::now();
-  Result<SaveResult> saved = SaveStep(2);
-  const auto waited = std::chrono::steady_clock::now() - t0;
-  finishes.join();
-  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
-  EXPECT_GE(waited, std::chrono::milliseconds(250));
+  SaveWhilePruneHoldsForAWhile(&prune, 2);
+  if (HasFatalFailure()) return;
   EXPECT_EQ(Or(LoadStep(root()), int64_t{-1}), 2);
   // A save holding the lock: a prune is refused at once, saying so.
   Result<RootLock> save = RootLock::Acquire(root());
@@ -969,6 +977,28 @@ TEST_F(RetentionTest, ASaveWaitsForAPruneAndAPruneForNobody) {
   Result<RootLock> refused = RootLock::AcquireForPrune(root());
   ASSERT_FALSE(refused.ok());
   EXPECT_THAT(refused.status().message(), HasSubstr("a save or another prune is writing into " + root()));
+}
+
+// On a full disk the prune lock file cannot be made (no prune ran there before): the prune locks
+// the root folder itself instead, and a save still waits for it rather than fail as beside
+// another save; a second prune is still refused.
+TEST_F(RetentionTest, APruneWithoutRoomForItsLockFileIsStillWaitedFor) {
+  ASSERT_TRUE(SaveStep(1).ok());
+  ASSERT_TRUE(SetFailpoints("lock.open#1=ENOSPC").ok());
+  std::optional<RootLock> prune;
+  {
+    Result<RootLock> acquired = RootLock::AcquireForPrune(root());
+    ASSERT_TRUE(acquired.ok()) << acquired.status().ToString();
+    prune.emplace(std::move(acquired).value());
+  }
+  ASSERT_TRUE(SetFailpoints("lock.open#1=ENOSPC").ok());
+  Result<RootLock> second = RootLock::AcquireForPrune(root());
+  ASSERT_TRUE(SetFailpoints("").ok());
+  ASSERT_FALSE(second.ok());
+  EXPECT_THAT(second.status().message(), HasSubstr("a save or another prune is writing into " + root()));
+  EXPECT_FALSE(PathExists(JoinPath(root(), kPruneLockName)));
+  SaveWhilePruneHoldsForAWhile(&prune, 2);
+  if (HasFatalFailure()) return;
 }
 
 // A prune that ends between a save's two tests (root lock taken, prune lock free) is not taken

@@ -692,16 +692,11 @@ int Prune(int argc, char** argv) {
     Status cleaned = RemoveStaleTempDirs(root, &leftovers, &left, &failed);
     if (!cleaned.ok()) return Fail(cleaned);
   }
-  Result<RetentionReport> r = ApplyRetention(root, policy, kept_for_latest, plan_only);
+  Result<RetentionReport> r = ApplyRetention(root, policy, "", plan_only, Removal::kNow, kept_for_latest);
   if (!r.ok()) return Fail(r.status());
   if (!repaired.ok()) {
     repaired = RepairLatest(root);
-    if (!repaired.ok()) {
-      std::fprintf(stderr, "`latest` is still not mended: %s\n", repaired.ToString().c_str());
-    } else if (!kept_for_latest.empty()) {
-      std::fprintf(stderr, "`latest` mended; %s was kept for it: prune again to apply the rule to it\n",
-                   JoinPath(root, kept_for_latest).c_str());
-    }
+    if (!repaired.ok()) std::fprintf(stderr, "`latest` is still not mended: %s\n", repaired.ToString().c_str());
   }
   if (read_only && !(r->removed.empty() && leftovers.empty())) {
     const std::string first = leftovers.empty() ? r->removed.front() : leftovers.front();

@@ -251,12 +251,19 @@ Result<std::string> ResolveCheckpoint(const std::string& path) {
   if (path.empty()) return InvalidArgument("the checkpoint path is empty (an unset variable?)");
   // A save's temporary folder holds its manifest just before the rename that commits it, and a
   // retired one is a checkpoint being deleted: neither is one to read, whatever it holds.
-  if (const std::string name = BaseName(WithoutTrailingSlashes(path)); IsTempDirName(name) || IsRetiredDirName(name)) {
+  // By the folder's own name, however the path reaches it ("TMP/.", a link, `cd TMP; verify .`).
+  std::string folder = WithoutTrailingSlashes(path);
+  if (char* real = ::realpath(path.c_str(), nullptr)) {
+    const std::string real_name = BaseName(real);
+    if (IsTempDirName(real_name) || IsRetiredDirName(real_name)) folder = real;
+    std::free(real);
+  }
+  if (const std::string name = BaseName(folder); IsTempDirName(name) || IsRetiredDirName(name)) {
     return FailedPrecondition(path + " is " +
                               (IsTempDirName(name) ? "the temporary folder of a save that is running or died before its "
                                                      "commit"
                                                    : "a checkpoint being deleted") +
-                              ", not a committed checkpoint: `shardckpt list " + DirName(WithoutTrailingSlashes(path)) +
+                              ", not a committed checkpoint: `shardckpt list " + DirName(folder) +
                               "` shows the committed ones");
   }
   if (PathExists(JoinPath(path, kManifestName))) return path;
@@ -713,6 +720,27 @@ bool LockHeld(const std::string& root, const char* name) {
   return held;
 }
 
+// The root folder's own flock: a prune holds it exclusively when it could not make its lock file
+// (a full disk or inode quota), so that a save still tells a prune from another save. It needs
+// no inode of its own.
+int LockRootFolder(const std::string& root) {
+  const int fd = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return fd;
+  ::close(fd);
+  return errno == EWOULDBLOCK ? -2 : -1;
+}
+
+bool RootFolderLockHeld(const std::string& root) {
+  const int fd = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);
+  return held;
+}
+
+bool PruneHolds(const std::string& root) { return LockHeld(root, kPruneLockName) || RootFolderLockHeld(root); }
+
 }  // namespace
 
 Result<RootLock> RootLock::Acquire(const std::string& root) {
@@ -725,7 +753,7 @@ Result<RootLock> RootLock::Acquire(const std::string& root) {
   for (;;) {
     SC_ASSIGN_OR_RETURN(int fd, TryLockFile(root, kLockName));
     if (fd >= 0) return RootLock(fd, -1);
-    if (!LockHeld(root, kPruneLockName)) {
+    if (!PruneHolds(root)) {
       if (++without_prune < 5) {
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
         continue;
@@ -754,15 +782,18 @@ Result<RootLock> RootLock::AcquireForPrune(const std::string& root) {
   };
   Result<int> prune_lock = TryLockFile(root, kPruneLockName);
   // A full disk (or inode quota) where no prune ran before has no room for the prune lock file,
-  // and prune is how the operator frees space: it goes on under the root lock alone. A save
-  // that comes meanwhile then fails as beside another save, rather than waiting for the prune.
+  // and prune is how the operator frees space: the root folder's own flock stands in for it.
   if (!prune_lock.ok() && prune_lock.status().code() == Code::kNoSpace) {
-    SC_LOG(kWarn) << prune_lock.status().ToString() << ": pruning under " << JoinPath(root, kLockName) << " alone";
-    prune_lock = -2;
+    const int folder = LockRootFolder(root);
+    if (folder == -2) return busy();  // another prune holds the folder
+    SC_LOG(kWarn) << "no room for " << JoinPath(root, kPruneLockName) << "; pruning under a lock on the folder " << root
+                  << (folder < 0 ? " (not to be had here: a save meanwhile fails as beside another save)" : "");
+    prune_lock = folder;  // -1: none to be had, the root lock alone
+  } else {
+    SC_RETURN_IF_ERROR(prune_lock.status());
+    if (*prune_lock < 0) return busy();
   }
-  SC_RETURN_IF_ERROR(prune_lock.status());
-  const int prune_fd = *prune_lock == -2 ? -1 : *prune_lock;
-  if (*prune_lock == -1) return busy();
+  const int prune_fd = *prune_lock;
   Result<int> fd = TryLockFile(root, kLockName);
   if (!fd.ok() || *fd < 0) {
     if (prune_fd >= 0) ::close(prune_fd);

@@ -142,15 +142,32 @@ struct SafetensorsInput {
   std::map<std::string, std::string> metadata;  // its __metadata__
 };
 
+// Whether a safetensors file with DCP_SHARDING_INFO `info` holds pieces rather than whole tensors:
+// a save_distributed file's name, or a piece placed anywhere but at offset 0 (an unreadable key
+// counts as one: nothing says the tensors are whole).
+bool IsDcpShardFile(const std::string& file, const std::string& info) {
+  if (BaseName(file).rfind("shard-", 0) == 0) return true;
+  const nlohmann::json parsed = nlohmann::json::parse(info, nullptr, false);
+  if (!parsed.is_object()) return true;
+  for (const auto& [name, piece] : parsed.items()) {
+    if (!piece.is_object() || !piece.contains("saved_offsets") || !piece["saved_offsets"].is_array()) return true;
+    for (const nlohmann::json& offset : piece["saved_offsets"]) {
+      if (!offset.is_number_integer() || offset.get<int64_t>() != 0) return true;
+    }
+  }
+  return false;
+}
+
 Result<SafetensorsInput> OpenSafetensors(const std::string& file) {
   SC_RETURN_IF_ERROR(RequireSidecarMatch(file));  // a consolidation's output, changed since
   SC_ASSIGN_OR_RETURN(ByteSource source, ByteSource::OpenFile(file));
   SafetensorsInput in{std::move(source), 0, {}, {}};
   SC_ASSIGN_OR_RETURN(in.entries, ReadSafetensorsIndex(in.source, &in.data_start, &in.metadata));
   // DCP's HuggingFaceStorageWriter(save_distributed=True) writes each rank's pieces as a
-  // safetensors file of its own, every piece under the whole tensor's name with its place in
-  // this key: imported, a piece would pass for the whole tensor.
-  if (in.metadata.count("DCP_SHARDING_INFO") > 0) {
+  // safetensors file of its own (shard-NNNNN-model-...), every piece under the whole tensor's
+  // name with its place in this key: imported, a piece would pass for the whole tensor. The same
+  // writer records the key in every file it writes, whole tensors at offset 0 included.
+  if (auto info = in.metadata.find("DCP_SHARDING_INFO"); info != in.metadata.end() && IsDcpShardFile(file, info->second)) {
     return InvalidArgument(file + " is one rank's shard of a DCP save (its metadata's DCP_SHARDING_INFO places "
                                   "each tensor in a larger one): its tensors are pieces, not whole. Join the shards "
                                   "first (torch.distributed.checkpoint.consolidate_safetensors_files) and import "
@@ -168,72 +185,157 @@ Result<SafetensorsInput> OpenSafetensors(const std::string& file) {
 // A Hugging Face sharded set: FOLDER/model.safetensors.index.json (or the index itself) maps each
 // tensor to its shard file in the folder. The tensors come in the index's order; every shard's
 // tensors must be exactly those the index gives it.
-Result<std::vector<SafetensorsInput>> OpenShardedSafetensors(const std::string& index_path,
-                                                             std::vector<std::pair<size_t, size_t>>* order) {
+// A Hugging Face sharded set's index (model.safetensors.index.json, pytorch_model.bin.index.json):
+// its weight map as (tensor, shard file) in the index's order, each file a plain name in the
+// index's folder. `what` names the kind of index in messages.
+struct ShardIndex {
+  std::vector<std::pair<std::string, std::string>> weights;  // (tensor, file)
+  std::function<Status(const std::string&)> bad;              // DataLoss naming the index
+};
+Result<ShardIndex> ReadShardIndex(const std::string& index_path, const std::string& what) {
   SC_RETURN_IF_ERROR(RequireSidecarMatch(index_path));  // its shards are checked as they are opened
   SC_ASSIGN_OR_RETURN(std::string text, ReadFileLimited(index_path, uint64_t{256} << 20));
+  ShardIndex out;
+  out.bad = [index_path, what](const std::string& why) { return DataLoss(index_path + ": invalid " + what + " index: " + why); };
   // The weight map's order from a SAX pass, its values from a sorted object (json_keys.h).
   const JsonKeys keys = JsonObjectKeys(text, {"weight_map"});
   nlohmann::json index = nlohmann::json::parse(text, nullptr, false);
-  auto bad = [&](const std::string& what) { return DataLoss(index_path + ": invalid safetensors index: " + what); };
   if (!keys.found || index.is_discarded() || !index.is_object() || !index.contains("weight_map") ||
       !index["weight_map"].is_object()) {
-    return bad("not a JSON object with a \"weight_map\" object");
+    return out.bad("not a JSON object with a \"weight_map\" object");
   }
-  if (!keys.duplicate.empty()) return bad("tensor '" + keys.duplicate + "' is listed twice");
+  if (!keys.duplicate.empty()) return out.bad("tensor '" + keys.duplicate + "' is listed twice");
   const nlohmann::json& weight_map = index["weight_map"];
-  std::vector<SafetensorsInput> inputs;
-  std::map<std::string, size_t> file_index;
-  std::vector<std::map<std::string, size_t>> by_name;
   for (const std::string& name : keys.names) {
     // The SAX pass reads the first "weight_map", the DOM keeps the last: a hostile index with two
     // is refused here, not thrown on.
     auto found_value = weight_map.find(name);
-    if (found_value == weight_map.end()) return bad("\"weight_map\" is given twice");
+    if (found_value == weight_map.end()) return out.bad("\"weight_map\" is given twice");
     const nlohmann::json& value = *found_value;
-    if (!value.is_string()) return bad("tensor '" + name + "' maps to a non-string");
+    if (!value.is_string()) return out.bad("tensor '" + name + "' maps to a non-string");
     const std::string file = value.get<std::string>();
     if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..") {
-      return bad("tensor '" + name + "' maps to '" + file + "', not a file name in the index's folder");
+      return out.bad("tensor '" + name + "' maps to '" + file + "', not a file name in the index's folder");
     }
+    out.weights.emplace_back(name, file);
+  }
+  return out;
+}
+
+// The shards of a set in the index's order, each opened once by `open`, and `order`: (shard,
+// tensor within it) in the index's order; every shard's tensors must be exactly those the index
+// gives it. `names` lists a shard's tensor names.
+template <typename Input, typename Open, typename Names>
+Result<std::vector<Input>> OpenShardSet(const ShardIndex& index, const std::string& index_path, Open open, Names names,
+                                        std::vector<std::pair<size_t, size_t>>* order) {
+  std::vector<Input> inputs;
+  std::map<std::string, size_t> file_index;
+  std::vector<std::map<std::string, size_t>> by_name;
+  for (const auto& [name, file] : index.weights) {
     auto [it, fresh] = file_index.try_emplace(file, inputs.size());
     if (fresh) {
-      SC_ASSIGN_OR_RETURN(SafetensorsInput in, OpenSafetensors(JoinPath(DirName(index_path), file)));
+      SC_ASSIGN_OR_RETURN(Input in, open(JoinPath(DirName(index_path), file)));
       by_name.emplace_back();
-      for (size_t k = 0; k < in.entries.size(); ++k) by_name.back()[in.entries[k].name] = k;
+      const std::vector<std::string_view> held = names(in);
+      for (size_t k = 0; k < held.size(); ++k) by_name.back()[std::string(held[k])] = k;
       inputs.push_back(std::move(in));
     }
     auto found = by_name[it->second].find(name);
-    if (found == by_name[it->second].end()) return bad("tensor '" + name + "' is not in " + file);
+    if (found == by_name[it->second].end()) return index.bad("tensor '" + name + "' is not in " + file);
     order->emplace_back(it->second, found->second);
   }
-  size_t listed = order->size(), held = 0;
-  for (const SafetensorsInput& in : inputs) held += in.entries.size();
-  if (held != listed) {
-    return bad("the shard files hold " + std::to_string(held) + " tensors but the index lists " + std::to_string(listed));
+  size_t held = 0;
+  for (const auto& shard : by_name) held += shard.size();
+  if (held != order->size()) {
+    return index.bad("the shard files hold " + std::to_string(held) + " tensors but the index lists " +
+                     std::to_string(order->size()));
   }
   return inputs;
+}
+
+Result<std::vector<SafetensorsInput>> OpenShardedSafetensors(const std::string& index_path,
+                                                             std::vector<std::pair<size_t, size_t>>* order) {
+  SC_ASSIGN_OR_RETURN(const ShardIndex index, ReadShardIndex(index_path, "safetensors"));
+  return OpenShardSet<SafetensorsInput>(
+      index, index_path, OpenSafetensors,
+      [](const SafetensorsInput& in) {
+        std::vector<std::string_view> names;
+        for (const SafetensorsEntry& e : in.entries) names.push_back(e.name);
+        return names;
+      },
+      order);
+}
+
+// One torch.save file, read and checked (its tensors not yet): the zip or the legacy format.
+struct TorchInput {
+  std::string file;
+  std::optional<ZipReader> zip;
+  std::optional<ByteSource> legacy_source;
+  LegacyTorchFile legacy;
+  UnpickledStateDict dict;
+  std::vector<int64_t> tied;  // TiedTensors(dict.tensors)
+};
+std::vector<int64_t> TiedTensors(const std::vector<PickleTensor>& tensors);
+
+Result<TorchInput> OpenTorchFile(const std::string& file) {
+  TorchInput in;
+  in.file = file;
+  SC_RETURN_IF_ERROR(RequireSidecarMatch(file));
+  SC_ASSIGN_OR_RETURN(ByteSource source, ByteSource::OpenFile(file));
+  if (IsLegacyTorchFile(source)) {  // torch.save before 1.6, or _use_new_zipfile_serialization=False
+    SC_ASSIGN_OR_RETURN(in.legacy, ReadLegacyTorchFile(source));
+    in.dict = std::move(in.legacy.dict);
+    in.legacy_source = std::move(source);
+  } else {
+    SC_ASSIGN_OR_RETURN(in.zip, ZipReader::Open(source));
+    SC_ASSIGN_OR_RETURN(in.dict, ReadTorchStateDict(*in.zip));
+  }
+  in.tied = TiedTensors(in.dict.tensors);
+  return in;
+}
+
+// A sharded set of torch.save files (transformers' save_pretrained(safe_serialization=False):
+// pytorch_model.bin.index.json and pytorch_model-0000k-of-0000n.bin), each shard a flat state dict.
+Result<std::vector<TorchInput>> OpenShardedTorch(const std::string& index_path, std::vector<std::pair<size_t, size_t>>* order) {
+  SC_ASSIGN_OR_RETURN(const ShardIndex index, ReadShardIndex(index_path, "torch.save set"));
+  return OpenShardSet<TorchInput>(
+      index, index_path, OpenTorchFile,
+      [](const TorchInput& in) {
+        std::vector<std::string_view> names;
+        for (const PickleTensor& t : in.dict.tensors) names.push_back(t.name);
+        return names;
+      },
+      order);
 }
 
 // What `import` is given: a folder (a Hugging Face set, or one model.safetensors), an index
 // file, a .safetensors file or a torch.save file.
 Result<std::string> ResolveImportInput(const std::string& input) {
   if (!IsDirectory(input)) return input;
-  for (const char* name : {"model.safetensors.index.json", "model.safetensors"}) {
+  // safetensors first, as transformers' from_pretrained prefers it when a folder holds both.
+  for (const char* name : {"model.safetensors.index.json", "model.safetensors", "pytorch_model.bin.index.json"}) {
     if (PathExists(JoinPath(input, name))) return JoinPath(input, name);
   }
   SC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(input));
-  std::vector<std::string> indexes;
+  std::vector<std::string> indexes, torch_indexes;
   for (const std::string& n : names) {
     if (EndsWith(n, ".safetensors.index.json")) indexes.push_back(n);
+    if (EndsWith(n, ".bin.index.json")) torch_indexes.push_back(n);
   }
   if (indexes.size() == 1) return JoinPath(input, indexes[0]);
+  if (indexes.empty() && torch_indexes.size() == 1) return JoinPath(input, torch_indexes[0]);
+  if (indexes.empty() && torch_indexes.empty() && PathExists(JoinPath(input, "pytorch_model.bin"))) {
+    return JoinPath(input, "pytorch_model.bin");
+  }
+  const size_t many = indexes.empty() ? torch_indexes.size() : indexes.size();
   return InvalidArgument("cannot import the folder '" + input + "': it holds " +
-                         (indexes.empty() ? std::string("no model.safetensors or *.safetensors.index.json")
-                                          : std::to_string(indexes.size()) + " *.safetensors.index.json files; name one"));
+                         (many == 0 ? std::string("no model.safetensors, *.safetensors.index.json, pytorch_model.bin "
+                                                  "or *.bin.index.json")
+                                    : std::to_string(many) + (indexes.empty() ? " *.bin.index.json" : " *.safetensors.index.json") +
+                                          " files; name one"));
 }
 
-enum class ImportKind { kTorch, kSafetensors, kSafetensorsIndex };
+enum class ImportKind { kTorch, kTorchIndex, kSafetensors, kSafetensorsIndex };
 
 // What `file` holds: by its name where that says (.pt, .pth, .bin, .safetensors, an index), else
 // by its first bytes, so that a torch.save file under any name imports (Lightning's .ckpt, the
@@ -241,18 +343,28 @@ enum class ImportKind { kTorch, kSafetensors, kSafetensorsIndex };
 // 8-byte header length followed by '{' a safetensors file's.
 Result<ImportKind> ImportKindOf(const std::string& file) {
   if (EndsWith(file, ".safetensors.index.json")) return ImportKind::kSafetensorsIndex;
+  if (EndsWith(file, ".bin.index.json")) return ImportKind::kTorchIndex;
   if (EndsWith(file, ".safetensors")) return ImportKind::kSafetensors;
   if (IsImportableFileName(file)) return ImportKind::kTorch;
   auto refused = [&](const std::string& why) {
     return InvalidArgument("cannot import '" + file + "': " + why +
                            "; expected a torch.save file (a zip or the legacy format, under any name), a .safetensors "
-                           "file, a *.safetensors.index.json or a folder holding one");
+                           "file, a *.safetensors.index.json or *.bin.index.json, or a folder holding one");
   };
   if (IsDirectory(file)) return refused("it is a folder");
   SC_ASSIGN_OR_RETURN(ByteSource source, ByteSource::OpenFile(file));
   unsigned char head[9] = {};
   if (source.size() >= sizeof(head)) SC_RETURN_IF_ERROR(source.ReadAt(0, head, sizeof(head)));
-  if (std::memcmp(head, "PK\x03\x04", 4) == 0 || IsLegacyTorchFile(source)) return ImportKind::kTorch;
+  if (std::memcmp(head, "PK\x03\x04", 4) == 0) {  // torch.save's zip holds ARCHIVE/data.pkl
+    Result<ZipReader> zip = ZipReader::Open(source);
+    if (zip.ok()) {
+      for (const auto& [name, record] : zip->records()) {
+        if (name == "data.pkl" || EndsWith(name, "/data.pkl")) return ImportKind::kTorch;
+      }
+    }
+    return refused("it is a zip but not a torch.save archive (one top folder holding data.pkl)");
+  }
+  if (IsLegacyTorchFile(source)) return ImportKind::kTorch;
   uint64_t header = 0;
   for (int i = 7; i >= 0; --i) header = header << 8 | head[i];
   if (head[8] == '{' && header >= 2 && header <= source.size() - 8) return ImportKind::kSafetensors;
@@ -291,12 +403,8 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
   // The whole input is read and checked before the output root is touched, so a refused file
   // leaves nothing behind.
   std::vector<SafetensorsInput> shards;
-  std::vector<std::pair<size_t, size_t>> order;  // (shard, entry) in output order
-  std::optional<ZipReader> zip;
-  std::optional<ByteSource> legacy_source;
-  LegacyTorchFile legacy;
-  UnpickledStateDict dict;
-  std::vector<int64_t> tied;
+  std::vector<TorchInput> torch_files;
+  std::vector<std::pair<size_t, size_t>> order;  // (shard or torch file, its entry) in output order
   nlohmann::ordered_json containers = nlohmann::ordered_json::object();
   if (index) {
     SC_ASSIGN_OR_RETURN(shards, OpenShardedSafetensors(file, &order));
@@ -304,22 +412,22 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
     SC_ASSIGN_OR_RETURN(SafetensorsInput in, OpenSafetensors(file));
     for (size_t k = 0; k < in.entries.size(); ++k) order.emplace_back(0, k);
     shards.push_back(std::move(in));
+  } else if (kind == ImportKind::kTorchIndex) {
+    SC_ASSIGN_OR_RETURN(torch_files, OpenShardedTorch(file, &order));
   } else {
-    SC_RETURN_IF_ERROR(RequireSidecarMatch(file));
-    SC_ASSIGN_OR_RETURN(ByteSource source, ByteSource::OpenFile(file));
-    if (IsLegacyTorchFile(source)) {  // torch.save before 1.6, or _use_new_zipfile_serialization=False
-      SC_ASSIGN_OR_RETURN(legacy, ReadLegacyTorchFile(source));
-      dict = std::move(legacy.dict);
-      legacy_source = std::move(source);
-    } else {
-      SC_ASSIGN_OR_RETURN(zip, ZipReader::Open(source));
-      SC_ASSIGN_OR_RETURN(dict, ReadTorchStateDict(*zip));
-    }
-    report.skipped = dict.skipped;
-    tied = TiedTensors(dict.tensors);
-    for (const auto& [path, kind] : dict.containers) containers[path] = kind;
+    SC_ASSIGN_OR_RETURN(TorchInput in, OpenTorchFile(file));
+    for (size_t k = 0; k < in.dict.tensors.size(); ++k) order.emplace_back(0, k);
+    torch_files.push_back(std::move(in));
   }
-  const size_t count = safetensors ? order.size() : dict.tensors.size();
+  for (const TorchInput& in : torch_files) {
+    report.skipped.insert(report.skipped.end(), in.dict.skipped.begin(), in.dict.skipped.end());
+    for (const auto& [path, kind] : in.dict.containers) containers[path] = kind;
+  }
+  // Tensors of one storage (tied weights) are stored once: the first of them in output order
+  // holds the bytes (a set's index lists lm_head.weight before the embedding it shares), each
+  // later one is a second name for it. Keyed by (file, the first of its group in that file).
+  std::map<std::pair<size_t, size_t>, std::string> stored_as;
+  const size_t count = order.size();
   // A stop asked for while the input was read and checked: before anything is written.
   if (options.progress) SC_RETURN_IF_ERROR(options.progress(0, count));
   SC_ASSIGN_OR_RETURN(std::unique_ptr<OfflineCheckpointWriter> out, OfflineCheckpointWriter::Begin(root, 0, options.world_size));
@@ -338,19 +446,24 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
       };
       SC_RETURN_IF_ERROR(WriteTensor(*out, policy, options.world_size, i, e.name, e.dtype, e.shape, read));
       bytes = e.end - e.begin;
-    } else if (tied[i] >= 0) {  // stored once; the manifest names it twice
-      SC_RETURN_IF_ERROR(out->AddAlias(dict.tensors[i].name, dict.tensors[static_cast<size_t>(tied[i])].name));
-      report.tensors++;
-      continue;
     } else {
-      const PickleTensor& t = dict.tensors[i];
+      const TorchInput& in = torch_files[order[i].first];
+      const size_t k = order[i].second;
+      const PickleTensor& t = in.dict.tensors[k];
+      const std::pair<size_t, size_t> storage{order[i].first, in.tied[k] >= 0 ? static_cast<size_t>(in.tied[k]) : k};
+      if (auto held = stored_as.find(storage); held != stored_as.end()) {  // stored once; the manifest names it twice
+        SC_RETURN_IF_ERROR(out->AddAlias(t.name, held->second));
+        report.tensors++;
+        continue;
+      }
+      stored_as.emplace(storage, t.name);
       const size_t element = DTypeSize(t.dtype);
       // A tensor stored contiguously is read part by part; a strided view is gathered whole, once.
       const bool by_parts = StoredContiguously(t);
       auto read_range = [&](int64_t first, int64_t count) -> Status {
-        Status read = zip ? ReadTorchTensor(*zip, t, &full, first, count)
-                          : ReadTorchTensor(*legacy_source, legacy, t, &full, first, count);
-        return read.ok() ? read : read.WithContext(file);
+        Status read = in.zip ? ReadTorchTensor(*in.zip, t, &full, first, count)
+                             : ReadTorchTensor(*in.legacy_source, in.legacy, t, &full, first, count);
+        return read.ok() ? read : read.WithContext(in.file);
       };
       if (!by_parts) SC_RETURN_IF_ERROR(read_range(0, -1));
       auto read = [&](int64_t first, int64_t count) -> Result<const unsigned char*> {
@@ -366,10 +479,14 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
     if (options.progress) SC_RETURN_IF_ERROR(options.progress(i + 1, count));
   }
   std::unordered_map<std::string, std::string> value_order;
-  for (const PickleValue& v : dict.values) {
-    SC_RETURN_IF_ERROR(out->AddBlob(0, v.name, BlobScope::kGlobal, v.blob));
-    report.values.push_back(v.name);
-    if (v.tensors_before < dict.tensors.size()) value_order[v.name] = dict.tensors[v.tensors_before].name;
+  std::vector<std::pair<std::string, StatePath>> paths;
+  for (const TorchInput& in : torch_files) {
+    for (const PickleValue& v : in.dict.values) {
+      SC_RETURN_IF_ERROR(out->AddBlob(0, v.name, BlobScope::kGlobal, v.blob));
+      report.values.push_back(v.name);
+      if (v.tensors_before < in.dict.tensors.size()) value_order[v.name] = in.dict.tensors[v.tensors_before].name;
+    }
+    paths.insert(paths.end(), in.dict.paths.begin(), in.dict.paths.end());
   }
   // Absolute: a relative path names nothing from another working directory.
   std::map<std::string, std::string> user = {{"imported_from", Utf8OrReplaced(AbsoluteRoot(input))}};
@@ -377,7 +494,7 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
   // Where each nested leaf sat (dict keys, ints among them, list and tuple indices), so that the
   // .pt a consolidation writes has the nesting of the one imported (the containers alone gave
   // "optimizer.state.0.exp_avg" at the top).
-  if (!dict.paths.empty()) user[kTorchPathsKey] = EncodeStatePaths(dict.paths);
+  if (!paths.empty()) user[kTorchPathsKey] = EncodeStatePaths(paths);
   if (!value_order.empty()) user[kTorchValueOrderKey] = EncodeValueOrder(value_order);
   // A safetensors file's own metadata (a Hugging Face set's first shard's), less "format", which
   // consolidate writes itself: kept for safetensors output.

@@ -174,7 +174,8 @@ Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, boo
 }
 
 Result<RetentionReport> ApplyRetention(const std::string& root, const RetentionPolicy& policy,
-                                       const std::string& just_committed, bool dry_run, Removal when) {
+                                       const std::string& just_committed, bool dry_run, Removal when,
+                                       const std::string& kept_for_latest) {
   SC_RETURN_IF_ERROR(ValidatePolicy(policy));
   RetentionReport report;
   if (policy.KeepsEverything()) return report;
@@ -208,6 +209,13 @@ Result<RetentionReport> ApplyRetention(const std::string& root, const RetentionP
   for (CheckpointInfo& c : all) {
     if (c.committed && c.keep && c.why == kKeptUnreadable) kept_unreadable(c);
     if (!c.committed || c.keep || c.name == just_committed) continue;
+    if (c.name == kept_for_latest) {
+      const std::string why = JoinPath(root, c.name) + " is kept for now: `latest` names it and could not be rewritten "
+                              "(no space); prune again once it names the newest checkpoint";
+      SC_LOG(kWarn) << "retention: " << why;
+      report.failed.push_back(RemovalFailure{c.name, FailedPrecondition(why), /*on_purpose=*/true});
+      continue;
+    }
     // Never removed unexamined: an unreadable checkpoint older than the newest keep_last sound
     // ones (which were all keep_last needed to read) is kept as PlanRetention keeps one it read.
     if (!c.examined) {

@@ -96,8 +96,11 @@ struct RetentionReport {
 // it removes stops being a checkpoint before the call returns, and its bytes are freed on a
 // helper thread (background_removal.h). A folder that cannot be deleted goes into `failed` (the
 // caller reports it) and the others are still removed.
+// `kept_for_latest` (prune on a full disk, where `latest` could not be rewritten yet): the folder
+// `latest` names, examined and ranked as any other but not removed; it goes into `failed` as left
+// on purpose, saying why.
 Result<RetentionReport> ApplyRetention(const std::string& root, const RetentionPolicy& policy,
                                        const std::string& just_committed, bool dry_run = false,
-                                       Removal when = Removal::kNow);
+                                       Removal when = Removal::kNow, const std::string& kept_for_latest = "");
 
 }  // namespace shardckpt

@@ -38,7 +38,7 @@ Holders HoldersOf(const std::vector<Span>& spans, uint64_t begin, uint64_t end) 
 }
 
 VerifyProblem FromDcp(DcpProblem p) {
-  return VerifyProblem{std::move(p.file), p.offset, std::move(p.entries), std::move(p.blobs), std::move(p.what)};
+  return VerifyProblem{std::move(p.file), p.offset, std::move(p.entries), std::move(p.blobs), std::move(p.what), p.unreadable};
 }
 
 // A problem of a whole DCP data file (missing, unreadable, its .sha256 not matching) named no

@@ -208,7 +208,9 @@ Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* 
     } else if (problems) {
       problem_of_file.resize(m.files.size() + 1, SIZE_MAX);
       problem_of_file[m.files.size()] = problems->size();
-      problems->push_back(DcpProblem{f.name, 0, "missing or unreadable: " + source.status().message(), {}, {}});
+      const bool missing = source.status().code() == Code::kNotFound;
+      problems->push_back(DcpProblem{f.name, 0, (missing ? "missing: " : "unreadable: ") + source.status().message(), {},
+                                     {}, !missing});
       sources.push_back(std::nullopt);
     } else {
       return source.status().WithContext(dir);
@@ -232,7 +234,7 @@ Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* 
     if (!problems || st.code() == Code::kUnimplemented) {
       return Status(st.code() == Code::kUnimplemented ? st.code() : Code::kDataLoss, JoinPath(dir, s.relative_path) + ": " + what);
     }
-    problems->push_back(DcpProblem{s.relative_path, s.offset_in_file, st.message(), {}, {}});
+    problems->push_back(DcpProblem{s.relative_path, s.offset_in_file, st.message(), {}, {}, st.code() == Code::kIoError});
     (byte_item ? problems->back().blobs : problems->back().entries).push_back(name);
     return Status::Ok();
   };
@@ -315,7 +317,8 @@ std::vector<DcpProblem> CheckDcpSha256Files(const std::string& dir, const Manife
   for (const FileRecord& f : m.files) {
     Result<SidecarCheck> check = CheckSha256Sidecar(JoinPath(dir, f.name));
     if (!check.ok()) {
-      problems.push_back(DcpProblem{f.name, 0, check.status().message(), {}, {}});
+      problems.push_back(DcpProblem{f.name, 0, check.status().message(), {}, {},
+                                    check.status().code() != Code::kNotFound && check.status().code() != Code::kDataLoss});
       if (PathExists(JoinPath(dir, f.name + ".sha256"))) (*checked)++;
       continue;
     }

@@ -30,6 +30,8 @@ struct DcpProblem {
   std::string what;
   // What is stored there: the tensors, and the byte items (blobs); a missing file's, all of them.
   std::vector<std::string> entries, blobs;
+  // Could not be read (a permission, an I/O error): not known to be damaged.
+  bool unreadable = false;
 };
 
 // Reads and validates the folder. With `problems`, damage in the data files (a missing or

@@ -1049,8 +1049,11 @@ def _whole(name: str, value: Any, least: int, most: int) -> int:
 
 
 def import_checkpoint(src: PathLike, out_root: PathLike, world_size: int, layout: str = "flat") -> Dict[str, Any]:
-    """A .pt or .safetensors file as a sharded checkpoint under ``out_root`` for ``world_size``
-    ranks (``shardckpt import``); ``layout``: ``"flat"``, ``"dim0"`` or ``"replicated"``. It
+    """A torch.save file (under any name: ``.pt``, ``.ckpt``...), a ``.safetensors`` file, a
+    Hugging Face sharded set (``*.safetensors.index.json`` or ``pytorch_model.bin.index.json``,
+    or the folder holding one) or a PyTorch DCP folder as a sharded checkpoint under
+    ``out_root`` for ``world_size`` ranks (``shardckpt import``); ``layout``: ``"flat"``,
+    ``"dim0"`` or ``"replicated"``. It
     writes every rank's file at once, so it raises this process's soft open-file limit to the
     hard one, as the command does (``reshard`` too).
     Returns the keys of ``shardckpt import --json``: ``{"checkpoint", "out", "source", "step",

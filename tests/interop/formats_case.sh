@@ -46,6 +46,26 @@ if [ "$part" = hf ]; then
 d['weight_map']['ghost.weight'] = 'model-00001-of-00006.safetensors'; json.dump(d, open('bad/model.safetensors.index.json', 'w'))"
   expect_fail "tensor 'ghost.weight' is not in model-00001-of-00006.safetensors" "$cli" import bad --out hfbad --world-size 2
   [ ! -e hfbad ] || { echo "a failed import left hfbad behind"; exit 1; }
+  # A sharded torch.save set (pytorch_model.bin.index.json), by folder: the tensors in the index's
+  # order, the tied embedding stored once (named first by the index as lm_head.weight) and tied
+  # again in the .pt.
+  "$cli" import in/hf_bin --out hfb --world-size 2 --json > hfb.json
+  "$cli" consolidate hfb --out hfb.pt > /dev/null
+  "$py" - in/hf_bin hfb.pt hfb.json <<'PY'
+import json, os, sys, torch
+src, out, report = sys.argv[1], sys.argv[2], json.load(open(sys.argv[3]))
+index = json.load(open(os.path.join(src, "pytorch_model.bin.index.json")))
+want = {}
+for f in sorted(set(index["weight_map"].values())):
+    want.update(torch.load(os.path.join(src, f), weights_only=True))
+got = torch.load(out, weights_only=True)
+assert list(got) == list(index["weight_map"]), (list(got)[:4], list(index["weight_map"])[:4])
+assert all(torch.equal(got[k], want[k]) and got[k].dtype == want[k].dtype for k in want)
+assert got["lm_head.weight"].untyped_storage().data_ptr() == got["model.embed_tokens.weight"].untyped_storage().data_ptr()
+tied = want["lm_head.weight"].numel() * want["lm_head.weight"].element_size()
+assert report["tensors"] == len(want) and report["bytes"] == index["metadata"]["total_size"] - tied, report
+print("torch.save set: %d tensors in the index's order, the tied embedding stored once" % len(got))
+PY
   echo "formats case $which hf: passed"
   exit 0
 fi
@@ -150,6 +170,9 @@ state = {"state_dict": {"w": torch.arange(4.0)}, "keys": {1.5: "f", None: "n", (
 torch.save(state, "model.ckpt")
 torch.save(state, "model_best.pth.tar", _use_new_zipfile_serialization=False)
 open("notes.ckpt", "wb").write(b"epoch=3 loss=0.25\n" * 4)
+import zipfile
+with zipfile.ZipFile("notes.zip", "w") as z:
+    z.writestr("notes.txt", "not a model")
 PY
 for f in model.ckpt model_best.pth.tar; do
   "$cli" import $f --out "odd-$f" --world-size 2 > /dev/null
@@ -161,12 +184,19 @@ assert b['keys'] == {1.5: 'f', None: 'n', (0, 1): 't', True: 'b'}, b['keys']; pr
 done
 expect_fail "cannot import 'notes.ckpt': its first bytes are none of those formats'" "$cli" import notes.ckpt --out notes --world-size 1
 [ ! -e notes ] || { echo "a refused import left notes behind"; exit 1; }
+expect_fail "cannot import 'notes.zip': it is a zip but not a torch.save archive (one top folder holding data.pkl)" "$cli" import notes.zip --out notes --world-size 1
 if [ "$which" = torch2 ]; then
   # A rank's shard of DCP's HuggingFaceStorageWriter(save_distributed=True) holds pieces under
   # the whole tensors' names: refused, never imported as whole tensors.
   "$py" -c "import torch, safetensors.torch as s; s.save_file({'model.w': torch.ones(4, 4)}, 'dcp-shard.safetensors', \
-metadata={'DCP_SHARDING_INFO': '{\"model.w\": {\"saved_offsets\": [0, 0]}}', 'DCP_VERSION': '1.0'})"
+metadata={'DCP_SHARDING_INFO': '{\"model.w\": {\"saved_offsets\": [4, 0]}}', 'DCP_VERSION': '1.0'})"
   expect_fail "dcp-shard.safetensors is one rank's shard of a DCP save" "$cli" import dcp-shard.safetensors --out shard --world-size 1
+  # The same writer marks whole tensors too (offset 0, a file not named shard-*): imported.
+  "$py" -c "import torch, safetensors.torch as s; s.save_file({'model.w': torch.ones(4, 4)}, 'dcp-whole.safetensors', \
+metadata={'DCP_SHARDING_INFO': '{\"model.w\": {\"saved_offsets\": [0, 0]}}', 'DCP_VERSION': '1.0'})"
+  "$cli" import dcp-whole.safetensors --out whole --world-size 2 > /dev/null
+  cp dcp-whole.safetensors shard-00001-model-00001-of-00001.safetensors
+  expect_fail "is one rank's shard of a DCP save" "$cli" import shard-00001-model-00001-of-00001.safetensors --out shard --world-size 1
 fi
 # Names in UTF-8 (CJK characters two columns wide) keep inspect's table aligned.
 "$py" -c "import torch; torch.save({'层.权重': torch.ones(2), 'ascii': torch.ones(3), 'é': torch.ones(1)}, 'cjk.pt')"

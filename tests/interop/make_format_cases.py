@@ -14,6 +14,7 @@ usage: make_format_cases.py OUT_DIR [pt|hf]   (pt: all but hf/; hf: only hf/; de
   sparse.pt        a sparse COO tensor (refused naming the tensor and its layout)
   empty_name.safetensors, u16.safetensors, c64.safetensors   (torch 2.x only: safetensors)
   hf/              a tiny randomly initialised Llama save_pretrained in shards (torch 2.x only)
+  hf_bin/          the same as a sharded torch.save set, as transformers 4 wrote one (torch 2.x only)
 """
 import collections
 import json
@@ -82,6 +83,32 @@ def tied():
     return sd
 
 
+def write_torch_set(transformers, config, out):
+    """The set transformers 4 wrote with save_pretrained(safe_serialization=False), which 5.x no
+    longer writes: pytorch_model-0000k-of-0000n.bin shards (torch.save of flat state dicts) and
+    pytorch_model.bin.index.json, names in sorted order; tied embeddings share one storage in one
+    shard, lm_head.weight listed before the embedding it shares."""
+    config.tie_word_embeddings = True
+    torch.manual_seed(1)
+    state = transformers.LlamaForCausalLM(config).state_dict()
+    assert state["lm_head.weight"].data_ptr() == state["model.embed_tokens.weight"].data_ptr()
+    names = sorted(state)
+    shards = [names[i::3] for i in range(3)]
+    for shard in shards:  # the tied pair in one shard, as torch.save keeps a shared storage
+        if "model.embed_tokens.weight" in shard:
+            shard.remove("model.embed_tokens.weight")
+    shards[[i for i, s in enumerate(shards) if "lm_head.weight" in s][0]].append("model.embed_tokens.weight")
+    os.makedirs(out, exist_ok=True)
+    weight_map = {}
+    for k, shard in enumerate(shards):
+        file = "pytorch_model-%05d-of-%05d.bin" % (k + 1, len(shards))
+        torch.save({name: state[name] for name in shard}, os.path.join(out, file))
+        weight_map.update({name: file for name in shard})
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    json.dump({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))},
+              open(os.path.join(out, "pytorch_model.bin.index.json"), "w"), indent=2)
+
+
 def main():
     out = sys.argv[1]
     part = sys.argv[2] if len(sys.argv) > 2 else "all"
@@ -99,6 +126,7 @@ def main():
             model = transformers.LlamaForCausalLM(config)
             model.save_pretrained(os.path.join(out, "hf"), max_shard_size="20KB")
             info["transformers"] = transformers.__version__
+            write_torch_set(transformers, config, os.path.join(out, "hf_bin"))
         except ImportError:
             pass
     json.dump(info, open(os.path.join(out, "info.json"), "w"))

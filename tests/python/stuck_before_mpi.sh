@@ -15,7 +15,7 @@ import time
 import shardckpt
 
 if os.environ.get("OMPI_COMM_WORLD_RANK") == "1":
-    time.sleep(300)  # stuck before its first checkpoint call
+    time.sleep(float(os.environ.get("STUCK_SECONDS", "300")))  # stuck before its first checkpoint call
 shardckpt.world()
 print("rank %s got past MPI's start" % os.environ.get("OMPI_COMM_WORLD_RANK"), flush=True)
 PY
@@ -33,4 +33,12 @@ grep -q "MPI_Init_thread has not finished after 3 s (SHARDCKPT_COLLECTIVE_TIMEOU
   "$work/stuck.log" || fail "rank 0 did not say why it ended"
 ! grep -q "got past MPI's start" "$work/stuck.log" || fail "a rank got past MPI's start"
 [ $SECONDS -lt 90 ] || fail "the job took ${SECONDS} s to end"
-echo "stuck before MPI's start: the job ended after ${SECONDS} s, saying why"
+SECONDS_STUCK=$SECONDS
+# A deadline of more than 30 years (or inf) is none: as a wait it overflowed and expired at once.
+for huge in inf 99999999999; do
+  SHARDCKPT_COLLECTIVE_TIMEOUT_S=$huge STUCK_SECONDS=0 timeout 150 mpirun --oversubscribe --allow-run-as-root \
+    --mca btl self,vader,tcp -np 2 -x PYTHONPATH -x SHARDCKPT_COLLECTIVE_TIMEOUT_S -x STUCK_SECONDS "$py" "$work/stuck.py" \
+    > "$work/huge.log" 2>&1 || { cat "$work/huge.log"; echo "a job with SHARDCKPT_COLLECTIVE_TIMEOUT_S=$huge failed"; exit 1; }
+  [ "$(grep -o "got past MPI's start" "$work/huge.log" | wc -l)" = 2 ] || { cat "$work/huge.log"; echo "timeout $huge"; exit 1; }
+done
+echo "stuck before MPI's start: the job ended after ${SECONDS_STUCK} s, saying why; huge timeouts are none"

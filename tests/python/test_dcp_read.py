@@ -291,7 +291,8 @@ def test_truncated_distcp_is_found_by_verify(tmp_path):
     assert run.returncode == 1
     problems = json.loads(run.stdout)["problems"]
     assert [p["file"] for p in problems] == ["__1_0.distcp"], problems
-    assert "missing or unreadable" in problems[0]["problem"], problems
+    assert problems[0]["problem"].startswith("missing: ") and not problems[0]["unreadable"], problems
+    assert json.loads(run.stdout)["damaged"] is True
     assert "opt.meta.betas" in problems[0]["entries"] and "epoch" in problems[0]["blobs"], problems
     assert "(padding)" not in cli("verify", str(folder)).stdout
 

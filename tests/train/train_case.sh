@@ -420,7 +420,8 @@ PY
     echo "$oldest" > "$work/r/latest"
     SHARDCKPT_FAILPOINTS="lock.open#1=ENOSPC;commit.repair_latest.write#1=ENOSPC" "$cli" prune "$work/r" --keep-last 2 \
       > "$work/full.out" 2> "$work/full.err" || { cat "$work/full.out" "$work/full.err"; echo "prune on a full disk failed"; exit 1; }
-    grep -q "pruning under $work/r/.shardckpt.lock alone" "$work/full.err" &&
+    grep -q "no room for $work/r/.shardckpt.prune.lock; pruning under a lock on the folder $work/r" "$work/full.err" &&
+      grep -q "retention: $work/r/$oldest is kept for now: \`latest\` names it and could not be rewritten" "$work/full.err" &&
       grep -q "No space left on device.*; removing first (keeping $oldest, which \`latest\` names), then mending \`latest\`" "$work/full.err" &&
       grep -q "^removed $work/r/step-000000070.tmp-0123456789abcdef$" "$work/full.out" &&
       [ "$(cat "$work/r/latest")" = "$newest" ] && [ "$(ls "$work/r" | grep '^step-')" = "$steps" ] ||
@@ -433,8 +434,9 @@ PY
     set -e
     [ $status -eq 1 ] && grep -q '^`latest` is still not mended: NoSpace' "$work/full.err" &&
       [ "$(cat "$work/r/latest")" = "$oldest" ] && [ "$(ls "$work/r" | grep '^step-')" = "$steps" ] &&
-      python3 -c "import json, sys; r = json.load(open(sys.argv[1])); assert r['ok'] is False and r['latest']['code'] == 'NoSpace', r" \
-        "$work/full.json" || { cat "$work/full.json" "$work/full.err"; echo "prune with latest not mendable: exit $status"; exit 1; }
+      python3 -c "import json, sys; r = json.load(open(sys.argv[1])); assert r['ok'] is False and r['latest']['code'] == 'NoSpace', r; \
+assert [f['folder'] for f in r['left_alone']] == [sys.argv[2]] and 'latest' in r['left_alone'][0]['message'], r" \
+        "$work/full.json" "$oldest" || { cat "$work/full.json" "$work/full.err"; echo "prune with latest not mendable: exit $status"; exit 1; }
     echo "$newest" > "$work/r/latest"
     # A prune SIGKILLed after the first manifest is gone: each folder is complete or has no manifest.
     set +e
