@@ -323,6 +323,10 @@ TEST_F(RetentionTest, ATemporaryOrRetiredFolderNamedDirectlyIsNotACheckpoint) {
   EXPECT_THAT(ResolveCheckpoint(temp).status().message(), HasSubstr("the temporary folder of a save that is running or died"));
   EXPECT_THAT(ResolveCheckpoint(retired).status().message(), HasSubstr("a checkpoint being deleted"));
   EXPECT_EQ(Or(ResolveCheckpoint(root()), std::string()), StepDir(1));  // the root still resolves
+  // A link named like a temporary folder that leads to a committed one is that checkpoint.
+  const std::string odd_link = JoinPath(dir_.path(), StepDirName(1) + ".tmp-fedcba9876543210");
+  ASSERT_EQ(::symlink(StepDir(1).c_str(), odd_link.c_str()), 0);
+  EXPECT_EQ(Or(ResolveCheckpoint(odd_link), std::string()), odd_link);
 }
 
 // A listing is a snapshot: a save that renames its new step in after a reader listed the root

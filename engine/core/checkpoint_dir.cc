@@ -252,10 +252,11 @@ Result<std::string> ResolveCheckpoint(const std::string& path) {
   // A save's temporary folder holds its manifest just before the rename that commits it, and a
   // retired one is a checkpoint being deleted: neither is one to read, whatever it holds.
   // By the folder's own name, however the path reaches it ("TMP/.", a link, `cd TMP; verify .`).
+  // The real name decides where there is one (a link named like a temporary folder may lead to a
+  // committed one).
   std::string folder = WithoutTrailingSlashes(path);
   if (char* real = ::realpath(path.c_str(), nullptr)) {
-    const std::string real_name = BaseName(real);
-    if (IsTempDirName(real_name) || IsRetiredDirName(real_name)) folder = real;
+    folder = real;
     std::free(real);
   }
   if (const std::string name = BaseName(folder); IsTempDirName(name) || IsRetiredDirName(name)) {
@@ -727,8 +728,9 @@ int LockRootFolder(const std::string& root) {
   const int fd = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return -1;
   if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return fd;
+  const int err = errno;
   ::close(fd);
-  return errno == EWOULDBLOCK ? -2 : -1;
+  return err == EWOULDBLOCK ? -2 : -1;
 }
 
 bool RootFolderLockHeld(const std::string& root) {
@@ -769,7 +771,7 @@ Result<RootLock> RootLock::Acquire(const std::string& root) {
     without_prune = 0;
     if (std::chrono::steady_clock::now() > deadline) {
       return FailedPrecondition("a prune has held " + root + " for 10 minutes (lock " + JoinPath(root, kPruneLockName) +
-                                " is held); the save gives up");
+                                " or the folder's own is held); the save gives up");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <unordered_map>
 #include <unordered_set>
 #include <optional>
 
@@ -294,6 +295,24 @@ Result<TorchInput> OpenTorchFile(const std::string& file) {
   return in;
 }
 
+// Every tensor and value of a set's shards must have a name of its own: the index checks only the
+// tensors it lists, and a value (or a second tensor) of one name in two shards made a checkpoint
+// that consolidation refuses, or an invalid manifest.
+Status RefuseNamesInTwoShards(const std::vector<TorchInput>& shards) {
+  std::unordered_map<std::string_view, size_t> shard_of;
+  for (size_t k = 0; k < shards.size(); ++k) {
+    auto claim = [&](std::string_view name) -> Status {
+      auto [it, fresh] = shard_of.emplace(name, k);
+      if (fresh || it->second == k) return Status::Ok();
+      return InvalidArgument("'" + std::string(name) + "' is in both " + shards[it->second].file + " and " + shards[k].file +
+                             ": a set's shards must name each tensor and value once");
+    };
+    for (const PickleTensor& t : shards[k].dict.tensors) SC_RETURN_IF_ERROR(claim(t.name));
+    for (const PickleValue& v : shards[k].dict.values) SC_RETURN_IF_ERROR(claim(v.name));
+  }
+  return Status::Ok();
+}
+
 // A sharded set of torch.save files (transformers' save_pretrained(safe_serialization=False):
 // pytorch_model.bin.index.json and pytorch_model-0000k-of-0000n.bin), each shard a flat state dict.
 Result<std::vector<TorchInput>> OpenShardedTorch(const std::string& index_path, std::vector<std::pair<size_t, size_t>>* order) {
@@ -313,7 +332,7 @@ Result<std::vector<TorchInput>> OpenShardedTorch(const std::string& index_path, 
 Result<std::string> ResolveImportInput(const std::string& input) {
   if (!IsDirectory(input)) return input;
   // safetensors first, as transformers' from_pretrained prefers it when a folder holds both.
-  for (const char* name : {"model.safetensors.index.json", "model.safetensors", "pytorch_model.bin.index.json"}) {
+  for (const char* name : {"model.safetensors.index.json", "model.safetensors"}) {
     if (PathExists(JoinPath(input, name))) return JoinPath(input, name);
   }
   SC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(input));
@@ -323,6 +342,9 @@ Result<std::string> ResolveImportInput(const std::string& input) {
     if (EndsWith(n, ".bin.index.json")) torch_indexes.push_back(n);
   }
   if (indexes.size() == 1) return JoinPath(input, indexes[0]);
+  if (indexes.empty() && PathExists(JoinPath(input, "pytorch_model.bin.index.json"))) {
+    return JoinPath(input, "pytorch_model.bin.index.json");
+  }
   if (indexes.empty() && torch_indexes.size() == 1) return JoinPath(input, torch_indexes[0]);
   if (indexes.empty() && torch_indexes.empty() && PathExists(JoinPath(input, "pytorch_model.bin"))) {
     return JoinPath(input, "pytorch_model.bin");
@@ -355,14 +377,19 @@ Result<ImportKind> ImportKindOf(const std::string& file) {
   SC_ASSIGN_OR_RETURN(ByteSource source, ByteSource::OpenFile(file));
   unsigned char head[9] = {};
   if (source.size() >= sizeof(head)) SC_RETURN_IF_ERROR(source.ReadAt(0, head, sizeof(head)));
-  if (std::memcmp(head, "PK\x03\x04", 4) == 0) {  // torch.save's zip holds ARCHIVE/data.pkl
-    Result<ZipReader> zip = ZipReader::Open(source);
-    if (zip.ok()) {
-      for (const auto& [name, record] : zip->records()) {
-        if (name == "data.pkl" || EndsWith(name, "/data.pkl")) return ImportKind::kTorch;
-      }
+  if (std::memcmp(head, "PK\x03\x04", 4) == 0) {
+    // torch.save writes ARCHIVE/data.pkl first: told by the first local header, so that a file
+    // cut short (its directory at the end lost) is still read as torch.save's, and called damaged.
+    unsigned char local[30];
+    std::string first;
+    if (source.size() >= sizeof(local) && source.ReadAt(0, local, sizeof(local)).ok()) {
+      const size_t length = local[26] | local[27] << 8;
+      first.resize(std::min<uint64_t>(length, source.size() - sizeof(local)));
+      if (!source.ReadAt(sizeof(local), first.data(), first.size()).ok()) first.clear();
     }
-    return refused("it is a zip but not a torch.save archive (one top folder holding data.pkl)");
+    if (first == "data.pkl" || EndsWith(first, "/data.pkl")) return ImportKind::kTorch;
+    return refused("it is a zip but not a torch.save archive (its first record is '" + WithNulsShown(first) +
+                   "', torch.save's is ARCHIVE/data.pkl)");
   }
   if (IsLegacyTorchFile(source)) return ImportKind::kTorch;
   uint64_t header = 0;
@@ -414,6 +441,7 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
     shards.push_back(std::move(in));
   } else if (kind == ImportKind::kTorchIndex) {
     SC_ASSIGN_OR_RETURN(torch_files, OpenShardedTorch(file, &order));
+    SC_RETURN_IF_ERROR(RefuseNamesInTwoShards(torch_files));
   } else {
     SC_ASSIGN_OR_RETURN(TorchInput in, OpenTorchFile(file));
     for (size_t k = 0; k < in.dict.tensors.size(); ++k) order.emplace_back(0, k);

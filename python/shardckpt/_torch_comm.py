@@ -171,8 +171,9 @@ def _gloo_group(ranks: List[int], instead: str, timeout_s: float = 0.0) -> Any:
     had, and joined its peers: a failed or hung connection. use_local_synchronization (torch
     >= 2.1) names the group from its ranks; without it only the whole world is safe."""
     import inspect
-    # torch's own default otherwise (30 minutes): a rank that never comes would hold the others.
-    timeout = {"timeout": datetime.timedelta(seconds=timeout_s)} if timeout_s > 0 else {}
+    # The engine's deadline; none (0) is 30 years, not torch's own default of 30 minutes, which
+    # would fail a collective that the setting says may wait.
+    timeout = {"timeout": datetime.timedelta(seconds=timeout_s if timeout_s > 0 else 30 * 365 * 86400)}
     if "use_local_synchronization" in inspect.signature(dist.new_group).parameters:
         return dist.new_group(ranks=ranks, backend="gloo", use_local_synchronization=True, **timeout)
     if len(ranks) != dist.get_world_size():
@@ -189,12 +190,13 @@ class TorchGroupComm:
     def __init__(self, group: Optional[Any] = None) -> None:
         group = dist.group.WORLD if group is None else group
         ranks = [_global_rank(group, r) for r in range(dist.get_world_size(group))]
+        self.timeout_s = _timeout_s()
         if dist.get_backend(group) != "gloo":
-            group = _gloo_group(ranks, "make the subgroup with backend='gloo', or use the default group")
+            group = _gloo_group(ranks, "make the subgroup with backend='gloo', or use the default group",
+                                self.timeout_s)
         self.group = group
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
-        self.timeout_s = _timeout_s()
         self.broken = ""  # what timed out, once something did
         self.failed = ""  # what failed otherwise (a rank lost), once something did
         self.census = _Census(ranks)

@@ -66,6 +66,13 @@ tied = want["lm_head.weight"].numel() * want["lm_head.weight"].element_size()
 assert report["tensors"] == len(want) and report["bytes"] == index["metadata"]["total_size"] - tied, report
 print("torch.save set: %d tensors in the index's order, the tied embedding stored once" % len(got))
 PY
+  # A name in two shards (here a tensor and a value): refused naming both, nothing written.
+  mkdir clash && "$py" -c "import json, torch; torch.save({'w': torch.ones(2)}, 'clash/a.bin'); \
+torch.save({'x': torch.ones(2), 'w': 3}, 'clash/b.bin'); \
+json.dump({'weight_map': {'w': 'a.bin', 'x': 'b.bin'}}, open('clash/pytorch_model.bin.index.json', 'w'))"
+  expect_fail "'w' is in both clash/a.bin and clash/b.bin: a set's shards must name each tensor and value once" \
+    "$cli" import clash --out clashed --world-size 1
+  [ ! -e clashed ] || { echo "a refused import left clashed behind"; exit 1; }
   echo "formats case $which hf: passed"
   exit 0
 fi
@@ -184,7 +191,11 @@ assert b['keys'] == {1.5: 'f', None: 'n', (0, 1): 't', True: 'b'}, b['keys']; pr
 done
 expect_fail "cannot import 'notes.ckpt': its first bytes are none of those formats'" "$cli" import notes.ckpt --out notes --world-size 1
 [ ! -e notes ] || { echo "a refused import left notes behind"; exit 1; }
-expect_fail "cannot import 'notes.zip': it is a zip but not a torch.save archive (one top folder holding data.pkl)" "$cli" import notes.zip --out notes --world-size 1
+expect_fail "cannot import 'notes.zip': it is a zip but not a torch.save archive (its first record is 'notes.txt', torch.save's is ARCHIVE/data.pkl)" "$cli" import notes.zip --out notes --world-size 1
+# A torch.save file cut short under a name that says nothing is damaged, not another kind of file.
+head -c 300 model.ckpt > cut.ckpt
+expect_fail "cut.ckpt" "$cli" import cut.ckpt --out cut --world-size 1
+grep -q "DataLoss" err.txt || { cat err.txt; echo "a cut torch.save zip was not called damaged"; exit 1; }
 if [ "$which" = torch2 ]; then
   # A rank's shard of DCP's HuggingFaceStorageWriter(save_distributed=True) holds pieces under
   # the whole tensors' names: refused, never imported as whole tensors.
