@@ -15,7 +15,6 @@
 // 1 on a failed check or error (with a message on stderr), 2 on bad usage.
 #include <boost/program_options.hpp>
 
-#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <iostream>
@@ -273,9 +272,8 @@ int Verify(int argc, char** argv) {
       problems.push_back({{"file", p.file}, {"offset", p.offset}, {"entries", p.entries}, {"blobs", p.blobs}, {"problem", p.what},
                           {"unreadable", p.unreadable}});
     }
-    const bool damaged = std::any_of(r->problems.begin(), r->problems.end(), [](const VerifyProblem& p) { return !p.unreadable; });
     PrintJson(json{{"checkpoint", r->checkpoint}, {"step", StepOf(r->checkpoint)}, {"ok", r->problems.empty()},
-                   {"damaged", damaged}, {"files", r->files},
+                   {"damaged", r->Damaged()}, {"files", r->files},
                       {"bytes_checked", r->bytes_checked}, {"blocks_checked", r->blocks_checked}, {"problems", problems},
                       {"checksums", r->checksums}, {"note", r->note}});
   } else {
@@ -291,8 +289,7 @@ int Verify(int argc, char** argv) {
     const std::string bytes = r->bytes_checked > 0 || r->checksums ? std::to_string(r->bytes_checked) + " bytes, " : "";
     // A file it may not read (a permission) tells nothing of the bytes: not called damaged, so
     // that nobody discards a sound checkpoint for it.
-    const bool damaged = std::any_of(r->problems.begin(), r->problems.end(), [](const VerifyProblem& p) { return !p.unreadable; });
-    const char* verdict = r->problems.empty() ? "OK" : damaged ? "DAMAGED" : "UNREADABLE (not known to be damaged)";
+    const char* verdict = r->problems.empty() ? "OK" : r->Damaged() ? "DAMAGED" : "UNREADABLE (not known to be damaged)";
     std::printf("%s: %s: %llu files, %s%s, %zu problem(s)\n", r->checkpoint.c_str(), verdict, static_cast<unsigned long long>(r->files),
                 bytes.c_str(), checked.c_str(), r->problems.size());
     if (!r->note.empty()) std::printf("note: %s\n", r->note.c_str());

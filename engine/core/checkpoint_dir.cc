@@ -712,13 +712,16 @@ Result<int> TryLockFile(const std::string& root, const char* name) {
 
 // Whether someone holds root's lock file `name` (tested with a shared lock that is let go at
 // once; a missing file is not held, and is not created).
-bool LockHeld(const std::string& root, const char* name) {
-  Result<int> opened = OpenFileNotFifo(JoinPath(root, name), O_RDONLY);
-  if (!opened.ok()) return false;
-  const int fd = *opened;
+// Whether another holds an exclusive flock on `fd` (which this closes).
+bool ExclusivelyHeld(int fd) {
   const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
   ::close(fd);
   return held;
+}
+
+bool LockHeld(const std::string& root, const char* name) {
+  Result<int> opened = OpenFileNotFifo(JoinPath(root, name), O_RDONLY);
+  return opened.ok() && ExclusivelyHeld(*opened);
 }
 
 // The root folder's own flock: a prune holds it exclusively when it could not make its lock file
@@ -735,10 +738,7 @@ int LockRootFolder(const std::string& root) {
 
 bool RootFolderLockHeld(const std::string& root) {
   const int fd = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return false;
-  const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
-  ::close(fd);
-  return held;
+  return fd >= 0 && ExclusivelyHeld(fd);
 }
 
 bool PruneHolds(const std::string& root) { return LockHeld(root, kPruneLockName) || RootFolderLockHeld(root); }

@@ -183,9 +183,6 @@ Result<SafetensorsInput> OpenSafetensors(const std::string& file) {
   return in;
 }
 
-// A Hugging Face sharded set: FOLDER/model.safetensors.index.json (or the index itself) maps each
-// tensor to its shard file in the folder. The tensors come in the index's order; every shard's
-// tensors must be exactly those the index gives it.
 // A Hugging Face sharded set's index (model.safetensors.index.json, pytorch_model.bin.index.json):
 // its weight map as (tensor, shard file) in the index's order, each file a plain name in the
 // index's folder. `what` names the kind of index in messages.
@@ -254,6 +251,8 @@ Result<std::vector<Input>> OpenShardSet(const ShardIndex& index, const std::stri
   return inputs;
 }
 
+// A Hugging Face sharded set: FOLDER/model.safetensors.index.json (or the index itself) maps each
+// tensor to its shard file in the folder.
 Result<std::vector<SafetensorsInput>> OpenShardedSafetensors(const std::string& index_path,
                                                              std::vector<std::pair<size_t, size_t>>* order) {
   SC_ASSIGN_OR_RETURN(const ShardIndex index, ReadShardIndex(index_path, "safetensors"));

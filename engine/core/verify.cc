@@ -37,6 +37,12 @@ Holders HoldersOf(const std::vector<Span>& spans, uint64_t begin, uint64_t end) 
   return out;
 }
 
+// A failed stat, open or read that says nothing of the bytes (a permission, EIO): the file is
+// unreadable, not known to be damaged. A missing file or a short one (DataLoss) is damage.
+bool FailedWithoutDamage(const Status& status) {
+  return !status.ok() && status.code() != Code::kNotFound && status.code() != Code::kDataLoss;
+}
+
 VerifyProblem FromDcp(DcpProblem p) {
   return VerifyProblem{std::move(p.file), p.offset, std::move(p.entries), std::move(p.blobs), std::move(p.what), p.unreadable};
 }
@@ -171,7 +177,8 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::functi
     Result<uint64_t> size = FileSize(file_path);
     if (!size.ok()) {
       const bool missing = size.status().code() == Code::kNotFound;
-      problem(0, HoldersOf(spans[fi], 0, f.table_offset), (missing ? "missing: " : "") + size.status().message(), !missing);
+      problem(0, HoldersOf(spans[fi], 0, f.table_offset), (missing ? "missing: " : "") + size.status().message(),
+              FailedWithoutDamage(size.status()));
       done += f.size;
       continue;
     }
@@ -199,8 +206,7 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::functi
     }
     Result<std::unique_ptr<File>> file = io->Open(file_path, OpenMode::kRead);
     if (!file.ok()) {  // unreadable (a permission, EIO): everything in it goes unchecked
-      problem(0, HoldersOf(spans[fi], 0, f.table_offset), file.status().message(),
-              file.status().code() != Code::kNotFound);
+      problem(0, HoldersOf(spans[fi], 0, f.table_offset), file.status().message(), FailedWithoutDamage(file.status()));
       done += f.size;
       continue;
     }
@@ -214,7 +220,6 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::functi
       }
       Status read = read_now(file->get(), f.table_offset + page * kBlockSize, kBlockSize);
       std::string wrong;
-      const bool unreadable = !read.ok() && read.code() != Code::kDataLoss;
       if (!read.ok()) {
         wrong = "checksum table page " + std::to_string(page) + " cannot be read: " + read.message();
       } else if (Checksum64(data, kBlockSize) != f.table_page_sums[page]) {
@@ -226,7 +231,7 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::functi
         uint64_t first = page * kSumsPerTablePage * kBlockSize;
         problem(f.table_offset + page * kBlockSize,
                 HoldersOf(spans[fi], first, std::min(f.table_offset, first + kSumsPerTablePage * kBlockSize)), wrong,
-                unreadable);
+                FailedWithoutDamage(read));
         continue;
       }
       std::memcpy(table.data() + page * kSumsPerTablePage, data, kBlockSize);
@@ -247,7 +252,7 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path, const std::functi
       }
       Status read = read_now(file->get(), at, length);
       if (!read.ok()) {
-        problem(at, HoldersOf(spans[fi], at, at + length), read.message(), read.code() != Code::kDataLoss);
+        problem(at, HoldersOf(spans[fi], at, at + length), read.message(), FailedWithoutDamage(read));
         break;
       }
       for (uint64_t b = 0; b < length; b += kBlockSize) {

@@ -42,6 +42,13 @@ struct VerifyReport {
   // are checked whole against .sha256 files).
   bool dcp = false;
   std::string note;
+  // Whether a problem is damage, not only a file that could not be read.
+  bool Damaged() const {
+    for (const VerifyProblem& p : problems) {
+      if (!p.unreadable) return true;
+    }
+    return false;
+  }
 };
 
 // An error Status only when the checkpoint cannot be examined at all (no manifest, or one that
