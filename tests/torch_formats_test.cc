@@ -1058,6 +1058,10 @@ TEST_F(MultiFileExportTest, ModelFilesAndImportsIntoUsedRootsSayWhatToDo) {
   EXPECT_EQ(model_file.code(), Code::kInvalidArgument);
   EXPECT_THAT(model_file.message(), HasSubstr(Path("m.pt") + " is a model file, not a checkpoint: `shardckpt import " +
                                               Path("m.pt") + " --out ROOT --world-size N`"));
+  // Named by its bytes when its name says nothing (Lightning's .ckpt is a torch.save zip).
+  ASSERT_EQ(::link(Path("m.pt").c_str(), Path("last.ckpt").c_str()), 0);
+  Status lightning = ResolveCheckpoint(Path("last.ckpt")).status();
+  EXPECT_THAT(lightning.message(), HasSubstr(Path("last.ckpt") + " is a model file, not a checkpoint: `shardckpt import"));
   Status manifest = ResolveCheckpoint(JoinPath(ckpt, kManifestName)).status();
   EXPECT_THAT(manifest.message(), HasSubstr("is a file: give the checkpoint folder (or the root) instead"));
   ConvertOptions two;

@@ -1,6 +1,7 @@
 #include "shardckpt/engine/core/checkpoint_dir.h"
 
 #include "shardckpt/engine/formats/dcp_read.h"
+#include "shardckpt/engine/formats/model_file_kind.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -276,7 +277,7 @@ Result<std::string> ResolveCheckpoint(const std::string& path) {
   if (!is_dir) {
     // A model file (what consolidate writes, what torch.save and transformers write) is made a
     // checkpoint by import; for the manifest itself or a data file, the folder is what is meant.
-    if (IsImportableFileName(path) && BaseName(path).compare(0, 5, "rank-") != 0) {  // not a data file
+    if (BaseName(path).compare(0, 5, "rank-") != 0 && ModelFileKindOf(path).ok()) {  // not a data file
       return InvalidArgument(path + " is a model file, not a checkpoint: `shardckpt import " + path +
                              " --out ROOT --world-size N` (Python: shardckpt.import_checkpoint) makes one of it");
     }
@@ -488,13 +489,6 @@ bool HeldByReader(const std::string& root, const std::string& name) {
   const bool held = ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
   ::close(fd);
   return held;
-}
-
-bool IsImportableFileName(const std::string& path) {
-  for (const char* suffix : {".pt", ".pth", ".bin", ".safetensors", ".safetensors.index.json"}) {
-    if (EndsWith(path, suffix)) return true;
-  }
-  return false;
 }
 
 std::string FirstEntryNoSaveWrites(const std::string& dir) {

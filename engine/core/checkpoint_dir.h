@@ -96,9 +96,6 @@ struct RemovalFailure {
   bool on_purpose = false;
 };
 
-// Whether `path` is named as a file `import` reads: .pt, .pth, .bin, .safetensors or a
-// *.safetensors.index.json (a torch.save or transformers file, or what consolidate wrote).
-bool IsImportableFileName(const std::string& path);
 
 // The first entry in step folder `dir` that no save writes there (a save writes rank files and
 // the manifest; NFS's .nfsXXXX files are not counted), or "" when there is none or `dir` cannot

@@ -18,6 +18,7 @@
 #include "shardckpt/engine/formats/dcp_read.h"
 #include "shardckpt/engine/formats/sha256_sidecar.h"
 #include "shardckpt/engine/formats/json_keys.h"
+#include "shardckpt/engine/formats/model_file_kind.h"
 #include "shardckpt/engine/formats/safetensors.h"
 #include "shardckpt/engine/formats/state_tree.h"
 #include "shardckpt/engine/formats/torch_file.h"
@@ -356,48 +357,6 @@ Result<std::string> ResolveImportInput(const std::string& input) {
                                           " files; name one"));
 }
 
-enum class ImportKind { kTorch, kTorchIndex, kSafetensors, kSafetensorsIndex };
-
-// What `file` holds: by its name where that says (.pt, .pth, .bin, .safetensors, an index), else
-// by its first bytes, so that a torch.save file under any name imports (Lightning's .ckpt, the
-// classic model_best.pth.tar): a zip or the legacy format's magic number is torch.save's, an
-// 8-byte header length followed by '{' a safetensors file's.
-Result<ImportKind> ImportKindOf(const std::string& file) {
-  if (EndsWith(file, ".safetensors.index.json")) return ImportKind::kSafetensorsIndex;
-  if (EndsWith(file, ".bin.index.json")) return ImportKind::kTorchIndex;
-  if (EndsWith(file, ".safetensors")) return ImportKind::kSafetensors;
-  if (IsImportableFileName(file)) return ImportKind::kTorch;
-  auto refused = [&](const std::string& why) {
-    return InvalidArgument("cannot import '" + file + "': " + why +
-                           "; expected a torch.save file (a zip or the legacy format, under any name), a .safetensors "
-                           "file, a *.safetensors.index.json or *.bin.index.json, or a folder holding one");
-  };
-  if (IsDirectory(file)) return refused("it is a folder");
-  SC_ASSIGN_OR_RETURN(ByteSource source, ByteSource::OpenFile(file));
-  unsigned char head[9] = {};
-  if (source.size() >= sizeof(head)) SC_RETURN_IF_ERROR(source.ReadAt(0, head, sizeof(head)));
-  if (std::memcmp(head, "PK\x03\x04", 4) == 0) {
-    // torch.save writes ARCHIVE/data.pkl first: told by the first local header, so that a file
-    // cut short (its directory at the end lost) is still read as torch.save's, and called damaged.
-    unsigned char local[30];
-    std::string first;
-    if (source.size() >= sizeof(local) && source.ReadAt(0, local, sizeof(local)).ok()) {
-      const size_t length = local[26] | local[27] << 8;
-      first.resize(std::min<uint64_t>(length, source.size() - sizeof(local)));
-      if (!source.ReadAt(sizeof(local), first.data(), first.size()).ok()) first.clear();
-    }
-    if (first == "data.pkl" || EndsWith(first, "/data.pkl")) return ImportKind::kTorch;
-    return refused("it is a zip but not a torch.save archive (its first record is '" + WithNulsShown(first) +
-                   "', torch.save's is ARCHIVE/data.pkl)");
-  }
-  if (IsLegacyTorchFile(source)) return ImportKind::kTorch;
-  uint64_t header = 0;
-  for (int i = 7; i >= 0; --i) header = header << 8 | head[i];
-  if (head[8] == '{' && header >= 2 && header <= source.size() - 8) return ImportKind::kSafetensors;
-  return refused(source.size() < sizeof(head) ? "it is " + std::to_string(source.size()) + " bytes long"
-                                              : "its first bytes are none of those formats'");
-}
-
 // Tensors of a .pt that are one tensor under two names (the same storage, offset, sizes and
 // strides): for each, the index of the first, or -1.
 std::vector<int64_t> TiedTensors(const std::vector<PickleTensor>& tensors) {
@@ -423,9 +382,9 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
   SC_ASSIGN_OR_RETURN(const Policy policy, ParsePolicy(options.layout));
   ConvertReport report;
   SC_ASSIGN_OR_RETURN(const std::string file, ResolveImportInput(input));
-  SC_ASSIGN_OR_RETURN(const ImportKind kind, ImportKindOf(file));
-  const bool index = kind == ImportKind::kSafetensorsIndex;
-  const bool safetensors = index || kind == ImportKind::kSafetensors;
+  SC_ASSIGN_OR_RETURN(const ModelFileKind kind, ModelFileKindOf(file));
+  const bool index = kind == ModelFileKind::kSafetensorsIndex;
+  const bool safetensors = index || kind == ModelFileKind::kSafetensors;
   // The whole input is read and checked before the output root is touched, so a refused file
   // leaves nothing behind.
   std::vector<SafetensorsInput> shards;
@@ -438,7 +397,7 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
     SC_ASSIGN_OR_RETURN(SafetensorsInput in, OpenSafetensors(file));
     for (size_t k = 0; k < in.entries.size(); ++k) order.emplace_back(0, k);
     shards.push_back(std::move(in));
-  } else if (kind == ImportKind::kTorchIndex) {
+  } else if (kind == ModelFileKind::kTorchIndex) {
     SC_ASSIGN_OR_RETURN(torch_files, OpenShardedTorch(file, &order));
     SC_RETURN_IF_ERROR(RefuseNamesInTwoShards(torch_files));
   } else {
