@@ -814,7 +814,7 @@ TEST_F(MultiFileExportTest, AFailedExportKeepsThePreviousOutput) {
     ASSERT_TRUE(first.ok()) << first.status().ToString();
     std::map<std::string, std::string> before;
     for (const std::string& name : Listing(dir)) before[name] = ReadFileLimited(JoinPath(dir, name), 1 << 20).value();
-    for (const char* failure : {"io.write#1=ENOSPC", "io.write#3=ENOSPC", "fs.rename#2=EIO"}) {
+    for (const char* failure : {"io.write#1=ENOSPC", "io.write#3=ENOSPC", "export.sha256.write=ENOSPC", "fs.rename#2=EIO"}) {
       SCOPED_TRACE(failure);
       ASSERT_TRUE(SetFailpoints(failure).ok());
       Result<ConsolidateReport> again = Consolidate(ckpt, JoinPath(dir, "model.safetensors"), options);
@@ -839,6 +839,25 @@ TEST_F(MultiFileExportTest, AFailedExportKeepsThePreviousOutput) {
   }
 }
 
+// A file whose sidecar cannot be put in place after the file was is removed again, said: a file
+// without its digest passed for a finished export while the export reported a failure.
+TEST_F(MultiFileExportTest, AFileWhoseSidecarFailsIsNotLeftLookingFinished) {
+  const std::string ckpt = Checkpoint(DType::kFloat32);
+  for (const char* out : {"fresh/model.pt", "fresh/model.safetensors"}) {
+    SCOPED_TRACE(out);
+    ConsolidateOptions options;
+    options.format = FormatFromPath(out).value();
+    ASSERT_TRUE(SetFailpoints("export.sha256.rename=EIO").ok());
+    Result<ConsolidateReport> failed = Consolidate(ckpt, Path(out), options);
+    ASSERT_TRUE(SetFailpoints("").ok());
+    ASSERT_FALSE(failed.ok());
+    EXPECT_THAT(failed.status().message(), HasSubstr(Path(out) + " is removed again: export again"));
+    EXPECT_FALSE(PathExists(Path(out)));
+    EXPECT_FALSE(PathExists(Path(out) + ".sha256"));
+    EXPECT_FALSE(PathExists(Path(out) + ".sha256.tmp"));
+  }
+}
+
 // One file and a sharded set of the same name replace each other.
 TEST_F(MultiFileExportTest, OneFileAndShardsOfTheSameNameReplaceEachOther) {
   const std::string ckpt = Checkpoint(DType::kFloat32);
@@ -852,6 +871,12 @@ TEST_F(MultiFileExportTest, OneFileAndShardsOfTheSameNameReplaceEachOther) {
                           "model-00002-of-00002.safetensors", "model-00002-of-00002.safetensors.sha256",
                           "model.safetensors.index.json", "model.safetensors.index.json.sha256"));
   options.max_shard_bytes = 0;
+  ASSERT_TRUE(Consolidate(ckpt, Path("sw/model.safetensors"), options).ok());
+  EXPECT_THAT(Listing(Path("sw")), ElementsAre("model.safetensors", "model.safetensors.sha256"));
+  // A shard size the whole model fits under is one file, as transformers writes it.
+  options.max_shard_bytes = 2048;
+  ASSERT_TRUE(Consolidate(ckpt, Path("sw/model.safetensors"), options).ok());
+  options.max_shard_bytes = uint64_t{5} << 30;
   ASSERT_TRUE(Consolidate(ckpt, Path("sw/model.safetensors"), options).ok());
   EXPECT_THAT(Listing(Path("sw")), ElementsAre("model.safetensors", "model.safetensors.sha256"));
 }
@@ -961,7 +986,7 @@ TEST_F(MultiFileExportTest, AShardedSetOfAnotherCountKeepsTheOldSetUntilItsIndex
   std::map<std::string, std::string> before;
   for (const std::string& name : Listing(Path("counts"))) before[name] = ReadFileLimited(JoinPath(Path("counts"), name), 1 << 20).value();
   ASSERT_TRUE(before.count("model.safetensors.index.json"));
-  options.max_shard_bytes = 4096;  // fewer shards, other names
+  options.max_shard_bytes = 2048;  // fewer shards (two), other names
   ASSERT_TRUE(SetFailpoints("export.index.fsync=ENOSPC").ok());
   EXPECT_FALSE(Consolidate(ckpt, out, options).ok());
   ASSERT_TRUE(SetFailpoints("").ok());

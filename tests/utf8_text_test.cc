@@ -26,6 +26,16 @@ TEST(Utf8Text, SequenceLengths) {
 
 // Text that only informs is kept readable: each byte that starts no valid sequence becomes one
 // U+FFFD, valid sequences around it stay, and the result is always accepted as JSON text.
+TEST(Utf8Text, WholeTextValidity) {
+  EXPECT_TRUE(IsUtf8(""));
+  EXPECT_TRUE(IsUtf8("model.layers.0"));
+  EXPECT_TRUE(IsUtf8("\xe6\xa8\xa1\xe5\x9e\x8b"));       // 模型
+  EXPECT_FALSE(IsUtf8("\xa8\xa1\xe5\x9e\x8b"));           // 模 cut after its first byte
+  EXPECT_FALSE(IsUtf8("\xe6"));                              // a prefix ending inside a character
+  EXPECT_FALSE(IsUtf8(std::string("a\xff" "b")));
+  EXPECT_FALSE(IsUtf8("\xed\xa0\x80"));                    // a surrogate
+}
+
 TEST(Utf8Text, ReplacesBytesThatAreNotUtf8) {
   const std::string fffd = "\xef\xbf\xbd";
   EXPECT_EQ(Utf8OrReplaced("plain/\xc3\xa9"), "plain/\xc3\xa9");

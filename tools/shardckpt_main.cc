@@ -311,7 +311,7 @@ Result<std::vector<GgufKeyValue>> GgufMetadataFrom(const po::variables_map& vm) 
 
 int ConsolidateCommand(int argc, char** argv) {
   po::options_description flags("consolidate: one state-dict file from a sharded checkpoint");
-  flags.add_options()("out", po::value<std::string>()->required(), "output file (.pt, .pth, .safetensors or .gguf)")
+  flags.add_options()("out", po::value<std::string>()->required(), "output file (.pt, .pth, .bin, .safetensors or .gguf); missing parent folders are made")
       ("format", po::value<std::string>(), "torch | safetensors | gguf (default: from the extension)")
       ("include", po::value<std::vector<std::string>>()->composing(), "keep entries matching this glob (repeatable)")
       ("exclude", po::value<std::vector<std::string>>()->composing(), "drop entries matching this glob (repeatable)")
@@ -320,7 +320,7 @@ int ConsolidateCommand(int argc, char** argv) {
       ("max-shard-size", po::value<std::string>(), "safetensors: split into shards of at most SIZE (e.g. 5GB)")
       ("gguf-arch", po::value<std::string>(), "gguf: general.architecture (e.g. llama); required unless in --gguf-metadata")
       ("gguf-name", po::value<std::string>(), "gguf: general.name")
-      ("gguf-metadata", po::value<std::string>(), "gguf: a JSON object of string/int/float/bool metadata values")
+      ("gguf-metadata", po::value<std::string>(), "gguf: a JSON file holding one object of string/int/float/bool metadata values")
       ("json", "machine-readable summary");
   po::variables_map vm = Parse("consolidate", flags, "CHECKPOINT", argc, argv);
   const std::string out = vm["out"].as<std::string>();

@@ -25,6 +25,7 @@
 #include "shardckpt/engine/model/entry_alias.h"
 #include "shardckpt/engine/formats/torch_pickle.h"
 #include "shardckpt/engine/formats/zip_writer.h"
+#include "shardckpt/engine/model/utf8_text.h"
 #include "shardckpt/io/fs.h"
 #include "shardckpt/io/log.h"
 
@@ -331,10 +332,11 @@ void ListValuesNotWritten(const Manifest& m, const ConsolidateOptions& options, 
 }  // namespace
 
 Result<ExportFormat> FormatFromPath(const std::string& path) {
-  if (EndsWith(path, ".pt") || EndsWith(path, ".pth")) return ExportFormat::kTorch;
+  // .bin: transformers' pytorch_model.bin is torch.save's format, and import reads it so.
+  if (EndsWith(path, ".pt") || EndsWith(path, ".pth") || EndsWith(path, ".bin")) return ExportFormat::kTorch;
   if (EndsWith(path, ".safetensors")) return ExportFormat::kSafetensors;
   if (EndsWith(path, ".gguf")) return ExportFormat::kGguf;
-  return InvalidArgument("cannot tell the format of '" + path + "' (name it .pt, .pth, .safetensors or .gguf, or give the format)");
+  return InvalidArgument("cannot tell the format of '" + path + "' (name it .pt, .pth, .bin, .safetensors or .gguf, or give the format)");
 }
 
 Result<DType> ParseCastDType(const std::string& name) {
@@ -351,6 +353,14 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
   // Refused before reading: the file would be written whole under OUT.partial and then fail to
   // replace the folder.
   if (IsDirectory(out)) return InvalidArgument(out + " is a folder: name the file to write in it (" + JoinPath(out, "model.pt") + ")");
+  // Names are UTF-8 (the manifest's are): a prefix that is too, stripped where it matches, leaves
+  // each name cut at a character's start; one that ends inside a character would not, and .pt
+  // and GGUF readers fail on what is left.
+  if (!IsUtf8(options.strip_prefix)) {
+    return InvalidArgument("--strip-prefix '" + Utf8OrReplaced(options.strip_prefix) +
+                           "' is not valid UTF-8 (it ends inside a character?): names are UTF-8, and a prefix cut "
+                           "from them must be whole characters");
+  }
   SC_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(checkpoint));
   SC_RETURN_IF_ERROR(RefuseOutputInCheckpoint(out, reader->dir()));
   MadeDirs made(DirName(out));  // removed again if this fails
@@ -383,13 +393,6 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
     selected.push_back(Selected{i, name, dtype, e.shape, bytes});
     report.tensor_bytes += bytes;
   }
-  // A prefix no selected name starts with is a typo (or the wrong checkpoint): said, not silently
-  // written under the full names.
-  if (renames && !selected.empty() &&
-      std::none_of(selected.begin(), selected.end(), [&](const Selected& s) { return s.name != m.entries[s.entry].name; })) {
-    SC_LOG(kWarn) << "--strip-prefix '" << options.strip_prefix << "' starts no selected entry's name (the first is '"
-                  << m.entries[selected.front().entry].name << "'): names are written as they are";
-  }
   WarnOfGlobsMatchingNothing(m, options);
   // Tied weights: in a .pt, one storage under both names (as torch.save writes them).
   if (options.format == ExportFormat::kTorch) {
@@ -414,6 +417,17 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
   std::vector<size_t> values_selected;  // the global values a .pt holds (TorchStateDictPickle reads them)
   for (size_t b = 0; b < m.blobs.size(); ++b) {
     if (m.blobs[b].scope == BlobScope::kGlobal && !OutputName(options, m.blobs[b].name).empty()) values_selected.push_back(b);
+  }
+  // A prefix no selected name starts with, of a tensor or (in a .pt) of a value, is a typo (or the
+  // wrong checkpoint): said, not silently written under the full names.
+  if (renames && (!selected.empty() || !values_selected.empty()) &&
+      std::none_of(selected.begin(), selected.end(), [&](const Selected& s) { return s.name != m.entries[s.entry].name; }) &&
+      (options.format != ExportFormat::kTorch ||
+       std::none_of(values_selected.begin(), values_selected.end(),
+                    [&](size_t b) { return OutputName(options, m.blobs[b].name) != m.blobs[b].name; }))) {
+    SC_LOG(kWarn) << "--strip-prefix '" << options.strip_prefix << "' starts no selected name (the first is '"
+                  << (selected.empty() ? m.blobs[values_selected.front()].name : m.entries[selected.front().entry].name)
+                  << "'): names are written as they are";
   }
   const bool values_only = options.format == ExportFormat::kTorch &&
                            (!values_selected.empty() || (options.include.empty() && (!m.blobs.empty() || m.entries.empty())));
@@ -505,7 +519,9 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
       shards.back().push_back(k);
       in_shard += selected[k].bytes;
     }
-    const bool sharded = options.max_shard_bytes > 0;
+    // All in one shard: one file under OUT's name and no index, as transformers' save_pretrained
+    // writes a model under its shard size.
+    const bool sharded = shards.size() > 1;
     // The metadata of the safetensors file this checkpoint was imported from comes back.
     std::map<std::string, std::string> header_metadata = {{"source", "shardckpt"}};
     if (auto kept = m.created.user.find(kSafetensorsMetadataKey); kept != m.created.user.end()) {
@@ -569,8 +585,10 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
     // as it is renamed in: its index goes first, or a crash partway through the renames left old
     // and new shards under it, which passed every check and imported as one model. Shards of
     // other names leave the old set whole until the new index replaces its index, atomically.
-    // A stop asked for since the last bytes: before anything of the old set is touched.
+    // A stop asked for since the last bytes, or no room for the sidecars: before anything of the
+    // old set is touched.
     SC_RETURN_IF_ERROR(progress(0));
+    for (const std::unique_ptr<OutputFile>& file : finished) SC_RETURN_IF_ERROR(file->PrepareSidecar());
     if (sharded && std::any_of(finished.begin(), finished.end(), [&](const std::unique_ptr<OutputFile>& f) {
           return std::find(previous.begin(), previous.end(), BaseName(f->path())) != previous.end();
         })) {

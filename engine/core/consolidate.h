@@ -50,7 +50,7 @@ struct ConsolidateReport {
 // fp16 or float16, fp32 or float32.
 Result<DType> ParseCastDType(const std::string& name);
 
-// Format from the extension: .pt/.pth -> torch, .safetensors -> safetensors, .gguf -> gguf.
+// Format from the extension: .pt/.pth/.bin -> torch, .safetensors -> safetensors, .gguf -> gguf.
 Result<ExportFormat> FormatFromPath(const std::string& path);
 Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::string& out,
                                       const ConsolidateOptions& options);

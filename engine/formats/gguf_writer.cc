@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "shardckpt/engine/model/utf8_text.h"
+
 namespace shardckpt {
 namespace {
 
@@ -189,6 +191,11 @@ Status CheckGgufTensor(const GgufTensorInfo& t) {
     return InvalidArgument("tensor '" + t.name + "': a GGUF tensor name has 1 to " + std::to_string(kGgufMaxName) +
                            " bytes (ggml's limit); shorten it with --strip-prefix (Python strip_prefix=) or exclude it (--exclude; exclude=)");
   }
+  if (!IsUtf8(t.name)) {
+    return InvalidArgument("tensor '" + Utf8OrReplaced(t.name) +
+                           "': its name is not valid UTF-8, which GGUF strings must be (a --strip-prefix ending inside a "
+                           "character?)");
+  }
   if (t.shape.size() > kGgufMaxDims) {
     return InvalidArgument("tensor '" + t.name + "' has " + std::to_string(t.shape.size()) + " dims " + ShapeString(t.shape) +
                            "; ggml tensors have at most " + std::to_string(kGgufMaxDims));
@@ -206,6 +213,13 @@ Result<std::string> EncodeGgufHeader(const std::vector<GgufKeyValue>& metadata, 
                            "line; in Python, consolidate's gguf_architecture= or consolidate_gguf's architecture)");
   }
   if (keys.count("general.alignment")) return InvalidArgument("general.alignment is set by the writer (32)");
+  for (const GgufKeyValue& kv : metadata) {  // GGUF strings are UTF-8: readers (gguf-py, llama.cpp) decode them
+    if (!IsUtf8(kv.key)) return InvalidArgument("GGUF metadata key '" + Utf8OrReplaced(kv.key) + "' is not valid UTF-8");
+    if (kv.value.kind == GgufValue::Kind::kString && !IsUtf8(kv.value.text)) {
+      return InvalidArgument("GGUF metadata '" + kv.key + "' (--gguf-arch, --gguf-name or --gguf-metadata) is not valid UTF-8: '" +
+                             Utf8OrReplaced(kv.value.text) + "'");
+    }
+  }
   SC_RETURN_IF_ERROR(CheckGeneralKeyTypes(metadata));
   std::string s = "GGUF";
   Put<uint32_t>(s, 3);

@@ -58,7 +58,10 @@ Result<std::unique_ptr<OutputFile>> OutputFile::Create(const std::string& path, 
 OutputFile::~OutputFile() {
   WaitForHash();  // it reads a staging buffer and the digest state
   if (writer_ != nullptr) writer_.reset();
-  if (!published_) ::unlink(temp_.c_str());  // not published: an abandoned export
+  if (!published_) {  // not published: an abandoned export
+    ::unlink(temp_.c_str());
+    if (sidecar_prepared_) DiscardPreparedFile(path_ + ".sha256");
+  }
   if (sha_ != nullptr) EVP_MD_CTX_free(sha_);
 }
 
@@ -100,12 +103,25 @@ Status OutputFile::Finish() {
   return Status::Ok();
 }
 
-Status OutputFile::Publish() {
+Status OutputFile::PrepareSidecar() {
   if (sha256_.empty()) return FailedPrecondition(path_ + ": published before it was finished");
-  // The previous file's sidecar goes first: a crash between the rename and the new sidecar left
-  // the new file beside the old digest, which then refused it (import, sha256sum -c). Now a
-  // crash leaves one of the two files without a sidecar, never a mismatched pair.
-  // A rename that fails (not a crash) puts the previous sidecar back: the previous file whole.
+  if (!sidecar_prepared_) {
+    SC_RETURN_IF_ERROR(PrepareFileAtomic(path_ + ".sha256", SidecarText(path_, sha256_), "export.sha256"));
+    sidecar_prepared_ = true;
+  }
+  return Status::Ok();
+}
+
+Status OutputFile::Publish() {
+  // The new sidecar is written (under PATH.sha256.tmp) before anything is replaced: on a disk
+  // too full for its few bytes the export fails with the previous file and its sidecar whole,
+  // where it had replaced the file and then failed, leaving it without a sidecar.
+  // The previous sidecar then goes before the rename: a crash between the rename and the new
+  // sidecar left the new file beside the old digest, which then refused it (import,
+  // sha256sum -c). Now a crash leaves one of the two files without a sidecar, never a mismatched
+  // pair. A rename that fails (not a crash) puts the previous sidecar back: the previous file
+  // whole.
+  SC_RETURN_IF_ERROR(PrepareSidecar());
   const std::string sidecar = path_ + ".sha256";
   Result<std::string> previous_sidecar = ReadFileLimited(sidecar, 4096);
   if (::unlink(sidecar.c_str()) != 0 && errno != ENOENT) return ErrnoStatus(errno, "remove the previous " + sidecar);
@@ -114,7 +130,14 @@ Status OutputFile::Publish() {
     return renamed;
   }
   published_ = true;
-  return WriteSidecar(path_, sha256_);
+  sidecar_prepared_ = false;
+  if (Status published = PublishPreparedFile(sidecar, "export.sha256"); !published.ok()) {
+    // The new file without its digest would pass for a finished export: removed, said.
+    DiscardPreparedFile(sidecar);
+    RemoveOutputFile(path_);
+    return Status(published.code(), published.message() + "; " + path_ + " is removed again: export again");
+  }
+  return Status::Ok();
 }
 
 Status OutputFile::Close() {

@@ -42,6 +42,10 @@ class OutputFile {
   // and writes PATH.sha256. A file never published is removed with its OutputFile.
   Status Finish();
   Status Publish();
+  // The first step of Publish, for a set whose files must all be able to publish before any
+  // replaces its predecessor: writes PATH.sha256's new text under PATH.sha256.tmp (a full disk
+  // fails here, with nothing replaced). Publish calls it when it was not called.
+  Status PrepareSidecar();
   bool published() const { return published_; }
   const std::string& path() const { return path_; }
   const std::string& sha256() const { return sha256_; }
@@ -60,6 +64,7 @@ class OutputFile {
   EVP_MD_CTX* sha_ = nullptr;
   std::future<void> hash_;  // the buffer being hashed; done before the next one starts
   std::string sha256_;
+  bool sidecar_prepared_ = false;
   bool published_ = false;
 };
 

@@ -62,8 +62,12 @@ Status RequireSidecarMatch(const std::string& path) {
   return Status::Ok();
 }
 
+std::string SidecarText(const std::string& path, const std::string& sha256_hex) {
+  return sha256_hex + "  " + BaseName(path) + "\n";
+}
+
 Status WriteSidecar(const std::string& path, const std::string& sha256_hex) {
-  return WriteFileAtomic(path + ".sha256", sha256_hex + "  " + BaseName(path) + "\n", "export.sha256");
+  return WriteFileAtomic(path + ".sha256", SidecarText(path, sha256_hex), "export.sha256");
 }
 
 std::string Sha256Hex(std::string_view bytes) {

@@ -26,6 +26,8 @@ Result<SidecarCheck> CheckSha256Sidecar(const std::string& path);
 // The same as one status: DataLoss "PATH: <problem>" where the sum does not match.
 Status RequireSidecarMatch(const std::string& path);
 
+// What PATH.sha256 holds for a file of that SHA-256 (hex): `sha256sum -c`'s line.
+std::string SidecarText(const std::string& path, const std::string& sha256_hex);
 // Writes PATH.sha256 for a file of that SHA-256 (hex), atomically.
 Status WriteSidecar(const std::string& path, const std::string& sha256_hex);
 

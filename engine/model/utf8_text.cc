@@ -42,6 +42,15 @@ size_t Utf8SequenceLength(std::string_view s, size_t i) {
   return 0;
 }
 
+bool IsUtf8(std::string_view text) {
+  for (size_t i = 0; i < text.size();) {
+    const size_t n = Utf8SequenceLength(text, i);
+    if (n == 0) return false;
+    i += n;
+  }
+  return true;
+}
+
 std::string Utf8OrReplaced(std::string_view text) {
   return ReplaceInvalidBytes(text, [](unsigned, std::string* out) { out->append("\xEF\xBF\xBD"); });
 }

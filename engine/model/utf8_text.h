@@ -11,6 +11,8 @@ namespace shardckpt {
 // Length of the UTF-8 sequence starting at `s[i]`, or 0 when it is not a valid one (overlong
 // forms, surrogates and code points past U+10FFFF refused, as RFC 3629 requires).
 size_t Utf8SequenceLength(std::string_view s, size_t i);
+// Whether all of `text` is valid UTF-8 (names a format stores as text: GGUF, safetensors, JSON).
+bool IsUtf8(std::string_view text);
 // `text` with each byte that does not start a valid UTF-8 sequence replaced by U+FFFD: for
 // text that only informs (a source path in the creation metadata), where a folder name that is
 // not UTF-8 must not fail the work.

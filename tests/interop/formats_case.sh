@@ -192,6 +192,24 @@ done
 expect_fail "cannot import 'notes.ckpt': its first bytes are none of those formats'" "$cli" import notes.ckpt --out notes --world-size 1
 [ ! -e notes ] || { echo "a refused import left notes behind"; exit 1; }
 expect_fail "cannot import 'notes.zip': it is a zip but not a torch.save archive (its first record is 'notes.txt', torch.save's is ARCHIVE/data.pkl)" "$cli" import notes.zip --out notes --world-size 1
+# Named where a checkpoint is wanted, it is pointed to import, not called "a file".
+expect_fail "model.ckpt is a model file, not a checkpoint: \`shardckpt import model.ckpt" "$cli" verify model.ckpt
+# Release names: pytorch_model.bin is torch.save's format; a --strip-prefix of values only is no
+# typo (it renamed them); one ending inside a character, or GGUF text that is not UTF-8, is refused.
+"$cli" consolidate odd-model.ckpt --out rel/pytorch_model.bin > /dev/null
+"$py" -c "import torch; b = torch.load('rel/pytorch_model.bin'); assert torch.equal(b['state_dict']['w'], torch.arange(4.0)), b"
+"$cli" consolidate odd-model.ckpt --out rel/sd.pt --strip-prefix state_dict. > /dev/null 2> err.txt
+! grep -q "starts no selected" err.txt || { cat err.txt; echo "a prefix that renamed values was called a typo"; exit 1; }
+"$py" -c "import torch; b = torch.load('rel/sd.pt'); assert torch.equal(b['w'], torch.arange(4.0)) and 'state_dict' not in b, b"
+"$py" - <<'PY'
+import torch
+torch.save({"\u6a21\u578b.w": torch.arange(2.0)}, "prefix.pt")
+PY
+"$cli" import prefix.pt --out prefix-root --world-size 1 > /dev/null
+expect_fail "is not valid UTF-8 (it ends inside a character?)" "$cli" consolidate prefix-root --out rel/cjk.pt --strip-prefix $'\xe6'
+[ ! -e rel/cjk.pt ] || { echo "a refused consolidate left rel/cjk.pt"; exit 1; }
+expect_fail "GGUF metadata 'general.architecture' (--gguf-arch, --gguf-name or --gguf-metadata) is not valid UTF-8" \
+  "$cli" consolidate prefix-root --out rel/cjk.gguf --gguf-arch $'\xff'
 # A torch.save file cut short under a name that says nothing is damaged, not another kind of file.
 head -c 300 model.ckpt > cut.ckpt
 expect_fail "cut.ckpt" "$cli" import cut.ckpt --out cut --world-size 1

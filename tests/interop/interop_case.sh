@@ -222,7 +222,7 @@ print('$verb --json failure OK')"
     "$cli" --version | grep -Eq '^shardckpt [0-9]+\.[0-9]+\.[0-9]+ \(checkpoint format 1\.[0-9]+\)$'
     expect_fail "manifest checksum mismatch" "$cli" consolidate good --out x.pt
     expect_fail "bad size" "$cli" consolidate good --out x.safetensors --max-shard-size lots
-    expect_fail "cannot tell the format" "$cli" consolidate good --out x.bin
+    expect_fail "cannot tell the format" "$cli" consolidate good --out x.dat
     # list and prune take roots: a DCP folder is a checkpoint; a dry run writes nothing (no lock
     # files either); a folder named like a step but not as saves name them is not touched.
     mkdir -p dcpish plainroot/step-5 && touch dcpish/.metadata dcpish/__0_0.distcp plainroot/step-5/notes.txt
