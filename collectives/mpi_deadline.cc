@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -38,6 +39,21 @@ void SendForever(long long value, int to, int tag, MPI_Comm comm) {
     MPI_Request_free(&request);
   }
 }
+
+// A census answer is a rank's collective number and the call it is in, as one number.
+constexpr const char* kCalls[] = {"",          "MPI_Barrier", "MPI_Bcast",          "MPI_Allreduce", "MPI_Allgather",
+                                  "MPI_Allgatherv", "MPI_Gatherv", "MPI_Reduce_scatter", "MPI_Comm_dup"};
+constexpr long long kCallCount = sizeof(kCalls) / sizeof(kCalls[0]);
+
+long long CensusAnswer(long long sequence, const char* call) {
+  long long id = 0;
+  for (long long i = 1; i < kCallCount; ++i) {
+    if (std::strcmp(call, kCalls[i]) == 0) id = i;
+  }
+  return sequence * kCallCount + id;
+}
+long long AnsweredSequence(long long answer) { return answer / kCallCount; }
+const char* AnsweredCall(long long answer) { return kCalls[answer % kCallCount]; }
 
 std::string RankList(const std::vector<int>& ranks) {
   std::ostringstream out;
@@ -99,7 +115,7 @@ bool MpiDeadlineWaiter::AnswerQueries() {
     if (MPI_Iprobe(MPI_ANY_SOURCE, kQueryTag, census_, &flag, &status) != MPI_SUCCESS || !flag) break;
     long long their_sequence = 0;
     MPI_Recv(&their_sequence, 1, MPI_LONG_LONG, status.MPI_SOURCE, kQueryTag, census_, MPI_STATUS_IGNORE);
-    SendForever(sequence_, status.MPI_SOURCE, kAnswerTag, census_);
+    SendForever(CensusAnswer(sequence_, call_), status.MPI_SOURCE, kAnswerTag, census_);
     asked = true;
   }
   return asked;
@@ -108,6 +124,7 @@ bool MpiDeadlineWaiter::AnswerQueries() {
 Status MpiDeadlineWaiter::Wait(MPI_Request* request, const char* call) {
   if (broken()) return broken_status_;
   ++sequence_;
+  call_ = call;
   if (deadline_.timeout_s <= 0) return MpiCallStatus(MPI_Wait(request, MPI_STATUS_IGNORE), call);
   const auto start = Clock::now();
   auto pause = std::chrono::microseconds(10);
@@ -153,7 +170,7 @@ Status MpiDeadlineWaiter::RunCensus(const char* call, double waited_s) {
   const auto start = Clock::now();
   std::vector<bool> answered(size_, false);
   answered[rank_] = true;
-  answers[rank_] = sequence_;
+  answers[rank_] = CensusAnswer(sequence_, call);
   while (Seconds(start) < deadline_.census_grace_s) {
     AnswerQueries();
     bool all = true;
@@ -169,14 +186,17 @@ Status MpiDeadlineWaiter::RunCensus(const char* call, double waited_s) {
   }
   AnswerQueries();
 
-  std::vector<int> missing, elsewhere;
+  std::vector<int> missing, elsewhere, other_call;
   for (int r = 0; r < size_; ++r) {
     if (!answered[r]) {
       missing.push_back(r);
-    } else if (answers[r] != sequence_) {
+    } else if (AnsweredSequence(answers[r]) != sequence_) {
       elsewhere.push_back(r);
+    } else if (answers[r] != answers[rank_]) {
+      other_call.push_back(r);
     }
   }
+  constexpr size_t kNamed = 8;  // a job of thousands of ranks: a line, not 100 KB per rank
   std::ostringstream message;
   message << call << " on rank " << rank_ << " gave up after " << static_cast<int64_t>(waited_s * 10) / 10.0
           << " s (collective #" << sequence_ << ", SHARDCKPT_COLLECTIVE_TIMEOUT_S=" << deadline_.timeout_s << "): ";
@@ -189,13 +209,27 @@ Status MpiDeadlineWaiter::RunCensus(const char* call, double waited_s) {
     // Not always a program bug: a rank slower than the deadline (I/O stalled in a save) makes
     // another give up on an earlier collective, after which the two stand at different numbers.
     message << "every rank is alive, but";
-    constexpr size_t kNamed = 8;  // a job of thousands of ranks: a line, not 100 KB per rank
     for (size_t i = 0; i < std::min(elsewhere.size(), kNamed); ++i) {
-      message << (i == 0 ? " " : ", ") << "rank " << elsewhere[i] << " is at collective #" << answers[elsewhere[i]];
+      const char* theirs = AnsweredCall(answers[elsewhere[i]]);
+      message << (i == 0 ? " " : ", ") << "rank " << elsewhere[i] << " is at collective #"
+              << AnsweredSequence(answers[elsewhere[i]]) << (*theirs ? " (" : "") << theirs << (*theirs ? ")" : "");
     }
     if (elsewhere.size() > kNamed) message << " and " << elsewhere.size() - kNamed << " more ranks elsewhere";
+    message << " where this rank is at #" << sequence_ << " (" << call << ")";
     message << ": a rank slower than the deadline (raise SHARDCKPT_COLLECTIVE_TIMEOUT_S), which made a rank give "
                "up on an earlier collective, or a rank that skipped or added a call";
+  } else if (!other_call.empty()) {
+    // The same number of collectives, but not the same one: the ranks run different code (one
+    // in a save, another in a load), so no transport is to blame.
+    message << "every rank is alive at collective #" << sequence_ << ", but";
+    for (size_t i = 0; i < std::min(other_call.size(), kNamed); ++i) {
+      const char* theirs = AnsweredCall(answers[other_call[i]]);
+      message << (i == 0 ? " " : ", ") << "rank " << other_call[i] << " is in " << (*theirs ? theirs : "another call");
+    }
+    if (other_call.size() > kNamed) message << " and " << other_call.size() - kNamed << " more ranks in other calls";
+    message << " where this rank is in " << call
+            << ": the ranks are making different calls (one saving while another loads, or a rank that skipped "
+               "or added a call)";
   } else {
     message << "every rank is alive and in this collective, yet it did not complete (the MPI transport is stuck)";
   }

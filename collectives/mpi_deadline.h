@@ -47,6 +47,8 @@ class MpiDeadlineWaiter {
   int rank_ = 0;
   int size_ = 1;
   long long sequence_ = 0;  // collectives started through this waiter, for the diagnosis
+  const char* call_ = "";   // the one being waited for: ranks at the same number in other calls
+                            // skipped or added one
   Status broken_status_;
 };
 

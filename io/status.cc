@@ -1,6 +1,8 @@
 #include "shardckpt/io/status.h"
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace shardckpt {
@@ -48,6 +50,12 @@ Status ErrnoStatus(int err, const std::string& what) {
                      : err == ENFILE ? " (the system's open-file limit, fs.file-max)"
                                      : "";
   return Status(code, what + ": " + std::strerror(err) + " (errno " + std::to_string(err) + ")" + hint);
+}
+
+void AbortOnValueOfError(const Status& status) {
+  // Not through the logger: a program error, said whatever the log level, as assert would.
+  std::fprintf(stderr, "shardckpt: value() of a Result that holds an error: %s\n", status.ToString().c_str());
+  std::abort();
 }
 
 }  // namespace shardckpt

@@ -57,6 +57,11 @@ inline Status FailedPrecondition(std::string m) {
 // Converts an errno value into a Status; `what` names the call and the file.
 Status ErrnoStatus(int err, const std::string& what);
 
+// What Result::value() of an error does: prints the Status to stderr and aborts. A caller that
+// takes the value without checking (`Create(...).value()`) learns why, where std::get's
+// bad_variant_access said only "wrong index for variant".
+[[noreturn]] void AbortOnValueOfError(const Status& status);
+
 template <typename T>
 class [[nodiscard]] Result {
  public:
@@ -65,10 +70,19 @@ class [[nodiscard]] Result {
 
   bool ok() const { return std::holds_alternative<T>(v_); }
   Status status() const { return ok() ? Status::Ok() : std::get<Status>(v_); }
-  T& value() & { return std::get<T>(v_); }
-  const T& value() const& { return std::get<T>(v_); }
+  T& value() & {
+    HasValueOrAbort();
+    return std::get<T>(v_);
+  }
+  const T& value() const& {
+    HasValueOrAbort();
+    return std::get<T>(v_);
+  }
   // By value, so `for (x : F().value())` does not dangle.
-  T value() && { return std::get<T>(std::move(v_)); }
+  T value() && {
+    HasValueOrAbort();
+    return std::get<T>(std::move(v_));
+  }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
   T& operator*() & { return value(); }
@@ -76,6 +90,9 @@ class [[nodiscard]] Result {
   T operator*() && { return std::move(*this).value(); }
 
  private:
+  void HasValueOrAbort() const {
+    if (!ok()) AbortOnValueOfError(std::get<Status>(v_));
+  }
   std::variant<T, Status> v_;
 };
 

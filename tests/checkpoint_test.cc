@@ -98,6 +98,33 @@ class CheckpointTest : public ::testing::Test {
   std::unique_ptr<Communicator> comm_ = CreateSingleProcessCommunicator();
 };
 
+// A C++ program's plain values (AddValue: JSON text) are values in the .pt consolidate writes, as
+// the Python package's are; AddBlob's bytes stay bytes, not written there. Text that is not JSON
+// is refused by name.
+TEST_F(CheckpointTest, PlainValuesFromCppAreValuesInTheConsolidatedFile) {
+  Tensors tensors("values");
+  ShardedState state = tensors.State();
+  ASSERT_TRUE(state.AddValue("epoch", "20").ok());
+  ASSERT_TRUE(state.AddValue("sched", "{\"lr\": 0.001, \"kind\": \"cosine\", \"milestones\": [10, 20]}").ok());
+  Status bad = state.AddValue("name", "cosine");
+  EXPECT_EQ(bad.code(), Code::kInvalidArgument);
+  EXPECT_THAT(bad.message(), HasSubstr("value 'name': 'cosine' is not JSON text"));
+  ShardedState good = tensors.State();
+  ASSERT_TRUE(good.AddValue("epoch", "20").ok());
+  ASSERT_TRUE(good.AddValue("sched", "{\"lr\": 0.001, \"kind\": \"cosine\", \"milestones\": [10, 20]}").ok());
+  ASSERT_TRUE(Save(*comm_, root(), 3, good).ok());
+  ShardedState none;
+  LoadOptions options;
+  options.strict = false;
+  Result<LoadReport> loaded = Load(*comm_, root(), none, options);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(loaded->blobs.at("epoch").bytes, std::string(kValueBlobTag, 2) + "20");
+  Result<ConsolidateReport> pt = Consolidate(root(), JoinPath(dir_.path(), "model.pt"), ConsolidateOptions{});
+  ASSERT_TRUE(pt.ok()) << pt.status().ToString();
+  EXPECT_THAT(pt->values, ::testing::UnorderedElementsAre("epoch", "sched"));
+  EXPECT_THAT(pt->skipped, ::testing::Contains(HasSubstr("step (bytes or a tensor blob, not a plain value)")));
+}
+
 // The check of a built manifest runs beside its encoding when the manifest is large: the text
 // is only used when the check passes, small or large, and a failed check is the error returned.
 TEST(CheckBuiltManifestWhile, TheCheckDecidesSmallOrLargeAndTheTextIsEncodedOnce) {

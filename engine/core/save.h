@@ -1,4 +1,5 @@
 // Collective save (docs/architecture.md). Every rank of `comm` calls Save with its own state.
+// step-N below is the step folder's name, the step written in nine digits: step-000000010.
 //
 // Commit protocol, in order; a crash or error at any step leaves `latest` on the previous
 // checkpoint, which stays loadable:

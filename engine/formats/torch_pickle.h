@@ -5,6 +5,8 @@
 // argument types torch's own calls take. Its memory is bounded by UnpickleMemoryBudget.
 #pragma once
 
+#include "shardckpt/engine/model/state.h"
+
 #include <map>
 #include <string>
 #include <utility>
@@ -48,7 +50,7 @@ Result<std::string> PickleTree(const std::vector<PickleTensor>& tensors, const P
 
 // A non-tensor value of the state dict (an int, a string, None, a list of them ...), as the
 // Python package stores it in a blob: kPickleValueTag, then its typed JSON.
-inline constexpr const char kPickleValueTag[] = "\0J";
+inline constexpr const auto& kPickleValueTag = kValueBlobTag;  // engine/model/state.h
 struct PickleValue {
   std::string name;
   std::string blob;

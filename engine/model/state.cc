@@ -1,5 +1,7 @@
 #include "shardckpt/engine/model/state.h"
 
+#include <nlohmann/json.hpp>
+
 #include <xxhash.h>
 
 #include "shardckpt/engine/model/manifest.h"
@@ -107,6 +109,14 @@ Status ShardedState::AddBlob(const std::string& name, std::string bytes, BlobSco
   }
   blobs_.push_back(BlobItem{name, scope, std::move(bytes)});
   return Status::Ok();
+}
+
+Status ShardedState::AddValue(const std::string& name, const std::string& json, BlobScope scope) {
+  if (!nlohmann::json::accept(json)) {
+    return Refuse(InvalidArgument("value '" + WithNulsShown(name) + "': '" + json.substr(0, 80) +
+                                  "' is not JSON text (a string needs its quotes: \"\\\"cosine\\\"\")"));
+  }
+  return AddBlob(name, std::string(kValueBlobTag, sizeof(kValueBlobTag) - 1) + json, scope);
 }
 
 }  // namespace shardckpt

@@ -30,6 +30,10 @@ struct BlobItem {
   std::string bytes;
 };
 
+// What a blob holding a plain value starts with; its typed JSON follows (python/shardckpt/_state.py:
+// JSON's own types as they are, a tuple, bytes or an int past 64 bits tagged).
+inline constexpr const char kValueBlobTag[] = "\0J";
+
 class ShardedState {
  public:
   // Adds a piece; for saving, `data` is read, for loading it is written. A rank may hold several
@@ -41,6 +45,11 @@ class ShardedState {
   Status AddDeviceTensor(const std::string& name, DType dtype, const Shape& global_shape,
                          const Layout& layout, void* device_data, int device);
   Status AddBlob(const std::string& name, std::string bytes, BlobScope scope = BlobScope::kGlobal);
+  // A plain value, as JSON text ("20", "0.001", "\"cosine\"", "[1, 2]", "{\"lr\": 0.1}",
+  // "null"): stored as a value blob (kValueBlobTag, then the text), which `consolidate` writes
+  // into the .pt as the Python value (an int, a float, a str, a list, a dict) and Python's load
+  // returns as one; AddBlob's bytes are bytes. Refused when `json` is not JSON text.
+  Status AddValue(const std::string& name, const std::string& json, BlobScope scope = BlobScope::kGlobal);
   // The first addition this state refused (Ok when none). Save and Load refuse such a state on
   // every rank with it: a Status left unchecked must not leave a tensor out of a checkpoint.
   const Status& refusal() const { return refusal_; }

@@ -77,6 +77,14 @@ Status CheckTorchPiece(const std::string& name, const at::Tensor& local, const L
   Result<DType> type = FromTorchDType(local.scalar_type());
   if (!type.ok()) return type.status().WithContext("tensor '" + name + "'");
   *dtype = *type;
+  if (layout.kind == LayoutKind::kBox && layout.offsets.size() != global_shape.size()) {
+    return InvalidArgument("tensor '" + name + "': " + layout.ToString() + " has " + std::to_string(layout.offsets.size()) +
+                           " dims, the global shape " + ShapeString(global_shape) + " " +
+                           std::to_string(global_shape.size()) +
+                           (global_shape.empty() ? ": a piece of a larger tensor needs the whole tensor's shape "
+                                                   "(AddTorchTensor's last argument)"
+                                                 : ": the box and the global shape must have the same dims"));
+  }
   *global = layout.kind == LayoutKind::kWhole && global_shape.empty() ? Shape(local.sizes().begin(), local.sizes().end())
                                                                       : global_shape;
   Shape expected = LocalShape(layout, *global);

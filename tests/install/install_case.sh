@@ -104,6 +104,13 @@ endforeach()
 CMAKE
   cmake -S "$work/torch-consumer" -B "$work/torch-consumer/build" -DCMAKE_PREFIX_PATH="$prefix" \
         > "$work/torch-consumer.log" 2>&1 || { cat "$work/torch-consumer.log"; fail "find_package(shardckpt COMPONENTS torch)"; }
+  # Without Torch, the component's absence is explained, not only "NOT FOUND".
+  if cmake -S "$work/torch-consumer" -B "$work/torch-consumer/build-no-torch" -DCMAKE_PREFIX_PATH="$prefix" \
+        -DCMAKE_DISABLE_FIND_PACKAGE_Torch=ON > "$work/no-torch.log" 2>&1; then
+    fail "find_package(shardckpt COMPONENTS torch) succeeded without Torch"
+  fi
+  grep -q "shardckpt::torch needs Torch, which find_package(Torch) did not find" "$work/no-torch.log" ||
+    { cat "$work/no-torch.log"; fail "no reason given for the missing torch component"; }
 fi
 
 # pkg-config.

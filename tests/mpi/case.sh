@@ -195,6 +195,25 @@ case "$case" in
     done
     grep -q "FAIL" "$work/out.txt" && { echo "a rank failed its check"; exit 1; }
     ls "$work/root" 2>/dev/null | grep -q '^step-000000001$' && { echo "a checkpoint was committed"; exit 1; } ;;
+  other-call)  # rank 2 of 3 is alive but in another collective (a load's broadcast) than the save's
+    # first: every survivor's diagnosis names the call rank 2 is in, not a stuck transport (MPI may
+    # let the others' first collective finish regardless, so rank 2 is at the same collective
+    # number or an earlier one), and the job ends
+    start=$(date +%s)
+    set +e
+    run_aborting 3 -x SHARDCKPT_COLLECTIVE_TIMEOUT_S=10 -- dead-rank "$work/root" --step 1 --victim 2 \
+      --victim-does broadcast --expect "DeadlineExceeded" --expect "MPI_Bcast" > "$work/out.txt" 2>&1
+    status=$?
+    set -e
+    cat "$work/out.txt"
+    [ $status -ne 0 ] || { echo "the job reported success"; exit 1; }
+    [ $(( $(date +%s) - start )) -lt 60 ] || { echo "the job took too long to end"; exit 1; }
+    for r in 0 1; do
+      grep -Eq "rank $r: OK failed as expected: .*every rank is alive.*rank 2 is (in MPI_Bcast|at collective #1 \(MPI_Bcast\)) where this rank is" \
+        "$work/out.txt" || { echo "rank $r did not name the call rank 2 is in"; exit 1; }
+    done
+    grep -q "transport is stuck" "$work/out.txt" && { echo "a stuck transport was blamed"; exit 1; }
+    grep -q "FAIL" "$work/out.txt" && { echo "a rank failed its check"; exit 1; } || true ;;
   misuse-after)  # ranks naming different checkpoints to load (rank 0's, with a warning); saves with a
     # rank in another folder; a save after MPI_Finalize
     run 3 -- misuse-after "$work/root" > "$work/out.txt" 2>&1 || { cat "$work/out.txt"; exit 1; }

@@ -51,7 +51,7 @@ struct Args {
   int64_t count = 1;          // save-loop, load-loop
   int keep_last = 0;
   int victim = -1;            // dead-rank: the rank that never reaches the save
-  std::string victim_does;    // exit | hang
+  std::string victim_does;    // exit | hang | broadcast (a collective other than the save's first)
   std::string op;             // outcome: save | load | async
   bool tiny = false;          // only the small entries: campaigns run hundreds of jobs
   std::string replicated_reads = "auto";  // load: auto | broadcast | every-rank
@@ -636,6 +636,15 @@ int main(int argc, char** argv) {
         std::printf("rank %d: leaving before the save (%s)\n", comm->rank(), a.victim_does.c_str());
         std::fflush(stdout);
         if (a.victim_does == "hang") ::sleep(600);
+        if (a.victim_does == "broadcast") {
+          // Alive and in a collective, but another one than the others are in (a load's first
+          // while they save): their diagnosis must say so, not blame the transport.
+          std::string bytes(64, 'x');
+          Status broadcast = comm->Broadcast(bytes.data(), bytes.size(), 0);
+          std::printf("rank %d: broadcast: %s\n", comm->rank(), broadcast.ToString().c_str());
+          std::fflush(stdout);
+          ::sleep(600);
+        }
         return 0;
       }
       code = a.mode == "dead-rank" ? DoSaveFails(*comm, a) : DoAsyncCreateFails(*comm, a);
