@@ -48,7 +48,8 @@ constexpr long long kCallCount = sizeof(kCalls) / sizeof(kCalls[0]);
 long long CensusAnswer(long long sequence, const char* call) {
   long long id = 0;
   for (long long i = 1; i < kCallCount; ++i) {
-    if (std::strcmp(call, kCalls[i]) == 0) id = i;
+    const size_t n = std::strlen(kCalls[i]);  // "MPI_Comm_dup (shardckpt's communicator)" too
+    if (std::strncmp(call, kCalls[i], n) == 0 && (call[n] == '\0' || call[n] == ' ')) id = i;
   }
   return sequence * kCallCount + id;
 }

@@ -1,6 +1,6 @@
-// consolidate --dtype's element conversion, bit for bit against what torch's CPU conversion gives
-// (torch 2.x: tensor.to(torch.bfloat16) / .to(torch.float16); the NaN rows were measured with
-// torch 2.15 and 1.13 on x86).
+// consolidate --dtype's element conversion, bit for bit against what torch's vectorized CPU
+// conversion gave for contiguous tensors (tensor.to(torch.bfloat16) / .to(torch.float16), torch
+// 2.15 on x86; torch 1.13 agrees but for float16 NaN payloads, which it drops).
 #include "shardckpt/engine/model/float_convert.h"
 
 #include <gtest/gtest.h>

@@ -1089,6 +1089,15 @@ TEST_F(MultiFileExportTest, ModelFilesAndImportsIntoUsedRootsSayWhatToDo) {
   EXPECT_THAT(lightning.message(), HasSubstr(Path("last.ckpt") + " is a model file, not a checkpoint: `shardckpt import"));
   Status manifest = ResolveCheckpoint(JoinPath(ckpt, kManifestName)).status();
   EXPECT_THAT(manifest.message(), HasSubstr("is a file: give the checkpoint folder (or the root) instead"));
+  // A DCP folder's data file is often a torch.save zip too; its folder is what is meant.
+  size_t distcp = 0;
+  for (const std::string& name : Listing(Path("dcp"))) {
+    if (!EndsWith(name, ".distcp")) continue;
+    ++distcp;
+    Status part = ResolveCheckpoint(JoinPath(Path("dcp"), name)).status();
+    EXPECT_THAT(part.message(), HasSubstr("is a file: give the checkpoint folder (or the root) instead")) << name;
+  }
+  EXPECT_GT(distcp, 0u);
   ConvertOptions two;
   two.world_size = 2;
   Result<ConvertReport> imported = ImportFile(Path("dcp"), Path("from-dcp"), two);

@@ -24,8 +24,7 @@ TEST(Utf8Text, SequenceLengths) {
   }
 }
 
-// Text that only informs is kept readable: each byte that starts no valid sequence becomes one
-// U+FFFD, valid sequences around it stay, and the result is always accepted as JSON text.
+// Names a format stores as text: a --strip-prefix ending inside a character leaves none.
 TEST(Utf8Text, WholeTextValidity) {
   EXPECT_TRUE(IsUtf8(""));
   EXPECT_TRUE(IsUtf8("model.layers.0"));
@@ -36,6 +35,8 @@ TEST(Utf8Text, WholeTextValidity) {
   EXPECT_FALSE(IsUtf8("\xed\xa0\x80"));                    // a surrogate
 }
 
+// Text that only informs is kept readable: each byte that starts no valid sequence becomes one
+// U+FFFD, valid sequences around it stay, and the result is always accepted as JSON text.
 TEST(Utf8Text, ReplacesBytesThatAreNotUtf8) {
   const std::string fffd = "\xef\xbf\xbd";
   EXPECT_EQ(Utf8OrReplaced("plain/\xc3\xa9"), "plain/\xc3\xa9");

@@ -277,7 +277,11 @@ Result<std::string> ResolveCheckpoint(const std::string& path) {
   if (!is_dir) {
     // A model file (what consolidate writes, what torch.save and transformers write) is made a
     // checkpoint by import; for the manifest itself or a data file, the folder is what is meant.
-    if (BaseName(path).compare(0, 5, "rank-") != 0 && ModelFileKindOf(path).ok()) {  // not a data file
+    // Not a data file: a rank-*.bin, or a DCP folder's .distcp (a torch.save zip when its first item
+    // is a tensor), whose folder is the checkpoint, read in place.
+    const bool data_file = BaseName(path).compare(0, 5, "rank-") == 0 || EndsWith(path, ".distcp") ||
+                           IsDcpFolder(DirName(path));
+    if (!data_file && ModelFileKindOf(path).ok()) {
       return InvalidArgument(path + " is a model file, not a checkpoint: `shardckpt import " + path +
                              " --out ROOT --world-size N` (Python: shardckpt.import_checkpoint) makes one of it");
     }

@@ -126,7 +126,10 @@ Status OutputFile::Publish() {
   Result<std::string> previous_sidecar = ReadFileLimited(sidecar, 4096);
   if (::unlink(sidecar.c_str()) != 0 && errno != ENOENT) return ErrnoStatus(errno, "remove the previous " + sidecar);
   if (Status renamed = Rename(temp_, path_); !renamed.ok()) {
+    // (through PATH.sha256.tmp: the prepared sidecar is gone with it)
     if (previous_sidecar.ok()) WriteFileAtomic(sidecar, *previous_sidecar, "export.sha256_restore").IgnoreError();
+    DiscardPreparedFile(sidecar);
+    sidecar_prepared_ = false;
     return renamed;
   }
   published_ = true;

@@ -44,7 +44,8 @@ class OutputFile {
   Status Publish();
   // The first step of Publish, for a set whose files must all be able to publish before any
   // replaces its predecessor: writes PATH.sha256's new text under PATH.sha256.tmp (a full disk
-  // fails here, with nothing replaced). Publish calls it when it was not called.
+  // fails here, with nothing replaced). Publish calls it when it was not called. A process killed
+  // between the two leaves PATH.sha256.tmp, which the next export of PATH replaces.
   Status PrepareSidecar();
   bool published() const { return published_; }
   const std::string& path() const { return path_; }

@@ -1,6 +1,6 @@
 // Element conversion between floating dtypes for `consolidate --dtype`: through float32, with
-// round-to-nearest-even into bfloat16 and float16 (NaN stays NaN, with the bits torch's own CPU
-// conversion gives it; overflow becomes infinity).
+// round-to-nearest-even into bfloat16 and float16 (NaN stays NaN, with the bits torch 2.x's
+// vectorized x86 conversion gives it; overflow becomes infinity).
 #pragma once
 
 #include <cstddef>

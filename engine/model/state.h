@@ -48,7 +48,9 @@ class ShardedState {
   // A plain value, as JSON text ("20", "0.001", "\"cosine\"", "[1, 2]", "{\"lr\": 0.1}",
   // "null"): stored as a value blob (kValueBlobTag, then the text), which `consolidate` writes
   // into the .pt as the Python value (an int, a float, a str, a list, a dict) and Python's load
-  // returns as one; AddBlob's bytes are bytes. Refused when `json` is not JSON text.
+  // returns as one; AddBlob's bytes are bytes. Refused when `json` is not JSON text. The JSON is
+  // the Python package's typed JSON: an object with a "__shardckpt__" key is one of its tags
+  // (a tuple, bytes), and a per-rank value (kPerRank) is restored by a load, never consolidated.
   Status AddValue(const std::string& name, const std::string& json, BlobScope scope = BlobScope::kGlobal);
   // The first addition this state refused (Ok when none). Save and Load refuse such a state on
   // every rank with it: a Status left unchecked must not leave a tensor out of a checkpoint.

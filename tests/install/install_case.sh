@@ -109,7 +109,8 @@ CMAKE
         -DCMAKE_DISABLE_FIND_PACKAGE_Torch=ON > "$work/no-torch.log" 2>&1; then
     fail "find_package(shardckpt COMPONENTS torch) succeeded without Torch"
   fi
-  grep -q "shardckpt::torch needs Torch, which find_package(Torch) did not find" "$work/no-torch.log" ||
+  # (cmake wraps the reason at spaces: compared with the whitespace folded)
+  tr -s ' \n' '  ' < "$work/no-torch.log" | grep -qF "shardckpt::torch needs Torch, which find_package(Torch) did not find: install libtorch-dev (Debian) or set Torch_DIR" ||
     { cat "$work/no-torch.log"; fail "no reason given for the missing torch component"; }
 fi
 
