@@ -106,6 +106,17 @@ TEST_F(CheckpointTest, PlainValuesFromCppAreValuesInTheConsolidatedFile) {
   ShardedState state = tensors.State();
   ASSERT_TRUE(state.AddValue("epoch", "20").ok());
   ASSERT_TRUE(state.AddValue("sched", "{\"lr\": 0.001, \"kind\": \"cosine\", \"milestones\": [10, 20]}").ok());
+  // A raw buffer with its size: one too small for the piece is refused, naming both sizes.
+  std::vector<float> ten(10);
+  ShardedState sized;
+  Status short_buffer = sized.AddTensor("w", DType::kFloat32, {10, 6}, ChunkLayout({10, 6}, 0, 2, 0), ten.data(),
+                                        ten.size() * sizeof(float));
+  EXPECT_EQ(short_buffer.code(), Code::kInvalidArgument);
+  EXPECT_THAT(short_buffer.message(), HasSubstr("tensor 'w': box(offsets=[0, 0], sizes=[5, 6]) of [10, 6] is [5, 6] of "
+                                                "float32, 120 bytes, but the buffer given holds 40"));
+  std::vector<float> thirty(30);
+  EXPECT_TRUE(ShardedState().AddTensor("w", DType::kFloat32, {10, 6}, ChunkLayout({10, 6}, 0, 2, 0), thirty.data(),
+                                       thirty.size() * sizeof(float)).ok());
   Status bad = state.AddValue("name", "cosine");
   EXPECT_EQ(bad.code(), Code::kInvalidArgument);
   EXPECT_THAT(bad.message(), HasSubstr("value 'name': 'cosine' is not JSON text"));

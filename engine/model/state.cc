@@ -5,6 +5,7 @@
 #include <xxhash.h>
 
 #include "shardckpt/engine/model/manifest.h"
+#include "shardckpt/engine/model/utf8_text.h"
 
 namespace shardckpt {
 
@@ -84,6 +85,21 @@ Status ShardedState::AddTensor(const std::string& name, DType dtype, const Shape
   return Status::Ok();
 }
 
+Status ShardedState::AddTensor(const std::string& name, DType dtype, const Shape& global_shape,
+                               const Layout& layout, void* data, size_t data_bytes) {
+  // A layout or shape AddTensor refuses is refused there, with its own reason.
+  if (Result<int64_t> count = ValidateLayout(layout, global_shape); count.ok() && !IsRefusedLayout(layout)) {
+    const uint64_t needed = static_cast<uint64_t>(*count) * DTypeSize(dtype);
+    if (needed > data_bytes) {
+      return Refuse(InvalidArgument("tensor '" + WithNulsShown(name) + "': " + layout.ToString() + " of " +
+                                    ShapeString(global_shape) + " is " + ShapeString(LocalShape(layout, global_shape)) +
+                                    " of " + DTypeName(dtype) + ", " + std::to_string(needed) +
+                                    " bytes, but the buffer given holds " + std::to_string(data_bytes)));
+    }
+  }
+  return AddTensor(name, dtype, global_shape, layout, data);
+}
+
 Status ShardedState::AddDeviceTensor(const std::string& name, DType dtype, const Shape& global_shape,
                                      const Layout& layout, void* device_data, int device) {
   SC_RETURN_IF_ERROR(AddTensor(name, dtype, global_shape, layout, device_data));
@@ -113,7 +129,7 @@ Status ShardedState::AddBlob(const std::string& name, std::string bytes, BlobSco
 
 Status ShardedState::AddValue(const std::string& name, const std::string& json, BlobScope scope) {
   if (!nlohmann::json::accept(json)) {
-    return Refuse(InvalidArgument("value '" + WithNulsShown(name) + "': '" + json.substr(0, 80) +
+    return Refuse(InvalidArgument("value '" + WithNulsShown(name) + "': '" + Utf8OrReplaced(json.substr(0, 80)) +
                                   "' is not JSON text (a string needs its quotes: \"\\\"cosine\\\"\")"));
   }
   return AddBlob(name, std::string(kValueBlobTag, sizeof(kValueBlobTag) - 1) + json, scope);

@@ -40,6 +40,11 @@ class ShardedState {
   // pieces of one entry (layouts must not overlap).
   Status AddTensor(const std::string& name, DType dtype, const Shape& global_shape,
                    const Layout& layout, void* data);
+  // The same, given the size of the buffer at `data`: refused, naming the tensor and both sizes,
+  // when the piece needs more bytes than that (a buffer sized for another shape or dtype would
+  // be read past its end by a save and written past it by a load).
+  Status AddTensor(const std::string& name, DType dtype, const Shape& global_shape,
+                   const Layout& layout, void* data, size_t data_bytes);
   // The same for a piece in CUDA device memory (a raw device pointer, or a CUDA tensor's
   // data_ptr()). Saved through pinned staging, loaded by host-to-device copies.
   Status AddDeviceTensor(const std::string& name, DType dtype, const Shape& global_shape,
