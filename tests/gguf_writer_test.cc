@@ -89,6 +89,14 @@ TEST(GgufHeader, RefusesWhatGgufOutputCannotHoldByName) {
   EXPECT_NE(refused({"q", DType::kFloat8E4M3, {4}}).find("tensor 'q' is float8_e4m3fn"), std::string::npos);
   EXPECT_NE(refused({std::string(64, 'n'), DType::kFloat32, {4}}).find("1 to 63 bytes"), std::string::npos);
   EXPECT_NE(refused({"deep", DType::kFloat32, {1, 1, 1, 1, 1}}).find("tensor 'deep' has 5 dims"), std::string::npos);
+  // GGUF strings are UTF-8 (gguf-py and llama.cpp decode them): a name cut inside a character,
+  // a metadata value that is not text.
+  EXPECT_NE(refused({"\xa8\xa1.w", DType::kFloat32, {4}}).find("its name is not valid UTF-8"), std::string::npos);
+  Result<std::string> bad_arch = EncodeGgufHeader({Text("general.architecture", "\xff")}, {});
+  ASSERT_FALSE(bad_arch.ok());
+  EXPECT_NE(bad_arch.status().message().find("GGUF metadata 'general.architecture' (--gguf-arch, --gguf-name or "
+                                             "--gguf-metadata) is not valid UTF-8"),
+            std::string::npos);
   Result<std::string> no_arch = EncodeGgufHeader({Text("general.name", "x")}, {});
   ASSERT_FALSE(no_arch.ok());
   EXPECT_NE(no_arch.status().message().find("general.architecture"), std::string::npos);

@@ -187,14 +187,14 @@ Status CheckGgufTensor(const GgufTensorInfo& t) {
                            (castable ? "exclude it (--exclude; Python exclude=), or cast it (--dtype; dtype=)"
                                      : "exclude it (--exclude; Python exclude=)"));
   }
-  if (t.name.empty() || t.name.size() > kGgufMaxName) {
-    return InvalidArgument("tensor '" + t.name + "': a GGUF tensor name has 1 to " + std::to_string(kGgufMaxName) +
-                           " bytes (ggml's limit); shorten it with --strip-prefix (Python strip_prefix=) or exclude it (--exclude; exclude=)");
-  }
   if (!IsUtf8(t.name)) {
     return InvalidArgument("tensor '" + Utf8OrReplaced(t.name) +
                            "': its name is not valid UTF-8, which GGUF strings must be (a --strip-prefix ending inside a "
                            "character?)");
+  }
+  if (t.name.empty() || t.name.size() > kGgufMaxName) {
+    return InvalidArgument("tensor '" + t.name + "': a GGUF tensor name has 1 to " + std::to_string(kGgufMaxName) +
+                           " bytes (ggml's limit); shorten it with --strip-prefix (Python strip_prefix=) or exclude it (--exclude; exclude=)");
   }
   if (t.shape.size() > kGgufMaxDims) {
     return InvalidArgument("tensor '" + t.name + "' has " + std::to_string(t.shape.size()) + " dims " + ShapeString(t.shape) +
