@@ -11,6 +11,8 @@
 #include "shardckpt/engine/formats/torch_pickle.h"
 #include "shardckpt/engine/model/manifest.h"
 #include "shardckpt/engine/model/manifest_wire.h"
+#include "shardckpt/io/fs.h"
+#include "test_util.h"
 
 namespace shardckpt {
 namespace {
@@ -201,6 +203,41 @@ Manifest DcpLikeManifest() {
   e.chunks.push_back(ChunkRecord{0, 123, 24, Layout::Box({0, 0}, {2, 3})});  // unaligned: fine without checksums
   m.entries.push_back(e);
   return m;
+}
+
+// A hostile .metadata: a chunk of more dims than any tensor has is refused as it is read (the
+// memo let one long tuple stand for the offsets of a million chunks).
+TEST(ParsedDcpMetadata, ChunksOfMoreDimsThanATensorHasAreRefused) {
+  DcpMetadata md;
+  const std::vector<int64_t> deep(33, 1);
+  md.tensors.push_back(DcpTensor{"w", DType::kFloat32, deep, {DcpChunk{std::vector<int64_t>(33, 0), deep,
+                                                                        DcpStorage{"__0_0.distcp", 0, 4}}}});
+  Result<ParsedDcpMetadata> parsed = ParseDcpMetadata(EncodeDcpMetadata(md), "m");
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_NE(parsed.status().message().find("'w' size has 33 dims (at most 32)"), std::string::npos) << parsed.status().message();
+}
+
+// Two storage records on the same bytes are refused before any chunk is located: a permuted
+// chunk's many pieces could otherwise be described again and again over the same bytes.
+TEST(DcpFolder, RecordsSharingBytesAreRefusedBeforeAnyChunkIsLocated) {
+  testing::TempDir dir;
+  DcpMetadata md;
+  md.tensors.push_back(DcpTensor{"a", DType::kFloat32, {4}, {DcpChunk{{0}, {4}, DcpStorage{"__0_0.distcp", 0, 16}}}});
+  md.tensors.push_back(DcpTensor{"b", DType::kFloat32, {4}, {DcpChunk{{0}, {4}, DcpStorage{"__0_0.distcp", 8, 16}}}});
+  ASSERT_TRUE(WriteFileAtomic(JoinPath(dir.path(), ".metadata"), EncodeDcpMetadata(md), "test").ok());
+  ASSERT_TRUE(WriteFileAtomic(JoinPath(dir.path(), "__0_0.distcp"), std::string(64, '\0'), "test").ok());
+  Result<Manifest> read = ReadDcpFolder(dir.path());
+  ASSERT_FALSE(read.ok());
+  EXPECT_NE(read.status().message().find("two records overlap in __0_0.distcp at offset 8"), std::string::npos)
+      << read.status().message();
+  // Apart, the records pass that check and are located (and these zero bytes are no torch.save
+  // zip, which the locating says).
+  md.tensors[1].chunks[0].storage.offset = 16;
+  ASSERT_TRUE(WriteFileAtomic(JoinPath(dir.path(), ".metadata"), EncodeDcpMetadata(md), "test").ok());
+  Result<Manifest> apart = ReadDcpFolder(dir.path());
+  ASSERT_FALSE(apart.ok());
+  EXPECT_EQ(apart.status().message().find("overlap"), std::string::npos) << apart.status().message();
+  EXPECT_NE(apart.status().message().find("no torch.save zip starts there"), std::string::npos) << apart.status().message();
 }
 
 TEST(DcpManifest, TheRanksThatReceiveItKnowItCameFromADcpFolder) {

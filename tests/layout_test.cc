@@ -296,6 +296,32 @@ TEST(Validation, RejectsOutOfBoundsAndOverflow) {
 
 // PartsCoverWhole against marking every element of random parts (boxes, ranges, whole) of random
 // shapes, overlaps allowed; and its run budget.
+// Pieces whose overlap check would take hours (single elements of a [2]*14 tensor: the index's
+// key dim has two starts, so each box is tested against half the others) are refused once the
+// check's work passes its bound; a real grid of as many boxes is checked.
+TEST(ExactCover, PiecesTooCostlyToCheckAreRefusedAndRealGridsAreNot) {
+  const Shape cube(14, 2);
+  std::vector<Layout> cells;
+  std::vector<std::string> owners;
+  for (int64_t i = 0; i < (int64_t{1} << 14); ++i) {
+    Dims offsets;
+    for (int d = 13; d >= 0; --d) offsets.push_back((i >> d) & 1);
+    cells.push_back(Layout::Box(offsets, Dims(std::vector<int64_t>(14, 1))));
+    owners.push_back("piece " + std::to_string(i));
+  }
+  Status refused = CheckExactCover("cube", cube, cells, owners);
+  EXPECT_EQ(refused.code(), Code::kInvalidArgument);
+  EXPECT_NE(refused.message().find("entry 'cube': its 16384 pieces (16384 boxes) take more than 67108864 box tests"),
+            std::string::npos)
+      << refused.message();
+  const Shape plane = {128, 128};
+  std::vector<Layout> grid;
+  for (int r = 0; r < 128; ++r) {
+    for (int c = 0; c < 128; ++c) grid.push_back(Layout::Box({r, c}, {1, 1}));
+  }
+  EXPECT_TRUE(CheckExactCover("plane", plane, grid, std::vector<std::string>(grid.size(), "p")).ok());
+}
+
 TEST(PartsCoverWhole, MatchesMarkingEveryElement) {
   std::mt19937_64 rng(11);
   for (int trial = 0; trial < 3000; ++trial) {

@@ -117,6 +117,17 @@ TEST(TorchDTypes, TheTypesTorchHasAreNamedInEveryFormat) {
   EXPECT_THAT(named_metadata.status().message(), HasSubstr("tensor '__metadata__': safetensors reserves that name"));
 }
 
+// A header nesting deeper than any real one (a text of nothing but '[', up to the header's 100 MB
+// cap) is refused by the key pass, before a document of tens of bytes per level is built.
+TEST(Safetensors, AHeaderNestingTooDeepIsRefusedBeforeItIsParsed) {
+  const std::string deep = R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"x":)" + std::string(100000, '[');
+  Result<std::vector<SafetensorsEntry>> parsed = ParseSafetensorsHeader(deep, 1, "deep.safetensors");
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_THAT(parsed.status().message(), HasSubstr("deep.safetensors: invalid safetensors: the header nests deeper than 64 levels"));
+  std::string nested = R"({"__metadata__":{"k":"v"},"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})";
+  EXPECT_TRUE(ParseSafetensorsHeader(nested, 1, "ok.safetensors").ok());
+}
+
 // The header keeps the entries' order both ways (nested keys do not count as entries), at a
 // size where a key search per entry would take minutes; a name given twice is refused.
 TEST(Safetensors, HeaderKeepsTheOrderOfManyEntriesAndRefusesADuplicate) {

@@ -198,6 +198,7 @@ Result<ShardIndex> ReadShardIndex(const std::string& index_path, const std::stri
   out.bad = [index_path, what](const std::string& why) { return DataLoss(index_path + ": invalid " + what + " index: " + why); };
   // The weight map's order from a SAX pass, its values from a sorted object (json_keys.h).
   const JsonKeys keys = JsonObjectKeys(text, {"weight_map"});
+  if (keys.too_deep) return out.bad("it nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
   nlohmann::json index = nlohmann::json::parse(text, nullptr, false);
   if (!keys.found || index.is_discarded() || !index.is_object() || !index.contains("weight_map") ||
       !index["weight_map"].is_object()) {
@@ -358,22 +359,27 @@ Result<std::string> ResolveImportInput(const std::string& input) {
 }
 
 // Tensors of a .pt that are one tensor under two names (the same storage, offset, sizes and
-// strides): for each, the index of the first, or -1.
+// strides): for each, the index of the first, or -1. Found by a hash of that description: a
+// file of many views of one storage (a flat parameter's, or a hostile one of a million) made
+// the comparison with every earlier view quadratic.
 std::vector<int64_t> TiedTensors(const std::vector<PickleTensor>& tensors) {
   std::vector<int64_t> tied(tensors.size(), -1);
-  std::map<std::string, std::vector<size_t>> by_storage;
+  std::unordered_map<std::string, size_t> first;
+  first.reserve(tensors.size());
+  std::string key;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const PickleTensor& t = tensors[i];
-    std::vector<size_t>& seen = by_storage[t.storage_key];
-    for (size_t j : seen) {
-      const PickleTensor& u = tensors[j];
-      if (u.dtype == t.dtype && u.sizes == t.sizes && u.strides == t.strides && u.storage_offset == t.storage_offset &&
-          !t.sizes.empty() && NumElements(t.sizes).value() > 0) {
-        tied[i] = static_cast<int64_t>(j);
-        break;
-      }
-    }
-    if (tied[i] < 0) seen.push_back(i);
+    if (t.sizes.empty() || NumElements(t.sizes).value() == 0) continue;  // 0-d and empty tensors are never tied
+    key.assign(t.storage_key);
+    key.push_back('\0');
+    auto put = [&](int64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+    put(static_cast<int64_t>(t.dtype));
+    put(t.storage_offset);
+    put(static_cast<int64_t>(t.sizes.size()));
+    for (int64_t v : t.sizes) put(v);
+    for (int64_t v : t.strides) put(v);
+    auto [it, fresh] = first.emplace(key, i);
+    if (!fresh) tied[i] = static_cast<int64_t>(it->second);
   }
   return tied;
 }

@@ -3,12 +3,14 @@
 #include <cstdio>
 #include <array>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string_view>
 #include <set>
 
 #include "shardckpt/engine/formats/pickle_stack.h"
 #include "shardckpt/engine/formats/torch_pickle.h"
+#include "shardckpt/engine/model/layout.h"
 
 namespace shardckpt {
 namespace {
@@ -437,6 +439,10 @@ const Value* Field(const Value* obj, std::string_view name) {
   const Value* state = StateOf(obj);
   if (state && state->kind == Value::kTuple && state->size() == 2) state = (*state)[0];
   if (!state || state->kind != Value::kDict) return nullptr;
+  // The metadata classes have a handful of fields: a state of thousands (one shared by a million
+  // objects, each lookup a scan) is no metadata class's, and its fields are not looked up.
+  constexpr size_t kMaxFields = 64;
+  if (state->size() > 2 * kMaxFields) return nullptr;
   for (size_t k = 0; k + 1 < state->size(); k += 2) {
     if ((*state)[k]->kind == Value::kString && (*state)[k]->s() == name) return (*state)[k + 1];
   }
@@ -445,6 +451,9 @@ const Value* Field(const Value* obj, std::string_view name) {
 
 Result<std::vector<int64_t>> Ints(const Value* v, const std::string& what) {
   if (!v || v->kind != Value::kTuple) return Bad(what + " is not a torch.Size");
+  if (v->size() > static_cast<size_t>(kMaxDims)) {
+    return Bad(what + " has " + std::to_string(v->size()) + " dims (at most " + std::to_string(kMaxDims) + ")");
+  }
   std::vector<int64_t> out;
   out.reserve(v->size());
   for (const Value* d : *v) {
@@ -464,7 +473,8 @@ Result<uint64_t> U64(const Value* v, const std::string& what) {
   return static_cast<uint64_t>(v->i);
 }
 
-Status Tensor(const Value* md, ParsedDcpItem* item) {
+// `charge` is told the bytes each chunk copies, as it copies them.
+Status Tensor(const Value* md, ParsedDcpItem* item, const std::function<Status(uint64_t)>& charge) {
   const std::string& n = item->name;
   const Value* props = Field(md, "properties");
   if (!IsObject(props, "TensorProperties")) return Bad("'" + n + "': properties is not a TensorProperties");
@@ -489,6 +499,7 @@ Status Tensor(const Value* md, ParsedDcpItem* item) {
     ParsedDcpChunk chunk;
     SC_ASSIGN_OR_RETURN(chunk.offsets, Ints(Field(c, "offsets"), "'" + n + "' chunk offsets"));
     SC_ASSIGN_OR_RETURN(chunk.sizes, Ints(Field(c, "sizes"), "'" + n + "' chunk sizes"));
+    SC_RETURN_IF_ERROR(charge(sizeof(ParsedDcpChunk) + (chunk.offsets.size() + chunk.sizes.size()) * sizeof(int64_t)));
     item->chunks.push_back(std::move(chunk));
   }
   return Status::Ok();
@@ -568,6 +579,16 @@ void Paths(const Value& planner, const std::set<std::string, std::less<>>& names
 }  // namespace
 
 Result<ParsedDcpMetadata> ParseDcpMetadata(const std::string& pickle, const std::string& origin) {
+  // What the parse copies out of the pickle, charged to the unpickler's budget for its size: the
+  // memo lets a small file name one long tuple or string under a million chunks or records.
+  const uint64_t budget = UnpickleMemoryBudget(pickle.size());
+  uint64_t copied = 0;
+  auto charge = [&](uint64_t bytes) -> Status {
+    copied += bytes;
+    if (copied <= budget) return Status::Ok();
+    return Bad("the parsed metadata needs more than " + std::to_string(budget) + " bytes of memory, the budget for a " +
+               std::to_string(pickle.size()) + "-byte .metadata (objects shared by many records?)");
+  };
   auto run = [&]() -> Result<ParsedDcpMetadata> {
     Machine machine(pickle);
     SC_ASSIGN_OR_RETURN(const Value* root, machine.Run());
@@ -580,12 +601,13 @@ Result<ParsedDcpMetadata> ParseDcpMetadata(const std::string& pickle, const std:
     for (size_t k = 0; k + 1 < sdm->size(); k += 2) {
       ParsedDcpItem item;
       SC_ASSIGN_OR_RETURN(item.name, Str((*sdm)[k], "a state_dict_metadata key"));
+      SC_RETURN_IF_ERROR(charge(sizeof(ParsedDcpItem) + item.name.size()));
       if (!names.insert(item.name).second) return Bad("'" + item.name + "' is listed twice");
       const Value* md = (*sdm)[k + 1];
       if (IsObject(md, "BytesStorageMetadata")) {
         item.is_bytes = true;
       } else if (IsObject(md, "TensorStorageMetadata")) {
-        SC_RETURN_IF_ERROR(Tensor(md, &item));
+        SC_RETURN_IF_ERROR(Tensor(md, &item, charge));
       } else {
         return Bad("'" + item.name + "' is neither a TensorStorageMetadata nor a BytesStorageMetadata");
       }
@@ -597,6 +619,10 @@ Result<ParsedDcpMetadata> ParseDcpMetadata(const std::string& pickle, const std:
     for (size_t k = 0; k + 1 < sd->size(); k += 2) {
       ParsedDcpStorage s;
       SC_RETURN_IF_ERROR(Storage((*sd)[k], (*sd)[k + 1], &s));
+      uint64_t transforms = 0;
+      for (const std::string& t : s.transforms) transforms += t.size();
+      SC_RETURN_IF_ERROR(charge(sizeof(ParsedDcpStorage) + s.fqn.size() + s.relative_path.size() + transforms +
+                                (s.offset ? s.offset->size() * sizeof(int64_t) : 0)));
       out.storage.push_back(std::move(s));
     }
     const Value* planner = Field(root, "planner_data");

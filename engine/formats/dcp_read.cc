@@ -227,6 +227,28 @@ Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* 
     bool fresh = s.offset ? tensor_at.emplace(std::make_pair(s.fqn, *s.offset), &s).second : bytes_at.emplace(s.fqn, &s).second;
     if (!fresh) return bad("'" + s.fqn + "' has two storage records for one chunk");
   }
+  // Two records sharing bytes of a file: DCP never writes that; a hand-edited .metadata might.
+  // Checked before any chunk is located: a chunk read as many pieces (a permuted layout) could
+  // otherwise be described again and again over the same bytes (hundreds of gigabytes of
+  // records from a small .metadata). Every located piece lies inside its record's bytes.
+  {
+    std::map<std::string_view, std::vector<std::pair<uint64_t, uint64_t>>> spans;
+    for (const ParsedDcpStorage& s : md.storage) {
+      if (s.length > 0) spans[s.relative_path].push_back({s.offset_in_file, s.offset_in_file + s.length});
+    }
+    for (auto& [file, ranges] : spans) {
+      std::sort(ranges.begin(), ranges.end());
+      for (size_t k = 1; k < ranges.size(); ++k) {
+        if (ranges[k].first < ranges[k - 1].second) {
+          return bad("two records overlap in " + std::string(file) + " at offset " + std::to_string(ranges[k].first));
+        }
+      }
+    }
+  }
+  // Pieces beyond one per chunk (permuted chunks), over the whole folder: a legitimate folder
+  // of many transposed weights has a few million; past this, memory for the records runs out.
+  constexpr uint64_t kMaxExtraPieces = uint64_t{1} << 23;
+  uint64_t extra_pieces = 0;
   auto problem = [&](const ParsedDcpStorage& s, const std::string& name, const Status& st, bool byte_item) -> Status {
     const std::string what = "'" + name + "' at [" + std::to_string(s.offset_in_file) + ", +" + std::to_string(s.length) +
                              ") of " + s.relative_path + ": " + st.message();
@@ -285,6 +307,11 @@ Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* 
         SC_RETURN_IF_ERROR(problem(s, e.name, status, /*byte_item=*/false));
         continue;
       }
+      extra_pieces += located.empty() ? 0 : located.size() - 1;
+      if (extra_pieces > kMaxExtraPieces) {
+        return Status(Code::kUnimplemented, meta_path + ": tensor '" + e.name + "': the folder's permuted chunks are read as more than " +
+                                                std::to_string(kMaxExtraPieces) + " pieces beyond one per chunk; refused");
+      }
       for (ChunkRecord& chunk : located) {
         chunk.file = file;
         e.chunks.push_back(std::move(chunk));
@@ -295,20 +322,6 @@ Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* 
   if (problems && !problems->empty()) return m;  // chunks left out: coverage would only repeat them
   Status valid = ValidateManifest(m);
   if (!valid.ok()) return valid.WithContext(dir);
-  // Two records sharing bytes of a file: DCP never writes that; a hand-edited .metadata might.
-  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> spans(m.files.size());
-  for (const EntryRecord& e : m.entries) {
-    for (const ChunkRecord& c : e.chunks) spans[c.file].push_back({c.offset, c.offset + c.bytes});
-  }
-  for (const BlobRecord& b : m.blobs) spans[b.file].push_back({b.offset, b.offset + b.bytes});
-  for (size_t f = 0; f < spans.size(); ++f) {
-    std::sort(spans[f].begin(), spans[f].end());
-    for (size_t k = 1; k < spans[f].size(); ++k) {
-      if (spans[f][k].first < spans[f][k - 1].second) {
-        return bad("two records overlap in " + m.files[f].name + " at offset " + std::to_string(spans[f][k].first));
-      }
-    }
-  }
   return m;
 }
 

@@ -39,6 +39,10 @@ class KeysAtPath : public nlohmann::json_sax<nlohmann::json> {
   // above it holds it under the path's key (the first match only).
   bool Open(bool object) {
     const size_t depth = open_.size() + 1;
+    if (depth > kMaxJsonDepth) {
+      keys.too_deep = true;
+      return false;
+    }
     if (object && !keys.found && depth == path_.size() + 1) {
       bool matches = true;
       for (size_t d = 0; d + 1 < depth && matches; ++d) matches = open_[d] && key_at_[d] == path_[d];
@@ -67,7 +71,11 @@ class KeysAtPath : public nlohmann::json_sax<nlohmann::json> {
 
 JsonKeys JsonObjectKeys(const std::string& text, const std::vector<std::string>& path) {
   KeysAtPath sax(path);
-  if (!nlohmann::json::sax_parse(text, &sax)) return JsonKeys{};
+  if (!nlohmann::json::sax_parse(text, &sax)) {
+    JsonKeys none;
+    none.too_deep = sax.keys.too_deep;
+    return none;
+  }
   return sax.keys;
 }
 

@@ -13,7 +13,13 @@ struct JsonKeys {
   bool found = false;           // the text is JSON and holds an object at the path
   std::vector<std::string> names;
   std::string duplicate;        // the first key given twice in that object ("" if none)
+  bool too_deep = false;        // containers nest deeper than kMaxJsonDepth: the pass stopped there
 };
+
+// Deeper than any header or index this reads: a text of nothing but '[' (a 100 MB safetensors
+// header) costs tens of bytes per level in a parser, gigabytes in all. Callers refuse such text
+// before building a document of it.
+inline constexpr size_t kMaxJsonDepth = 64;
 
 // `path`: the keys leading from the top-level object to the object wanted (empty: the top-level
 // object itself). Nothing is found in a text that does not parse.

@@ -68,6 +68,7 @@ Result<std::vector<SafetensorsEntry>> ParseSafetensorsHeader(const std::string& 
   auto bad = [&](const std::string& what) { return DataLoss(origin + ": invalid safetensors: " + what); };
   // Import keeps the file's order of tensors (json_keys.h: a sorted object, the order apart).
   const JsonKeys keys = JsonObjectKeys(text, {});
+  if (keys.too_deep) return bad("the header nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
   if (!keys.found) return bad("the header is not a JSON object");
   if (!keys.duplicate.empty()) return bad("entry '" + keys.duplicate + "' is given twice");
   const std::vector<std::string>& order = keys.names;

@@ -116,7 +116,17 @@ CoverResult CheckCover(const std::string& entry, const Shape& global, const Piec
     }
   }
   RegionIndex index(&regions);
+  // Real partitions (rows, columns, 2-D grids, 3-D ones of 16 a side) take at most tens of
+  // tests per region; a checkpoint's pieces that take more than this are refused rather than
+  // checked for hours (seconds of work at this bound).
+  const uint64_t max_tests = std::max<uint64_t>(uint64_t{1} << 26, 64 * static_cast<uint64_t>(regions.size()));
   for (size_t i = 0; i < regions.size(); ++i) {
+    if (index.tests() > max_tests) {
+      return {InvalidArgument("entry '" + entry + "': its " + std::to_string(pieces.size()) + " pieces (" +
+                              std::to_string(regions.size()) + " boxes) take more than " + std::to_string(max_tests) +
+                              " box tests to check for overlaps; refused (not a layout shardckpt or DCP writes)"),
+              CoverProblem::kBadPiece};
+    }
     Status overlap;
     index.ForEachIntersecting(regions[i], [&](size_t j) {
       size_t a = region_piece[i], b = region_piece[j];

@@ -19,11 +19,17 @@ class RegionIndex {
  public:
   // `regions` must outlive the index; ids are positions in it.
   explicit RegionIndex(const std::vector<Region>* regions);
+  // Exact box tests made so far (candidates the key dim let through): a caller checking every
+  // region against the others bounds its work by this (a grid whose key dim has few distinct
+  // starts, a hostile manifest's million single-element boxes of a [2]*20 tensor, makes each
+  // query test half of them).
+  uint64_t tests() const { return tests_; }
   // Calls visit(id) for each region that intersects `query` (exact box test included).
   template <typename F>
   void ForEachIntersecting(const Region& query, F&& visit) const {
     if (ids_.empty()) return;
     if (key_dim_ < 0) {
+      tests_ += ids_.size();
       for (size_t id : ids_) visit(id);
       return;
     }
@@ -41,6 +47,7 @@ class RegionIndex {
   void Visit(size_t node, size_t lo, size_t hi, size_t limit, int64_t query_start, const Region& query, F& visit) const {
     if (lo >= limit || max_end_[node] <= query_start) return;
     if (hi - lo == 1) {
+      ++tests_;
       if (RegionsIntersect((*regions_)[ids_[lo]], query)) visit(ids_[lo]);
       return;
     }
@@ -55,6 +62,7 @@ class RegionIndex {
   std::vector<int64_t> ends_;
   std::vector<size_t> ids_;
   std::vector<int64_t> max_end_;  // segment tree over positions
+  mutable uint64_t tests_ = 0;
 };
 
 }  // namespace shardckpt
