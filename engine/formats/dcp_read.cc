@@ -234,7 +234,13 @@ Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* 
   {
     std::map<std::string_view, std::vector<std::pair<uint64_t, uint64_t>>> spans;
     for (const ParsedDcpStorage& s : md.storage) {
-      if (s.length > 0) spans[s.relative_path].push_back({s.offset_in_file, s.offset_in_file + s.length});
+      // A record past its file's end (or in a file that cannot be read) is refused for that below.
+      const uint32_t file = file_index.at(s.relative_path);
+      if (s.length == 0 || !sources[file] || s.offset_in_file > m.files[file].size ||
+          s.length > m.files[file].size - s.offset_in_file) {
+        continue;
+      }
+      spans[s.relative_path].push_back({s.offset_in_file, s.offset_in_file + s.length});
     }
     for (auto& [file, ranges] : spans) {
       std::sort(ranges.begin(), ranges.end());
