@@ -598,6 +598,9 @@ TEST_F(TorchFormatsTest, HuggingFaceShardedSetsImportInTheIndexOrder) {
       {R"({"weight_map": {"a": "m-1.safetensors", "c": "m-1.safetensors"}})", "tensor 'c' is not in m-1.safetensors"},
       {R"({"weight_map": {"a": "m-1.safetensors"}})", "the shard files hold 2 tensors but the index lists 1"},
       {R"({"weight_map": {"a": "../m-1.safetensors"}})", "not a file name in the index's folder"},
+      {R"({"weight_map": {"a": "sub\\m-1.safetensors"}})", "not a file name in the index's folder"},
+      {R"({"weight_map": {"a": "m-1.safetensors\u0000x"}})", "maps to 'm-1.safetensors\\0x', not a file name"},
+      {R"({"weight_map": {"a": ")" + std::string(256, 'm') + R"("}})", "not a file name in the index's folder"},
       {R"({"weights": {}})", "not a JSON object with a \"weight_map\" object"},
   };
   for (const Bad& b : bad) {

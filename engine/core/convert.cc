@@ -214,8 +214,8 @@ Result<ShardIndex> ReadShardIndex(const std::string& index_path, const std::stri
     const nlohmann::json& value = *found_value;
     if (!value.is_string()) return out.bad("tensor '" + name + "' maps to a non-string");
     const std::string file = value.get<std::string>();
-    if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..") {
-      return out.bad("tensor '" + name + "' maps to '" + file + "', not a file name in the index's folder");
+    if (!IsPlainFileName(file)) {  // as a manifest's and a DCP folder's names: no '/', '\\', NUL, 256+ bytes
+      return out.bad("tensor '" + name + "' maps to '" + WithNulsShown(file) + "', not a file name in the index's folder");
     }
     out.weights.emplace_back(name, file);
   }
