@@ -36,13 +36,26 @@ Status CheckTensorRecords(const std::string& path, const UnpickledStateDict& dic
   // torch.load builds each storage once, from its first reference; a later one that disagrees
   // would be read differently here, so it is refused.
   std::map<std::string, const PickleTensor*> first;
+  // Import materializes every view: many views repeating one small storage (each within
+  // kMaxExpandedTensorBytes) would turn a file of kilobytes into hundreds of gigabytes written.
+  // Views that partition or overlap their storages a little (a tensor and a row of it) stay far
+  // under this bound.
+  uint64_t stored = 0, viewed = 0;
   for (const PickleTensor& t : dict.tensors) {
     const ZipRecord* record = record_of(t);
     if (!record) return DataLoss(path + ": tensor '" + t.name + "': storage record " + RecordName(t) + " is missing");
     Status valid = ValidateTorchTensor(t, record->size);
     if (!valid.ok()) return valid.WithContext(path);
+    viewed += static_cast<uint64_t>(NumElements(t.sizes).value()) * DTypeSize(t.dtype);  // validated: <= 2^54
     // A typed storage is its dtype; an untyped one (torch 2.x) may be viewed as several.
     auto [it, fresh] = first.emplace(t.storage_key, &t);
+    if (fresh) stored += record->size;
+    constexpr uint64_t kSlack = uint64_t{1} << 30;
+    if (viewed > 4 * stored + kSlack) {
+      return InvalidArgument(path + ": its tensors, up to '" + t.name + "', view their storages as " + std::to_string(viewed) +
+                             " bytes, more than 4x the " + std::to_string(stored) +
+                             " bytes stored plus 1 GiB, which import materializes: refused (views repeating their storage)");
+    }
     const PickleTensor& f = *it->second;
     if (!fresh && (f.storage_numel != t.storage_numel || f.storage_element_size != t.storage_element_size ||
                    (!t.storage_element_size && f.dtype != t.dtype))) {
