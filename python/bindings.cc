@@ -369,6 +369,7 @@ py::tuple LoadCall(Comm& comm, const std::string& path, const std::vector<PieceT
   out["saved_world_size"] = report.saved_world_size;
   out["missing"] = report.missing;
   out["unexpected"] = report.unexpected;
+  out["values_loaded_elsewhere"] = report.values_loaded_elsewhere;
   out["loaded_in_part"] = report.loaded_in_part;
   py::dict blobs;
   for (const auto& [name, blob] : report.blobs) {

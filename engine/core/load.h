@@ -108,6 +108,9 @@ struct LoadReport {
   int saved_world_size = 0;
   std::vector<std::string> missing;     // wanted here, not in the checkpoint
   std::vector<std::string> unexpected;  // in the checkpoint, wanted by no rank
+  // Global values (LoadOptions::wanted_values) this rank did not ask for that another rank
+  // loads: not unexpected, as a tensor another rank loads is not.
+  std::vector<std::string> values_loaded_elsewhere;
   // Entries whose parts the ranks wanted leave elements out (fewer elements together than the
   // tensor, or as many with some twice; a non-strict load, as a strict one refuses them).
   std::vector<std::string> loaded_in_part;

@@ -768,13 +768,43 @@ Result<Match> MatchEntries(Communicator& comm, const Manifest& manifest, const s
   Match match;
   match.local = MatchPieces(manifest, targets, options);
   report->missing = match.local.missing;
+  const int same_world_rank = manifest.world_size == comm.size() ? comm.rank() : -1;
+  ValueMatch values =
+      options.wanted_values ? MatchValues(manifest, *options.wanted_values, options, same_world_rank) : ValueMatch{};
+  // The wants, a byte per entry, then a byte per blob: whether this rank loads that global value.
+  // A value is unexpected only when no rank loads it, as a tensor is (one rank restores a
+  // scheduler's values, another does not pass them).
+  std::string mine = EncodeEntryWants(match.local.wants);
+  mine.resize(manifest.entries.size(), '\0');
+  std::vector<std::string> blob_names;
+  if (options.wanted_values) {
+    const std::set<std::string> unloaded(values.unexpected.begin(), values.unexpected.end());
+    blob_names.reserve(manifest.blobs.size());
+    for (const BlobRecord& b : manifest.blobs) {
+      blob_names.push_back(options.rename ? options.rename(b.name) : b.name);
+      mine += b.scope == BlobScope::kGlobal && !unloaded.count(blob_names.back()) ? '\1' : '\0';
+    }
+  }
   std::vector<std::string> all_wants;
-  SC_RETURN_IF_ERROR(comm.AllGather(EncodeEntryWants(match.local.wants), &all_wants));
+  SC_RETURN_IF_ERROR(comm.AllGather(mine, &all_wants));
   match.demand = CombineWants(all_wants, manifest.entries.size());
   report->unexpected = UnwantedEntries(manifest, match.demand);
-  const int same_world_rank = manifest.world_size == comm.size() ? comm.rank() : -1;
-  const ValueMatch values =
-      options.wanted_values ? MatchValues(manifest, *options.wanted_values, options, same_world_rank) : ValueMatch{};
+  if (!values.unexpected.empty() && !blob_names.empty()) {
+    std::set<std::string> loaded_somewhere;
+    for (size_t k = 0; k < blob_names.size(); ++k) {
+      const size_t at = manifest.entries.size() + k;
+      for (const std::string& theirs : all_wants) {
+        if (at < theirs.size() && theirs[at] == '\1') loaded_somewhere.insert(blob_names[k]);
+      }
+    }
+    const std::set<std::string> own(values.own_unloaded.begin(), values.own_unloaded.end());
+    auto elsewhere = [&](const std::string& name) { return !own.count(name) && loaded_somewhere.count(name); };
+    for (const std::string& name : values.unexpected) {
+      if (elsewhere(name)) report->values_loaded_elsewhere.push_back(name);
+    }
+    values.unexpected.erase(std::remove_if(values.unexpected.begin(), values.unexpected.end(), elsewhere),
+                            values.unexpected.end());
+  }
   // A target the state refused is missing from it: that refusal is the cause, not what is missing.
   const Status refused = targets.CheckNothingRefused();
   Status verdict = !refused.ok() ? refused

@@ -35,15 +35,17 @@ The extension links no libtorch: one build serves torch 1.13 and 2.x.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import json
 import math
 import numbers
 import os
+import signal
 import sys
 import threading
 import weakref
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -396,11 +398,41 @@ def save(state_dict: Mapping[str, Any], root: PathLike, step: int, *, keep_last:
     keep: List[torch.Tensor] = []
     call = _describe_save_call(state_dict, step, metrics, user_metadata, keep, root,
                                (keep_last, keep_best, best_metric, best_higher_is_better))
-    code, message, result = _core.save(
-        comm, call.root, call.step, call.pieces, call.blobs, *call.retention, call.metrics, call.user_metadata,
-        call.state_paths, torch.__version__, call.error)
+    with _ctrl_c_after_the_save() as caught:
+        code, message, result = _core.save(
+            comm, call.root, call.step, call.pieces, call.blobs, *call.retention, call.metrics, call.user_metadata,
+            call.state_paths, torch.__version__, call.error)
     raise_for(code, message)
+    if caught:
+        raise KeyboardInterrupt("Ctrl-C during the save of step %d, which committed" % call.step)
     return SaveResult(**result)
+
+
+@contextlib.contextmanager
+def _ctrl_c_after_the_save() -> Iterator[List[int]]:
+    """Holds Ctrl-C (SIGINT) until the save's engine call returns; the list it yields says
+    whether one came. A save is collective: one rank cannot leave it alone. Under mpirun the
+    engine runs without Python and the signal waited anyway; under torchrun its collectives are
+    Python's (gloo), where KeyboardInterrupt left the save on that rank, the others blocked in
+    it until that process exited, and nothing committed. A second Ctrl-C acts at once, as a
+    program's own SIGINT handler does (it is left alone), and a thread other than the main one
+    cannot hold signals."""
+    caught: List[int] = []
+    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    if previous is not signal.default_int_handler:
+        yield caught
+        return
+
+    def hold(signum: int, frame: Any) -> None:
+        if caught:
+            signal.default_int_handler(signum, frame)
+        caught.append(signum)
+
+    signal.signal(signal.SIGINT, hold)
+    try:
+        yield caught
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _describe_load(state: Mapping[str, Any]) -> Tuple[list, Dict[str, Any], list]:
@@ -564,8 +596,9 @@ def load(state_dict: Dict[str, Any], path: PathLike, *, strict: bool = True, str
                 pieces_of[name] = leaves
     regrouped = {leaf for leaves in pieces_of.values() for leaf in leaves}
     missing = list(raw["missing"]) + [n for n in wanted if n not in saved and n not in pieces_of]
+    elsewhere = set(raw["values_loaded_elsewhere"])  # another rank loads them (names as renamed)
     unexpected = list(raw["unexpected"]) + [n for n in saved
-                                            if n not in wanted and n not in regrouped]
+                                            if n not in wanted and n not in regrouped and n not in elsewhere]
     values: Dict[str, Any] = {}
     unavailable: Dict[str, str] = {}
     error = ("OK", "")

@@ -219,6 +219,7 @@ class TorchGroupComm:
                 "still needed it (an async save in flight?): call the save handle's wait() "
                 "before dist.destroy_process_group()" % (self.rank, what))
         self.census.arrive(self.rank)
+        started = time.monotonic()
         work = launch()
         _RECENT_WORK.append(work)
         try:
@@ -235,10 +236,14 @@ class TorchGroupComm:
             who = ("rank%s %s never joined it" % ("s" if len(absent) > 1 else "",
                                                  ", ".join(map(str, absent))) if absent else
                    "another rank never joined it")
-            self.broken = ("%s timed out after %g s (SHARDCKPT_COLLECTIVE_TIMEOUT_S) on rank %d "
-                           "of a group of %d: %s" % (what, self.timeout_s,
-                                                     _global_rank(self.group, self.rank),
-                                                     self.size, who))
+            # The group's own timeout (init_process_group(timeout=...)) may come first: the time
+            # waited is said, and which deadline it was.
+            waited = time.monotonic() - started
+            deadline = ("SHARDCKPT_COLLECTIVE_TIMEOUT_S" if waited >= 0.9 * self.timeout_s else
+                        "the process group's own timeout, before SHARDCKPT_COLLECTIVE_TIMEOUT_S=%g s"
+                        % self.timeout_s)
+            self.broken = ("%s timed out after %.3g s (%s) on rank %d of a group of %d: %s"
+                           % (what, max(waited, 0.001), deadline, _global_rank(self.group, self.rank), self.size, who))
             raise DeadlineExceeded("torch.distributed " + self.broken) from None
 
     def _failed(self, what: str, text: str) -> Aborted:

@@ -417,6 +417,23 @@ def test_a_per_rank_value_only_some_ranks_hold_loads_strictly(comm, root):
         assert target["cursor"].value == {"pos": 7}
 
 
+def test_a_value_only_some_ranks_load_is_no_unexpected_entry(comm, root):
+    # As for a tensor: rank 0 alone restores the scheduler's values; a strict load is satisfied
+    # because some rank loads them (it said "entries no rank loads: 'sched'" on every rank).
+    shardckpt.save({"x": torch.ones(2), "sched": {"a": 1}}, root, step=1)
+    target = {"x": torch.zeros(2)}
+    if comm.rank == 0:
+        target["sched"] = {"a": 0}
+    shardckpt.load(target, root)
+    assert torch.equal(target["x"], torch.ones(2))
+    if comm.rank == 0:
+        assert target["sched"] == {"a": 1}
+    # No rank loading it is still refused, on every rank.
+    with pytest.raises(shardckpt.InvalidArgument) as error:
+        shardckpt.load({"x": torch.zeros(2)}, root)
+    assert "has entries no rank loads: 'sched'" in error.value.message
+
+
 def test_missing_key_is_named_by_a_strict_load(root):
     shardckpt.save({"a": torch.ones(2), "s": 1}, root, step=1)
     for extra in ({"b": torch.ones(2)}, {"t": "blob"}):

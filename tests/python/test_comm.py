@@ -166,6 +166,66 @@ def test_a_rank_that_never_joins_is_a_deadline_not_a_hang(comm, root, monkeypatc
     assert not os.path.exists(os.path.join(root, "step-000000001"))
 
 
+def test_a_groups_own_shorter_timeout_is_said_as_such(comm, root, monkeypatch):
+    """A group made with timeout=2 s times out before SHARDCKPT_COLLECTIVE_TIMEOUT_S (30 s): the
+    message said "after 1800 s (SHARDCKPT_COLLECTIVE_TIMEOUT_S)" where 10 s had passed."""
+    import datetime
+    import re
+    import time
+    import torch.distributed as dist
+    if not dist.is_initialized() or comm.size < 2:
+        pytest.skip("torch.distributed with 2 ranks or more")
+    monkeypatch.setenv("SHARDCKPT_COLLECTIVE_TIMEOUT_S", "30")
+    group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=2))
+    conftest.left_a_group_out_of_step(group)
+    short = shardckpt.from_process_group(group)
+    if comm.rank == comm.size - 1:
+        time.sleep(5)  # busy elsewhere: never joins this save
+    else:
+        started = time.time()
+        with pytest.raises(shardckpt.DeadlineExceeded) as error:
+            shardckpt.save({"w": torch.ones(2)}, root, step=1, comm=short)
+        waited = time.time() - started
+        if waited < 20:  # the group's own timeout came first (not every torch applies it to gloo)
+            assert "the process group's own timeout, before SHARDCKPT_COLLECTIVE_TIMEOUT_S=30 s" in \
+                error.value.message, error.value.message
+        else:
+            assert "(SHARDCKPT_COLLECTIVE_TIMEOUT_S)" in error.value.message, error.value.message
+        said = float(re.search(r"timed out after ([0-9.]+) s", error.value.message).group(1))
+        assert abs(said - waited) < 3, (said, waited)
+    barrier(comm)
+
+
+def test_ctrl_c_on_one_rank_during_a_save_acts_after_it_commits(comm, root, monkeypatch):
+    """Under torchrun the save's collectives run Python (gloo): Ctrl-C on one rank raised
+    KeyboardInterrupt inside one, that rank left the save as Aborted, the others waited for it
+    to exit, and nothing committed. It is held until the save returns, then raised."""
+    import signal
+    import torch.distributed as dist
+    from shardckpt._torch_comm import TorchGroupComm
+    if not dist.is_initialized() or comm.size < 2:
+        pytest.skip("torch.distributed with 2 ranks or more")
+    gloo = shardckpt.from_process_group(dist.new_group(backend="gloo"))
+    if comm.rank == 1:
+        run, sent = TorchGroupComm._run, []
+
+        def interrupted_run(self, what, launch):  # the signal arrives inside the save's first collective
+            if not sent:
+                sent.append(True)
+                os.kill(os.getpid(), signal.SIGINT)
+            return run(self, what, launch)
+
+        monkeypatch.setattr(TorchGroupComm, "_run", interrupted_run)
+        with pytest.raises(KeyboardInterrupt) as stopped:
+            shardckpt.save({"w": torch.ones(4)}, root, step=1, comm=gloo)
+        assert "during the save of step 1, which committed" in str(stopped.value)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    else:
+        shardckpt.save({"w": torch.ones(4)}, root, step=1, comm=gloo)
+    barrier(comm)
+    assert os.path.exists(os.path.join(root, "step-000000001", "manifest.json"))
+
+
 def test_a_rank_that_never_joins_the_first_async_save_is_a_deadline_not_a_hang(comm, root, monkeypatch):
     """The first async_save() makes the saver's own gloo group: torch's new_group waited for the
     absent rank for torch's timeout (30 minutes), past SHARDCKPT_COLLECTIVE_TIMEOUT_S."""
