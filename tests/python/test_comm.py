@@ -135,14 +135,14 @@ def test_a_process_group_is_wrapped_once(comm):
     assert shardckpt._comm.resolve(group) is shardckpt._comm.resolve(group)
 
 
-def _group_with_a_deadline(comm, monkeypatch):
+def _group_with_a_deadline(comm, monkeypatch, deadline_s="3", **group_options):
     """A communicator over a gloo group of its own (a timed-out group stays out of step) whose
-    collectives give up after 3 s."""
+    collectives give up after `deadline_s` (SHARDCKPT_COLLECTIVE_TIMEOUT_S)."""
     import torch.distributed as dist
     if not dist.is_initialized() or comm.size < 2:
         pytest.skip("torch.distributed with 2 ranks or more")
-    monkeypatch.setenv("SHARDCKPT_COLLECTIVE_TIMEOUT_S", "3")
-    group = dist.new_group(backend="gloo")
+    monkeypatch.setenv("SHARDCKPT_COLLECTIVE_TIMEOUT_S", deadline_s)
+    group = dist.new_group(backend="gloo", **group_options)
     conftest.left_a_group_out_of_step(group)
     return shardckpt.from_process_group(group)
 
@@ -172,13 +172,7 @@ def test_a_groups_own_shorter_timeout_is_said_as_such(comm, root, monkeypatch):
     import datetime
     import re
     import time
-    import torch.distributed as dist
-    if not dist.is_initialized() or comm.size < 2:
-        pytest.skip("torch.distributed with 2 ranks or more")
-    monkeypatch.setenv("SHARDCKPT_COLLECTIVE_TIMEOUT_S", "30")
-    group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=2))
-    conftest.left_a_group_out_of_step(group)
-    short = shardckpt.from_process_group(group)
+    short = _group_with_a_deadline(comm, monkeypatch, "30", timeout=datetime.timedelta(seconds=2))
     if comm.rank == comm.size - 1:
         time.sleep(5)  # busy elsewhere: never joins this save
     else:
