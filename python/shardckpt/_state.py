@@ -297,10 +297,16 @@ def _encode_json(value: Any, name: str) -> Any:
             "'%s': a tensor inside a value (a PerRank's dict or list, or a dict key) cannot be saved: "
             "a PerRank takes one tensor, or plain values; give each tensor a PerRank of its own (e.g. "
             "{'cpu': PerRank(cpu_state), 'cuda': PerRank(cuda_state)})" % name)
+    # What to do instead, for the objects a training loop hands over most often.
+    hint = ""
+    if callable(getattr(value, "state_dict", None)):
+        hint = "; pass its state_dict() (DCP's Stateful objects are saved that way), and load_state_dict() it after a load"
+    elif type(value).__module__ == "numpy" or type(value).__module__.startswith("numpy."):
+        hint = "; pass .tolist() (an RNG state: np.random.get_state() as a list), or torch.from_numpy() for an array of numbers"
     raise InvalidArgument(
         "'%s': a %s.%s cannot be saved: a state dict holds tensors, FlatShard, PerRank, and "
-        "int/float/str/bool/None/bytes with lists, tuples and dicts of them" % (
-            name, type(value).__module__, type(value).__qualname__))
+        "int/float/str/bool/None/bytes with lists, tuples and dicts of them%s" % (
+            name, type(value).__module__, type(value).__qualname__, hint))
 
 
 def _decode_json(value: Any) -> Any:

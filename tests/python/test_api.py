@@ -588,6 +588,19 @@ def test_unsupported_value_is_refused_on_every_rank_naming_its_key(comm, root):
     assert not os.path.exists(os.path.join(root, "step-000000001"))
 
 
+def test_objects_a_training_loop_hands_over_are_refused_saying_what_to_pass(root):
+    # A scheduler (or DCP's Stateful app state) and numpy's RNG state: what to pass instead.
+    sched = torch.optim.lr_scheduler.StepLR(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1), 1)
+    with pytest.raises(shardckpt.InvalidArgument) as error:
+        shardckpt.save({"w": torch.ones(2), "sched": sched}, root, step=1)
+    assert "'sched': a torch.optim.lr_scheduler.StepLR cannot be saved" in error.value.message
+    assert "pass its state_dict()" in error.value.message
+    np = pytest.importorskip("numpy")
+    with pytest.raises(shardckpt.InvalidArgument) as error:
+        shardckpt.save({"w": torch.ones(2), "rng": shardckpt.PerRank(np.random.get_state())}, root, step=1)
+    assert "pass .tolist()" in error.value.message, error.value.message
+
+
 @pytest.mark.parametrize("bad", ["key", "value", "value_key", "metadata", "metadata_key", "cycle", "cycle_past_a_tensor"])
 def test_a_state_only_python_can_hold_is_refused_on_every_rank_naming_it(comm, root, bad):
     """Held by the last rank only: a key or a string value that is not valid Unicode (a lone
