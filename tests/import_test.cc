@@ -95,6 +95,29 @@ TEST_F(ImportTest, HostileTensorRecordsAreRefusedNamingTensorAndField) {
   }
 }
 
+// One view under many names (nn.ModuleList([block] * 12)) is written once, so it counts once
+// against the bound on bytes viewed: six names of a 256 MiB view of a 4-byte storage are 256
+// MiB, not 1.5 GiB, and pass; six different such views do not.
+TEST(TorchViewBound, AViewUnderManyNamesCountsOnce) {
+  using D = DType;
+  std::vector<PickleTensor> same, different;
+  for (int i = 0; i < 6; ++i) {
+    same.push_back(PickleTensor{"block" + std::to_string(i), D::kFloat32, {int64_t{1} << 26}, {0}, 0, "0", 1});
+    different.push_back(PickleTensor{"view" + std::to_string(i), D::kFloat32, {(int64_t{1} << 26) - i}, {0}, 0, "0", 1});
+  }
+  for (const bool tied : {true, false}) {
+    const testing::TorchFileCase c{tied ? "tied" : "views", PickleStateDict(tied ? same : different).value(), {{"0", 4}}, "", ""};
+    TempDir dir;
+    const std::string file = JoinPath(dir.path(), c.name + ".pt");
+    ASSERT_TRUE(testing::WriteTorchFile(file, c).ok());
+    Result<ZipReader> zip = ZipReader::Open(ByteSource::FromBytes(ReadAll(file), c.name));
+    ASSERT_TRUE(zip.ok()) << zip.status().ToString();
+    Result<UnpickledStateDict> dict = ReadTorchStateDict(*zip);
+    EXPECT_EQ(dict.ok(), tied) << (dict.ok() ? std::string("read") : dict.status().ToString());
+    if (!tied) EXPECT_THAT(dict.status().message(), HasSubstr("more than 4x the 4 bytes stored plus 1 GiB"));
+  }
+}
+
 // What the tensors of ValidTorchFiles() hold, gathered here the slow and obvious way.
 std::vector<uint8_t> Gather(const PickleTensor& t) {
   const size_t element = DTypeSize(t.dtype);

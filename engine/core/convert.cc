@@ -366,19 +366,10 @@ std::vector<int64_t> TiedTensors(const std::vector<PickleTensor>& tensors) {
   std::vector<int64_t> tied(tensors.size(), -1);
   std::unordered_map<std::string, size_t> first;
   first.reserve(tensors.size());
-  std::string key;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const PickleTensor& t = tensors[i];
     if (t.sizes.empty() || NumElements(t.sizes).value() == 0) continue;  // 0-d and empty tensors are never tied
-    key.assign(t.storage_key);
-    key.push_back('\0');
-    auto put = [&](int64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
-    put(static_cast<int64_t>(t.dtype));
-    put(t.storage_offset);
-    put(static_cast<int64_t>(t.sizes.size()));
-    for (int64_t v : t.sizes) put(v);
-    for (int64_t v : t.strides) put(v);
-    auto [it, fresh] = first.emplace(key, i);
+    auto [it, fresh] = first.emplace(TensorViewKey(t), i);
     if (!fresh) tied[i] = static_cast<int64_t>(it->second);
   }
   return tied;

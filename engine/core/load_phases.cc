@@ -627,7 +627,7 @@ Status MatchVerdict(const Status& local, bool strict, const std::string& dir, co
   }
   std::vector<std::string> own_unloaded;
   for (const std::string& name : values.unexpected) {
-    if (contains(missing, name) || inside(name)) continue;
+    if (contains(missing, name) || inside(name) || contains(values.loaded_elsewhere, name)) continue;
     (contains(values.own_unloaded, name) ? own_unloaded : all_unexpected).push_back(name);
   }
   if (all_missing.empty() && all_unexpected.empty() && own_unloaded.empty() && kinds.empty()) return Status::Ok();
@@ -798,12 +798,10 @@ Result<Match> MatchEntries(Communicator& comm, const Manifest& manifest, const s
       }
     }
     const std::set<std::string> own(values.own_unloaded.begin(), values.own_unloaded.end());
-    auto elsewhere = [&](const std::string& name) { return !own.count(name) && loaded_somewhere.count(name); };
     for (const std::string& name : values.unexpected) {
-      if (elsewhere(name)) report->values_loaded_elsewhere.push_back(name);
+      if (!own.count(name) && loaded_somewhere.count(name)) values.loaded_elsewhere.push_back(name);
     }
-    values.unexpected.erase(std::remove_if(values.unexpected.begin(), values.unexpected.end(), elsewhere),
-                            values.unexpected.end());
+    report->values_loaded_elsewhere = values.loaded_elsewhere;
   }
   // A target the state refused is missing from it: that refusal is the cause, not what is missing.
   const Status refused = targets.CheckNothingRefused();

@@ -142,6 +142,10 @@ struct ValueMatch {
   // passed as a value even where another rank's state takes the tensor.
   std::vector<std::string> tensors_named;
   std::vector<std::string> tensors_named_saved;  // the same tensors under their saved names
+  // Of `unexpected`, global values another rank loads (set by MatchEntries after the wants are
+  // gathered): not "no rank loads" them; still in `unexpected` for the verdict's other causes
+  // (a value passed as a tensor here).
+  std::vector<std::string> loaded_elsewhere;
 };
 // At the saved world size a rank takes only its own per-rank blobs (as PlanReads gives them):
 // `rank` is this rank there, -1 at another world size (every rank's records count).

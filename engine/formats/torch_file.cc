@@ -1,5 +1,7 @@
 #include "shardckpt/engine/formats/torch_file.h"
 
+#include <unordered_set>
+
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -28,6 +30,19 @@ std::string RecordName(const PickleTensor& t) { return "data/" + t.storage_key; 
 
 }  // namespace
 
+std::string TensorViewKey(const PickleTensor& t) {
+  std::string key;
+  auto put = [&](int64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  put(static_cast<int64_t>(t.storage_key.size()));
+  key += t.storage_key;
+  put(static_cast<int64_t>(t.dtype));
+  put(t.storage_offset);
+  put(static_cast<int64_t>(t.sizes.size()));
+  for (int64_t v : t.sizes) put(v);
+  for (int64_t v : t.strides) put(v);
+  return key;
+}
+
 namespace {
 
 // Every tensor against its storage's record, and all tensors naming one storage agreeing on it.
@@ -41,12 +56,15 @@ Status CheckTensorRecords(const std::string& path, const UnpickledStateDict& dic
   // Views that partition or overlap their storages a little (a tensor and a row of it) stay far
   // under this bound.
   uint64_t stored = 0, viewed = 0;
+  std::unordered_set<std::string> views;  // a tensor under a second name is written once (tied)
   for (const PickleTensor& t : dict.tensors) {
     const ZipRecord* record = record_of(t);
     if (!record) return DataLoss(path + ": tensor '" + t.name + "': storage record " + RecordName(t) + " is missing");
     Status valid = ValidateTorchTensor(t, record->size);
     if (!valid.ok()) return valid.WithContext(path);
-    viewed += static_cast<uint64_t>(NumElements(t.sizes).value()) * DTypeSize(t.dtype);  // validated: <= 2^54
+    if (views.insert(TensorViewKey(t)).second) {
+      viewed += static_cast<uint64_t>(NumElements(t.sizes).value()) * DTypeSize(t.dtype);  // validated: <= 2^54
+    }
     // A typed storage is its dtype; an untyped one (torch 2.x) may be viewed as several.
     auto [it, fresh] = first.emplace(t.storage_key, &t);
     if (fresh) stored += record->size;

@@ -17,6 +17,10 @@ namespace shardckpt {
 // to are bounded by this or by its storage's size, whichever is larger.
 inline constexpr uint64_t kMaxExpandedTensorBytes = uint64_t{256} << 20;
 
+// What makes two tensors of a .pt one tensor under two names: the same storage, dtype, offset,
+// sizes and strides, as bytes (the storage key length-prefixed, so no two descriptions collide).
+std::string TensorViewKey(const PickleTensor& t);
+
 // Unpickles data.pkl and validates every tensor record (ValidateTorchTensor, plus: all tensors
 // naming one storage agree on its dtype and size). Reads no tensor data.
 Result<UnpickledStateDict> ReadTorchStateDict(const ZipReader& zip);

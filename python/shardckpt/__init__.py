@@ -402,9 +402,14 @@ def save(state_dict: Mapping[str, Any], root: PathLike, step: int, *, keep_last:
         code, message, result = _core.save(
             comm, call.root, call.step, call.pieces, call.blobs, *call.retention, call.metrics, call.user_metadata,
             call.state_paths, torch.__version__, call.error)
-    raise_for(code, message)
-    if caught:
+    if caught:  # said whether the save failed or not: a loop that retries failed saves must stop
+        try:
+            raise_for(code, message)
+        except ShardckptError as failure:
+            raise KeyboardInterrupt("Ctrl-C during the save of step %d, which failed: %s" % (call.step, failure)) \
+                from failure
         raise KeyboardInterrupt("Ctrl-C during the save of step %d, which committed" % call.step)
+    raise_for(code, message)
     return SaveResult(**result)
 
 

@@ -242,8 +242,8 @@ class TorchGroupComm:
             deadline = ("SHARDCKPT_COLLECTIVE_TIMEOUT_S" if waited >= 0.9 * self.timeout_s else
                         "the process group's own timeout, before SHARDCKPT_COLLECTIVE_TIMEOUT_S=%g s"
                         % self.timeout_s)
-            self.broken = ("%s timed out after %.3g s (%s) on rank %d of a group of %d: %s"
-                           % (what, max(waited, 0.001), deadline, _global_rank(self.group, self.rank), self.size, who))
+            self.broken = ("%s timed out after %g s (%s) on rank %d of a group of %d: %s"
+                           % (what, round(waited, 1), deadline, _global_rank(self.group, self.rank), self.size, who))
             raise DeadlineExceeded("torch.distributed " + self.broken) from None
 
     def _failed(self, what: str, text: str) -> Aborted:

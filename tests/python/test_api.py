@@ -434,6 +434,17 @@ def test_a_value_only_some_ranks_load_is_no_unexpected_entry(comm, root):
     assert "has entries no rank loads: 'sched'" in error.value.message
 
 
+def test_a_value_passed_as_a_tensor_on_one_rank_is_said_so(comm, root):
+    # Another rank loading the value must not hide this rank's mistake behind "not in checkpoint".
+    if comm.size < 2:
+        pytest.skip("2 ranks or more")
+    shardckpt.save({"w": torch.ones(2), "x": 3}, root, step=1)
+    target = {"w": torch.zeros(2), "x": torch.zeros(1) if comm.rank == 0 else 0}
+    with pytest.raises(shardckpt.ShardckptError) as error:
+        shardckpt.load(target, root)
+    assert "'x' is a value in the checkpoint but a tensor in the state passed" in error.value.message, error.value.message
+
+
 def test_missing_key_is_named_by_a_strict_load(root):
     shardckpt.save({"a": torch.ones(2), "s": 1}, root, step=1)
     for extra in ({"b": torch.ones(2)}, {"t": "blob"}):

@@ -214,8 +214,17 @@ def test_ctrl_c_on_one_rank_during_a_save_acts_after_it_commits(comm, root, monk
             shardckpt.save({"w": torch.ones(4)}, root, step=1, comm=gloo)
         assert "during the save of step 1, which committed" in str(stopped.value)
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        # A save that fails (the ranks disagree on a replicated tensor) with Ctrl-C held: the
+        # KeyboardInterrupt still comes, from the failure, so a loop retrying failed saves stops.
+        sent.clear()
+        with pytest.raises(KeyboardInterrupt) as stopped:
+            shardckpt.save({"w": torch.ones(5)}, root, step=2, comm=gloo)
+        assert "during the save of step 2, which failed" in str(stopped.value)
+        assert isinstance(stopped.value.__cause__, shardckpt.ShardckptError)
     else:
         shardckpt.save({"w": torch.ones(4)}, root, step=1, comm=gloo)
+        with pytest.raises(shardckpt.ShardckptError):
+            shardckpt.save({"w": torch.ones(4)}, root, step=2, comm=gloo)
     barrier(comm)
     assert os.path.exists(os.path.join(root, "step-000000001", "manifest.json"))
 
