@@ -638,7 +638,10 @@ int main(int argc, char** argv) {
         if (a.victim_does == "hang") ::sleep(600);
         if (a.victim_does == "broadcast") {
           // Alive and in a collective, but another one than the others are in (a load's first
-          // while they save): their diagnosis must say so, not blame the transport.
+          // while they save): their diagnosis must say so, not blame the transport. Two seconds
+          // late, so that its own deadline passes after theirs: on a loaded machine its census
+          // and abort could otherwise end the job before they report.
+          ::sleep(2);
           std::string bytes(64, 'x');
           Status broadcast = comm->Broadcast(bytes.data(), bytes.size(), 0);
           std::printf("rank %d: broadcast: %s\n", comm->rank(), broadcast.ToString().c_str());
