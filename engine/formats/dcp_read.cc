@@ -231,15 +231,15 @@ Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* 
   // Checked before any chunk is located: a chunk read as many pieces (a permuted layout) could
   // otherwise be described again and again over the same bytes (hundreds of gigabytes of
   // records from a small .metadata). Every located piece lies inside its record's bytes.
+  auto past_its_file = [&](const ParsedDcpStorage& s, uint32_t file) {
+    return s.offset_in_file > m.files[file].size || s.length > m.files[file].size - s.offset_in_file;
+  };
   {
     std::map<std::string_view, std::vector<std::pair<uint64_t, uint64_t>>> spans;
     for (const ParsedDcpStorage& s : md.storage) {
       // A record past its file's end (or in a file that cannot be read) is refused for that below.
       const uint32_t file = file_index.at(s.relative_path);
-      if (s.length == 0 || !sources[file] || s.offset_in_file > m.files[file].size ||
-          s.length > m.files[file].size - s.offset_in_file) {
-        continue;
-      }
+      if (s.length == 0 || !sources[file] || past_its_file(s, file)) continue;
       spans[s.relative_path].push_back({s.offset_in_file, s.offset_in_file + s.length});
     }
     for (auto& [file, ranges] : spans) {
@@ -276,7 +276,7 @@ Result<Manifest> ReadDcpFolder(const std::string& dir, std::vector<DcpProblem>* 
         (*problems)[problem_of_file[file]].blobs.push_back(item.name);
         continue;
       }
-      if (s.offset_in_file > m.files[file].size || s.length > m.files[file].size - s.offset_in_file) {
+      if (past_its_file(s, file)) {
         SC_RETURN_IF_ERROR(problem(s, item.name, DataLoss("runs past the end of the file (" + std::to_string(m.files[file].size) +
                                                           " bytes): truncated?"),
                                    /*byte_item=*/true));

@@ -1,11 +1,10 @@
 #include "shardckpt/engine/formats/torch_file.h"
 
-#include <unordered_set>
-
 #include <algorithm>
 #include <cstring>
 #include <functional>
 #include <map>
+#include <unordered_set>
 #include <utility>
 
 namespace shardckpt {

@@ -69,6 +69,16 @@ Status ShardedState::CheckNothingRefused() const {
 
 Status ShardedState::AddTensor(const std::string& name, DType dtype, const Shape& global_shape,
                                const Layout& layout, void* data) {
+  return AddPiece(name, dtype, global_shape, layout, data, std::nullopt);
+}
+
+Status ShardedState::AddTensor(const std::string& name, DType dtype, const Shape& global_shape,
+                               const Layout& layout, void* data, size_t data_bytes) {
+  return AddPiece(name, dtype, global_shape, layout, data, data_bytes);
+}
+
+Status ShardedState::AddPiece(const std::string& name, DType dtype, const Shape& global_shape, const Layout& layout,
+                              void* data, std::optional<size_t> data_bytes) {
   if (name.empty()) return Refuse(InvalidArgument("a tensor needs a name"));
   if (name.find('\0') != std::string::npos) {
     return Refuse(InvalidArgument("tensor '" + WithNulsShown(name) + "': its name has a NUL byte in it"));
@@ -80,24 +90,15 @@ Status ShardedState::AddTensor(const std::string& name, DType dtype, const Shape
   if (!size_ok.ok()) return Refuse(size_ok.WithContext("tensor '" + name + "'"));
   int64_t bytes = *count * static_cast<int64_t>(DTypeSize(dtype));
   if (data == nullptr && bytes > 0) return Refuse(InvalidArgument("tensor '" + name + "' has no data pointer"));
+  if (data_bytes && static_cast<uint64_t>(bytes) > *data_bytes) {
+    return Refuse(InvalidArgument("tensor '" + name + "': " + layout.ToString() + " of " + ShapeString(global_shape) +
+                                  " is " + ShapeString(LocalShape(layout, global_shape)) + " of " + DTypeName(dtype) +
+                                  ", " + std::to_string(bytes) + " bytes, but the buffer given holds " +
+                                  std::to_string(*data_bytes)));
+  }
   pieces_.push_back(TensorPiece{name, dtype, global_shape, layout, data, bytes});
   pieces_digest_ = FoldPieceDescription(pieces_digest_, pieces_.back());
   return Status::Ok();
-}
-
-Status ShardedState::AddTensor(const std::string& name, DType dtype, const Shape& global_shape,
-                               const Layout& layout, void* data, size_t data_bytes) {
-  // A layout or shape AddTensor refuses is refused there, with its own reason.
-  if (Result<int64_t> count = ValidateLayout(layout, global_shape); count.ok() && !IsRefusedLayout(layout)) {
-    const uint64_t needed = static_cast<uint64_t>(*count) * DTypeSize(dtype);
-    if (needed > data_bytes) {
-      return Refuse(InvalidArgument("tensor '" + WithNulsShown(name) + "': " + layout.ToString() + " of " +
-                                    ShapeString(global_shape) + " is " + ShapeString(LocalShape(layout, global_shape)) +
-                                    " of " + DTypeName(dtype) + ", " + std::to_string(needed) +
-                                    " bytes, but the buffer given holds " + std::to_string(data_bytes)));
-    }
-  }
-  return AddTensor(name, dtype, global_shape, layout, data);
 }
 
 Status ShardedState::AddDeviceTensor(const std::string& name, DType dtype, const Shape& global_shape,

@@ -3,6 +3,7 @@
 // pointers, Load writes into them.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -81,6 +82,9 @@ class ShardedState {
   }
 
  private:
+  // Both AddTensors: `data_bytes`, where given, the size of the buffer at `data`.
+  Status AddPiece(const std::string& name, DType dtype, const Shape& global_shape, const Layout& layout, void* data,
+                  std::optional<size_t> data_bytes);
   std::vector<TensorPiece> pieces_;
   std::vector<BlobItem> blobs_;
   uint64_t pieces_digest_ = 0;

@@ -147,18 +147,28 @@ def _group_with_a_deadline(comm, monkeypatch, deadline_s="3", **group_options):
     return shardckpt.from_process_group(group)
 
 
-def test_a_rank_that_never_joins_is_a_deadline_not_a_hang(comm, root, monkeypatch):
+def _deadline_while_the_last_rank_sleeps(comm, seconds, call):
+    """The last rank is busy elsewhere for `seconds` and never joins `call`; the others run it,
+    which must raise DeadlineExceeded: (that error, the seconds it took) there, None on the last."""
     import time
-    late = _group_with_a_deadline(comm, monkeypatch)
     if comm.rank == comm.size - 1:
-        time.sleep(6)  # busy elsewhere: never joins this save
-    else:
-        started = time.time()
-        with pytest.raises(shardckpt.DeadlineExceeded) as error:
-            shardckpt.save({"w": torch.ones(2)}, root, step=1, comm=late)
-        assert "SHARDCKPT_COLLECTIVE_TIMEOUT_S" in error.value.message
-        assert "rank %d never joined" % (comm.size - 1) in error.value.message
-        assert time.time() - started < 6  # gave up at the deadline
+        time.sleep(seconds)
+        return None
+    started = time.time()
+    with pytest.raises(shardckpt.DeadlineExceeded) as error:
+        call()
+    return error.value, time.time() - started
+
+
+def test_a_rank_that_never_joins_is_a_deadline_not_a_hang(comm, root, monkeypatch):
+    late = _group_with_a_deadline(comm, monkeypatch)
+    outcome = _deadline_while_the_last_rank_sleeps(comm, 6, lambda: shardckpt.save({"w": torch.ones(2)}, root, step=1,
+                                                                                     comm=late))
+    if outcome:
+        error, waited = outcome
+        assert "SHARDCKPT_COLLECTIVE_TIMEOUT_S" in error.message
+        assert "rank %d never joined" % (comm.size - 1) in error.message
+        assert waited < 6  # gave up at the deadline
         # The group is out of step now: later calls refuse at once rather than mismatch.
         with pytest.raises(shardckpt.DeadlineExceeded):
             shardckpt.save({"w": torch.ones(2)}, root, step=2, comm=late)
@@ -171,21 +181,17 @@ def test_a_groups_own_shorter_timeout_is_said_as_such(comm, root, monkeypatch):
     message said "after 1800 s (SHARDCKPT_COLLECTIVE_TIMEOUT_S)" where 10 s had passed."""
     import datetime
     import re
-    import time
     short = _group_with_a_deadline(comm, monkeypatch, "30", timeout=datetime.timedelta(seconds=2))
-    if comm.rank == comm.size - 1:
-        time.sleep(5)  # busy elsewhere: never joins this save
-    else:
-        started = time.time()
-        with pytest.raises(shardckpt.DeadlineExceeded) as error:
-            shardckpt.save({"w": torch.ones(2)}, root, step=1, comm=short)
-        waited = time.time() - started
+    outcome = _deadline_while_the_last_rank_sleeps(comm, 5, lambda: shardckpt.save({"w": torch.ones(2)}, root, step=1,
+                                                                                     comm=short))
+    if outcome:
+        error, waited = outcome
         if waited < 20:  # the group's own timeout came first (not every torch applies it to gloo)
             assert "the process group's own timeout, before SHARDCKPT_COLLECTIVE_TIMEOUT_S=30 s" in \
-                error.value.message, error.value.message
+                error.message, error.message
         else:
-            assert "(SHARDCKPT_COLLECTIVE_TIMEOUT_S)" in error.value.message, error.value.message
-        said = float(re.search(r"timed out after ([0-9.]+) s", error.value.message).group(1))
+            assert "(SHARDCKPT_COLLECTIVE_TIMEOUT_S)" in error.message, error.message
+        said = float(re.search(r"timed out after ([0-9.]+) s", error.message).group(1))
         assert abs(said - waited) < 3, (said, waited)
     barrier(comm)
 
@@ -232,17 +238,14 @@ def test_ctrl_c_on_one_rank_during_a_save_acts_after_it_commits(comm, root, monk
 def test_a_rank_that_never_joins_the_first_async_save_is_a_deadline_not_a_hang(comm, root, monkeypatch):
     """The first async_save() makes the saver's own gloo group: torch's new_group waited for the
     absent rank for torch's timeout (30 minutes), past SHARDCKPT_COLLECTIVE_TIMEOUT_S."""
-    import time
     late = _group_with_a_deadline(comm, monkeypatch)
-    if comm.rank == comm.size - 1:
-        time.sleep(6)  # busy elsewhere: never calls async_save
-    else:
-        started = time.time()
-        with pytest.raises(shardckpt.DeadlineExceeded) as error:
-            shardckpt.async_save({"w": torch.ones(2)}, root, step=1, comm=late).wait()
-        assert "SHARDCKPT_COLLECTIVE_TIMEOUT_S" in error.value.message
-        assert "rank %d never joined" % (comm.size - 1) in error.value.message, error.value.message
-        assert time.time() - started < 6  # gave up at the deadline
+    outcome = _deadline_while_the_last_rank_sleeps(
+        comm, 6, lambda: shardckpt.async_save({"w": torch.ones(2)}, root, step=1, comm=late).wait())
+    if outcome:
+        error, waited = outcome
+        assert "SHARDCKPT_COLLECTIVE_TIMEOUT_S" in error.message
+        assert "rank %d never joined" % (comm.size - 1) in error.message, error.message
+        assert waited < 6  # gave up at the deadline
     barrier(comm)
     assert not os.path.exists(os.path.join(root, "step-000000001"))
 
