@@ -66,6 +66,11 @@ TEST(MatchPieces, FlagsMissingAndMismatches) {
        {}, "entry 'a' is float32 in the checkpoint but int32 in the target (no silent casts)"},
       {"shape", {{"b", DType::kFloat32, {4}, Layout::Whole()}}, nullptr, {1}, {0, char(kWanted | kWantedWhole)},
        {}, "entry 'b' has shape [2, 2] in the checkpoint but [4] in the target"},
+      {"dtype and shape",
+       {{"a", DType::kInt32, {4}, Layout::Whole()}, {"b", DType::kFloat32, {4}, Layout::Whole()}}, nullptr, {0, 1},
+       {char(kWanted | kWantedWhole), char(kWanted | kWantedWhole)}, {},
+       "entry 'a' is float32 in the checkpoint but int32 in the target (no silent casts); 1 more entry differs: "
+       "entry 'b' has shape [2, 2] in the checkpoint but [4] in the target"},
       {"renamed", {{"m.a", DType::kFloat32, {4}, Layout::Whole()}}, AddPrefix("m."), {0},
        {char(kWanted | kWantedWhole), 0}, {}, ""},
   };
@@ -85,6 +90,29 @@ TEST(MatchPieces, FlagsMissingAndMismatches) {
       EXPECT_THAT(match.status.message(), HasSubstr(c.error)) << c.what;
     }
   }
+}
+
+// A model cast to another dtype differs from its checkpoint in every entry: all are counted, each
+// once however many pieces want it, and the first few named.
+TEST(MatchPieces, EveryMismatchIsCountedAndTheFirstFewNamed) {
+  int32_t buffer[4] = {};
+  Manifest m;
+  m.world_size = 1;
+  for (int i = 0; i < 9; ++i) m.entries.push_back(EntryRecord{"w" + std::to_string(i), DType::kFloat32, {4}, {}});
+  ShardedState targets;
+  for (int i = 0; i < 9; ++i) {
+    for (const Layout& half : {Layout::Box({0}, {2}), Layout::Box({2}, {2})}) {
+      ASSERT_TRUE(targets.AddTensor("w" + std::to_string(i), DType::kInt32, {4}, half, buffer).ok());
+    }
+  }
+  const LocalMatch match = MatchPieces(m, targets, LoadOptions{});
+  EXPECT_EQ(match.status.code(), Code::kInvalidArgument);
+  std::string expected = "entry 'w0' is float32 in the checkpoint but int32 in the target (no silent casts); 8 more entries differ";
+  for (int i = 1; i < 5; ++i) {
+    expected += (i == 1 ? ": " : "; ") + ("entry 'w" + std::to_string(i)) + "' is float32 in the checkpoint but int32 in "
+                "the target (no silent casts)";
+  }
+  EXPECT_EQ(match.status.message(), expected + "; ...");
 }
 
 // More pieces than the lookups MatchPieces runs ahead, in another order than the manifest's

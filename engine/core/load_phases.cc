@@ -299,6 +299,13 @@ LocalMatch MatchPieces(const Manifest& manifest, const ShardedState& targets, co
   match.wants.assign(manifest.entries.size(), EntryWant());
   match.entry_of_piece.assign(targets.pieces().size(), -1);
   std::unordered_set<std::string_view> missing;
+  // Every entry whose dtype or shape differs is counted and the first few named: a model cast to
+  // bfloat16, or resized, differs in hundreds of entries, and naming only the first had users
+  // fixing them one load at a time.
+  constexpr size_t kMismatchesShown = 5;
+  std::vector<std::string> mismatches;
+  std::vector<bool> mismatched(manifest.entries.size(), false);
+  size_t mismatch_count = 0;
   // Each lookup misses cache four or five times, one after the other: the piece's name, its
   // slot, the entry, the entry's name and shape (entries are sorted by name, pieces come in the
   // caller's order). Lookups are independent, so the misses of the pieces a few places ahead are
@@ -342,13 +349,16 @@ LocalMatch MatchPieces(const Manifest& manifest, const ShardedState& targets, co
       continue;
     }
     const EntryRecord& e = manifest.entries[entry];
-    if (e.dtype != piece.dtype && match.status.ok()) {
-      match.status = InvalidArgument("entry '" + e.name + "' is " + DTypeName(e.dtype) + " in the checkpoint but " +
-                                     DTypeName(piece.dtype) + " in the target (no silent casts)");
-    }
-    if (e.shape != piece.global_shape && match.status.ok()) {
-      match.status = InvalidArgument("entry '" + e.name + "' has shape " + ShapeString(e.shape) +
-                                     " in the checkpoint but " + ShapeString(piece.global_shape) + " in the target");
+    if ((e.dtype != piece.dtype || e.shape != piece.global_shape) && !mismatched[entry]) {
+      mismatched[entry] = true;
+      if (mismatches.size() < kMismatchesShown) {
+        mismatches.push_back(e.dtype != piece.dtype
+                                 ? "entry '" + e.name + "' is " + DTypeName(e.dtype) + " in the checkpoint but " +
+                                       DTypeName(piece.dtype) + " in the target (no silent casts)"
+                                 : "entry '" + e.name + "' has shape " + ShapeString(e.shape) + " in the checkpoint but " +
+                                       ShapeString(piece.global_shape) + " in the target");
+      }
+      ++mismatch_count;
     }
     match.entry_of_piece[p] = static_cast<long>(entry);
     match.wants[entry].Add(IsWhole(piece), piece.space == MemorySpace::kCuda);
@@ -358,6 +368,15 @@ LocalMatch MatchPieces(const Manifest& manifest, const ShardedState& targets, co
                                        piece.name);
       }
     }
+  }
+  if (!mismatches.empty()) {
+    std::string text = mismatches[0];
+    if (mismatch_count > 1) {
+      text += "; " + std::to_string(mismatch_count - 1) + " more " + (mismatch_count == 2 ? "entry differs" : "entries differ");
+      for (size_t k = 1; k < mismatches.size(); ++k) text += (k == 1 ? ": " : "; ") + mismatches[k];
+      if (mismatch_count > mismatches.size()) text += "; ...";
+    }
+    match.status = InvalidArgument(text);
   }
   return match;
 }

@@ -85,7 +85,7 @@ struct LocalMatch {
   std::vector<long> entry_of_piece;  // by piece; -1 where the name is not in the checkpoint
   std::vector<EntryWant> wants;      // by entry
   std::vector<std::string> missing;  // wanted here, not in the checkpoint (each name once)
-  Status status;                     // dtype or shape mismatch
+  Status status;                     // dtype or shape mismatches (every one counted, the first few named)
 };
 LocalMatch MatchPieces(const Manifest& manifest, const ShardedState& targets, const LoadOptions& options);
 // A wanted name that the rename made of two saved names (entries with entries, values with
