@@ -990,6 +990,58 @@ TEST_F(CheckpointTest, StrictLoadNamesMissingAndUnexpectedEntries) {
   }
 }
 
+// Targets that share memory: tied weights (one buffer under two names) load when the checkpoint
+// gives both names the same values and fail, naming both, when it does not (a checkpoint of an
+// untied model); targets over part of each other's bytes are refused before anything is read.
+TEST_F(CheckpointTest, TiedTargetsAreComparedAndOverlappingOnesRefused) {
+  auto save = [&](int64_t step, float wte, float head) {
+    std::vector<float> a(12, wte), b(12, head), other(4, 7.0f);
+    ShardedState state;
+    EXPECT_TRUE(state.AddTensor("wte", DType::kFloat32, {4, 3}, Layout::Whole(), a.data()).ok());
+    EXPECT_TRUE(state.AddTensor("lm_head", DType::kFloat32, {4, 3}, Layout::Whole(), b.data()).ok());
+    EXPECT_TRUE(state.AddTensor("other", DType::kFloat32, {4}, Layout::Whole(), other.data()).ok());
+    return Save(*comm_, root(), step, state);
+  };
+  std::vector<float> shared(16, 0.0f);
+  LoadOptions loose;
+  loose.strict = false;
+  auto tied = [&](const std::string& step_dir) {
+    ShardedState state;
+    EXPECT_TRUE(state.AddTensor("wte", DType::kFloat32, {4, 3}, Layout::Whole(), shared.data()).ok());
+    EXPECT_TRUE(state.AddTensor("lm_head", DType::kFloat32, {4, 3}, Layout::Whole(), shared.data()).ok());
+    return Load(*comm_, JoinPath(root(), step_dir), state, loose);
+  };
+  ASSERT_TRUE(save(1, 1.0f, 2.0f).ok());
+  ASSERT_TRUE(save(2, 3.0f, 3.0f).ok());
+  Result<LoadReport> untied = tied("step-000000001");
+  ASSERT_FALSE(untied.ok());
+  EXPECT_EQ(untied.status().code(), Code::kInvalidArgument);
+  EXPECT_THAT(untied.status().message(),
+              HasSubstr("'wte' and 'lm_head' are one tensor in the state passed (tied: the same memory) but two "
+                        "tensors of different values in checkpoint "));
+  Result<LoadReport> equal = tied("step-000000002");
+  ASSERT_TRUE(equal.ok()) << equal.status().ToString();
+  EXPECT_EQ(std::vector<float>(shared.begin(), shared.begin() + 12), std::vector<float>(12, 3.0f));
+  EXPECT_EQ(shared[12], 0.0f);
+  // Two views of one buffer, both in the checkpoint: refused, the buffer untouched.
+  std::fill(shared.begin(), shared.end(), -1.0f);
+  ShardedState views;
+  ASSERT_TRUE(views.AddTensor("wte", DType::kFloat32, {4, 3}, Layout::Whole(), shared.data()).ok());
+  ASSERT_TRUE(views.AddTensor("other", DType::kFloat32, {4}, Layout::Whole(), shared.data() + 10).ok());
+  Result<LoadReport> overlapping = Load(*comm_, root(), views, loose);
+  ASSERT_FALSE(overlapping.ok());
+  EXPECT_THAT(overlapping.status().message(), HasSubstr("tensors 'wte' and 'other' of the state passed overlap in memory "
+                                                        "without being the same bytes"));
+  EXPECT_EQ(shared, std::vector<float>(16, -1.0f));
+  // The same views where the checkpoint lacks one name: that one is never written, so no refusal.
+  ShardedState lacking;
+  ASSERT_TRUE(lacking.AddTensor("wte", DType::kFloat32, {4, 3}, Layout::Whole(), shared.data()).ok());
+  ASSERT_TRUE(lacking.AddTensor("not_saved", DType::kFloat32, {4}, Layout::Whole(), shared.data() + 10).ok());
+  Result<LoadReport> partial = Load(*comm_, root(), lacking, loose);
+  ASSERT_TRUE(partial.ok()) << partial.status().ToString();
+  EXPECT_EQ(std::vector<float>(shared.begin(), shared.begin() + 12), std::vector<float>(12, 3.0f));
+}
+
 // A tensor loaded in parts that leave some of it out: too few elements, or as many as the tensor
 // with one part twice and another never (a wrong rank index), the shape a power of two in each
 // dim (a fingerprint kept mod a power of two missed those). Here one process holds every part, as

@@ -1,13 +1,16 @@
 #include "shardckpt/engine/core/load.h"
 
 #include <algorithm>
+#include <future>
 #include <memory>
 #include <mutex>
+#include <system_error>
 #include <utility>
 
 #include "shardckpt/engine/core/checkpoint_dir.h"
 #include "shardckpt/engine/core/helper_thread.h"
 #include "shardckpt/engine/core/load_phases.h"
+#include "shardckpt/engine/core/tied_targets.h"
 #include "shardckpt/engine/formats/dcp_read.h"
 #include "shardckpt/engine/formats/torch_pickle.h"
 #include "shardckpt/io/fs.h"
@@ -143,6 +146,12 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
   PhaseClock clock(&report.phases);
   // 1-2. One metadata read, on rank 0, shared with the rest; each rank's own file is read
   // meanwhile where that pays.
+  // Where the targets share memory (tied_targets.h), looked for beside the metadata phases.
+  std::future<SharedTargets> first_look;
+  try {
+    first_look = std::async(std::launch::async, [&targets] { return FindSharedTargets(targets.pieces()); });
+  } catch (const std::system_error&) {  // no thread to be had (a pids limit): looked for below
+  }
   ManifestRead read = OpenManifestOnRoot(comm.rank(), comm.size(), path);
   SC_RETURN_IF_ERROR(ShareFolder(comm, path, options, &read));
   std::unique_ptr<FileReadAhead> ahead = StartReadAhead(read, comm.rank(), options);
@@ -156,8 +165,12 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
   report.every_rank_parsed_manifest = read.every_rank_parses;
   report.step = manifest.step;
   report.saved_world_size = manifest.world_size;
-  // 3. Match names, check dtypes and shapes, choose who reads what every rank wants whole.
-  SC_ASSIGN_OR_RETURN(Match match, MatchEntries(comm, manifest, read.dir, targets, options, &report));
+  // 3. Match names, check dtypes and shapes, choose who reads what every rank wants whole. Tied
+  // targets that may get two values land in two buffers from here on (tied_targets.h).
+  const TiedTargets tied(manifest, targets, options,
+                         first_look.valid() ? first_look.get() : FindSharedTargets(targets.pieces()));
+  const ShardedState& into = tied.targets();
+  SC_ASSIGN_OR_RETURN(Match match, MatchEntries(comm, manifest, read.dir, into, options, &report, &tied));
   clock.Lap("match");
   // 4-5. Plan and read.
   // Each rank plans its own reads: a rank that sees the folder in memory, and verifies, cuts them
@@ -165,15 +178,16 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
   const bool verifies = options.verify_checksums &&
                         std::any_of(manifest.files.begin(), manifest.files.end(), [](const FileRecord& f) { return f.checksums; });
   const bool verified_from_memory = verifies && IsMemoryBacked(JoinPath(read.dir, kManifestName));
-  ReadWork work = PlanReads(manifest, targets, match, comm.rank(), comm.size(), options.plan, verified_from_memory, &report);
+  ReadWork work = PlanReads(manifest, into, match, comm.rank(), comm.size(), options.plan, verified_from_memory, &report);
   report.bytes_wanted = work.plan.bytes_wanted;
   clock.Lap("plan");
   SC_RETURN_IF_ERROR(AgreeOnStatus(comm, ReadExtents(read.dir, manifest, work, options, &report.stats, ahead.get())));
   ahead.reset();  // its memory back to the spare before the broadcasts
   clock.Lap("read");
   // 6. Replicated entries: readers broadcast.
-  SC_RETURN_IF_ERROR(ShareReplicated(comm, manifest, targets, match, options, &report));
+  SC_RETURN_IF_ERROR(ShareReplicated(comm, manifest, into, match, options, &report));
   clock.Lap("replicated");
+  if (match.demand.tied_compared_anywhere) SC_RETURN_IF_ERROR(AgreeOnStatus(comm, tied.Compare(read.dir)));
   const bool dcp = BuiltFromDcpFolder(manifest);
   ReleaseOffThePath(std::move(read.manifest));
   if (dcp) {

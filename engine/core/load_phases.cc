@@ -16,6 +16,7 @@
 
 #include "shardckpt/engine/core/load.h"
 #include "shardckpt/engine/core/per_rank_left.h"
+#include "shardckpt/engine/core/tied_targets.h"
 #include "shardckpt/engine/core/save_phases.h"
 #include "shardckpt/engine/core/staging_cache.h"
 #include "shardckpt/engine/formats/dcp_read.h"
@@ -384,7 +385,7 @@ LocalMatch MatchPieces(const Manifest& manifest, const ShardedState& targets, co
 Demand CombineWants(const std::vector<std::string>& all_wants, size_t entries) {
   AllRanksWant all = CombineEntryWants(all_wants, entries);
   return Demand{std::move(all.any), std::move(all.whole_by_all), std::move(all.whole_on_device_everywhere),
-                std::move(all.whole_by_some)};
+                std::move(all.whole_by_some), all.compared_anywhere};
 }
 
 namespace {
@@ -783,9 +784,15 @@ Status CheckDevices(const ShardedState& targets) {
 }
 
 Result<Match> MatchEntries(Communicator& comm, const Manifest& manifest, const std::string& dir,
-                           const ShardedState& targets, const LoadOptions& options, LoadReport* report) {
+                           const ShardedState& targets, const LoadOptions& options, LoadReport* report,
+                           const TiedTargets* tied) {
   Match match;
   match.local = MatchPieces(manifest, targets, options);
+  if (tied != nullptr) {
+    for (size_t p : tied->compared_pieces()) {
+      if (const long e = match.local.entry_of_piece[p]; e >= 0) match.local.wants[static_cast<size_t>(e)].compared = true;
+    }
+  }
   report->missing = match.local.missing;
   const int same_world_rank = manifest.world_size == comm.size() ? comm.rank() : -1;
   ValueMatch values =
@@ -823,7 +830,8 @@ Result<Match> MatchEntries(Communicator& comm, const Manifest& manifest, const s
     report->values_loaded_elsewhere = values.loaded_elsewhere;
   }
   // A target the state refused is missing from it: that refusal is the cause, not what is missing.
-  const Status refused = targets.CheckNothingRefused();
+  Status refused = targets.CheckNothingRefused();
+  if (refused.ok() && tied != nullptr) refused = tied->refusal();
   Status verdict = !refused.ok() ? refused
                                   : MatchVerdict(match.local.status, options.strict, dir, report->missing,
                                                  report->unexpected, values,

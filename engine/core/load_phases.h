@@ -19,6 +19,10 @@
 #include "shardckpt/engine/model/entry_wants.h"
 #include "shardckpt/engine/model/name_list.h"
 
+namespace shardckpt {
+class TiedTargets;
+}
+
 namespace shardckpt::load_phases {
 
 // ---- 1. Resolve, hold, read and fully check the manifest (rank 0 only: validation and data
@@ -99,6 +103,7 @@ struct Demand {
   std::vector<bool> wanted_whole_by_all;         // every rank wants it whole, none a part
   std::vector<bool> whole_on_device_everywhere;  // every rank's whole piece is on a device
   std::vector<bool> wanted_whole_by_some;        // some rank wants it whole
+  bool tied_compared_anywhere = false;           // some rank compares tied targets after the load
 };
 Demand CombineWants(const std::vector<std::string>& all_wants, size_t entries);
 
@@ -206,8 +211,11 @@ struct Match {
 SharedBlocks BlocksEveryRankReads(const Manifest& manifest, const Match& match, int rank, int world);
 // Phase 3 as a whole: matches, exchanges wants (fills report->missing and ->unexpected), agrees
 // on the verdict, assigns readers and agrees every device piece has a usable device.
+// `tied`, where given: the targets' shared memory (its refusal joins the verdict; the pieces it
+// compares are said in the wants, Demand::tied_compared_anywhere).
 Result<Match> MatchEntries(Communicator& comm, const Manifest& manifest, const std::string& dir,
-                           const ShardedState& targets, const LoadOptions& options, LoadReport* report);
+                           const ShardedState& targets, const LoadOptions& options, LoadReport* report,
+                           const TiedTargets* tied = nullptr);
 
 // The first device piece whose device this process cannot use, as an error.
 Status CheckDevices(const ShardedState& targets);

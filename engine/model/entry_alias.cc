@@ -4,7 +4,6 @@
 #include <tuple>
 
 namespace shardckpt {
-namespace {
 
 bool SameChunks(const EntryRecord& e, const EntryRecord& f) {
   if (f.dtype != e.dtype || f.shape != e.shape || f.chunks.size() != e.chunks.size()) return false;
@@ -14,8 +13,6 @@ bool SameChunks(const EntryRecord& e, const EntryRecord& f) {
   }
   return true;
 }
-
-}  // namespace
 
 std::vector<int64_t> EntryAliases(const Manifest& m) {
   std::vector<int64_t> alias(m.entries.size(), -1);

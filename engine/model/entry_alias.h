@@ -10,8 +10,11 @@
 
 namespace shardckpt {
 
-// For each entry, the index of the first earlier entry it is an alias of (same dtype, shape and
-// an identical, non-empty list of chunks), or -1.
+// Whether `e` and `f` are one tensor stored once: the same dtype, shape and list of chunks.
+bool SameChunks(const EntryRecord& e, const EntryRecord& f);
+
+// For each entry, the index of the first earlier entry it is an alias of (SameChunks, with a
+// non-empty list of chunks), or -1.
 std::vector<int64_t> EntryAliases(const Manifest& m);
 
 }  // namespace shardckpt

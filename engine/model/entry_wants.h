@@ -15,6 +15,9 @@ struct EntryWant {
   bool part = false;    // a piece wants part of it
   // This rank's first whole piece of the entry is in device memory (the one a broadcast fills).
   bool whole_on_device = false;
+  // This rank reads the entry into a buffer of its own, to compare with the tensor it is tied to
+  // (engine/core/tied_targets.h): the load then agrees on that comparison at its end.
+  bool compared = false;
 
   // Records one target piece of the entry.
   void Add(bool whole_piece, bool on_device) {
@@ -23,10 +26,10 @@ struct EntryWant {
     (whole_piece ? whole : part) = true;
   }
 
-  enum Bit : uint8_t { kWanted = 1, kWhole = 2, kPart = 4, kWholeOnDevice = 8 };
+  enum Bit : uint8_t { kWanted = 1, kWhole = 2, kPart = 4, kWholeOnDevice = 8, kCompared = 16 };
   char Encode() const {
     return static_cast<char>((wanted ? kWanted : 0) | (whole ? kWhole : 0) | (part ? kPart : 0) |
-                             (whole_on_device ? kWholeOnDevice : 0));
+                             (whole_on_device ? kWholeOnDevice : 0) | (compared ? kCompared : 0));
   }
   static EntryWant Decode(char byte) {
     const auto b = static_cast<uint8_t>(byte);
@@ -35,6 +38,7 @@ struct EntryWant {
     w.whole = b & kWhole;
     w.part = b & kPart;
     w.whole_on_device = b & kWholeOnDevice;
+    w.compared = b & kCompared;
     return w;
   }
 };
@@ -51,6 +55,7 @@ struct AllRanksWant {
   std::vector<bool> whole_by_all;               // every rank wants it whole and no rank a part
   std::vector<bool> whole_on_device_everywhere;  // every rank's whole piece is in device memory
   std::vector<bool> whole_by_some;              // some rank wants it whole
+  bool compared_anywhere = false;               // some rank compares a tied pair (EntryWant::compared)
 };
 
 inline AllRanksWant CombineEntryWants(const std::vector<std::string>& per_rank, size_t entries) {
@@ -63,6 +68,7 @@ inline AllRanksWant CombineEntryWants(const std::vector<std::string>& per_rank, 
       if (!w.whole || w.part) all.whole_by_all[i] = false;
       if (!w.whole_on_device) all.whole_on_device_everywhere[i] = false;
       if (w.whole) all.whole_by_some[i] = true;
+      if (w.compared) all.compared_anywhere = true;
     }
   }
   return all;

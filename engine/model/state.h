@@ -68,6 +68,14 @@ class ShardedState {
   Status CheckNothingRefused() const;
 
   const std::vector<TensorPiece>& pieces() const { return pieces_; }
+  // Piece `index` lands in (is read from) the host memory at `data` instead, for a load's copy of
+  // the state (engine/core/tied_targets.h: one name of a tied pair read into a buffer of its own).
+  // The digest is unchanged: it describes the pieces, not where their bytes are.
+  void MovePieceToHost(size_t index, void* data) {
+    pieces_[index].data = data;
+    pieces_[index].space = MemorySpace::kHost;
+    pieces_[index].device = 0;
+  }
   const std::vector<BlobItem>& blobs() const { return blobs_; }
   bool has_device_pieces() const;
   // A digest of the pieces' descriptions in order (name, dtype, shape, layout, size; not the

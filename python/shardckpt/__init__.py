@@ -444,12 +444,19 @@ def _describe_load(state: Mapping[str, Any]) -> Tuple[list, Dict[str, Any], list
     """Pieces to load into, the blobs wanted (name -> current value), and the copies to make
     afterwards (target, temporary) for targets the engine cannot write in place."""
     pieces, wanted_blobs, copies = [], {}, []
+    temporaries: Dict[tuple, torch.Tensor] = {}
     for name, value in walk(state):
-        _named(name, lambda: _describe_load_item(name, value, pieces, wanted_blobs, copies))
+        _named(name, lambda: _describe_load_item(name, value, pieces, wanted_blobs, copies, temporaries))
     return pieces, wanted_blobs, copies
 
 
-def _describe_load_item(name: str, value: Any, pieces: list, wanted_blobs: Dict[str, Any], copies: list) -> None:
+def _view_key(t: torch.Tensor) -> tuple:
+    """What makes two tensors one (tied parameters on a GPU): the same first element and view."""
+    return (t.device, t.data_ptr(), tuple(t.shape), t.stride(), t.dtype)
+
+
+def _describe_load_item(name: str, value: Any, pieces: list, wanted_blobs: Dict[str, Any], copies: list,
+                        temporaries: Dict[tuple, torch.Tensor]) -> None:
     # A module or an optimizer (DCP's Stateful habit) was taken for a value to replace: the load
     # then said "holds no tensors" and, with strict=False, left the weights as they were.
     if isinstance(value, torch.nn.Module):
@@ -476,8 +483,14 @@ def _describe_load_item(name: str, value: Any, pieces: list, wanted_blobs: Dict[
                                   % (name, list(target.shape), list(target.stride())))
         into = target
         if target.device.type != "cpu" or not target.is_contiguous() or target.is_neg() or target.is_conj():
-            into = torch.empty(target.shape, dtype=target.dtype)
-            copies.append((target, into))
+            # One temporary per tensor, however many names it has: the engine then sees tied
+            # targets as the one memory they are and compares what the checkpoint gives each.
+            key = _view_key(target)
+            if key in temporaries:
+                into = temporaries[key]
+            else:
+                into = temporaries[key] = torch.empty(target.shape, dtype=target.dtype)
+                copies.append((target, into))
         if layout is not None:
             pieces.append(_piece(name, into, global_shape, layout))
         elif isinstance(value, FlatShard):

@@ -571,6 +571,38 @@ def test_a_fresh_optimizer_is_not_steered_into_losing_its_state(root):
         assert torch.equal(optim.state[p]["exp_avg_sq"], fresh.state[q]["exp_avg_sq"])
 
 
+def test_tied_targets_load_equal_values_and_refuse_different_ones_on_every_rank(comm, root):
+    """A model that ties its embedding and output head (GPT-2, Llama with tie_word_embeddings)
+    loading a checkpoint whose two names differ (saved untied) would keep whichever came last."""
+    untied = {"wte": torch.full((4, 3), 1.0), "lm_head": torch.full((4, 3), 2.0), "b": torch.ones(2)}
+    shardckpt.save(untied, root, step=1)
+    shardckpt.save({"wte": torch.full((4, 3), 5.0), "lm_head": torch.full((4, 3), 5.0), "b": torch.ones(2)},
+                   root, step=2)
+    first = os.path.join(root, "step-000000001")
+    # Tied on rank 0 only: every rank fails, naming both.
+    w = torch.zeros(4, 3)
+    state = {"wte": w, "lm_head": w if comm.rank == 0 else torch.zeros(4, 3), "b": torch.zeros(2)}
+    with pytest.raises(shardckpt.InvalidArgument) as error:
+        shardckpt.load(state, first)
+    assert "'wte' and 'lm_head' are one tensor in the state passed (tied: the same memory) but two tensors of " \
+           "different values in checkpoint" in error.value.message, error.value.message
+    # Tied through a view the engine cannot write in place (a transposed parameter, as on a GPU):
+    # one temporary for both names, compared the same way.
+    base = torch.zeros(3, 4)
+    with pytest.raises(shardckpt.InvalidArgument) as error:
+        shardckpt.load({"wte": base.t(), "lm_head": base.t(), "b": torch.zeros(2)}, first)
+    assert "are one tensor in the state passed" in error.value.message, error.value.message
+    # Equal values load.
+    shardckpt.load({"wte": base.t(), "lm_head": base.t(), "b": torch.zeros(2)}, root)
+    assert torch.equal(base, torch.full((3, 4), 5.0))
+    # Two views over part of each other's bytes are refused before anything is read.
+    buf = torch.zeros(16)
+    with pytest.raises(shardckpt.InvalidArgument) as error:
+        shardckpt.load({"wte": buf[:12].view(4, 3), "lm_head": torch.zeros(4, 3), "b": buf[10:12]}, root)
+    assert "tensors 'wte' and 'b' of the state passed overlap in memory" in error.value.message, error.value.message
+    assert torch.equal(buf, torch.zeros(16))
+
+
 @pytest.mark.parametrize("wrong", [torch.zeros(2, 3, dtype=torch.float64), torch.zeros(3, 2),
                                    torch.zeros(6)])
 def test_wrong_dtype_or_shape_names_the_tensor(root, wrong):
