@@ -251,16 +251,24 @@ Result<std::unique_ptr<MpiSession>> MpiSession::Init(int* argc, char*** argv) {
   return session;
 }
 
+void AbortJobIfACollectiveTimedOut() {
+  if (!AnyCollectiveTimedOut()) return;
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) return;
+  // MPI_Finalize would wait for the rank that never came. Give the other survivors time to
+  // finish their census and log their own diagnosis, then end the job.
+  SC_LOG(kError) << "aborting the job: a collective timed out (see the message above)";
+  std::this_thread::sleep_for(std::chrono::duration<double>(SecondsBeforeAbort()));
+  MPI_Abort(MPI_COMM_WORLD, 3);
+}
+
 MpiSession::~MpiSession() {
-  if (!owns_) return;
-  if (AnyCollectiveTimedOut()) {
-    // MPI_Finalize would wait for the rank that never came. Give the other survivors time to
-    // finish their census and log their own diagnosis, then end the job.
-    SC_LOG(kError) << "aborting the job: a collective timed out (see the message above)";
-    std::this_thread::sleep_for(std::chrono::duration<double>(SecondsBeforeAbort()));
-    MPI_Abort(MPI_COMM_WORLD, 3);
-  }
-  MPI_Finalize();
+  // Whoever started MPI: when mpi4py or the program did, its own MPI_Finalize hung for good after
+  // a timeout (a Python job's survivors sat in ompi_mpi_finalize until the allocation ended).
+  AbortJobIfACollectiveTimedOut();
+  if (owns_) MPI_Finalize();
 }
 
 Result<std::unique_ptr<Communicator>> CreateMpiCommunicator(MPI_Comm comm) {

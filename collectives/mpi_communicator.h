@@ -23,6 +23,13 @@ class MpiSession {
   bool owns_ = false;
 };
 
+// After any of this process's collectives timed out (AnyCollectiveTimedOut), MPI_Finalize waits
+// for the rank that never came: this logs, waits for the other survivors to say which rank is
+// missing (SecondsBeforeAbort), and aborts the job with exit code 3. Nothing otherwise, or when
+// MPI is not running. MpiSession's destructor calls it, owner of MPI or not; a program that
+// started MPI itself and keeps no MpiSession calls it before its MPI_Finalize.
+void AbortJobIfACollectiveTimedOut();
+
 // Duplicates `comm` so shardckpt's messages never match the application's.
 Result<std::unique_ptr<Communicator>> CreateMpiCommunicator(MPI_Comm comm = MPI_COMM_WORLD);
 
