@@ -1,6 +1,9 @@
 #include "shardckpt/collectives/communicator.h"
 
+#include <cstdlib>
 #include <cstring>
+
+#include "shardckpt/io/log.h"
 
 namespace shardckpt {
 namespace {
@@ -134,6 +137,20 @@ Status BroadcastStatus(Communicator& comm, const Status& local, int root) {
   std::string bytes = comm.rank() == root ? EncodeStatus(local) : std::string();
   SC_RETURN_IF_ERROR(BroadcastString(comm, &bytes, root));
   return DecodeStatus(bytes);
+}
+
+double CollectiveTimeoutFromEnvironment() {
+  const char* text = std::getenv("SHARDCKPT_COLLECTIVE_TIMEOUT_S");
+  if (text == nullptr) return 1800;
+  char* end = nullptr;
+  const double value = std::strtod(text, &end);
+  // A deadline past 30 years (or "inf") is meant as none: as a wait's duration in nanoseconds it
+  // would overflow and expire at once.
+  constexpr double kNoDeadlineAbove = 1e9;
+  if (end != text && *end == '\0' && value >= 0) return value > kNoDeadlineAbove ? 0 : value;
+  LogOnce(LogLevel::kWarn, "collective-timeout-env",
+          std::string("ignoring SHARDCKPT_COLLECTIVE_TIMEOUT_S='") + text + "' (want seconds >= 0); using 1800");
+  return 1800;
 }
 
 }  // namespace shardckpt

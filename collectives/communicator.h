@@ -69,4 +69,10 @@ Status BroadcastString(Communicator& comm, std::string* text, int root);
 // ends the collective on every rank with the same code and message.
 Status BroadcastStatus(Communicator& comm, const Status& local, int root);
 
+// SHARDCKPT_COLLECTIVE_TIMEOUT_S in seconds: 1800 when unset, 0 for no deadline (0, inf or more
+// than 1e9); a value that is not seconds >= 0 is logged once and ignored. Every communicator's
+// deadline, and what a rank waiting outside a collective (a save's rank 0 waiting for a prune)
+// must finish well within, lest the others blame it.
+double CollectiveTimeoutFromEnvironment();
+
 }  // namespace shardckpt

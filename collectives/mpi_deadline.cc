@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "shardckpt/collectives/communicator.h"
 #include "shardckpt/io/log.h"
 
 namespace shardckpt {
@@ -74,20 +75,7 @@ Status MpiCallStatus(int rc, const char* call) {
 
 CollectiveDeadline CollectiveDeadline::FromEnvironment() {
   CollectiveDeadline deadline;
-  if (const char* text = std::getenv("SHARDCKPT_COLLECTIVE_TIMEOUT_S")) {
-    char* end = nullptr;
-    double value = std::strtod(text, &end);
-    // A deadline past 30 years (or "inf") is meant as none: as a wait's duration in nanoseconds
-    // it would overflow and expire at once.
-    constexpr double kNoDeadlineAbove = 1e9;
-    if (end != text && *end == '\0' && value >= 0) {
-      deadline.timeout_s = value > kNoDeadlineAbove ? 0 : value;
-    } else {
-      LogOnce(LogLevel::kWarn, "collective-timeout-env",
-              std::string("ignoring SHARDCKPT_COLLECTIVE_TIMEOUT_S='") + text +
-                  "' (want seconds >= 0); using 1800");
-    }
-  }
+  deadline.timeout_s = CollectiveTimeoutFromEnvironment();
   deadline.census_grace_s = std::clamp(deadline.timeout_s / 2, 0.5, 5.0);
   return deadline;
 }

@@ -189,6 +189,13 @@ class RetentionTest : public ::testing::Test {
     finishes.join();
     ASSERT_TRUE(saved.ok()) << saved.status().ToString();
     EXPECT_GE(waited, std::chrono::milliseconds(250));
+    // Booked as a phase of its own, not as planning.
+    auto phase = std::find_if(saved->phases.begin(), saved->phases.end(),
+                              [](const PhaseTime& p) { return p.name == "wait_for_prune"; });
+    ASSERT_NE(phase, saved->phases.end());
+    EXPECT_GE(phase->seconds, 0.2);
+    EXPECT_EQ((phase + 1)->name, "plan");
+    EXPECT_LT((phase + 1)->seconds, 0.2);
   }
 
   // Loads `path` and returns the step whose bytes it holds (after checking they match it).
@@ -981,6 +988,28 @@ TEST_F(RetentionTest, ASaveWaitsForAPruneAndAPruneForNobody) {
   Result<RootLock> refused = RootLock::AcquireForPrune(root());
   ASSERT_FALSE(refused.ok());
   EXPECT_THAT(refused.status().message(), HasSubstr("a save or another prune is writing into " + root()));
+}
+
+// A prune that holds the root too long (stuck, or suspended with Ctrl-Z) makes the save give up
+// at half the collective deadline, saying so, before the other ranks of the save, waiting for
+// rank 0 in a collective, would time out blaming it.
+TEST_F(RetentionTest, ASaveGivesUpOnAPruneBeforeTheCollectiveDeadline) {
+  ASSERT_TRUE(SaveStep(1).ok());
+  Result<RootLock> prune = RootLock::AcquireForPrune(root());
+  ASSERT_TRUE(prune.ok());
+  ASSERT_EQ(::setenv("SHARDCKPT_COLLECTIVE_TIMEOUT_S", "1", 1), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  Result<SaveResult> saved = SaveStep(2);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::unsetenv("SHARDCKPT_COLLECTIVE_TIMEOUT_S");
+  ASSERT_FALSE(saved.ok());
+  EXPECT_EQ(saved.status().code(), Code::kFailedPrecondition);
+  EXPECT_THAT(saved.status().message(), HasSubstr("a prune has held " + root() + " for "));
+  EXPECT_THAT(saved.status().message(), HasSubstr("the save gives up at half the collective deadline "
+                                                  "(SHARDCKPT_COLLECTIVE_TIMEOUT_S=1), before the other ranks would "
+                                                  "blame this one"));
+  EXPECT_GE(took, 0.45);
+  EXPECT_LT(took, 5.0);
 }
 
 // On a full disk the prune lock file cannot be made (no prune ran there before): the prune locks

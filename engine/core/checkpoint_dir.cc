@@ -21,6 +21,7 @@
 #include <set>
 #include <thread>
 
+#include "shardckpt/collectives/communicator.h"
 #include "shardckpt/engine/core/background_removal.h"
 #include "shardckpt/engine/model/manifest.h"
 #include "shardckpt/io/failpoint.h"
@@ -722,6 +723,13 @@ bool LockHeld(const std::string& root, const char* name) {
   return opened.ok() && ExclusivelyHeld(*opened);
 }
 
+// "8", "0.5", "601.3": seconds as a message gives them.
+std::string SecondsText(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.3g", seconds);
+  return text;
+}
+
 // The root folder's own flock: a prune holds it exclusively when it could not make its lock file
 // (a full disk or inode quota), so that a save still tells a prune from another save. It needs
 // no inode of its own.
@@ -744,15 +752,29 @@ bool PruneHolds(const std::string& root) { return LockHeld(root, kPruneLockName)
 }  // namespace
 
 Result<RootLock> RootLock::Acquire(const std::string& root) {
-  // A prune removes a few folders and lets go; ten minutes means it is stuck.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(10);
+  // A prune removes a few folders and lets go; ten minutes means it is stuck. A save's other
+  // ranks wait for this one in a collective meanwhile: past their deadline they end the job
+  // blaming this rank (a trial: a prune suspended with Ctrl-Z, SHARDCKPT_COLLECTIVE_TIMEOUT_S=8),
+  // so this one gives up first, its reason then every rank's.
+  const double collective_s = CollectiveTimeoutFromEnvironment();
+  const double patience_s = collective_s > 0 ? std::min(600.0, collective_s / 2) : 600.0;
+  const auto started = std::chrono::steady_clock::now();
+  const auto deadline = started + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                      std::chrono::duration<double>(patience_s));
+  bool said = false;
+  auto waited = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(); };
   // The root lock held without the prune lock is another save, or a prune caught between
   // letting go of the root lock and of its own (or the next prune between taking its two):
   // only seen so several times running is it another save, which holds the lock for seconds.
   int without_prune = 0;
   for (;;) {
     SC_ASSIGN_OR_RETURN(int fd, TryLockFile(root, kLockName));
-    if (fd >= 0) return RootLock(fd, -1);
+    if (fd >= 0) {
+      RootLock lock(fd, -1);
+      lock.waited_s_ = waited();
+      if (said) SC_LOG(kInfo) << "the prune of " << root << " let go after " << lock.waited_s_ << " s; saving";
+      return lock;
+    }
     if (!PruneHolds(root)) {
       if (++without_prune < 5) {
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -767,9 +789,20 @@ Result<RootLock> RootLock::Acquire(const std::string& root) {
                                 " is held); two jobs must not save into one root");
     }
     without_prune = 0;
-    if (std::chrono::steady_clock::now() > deadline) {
-      return FailedPrecondition("a prune has held " + root + " for 10 minutes (lock " + JoinPath(root, kPruneLockName) +
-                                " or the folder's own is held); the save gives up");
+    const auto now = std::chrono::steady_clock::now();
+    if (now > deadline) {
+      const bool by_collective = patience_s < 600.0;
+      return FailedPrecondition(
+          "a prune has held " + root + " for " + SecondsText(waited()) + " s (lock " + JoinPath(root, kPruneLockName) +
+          " or the folder's own is held: a prune stuck, or suspended); the save gives up" +
+          (by_collective ? " at half the collective deadline (SHARDCKPT_COLLECTIVE_TIMEOUT_S=" + SecondsText(collective_s) +
+                               "), before the other ranks would blame this one"
+                         : ""));
+    }
+    if (!said && now - started > std::chrono::seconds(1)) {
+      said = true;
+      SC_LOG(kWarn) << "waiting for a prune of " << root << " to let go of it (lock " << JoinPath(root, kPruneLockName)
+                    << " is held); the save goes on then, or gives up after " << SecondsText(patience_s) << " s";
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

@@ -178,20 +178,28 @@ Status RepairLatest(const std::string& root);
 inline constexpr const char* kPruneLockName = ".shardckpt.prune.lock";
 class RootLock {
  public:
+  // Waits while a prune holds the root (it removes a few folders and lets go), saying so after a
+  // second; gives up after 10 minutes, or half the collective deadline when that is shorter (the
+  // other ranks of a save wait for this one in a collective, and would blame it).
   static Result<RootLock> Acquire(const std::string& root);
   // Never waits: a save or another prune holding the root is FailedPrecondition.
   static Result<RootLock> AcquireForPrune(const std::string& root);
   // Whether a save or prune holds root now; creates no lock file (a dry run writes nothing).
   static bool Held(const std::string& root);
-  RootLock(RootLock&& other) noexcept : fd_(other.fd_), prune_fd_(other.prune_fd_) { other.fd_ = other.prune_fd_ = -1; }
+  RootLock(RootLock&& other) noexcept : fd_(other.fd_), prune_fd_(other.prune_fd_), waited_s_(other.waited_s_) {
+    other.fd_ = other.prune_fd_ = -1;
+  }
   RootLock& operator=(RootLock&&) = delete;
   RootLock(const RootLock&) = delete;
   ~RootLock();
+  // Seconds Acquire waited for a prune to let go (a save books them as a phase of their own).
+  double waited_s() const { return waited_s_; }
 
  private:
   RootLock(int fd, int prune_fd);  // records the lock as this process's
   int fd_ = -1;
   int prune_fd_ = -1;
+  double waited_s_ = 0;
 };
 
 // A root an async save of this process writes into, from the moment the save is started (its

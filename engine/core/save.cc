@@ -1,5 +1,6 @@
 #include "shardckpt/engine/core/save.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "shardckpt/engine/core/save_phases.h"
@@ -42,6 +43,11 @@ Result<SaveResult> Save(Communicator& comm, const std::string& root, int64_t ste
   //    rank gets the plan.
   SC_ASSIGN_OR_RETURN(PlannedSave planned, DecidePlan(comm, root, step, state, options));
   clock.Lap("plan");
+  if (planned.lock && planned.lock->waited_s() > 0.001) {  // rank 0 waited for a prune: said as such
+    const double waited = std::min(planned.lock->waited_s(), result.phases.back().seconds);
+    result.phases.back().seconds -= waited;
+    result.phases.insert(result.phases.end() - 1, PhaseTime{"wait_for_prune", waited});
+  }
   // 2. Every rank writes its file; rank 0 of a repeat save also the kept part of the manifest.
   const std::string temp_dir = JoinPath(root, planned.temp_name);
   std::unique_ptr<ManifestAhead> ahead = rank == 0 ? StartManifestAhead(planned, temp_dir, options) : nullptr;
