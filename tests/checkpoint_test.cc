@@ -953,6 +953,31 @@ TEST_F(DamagedCheckpointTest, EditedManifestIsRefusedByItsChecksum) {
   EXPECT_THAT(report->problems[0].what, ::testing::StartsWith("manifest checksum mismatch"));
 }
 
+// An editor's save of manifest.json: a final newline (vim's 'fixeol') changes no JSON and leaves
+// the checkpoint whole; line endings turned into CRLF change the bytes sealed, and are said so
+// (the message was "the checksum field is missing or damaged", though it was intact).
+TEST_F(DamagedCheckpointTest, AnEditorsSaveOfTheManifestIsToldApartFromDamage) {
+  const std::string path = JoinPath(dir1_, kManifestName);
+  const std::string text = ReadFileLimited(path, 1 << 20).value();
+  ASSERT_TRUE(WriteFileAtomic(path, text + "\n", "test").ok());
+  EXPECT_TRUE(LoadStatus().ok()) << LoadStatus().ToString();
+  ASSERT_TRUE(WriteFileAtomic(path, text + " \r\n\n", "test").ok());
+  EXPECT_TRUE(LoadStatus().ok()) << LoadStatus().ToString();
+  Result<VerifyReport> clean = VerifyCheckpoint(dir1_);
+  ASSERT_TRUE(clean.ok()) << clean.status().ToString();
+  EXPECT_TRUE(clean->problems.empty());
+  std::string crlf;
+  for (char c : text) crlf += c == '\n' ? std::string("\r\n") : std::string(1, c);
+  ASSERT_TRUE(WriteFileAtomic(path, crlf, "test").ok());
+  Status status = LoadStatus();
+  EXPECT_EQ(status.code(), Code::kDataLoss);
+  EXPECT_THAT(status.message(), HasSubstr("manifest.json: the manifest was reformatted around its checksum field (line "
+                                          "endings or spacing changed, as an editor's save may)"));
+  // Text after the closing brace that is not whitespace is no editor's newline: refused.
+  ASSERT_TRUE(WriteFileAtomic(path, text + "\nx", "test").ok());
+  EXPECT_EQ(LoadStatus().code(), Code::kDataLoss);
+}
+
 TEST_F(DamagedCheckpointTest, NoLatestAndNoManifestIsNotFound) {
   // Without `latest` a root still resolves to its newest committed folder (retention_test); with
   // neither a `latest` nor a committed folder there is nothing to load.

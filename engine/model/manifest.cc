@@ -33,14 +33,18 @@ constexpr std::string_view kSealKey = ",\n \"checksum\": \"xxh3:";
 constexpr std::string_view kSealEnd = "\"\n}";
 constexpr size_t kSealTail = kSealKey.size() + 16 + kSealEnd.size();
 
-enum class SealShape { kMissing, kDamaged, kPresent };
+// kReformatted: the field is there, but its line breaks or spacing are not those written (an
+// editor's save that turned the line endings into CRLF): the bytes are no longer those sealed.
+enum class SealShape { kMissing, kReformatted, kDamaged, kPresent };
 
 // Whether `text` ends with a seal; if so, the recorded checksum. The sealed text is
 // text[0, size - kSealTail) followed by "\n}".
 SealShape FindSeal(const std::string& text, uint64_t* recorded) {
   if (text.size() < kSealTail || text.compare(text.size() - kSealTail, kSealKey.size(), kSealKey) != 0 ||
       text.compare(text.size() - kSealEnd.size(), kSealEnd.size(), kSealEnd) != 0) {
-    return SealShape::kMissing;
+    const size_t tail = text.size() < 2 * kSealTail ? 0 : text.size() - 2 * kSealTail;
+    return text.find("\"checksum\": \"xxh3:", tail) != std::string::npos ? SealShape::kReformatted
+                                                                          : SealShape::kMissing;
   }
   if (!ParseHex64(text.substr(text.size() - kSealEnd.size() - 16, 16), recorded)) return SealShape::kDamaged;
   return SealShape::kPresent;
@@ -48,6 +52,10 @@ SealShape FindSeal(const std::string& text, uint64_t* recorded) {
 
 Status SealError(SealShape shape, const std::string& origin) {
   if (shape == SealShape::kMissing) return DataLoss(origin + ": the manifest's checksum field is missing or damaged");
+  if (shape == SealShape::kReformatted) {
+    return DataLoss(origin + ": the manifest was reformatted around its checksum field (line endings or spacing "
+                             "changed, as an editor's save may): its bytes are no longer those sealed");
+  }
   if (shape == SealShape::kDamaged) return DataLoss(origin + ": the manifest's checksum field is damaged");
   return DataLoss(origin + ": manifest checksum mismatch: the file is corrupt or was edited");
 }
@@ -732,7 +740,24 @@ Status OutOfMemoryDecoding(const std::string& origin, size_t text_bytes) {
                                      " bytes); give this process more memory");
 }
 
+namespace {
+
+// The length of `text` without whitespace after its closing brace (an editor's final newline:
+// vim's 'fixeol' adds one on every save), which changes no JSON; npos when there is none.
+size_t LengthWithoutTrailingSpace(const std::string& text) {
+  size_t end = text.size();
+  while (end > 0 && (text[end - 1] == '\n' || text[end - 1] == ' ' || text[end - 1] == '\t' || text[end - 1] == '\r')) {
+    --end;
+  }
+  return end < text.size() && end > 0 && text[end - 1] == '}' ? end : std::string::npos;
+}
+
+}  // namespace
+
 Result<Manifest> DecodeManifest(const std::string& text, const std::string& origin, size_t threads) {
+  if (const size_t end = LengthWithoutTrailingSpace(text); end != std::string::npos) {
+    return DecodeManifest(text.substr(0, end), origin, threads);
+  }
   // Out of memory is the one failure a manifest within the size limit can still meet (a rank's
   // memory limit): as a Status every rank hears of it, where a throw would leave the others
   // waiting in the next collective.
@@ -764,6 +789,9 @@ std::string SealManifestText(std::string text) {
 }
 
 Result<std::string> CheckSeal(const std::string& text, const std::string& origin) {
+  if (const size_t end = LengthWithoutTrailingSpace(text); end != std::string::npos) {
+    return CheckSeal(text.substr(0, end), origin);
+  }
   uint64_t recorded = 0;
   SealShape seal = FindSeal(text, &recorded);
   if (seal != SealShape::kPresent) return SealError(seal, origin);
