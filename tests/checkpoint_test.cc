@@ -25,6 +25,7 @@
 #include "shardckpt/engine/core/load.h"
 #include "shardckpt/engine/formats/safetensors.h"
 #include "shardckpt/engine/core/save.h"
+#include "shardckpt/engine/core/version.h"
 #include "shardckpt/engine/core/verify.h"
 #include "shardckpt/engine/formats/torch_pickle.h"
 #include "shardckpt/engine/formats/zip_reader.h"
@@ -625,6 +626,30 @@ TEST_F(CheckpointTest, RefusesAStepEarlierThanTheNewest) {
   EXPECT_EQ(ReadLatestName(root()), StepDirName(50));
   ExpectLoads(root(), 50);
   ASSERT_TRUE(SaveStep(51).ok());
+}
+
+// A reshard is a new checkpoint, written now by this shardckpt: it carried its source's creation
+// time (and a DCP folder's import an empty time and version), which list and inspect showed.
+TEST_F(CheckpointTest, AReshardRecordsItsOwnMaking) {
+  ASSERT_TRUE(SaveStep(1).ok());
+  const std::string source = JoinPath(root(), StepDirName(1));
+  Manifest m = ReadManifest(source).value();
+  m.created.time = "2001-02-03T04:05:06Z";
+  m.created.shardckpt_version = "";
+  m.created.torch_version = "2.15.0";
+  m.created.git_commit = "abc123";
+  ASSERT_TRUE(WriteFileAtomic(JoinPath(source, kManifestName), *EncodeManifest(m), "test").ok());
+  ConvertOptions two;
+  two.world_size = 2;
+  const std::string out = JoinPath(dir_.path(), "resharded");
+  ASSERT_TRUE(Reshard(source, out, two).ok());
+  const Manifest made = ReadManifest(JoinPath(out, StepDirName(1))).value();
+  EXPECT_NE(made.created.time, "2001-02-03T04:05:06Z");
+  EXPECT_EQ(made.created.time.size(), 20u) << made.created.time;
+  EXPECT_EQ(made.created.shardckpt_version, kVersion);
+  EXPECT_EQ(made.created.torch_version, "2.15.0");
+  EXPECT_EQ(made.created.git_commit, "abc123");
+  EXPECT_EQ(made.created.user.at("resharded_from"), source);
 }
 
 // A checkpoint folder given for a root: saving there nested new checkpoints inside it, which

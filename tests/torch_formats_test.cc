@@ -1103,6 +1103,15 @@ TEST_F(MultiFileExportTest, ModelFilesAndImportsIntoUsedRootsSayWhatToDo) {
   EXPECT_THAT(lightning.message(), HasSubstr(Path("last.ckpt") + " is a model file, not a checkpoint: `shardckpt import"));
   Status manifest = ResolveCheckpoint(JoinPath(ckpt, kManifestName)).status();
   EXPECT_THAT(manifest.message(), HasSubstr("is a file: give the checkpoint folder (or the root) instead"));
+  // So is a Hugging Face model folder (it was "neither a checkpoint nor a root").
+  ASSERT_TRUE(MakeDir(Path("hf")).ok());
+  ConsolidateOptions safetensors;
+  safetensors.format = ExportFormat::kSafetensors;
+  ASSERT_TRUE(Consolidate(ckpt, JoinPath(Path("hf"), "model.safetensors"), safetensors).ok());
+  Status hf = ResolveCheckpoint(Path("hf")).status();
+  EXPECT_EQ(hf.code(), Code::kInvalidArgument);
+  EXPECT_THAT(hf.message(), HasSubstr(Path("hf") + " is a model folder (model.safetensors), not a checkpoint: `shardckpt "
+                                      "import " + Path("hf") + " --out ROOT --world-size N`"));
   // A DCP folder's data file is often a torch.save zip too; its folder is what is meant.
   size_t distcp = 0;
   for (const std::string& name : Listing(Path("dcp"))) {

@@ -333,6 +333,11 @@ Result<std::string> ResolveCheckpoint(const std::string& path) {
       return NotFound(path + " is a root with no committed checkpoint yet: only folders of saves that are running or "
                              "did not finish (`shardckpt list " + path + "` shows them)");
     }
+    // A Hugging Face model folder: pointed to import, as a model file is (above).
+    if (Result<std::string> model = ResolveModelFile(path); model.ok() && ModelFileKindOf(*model).ok()) {
+      return InvalidArgument(path + " is a model folder (" + BaseName(*model) + "), not a checkpoint: `shardckpt import " +
+                             path + " --out ROOT --world-size N` (Python: shardckpt.import_checkpoint) makes one of it");
+    }
     return NotFound(path + " is neither a checkpoint (no " + kManifestName + ") nor a root (no " + kLatestName +
                     " and no committed step folder)");
   }

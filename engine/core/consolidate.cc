@@ -381,6 +381,12 @@ Result<ConsolidateReport> Consolidate(const std::string& checkpoint, const std::
     if (Matches(options.exclude, e.name)) continue;
     const std::string name = OutputName(options, e.name);
     if (name.empty()) return InvalidArgument("entry '" + e.name + "' becomes an empty name after --strip-prefix");
+    // "model" for "model.": every name would start with '.', which transformers and torch then
+    // take for no parameter of the model (from_pretrained initialized every weight at random).
+    if (renames && name[0] == '.' && name.size() < e.name.size()) {
+      return InvalidArgument("--strip-prefix '" + options.strip_prefix + "' leaves entry '" + e.name + "' as '" + name +
+                             "', a name starting with '.': did you mean --strip-prefix '" + options.strip_prefix + ".'?");
+    }
     if (renames) {
       auto [taken, fresh] = names.emplace(name, &e.name);
       if (!fresh) {

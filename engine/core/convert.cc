@@ -328,36 +328,6 @@ Result<std::vector<TorchInput>> OpenShardedTorch(const std::string& index_path, 
       order);
 }
 
-// What `import` is given: a folder (a Hugging Face set, or one model.safetensors), an index
-// file, a .safetensors file or a torch.save file.
-Result<std::string> ResolveImportInput(const std::string& input) {
-  if (!IsDirectory(input)) return input;
-  // safetensors first, as transformers' from_pretrained prefers it when a folder holds both.
-  for (const char* name : {"model.safetensors.index.json", "model.safetensors"}) {
-    if (PathExists(JoinPath(input, name))) return JoinPath(input, name);
-  }
-  SC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(input));
-  std::vector<std::string> indexes, torch_indexes;
-  for (const std::string& n : names) {
-    if (EndsWith(n, ".safetensors.index.json")) indexes.push_back(n);
-    if (EndsWith(n, ".bin.index.json")) torch_indexes.push_back(n);
-  }
-  if (indexes.size() == 1) return JoinPath(input, indexes[0]);
-  if (indexes.empty() && PathExists(JoinPath(input, "pytorch_model.bin.index.json"))) {
-    return JoinPath(input, "pytorch_model.bin.index.json");
-  }
-  if (indexes.empty() && torch_indexes.size() == 1) return JoinPath(input, torch_indexes[0]);
-  if (indexes.empty() && torch_indexes.empty() && PathExists(JoinPath(input, "pytorch_model.bin"))) {
-    return JoinPath(input, "pytorch_model.bin");
-  }
-  const size_t many = indexes.empty() ? torch_indexes.size() : indexes.size();
-  return InvalidArgument("cannot import the folder '" + input + "': it holds " +
-                         (many == 0 ? std::string("no model.safetensors, *.safetensors.index.json, pytorch_model.bin "
-                                                  "or *.bin.index.json")
-                                    : std::to_string(many) + (indexes.empty() ? " *.bin.index.json" : " *.safetensors.index.json") +
-                                          " files; name one"));
-}
-
 // Tensors of a .pt that are one tensor under two names (the same storage, offset, sizes and
 // strides): for each, the index of the first, or -1. Found by a hash of that description: a
 // file of many views of one storage (a flat parameter's, or a hostile one of a million) made
@@ -378,7 +348,7 @@ std::vector<int64_t> TiedTensors(const std::vector<PickleTensor>& tensors) {
 Result<ConvertReport> ImportInto(const std::string& input, const std::string& root, const ConvertOptions& options) {
   SC_ASSIGN_OR_RETURN(const Policy policy, ParsePolicy(options.layout));
   ConvertReport report;
-  SC_ASSIGN_OR_RETURN(const std::string file, ResolveImportInput(input));
+  SC_ASSIGN_OR_RETURN(const std::string file, ResolveModelFile(input));
   SC_ASSIGN_OR_RETURN(const ModelFileKind kind, ModelFileKindOf(file));
   const bool index = kind == ModelFileKind::kSafetensorsIndex;
   const bool safetensors = index || kind == ModelFileKind::kSafetensors;
@@ -570,7 +540,10 @@ Result<ConvertReport> ReshardInto(const std::string& checkpoint, const std::stri
     SC_RETURN_IF_ERROR(out->AddBlob(b.scope == BlobScope::kPerRank ? b.rank : 0, b.name, b.scope, bytes));
     if (listed.insert(b.name).second) report.values.push_back(b.name);  // a per-rank one once
   }
-  CreationInfo created = m.created;
+  // Written now, by this shardckpt, from one process: the source's time and version (empty for a
+  // DCP folder) named another checkpoint's making. Its training code's commit, torch version and
+  // user metadata still describe what is in it.
+  CreationInfo created = MakeCreationInfo(1, m.created.torch_version, m.created.git_commit, m.created.user);
   created.user[reader->is_dcp() ? "imported_from" : "resharded_from"] = Utf8OrReplaced(AbsoluteRoot(reader->dir()));
   if (!left.empty()) created.user[kPerRankValuesLeftKey] = EncodePerRankValuesLeft(left);
   if (options.progress) SC_RETURN_IF_ERROR(options.progress(report.bytes, total));  // before the commit

@@ -53,4 +53,32 @@ Result<ModelFileKind> ModelFileKindOf(const std::string& file) {
                                               : "its first bytes are none of those formats'");
 }
 
+Result<std::string> ResolveModelFile(const std::string& input) {
+  if (!IsDirectory(input)) return input;
+  // safetensors first, as transformers' from_pretrained prefers it when a folder holds both.
+  for (const char* name : {"model.safetensors.index.json", "model.safetensors"}) {
+    if (PathExists(JoinPath(input, name))) return JoinPath(input, name);
+  }
+  SC_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(input));
+  std::vector<std::string> indexes, torch_indexes;
+  for (const std::string& n : names) {
+    if (EndsWith(n, ".safetensors.index.json")) indexes.push_back(n);
+    if (EndsWith(n, ".bin.index.json")) torch_indexes.push_back(n);
+  }
+  if (indexes.size() == 1) return JoinPath(input, indexes[0]);
+  if (indexes.empty() && PathExists(JoinPath(input, "pytorch_model.bin.index.json"))) {
+    return JoinPath(input, "pytorch_model.bin.index.json");
+  }
+  if (indexes.empty() && torch_indexes.size() == 1) return JoinPath(input, torch_indexes[0]);
+  if (indexes.empty() && torch_indexes.empty() && PathExists(JoinPath(input, "pytorch_model.bin"))) {
+    return JoinPath(input, "pytorch_model.bin");
+  }
+  const size_t many = indexes.empty() ? torch_indexes.size() : indexes.size();
+  return InvalidArgument("cannot import the folder '" + input + "': it holds " +
+                         (many == 0 ? std::string("no model.safetensors, *.safetensors.index.json, pytorch_model.bin "
+                                                  "or *.bin.index.json")
+                                    : std::to_string(many) + (indexes.empty() ? " *.bin.index.json" : " *.safetensors.index.json") +
+                                          " files; name one"));
+}
+
 }  // namespace shardckpt

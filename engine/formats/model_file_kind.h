@@ -23,4 +23,9 @@ bool IsImportableFileName(const std::string& path);
 // else.
 Result<ModelFileKind> ModelFileKindOf(const std::string& file);
 
+// The model file `input` names: itself when it is no folder; in a folder (a Hugging Face set, or
+// one model.safetensors) its index or single file, as transformers' from_pretrained would take
+// (safetensors first). A folder holding none, or several indexes, is refused, saying so.
+Result<std::string> ResolveModelFile(const std::string& input);
+
 }  // namespace shardckpt

@@ -208,6 +208,11 @@ PY
 "$cli" import prefix.pt --out prefix-root --world-size 1 > /dev/null
 expect_fail "is not valid UTF-8 (it ends inside a character?)" "$cli" consolidate prefix-root --out rel/cjk.pt --strip-prefix $'\xe6'
 [ ! -e rel/cjk.pt ] || { echo "a refused consolidate left rel/cjk.pt"; exit 1; }
+# A prefix without its dot ("model" for "model.") left every name starting with '.', which
+# from_pretrained took for no weight of the model (a trial): refused, saying what was meant.
+expect_fail "--strip-prefix 'state_dict' leaves entry 'state_dict.w' as '.w', a name starting with '.': did you mean --strip-prefix 'state_dict.'?" \
+  "$cli" consolidate odd-model.ckpt --out rel/nodot.safetensors --strip-prefix state_dict
+[ ! -e rel/nodot.safetensors ] || { echo "a refused consolidate left rel/nodot.safetensors"; exit 1; }
 expect_fail "GGUF metadata 'general.architecture' (--gguf-arch, --gguf-name or --gguf-metadata) is not valid UTF-8" \
   "$cli" consolidate prefix-root --out rel/cjk.gguf --gguf-arch $'\xff'
 # A torch.save file cut short under a name that says nothing is damaged, not another kind of file.
