@@ -665,7 +665,13 @@ TEST_F(RetentionTest, AFolderNamedLatestFailsTheSaveBeforeItWrites) {
   EXPECT_EQ(Names(), std::vector<std::string>{StepDirName(1)});  // nothing written, nothing lost
   EXPECT_FALSE(PathExists(JoinPath(root(), StepDirName(2))));
   EXPECT_THAT(CheckLatestIsNoFolder(root()).message(), HasSubstr(latest + " is a folder"));
+  // A reader says the folder as such (it said `latest` did not name the newest, "or it was edited").
+  ::testing::internal::CaptureStderr();
   EXPECT_EQ(LoadStep(root()).value(), 1);
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_THAT(said, HasSubstr(latest + " is a folder, where shardckpt keeps the file that names the newest checkpoint; "
+                                       "reading the newest committed one, " + StepDirName(1)));
+  EXPECT_THAT(said, Not(HasSubstr("does not name the newest")));
   ASSERT_EQ(::rmdir(latest.c_str()), 0);
   ASSERT_TRUE(SaveStep(2).ok());
   EXPECT_EQ(Latest(), StepDirName(2));

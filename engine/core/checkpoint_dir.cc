@@ -343,7 +343,11 @@ Result<std::string> ResolveCheckpoint(const std::string& path) {
   }
   const std::string& newest = committed->back().second;
   SC_RETURN_IF_ERROR(RefuseUnreachableNewer(path, without_manifest, committed->back().first, newest));
-  if (has_latest && ReadLatestName(path) != newest) {
+  if (has_latest && !CheckLatestIsNoFolder(path).ok()) {
+    LogOnce(LogLevel::kWarn, "latest-folder:" + latest,
+            latest + " is a folder, where shardckpt keeps the file that names the newest checkpoint; reading the "
+                     "newest committed one, " + newest + " (saves into this root are refused until it is moved)");
+  } else if (has_latest && ReadLatestName(path) != newest) {
     // A warning: an operator who edited `latest` to go back would otherwise load the newer one
     // without a word.
     LogOnce(LogLevel::kWarn, "stale-latest:" + latest,
