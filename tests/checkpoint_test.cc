@@ -998,6 +998,11 @@ TEST_F(DamagedCheckpointTest, AnEditorsSaveOfTheManifestIsToldApartFromDamage) {
   EXPECT_EQ(status.code(), Code::kDataLoss);
   EXPECT_THAT(status.message(), HasSubstr("manifest.json: the manifest was reformatted around its checksum field (line "
                                           "endings or spacing changed, as an editor's save may)"));
+  // A digit of the checksum gone is damage, not reformatting.
+  std::string cut = text;
+  cut.erase(cut.rfind("\"\n}") - 1, 1);
+  ASSERT_TRUE(WriteFileAtomic(path, cut, "test").ok());
+  EXPECT_THAT(LoadStatus().message(), HasSubstr("the manifest's checksum field is missing or damaged"));
   // Text after the closing brace that is not whitespace is no editor's newline: refused.
   ASSERT_TRUE(WriteFileAtomic(path, text + "\nx", "test").ok());
   EXPECT_EQ(LoadStatus().code(), Code::kDataLoss);

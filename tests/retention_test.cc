@@ -1003,17 +1003,21 @@ TEST_F(RetentionTest, ASaveGivesUpOnAPruneBeforeTheCollectiveDeadline) {
   ASSERT_TRUE(SaveStep(1).ok());
   Result<RootLock> prune = RootLock::AcquireForPrune(root());
   ASSERT_TRUE(prune.ok());
-  ASSERT_EQ(::setenv("SHARDCKPT_COLLECTIVE_TIMEOUT_S", "1", 1), 0);
+  struct Deadline {  // unset again however the test ends
+    Deadline() { ::setenv("SHARDCKPT_COLLECTIVE_TIMEOUT_S", "1", 1); }
+    ~Deadline() { ::unsetenv("SHARDCKPT_COLLECTIVE_TIMEOUT_S"); }
+  };
+  std::optional<Deadline> deadline(std::in_place);
   const auto t0 = std::chrono::steady_clock::now();
   Result<SaveResult> saved = SaveStep(2);
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  ::unsetenv("SHARDCKPT_COLLECTIVE_TIMEOUT_S");
+  deadline.reset();
   ASSERT_FALSE(saved.ok());
   EXPECT_EQ(saved.status().code(), Code::kFailedPrecondition);
   EXPECT_THAT(saved.status().message(), HasSubstr("a prune has held " + root() + " for "));
   EXPECT_THAT(saved.status().message(), HasSubstr("the save gives up at half the collective deadline "
-                                                  "(SHARDCKPT_COLLECTIVE_TIMEOUT_S=1), before the other ranks would "
-                                                  "blame this one"));
+                                                  "(SHARDCKPT_COLLECTIVE_TIMEOUT_S=1), before a save's other ranks, "
+                                                  "waiting for this one in a collective, would blame it"));
   EXPECT_GE(took, 0.45);
   EXPECT_LT(took, 5.0);
 }

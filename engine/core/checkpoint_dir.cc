@@ -732,10 +732,11 @@ bool LockHeld(const std::string& root, const char* name) {
   return opened.ok() && ExclusivelyHeld(*opened);
 }
 
-// "8", "0.5", "601.3": seconds as a message gives them.
+// "8", "1199", "0.5": seconds as a message gives them (as typed, for a whole number).
 std::string SecondsText(double seconds) {
   char text[32];
-  std::snprintf(text, sizeof(text), "%.3g", seconds);
+  std::snprintf(text, sizeof(text), seconds == static_cast<double>(static_cast<int64_t>(seconds)) ? "%.0f" : "%.1f",
+                seconds);
   return text;
 }
 
@@ -770,7 +771,7 @@ Result<RootLock> RootLock::Acquire(const std::string& root) {
   const auto started = std::chrono::steady_clock::now();
   const auto deadline = started + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                       std::chrono::duration<double>(patience_s));
-  bool said = false;
+  bool said = false, prune_seen = false;
   auto waited = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(); };
   // The root lock held without the prune lock is another save, or a prune caught between
   // letting go of the root lock and of its own (or the next prune between taking its two):
@@ -780,7 +781,7 @@ Result<RootLock> RootLock::Acquire(const std::string& root) {
     SC_ASSIGN_OR_RETURN(int fd, TryLockFile(root, kLockName));
     if (fd >= 0) {
       RootLock lock(fd, -1);
-      lock.waited_s_ = waited();
+      lock.waited_s_ = prune_seen ? waited() : 0;  // not the retries while another save held it
       if (said) SC_LOG(kInfo) << "the prune of " << root << " let go after " << lock.waited_s_ << " s; saving";
       return lock;
     }
@@ -798,6 +799,7 @@ Result<RootLock> RootLock::Acquire(const std::string& root) {
                                 " is held); two jobs must not save into one root");
     }
     without_prune = 0;
+    prune_seen = true;
     const auto now = std::chrono::steady_clock::now();
     if (now > deadline) {
       const bool by_collective = patience_s < 600.0;
@@ -805,7 +807,7 @@ Result<RootLock> RootLock::Acquire(const std::string& root) {
           "a prune has held " + root + " for " + SecondsText(waited()) + " s (lock " + JoinPath(root, kPruneLockName) +
           " or the folder's own is held: a prune stuck, or suspended); the save gives up" +
           (by_collective ? " at half the collective deadline (SHARDCKPT_COLLECTIVE_TIMEOUT_S=" + SecondsText(collective_s) +
-                               "), before the other ranks would blame this one"
+                               "), before a save's other ranks, waiting for this one in a collective, would blame it"
                          : ""));
     }
     if (!said && now - started > std::chrono::seconds(1)) {

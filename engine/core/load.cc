@@ -187,7 +187,10 @@ Result<LoadReport> Load(Communicator& comm, const std::string& path, const Shard
   // 6. Replicated entries: readers broadcast.
   SC_RETURN_IF_ERROR(ShareReplicated(comm, manifest, into, match, options, &report));
   clock.Lap("replicated");
-  if (match.demand.tied_compared_anywhere) SC_RETURN_IF_ERROR(AgreeOnStatus(comm, tied.Compare(read.dir)));
+  if (match.demand.tied_compared_anywhere) {
+    SC_RETURN_IF_ERROR(AgreeOnStatus(comm, tied.Compare(read.dir)));
+    clock.Lap("compare_tied");
+  }
   const bool dcp = BuiltFromDcpFolder(manifest);
   ReleaseOffThePath(std::move(read.manifest));
   if (dcp) {

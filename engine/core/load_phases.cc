@@ -377,7 +377,7 @@ LocalMatch MatchPieces(const Manifest& manifest, const ShardedState& targets, co
       for (size_t k = 1; k < mismatches.size(); ++k) text += (k == 1 ? ": " : "; ") + mismatches[k];
       if (mismatch_count > mismatches.size()) text += "; ...";
     }
-    match.status = InvalidArgument(text);
+    if (match.status.ok()) match.status = InvalidArgument(text);  // a rename's collision, the cause, kept
   }
   return match;
 }

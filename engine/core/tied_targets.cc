@@ -1,6 +1,8 @@
 #include "shardckpt/engine/core/tied_targets.h"
 
+#include <algorithm>
 #include <cstring>
+#include <new>
 #include <string_view>
 #include <unordered_map>
 
@@ -39,38 +41,68 @@ TiedTargets::TiedTargets(const Manifest& manifest, const ShardedState& targets, 
     refusal_ = OverlapRefusal(pieces, shared.overlapping.front());
     return;
   }
-  for (const auto& [later, first] : shared.same) {
-    const EntryRecord* a = entry_of[pieces[first].name];
-    const EntryRecord* b = entry_of[pieces[later].name];
-    if (a == b || SameChunks(*a, *b)) continue;  // one value: nothing to compare
-    if (!redirected_) redirected_.emplace(targets);
-    Pair pair{later, first, std::unique_ptr<unsigned char[]>(new unsigned char[static_cast<size_t>(pieces[later].bytes)])};
-    redirected_->MovePieceToHost(later, pair.buffer.get());
-    compared_.push_back(std::move(pair));
+  // Out of memory for a buffer (a tied embedding is a gigabyte) is this rank's refusal, agreed
+  // with the others in the verdict: thrown, it left them waiting in the next collective.
+  try {
+    for (const auto& [later, first] : shared.same) {
+      const EntryRecord* a = entry_of[pieces[first].name];
+      const EntryRecord* b = entry_of[pieces[later].name];
+      if (a == b || SameChunks(*a, *b)) continue;  // one value: nothing to compare
+      if (!redirected_) redirected_.emplace(targets);
+      const size_t bytes = static_cast<size_t>(pieces[later].bytes);
+      Pair pair{later, first, std::unique_ptr<unsigned char[]>(new unsigned char[bytes])};
+      redirected_->MovePieceToHost(later, pair.buffer.get());
+      compared_.push_back(std::move(pair));
+    }
+  } catch (const std::bad_alloc&) {
+    redirected_.reset();
+    compared_.clear();
+    refusal_ = Status(Code::kInternal, "out of memory for the buffer a load compares tied targets in (one piece of " +
+                                           pieces[shared.same.front().first].name + "): give this process more memory, "
+                                           "or load a model that does not tie them");
   }
 }
 
+namespace {
+
+// Whether `first`'s memory (host or device) holds `bytes` bytes equal to `buffer`'s. Device memory
+// comes over in parts of a bounded size: a host copy of a whole tied embedding on every rank of
+// a node was gigabytes more.
+Result<bool> Equal(const TensorPiece& first, const unsigned char* buffer, size_t bytes) {
+  if (first.space == MemorySpace::kHost) return std::memcmp(first.data, buffer, bytes) == 0;
+  constexpr size_t kPart = size_t{64} << 20;
+  std::vector<unsigned char> bounce(std::min(bytes, kPart));
+  for (size_t at = 0; at < bytes; at += kPart) {
+    const size_t n = std::min(kPart, bytes - at);
+    TensorPiece from = first, landing = first;
+    from.data = static_cast<unsigned char*>(first.data) + at;
+    from.bytes = static_cast<int64_t>(n);
+    landing.data = bounce.data();
+    landing.bytes = from.bytes;
+    landing.space = MemorySpace::kHost;
+    SC_RETURN_IF_ERROR(load_phases::CopyPiece(landing, from));
+    if (std::memcmp(bounce.data(), buffer + at, n) != 0) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 Status TiedTargets::Compare(const std::string& dir) const {
-  std::vector<unsigned char> bounce;
-  for (const Pair& pair : compared_) {
-    const TensorPiece& first = original_->pieces()[pair.first];
-    const size_t bytes = static_cast<size_t>(first.bytes);
-    const unsigned char* held = static_cast<const unsigned char*>(first.data);
-    if (first.space != MemorySpace::kHost) {  // compared on the host
-      bounce.resize(bytes);
-      TensorPiece landing = first;
-      landing.data = bounce.data();
-      landing.space = MemorySpace::kHost;
-      SC_RETURN_IF_ERROR(load_phases::CopyPiece(landing, first));
-      held = bounce.data();
-    }
-    if (std::memcmp(held, pair.buffer.get(), bytes) != 0) {
+  try {
+    for (const Pair& pair : compared_) {
+      const TensorPiece& first = original_->pieces()[pair.first];
+      SC_ASSIGN_OR_RETURN(const bool equal, Equal(first, pair.buffer.get(), static_cast<size_t>(first.bytes)));
+      if (equal) continue;
       const std::string& later = original_->pieces()[pair.later].name;
       return InvalidArgument("'" + first.name + "' and '" + later + "' are one tensor in the state passed (tied: the " +
                              "same memory) but two tensors of different values in checkpoint " + dir +
-                             " (saved from a model that did not tie them): load into a model that does not tie "
-                             "them, or leave one of the names out of the state");
+                             " (saved from a model that did not tie them); the tensors hold what was read, '" +
+                             first.name + "' its own values: load into a model that does not tie them, or leave '" +
+                             later + "' out of the state and load with strict=False");
     }
+  } catch (const std::bad_alloc&) {  // the device part's bounce: this rank's failure, agreed
+    return Status(Code::kInternal, "out of memory comparing tied targets: give this process more memory");
   }
   return Status::Ok();
 }

@@ -34,7 +34,8 @@ constexpr std::string_view kSealEnd = "\"\n}";
 constexpr size_t kSealTail = kSealKey.size() + 16 + kSealEnd.size();
 
 // kReformatted: the field is there, but its line breaks or spacing are not those written (an
-// editor's save that turned the line endings into CRLF): the bytes are no longer those sealed.
+// editor's save that turned the line endings into CRLF, or spaces into tabs): the bytes are no
+// longer those sealed.
 enum class SealShape { kMissing, kReformatted, kDamaged, kPresent };
 
 // Whether `text` ends with a seal; if so, the recorded checksum. The sealed text is
@@ -42,9 +43,12 @@ enum class SealShape { kMissing, kReformatted, kDamaged, kPresent };
 SealShape FindSeal(const std::string& text, uint64_t* recorded) {
   if (text.size() < kSealTail || text.compare(text.size() - kSealTail, kSealKey.size(), kSealKey) != 0 ||
       text.compare(text.size() - kSealEnd.size(), kSealEnd.size(), kSealEnd) != 0) {
+    // Reformatted: the field is there and the tail holds a CR or a tab, which the writer never
+    // puts there. A field cut short or with a digit gone stays "missing or damaged".
     const size_t tail = text.size() < 2 * kSealTail ? 0 : text.size() - 2 * kSealTail;
-    return text.find("\"checksum\": \"xxh3:", tail) != std::string::npos ? SealShape::kReformatted
-                                                                          : SealShape::kMissing;
+    const bool field = text.find("\"checksum\": \"xxh3:", tail) != std::string::npos;
+    const bool respaced = text.find_first_of("\r\t", tail) != std::string::npos;
+    return field && respaced ? SealShape::kReformatted : SealShape::kMissing;
   }
   if (!ParseHex64(text.substr(text.size() - kSealEnd.size() - 16, 16), recorded)) return SealShape::kDamaged;
   return SealShape::kPresent;
@@ -755,13 +759,14 @@ size_t LengthWithoutTrailingSpace(const std::string& text) {
 }  // namespace
 
 Result<Manifest> DecodeManifest(const std::string& text, const std::string& origin, size_t threads) {
-  if (const size_t end = LengthWithoutTrailingSpace(text); end != std::string::npos) {
-    return DecodeManifest(text.substr(0, end), origin, threads);
-  }
   // Out of memory is the one failure a manifest within the size limit can still meet (a rank's
   // memory limit): as a Status every rank hears of it, where a throw would leave the others
   // waiting in the next collective.
   try {
+    // Copied without the whitespace (a rare manifest: one an editor saved).
+    if (const size_t end = LengthWithoutTrailingSpace(text); end != std::string::npos) {
+      return DecodeManifestUnguarded(text.substr(0, end), origin, threads);
+    }
     return DecodeManifestUnguarded(text, origin, threads);
   } catch (const std::bad_alloc&) {
     return OutOfMemoryDecoding(origin, text.size());
