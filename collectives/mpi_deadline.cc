@@ -160,17 +160,22 @@ Status MpiDeadlineWaiter::RunCensus(const char* call, double waited_s) {
   std::vector<bool> answered(size_, false);
   answered[rank_] = true;
   answers[rank_] = CensusAnswer(sequence_, call);
+  // Every answer in, this rank still answers until the grace is over: a rank it asked, or one
+  // whose own deadline passed a moment later, starts its census now, and a query that came after
+  // this rank stopped listening named it as "never reached it" (seen under a loaded CI run).
+  bool all = false;
   while (Seconds(start) < deadline_.census_grace_s) {
     AnswerQueries();
-    bool all = true;
-    for (int r = 0; r < size_; ++r) {
-      if (answered[r]) continue;
-      int done = 0;
-      MPI_Test(&receives[r], &done, MPI_STATUS_IGNORE);
-      answered[r] = done != 0;
-      all = all && answered[r];
+    if (!all) {
+      all = true;
+      for (int r = 0; r < size_; ++r) {
+        if (answered[r]) continue;
+        int done = 0;
+        MPI_Test(&receives[r], &done, MPI_STATUS_IGNORE);
+        answered[r] = done != 0;
+        all = all && answered[r];
+      }
     }
-    if (all) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   AnswerQueries();
