@@ -6,8 +6,9 @@
 // model), the later name is read into a host buffer of its own, one piece's size, and compared
 // with the first after the load (a device target through a bounded bounce): equal values load, a
 // difference fails the load on every rank instead of leaving whichever was written last. The
-// load fails after its reads, as any load failing at its end: the targets hold what was read. Targets the checkpoint holds that overlap without
-// being the same bytes are refused before anything is read; a target it lacks is never written.
+// load fails after its reads, as any load failing at its end: the targets hold what was read.
+// Targets the checkpoint holds that overlap without being the same bytes are refused before
+// anything is read; a target it lacks is never written.
 #pragma once
 
 #include <memory>
