@@ -652,6 +652,40 @@ TEST_F(CheckpointTest, AReshardRecordsItsOwnMaking) {
   EXPECT_EQ(made.created.user.at("resharded_from"), source);
 }
 
+// Import and reshard write into a new root: a reshard of another run's step 5 into this root
+// (which holds step 1) was committed beside it and became its `latest`, so the run's next
+// resume loaded the other run's state. Refused before anything is written, naming the root.
+TEST_F(CheckpointTest, ImportAndReshardRefuseARootThatHoldsCheckpoints) {
+  ASSERT_TRUE(SaveStep(1).ok());
+  const std::string other = JoinPath(dir_.path(), "other");
+  Tensors tensors("other");
+  ASSERT_TRUE(Save(*comm_, other, 5, tensors.State()).ok());
+  ConsolidateOptions pt;
+  pt.format = ExportFormat::kTorch;
+  const std::string file = JoinPath(dir_.path(), "other.pt");
+  ASSERT_TRUE(Consolidate(other, file, pt).ok());
+  const std::vector<std::string> before = ListDir(root()).value();
+  ConvertOptions two;
+  two.world_size = 2;
+  for (bool import : {false, true}) {
+    SCOPED_TRACE(import ? "import" : "reshard");
+    Result<ConvertReport> into = import ? ImportFile(file, root(), two) : Reshard(other, root(), two);
+    ASSERT_FALSE(into.ok());
+    EXPECT_EQ(into.status().code(), Code::kAlreadyExists);
+    EXPECT_THAT(into.status().message(),
+                HasSubstr(root() + " already holds checkpoints (latest: " + StepDirName(1) +
+                          "): import and reshard write each into a new root; give an --out root (Python: out_root) "
+                          "that holds no checkpoint"));
+    EXPECT_EQ(ListDir(root()).value(), before);
+    EXPECT_EQ(ReadLatestName(root()), StepDirName(1));
+  }
+  // An empty folder, or one holding other files, is a new root.
+  const std::string empty = JoinPath(dir_.path(), "empty");
+  ASSERT_TRUE(MakeDirs(empty).ok());
+  ASSERT_TRUE(Reshard(other, empty, two).ok());
+  EXPECT_EQ(ReadLatestName(empty), StepDirName(5));
+}
+
 // A checkpoint folder given for a root: saving there nested new checkpoints inside it, which
 // loading it never reads (it has a manifest), and retention of the real root would delete them.
 // Refused before anything is written into it, by saves, reshards and imports alike; and a

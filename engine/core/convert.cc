@@ -557,6 +557,16 @@ Result<ConvertReport> IntoRoot(const std::string& root,
                                Result<ConvertReport> (*convert)(const std::string&, const std::string&, const ConvertOptions&),
                                const std::string& input, const ConvertOptions& options) {
   const bool fresh = !PathExists(root);
+  // Into a new root only, as the refusal below says: into a run's root, an import or a reshard of
+  // another checkpoint at a later step was committed beside the run's own and became its
+  // `latest`, which the run's next resume then loaded.
+  if (!fresh && HoldsCheckpoints(root)) {
+    const std::string latest = ReadLatestName(root);
+    return Status(Code::kAlreadyExists, root + " already holds checkpoints" +
+                                            (latest.empty() ? std::string() : " (latest: " + latest + ")") +
+                                            ": import and reshard write each into a new root; give an --out root "
+                                            "(Python: out_root) that holds no checkpoint");
+  }
   Result<ConvertReport> report = convert(input, root, options);
   if (!report.ok() && report.status().code() == Code::kAlreadyExists) {
     return Status(Code::kAlreadyExists, report.status().message() +

@@ -903,7 +903,9 @@ def async_save(state_dict: Mapping[str, Any], root: PathLike, step: int, *, keep
     allocates). The files are written by a background thread; call
     :meth:`AsyncSaveHandle.wait` before relying on the checkpoint. One save is in flight at a
     time: a second ``async_save`` first waits for the previous one. Errors describing the state
-    (an unsupported value) raise here; errors writing it raise from ``wait()``, on every rank.
+    (an unsupported value) and errors found before the snapshot (a root that cannot be made,
+    for one) raise here; errors writing the files raise from ``wait()``, on
+    every rank.
 
     Under mpirun MPI must provide MPI_THREAD_MULTIPLE (shardckpt asks for it when it
     initializes MPI; else this raises :class:`FailedPrecondition`); over torch.distributed the
@@ -1104,7 +1106,8 @@ def import_checkpoint(src: PathLike, out_root: PathLike, world_size: int, layout
     Hugging Face sharded set (``*.safetensors.index.json`` or ``pytorch_model.bin.index.json``,
     or the folder holding one) or a PyTorch DCP folder as a sharded checkpoint under
     ``out_root`` for ``world_size`` ranks (``shardckpt import``); ``layout``: ``"flat"``,
-    ``"dim0"`` or ``"replicated"``. It
+    ``"dim0"`` or ``"replicated"``. ``out_root`` is a new root (missing or without checkpoints:
+    one that holds a checkpoint raises AlreadyExists, ``reshard`` too). It
     writes every rank's file at once, so it raises this process's soft open-file limit to the
     hard one, as the command does (``reshard`` too).
     Returns the keys of ``shardckpt import --json``: ``{"checkpoint", "out", "source", "step",

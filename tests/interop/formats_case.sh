@@ -155,11 +155,18 @@ expect_fail "a pickle of protocol 0 or 1 (no PROTO opcode) is not supported" "$c
 check tied tied.pt
 check same in/tied.pt tied.pt
 
-# 7: a failed import into an existing root leaves it as it was.
+# 7: a failed import into an existing root leaves it as it was: an empty folder stays (the
+# refused file's import is undone), and a root that holds a checkpoint is refused before anything
+# is read or written (an import or reshard into a run's root became its `latest`).
+mkdir keep
+expect_fail "protocol 0 or 1" "$cli" import in/proto1.pt --out keep --world-size 1
+[ -z "$(ls -A keep)" ] || { echo "a failed import left files in an existing empty root"; exit 1; }
 "$cli" import in/tied.pt --out keep --world-size 1 > /dev/null
 before=$(cd keep && find . | sort)
-expect_fail "protocol 0 or 1" "$cli" import in/proto1.pt --out keep --world-size 1
-[ "$before" = "$(cd keep && find . | sort)" ] || { echo "a failed import changed an existing root"; exit 1; }
+expect_fail "keep already holds checkpoints (latest: step-000000000): import and reshard write each into a new root" \
+  "$cli" import in/tied.pt --out keep --world-size 2
+expect_fail "keep already holds checkpoints" "$cli" reshard dt --out keep --world-size 2
+[ "$before" = "$(cd keep && find . | sort)" ] || { echo "a refused import changed an existing root"; exit 1; }
 
 if [ "$which" = torch2 ]; then
   # 8: an empty tensor name (safetensors allows it) is refused plainly.
