@@ -502,6 +502,7 @@ std::string MetricsText(const std::map<std::string, double>& metrics) {
 // list and prune take a root folder; a link to one that cannot be reached now (an archive not
 // mounted, a loop of links) is named as such, not as "not a folder".
 Status RequireRootFolder(const std::string& root) {
+  if (root.empty()) return InvalidArgument("the checkpoint root is an empty path (an unset variable?)");
   if (IsDirectory(root)) return Status::Ok();
   if (const std::string why = UnreachableLink(root); !why.empty()) return FailedPrecondition(root + " is " + why);
   return NotFound(root + " is not a folder");

@@ -227,6 +227,9 @@ print('$verb --json failure OK')"
     # files either); a folder named like a step but not as saves name them is not touched.
     mkdir -p dcpish plainroot/step-5 && touch dcpish/.metadata dcpish/__0_0.distcp plainroot/step-5/notes.txt
     expect_fail "dcpish is a checkpoint, not a root" "$cli" list dcpish
+    # An unset variable: said as such, as the other verbs do (was "NotFound:  is not a folder").
+    expect_fail "InvalidArgument: the checkpoint root is an empty path (an unset variable?)" "$cli" list ""
+    expect_fail "InvalidArgument: the checkpoint root is an empty path (an unset variable?)" "$cli" prune "" --keep-last 1
     expect_fail "dcpish is a checkpoint, not a root" "$cli" prune dcpish --keep-last 1 --dry-run
     # A write into it says what it is (a DCP folder has no step folders to point at).
     expect_fail "dcpish is a checkpoint, not a root (a PyTorch DCP folder: it holds .metadata): write checkpoints into a folder of shardckpt step folders, or a new one" \
