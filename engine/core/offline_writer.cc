@@ -13,12 +13,11 @@
 namespace shardckpt {
 namespace {
 // Staging: every file of the world is open at once (a reshard adds each entry's pieces to all of
-// them in a row), so the files share one budget (past 64 files each still gets 4 x 64 KiB; with
-// 128 KiB, a reshard of 56 MB to 64 ranks faulted in 16 MB more: 38,400 -> 34,400 faults), each
+// them in a row), so the files share one budget (past 32 files each still gets 4 x 128 KiB), each
 // with a few buffers so that its writes start while the rest of its bytes are still coming. With
 // one 1 MiB buffer each, a reshard to 64 ranks of 56 MB wrote nothing until the end: every file's
 // bytes fit in its first buffer.
-constexpr uint64_t kStagingBudget = 16u << 20, kBuffersPerFile = 4, kMinBuffer = 64u << 10, kMaxBuffer = 1u << 20;
+constexpr uint64_t kStagingBudget = 16u << 20, kBuffersPerFile = 4, kMinBuffer = 128u << 10, kMaxBuffer = 1u << 20;
 }  // namespace
 
 Result<std::unique_ptr<OfflineCheckpointWriter>> OfflineCheckpointWriter::Begin(const std::string& root, int64_t step,
