@@ -41,6 +41,12 @@ def _global_rank(group: Any, rank: int) -> int:
     return dist.distributed_c10d._get_global_rank(group, rank)  # torch 1.13
 
 
+def _first_line(text: str) -> str:
+    """An error's first line, without gloo's or c10d's source path in brackets."""
+    first = text.strip().splitlines()[0] if text.strip() else "failed"
+    return re.sub(r"^\[[^\]]*\]\s*", "", first)[:300]
+
+
 class _Census:
     """Who reached each collective, in the job's c10d store: a rank marks its arrival before
     the operation (the mark stays until its next one), so a rank whose collective timed out or
@@ -218,7 +224,16 @@ class TorchGroupComm:
                 "rank %d: torch.distributed %s: the process group was destroyed while shardckpt "
                 "still needed it (an async save in flight?): call the save handle's wait() "
                 "before dist.destroy_process_group()" % (self.rank, what))
-        self.census.arrive(self.rank)
+        try:
+            self.census.arrive(self.rank)
+        except Exception as error:  # noqa: BLE001 - any store failure: its host is gone
+            # The store's host died (rank 0 killed under an env:// launch): torch's own
+            # "DistNetworkError: Broken pipe" came out under the collective's name, with no rank.
+            self.failed = ("%s failed: the job's c10d store did not answer [%s: %s]: the process that "
+                           "hosts it (rank 0 of the job where it was started with env://, as srun does; "
+                           "torchrun's agent under torchrun) died or exited; its own output says why"
+                           % (what, type(error).__name__, _first_line(str(error))))
+            raise Aborted("rank %d: torch.distributed %s" % (_global_rank(self.group, self.rank), self.failed)) from None
         started = time.monotonic()
         work = launch()
         _RECENT_WORK.append(work)
@@ -250,8 +265,7 @@ class TorchGroupComm:
         """A collective that failed other than by the deadline: gloo's "Connection reset by
         peer" when a rank died mid-collective. Its first line, without gloo's source path, and
         the ranks that never joined, which are the likely dead."""
-        first = text.strip().splitlines()[0] if text.strip() else "failed"
-        first = re.sub(r"^\[[^\]]*\]\s*", "", first)[:300]
+        first = _first_line(text)
         lost = any(word in text for word in ("Connection reset", "Connection closed", "closed by peer",
                                              "Broken pipe", "Connection refused"))
         who = ""

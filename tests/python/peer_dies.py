@@ -1,5 +1,6 @@
-"""A rank of a torchrun job of 2 that saves (peer_dies.sh): rank 1 is killed inside the save
-(SHARDCKPT_FAILPOINTS), and rank 0 prints what the save raised there.
+"""A rank of a job that saves (peer_dies.sh: torchrun, 2 ranks; store_host_dies.sh: 3 processes
+started with env://): a rank is killed inside the save (SHARDCKPT_FAILPOINTS), and the others
+print what the save raised there.
 
 With "deadline" after the root: the ranks save step 1 together, then rank 0 saves step 2 while
 rank 1 loads, so each waits in a collective the other never joins; each catches the
@@ -13,7 +14,8 @@ import shardckpt
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
-state = {"w": shardckpt.FlatShard(torch.full((1000,), float(rank)), [2000], 1000 * rank)}
+world = dist.get_world_size()
+state = {"w": shardckpt.FlatShard(torch.full((1000,), float(rank)), [1000 * world], 1000 * rank)}
 try:
     shardckpt.save(state, sys.argv[1], step=1)
     print("rank %d: saved" % rank, flush=True)

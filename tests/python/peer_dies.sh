@@ -35,12 +35,7 @@ MONITOR=1 SHARDCKPT_COLLECTIVE_TIMEOUT_S=10s run "$work/typo" "$work/typo.log" |
   { cat "$work/typo.log"; echo "the save with a malformed timeout failed"; exit 1; }
 [ "$(grep -c "ignoring SHARDCKPT_COLLECTIVE_TIMEOUT_S='10s' (want seconds >= 0); using 1800" "$work/typo.log")" = 2 ] &&
   [ "$(grep -c "rank [01]: saved" "$work/typo.log")" = 2 ] || { cat "$work/typo.log"; echo "the malformed timeout was not said"; exit 1; }
-pythons=("$py")
-if torch2=$(bash "$(dirname "$0")/../../launch/torch2_venv.sh" --find); then
-  pythons+=("$torch2")
-elif [ "${SHARDCKPT_REQUIRE_TORCH2:-0}" = 1 ]; then
-  echo "the torch 2.x environment is required"; exit 1
-fi
+source "$(dirname "$0")/pythons.sh" "$py"
 for python in "${pythons[@]}"; do
   log=$work/deadline-$(basename "$(dirname "$(dirname "$python")")").log
   started=$(date +%s)
