@@ -71,7 +71,7 @@ std::string RankRanges(const std::vector<int>& ranks) {
   return out;
 }
 
-Status MergeRankStatuses(const std::vector<Status>& by_rank) {
+Status MergeRankStatuses(const std::vector<Status>& by_rank, Code preferred) {
   std::vector<const Status*> causes;         // distinct failures, in order of first appearance
   std::vector<std::vector<int>> ranks_of;    // by cause
   for (size_t r = 0; r < by_rank.size(); ++r) {
@@ -88,7 +88,10 @@ Status MergeRankStatuses(const std::vector<Status>& by_rank) {
   if (causes.empty()) return Status::Ok();
   // The merged status carries the first failure's code; a cause with that code is given by its
   // message alone, so it does not read "NoSpace: rank 2: NoSpace: ...".
-  const Code code = causes[0]->code();
+  Code code = causes[0]->code();
+  for (const Status* cause : causes) {
+    if (preferred != Code::kOk && cause->code() == preferred) code = preferred;
+  }
   std::string message;
   for (size_t c = 0; c < causes.size(); ++c) {
     if (c > 0) message += "; ";
@@ -100,13 +103,13 @@ Status MergeRankStatuses(const std::vector<Status>& by_rank) {
   return Status(code, message);
 }
 
-Status AgreeOnStatus(Communicator& comm, const Status& local) {
+Status AgreeOnStatus(Communicator& comm, const Status& local, Code preferred) {
   std::vector<std::string> all;
   SC_RETURN_IF_ERROR(comm.AllGather(EncodeStatus(local), &all));
   std::vector<Status> by_rank;
   by_rank.reserve(all.size());
   for (const std::string& bytes : all) by_rank.push_back(DecodeStatus(bytes));
-  return MergeRankStatuses(by_rank);
+  return MergeRankStatuses(by_rank, preferred);
 }
 
 Status CheckGatherSizes(const std::vector<int64_t>& lengths, int64_t limit) {

@@ -12,8 +12,8 @@ Under ``mpirun`` every rank of MPI_COMM_WORLD takes part; under ``torchrun`` (on
 torch.distributed is initialized) its default group, over gloo; with no launcher, one process;
 ``comm=`` takes a process group or an mpi4py communicator too.
 A state dict may hold, nested in dicts, lists and tuples: tensors (replicated: each rank holds
-the whole tensor, written once), DTensors with ``Shard(d)``/``Replicate()`` placements on 1-D or
-2-D meshes (FSDP2, TP; saved from and loaded into their local tensors, at any world size and
+the whole tensor, written once), DTensors with ``Shard(d)``/``Replicate()`` placements on meshes
+of any number of dims (FSDP2, TP, HSDP; saved from and loaded into their local tensors, at any world size and
 placement), :class:`FlatShard` (a rank's flat range, FSDP1/ZeRO),
 :class:`PerRank` values, and int/float/str/bool/None/bytes with lists, tuples and dicts of them
 (stored as typed JSON or raw bytes, never pickled). Anything else is refused, naming its key.
@@ -53,7 +53,7 @@ from ._dtensor import dtensor_piece, is_dtensor
 from ._comm import (forget_foreign, from_mpi4py, from_process_group, launched_by_mpi, resolve,
                     single_process, world)
 from ._state import (DTYPES, FlatShard, PerRank, check_unicode, dcp_leaf_names, dcp_leaves, dcp_stores_nothing_of,
-                     decode_blob, dtype_name, encode_blob, host_values, regroup, restore, walk)
+                     decode_blob, dtype_name, encode_blob, host_values, param_groups_differ, regroup, restore, walk)
 from .errors import (Aborted, AlreadyExists, DataLoss, DeadlineExceeded, FailedPrecondition,
                      Internal, InvalidArgument, IoError, NoSpace, NotFound, ShardckptError,
                      Unimplemented, raise_for)
@@ -535,6 +535,10 @@ def load(state_dict: Dict[str, Any], path: PathLike, *, strict: bool = True, str
     ``state_dict()`` before its first step holds no state tensors to load into: build the state
     first (``get_state_dict(model, optim)`` does), then ``optim.load_state_dict(...)`` after.
     ``strip_prefix`` drops a prefix from the checkpoint's names (e.g. ``"module."``).
+    An optimizer's ``param_groups`` saved with other groups than the optimizer passed has
+    (their number, their sizes, or, named as ``get_state_dict`` names them, their members)
+    raises :class:`InvalidArgument` at the end of a strict load (the tensors are loaded by
+    then); not strict, the passed groups stay and the reason is in ``report.unavailable``.
     A wrong dtype or shape raises :class:`InvalidArgument` naming the tensor; corrupt data
     raises :class:`DataLoss` naming the file.
 
@@ -653,7 +657,14 @@ def load(state_dict: Dict[str, Any], path: PathLike, *, strict: bool = True, str
                 else:
                     unavailable[name] = reason
             elif available:
-                values[name] = decode_blob(data, name, current)
+                value = decode_blob(data, name, current)
+                groups_differ = param_groups_differ(name, value, current)
+                if groups_differ is None:
+                    values[name] = value
+                elif strict:
+                    raise InvalidArgument(groups_differ)
+                else:
+                    unavailable[name] = groups_differ
             else:
                 restored, value = _weights_only(data, reason)
                 if restored:

@@ -201,6 +201,52 @@ def dcp_stores_nothing_of(value: Any) -> bool:
     return isinstance(value, list) and not _dcp_terminal(value) and all(dcp_stores_nothing_of(v) for v in value)
 
 
+def _param_groups(value: Any) -> Optional[List[List[Any]]]:
+    """The parameters of each group, when ``value`` is an optimizer's ``param_groups`` (a list of
+    dicts that each hold a "params" list: torch's, with indices, or get_state_dict's, with
+    names); None for anything else."""
+    if not isinstance(value, (list, tuple)) or not value:
+        return None
+    if not all(isinstance(g, Mapping) and isinstance(g.get("params"), (list, tuple)) for g in value):
+        return None
+    return [list(g["params"]) for g in value]
+
+
+def param_groups_differ(name: str, saved: Any, current: Any) -> Optional[str]:
+    """Why the saved ``param_groups`` cannot replace ``current`` (the optimizer the job built),
+    or None. A value is replaced whole, so an optimizer built with other groups than the saved
+    run's got the saved groups instead: set_state_dict accepted one group for two and the next
+    step raised KeyError 'betas', or two groups for one and weight decay silently changed.
+    torch's own Optimizer.load_state_dict refuses both; so does this."""
+    if isinstance(saved, Mapping) and isinstance(current, Mapping):  # an optimizer saved as one value
+        for key in saved:
+            if key in current:
+                why = param_groups_differ("%s.%s" % (name, key), saved[key], current[key])
+                if why is not None:
+                    return why
+        return None
+    mine, theirs = _param_groups(current), _param_groups(saved)
+    if mine is None or theirs is None:
+        return None
+    if len(mine) == len(theirs) and all(len(a) == len(b) for a, b in zip(mine, theirs)):
+        named = all(isinstance(p, str) for group in mine + theirs for p in group)
+        moved = [i for i, (a, b) in enumerate(zip(mine, theirs)) if named and set(a) != set(b)]
+        if not moved:
+            return None
+        i = moved[0]
+        extra = sorted(set(map(str, theirs[i])) - set(map(str, mine[i])))[:3]
+        detail = ("its parameter group %d holds other parameters than this optimizer's (%s among them)"
+                  % (i, ", ".join("'%s'" % p for p in extra)))
+    else:
+        def counted(groups: List[List[Any]]) -> str:
+            return "%d parameter group%s (of %s parameters)" % (
+                len(groups), "" if len(groups) == 1 else "s", " + ".join(str(len(g)) for g in groups))
+        detail = "the checkpoint's optimizer has %s, this one %s" % (counted(theirs), counted(mine))
+    return ("'%s': %s: loaded, the saved groups' settings (lr, weight_decay, ...) would go to other "
+            "parameters; build the optimizer with the saved run's groups, or load with strict=False to keep "
+            "this optimizer's groups and settings (the state tensors are loaded either way)" % (name, detail))
+
+
 def dcp_leaves(name: str, current: Any, saved: Mapping[str, Any]) -> Optional[List[str]]:
     """The saved names that hold ``current`` piece by piece, or None.
 

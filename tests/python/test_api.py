@@ -434,6 +434,20 @@ def test_a_value_only_some_ranks_load_is_no_unexpected_entry(comm, root):
     assert "has entries no rank loads: 'sched'" in error.value.message
 
 
+def test_a_name_missing_on_one_rank_is_not_found_on_every_rank(comm, root):
+    # One rank misses a name while the checkpoint holds one that no rank loads: NotFound, as on
+    # one rank that finds both (it was InvalidArgument when rank 0's verdict came first, so an
+    # `except shardckpt.NotFound` missed it).
+    shardckpt.save({"w": torch.ones(2), "step": 3}, root, step=1)
+    target = {"w": torch.zeros(2)}
+    if comm.rank == comm.size - 1:
+        target["extra"] = torch.zeros(1)
+    with pytest.raises(shardckpt.NotFound) as error:
+        shardckpt.load(target, root)
+    assert "not in checkpoint" in error.value.message and "'extra'" in error.value.message, error.value.message
+    assert "has entries no rank loads: 'step'" in error.value.message, error.value.message
+
+
 def test_a_value_passed_as_a_tensor_on_one_rank_is_said_so(comm, root):
     # Another rank loading the value must not hide this rank's mistake behind "not in checkpoint".
     if comm.size < 2:
@@ -569,6 +583,49 @@ def test_a_fresh_optimizer_is_not_steered_into_losing_its_state(root):
     for p, q in zip(model.parameters(), fresh_model.parameters()):
         assert torch.equal(p, q)
         assert torch.equal(optim.state[p]["exp_avg_sq"], fresh.state[q]["exp_avg_sq"])
+
+
+def test_param_groups_of_another_grouping_are_refused_strictly_and_left_otherwise(root):
+    # A value is replaced whole: an optimizer built with two groups (decay / no-decay) took the
+    # checkpoint's one group, and set_state_dict then left it without betas (KeyError at the
+    # next step); one group for two silently changed the weight decay. torch's own
+    # Optimizer.load_state_dict refuses both, as DCP's leaf-by-leaf match does.
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+    model(torch.randn(2, 4)).sum().backward()
+    optim.step()
+    shardckpt.save({"model": model.state_dict(), "optim": optim.state_dict()}, root, step=1)
+    fresh = torch.nn.Linear(4, 3)
+    two = torch.optim.AdamW([{"params": [fresh.weight], "weight_decay": 0.1},
+                             {"params": [fresh.bias], "weight_decay": 0.0}], lr=0.0)
+    fresh(torch.randn(2, 4)).sum().backward()
+    two.step()
+    target = {"model": fresh.state_dict(), "optim": two.state_dict()}
+    with pytest.raises(shardckpt.InvalidArgument) as error:
+        shardckpt.load(target, root)
+    assert ("'optim.param_groups': the checkpoint's optimizer has 1 parameter group (of 2 parameters), "
+            "this one 2 parameter groups (of 1 + 1 parameters): loaded, the saved groups' settings") in error.value.message
+    assert "strict=False to keep this optimizer's groups" in error.value.message, error.value.message
+    assert target["optim"]["param_groups"] == two.state_dict()["param_groups"]
+    report = shardckpt.load(target, root, strict=False)
+    assert "the checkpoint's optimizer has 1 parameter group" in report.unavailable["optim.param_groups"], report
+    assert [g["weight_decay"] for g in target["optim"]["param_groups"]] == [0.1, 0.0]
+    assert torch.equal(target["optim"]["state"][0]["exp_avg"], optim.state_dict()["state"][0]["exp_avg"])
+    # Named as get_state_dict names them, the same sizes with other members are refused too;
+    # the same groups load.
+    named = [{"lr": 0.1, "params": ["a.weight", "b.weight"]}, {"lr": 0.2, "params": ["a.bias", "b.bias"]}]
+    shardckpt.save({"optim": {"param_groups": named}, "w": torch.ones(1)}, root, step=2)
+    swapped = {"optim": {"param_groups": [{"lr": 0.0, "params": ["a.weight", "a.bias"]},
+                                          {"lr": 0.0, "params": ["b.weight", "b.bias"]}]}, "w": torch.zeros(1)}
+    with pytest.raises(shardckpt.InvalidArgument) as error:
+        shardckpt.load(swapped, root)
+    assert ("its parameter group 0 holds other parameters than this optimizer's ('b.weight' among them)"
+            in error.value.message), error.value.message
+    same = {"optim": {"param_groups": [{"lr": 0.0, "params": ["b.weight", "a.weight"]},
+                                       {"lr": 0.0, "params": ["a.bias", "b.bias"]}]}, "w": torch.zeros(1)}
+    shardckpt.load(same, root)
+    assert same["optim"]["param_groups"] == named
 
 
 def test_tied_targets_load_equal_values_and_refuse_different_ones_on_every_rank(comm, root):
