@@ -70,12 +70,17 @@ class _Census:
     def _key(self, rank: int, sequence: Optional[int] = None) -> str:
         return "%s/%d/%d" % (self.prefix, self.sequence if sequence is None else sequence, rank)
 
-    def arrive(self, rank: int) -> None:
+    # What each rank's key holds: which collective it reached, as a number (torch 1.13's stand-in
+    # for check() adds 0 to the key, which must hold an integer), so that ranks that all arrived
+    # but at different collectives (a save on some ranks, a load on others) are told apart.
+    _KINDS = {"barrier": 2, "broadcast": 3, "all_gather": 4, "all_reduce": 5}
+
+    def arrive(self, rank: int, what: str = "") -> None:
         # A rank's key stays after it leaves (a rank done with a collective is no absentee), and
         # goes when it reaches the next one: the store holds one key per rank.
         self.sequence += 1
         if self.store is not None:
-            self.store.set(self._key(rank), b"1")
+            self.store.set(self._key(rank), str(self._KINDS.get(what, 1)).encode())
             if self.sequence > 1:
                 self.store.delete_key(self._key(rank, self.sequence - 1))
 
@@ -118,6 +123,26 @@ class _Census:
             if not present:
                 missing.append(self.ranks[rank])
         return missing
+
+    def elsewhere(self, me: int, what: str) -> Dict[int, str]:
+        """Ranks of the group (global numbering) that reached this collective's turn at another
+        collective than `what`, with the one each reached; empty when the store cannot say."""
+        if self.store is None:
+            return {}
+        names = {code: name for name, code in self._KINDS.items()}
+        found: Dict[int, str] = {}
+        for rank in range(len(self.ranks)):
+            if rank == me:
+                continue
+            try:
+                if not self._there(self._key(rank)):
+                    continue
+                kind = names.get(int(self.store.get(self._key(rank))), "")
+            except Exception:  # noqa: BLE001 (the store is gone with its host)
+                return {}
+            if kind and kind != what:
+                found[self.ranks[rank]] = kind
+        return found
 
 
 # The last few collectives' Work handles (which hold their tensors). A gloo worker thread keeps
@@ -225,7 +250,7 @@ class TorchGroupComm:
                 "still needed it (an async save in flight?): call the save handle's wait() "
                 "before dist.destroy_process_group()" % (self.rank, what))
         try:
-            self.census.arrive(self.rank)
+            self.census.arrive(self.rank, what)
         except Exception as error:  # noqa: BLE001 - any store failure: its host is gone
             # The store's host died (rank 0 killed under an env:// launch): torch's own
             # "DistNetworkError: Broken pipe" came out under the collective's name, with no rank.
@@ -248,9 +273,15 @@ class TorchGroupComm:
             _never_freed(self.group, work)
             self.census.gave_up(self.rank)
             absent = self.census.absent(self.rank)
-            who = ("rank%s %s never joined it" % ("s" if len(absent) > 1 else "",
-                                                 ", ".join(map(str, absent))) if absent else
-                   "another rank never joined it")
+            elsewhere = {} if absent else self.census.elsewhere(self.rank, what)
+            if absent:
+                who = "rank%s %s never joined it" % ("s" if len(absent) > 1 else "", ", ".join(map(str, absent)))
+            elif elsewhere:
+                who = ("every rank reached it, but %s: the ranks are in different calls (a save on some "
+                       "ranks, a load on others?)" % ", ".join("rank %d is in %s" % (r, kind)
+                                                               for r, kind in sorted(elsewhere.items())))
+            else:
+                who = "another rank never joined it"
             # The group's own timeout (init_process_group(timeout=...)) may come first: the time
             # waited is said, and which deadline it was.
             waited = time.monotonic() - started

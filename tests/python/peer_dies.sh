@@ -5,7 +5,8 @@
 # SHARDCKPT_COLLECTIVE_TIMEOUT_S that is not a number is said to be ignored (it silently waited
 # 30 minutes), as under mpirun. And a job whose ranks caught DeadlineExceeded and then called
 # destroy_process_group() exits at once, under this torch and torch 2.x (it hung at exit for
-# gloo's own timeout, 30 minutes by default, with the timed-out collective still queued).
+# gloo's own timeout, 30 minutes by default, with the timed-out collective still queued), each
+# rank naming the collective the other is in.
 set -euo pipefail
 py=$1 module_dir=$2 work=$3
 "$py" -c 'import torch.distributed.run' 2> /dev/null || { echo "skipped: $py has no torch with torchrun"; exit 77; }
@@ -47,6 +48,9 @@ for python in "${pythons[@]}"; do
   [ $rc = 0 ] && [ $took -lt 60 ] || { cat "$log"; echo "$python: exit $rc after $took s, the deadline being 5 s"; exit 1; }
   [ "$(grep -c "rank [01] raised DeadlineExceeded: " "$log")" = 2 ] && [ "$(grep -c "rank [01]: end of script" "$log")" = 2 ] ||
     { cat "$log"; echo "$python: both ranks were to raise DeadlineExceeded and end their script"; exit 1; }
+  # Each names the collective the other is in (it said "another rank never joined it").
+  [ "$(grep -c "every rank reached it, but rank [01] is in [a-z_]*: the ranks are in different calls" "$log")" = 2 ] ||
+    { cat "$log"; echo "$python: the ranks' different collectives were not named"; exit 1; }
   rm -rf "$work/deadline"
   echo "$python: DeadlineExceeded caught, process group destroyed, exit after $took s"
 done
