@@ -71,7 +71,7 @@ std::string RankRanges(const std::vector<int>& ranks) {
   return out;
 }
 
-Status MergeRankStatuses(const std::vector<Status>& by_rank, Code preferred) {
+Status MergeRankStatuses(const std::vector<Status>& by_rank) {
   std::vector<const Status*> causes;         // distinct failures, in order of first appearance
   std::vector<std::vector<int>> ranks_of;    // by cause
   for (size_t r = 0; r < by_rank.size(); ++r) {
@@ -88,10 +88,7 @@ Status MergeRankStatuses(const std::vector<Status>& by_rank, Code preferred) {
   if (causes.empty()) return Status::Ok();
   // The merged status carries the first failure's code; a cause with that code is given by its
   // message alone, so it does not read "NoSpace: rank 2: NoSpace: ...".
-  Code code = causes[0]->code();
-  for (const Status* cause : causes) {
-    if (preferred != Code::kOk && cause->code() == preferred) code = preferred;
-  }
+  const Code code = causes[0]->code();
   std::string message;
   for (size_t c = 0; c < causes.size(); ++c) {
     if (c > 0) message += "; ";
@@ -103,13 +100,13 @@ Status MergeRankStatuses(const std::vector<Status>& by_rank, Code preferred) {
   return Status(code, message);
 }
 
-Status AgreeOnStatus(Communicator& comm, const Status& local, Code preferred) {
+Status AgreeOnStatus(Communicator& comm, const Status& local) {
   std::vector<std::string> all;
   SC_RETURN_IF_ERROR(comm.AllGather(EncodeStatus(local), &all));
   std::vector<Status> by_rank;
   by_rank.reserve(all.size());
   for (const std::string& bytes : all) by_rank.push_back(DecodeStatus(bytes));
-  return MergeRankStatuses(by_rank, preferred);
+  return MergeRankStatuses(by_rank);
 }
 
 Status CheckGatherSizes(const std::vector<int64_t>& lengths, int64_t limit) {

@@ -45,18 +45,15 @@ class Communicator {
 std::unique_ptr<Communicator> CreateSingleProcessCommunicator();
 
 // Every rank learns whether every rank succeeded. On failure all ranks get the same Status: the
-// code of the first failing rank (or `preferred`, where any rank failed with it) and a message
-// naming each failing rank and its cause.
-Status AgreeOnStatus(Communicator& comm, const Status& local, Code preferred = Code::kOk);
+// code of the first failing rank and a message naming each failing rank and its cause.
+Status AgreeOnStatus(Communicator& comm, const Status& local);
 
 // Pure, for AgreeOnStatus: `by_rank[r]` is rank r's status. Ranks that failed with the same code
 // and message are named together ("IoError: ranks 0-3, 7: read ..."), so a failure that every
 // rank of a large job shares reads as one line, in the order each cause first appears. The result
-// has the first failure's code, or `preferred` where a rank failed with that (a strict load's
-// verdict: a name missing on any rank is NotFound whatever another rank's verdict, as it is when
-// one rank finds both); a cause with another code keeps its code name ("IoError: rank 0:
+// has the first failure's code; a cause with another code keeps its code name ("IoError: rank 0:
 // read ...; ranks 1-2: NoSpace: write ...").
-Status MergeRankStatuses(const std::vector<Status>& by_rank, Code preferred = Code::kOk);
+Status MergeRankStatuses(const std::vector<Status>& by_rank);
 // "rank 3", "ranks 0-2, 5, 7-9" (ranks ascending).
 std::string RankRanges(const std::vector<int>& ranks);
 

@@ -83,10 +83,7 @@ TEST(MergeRankStatuses, RanksWithTheSameCauseAreNamedTogether) {
     std::vector<Status> by_rank;
     Code code;
     const char* message;  // "" when every rank succeeded
-    Code preferred = Code::kOk;
   };
-  const Status unloaded = InvalidArgument("checkpoint /c has entries no rank loads: 'step'");
-  const Status missing = NotFound("not in checkpoint /c: 'extra'");
   const Case kCases[] = {
       {{ok, ok, ok}, Code::kOk, ""},
       {{ok, ok, disk}, Code::kNoSpace, "rank 2: write rank file: No space left on device"},
@@ -97,18 +94,9 @@ TEST(MergeRankStatuses, RanksWithTheSameCauseAreNamedTogether) {
       {{ok, disk, ok, disk}, Code::kNoSpace, "ranks 1, 3: write rank file: No space left on device"},
       // A cause without a message is named by its code.
       {{Status(Code::kAborted, ""), Status(Code::kAborted, ""), io}, Code::kAborted, "ranks 0-1: Aborted; rank 2: IoError: read manifest.json: EIO"},
-      // A strict load's verdict: NotFound where any rank misses a name, whichever rank is first.
-      {{unloaded, missing},
-       Code::kNotFound,
-       "rank 0: InvalidArgument: checkpoint /c has entries no rank loads: 'step'; rank 1: not in checkpoint /c: 'extra'",
-       Code::kNotFound},
-      {{unloaded, ok}, Code::kInvalidArgument, "rank 0: checkpoint /c has entries no rank loads: 'step'", Code::kNotFound},
-      {{unloaded, missing},
-       Code::kInvalidArgument,
-       "rank 0: checkpoint /c has entries no rank loads: 'step'; rank 1: NotFound: not in checkpoint /c: 'extra'"},
   };
   for (const Case& c : kCases) {
-    Status merged = MergeRankStatuses(c.by_rank, c.preferred);
+    Status merged = MergeRankStatuses(c.by_rank);
     EXPECT_EQ(merged.code(), c.code) << c.message;
     EXPECT_EQ(merged.message(), c.message);
   }

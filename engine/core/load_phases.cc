@@ -868,8 +868,7 @@ Result<Match> MatchEntries(Communicator& comm, const Manifest& manifest, const s
                               "load the same part): " + NameList(report->loaded_in_part, in_part_notes) +
                               " (a non-strict load loads the rest and reports them)");
   }
-  // NotFound where any rank misses a name, as when one rank both misses one and leaves one out.
-  SC_RETURN_IF_ERROR(AgreeOnStatus(comm, verdict, Code::kNotFound));
+  SC_RETURN_IF_ERROR(AgreeOnStatus(comm, verdict));
   SC_ASSIGN_OR_RETURN(ReplicatedReadChoice choice, AgreeOnBroadcast(comm, options, dir));
   match.reader_of = AssignReaders(match.demand, choice.broadcast, comm.size());
   match.same_pages = choice.same_pages;
