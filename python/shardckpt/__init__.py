@@ -531,14 +531,15 @@ def load(state_dict: Dict[str, Any], path: PathLike, *, strict: bool = True, str
     ``strict``: a name missing from the checkpoint raises :class:`NotFound`, a checkpoint entry
     nothing loads raises :class:`InvalidArgument`, before anything is read (a value PyTorch DCP
     stored leaf by leaf matches when every leaf of the value passed is there); not strict, both
-    come back in the report. An optimizer's
+    come back in the report. Every rank raises the same error, naming each rank's cause, with the
+    first failing rank's class. An optimizer's
     ``state_dict()`` before its first step holds no state tensors to load into: build the state
     first (``get_state_dict(model, optim)`` does), then ``optim.load_state_dict(...)`` after.
     ``strip_prefix`` drops a prefix from the checkpoint's names (e.g. ``"module."``).
     An optimizer's ``param_groups`` saved with other groups than the optimizer passed has
     (their number, their sizes, or, named as ``get_state_dict`` names them, their members)
-    raises :class:`InvalidArgument` at the end of a strict load (the tensors are loaded by
-    then); not strict, the passed groups stay and the reason is in ``report.unavailable``.
+    raises :class:`InvalidArgument` at the end of a strict load, the tensors loaded and no value
+    restored; not strict, the passed groups stay and the reason is in ``report.unavailable``.
     A wrong dtype or shape raises :class:`InvalidArgument` naming the tensor; corrupt data
     raises :class:`DataLoss` naming the file.
 
@@ -623,6 +624,19 @@ def load(state_dict: Dict[str, Any], path: PathLike, *, strict: bool = True, str
                                             if n not in wanted and n not in regrouped and n not in elsewhere]
     values: Dict[str, Any] = {}
     unavailable: Dict[str, str] = {}
+
+    def take(name: str, value: Any, current: Any) -> None:
+        """A saved value to restore, unless it is an optimizer's param_groups of another grouping."""
+        groups_differ = param_groups_differ(name, value, current)
+        if groups_differ is None:
+            values[name] = value
+        elif strict:
+            raise InvalidArgument(groups_differ + ": build the optimizer with the saved run's groups, or load "
+                                  "with strict=False to keep this optimizer's groups and settings (the state "
+                                  "tensors are loaded either way)")
+        else:
+            unavailable[name] = groups_differ + " (this optimizer's groups and settings kept)"
+
     error = ("OK", "")
     try:
         # What the engine's name-level verdict cannot see: a value DCP stored leaf by leaf whose
@@ -644,9 +658,9 @@ def load(state_dict: Dict[str, Any], path: PathLike, *, strict: bool = True, str
                 if lost:
                     unavailable[name] = lost[0]
                 else:
-                    values[name] = regroup(name, current, saved,
-                                           lambda leaf, old: restored[leaf] if leaf in restored
-                                           else decode_blob(saved[leaf][1], leaf, old))
+                    take(name, regroup(name, current, saved,
+                                       lambda leaf, old: restored[leaf] if leaf in restored
+                                       else decode_blob(saved[leaf][1], leaf, old)), current)
                 continue
             if name not in saved:
                 continue
@@ -657,14 +671,7 @@ def load(state_dict: Dict[str, Any], path: PathLike, *, strict: bool = True, str
                 else:
                     unavailable[name] = reason
             elif available:
-                value = decode_blob(data, name, current)
-                groups_differ = param_groups_differ(name, value, current)
-                if groups_differ is None:
-                    values[name] = value
-                elif strict:
-                    raise InvalidArgument(groups_differ)
-                else:
-                    unavailable[name] = groups_differ
+                take(name, decode_blob(data, name, current), current)
             else:
                 restored, value = _weights_only(data, reason)
                 if restored:
@@ -673,10 +680,12 @@ def load(state_dict: Dict[str, Any], path: PathLike, *, strict: bool = True, str
                     unavailable[name] = value
     except Exception as failure:  # noqa: BLE001 - told to every rank (_refusal)
         error = _refusal(failure)
-    raise_for(*comm.agree(*error)[:2])
+    # Every tensor read is in place before a refusal of the values: targets loaded through a
+    # temporary (device, strided) are no different from those the engine wrote into.
     with torch.no_grad():
         for target, temporary in copies:
             target.copy_(temporary)
+    raise_for(*comm.agree(*error)[:2])
     restore(state_dict, values)
     return LoadReport(path=raw["path"], step=raw["step"], saved_world_size=raw["saved_world_size"],
                       missing=missing, unexpected=unexpected, unavailable=unavailable,
@@ -1118,7 +1127,7 @@ def import_checkpoint(src: PathLike, out_root: PathLike, world_size: int, layout
     or the folder holding one) or a PyTorch DCP folder as a sharded checkpoint under
     ``out_root`` for ``world_size`` ranks (``shardckpt import``); ``layout``: ``"flat"``,
     ``"dim0"`` or ``"replicated"``. ``out_root`` is a new root (missing or without checkpoints:
-    one that holds a checkpoint raises AlreadyExists, ``reshard`` too). It
+    one that holds a checkpoint raises AlreadyExists). It
     writes every rank's file at once, so it raises this process's soft open-file limit to the
     hard one, as the command does (``reshard`` too).
     Returns the keys of ``shardckpt import --json``: ``{"checkpoint", "out", "source", "step",
@@ -1134,8 +1143,8 @@ def import_checkpoint(src: PathLike, out_root: PathLike, world_size: int, layout
 
 
 def reshard(path: PathLike, out_root: PathLike, world_size: int, layout: str = "flat") -> Dict[str, Any]:
-    """A checkpoint rewritten for ``world_size`` ranks under ``out_root``, without a job
-    (``shardckpt reshard``). Returns the keys of ``shardckpt reshard --json``, as
+    """A checkpoint rewritten for ``world_size`` ranks under ``out_root``, a new root (one that
+    holds a checkpoint raises AlreadyExists), without a job (``shardckpt reshard``). Returns the keys of ``shardckpt reshard --json``, as
     :func:`import_checkpoint` does (values: those carried; skipped: per-rank blobs, which have no
     meaning at another world size, each ``"name@rankN (why)"``)."""
     from . import _core

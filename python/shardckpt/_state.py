@@ -201,11 +201,11 @@ def dcp_stores_nothing_of(value: Any) -> bool:
     return isinstance(value, list) and not _dcp_terminal(value) and all(dcp_stores_nothing_of(v) for v in value)
 
 
-def _param_groups(value: Any) -> Optional[List[List[Any]]]:
-    """The parameters of each group, when ``value`` is an optimizer's ``param_groups`` (a list of
-    dicts that each hold a "params" list: torch's, with indices, or get_state_dict's, with
-    names); None for anything else."""
-    if not isinstance(value, (list, tuple)) or not value:
+def _param_groups(name: str, value: Any) -> Optional[List[List[Any]]]:
+    """The parameters of each group, when ``value`` is an optimizer's ``param_groups`` (named so,
+    a list of dicts that each hold a "params" list: torch's, with indices, or get_state_dict's,
+    with names); None for anything else (a user's list of dicts with "params" keys included)."""
+    if name.rsplit(".", 1)[-1] != "param_groups" or not isinstance(value, (list, tuple)) or not value:
         return None
     if not all(isinstance(g, Mapping) and isinstance(g.get("params"), (list, tuple)) for g in value):
         return None
@@ -217,7 +217,8 @@ def param_groups_differ(name: str, saved: Any, current: Any) -> Optional[str]:
     or None. A value is replaced whole, so an optimizer built with other groups than the saved
     run's got the saved groups instead: set_state_dict accepted one group for two and the next
     step raised KeyError 'betas', or two groups for one and weight decay silently changed.
-    torch's own Optimizer.load_state_dict refuses both; so does this."""
+    torch's own Optimizer.load_state_dict refuses both; so does this. Not seen: groups whose
+    settings are tensors (a tensor lr), which are saved leaf by leaf, not as one value."""
     if isinstance(saved, Mapping) and isinstance(current, Mapping):  # an optimizer saved as one value
         for key in saved:
             if key in current:
@@ -225,7 +226,7 @@ def param_groups_differ(name: str, saved: Any, current: Any) -> Optional[str]:
                 if why is not None:
                     return why
         return None
-    mine, theirs = _param_groups(current), _param_groups(saved)
+    mine, theirs = _param_groups(name, current), _param_groups(name, saved)
     if mine is None or theirs is None:
         return None
     if len(mine) == len(theirs) and all(len(a) == len(b) for a, b in zip(mine, theirs)):
@@ -235,16 +236,15 @@ def param_groups_differ(name: str, saved: Any, current: Any) -> Optional[str]:
             return None
         i = moved[0]
         extra = sorted(set(map(str, theirs[i])) - set(map(str, mine[i])))[:3]
-        detail = ("its parameter group %d holds other parameters than this optimizer's (%s among them)"
-                  % (i, ", ".join("'%s'" % p for p in extra)))
+        detail = ("its parameter group %d holds other parameters than this optimizer's%s"
+                  % (i, " (%s among them)" % ", ".join("'%s'" % p for p in extra) if extra else ""))
     else:
         def counted(groups: List[List[Any]]) -> str:
             return "%d parameter group%s (of %s parameters)" % (
                 len(groups), "" if len(groups) == 1 else "s", " + ".join(str(len(g)) for g in groups))
         detail = "the checkpoint's optimizer has %s, this one %s" % (counted(theirs), counted(mine))
     return ("'%s': %s: loaded, the saved groups' settings (lr, weight_decay, ...) would go to other "
-            "parameters; build the optimizer with the saved run's groups, or load with strict=False to keep "
-            "this optimizer's groups and settings (the state tensors are loaded either way)" % (name, detail))
+            "parameters" % (name, detail))
 
 
 def dcp_leaves(name: str, current: Any, saved: Mapping[str, Any]) -> Optional[List[str]]:

@@ -434,15 +434,16 @@ def test_a_value_only_some_ranks_load_is_no_unexpected_entry(comm, root):
     assert "has entries no rank loads: 'sched'" in error.value.message
 
 
-def test_a_name_missing_on_one_rank_is_not_found_on_every_rank(comm, root):
-    # One rank misses a name while the checkpoint holds one that no rank loads: NotFound, as on
-    # one rank that finds both (it was InvalidArgument when rank 0's verdict came first, so an
-    # `except shardckpt.NotFound` missed it).
+def test_a_name_missing_on_one_rank_is_named_on_every_rank(comm, root):
+    # One rank misses a name while the checkpoint holds one that no rank loads: every rank
+    # raises the same error, with the first failing rank's code (NotFound on one rank, which
+    # finds both), naming both causes.
     shardckpt.save({"w": torch.ones(2), "step": 3}, root, step=1)
     target = {"w": torch.zeros(2)}
     if comm.rank == comm.size - 1:
         target["extra"] = torch.zeros(1)
-    with pytest.raises(shardckpt.NotFound) as error:
+    expected = shardckpt.NotFound if comm.size == 1 else shardckpt.InvalidArgument
+    with pytest.raises(expected) as error:
         shardckpt.load(target, root)
     assert "not in checkpoint" in error.value.message and "'extra'" in error.value.message, error.value.message
     assert "has entries no rank loads: 'step'" in error.value.message, error.value.message
@@ -595,21 +596,26 @@ def test_param_groups_of_another_grouping_are_refused_strictly_and_left_otherwis
     optim = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
     model(torch.randn(2, 4)).sum().backward()
     optim.step()
-    shardckpt.save({"model": model.state_dict(), "optim": optim.state_dict()}, root, step=1)
+    grid = torch.arange(8.0).reshape(2, 4)
+    shardckpt.save({"model": model.state_dict(), "optim": optim.state_dict(), "grid": grid, "epoch": 3}, root, step=1)
     fresh = torch.nn.Linear(4, 3)
     two = torch.optim.AdamW([{"params": [fresh.weight], "weight_decay": 0.1},
                              {"params": [fresh.bias], "weight_decay": 0.0}], lr=0.0)
     fresh(torch.randn(2, 4)).sum().backward()
     two.step()
-    target = {"model": fresh.state_dict(), "optim": two.state_dict()}
+    # A strided target is loaded through a temporary: in place too when the values are refused.
+    target = {"model": fresh.state_dict(), "optim": two.state_dict(), "grid": torch.zeros(4, 2).t(), "epoch": 0}
     with pytest.raises(shardckpt.InvalidArgument) as error:
         shardckpt.load(target, root)
     assert ("'optim.param_groups': the checkpoint's optimizer has 1 parameter group (of 2 parameters), "
             "this one 2 parameter groups (of 1 + 1 parameters): loaded, the saved groups' settings") in error.value.message
     assert "strict=False to keep this optimizer's groups" in error.value.message, error.value.message
-    assert target["optim"]["param_groups"] == two.state_dict()["param_groups"]
+    assert target["optim"]["param_groups"] == two.state_dict()["param_groups"] and target["epoch"] == 0
+    assert torch.equal(target["grid"], grid) and torch.equal(target["model"]["weight"], model.weight.detach())
     report = shardckpt.load(target, root, strict=False)
-    assert "the checkpoint's optimizer has 1 parameter group" in report.unavailable["optim.param_groups"], report
+    reason = report.unavailable["optim.param_groups"]
+    assert "the checkpoint's optimizer has 1 parameter group" in reason and "strict=False" not in reason, reason
+    assert target["epoch"] == 3
     assert [g["weight_decay"] for g in target["optim"]["param_groups"]] == [0.1, 0.0]
     assert torch.equal(target["optim"]["state"][0]["exp_avg"], optim.state_dict()["state"][0]["exp_avg"])
     # Named as get_state_dict names them, the same sizes with other members are refused too;
@@ -626,6 +632,12 @@ def test_param_groups_of_another_grouping_are_refused_strictly_and_left_otherwis
                                        {"lr": 0.0, "params": ["a.bias", "b.bias"]}]}, "w": torch.zeros(1)}
     shardckpt.load(same, root)
     assert same["optim"]["param_groups"] == named
+    # A user's own list of dicts with "params" keys is a value like any other.
+    trials = [{"params": [0.1, 0.2], "score": 1}]
+    shardckpt.save({"trials": trials, "w": torch.ones(1)}, root, step=3)
+    grown = {"trials": trials + [{"params": [0.3], "score": 2}], "w": torch.zeros(1)}
+    shardckpt.load(grown, root)
+    assert grown["trials"] == trials
 
 
 def test_tied_targets_load_equal_values_and_refuse_different_ones_on_every_rank(comm, root):

@@ -459,6 +459,14 @@ def test_optimizer_param_groups_that_dcp_flattened_come_back_as_one_value(tmp_pa
         shardckpt.load(target, folder)
     assert "'optim.param_groups.1.extra'" in error.value.message, error.value.message
     assert torch.equal(target["optim"]["state"]["l1.weight"]["exp_avg"], torch.zeros(4))
+    # Regrouped leaf by leaf, groups of other members are refused as from a shardckpt checkpoint.
+    del target["optim"]["param_groups"][1]["extra"]
+    target["optim"]["param_groups"][0]["params"] = ["l1.weight"]
+    target["optim"]["param_groups"][1]["params"] = ["l1.bias", "l2.weight"]
+    with pytest.raises(shardckpt.InvalidArgument) as error:
+        shardckpt.load(target, folder)
+    assert ("'optim.param_groups': the checkpoint's optimizer has 2 parameter groups (of 2 + 1 parameters), "
+            "this one 2 parameter groups (of 1 + 2 parameters)") in error.value.message, error.value.message
 
 
 def test_containers_dcp_flattened_keep_the_class_of_the_value_loaded_into(tmp_path):
