@@ -16,6 +16,7 @@ import collections
 import ctypes
 import datetime
 import hashlib
+import os
 import re
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -39,6 +40,12 @@ def _global_rank(group: Any, rank: int) -> int:
     if hasattr(dist, "get_global_rank"):  # torch >= 2.0
         return dist.get_global_rank(group, rank)
     return dist.distributed_c10d._get_global_rank(group, rank)  # torch 1.13
+
+
+def _connection_lost(text: str) -> bool:
+    """Whether an error of gloo or the c10d store says its peer's connection went away."""
+    return any(word in text for word in ("Connection reset", "Connection closed", "closed by peer",
+                                         "Broken pipe", "Connection refused"))
 
 
 def _first_line(text: str) -> str:
@@ -135,9 +142,13 @@ class _Census:
             if rank == me:
                 continue
             try:
-                if not self._there(self._key(rank)):
+                # One call that never waits: a get() of a key the peer deletes meanwhile (it went
+                # on to its next collective) waited for the store's own timeout.
+                code = int(self.store.add(self._key(rank), 0))
+                if code == 0:
+                    self.store.delete_key(self._key(rank))  # made by the add: it was not there
                     continue
-                kind = names.get(int(self.store.get(self._key(rank))), "")
+                kind = names.get(code, "")
             except Exception:  # noqa: BLE001 (the store is gone with its host)
                 return {}
             if kind and kind != what:
@@ -251,13 +262,18 @@ class TorchGroupComm:
                 "before dist.destroy_process_group()" % (self.rank, what))
         try:
             self.census.arrive(self.rank, what)
-        except Exception as error:  # noqa: BLE001 - any store failure: its host is gone
+        except Exception as error:  # noqa: BLE001 - any store failure ends this communicator
             # The store's host died (rank 0 killed under an env:// launch): torch's own
             # "DistNetworkError: Broken pipe" came out under the collective's name, with no rank.
-            self.failed = ("%s failed: the job's c10d store did not answer [%s: %s]: the process that "
-                           "hosts it (rank 0 of the job where it was started with env://, as srun does; "
-                           "torchrun's agent under torchrun) died or exited; its own output says why"
-                           % (what, type(error).__name__, _first_line(str(error))))
+            text = str(error)
+            where = ("%s:%s" % (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"])
+                     if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ else "")
+            host_gone = _connection_lost(text) or isinstance(error, ConnectionError)
+            self.failed = ("%s failed: the job's c10d store%s did not answer [%s: %s]%s"
+                           % (what, " at " + where if where else "", type(error).__name__, _first_line(text),
+                              ": the process that hosts it (rank 0 of the job where it was started with "
+                              "env://, as srun does; torchrun's agent under torchrun) died or exited; its "
+                              "own output says why" if host_gone else ""))
             raise Aborted("rank %d: torch.distributed %s" % (_global_rank(self.group, self.rank), self.failed)) from None
         started = time.monotonic()
         work = launch()
@@ -277,9 +293,9 @@ class TorchGroupComm:
             if absent:
                 who = "rank%s %s never joined it" % ("s" if len(absent) > 1 else "", ", ".join(map(str, absent)))
             elif elsewhere:
-                who = ("every rank reached it, but %s: the ranks are in different calls (a save on some "
-                       "ranks, a load on others?)" % ", ".join("rank %d is in %s" % (r, kind)
-                                                               for r, kind in sorted(elsewhere.items())))
+                who = ("every rank reached this turn, but %s: the ranks are in different calls (a save on "
+                       "some ranks, a load on others?)" % ", ".join("rank %d is in %s" % (r, kind)
+                                                                   for r, kind in sorted(elsewhere.items())))
             else:
                 who = "another rank never joined it"
             # The group's own timeout (init_process_group(timeout=...)) may come first: the time
@@ -297,8 +313,7 @@ class TorchGroupComm:
         peer" when a rank died mid-collective. Its first line, without gloo's source path, and
         the ranks that never joined, which are the likely dead."""
         first = _first_line(text)
-        lost = any(word in text for word in ("Connection reset", "Connection closed", "closed by peer",
-                                             "Broken pipe", "Connection refused"))
+        lost = _connection_lost(text)
         who = ""
         self.census.gave_up(self.rank)
         if lost:

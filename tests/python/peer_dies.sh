@@ -49,7 +49,7 @@ for python in "${pythons[@]}"; do
   [ "$(grep -c "rank [01] raised DeadlineExceeded: " "$log")" = 2 ] && [ "$(grep -c "rank [01]: end of script" "$log")" = 2 ] ||
     { cat "$log"; echo "$python: both ranks were to raise DeadlineExceeded and end their script"; exit 1; }
   # Each names the collective the other is in (it said "another rank never joined it").
-  [ "$(grep -c "every rank reached it, but rank [01] is in [a-z_]*: the ranks are in different calls" "$log")" = 2 ] ||
+  [ "$(grep -c "every rank reached this turn, but rank [01] is in [a-z_]*: the ranks are in different calls" "$log")" = 2 ] ||
     { cat "$log"; echo "$python: the ranks' different collectives were not named"; exit 1; }
   rm -rf "$work/deadline"
   echo "$python: DeadlineExceeded caught, process group destroyed, exit after $took s"

@@ -33,7 +33,7 @@ for python in "${pythons[@]}"; do
     line=$(grep -o "rank $rank raised.*" "$work/$name-$rank.log") ||
       { cat "$work/$name-$rank.log"; echo "$python: rank $rank did not raise"; exit 1; }
     case "$line" in
-      *"rank $rank raised Aborted: "*"rank $rank: torch.distributed "*"failed: the job's c10d store did not answer"*"the process that hosts it (rank 0 of the job where it was started with env://"*) ;;
+      *"rank $rank raised Aborted: "*"rank $rank: torch.distributed "*"failed: the job's c10d store at 127.0.0.1:$port did not answer"*"the process that hosts it (rank 0 of the job where it was started with env://"*) ;;
       *) cat "$work/$name-$rank.log"; echo "$python: rank $rank's error does not say the store's host is gone: $line"; exit 1 ;;
     esac
   done
