@@ -679,9 +679,10 @@ TEST_F(CheckpointTest, ImportAndReshardRefuseARootThatHoldsCheckpoints) {
     EXPECT_EQ(ListDir(root()).value(), before);
     EXPECT_EQ(ReadLatestName(root()), StepDirName(1));
   }
-  // An empty folder, or one holding other files, is a new root.
+  // A folder holding other files (no checkpoint) is a new root.
   const std::string empty = JoinPath(dir_.path(), "empty");
   ASSERT_TRUE(MakeDirs(empty).ok());
+  std::ofstream(JoinPath(empty, "notes.txt")) << "mine";
   ASSERT_TRUE(Reshard(other, empty, two).ok());
   EXPECT_EQ(ReadLatestName(empty), StepDirName(5));
 }

@@ -382,7 +382,7 @@ int Convert(bool import, int argc, char** argv) {
                                          "*.safetensors.index.json or folder) or a PyTorch DCP folder into a "
                                          "sharded checkpoint with checksums"
                                        : "reshard: a checkpoint for another world size, without a job");
-  flags.add_options()("out", po::value<std::string>()->required(), "checkpoint root to write into")
+  flags.add_options()("out", po::value<std::string>()->required(), "a new checkpoint root to write into (missing, or holding no checkpoint)")
       ("world-size", po::value<int>()->required(), "ranks of the new checkpoint")
       ("layout", po::value<std::string>()->default_value("flat"), "flat | dim0 | replicated")
       ("json", "machine-readable summary");
@@ -502,7 +502,7 @@ std::string MetricsText(const std::map<std::string, double>& metrics) {
 // list and prune take a root folder; a link to one that cannot be reached now (an archive not
 // mounted, a loop of links) is named as such, not as "not a folder".
 Status RequireRootFolder(const std::string& root) {
-  if (root.empty()) return InvalidArgument("the checkpoint root is an empty path (an unset variable?)");
+  SC_RETURN_IF_ERROR(RefuseEmptyRoot(root));
   if (IsDirectory(root)) return Status::Ok();
   if (const std::string why = UnreachableLink(root); !why.empty()) return FailedPrecondition(root + " is " + why);
   return NotFound(root + " is not a folder");

@@ -564,6 +564,11 @@ std::pair<std::string, std::string> UnreachableNewerThan(
   return {"", ""};
 }
 
+Status RefuseEmptyRoot(const std::string& root) {
+  if (root.empty()) return InvalidArgument("the checkpoint root is an empty path (an unset variable?)");
+  return Status::Ok();
+}
+
 bool HoldsCheckpoints(const std::string& root) {
   std::vector<std::pair<int64_t, std::string>> without_manifest;
   Result<std::vector<std::pair<int64_t, std::string>>> committed = ListCommitted(root, &without_manifest);

@@ -37,6 +37,10 @@ std::string RandomId();              // 16 hex digits, for temp and retired fold
 // checkpoint. Anything else is NotFound with a message saying what was there.
 Result<std::string> ResolveCheckpoint(const std::string& path);
 
+// InvalidArgument for an empty root path (an unset variable): saves and the tools that take a
+// root refuse it before anything is made in the working directory.
+Status RefuseEmptyRoot(const std::string& root);
+
 // Committed checkpoints under root as (step, folder name), oldest first.
 Result<std::vector<std::pair<int64_t, std::string>>> ListCommitted(const std::string& root);
 // The same, and the step folders of the same listing that hold no manifest (a commit or deletion

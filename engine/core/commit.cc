@@ -47,7 +47,7 @@ Status NewestIsNotLater(const std::string& root, int64_t step) {
 Result<RootLock> LockRootForSave(const std::string& root, int64_t step) {
   // An empty root took the working directory's name ("" + "/.shardckpt.lock"): its lock file was
   // made there before the save failed on "opendir ".
-  if (root.empty()) return InvalidArgument("the checkpoint root is an empty path (an unset variable?)");
+  SC_RETURN_IF_ERROR(RefuseEmptyRoot(root));
   SC_RETURN_IF_ERROR(RefuseCheckpointAsRoot(root, "write checkpoints into"));
   SC_RETURN_IF_ERROR(RefuseOutputInCheckpoints(root));
   SC_RETURN_IF_ERROR(PersistReservation::CheckNotReserved(root));

@@ -560,6 +560,11 @@ Result<ConvertReport> IntoRoot(const std::string& root,
   // Into a new root only, as the refusal below says: into a run's root, an import or a reshard of
   // another checkpoint at a later step was committed beside the run's own and became its
   // `latest`, which the run's next resume then loaded.
+  if (!fresh && IsDirectory(root)) {
+    // A root that cannot be listed (a permission, EIO, ESTALE) may be a run's: not taken as new.
+    Result<std::vector<std::string>> listed = ListDir(root);
+    if (!listed.ok()) return listed.status().WithContext("list the output root " + root);
+  }
   if (!fresh && HoldsCheckpoints(root)) {
     const std::string latest = ReadLatestName(root);
     return Status(Code::kAlreadyExists, root + " already holds checkpoints" +
