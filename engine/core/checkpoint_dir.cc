@@ -570,10 +570,14 @@ Status RefuseEmptyRoot(const std::string& root) {
 }
 
 bool HoldsCheckpoints(const std::string& root) {
+  Result<bool> holds = ListHoldsCheckpoints(root);
+  return holds.ok() && *holds;
+}
+
+Result<bool> ListHoldsCheckpoints(const std::string& root) {
   std::vector<std::pair<int64_t, std::string>> without_manifest;
-  Result<std::vector<std::pair<int64_t, std::string>>> committed = ListCommitted(root, &without_manifest);
-  if (!committed.ok()) return false;
-  return !committed->empty() || !UnreachableNewerThan(root, without_manifest, INT64_MIN).first.empty();
+  SC_ASSIGN_OR_RETURN(const auto committed, ListCommitted(root, &without_manifest));
+  return !committed.empty() || !UnreachableNewerThan(root, without_manifest, INT64_MIN).first.empty();
 }
 
 Status LeftUnreachable(const std::string& root, const std::string& name, const std::string& why) {

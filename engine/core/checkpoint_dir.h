@@ -126,6 +126,9 @@ std::pair<std::string, std::string> UnreachableNewerThan(
 // (someone's checkpoint elsewhere, which a new run must not be mixed with). False for a root that
 // cannot be listed (none yet).
 bool HoldsCheckpoints(const std::string& root);
+// The same, with the listing's error where the root cannot be listed (a permission, EIO, ESTALE):
+// for a caller that must not take such a root for an empty one.
+Result<bool> ListHoldsCheckpoints(const std::string& root);
 // Why root/name, such a folder (`why` from UnreachableStepFolder), is left: as the cleanup
 // reports it, and `list` and a dry run say it.
 Status LeftUnreachable(const std::string& root, const std::string& name, const std::string& why);

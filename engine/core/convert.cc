@@ -560,17 +560,17 @@ Result<ConvertReport> IntoRoot(const std::string& root,
   // Into a new root only, as the refusal below says: into a run's root, an import or a reshard of
   // another checkpoint at a later step was committed beside the run's own and became its
   // `latest`, which the run's next resume then loaded.
+  // A root that cannot be listed (a permission, EIO, ESTALE) may be a run's: not taken as new.
   if (!fresh && IsDirectory(root)) {
-    // A root that cannot be listed (a permission, EIO, ESTALE) may be a run's: not taken as new.
-    Result<std::vector<std::string>> listed = ListDir(root);
-    if (!listed.ok()) return listed.status().WithContext("list the output root " + root);
-  }
-  if (!fresh && HoldsCheckpoints(root)) {
-    const std::string latest = ReadLatestName(root);
-    return Status(Code::kAlreadyExists, root + " already holds checkpoints" +
-                                            (latest.empty() ? std::string() : " (latest: " + latest + ")") +
-                                            ": import and reshard write each into a new root; give an --out root "
-                                            "(Python: out_root) that holds no checkpoint");
+    Result<bool> holds = ListHoldsCheckpoints(root);
+    if (!holds.ok()) return holds.status().WithContext("list the output root " + root);
+    if (*holds) {
+      const std::string latest = ReadLatestName(root);
+      return Status(Code::kAlreadyExists, root + " already holds checkpoints" +
+                                              (latest.empty() ? std::string() : " (latest: " + latest + ")") +
+                                              ": import and reshard write each into a new root; give an --out root "
+                                              "(Python: out_root) that holds no checkpoint");
+    }
   }
   Result<ConvertReport> report = convert(input, root, options);
   if (!report.ok() && report.status().code() == Code::kAlreadyExists) {
