@@ -13,8 +13,8 @@ torch.distributed is initialized) its default group, over gloo; with no launcher
 ``comm=`` takes a process group or an mpi4py communicator too.
 A state dict may hold, nested in dicts, lists and tuples: tensors (replicated: each rank holds
 the whole tensor, written once), DTensors with ``Shard(d)``/``Replicate()`` placements on meshes
-of any number of dims (FSDP2, TP, HSDP; saved from and loaded into their local tensors, at any world size and
-placement), :class:`FlatShard` (a rank's flat range, FSDP1/ZeRO),
+of any number of dims (FSDP2, TP, HSDP; saved from and loaded into their local tensors, at any
+world size and placement), :class:`FlatShard` (a rank's flat range, FSDP1/ZeRO),
 :class:`PerRank` values, and int/float/str/bool/None/bytes with lists, tuples and dicts of them
 (stored as typed JSON or raw bytes, never pickled). Anything else is refused, naming its key.
 Errors are :class:`ShardckptError` subclasses, the same on every rank.
@@ -924,8 +924,7 @@ def async_save(state_dict: Mapping[str, Any], root: PathLike, step: int, *, keep
     :meth:`AsyncSaveHandle.wait` before relying on the checkpoint. One save is in flight at a
     time: a second ``async_save`` first waits for the previous one. Errors describing the state
     (an unsupported value) and errors found before the snapshot (a root that cannot be made,
-    for one) raise here; errors writing the files raise from ``wait()``, on
-    every rank.
+    for one) raise here; errors writing the files raise from ``wait()``, on every rank.
 
     Under mpirun MPI must provide MPI_THREAD_MULTIPLE (shardckpt asks for it when it
     initializes MPI; else this raises :class:`FailedPrecondition`); over torch.distributed the
@@ -1144,8 +1143,8 @@ def import_checkpoint(src: PathLike, out_root: PathLike, world_size: int, layout
 
 def reshard(path: PathLike, out_root: PathLike, world_size: int, layout: str = "flat") -> Dict[str, Any]:
     """A checkpoint rewritten for ``world_size`` ranks under ``out_root``, a new root (one that
-    holds a checkpoint raises AlreadyExists), without a job (``shardckpt reshard``). Returns the keys of ``shardckpt reshard --json``, as
-    :func:`import_checkpoint` does (values: those carried; skipped: per-rank blobs, which have no
+    holds a checkpoint raises AlreadyExists), without a job (``shardckpt reshard``). Returns the
+    keys of ``shardckpt reshard --json``, as :func:`import_checkpoint` does (values: those carried; skipped: per-rank blobs, which have no
     meaning at another world size, each ``"name@rankN (why)"``)."""
     from . import _core
     _raise_open_file_limit()
