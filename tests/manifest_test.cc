@@ -252,6 +252,17 @@ Manifest ManyChunks() {
   return m;
 }
 
+// `m`'s body through ManifestBodyBuilder: its entries from `split` on in a second builder
+// (entries.size(): one builder), as an offline writer builds a large one on two threads.
+Result<ManifestBody> BuildBody(const Manifest& m, size_t split) {
+  Manifest head = m;
+  head.entries.clear();
+  head.blobs.clear();
+  ManifestBodyBuilder first(head, split, 0), second(head, m.entries.size() - split, 0, split);
+  for (size_t i = 0; i < m.entries.size(); ++i) SC_RETURN_IF_ERROR((i < split ? first : second).Add(m.entries[i]));
+  return first.Finish(m.blobs, &second);
+}
+
 TEST(Manifest, ValidatingOnTwoThreadsReturnsTheFirstErrorInEntryOrder) {
   auto bad_chunk = [](Manifest& m, int e) { m.entries[static_cast<size_t>(e)].chunks[3].bytes = 8; };
   struct Case {
@@ -300,6 +311,9 @@ TEST(Manifest, ValidatingOnTwoThreadsReturnsTheFirstErrorInEntryOrder) {
     c.damage(m);
     const Status one = ValidateManifest(m, 1), two = ValidateManifest(m, 2);
     EXPECT_EQ(one.ToString(), two.ToString()) << c.what;
+    // A body built entry by entry refuses the same, in one part or two (the second from 500 on).
+    EXPECT_EQ(BuildBody(m, m.entries.size()).status().ToString(), one.ToString()) << c.what;
+    EXPECT_EQ(BuildBody(m, 500).status().ToString(), one.ToString()) << c.what;
     if (*c.message == '\0') {
       EXPECT_TRUE(two.ok()) << c.what << ": " << two.ToString();
     } else {
@@ -717,6 +731,47 @@ TEST(ManifestText, AHeadAroundAKeptBodyIsTheWholeEncoding) {
   Manifest bad = Tiny();
   bad.entries[1].name = "b\xff";
   EXPECT_THAT(EncodeManifestBody(bad).status().message(), HasSubstr("the name of entry 1 is not valid UTF-8"));
+}
+
+// A body built entry by entry, in one part or two, is EncodeManifestBody's text.
+TEST(ManifestText, ABodyBuiltEntryByEntryIsTheBodyEncoded) {
+  std::vector<Named> cases = Manifests();
+  cases.push_back({"many chunks", ManyChunks});
+  cases.push_back({"unpacked", [] {
+                     Manifest m = Tiny();
+                     m.entries.pop_back();
+                     m.blobs.clear();
+                     return m;
+                   }});
+  cases.push_back({"no entries", [] {
+                     Manifest m = Tiny();
+                     m.entries.clear();
+                     return m;
+                   }});
+  for (const Named& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Manifest m = c.make();
+    ASSERT_TRUE(ValidateManifest(m).ok()) << ValidateManifest(m).ToString();
+    Result<ManifestBody> encoded = EncodeManifestBody(m);
+    ASSERT_TRUE(encoded.ok()) << encoded.status().ToString();
+    for (size_t split : {size_t{0}, m.entries.size() / 2, m.entries.size()}) {
+      Result<ManifestBody> built = BuildBody(m, split);
+      ASSERT_TRUE(built.ok()) << split << ": " << built.status().ToString();
+      EXPECT_EQ(built->text, encoded->text) << split;
+      EXPECT_EQ(built->packed_offsets, encoded->packed_offsets) << split;
+    }
+  }
+  // A name in both parts, a name that is not UTF-8 (an entry's, a blob's): refused as encoding
+  // and validation refuse them.
+  Manifest twice = ManyChunks();
+  twice.entries[900].name = "layer.10";
+  EXPECT_THAT(BuildBody(twice, 500).status().message(), HasSubstr("entry 'layer.10' is listed twice"));
+  Manifest bad = Tiny();
+  bad.entries[1].name = "b\xff";
+  EXPECT_THAT(BuildBody(bad, 1).status().message(), HasSubstr("the name of entry 1 is not valid UTF-8"));
+  bad = Tiny();
+  bad.blobs[0].name = "c\xff";
+  EXPECT_THAT(BuildBody(bad, 2).status().message(), HasSubstr("the name of blob 0 is not valid UTF-8"));
 }
 
 TEST(ManifestText, EncodeRefusesNamesThatAreNotUtf8) {

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <future>
 #include <optional>
 #include <system_error>
+#include <thread>
 
 #include "shardckpt/engine/core/commit.h"
 #include "shardckpt/engine/core/save.h"
@@ -12,11 +14,37 @@
 
 namespace shardckpt {
 namespace {
+// Elements per index of dim 0 of `shape` (1 for a 1-d tensor), 0 when there are none.
+int64_t RowElements(const Shape& shape) {
+  int64_t elements = 1;
+  for (size_t d = 1; d < shape.size(); ++d) {
+    if (shape[d] <= 0 || elements > INT64_MAX / shape[d]) return 0;
+    elements *= shape[d];
+  }
+  return shape.empty() ? 0 : elements;
+}
+
+// Whether `layout` is a box of whole rows of `shape` (cut along dim 0 only) holding `bytes`.
+bool IsRunOfRows(const Layout& layout, const Shape& shape, int64_t row_elements, size_t element, uint64_t bytes) {
+  if (layout.kind != LayoutKind::kBox || row_elements <= 0 || layout.offsets.size() != shape.size() ||
+      layout.sizes.size() != shape.size()) {
+    return false;
+  }
+  for (size_t d = 1; d < shape.size(); ++d) {
+    if (layout.offsets[d] != 0 || layout.sizes[d] != shape[d]) return false;
+  }
+  const uint64_t row_bytes = static_cast<uint64_t>(row_elements) * element;
+  return layout.sizes[0] > 0 && bytes % row_bytes == 0 && bytes / row_bytes == static_cast<uint64_t>(layout.sizes[0]);
+}
+
 // Staging: every file of the world is open at once (a reshard adds each entry's pieces to all of
 // them in a row), so the files share one budget (past 32 files each still gets 4 x 128 KiB), each
 // with a few buffers so that its writes start while the rest of its bytes are still coming. With
 // one 1 MiB buffer each, a reshard to 64 ranks of 56 MB wrote nothing until the end: every file's
 // bytes fit in its first buffer.
+// Below this many chunks the manifest's entries are built on the calling thread alone: a thread
+// costs more.
+constexpr size_t kChunksWorthAThread = 16384;
 constexpr uint64_t kStagingBudget = 16u << 20, kBuffersPerFile = 4, kMinBuffer = 128u << 10, kMaxBuffer = 1u << 20;
 }  // namespace
 
@@ -80,7 +108,7 @@ Result<size_t> OfflineCheckpointWriter::EntryIndex(const std::string& name, bool
     }
     if (entries_.size() >= decltype(entry_of_)::kAbsent) return InvalidArgument("more entries than a checkpoint can hold");
     index = static_cast<uint32_t>(entries_.size());
-    entries_.push_back(EntryRecord{name, DType::kUInt8, {}, {}});
+    entries_.push_back(WrittenEntry{name, DType::kUInt8, {}, 0, {}});
     entry_of_.TryEmplace(name, index);
     *fresh = true;
   }
@@ -92,11 +120,12 @@ Result<size_t> OfflineCheckpointWriter::Entry(const std::string& name, DType dty
                                               size_t entry_chunks) {
   bool fresh = false;
   SC_ASSIGN_OR_RETURN(const size_t entry, EntryIndex(name, &fresh));
-  EntryRecord& record = entries_[entry];
+  WrittenEntry& record = entries_[entry];
   if (fresh) {
     record.dtype = dtype;
     record.shape = shape;
-    record.chunks.reserve(entry_chunks);
+    record.row_elements = RowElements(shape);
+    record.pieces.reserve(entry_chunks);
   } else if (record.dtype != dtype || record.shape != shape) {
     return InvalidArgument("entry '" + name + "' added with two dtypes or shapes");
   }
@@ -112,17 +141,52 @@ Status OfflineCheckpointWriter::AddPiece(int rank, const std::string& name, DTyp
 Status OfflineCheckpointWriter::AddPieceTo(size_t entry, int rank, const Layout& layout, const void* data, size_t bytes) {
   if (entry >= entries_.size()) return InvalidArgument("no entry " + std::to_string(entry) + " was made");
   if (bytes == 0) return Status::Ok();  // empty pieces need no chunk
-  EntryRecord& record = entries_[entry];
+  WrittenEntry& record = entries_[entry];
   SC_ASSIGN_OR_RETURN(ShardFileWriter * writer, Writer(rank));
-  SC_ASSIGN_OR_RETURN(uint64_t offset, writer->Append(data, bytes, DTypeSize(record.dtype)));
-  // Straight into the entry, the rank standing in for the file index until Commit numbers the
-  // files: no second list of every chunk to move over at Commit (millions with small tensors).
-  ChunkRecord& chunk = record.chunks.emplace_back();
-  chunk.file = static_cast<uint32_t>(rank);
-  chunk.offset = offset;
-  chunk.bytes = bytes;
-  if (!NormalizesToWhole(layout, record.shape)) chunk.layout = layout;
+  const size_t element = DTypeSize(record.dtype);
+  SC_ASSIGN_OR_RETURN(uint64_t offset, writer->Append(data, bytes, element));
+  Piece& piece = record.pieces.emplace_back();
+  piece.rank = static_cast<uint32_t>(rank);
+  piece.offset = offset;
+  piece.bytes = bytes;
+  if (NormalizesToWhole(layout, record.shape)) {
+    piece.form = PieceForm::kWhole;
+  } else if (layout.kind == LayoutKind::kFlatRange && layout.end >= layout.begin &&
+             static_cast<uint64_t>(layout.end - layout.begin) * element == bytes) {
+    piece.form = PieceForm::kFlatRange;
+    piece.first = layout.begin;
+  } else if (IsRunOfRows(layout, record.shape, record.row_elements, element, bytes)) {
+    piece.form = PieceForm::kRows;
+    piece.first = layout.offsets[0];
+  } else {
+    // Kept as given, so that Commit's check of the built manifest sees exactly what was added.
+    piece.form = PieceForm::kOther;
+    piece.first = static_cast<int64_t>(other_layouts_.size());
+    other_layouts_.push_back(layout);
+  }
   return Status::Ok();
+}
+
+Layout OfflineCheckpointWriter::LayoutOf(const WrittenEntry& entry, const Piece& piece) const {
+  const int64_t elements = static_cast<int64_t>(piece.bytes / DTypeSize(entry.dtype));
+  switch (piece.form) {
+    case PieceForm::kWhole:
+      return Layout::Whole();
+    case PieceForm::kFlatRange:
+      return Layout::FlatRange(piece.first, piece.first + elements);
+    case PieceForm::kRows: {
+      Layout box;
+      box.kind = LayoutKind::kBox;
+      box.offsets.resize(entry.shape.size(), 0);
+      box.offsets[0] = piece.first;
+      box.sizes = entry.shape;
+      box.sizes[0] = elements / entry.row_elements;
+      return box;
+    }
+    case PieceForm::kOther:
+      break;
+  }
+  return other_layouts_[static_cast<size_t>(piece.first)];
 }
 
 Status OfflineCheckpointWriter::AddBlob(int rank, const std::string& name, BlobScope scope, const std::string& bytes) {
@@ -214,12 +278,62 @@ Result<std::string> OfflineCheckpointWriter::Commit(const CreationInfo& created,
       m.blobs.push_back(b);
     }
   }
-  for (EntryRecord& e : entries_) NumberChunkFiles(file_of_rank, &e.chunks);
-  for (const auto& [entry, target] : aliases_) entries_[entry].chunks = entries_[target].chunks;
-  m.entries = std::move(entries_);
-  entries_.clear();
-  entry_of_ = decltype(entry_of_)(0, EntryName{&entries_});
-  SC_RETURN_IF_ERROR(CommitCheckpoint(root_, temp_name_, m, RetentionPolicy{}));
+  // The files, blobs and metrics checked as a whole, then the entries one at a time, each made a
+  // manifest entry in one reused list, checked and encoded while in cache; a large list in two
+  // parts side by side, as the whole manifest's check ran beside its encoding before.
+  SC_RETURN_IF_ERROR(CheckBuiltManifest(m));
+  std::vector<size_t> chunks_of(entries_.size());
+  for (size_t i = 0; i < entries_.size(); ++i) chunks_of[i] = i;
+  for (const auto& [entry, target] : aliases_) chunks_of[entry] = target;
+  size_t chunks = 0;
+  for (size_t i = 0; i < entries_.size(); ++i) chunks += entries_[chunks_of[i]].pieces.size();
+  size_t split = entries_.size();  // where the second part starts
+  if (chunks >= kChunksWorthAThread && std::thread::hardware_concurrency() > 1) {
+    size_t seen = 0;
+    for (split = 0; split < entries_.size() && 2 * seen < chunks; ++split) seen += entries_[chunks_of[split]].pieces.size();
+  }
+  auto build = [&](ManifestBodyBuilder& body, size_t begin, size_t end) -> Status {
+    EntryRecord built;
+    for (size_t i = begin; i < end; ++i) {
+      const WrittenEntry& holder = entries_[chunks_of[i]];
+      built.name = entries_[i].name;
+      built.dtype = holder.dtype;
+      built.shape = holder.shape;
+      built.chunks.clear();
+      for (const Piece& p : holder.pieces) {
+        ChunkRecord& c = built.chunks.emplace_back();
+        c.file = p.rank;
+        c.offset = p.offset;
+        c.bytes = p.bytes;
+        c.layout = LayoutOf(holder, p);
+      }
+      NumberChunkFiles(file_of_rank, &built.chunks);
+      SC_RETURN_IF_ERROR(body.Add(built));
+    }
+    return Status::Ok();
+  };
+  ManifestBodyBuilder first(m, split, chunks);
+  ManifestBodyBuilder second(m, entries_.size() - split, split < entries_.size() ? chunks / 2 : 0, split);
+  std::future<Status> second_built;
+  if (split < entries_.size()) {
+    try {
+      second_built = std::async(std::launch::async, [&] { return build(second, split, entries_.size()); });
+    } catch (const std::system_error&) {  // no thread to be had (a pids limit): in turn below
+    }
+  }
+  Status built = build(first, 0, split);
+  if (split < entries_.size()) {
+    Status rest = second_built.valid() ? second_built.get() : (built.ok() ? build(second, split, entries_.size()) : Status::Ok());
+    if (built.ok()) built = rest;  // the first error in entry order
+  }
+  Result<ManifestBody> text = built.ok() ? first.Finish(m.blobs, &second) : Result<ManifestBody>(built);
+  if (text.status().code() == Code::kDataLoss) {
+    return Internal("the manifest built for this checkpoint is invalid (a bug): " + text.status().message());
+  }
+  SC_RETURN_IF_ERROR(text.status());
+  SC_ASSIGN_OR_RETURN(const ManifestTextPieces pieces, EncodeManifestWithBody(m, *text));
+  SC_RETURN_IF_ERROR(PublishCheckpoint(root_, temp_name_, step_, {pieces.head, pieces.body, pieces.seal}, std::nullopt,
+                                       RetentionPolicy{}));
   committed_ = true;
   return JoinPath(root_, StepDirName(step_));
 }

@@ -60,17 +60,37 @@ class OfflineCheckpointWriter {
   int world_ = 1;
   bool committed_ = false;
   std::vector<RankFile> ranks_;  // by rank; a rank with no writer has no file
-  // Entries in the order first added (the manifest keeps the caller's order), found by name;
-  // until Commit each chunk's `file` holds its rank.
-  // The chunk lists stay on the heap: in a RecordArena on huge pages, a reshard to 64 ranks ran 12-18%
-  // faster with a warm page cache but 15-50% slower right after memory was freed on this project's
-  // VM (its host takes freed memory back), in the benchmark's own conditions (benchmarks/README.md,
-  // "Chunk lists in arenas on huge pages").
-  std::vector<EntryRecord> entries_;
+  // A chunk as added, 32 bytes: the rank standing in for its file until Commit numbers the
+  // files, and its layout by form. The pieces of a reshard or import are a whole tensor, a flat
+  // range or a run of whole rows (dim 0), each told by one number and the piece's bytes; any other
+  // layout is kept aside. Why: a reshard to 64 ranks of 20,000 tensors adds 630,000 chunks, and a
+  // ChunkRecord of each (128 bytes, two inline boxes) was 80 MB of fresh memory, faulted in,
+  // encoded, checked and freed (42% of that reshard's page faults, benchmarks/README.md).
+  enum class PieceForm : uint32_t { kWhole, kFlatRange, kRows, kOther };
+  struct Piece {
+    uint32_t rank = 0;
+    PieceForm form = PieceForm::kWhole;
+    uint64_t offset = 0;
+    uint64_t bytes = 0;
+    int64_t first = 0;  // kFlatRange: its first element; kRows: its first row; kOther: index in other_layouts_
+  };
+  struct WrittenEntry {
+    std::string name;
+    DType dtype = DType::kUInt8;
+    Shape shape;
+    int64_t row_elements = 0;  // elements per index of dim 0 (1 for a 1-d tensor)
+    std::vector<Piece> pieces;
+  };
+  // The layout `piece` of `entry` stands for.
+  Layout LayoutOf(const WrittenEntry& entry, const Piece& piece) const;
+
+  // Entries in the order first added (the manifest keeps the caller's order), found by name.
+  std::vector<WrittenEntry> entries_;
+  std::vector<Layout> other_layouts_;
   // By name, as indices into entries_ (a node map's malloc, name copy and cold node per entry were
   // 10-15% of a reshard of 20,000 small tensors, perf 2026-12-07).
   struct EntryName {
-    const std::vector<EntryRecord>* entries;
+    const std::vector<WrittenEntry>* entries;
     std::string_view operator()(uint32_t i) const { return (*entries)[i].name; }
   };
   NameIndex<EntryName> entry_of_{0, EntryName{&entries_}};

@@ -854,36 +854,41 @@ size_t BodyBytesEstimate(const Manifest& m) {
   return m.entries.size() * 80 + names + chunks * 48 + m.blobs.size() * 128;
 }
 
-// The fields that say what the files hold: "chunk_fields", "entries" and "blobs".
-Status AppendBody(const Manifest& m, std::string& out) {
-  auto refuse = RefuseNonUtf8;
-  auto key = [&](const char* name) { AppendKey(&out, name); };
-  key("chunk_fields");
+// The fields that say what the files hold: "chunk_fields", "entries" and "blobs", in three steps
+// (ManifestBodyBuilder writes the entries one at a time).
+void AppendEntriesOpening(std::string& out) {
+  AppendKey(&out, "chunk_fields");
   AppendJsonString(&out, "[file, offset, bytes, begin|box_offsets, end|box_sizes]");
-  key("entries");
+  AppendKey(&out, "entries");
   out.push_back('[');
-  for (size_t i = 0; i < m.entries.size(); ++i) {
-    const EntryRecord& e = m.entries[i];
-    out.append(i ? ",\n  {\"name\": " : "\n  {\"name\": ");
-    if (!AppendJsonString(&out, e.name)) return refuse("the name of entry " + std::to_string(i));
-    out.append(", \"dtype\": \"");
-    out.append(DTypeName(e.dtype));
-    out.append("\", \"shape\": ");
-    AppendIntList(&out, e.shape);
-    out.append(", \"chunks\": [");
-    for (size_t k = 0; k < e.chunks.size(); ++k) {
-      if (k) out.push_back(',');
-      AppendChunk(&out, e.chunks[k], e.shape);
-    }
-    out.append("]}");
+}
+
+// Entry `e`, the `index`th of the list.
+Status AppendEntry(std::string& out, const EntryRecord& e, size_t index) {
+  out.append(index ? ",\n  {\"name\": " : "\n  {\"name\": ");
+  if (!AppendJsonString(&out, e.name)) return RefuseNonUtf8("the name of entry " + std::to_string(index));
+  out.append(", \"dtype\": \"");
+  out.append(DTypeName(e.dtype));
+  out.append("\", \"shape\": ");
+  AppendIntList(&out, e.shape);
+  out.append(", \"chunks\": [");
+  for (size_t k = 0; k < e.chunks.size(); ++k) {
+    if (k) out.push_back(',');
+    AppendChunk(&out, e.chunks[k], e.shape);
   }
-  out.append(m.entries.empty() ? "]" : "\n ]");
-  key("blobs");
+  out.append("]}");
+  return Status::Ok();
+}
+
+// Closes a list of `entries` entries and writes the blobs.
+Status AppendEntriesClosingAndBlobs(std::string& out, size_t entries, const std::vector<BlobRecord>& blobs) {
+  out.append(entries == 0 ? "]" : "\n ]");
+  AppendKey(&out, "blobs");
   out.push_back('[');
-  for (size_t i = 0; i < m.blobs.size(); ++i) {
-    const BlobRecord& b = m.blobs[i];
+  for (size_t i = 0; i < blobs.size(); ++i) {
+    const BlobRecord& b = blobs[i];
     out.append(i ? ",\n  {\"name\": " : "\n  {\"name\": ");
-    if (!AppendJsonString(&out, b.name)) return refuse("the name of blob " + std::to_string(i));
+    if (!AppendJsonString(&out, b.name)) return RefuseNonUtf8("the name of blob " + std::to_string(i));
     out.append(b.scope == BlobScope::kGlobal ? ", \"scope\": \"global\", \"rank\": " : ", \"scope\": \"per_rank\", \"rank\": ");
     AppendJsonInt(&out, b.rank);
     out.append(", \"file\": ");
@@ -894,8 +899,14 @@ Status AppendBody(const Manifest& m, std::string& out) {
     AppendJsonUint(&out, b.bytes);
     out.push_back('}');
   }
-  out.append(m.blobs.empty() ? "]" : "\n ]");
+  out.append(blobs.empty() ? "]" : "\n ]");
   return Status::Ok();
+}
+
+Status AppendBody(const Manifest& m, std::string& out) {
+  AppendEntriesOpening(out);
+  for (size_t i = 0; i < m.entries.size(); ++i) SC_RETURN_IF_ERROR(AppendEntry(out, m.entries[i], i));
+  return AppendEntriesClosingAndBlobs(out, m.entries.size(), m.blobs);
 }
 
 // The text without its seal, then sealed (docs/format.md, "manifest.json"): the top-level fields
@@ -1187,6 +1198,21 @@ Status CheckEntryChunks(const Manifest& m, const EntryRecord& e, std::vector<std
   return cover.ok() ? cover : InvalidManifest(cover.message());
 }
 
+// An entry's name and size, in ValidateManifest's order; `listed_before()` says whether an
+// entry before it has its name (asked once the name is known to be one).
+template <typename ListedBefore>
+Status CheckEntryNameAndSize(const EntryRecord& e, ListedBefore&& listed_before) {
+  if (e.name.empty()) return InvalidManifest("an entry has an empty name");
+  // A NUL cut every message, table and C string that named the entry short.
+  if (e.name.find('\0') != std::string::npos) {
+    return InvalidManifest("entry '" + WithNulsShown(e.name) + "' has a NUL byte in its name");
+  }
+  if (listed_before()) return InvalidManifest("entry '" + e.name + "' is listed twice");
+  Result<int64_t> bytes = NumBytes(e.shape, DTypeSize(e.dtype));
+  if (!bytes.ok()) return InvalidManifest("entry '" + e.name + "': " + bytes.status().message());
+  return Status::Ok();
+}
+
 // Below this many chunks the checks run on the calling thread alone: a thread costs more.
 constexpr size_t kChunksWorthAThread = 1 << 16;
 
@@ -1285,16 +1311,8 @@ Status ValidateManifest(const Manifest& m, size_t threads) {
   std::vector<std::pair<int64_t, int64_t>> spans;
   for (size_t i = 0; i < m.entries.size(); ++i) {
     const EntryRecord& e = m.entries[i];
-    if (e.name.empty()) return first_error(i, bad("an entry has an empty name"));
-    // A NUL cut every message, table and C string that named the entry short.
-    if (e.name.find('\0') != std::string::npos) {
-      return first_error(i, bad("entry '" + WithNulsShown(e.name) + "' has a NUL byte in its name"));
-    }
-    if (!entry_names.TryEmplace(e.name, static_cast<uint32_t>(i)).second) {
-      return first_error(i, bad("entry '" + e.name + "' is listed twice"));
-    }
-    Result<int64_t> bytes = NumBytes(e.shape, DTypeSize(e.dtype));
-    if (!bytes.ok()) return first_error(i, bad("entry '" + e.name + "': " + bytes.status().message()));
+    Status named = CheckEntryNameAndSize(e, [&] { return !entry_names.TryEmplace(e.name, static_cast<uint32_t>(i)).second; });
+    if (!named.ok()) return first_error(i, std::move(named));
     if (i >= second) continue;
     Status checked = CheckEntryChunks(m, e, &spans);
     if (!checked.ok()) return first_error(i, std::move(checked));
@@ -1315,6 +1333,54 @@ Status ValidateManifest(const Manifest& m, size_t threads) {
     SC_RETURN_IF_ERROR(CheckExtent(m, b.file, b.offset, b.bytes, what));
   }
   return Status::Ok();
+}
+
+struct ManifestBodyBuilder::Names {
+  struct Of {
+    const std::vector<std::string>* names;
+    std::string_view operator()(uint32_t i) const { return (*names)[i]; }
+  };
+  explicit Names(size_t expected) : index(expected, Of{&names}) { names.reserve(expected); }
+  std::vector<std::string> names;
+  NameIndex<Of> index;
+};
+
+ManifestBodyBuilder::ManifestBodyBuilder(const Manifest& head, size_t expected_entries, size_t expected_chunks,
+                                         std::optional<size_t> continuing_at)
+    : head_(head), names_(std::make_unique<Names>(expected_entries)), first_index_(continuing_at.value_or(0)) {
+  body_.text.reserve(expected_entries * 80 + expected_chunks * 48);
+  if (!continuing_at) AppendEntriesOpening(body_.text);
+}
+
+ManifestBodyBuilder::~ManifestBodyBuilder() = default;
+
+Status ManifestBodyBuilder::Add(const EntryRecord& e) {
+  const size_t index = entries_;
+  SC_RETURN_IF_ERROR(CheckEntryNameAndSize(e, [&] {
+    return !names_->index.TryEmplace(e.name, static_cast<uint32_t>(index)).second;
+  }));
+  names_->names.push_back(e.name);  // after TryEmplace, which reads no name of its own index
+  SC_RETURN_IF_ERROR(CheckEntryChunks(head_, e, &spans_));
+  SC_RETURN_IF_ERROR(AppendEntry(body_.text, e, first_index_ + index));
+  for (const ChunkRecord& c : e.chunks) body_.packed_offsets |= IsPackedOffset(c.offset);
+  ++entries_;
+  return Status::Ok();
+}
+
+Result<ManifestBody> ManifestBodyBuilder::Finish(const std::vector<BlobRecord>& blobs, ManifestBodyBuilder* rest) {
+  if (rest != nullptr && rest->entries_ > 0) {
+    for (const std::string& name : rest->names_->names) {
+      const uint32_t index = static_cast<uint32_t>(entries_);
+      if (!names_->index.TryEmplace(name, index).second) return InvalidManifest("entry '" + name + "' is listed twice");
+      names_->names.push_back(name);
+      ++entries_;
+    }
+    body_.text.append(rest->body_.text);
+    body_.packed_offsets |= rest->body_.packed_offsets;
+  }
+  SC_RETURN_IF_ERROR(AppendEntriesClosingAndBlobs(body_.text, entries_, blobs));
+  for (const BlobRecord& b : blobs) body_.packed_offsets |= IsPackedOffset(b.offset);
+  return std::move(body_);
 }
 
 Status CheckDataFiles(const std::vector<FileRecord>& files,

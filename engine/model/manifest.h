@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -128,6 +130,41 @@ struct ManifestTextPieces {
 // whole text is a multiple of 4096 bytes.
 Result<ManifestTextPieces> EncodeManifestWithBody(const Manifest& head, const ManifestBody& body,
                                                   size_t head_room = 0);
+// EncodeManifestBody's text built entry by entry, each entry checked as ValidateManifest checks
+// it before its text is written. Why: a writer of millions of chunks (a reshard to 64 ranks of
+// 20,000 tensors adds 630,000) can keep them compact and hand them over one entry at a time;
+// a whole Manifest of them was 128 bytes of fresh memory per chunk, built, encoded, checked and
+// freed in turn. `head` holds the files the chunks name (its entries and blobs are not read)
+// and must outlive the builder; `expected_entries` and `expected_chunks` size its memory once.
+// Two builders can share a list: the second, made `continuing_at` the place of its first entry
+// in the whole list, is filled on another thread and given to the first one's Finish.
+class ManifestBodyBuilder {
+ public:
+  ManifestBodyBuilder(const Manifest& head, size_t expected_entries, size_t expected_chunks,
+                      std::optional<size_t> continuing_at = std::nullopt);
+  ~ManifestBodyBuilder();
+  ManifestBodyBuilder(const ManifestBodyBuilder&) = delete;
+  ManifestBodyBuilder& operator=(const ManifestBodyBuilder&) = delete;
+  // ValidateManifest's error for `entry` at this place in the list (DataLoss "invalid manifest:
+  // ..."), or EncodeManifest's for a name that is not UTF-8 (InvalidArgument). After an error
+  // the builder is done: its text is not a manifest's.
+  Status Add(const EntryRecord& entry);
+  // The body: this builder's entries, then those of `rest` (a builder continuing where this
+  // one's end; a name listed in both is refused as Add refuses it), then `blobs`. The
+  // caller validates the blobs (ValidateManifest of a head that holds them and no entries); a
+  // name that is not UTF-8 is refused here, as EncodeManifest does.
+  Result<ManifestBody> Finish(const std::vector<BlobRecord>& blobs, ManifestBodyBuilder* rest = nullptr);
+
+ private:
+  struct Names;
+  const Manifest& head_;
+  std::unique_ptr<Names> names_;
+  std::vector<std::pair<int64_t, int64_t>> spans_;
+  ManifestBody body_;
+  size_t first_index_ = 0;  // the place of this builder's first entry in the whole list
+  size_t entries_ = 0;
+};
+
 // Parses and validates. `origin` (the file path) prefixes every message. Reads the layout of
 // every writer so far (the older one-number-per-line text included) and fields in any order.
 // `threads` > 1 reads a large entries list on up to that many threads (ReadCompactEntryList): as
