@@ -10,6 +10,7 @@
 #include <memory>
 #include <set>
 
+#include "shardckpt/engine/core/load.h"
 #include "shardckpt/engine/model/name_list.h"
 #include "shardckpt/io/checksum.h"
 #include "shardckpt/io/fs.h"
@@ -25,14 +26,23 @@ using PageKey = std::pair<uint32_t, uint64_t>;  // (file, table page)
 constexpr size_t kMaxOpenFiles = 64;
 
 // The data files being read, opened on first use; Close() only once no read of them is in flight.
+// Each is checked against the manifest's size on its first opening (missing, truncated): here,
+// by the rank that reads it, rather than every file on one rank before the reads (a load of a
+// checkpoint of thousands of files had rank 0 stat each in turn while the others waited; on a
+// parallel file system a stat that asks a file's size is a round trip to its servers).
 class OpenFiles {
  public:
-  OpenFiles(IoEngine* io, const std::string& dir, const Manifest& manifest) : io_(io), dir_(dir), manifest_(manifest) {}
+  OpenFiles(IoEngine* io, const std::string& dir, const Manifest& manifest)
+      : io_(io), dir_(dir), manifest_(manifest), checked_(manifest.files.size(), false) {}
   bool Has(uint32_t file) const { return files_.count(file) > 0; }
   bool Full() const { return files_.size() >= kMaxOpenFiles; }
   Result<File*> Get(uint32_t file) {
     auto it = files_.find(file);
     if (it != files_.end()) return it->second.get();
+    if (!checked_[file]) {
+      SC_RETURN_IF_ERROR(CheckDataFilesIn(dir_, {manifest_.files[file]}));
+      checked_[file] = true;
+    }
     SC_ASSIGN_OR_RETURN(std::unique_ptr<File> opened, io_->Open(JoinPath(dir_, manifest_.files[file].name), OpenMode::kRead));
     return (files_[file] = std::move(opened)).get();
   }
@@ -43,6 +53,7 @@ class OpenFiles {
   const std::string& dir_;
   const Manifest& manifest_;
   std::map<uint32_t, std::unique_ptr<File>> files_;
+  std::vector<bool> checked_;  // by file: its size was compared with the manifest's
 };
 
 // Verified and scattered together, well inside a core's L2 (1 MiB on the benchmark machines).

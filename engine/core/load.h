@@ -2,12 +2,12 @@
 // pieces it wants, in whatever layout it wants them: the checkpoint may have been saved by any
 // number of ranks in any layout.
 //
-//   1. rank 0 resolves the path, reads and validates manifest.json and the data files' sizes,
-//      and broadcasts the manifest (one metadata read, not N).
+//   1. rank 0 resolves the path, reads and validates manifest.json, and broadcasts the manifest
+//      (one metadata read, not N).
 //   2. names are matched (after the optional rename), dtype and shape checked; ranks exchange
 //      which entries they want, so strict mode can name checkpoint entries nobody loads.
-//   3. each rank plans its reads (read_plan.h) and runs them (extent_reader.h), verifying every
-//      block it reads.
+//   3. each rank plans its reads (read_plan.h) and runs them (extent_reader.h), checking the size
+//      of each data file it opens (missing, truncated) and verifying every block it reads.
 //   4. an entry every rank wants whole (replicated, DDP-style state) is either read by one rank
 //      (round-robin over such entries) and broadcast to the rest, many small entries per
 //      broadcast, or read by every rank from the files directly: LoadOptions::replicated_reads.

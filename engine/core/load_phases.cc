@@ -112,7 +112,6 @@ void DecodeManifestText(int rank, ManifestRead* read) {
   const bool dcp = rank == 0 && IsDcpFolder(read->dir);
   Result<Manifest> manifest =
       dcp ? ReadManifest(read->dir) : DecodeManifest(read->text, JoinPath(read->dir, kManifestName), read->decode_threads);
-  if (rank == 0 && !dcp && manifest.ok()) read->status = CheckDataFilesIn(read->dir, manifest->files);
   std::string().swap(read->text);
   if (read->status.ok()) read->status = manifest.status();
   if (read->status.ok()) read->manifest = std::move(manifest).value();

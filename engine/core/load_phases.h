@@ -46,8 +46,8 @@ struct ManifestRead {
 };
 // Resolves and holds the folder and reads the manifest's bytes [load.read_manifest].
 ManifestRead OpenManifestOnRoot(int rank, int world, const std::string& path);
-// Decodes and validates them, and checks the data files' sizes (rank 0; where every rank parses,
-// the others decode their copy of the text, and only rank 0 checks the files).
+// Decodes and validates them (rank 0; where every rank parses, the others decode their copy of
+// the text). The data files' sizes are checked by the ranks that read them (extent_reader.h).
 void DecodeManifestText(int rank, ManifestRead* read);
 
 // ---- 2. Broadcast rank 0's status so far, the folder, the read-ahead hint and its sharing mode.

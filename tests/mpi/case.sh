@@ -69,6 +69,20 @@ case "$case" in
       else truncate -s $(( $(stat -c %s "$manifest") / 2 )) "$manifest"; fi
       # Rank 0's own status, not a merge of the others' parse errors ("DataLoss: ranks 1-3: ...").
       run 4 -- load-fails "$work/bad" --expect "DataLoss: $manifest: "
+    done
+    # A data file missing or cut short: the rank that reads it finds it, and every rank reports
+    # it, naming the folder and the file.
+    for damage in remove truncate; do
+      rm -rf "$work/bad"; cp -r "$work/root" "$work/bad"
+      data=$work/bad/step-000000001/rank-00002.bin
+      if [ $damage = remove ]; then
+        rm "$data"
+        run 4 -- load-fails "$work/bad" --expect "NotFound: rank 2: " --expect "data file 'rank-00002.bin' is missing"
+      else
+        truncate -s 4096 "$data"
+        run 4 -- load-fails "$work/bad" --expect "DataLoss: rank 2: $work/bad/step-000000001" \
+          --expect "data file 'rank-00002.bin' is 4096 bytes, the manifest records" --expect "(truncated)"
+      fi
     done ;;
   kill)       # SIGKILL one rank in the middle of writing its data file
     run 2 -- save "$work/root" --step 1
