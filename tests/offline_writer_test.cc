@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <climits>
 #include <cstdint>
 #include <vector>
 
@@ -128,6 +129,87 @@ TEST(OfflineWriter, ACommitOfPiecesThatDoNotFitTheirEntryIsRefused) {
     EXPECT_FALSE(PathExists(JoinPath(root, "step-000000001")));
     EXPECT_FALSE(PathExists(JoinPath(root, "latest")));
   }
+}
+
+// An alias of an alias points at the chunks of the entry the first one names.
+TEST(OfflineWriter, AnAliasOfAnAliasHoldsItsTargetsChunks) {
+  testing::TempDir dir;
+  const std::string root = JoinPath(dir.path(), "root");
+  const std::vector<float> values = Values(6, 0);
+  auto out = OfflineCheckpointWriter::Begin(root, 1, 2).value();
+  ASSERT_TRUE(out->AddPiece(0, "a", DType::kFloat32, {6}, Layout::FlatRange(0, 4), values.data(), 16).ok());
+  ASSERT_TRUE(out->AddPiece(1, "a", DType::kFloat32, {6}, Layout::FlatRange(4, 6), values.data() + 4, 8).ok());
+  ASSERT_TRUE(out->AddAlias("b", "a").ok());
+  ASSERT_TRUE(out->AddAlias("c", "b").ok());
+  Result<std::string> committed = out->Commit(MakeCreationInfo(1, "", "", {}));
+  ASSERT_TRUE(committed.ok()) << committed.status().ToString();
+  Result<Manifest> m = ReadManifest(*committed);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ASSERT_EQ(m->entries.size(), 3u);
+  for (size_t i : {1, 2}) {
+    ASSERT_EQ(m->entries[i].chunks.size(), 2u) << m->entries[i].name;
+    for (size_t k = 0; k < 2; ++k) {
+      EXPECT_EQ(m->entries[i].chunks[k].file, m->entries[0].chunks[k].file);
+      EXPECT_EQ(m->entries[i].chunks[k].offset, m->entries[0].chunks[k].offset);
+      EXPECT_EQ(m->entries[i].chunks[k].layout, m->entries[0].chunks[k].layout);
+    }
+  }
+}
+
+// Layouts whose sizes overflow on the way (a range of 2^61 + 1 float64 elements is 8 bytes in
+// 64-bit arithmetic; a row of 2^61 float64 elements is 0 bytes) are kept as given and refused by
+// the check of the built manifest: never taken for the piece they wrap around to, nor a crash.
+TEST(OfflineWriter, LayoutsWhoseSizesOverflowAreRefusedNotWrapped) {
+  struct Case {
+    const char* what;
+    Shape shape;
+    Layout layout;
+    const char* message;
+  };
+  const int64_t huge = (int64_t{1} << 61) + 1;
+  const std::vector<Case> cases = {
+      {"a flat range of 2^61 + 1 elements", {16}, Layout::FlatRange(0, huge), "entry 'w' chunk 0"},
+      {"a flat range from the lowest int64", {16}, Layout::FlatRange(INT64_MIN, 1), "entry 'w' chunk 0"},
+      {"a row of 2^61 elements", {2, int64_t{1} << 61}, Layout::Box({0, 0}, {1, int64_t{1} << 61}), "entry 'w': "},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    testing::TempDir dir;
+    const std::vector<double> value = {1.0};
+    auto out = OfflineCheckpointWriter::Begin(JoinPath(dir.path(), "root"), 1, 1).value();
+    ASSERT_TRUE(out->AddPiece(0, "w", DType::kFloat64, c.shape, c.layout, value.data(), 8).ok());
+    Result<std::string> committed = out->Commit(MakeCreationInfo(1, "", "", {}));
+    ASSERT_FALSE(committed.ok());
+    EXPECT_EQ(committed.status().code(), Code::kInternal);
+    EXPECT_THAT(committed.status().message(), HasSubstr("invalid (a bug)"));
+    EXPECT_THAT(committed.status().message(), HasSubstr(c.message));
+  }
+}
+
+// The refusals come in the order a whole manifest's validation and encoding meet them: an
+// invalid entry before a name that is not UTF-8 at an earlier entry, an entry before a blob.
+TEST(OfflineWriter, ACommitRefusesInTheOrderValidationAndEncodingDo) {
+  const std::vector<float> values = Values(4, 0);
+  auto commit = [&](bool bad_name, bool bad_entry, bool twice_blob) {
+    testing::TempDir dir;
+    auto out = OfflineCheckpointWriter::Begin(JoinPath(dir.path(), "root"), 1, 1).value();
+    EXPECT_TRUE(out->AddPiece(0, bad_name ? "a\xff" : "a", DType::kFloat32, {4}, Layout::Whole(), values.data(), 16).ok());
+    EXPECT_TRUE(out->AddPiece(0, "b", DType::kFloat32, {4}, Layout::FlatRange(0, bad_entry ? 2 : 4), values.data(),
+                              bad_entry ? 8 : 16).ok());
+    EXPECT_TRUE(out->AddBlob(0, "v", BlobScope::kGlobal, "x").ok());
+    if (twice_blob) EXPECT_TRUE(out->AddBlob(0, "v", BlobScope::kGlobal, "y").ok());
+    return out->Commit(MakeCreationInfo(1, "", "", {})).status();
+  };
+  Status s = commit(true, true, true);
+  EXPECT_EQ(s.code(), Code::kInternal) << s.ToString();
+  EXPECT_THAT(s.message(), HasSubstr("entry 'b'"));
+  s = commit(false, false, true);
+  EXPECT_EQ(s.code(), Code::kInternal) << s.ToString();
+  EXPECT_THAT(s.message(), HasSubstr("blob 'v' is listed twice"));
+  s = commit(true, false, false);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.ToString();
+  EXPECT_THAT(s.message(), HasSubstr("the name of entry 0 is not valid UTF-8"));
+  EXPECT_TRUE(commit(false, false, false).ok());
 }
 
 }  // namespace

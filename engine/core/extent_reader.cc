@@ -10,7 +10,6 @@
 #include <memory>
 #include <set>
 
-#include "shardckpt/engine/core/load.h"
 #include "shardckpt/engine/model/name_list.h"
 #include "shardckpt/io/checksum.h"
 #include "shardckpt/io/fs.h"
@@ -39,11 +38,13 @@ class OpenFiles {
   Result<File*> Get(uint32_t file) {
     auto it = files_.find(file);
     if (it != files_.end()) return it->second.get();
+    const std::string path = JoinPath(dir_, manifest_.files[file].name);
     if (!checked_[file]) {
-      SC_RETURN_IF_ERROR(CheckDataFilesIn(dir_, {manifest_.files[file]}));
+      const Status size = CheckDataFile(manifest_.files[file], FileSize(path));
+      if (!size.ok()) return size.WithContext(dir_);  // as CheckDataFilesIn says it
       checked_[file] = true;
     }
-    SC_ASSIGN_OR_RETURN(std::unique_ptr<File> opened, io_->Open(JoinPath(dir_, manifest_.files[file].name), OpenMode::kRead));
+    SC_ASSIGN_OR_RETURN(std::unique_ptr<File> opened, io_->Open(path, OpenMode::kRead));
     return (files_[file] = std::move(opened)).get();
   }
   void CloseAll() { files_.clear(); }

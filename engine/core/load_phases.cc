@@ -993,7 +993,8 @@ Status ReadExtents(const std::string& dir, const Manifest& manifest, const ReadW
   if (ahead != nullptr) {
     const std::string name = BaseName(ahead->path());
     for (uint32_t f = 0; f < manifest.files.size(); ++f) {
-      // The size rank 0 checked against the manifest: the bytes read are the file it describes.
+      // The file at the size the manifest records: the bytes read are the file it describes (a
+      // file of another size is read the normal way, whose check names it).
       if (manifest.files[f].name == name && manifest.files[f].size == ahead->bytes()) {
         in_memory = {f, ahead->data(), ahead->bytes(),
                      [ahead](uint64_t offset, uint64_t length) { return ahead->WaitFor(offset, length); }};

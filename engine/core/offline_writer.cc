@@ -24,7 +24,18 @@ int64_t RowElements(const Shape& shape) {
   return shape.empty() ? 0 : elements;
 }
 
-// Whether `layout` is a box of whole rows of `shape` (cut along dim 0 only) holding `bytes`.
+// Whether `layout` is a flat range of `bytes` (no overflow on the way: a range past any tensor's
+// size is kept as given, for Commit's check to refuse).
+bool IsFlatRangeOf(const Layout& layout, size_t element, uint64_t bytes) {
+  int64_t count = 0;
+  uint64_t range_bytes = 0;
+  return layout.kind == LayoutKind::kFlatRange && !__builtin_sub_overflow(layout.end, layout.begin, &count) && count >= 0 &&
+         !__builtin_mul_overflow(static_cast<uint64_t>(count), static_cast<uint64_t>(element), &range_bytes) &&
+         range_bytes == bytes;
+}
+
+// Whether `layout` is a box of whole rows of `shape` (cut along dim 0 only) holding `bytes`;
+// `row_elements` is 0 for a shape whose bytes overflow (kept as given).
 bool IsRunOfRows(const Layout& layout, const Shape& shape, int64_t row_elements, size_t element, uint64_t bytes) {
   if (layout.kind != LayoutKind::kBox || row_elements <= 0 || layout.offsets.size() != shape.size() ||
       layout.sizes.size() != shape.size()) {
@@ -124,7 +135,8 @@ Result<size_t> OfflineCheckpointWriter::Entry(const std::string& name, DType dty
   if (fresh) {
     record.dtype = dtype;
     record.shape = shape;
-    record.row_elements = RowElements(shape);
+    // A shape of too many bytes keeps its pieces as given, for Commit's check to refuse.
+    record.row_elements = NumBytes(shape, DTypeSize(dtype)).ok() ? RowElements(shape) : 0;
     record.pieces.reserve(entry_chunks);
   } else if (record.dtype != dtype || record.shape != shape) {
     return InvalidArgument("entry '" + name + "' added with two dtypes or shapes");
@@ -151,8 +163,7 @@ Status OfflineCheckpointWriter::AddPieceTo(size_t entry, int rank, const Layout&
   piece.bytes = bytes;
   if (NormalizesToWhole(layout, record.shape)) {
     piece.form = PieceForm::kWhole;
-  } else if (layout.kind == LayoutKind::kFlatRange && layout.end >= layout.begin &&
-             static_cast<uint64_t>(layout.end - layout.begin) * element == bytes) {
+  } else if (IsFlatRangeOf(layout, element, bytes)) {
     piece.form = PieceForm::kFlatRange;
     piece.first = layout.begin;
   } else if (IsRunOfRows(layout, record.shape, record.row_elements, element, bytes)) {
@@ -160,9 +171,9 @@ Status OfflineCheckpointWriter::AddPieceTo(size_t entry, int rank, const Layout&
     piece.first = layout.offsets[0];
   } else {
     // Kept as given, so that Commit's check of the built manifest sees exactly what was added.
-    piece.form = PieceForm::kOther;
-    piece.first = static_cast<int64_t>(other_layouts_.size());
     other_layouts_.push_back(layout);
+    piece.form = PieceForm::kOther;
+    piece.first = static_cast<int64_t>(other_layouts_.size() - 1);
   }
   return Status::Ok();
 }
@@ -281,10 +292,15 @@ Result<std::string> OfflineCheckpointWriter::Commit(const CreationInfo& created,
   // The files, blobs and metrics checked as a whole, then the entries one at a time, each made a
   // manifest entry in one reused list, checked and encoded while in cache; a large list in two
   // parts side by side, as the whole manifest's check ran beside its encoding before.
+  // In ValidateManifest's order, then EncodeManifest's: step, metrics and files, the entries,
+  // the blobs; then the head's text, the entries' names, the blobs' names.
+  std::vector<BlobRecord> blobs = std::move(m.blobs);
+  m.blobs.clear();
   SC_RETURN_IF_ERROR(CheckBuiltManifest(m));
   std::vector<size_t> chunks_of(entries_.size());
   for (size_t i = 0; i < entries_.size(); ++i) chunks_of[i] = i;
-  for (const auto& [entry, target] : aliases_) chunks_of[entry] = target;
+  // In the order added, so an alias of an alias takes the chunks its target took.
+  for (const auto& [entry, target] : aliases_) chunks_of[entry] = chunks_of[target];
   size_t chunks = 0;
   for (size_t i = 0; i < entries_.size(); ++i) chunks += entries_[chunks_of[i]].pieces.size();
   size_t split = entries_.size();  // where the second part starts
@@ -323,14 +339,27 @@ Result<std::string> OfflineCheckpointWriter::Commit(const CreationInfo& created,
   }
   Status built = build(first, 0, split);
   if (split < entries_.size()) {
-    Status rest = second_built.valid() ? second_built.get() : (built.ok() ? build(second, split, entries_.size()) : Status::Ok());
-    if (built.ok()) built = rest;  // the first error in entry order
+    if (!second_built.valid()) {
+      if (built.ok()) built = build(second, split, entries_.size());
+    } else if (built.ok()) {
+      built = second_built.get();
+    } else {
+      second_built.wait();  // whatever it found comes after this error in entry order
+    }
   }
-  Result<ManifestBody> text = built.ok() ? first.Finish(m.blobs, &second) : Result<ManifestBody>(built);
-  if (text.status().code() == Code::kDataLoss) {
-    return Internal("the manifest built for this checkpoint is invalid (a bug): " + text.status().message());
-  }
-  SC_RETURN_IF_ERROR(text.status());
+  auto as_ours = [](const Status& s) {
+    return s.code() == Code::kDataLoss ? Internal("the manifest built for this checkpoint is invalid (a bug): " + s.message()) : s;
+  };
+  if (!built.ok()) return as_ours(built);
+  m.blobs = std::move(blobs);
+  SC_RETURN_IF_ERROR(CheckBuiltManifest(m));
+  SC_RETURN_IF_ERROR(EncodeManifestWithBody(m, ManifestBody{}).status());  // the head's own text
+  Result<ManifestBody> text = first.Finish(m.blobs, &second);
+  if (!text.ok()) return as_ours(text.status());
+  // Done with the pieces: their memory goes back before the commit's writes and fsyncs.
+  std::vector<WrittenEntry>().swap(entries_);
+  std::vector<Layout>().swap(other_layouts_);
+  entry_of_ = decltype(entry_of_)(0, EntryName{&entries_});
   SC_ASSIGN_OR_RETURN(const ManifestTextPieces pieces, EncodeManifestWithBody(m, *text));
   SC_RETURN_IF_ERROR(PublishCheckpoint(root_, temp_name_, step_, {pieces.head, pieces.body, pieces.seal}, std::nullopt,
                                        RetentionPolicy{}));

@@ -1361,7 +1361,7 @@ Status ManifestBodyBuilder::Add(const EntryRecord& e) {
   }));
   names_->names.push_back(e.name);  // after TryEmplace, which reads no name of its own index
   SC_RETURN_IF_ERROR(CheckEntryChunks(head_, e, &spans_));
-  SC_RETURN_IF_ERROR(AppendEntry(body_.text, e, first_index_ + index));
+  if (not_encoded_.ok()) not_encoded_ = AppendEntry(body_.text, e, first_index_ + index);
   for (const ChunkRecord& c : e.chunks) body_.packed_offsets |= IsPackedOffset(c.offset);
   ++entries_;
   return Status::Ok();
@@ -1378,27 +1378,30 @@ Result<ManifestBody> ManifestBodyBuilder::Finish(const std::vector<BlobRecord>& 
     body_.text.append(rest->body_.text);
     body_.packed_offsets |= rest->body_.packed_offsets;
   }
+  SC_RETURN_IF_ERROR(not_encoded_);
+  if (rest != nullptr) SC_RETURN_IF_ERROR(rest->not_encoded_);
   SC_RETURN_IF_ERROR(AppendEntriesClosingAndBlobs(body_.text, entries_, blobs));
   for (const BlobRecord& b : blobs) body_.packed_offsets |= IsPackedOffset(b.offset);
   return std::move(body_);
 }
 
+Status CheckDataFile(const FileRecord& f, const Result<uint64_t>& size) {
+  if (!size.ok()) {
+    if (size.status().code() == Code::kNotFound) {
+      return NotFound("data file '" + f.name + "' is missing: " + size.status().message());
+    }
+    return size.status();
+  }
+  if (*size != f.size) {
+    return DataLoss("data file '" + f.name + "' is " + std::to_string(*size) + " bytes, the manifest records " +
+                    std::to_string(f.size) + (*size < f.size ? " (truncated)" : " (extra bytes)"));
+  }
+  return Status::Ok();
+}
+
 Status CheckDataFiles(const std::vector<FileRecord>& files,
                       const std::function<Result<uint64_t>(const std::string&)>& size_of) {
-  for (const FileRecord& f : files) {
-    Result<uint64_t> size = size_of(f.name);
-    if (!size.ok()) {
-      if (size.status().code() == Code::kNotFound) {
-        return NotFound("data file '" + f.name + "' is missing: " + size.status().message());
-      }
-      return size.status();
-    }
-    if (*size != f.size) {
-      return DataLoss("data file '" + f.name + "' is " + std::to_string(*size) +
-                      " bytes, the manifest records " + std::to_string(f.size) +
-                      (*size < f.size ? " (truncated)" : " (extra bytes)"));
-    }
-  }
+  for (const FileRecord& f : files) SC_RETURN_IF_ERROR(CheckDataFile(f, size_of(f.name)));
   return Status::Ok();
 }
 

@@ -146,13 +146,14 @@ class ManifestBodyBuilder {
   ManifestBodyBuilder(const ManifestBodyBuilder&) = delete;
   ManifestBodyBuilder& operator=(const ManifestBodyBuilder&) = delete;
   // ValidateManifest's error for `entry` at this place in the list (DataLoss "invalid manifest:
-  // ..."), or EncodeManifest's for a name that is not UTF-8 (InvalidArgument). After an error
-  // the builder is done: its text is not a manifest's.
+  // ..."); after one the builder is done. A name that is not UTF-8 is not an error here: as
+  // EncodeManifest refuses one only once the whole manifest is valid, Finish does.
   Status Add(const EntryRecord& entry);
   // The body: this builder's entries, then those of `rest` (a builder continuing where this
-  // one's end; a name listed in both is refused as Add refuses it), then `blobs`. The
-  // caller validates the blobs (ValidateManifest of a head that holds them and no entries); a
-  // name that is not UTF-8 is refused here, as EncodeManifest does.
+  // one's end; a name listed in both is refused as Add refuses it, after both parts' other
+  // errors), then `blobs`. The caller validates the blobs (ValidateManifest of a head that holds
+  // them and no entries). EncodeManifest's refusal of the first name that is not UTF-8 (an
+  // entry's, then a blob's) comes from here.
   Result<ManifestBody> Finish(const std::vector<BlobRecord>& blobs, ManifestBodyBuilder* rest = nullptr);
 
  private:
@@ -163,6 +164,7 @@ class ManifestBodyBuilder {
   ManifestBody body_;
   size_t first_index_ = 0;  // the place of this builder's first entry in the whole list
   size_t entries_ = 0;
+  Status not_encoded_;  // the first entry whose name could not be written (not UTF-8)
 };
 
 // Parses and validates. `origin` (the file path) prefixes every message. Reads the layout of
@@ -188,6 +190,8 @@ Status ValidateUserMetadata(const std::map<std::string, std::string>& user);
 // Compares each data file's recorded size with `size_of(name)` (missing or truncated files).
 Status CheckDataFiles(const std::vector<FileRecord>& files,
                       const std::function<Result<uint64_t>(const std::string&)>& size_of);
+// The same for one file whose size was asked (`size`: the answer, or why there is none).
+Status CheckDataFile(const FileRecord& file, const Result<uint64_t>& size);
 // The manifest checks itself: its last field, "checksum": "xxh3:<hex>", is the XXH3 of the
 // text without it. Seal adds it to the text of an object that ends with "\n}" (EncodeManifest's,
 // or an older writer's one-space-indented dump); CheckSeal returns the text without it, or
