@@ -78,11 +78,14 @@ Status CheckNoLaterStep(const std::string& root, int64_t step) {
   return NewestIsNotLater(root, step);
 }
 
+Status BuiltManifestError(const Status& status) {
+  if (status.code() != Code::kDataLoss) return status;
+  return Internal("the manifest built for this checkpoint is invalid (a bug): " + status.message());
+}
+
 Status CheckBuiltManifest(const Manifest& manifest) {
   SC_RETURN_IF_ERROR(ValidateMetrics(manifest.metrics));
-  Status valid = ValidateManifest(manifest);
-  if (!valid.ok()) return Internal("the manifest built for this checkpoint is invalid (a bug): " + valid.message());
-  return Status::Ok();
+  return BuiltManifestError(ValidateManifest(manifest));
 }
 
 Status CheckBuiltManifestWhile(const Manifest& manifest, const std::function<Status()>& encode) {
@@ -104,18 +107,6 @@ Status CheckBuiltManifestWhile(const Manifest& manifest, const std::function<Sta
   Status encoded = encode();
   SC_RETURN_IF_ERROR(checked.get());
   return encoded;
-}
-
-Status CommitCheckpoint(const std::string& root, const std::string& temp_name, const Manifest& manifest,
-                        const RetentionPolicy& retention) {
-  std::string json;
-  SC_RETURN_IF_ERROR(CheckBuiltManifestWhile(manifest, [&]() -> Status {
-    SC_ASSIGN_OR_RETURN(json, EncodeManifest(manifest));
-    return Status::Ok();
-  }));
-  std::optional<ManifestSummary> summary;
-  if (retention.RanksByMetric()) summary = SummaryOf(manifest);
-  return PublishCheckpoint(root, temp_name, manifest.step, {json}, std::move(summary), retention);
 }
 
 namespace {

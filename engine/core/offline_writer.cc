@@ -14,6 +14,10 @@
 
 namespace shardckpt {
 namespace {
+// Below this many chunks the manifest's entries are built on the calling thread alone: a thread
+// costs more.
+constexpr size_t kChunksWorthAThread = 16384;
+
 // Elements per index of dim 0 of `shape` (1 for a 1-d tensor), 0 when there are none.
 int64_t RowElements(const Shape& shape) {
   int64_t elements = 1;
@@ -53,9 +57,6 @@ bool IsRunOfRows(const Layout& layout, const Shape& shape, int64_t row_elements,
 // with a few buffers so that its writes start while the rest of its bytes are still coming. With
 // one 1 MiB buffer each, a reshard to 64 ranks of 56 MB wrote nothing until the end: every file's
 // bytes fit in its first buffer.
-// Below this many chunks the manifest's entries are built on the calling thread alone: a thread
-// costs more.
-constexpr size_t kChunksWorthAThread = 16384;
 constexpr uint64_t kStagingBudget = 16u << 20, kBuffersPerFile = 4, kMinBuffer = 128u << 10, kMaxBuffer = 1u << 20;
 }  // namespace
 
@@ -289,11 +290,10 @@ Result<std::string> OfflineCheckpointWriter::Commit(const CreationInfo& created,
       m.blobs.push_back(b);
     }
   }
-  // The files, blobs and metrics checked as a whole, then the entries one at a time, each made a
-  // manifest entry in one reused list, checked and encoded while in cache; a large list in two
-  // parts side by side, as the whole manifest's check ran beside its encoding before.
-  // In ValidateManifest's order, then EncodeManifest's: step, metrics and files, the entries,
-  // the blobs; then the head's text, the entries' names, the blobs' names.
+  // Checked in ValidateManifest's order, then refused in EncodeManifest's: step, metrics and
+  // files, the entries, the blobs; then the head's text, the entries' names, the blobs' names.
+  // The entries one at a time, each made a manifest entry in one reused list, checked and
+  // encoded while in cache; a large list in two parts side by side.
   std::vector<BlobRecord> blobs = std::move(m.blobs);
   m.blobs.clear();
   SC_RETURN_IF_ERROR(CheckBuiltManifest(m));
@@ -347,15 +347,12 @@ Result<std::string> OfflineCheckpointWriter::Commit(const CreationInfo& created,
       second_built.wait();  // whatever it found comes after this error in entry order
     }
   }
-  auto as_ours = [](const Status& s) {
-    return s.code() == Code::kDataLoss ? Internal("the manifest built for this checkpoint is invalid (a bug): " + s.message()) : s;
-  };
-  if (!built.ok()) return as_ours(built);
+  SC_RETURN_IF_ERROR(BuiltManifestError(built));
   m.blobs = std::move(blobs);
   SC_RETURN_IF_ERROR(CheckBuiltManifest(m));
   SC_RETURN_IF_ERROR(EncodeManifestWithBody(m, ManifestBody{}).status());  // the head's own text
   Result<ManifestBody> text = first.Finish(m.blobs, &second);
-  if (!text.ok()) return as_ours(text.status());
+  SC_RETURN_IF_ERROR(BuiltManifestError(text.status()));
   // Done with the pieces: their memory goes back before the commit's writes and fsyncs.
   std::vector<WrittenEntry>().swap(entries_);
   std::vector<Layout>().swap(other_layouts_);
