@@ -791,7 +791,7 @@ Result<RootLock> RootLock::Acquire(const std::string& root) {
     if (fd >= 0) {
       RootLock lock(fd, -1);
       lock.waited_s_ = prune_seen ? waited() : 0;  // not the retries while another save held it
-      if (said) SC_LOG(kInfo) << "the prune of " << root << " let go after " << lock.waited_s_ << " s; saving";
+      if (said) SC_LOG(kInfo) << "the prune of " << root << " let go after " << SecondsText(lock.waited_s_) << " s; saving";
       return lock;
     }
     if (!PruneHolds(root)) {
