@@ -114,7 +114,9 @@ TEST(TorchViewBound, AViewUnderManyNamesCountsOnce) {
     ASSERT_TRUE(zip.ok()) << zip.status().ToString();
     Result<UnpickledStateDict> dict = ReadTorchStateDict(*zip);
     EXPECT_EQ(dict.ok(), tied) << (dict.ok() ? std::string("read") : dict.status().ToString());
-    if (!tied) EXPECT_THAT(dict.status().message(), HasSubstr("more than 4x the 4 bytes stored plus 1 GiB"));
+    if (!tied) {
+      EXPECT_THAT(dict.status().message(), HasSubstr("more than 4x the 4 bytes stored plus 1 GiB"));
+    }
   }
 }
 
@@ -233,6 +235,34 @@ TEST(ZipReaderTest, ARecordNamedTwiceIsRefused) {
   EXPECT_THAT(r.status().message(), HasSubstr("dup.pt: not a valid torch.save zip: record 'archive/data/0' occurs twice"));
   ASSERT_TRUE(ZipReader::Open(ByteSource::FromBytes(StoredZip({{"archive/data.pkl", "\x80\x02}."}, {"archive/data/0", "1234"}}),
                                                     "once.pt")).ok());
+}
+
+// An import reads a .pt's tensors through a window of the file: every read, in file order or
+// not, inside the window or across its edge, wider than it or past the file's end, returns the
+// bytes (or the refusal) a read of the source itself does.
+TEST(ReadAheadWindowTest, EveryReadReturnsWhatTheSourceHolds) {
+  std::string bytes(1000, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 7 + i / 256);
+  const ByteSource source = ByteSource::FromBytes(bytes, "w.pt");
+  ReadAheadWindow window(source, 64);
+  const struct {
+    uint64_t at;
+    size_t n;
+  } reads[] = {{0, 10},  {10, 20},  {30, 34},  {64, 8},   {60, 10},  // in order, then across a refill
+               {5, 3},   {500, 40}, {520, 30}, {540, 33}, {100, 0},  // behind, ahead, half a window, none
+               {990, 10}, {998, 2}, {980, 200}, {1000, 1}, {2000, 4}};  // the end, wider, past the end
+  for (const auto& r : reads) {
+    std::string got(r.n, '?'), want(r.n, '?');
+    const Status a = window.ReadAt(r.at, got.data(), r.n);
+    const Status b = source.ReadAt(r.at, want.data(), r.n);
+    ASSERT_EQ(a.ok(), b.ok()) << r.at << " +" << r.n << ": " << a.ToString();
+    if (b.ok()) {
+      EXPECT_EQ(got, want) << r.at << " +" << r.n;
+    } else {
+      EXPECT_EQ(a.message(), b.message());
+      EXPECT_THAT(a.message(), HasSubstr("w.pt: read of"));
+    }
+  }
 }
 
 // torch.load byte-swaps a file written on a big-endian host; import, which does not, refuses it.

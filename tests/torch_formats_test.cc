@@ -119,6 +119,31 @@ TEST(TorchDTypes, TheTypesTorchHasAreNamedInEveryFormat) {
 
 // A header nesting deeper than any real one (a text of nothing but '[', up to the header's 100 MB
 // cap) is refused by the key pass, before a document of tens of bytes per level is built.
+// Tied tensors of a .pt are found by their whole view (storage, dtype, offset, sizes, strides):
+// each field that differs makes another tensor, and a third name for a view points at the first.
+TEST(TorchFile, FirstOfSameViewComparesEveryFieldOfTheView) {
+  const PickleTensor w = Contiguous("w", DType::kFloat32, {4, 3}, "0");
+  auto with = [&](const std::string& name, auto change) {
+    PickleTensor t = w;
+    t.name = name;
+    change(t);
+    return t;
+  };
+  const std::vector<PickleTensor> tensors = {
+      w,
+      with("tied", [](PickleTensor&) {}),
+      with("other storage", [](PickleTensor& t) { t.storage_key = "1"; }),
+      with("other dtype", [](PickleTensor& t) { t.dtype = DType::kInt32; }),
+      with("other offset", [](PickleTensor& t) { t.storage_offset = 1; }),
+      with("other sizes", [](PickleTensor& t) { t.sizes = {3, 4}; t.strides = {4, 1}; }),
+      with("transposed", [](PickleTensor& t) { t.sizes = {3, 4}; t.strides = {1, 3}; }),
+      with("other strides", [](PickleTensor& t) { t.strides = {1, 4}; }),
+      with("tied again", [](PickleTensor&) {}),
+      with("transposed twice", [](PickleTensor& t) { t.sizes = {3, 4}; t.strides = {1, 3}; }),
+  };
+  EXPECT_EQ(FirstOfSameView(tensors), (std::vector<int64_t>{-1, 0, -1, -1, -1, -1, -1, -1, 0, 6}));
+}
+
 TEST(Safetensors, AHeaderNestingTooDeepIsRefusedBeforeItIsParsed) {
   const std::string deep = R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"x":)" + std::string(100000, '[');
   Result<std::vector<SafetensorsEntry>> parsed = ParseSafetensorsHeader(deep, 1, "deep.safetensors");

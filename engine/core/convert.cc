@@ -331,16 +331,12 @@ Result<std::vector<TorchInput>> OpenShardedTorch(const std::string& index_path, 
 // Tensors of a .pt that are one tensor under two names (the same storage, offset, sizes and
 // strides): for each, the index of the first, or -1. Found by a hash of that description: a
 // file of many views of one storage (a flat parameter's, or a hostile one of a million) made
-// the comparison with every earlier view quadratic.
+// the comparison with every earlier view quadratic. 0-d and empty tensors are never tied (a
+// tensor's first of its view has its sizes, so it is neither either).
 std::vector<int64_t> TiedTensors(const std::vector<PickleTensor>& tensors) {
-  std::vector<int64_t> tied(tensors.size(), -1);
-  std::unordered_map<std::string, size_t> first;
-  first.reserve(tensors.size());
+  std::vector<int64_t> tied = FirstOfSameView(tensors);
   for (size_t i = 0; i < tensors.size(); ++i) {
-    const PickleTensor& t = tensors[i];
-    if (t.sizes.empty() || NumElements(t.sizes).value() == 0) continue;  // 0-d and empty tensors are never tied
-    auto [it, fresh] = first.emplace(TensorViewKey(t), i);
-    if (!fresh) tied[i] = static_cast<int64_t>(it->second);
+    if (tensors[i].sizes.empty() || NumElements(tensors[i].sizes).value() == 0) tied[i] = -1;
   }
   return tied;
 }
@@ -378,13 +374,19 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
   }
   // Tensors of one storage (tied weights) are stored once: the first of them in output order
   // holds the bytes (a set's index lists lm_head.weight before the embedding it shares), each
-  // later one is a second name for it. Keyed by (file, the first of its group in that file).
-  std::map<std::pair<size_t, size_t>, std::string> stored_as;
+  // later one is a second name for it. By file, then the first of its group in that file: the
+  // name it was stored under, or null.
+  std::vector<std::vector<const std::string*>> stored_as(torch_files.size());
+  for (size_t f = 0; f < torch_files.size(); ++f) stored_as[f].assign(torch_files[f].dict.tensors.size(), nullptr);
   const size_t count = order.size();
   // A stop asked for while the input was read and checked: before anything is written.
   if (options.progress) SC_RETURN_IF_ERROR(options.progress(0, count));
   SC_ASSIGN_OR_RETURN(std::unique_ptr<OfflineCheckpointWriter> out, OfflineCheckpointWriter::Begin(root, 0, options.world_size));
   std::vector<unsigned char> full;
+  // A file's tensors are read in its order, so through a window of it rather than a pread each
+  // (one window at a time: the set's files follow one another in output order).
+  std::optional<ReadAheadWindow> window;
+  size_t window_file = SIZE_MAX;
   for (size_t i = 0; i < count; ++i) {
     uint64_t bytes = 0;
     if (safetensors) {
@@ -403,19 +405,23 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
       const TorchInput& in = torch_files[order[i].first];
       const size_t k = order[i].second;
       const PickleTensor& t = in.dict.tensors[k];
-      const std::pair<size_t, size_t> storage{order[i].first, in.tied[k] >= 0 ? static_cast<size_t>(in.tied[k]) : k};
-      if (auto held = stored_as.find(storage); held != stored_as.end()) {  // stored once; the manifest names it twice
-        SC_RETURN_IF_ERROR(out->AddAlias(t.name, held->second));
+      const std::string*& held = stored_as[order[i].first][in.tied[k] >= 0 ? static_cast<size_t>(in.tied[k]) : k];
+      if (held) {  // stored once; the manifest names it twice
+        SC_RETURN_IF_ERROR(out->AddAlias(t.name, *held));
         report.tensors++;
         continue;
       }
-      stored_as.emplace(storage, t.name);
+      held = &t.name;
       const size_t element = DTypeSize(t.dtype);
       // A tensor stored contiguously is read part by part; a strided view is gathered whole, once.
       const bool by_parts = StoredContiguously(t);
+      if (window_file != order[i].first) {
+        window.emplace(in.zip ? in.zip->source() : *in.legacy_source);
+        window_file = order[i].first;
+      }
       auto read_range = [&](int64_t first, int64_t count) -> Status {
-        Status read = in.zip ? ReadTorchTensor(*in.zip, t, &full, first, count)
-                             : ReadTorchTensor(*in.legacy_source, in.legacy, t, &full, first, count);
+        Status read = in.zip ? ReadTorchTensor(*in.zip, t, &full, first, count, &*window)
+                             : ReadTorchTensor(*in.legacy_source, in.legacy, t, &full, first, count, &*window);
         return read.ok() ? read : read.WithContext(in.file);
       };
       if (!by_parts) SC_RETURN_IF_ERROR(read_range(0, -1));

@@ -75,16 +75,16 @@ Status LocateChunk(const ByteSource& file, const ParsedDcpStorage& s, DType dtyp
   SC_ASSIGN_OR_RETURN(ZipReader zip, ZipReader::Open(slice));
   SC_ASSIGN_OR_RETURN(std::string pickle, zip.ReadRecord(zip.prefix() + "data.pkl", kMaxChunkPickleBytes));
   SC_ASSIGN_OR_RETURN(PickleTensor t, UnpickleTensor(pickle));
-  auto record = zip.records().find(zip.prefix() + "data/" + t.storage_key);
-  if (record == zip.records().end()) return DataLoss("its zip has no storage record '" + t.storage_key + "'");
-  SC_RETURN_IF_ERROR(ValidateTorchTensor(t, record->second.size));
+  const ZipRecord* record = StorageRecord(zip, t);
+  if (!record) return DataLoss("its zip has no storage record '" + t.storage_key + "'");
+  SC_RETURN_IF_ERROR(ValidateTorchTensor(t, record->size));
   if (t.dtype != dtype) {
     return DataLoss(std::string("the record is ") + DTypeName(t.dtype) + ", .metadata says " + DTypeName(dtype));
   }
   if (t.sizes != sizes) return DataLoss("the record's shape is " + ShapeString(t.sizes) + ", .metadata says " + ShapeString(sizes));
   const uint64_t element = DTypeSize(dtype);
   // ValidateTorchTensor checked the view lies inside the record.
-  const uint64_t base = s.offset_in_file + record->second.data_offset + static_cast<uint64_t>(t.storage_offset) * element;
+  const uint64_t base = s.offset_in_file + record->data_offset + static_cast<uint64_t>(t.storage_offset) * element;
   if (std::find(sizes.begin(), sizes.end(), 0) != sizes.end()) {  // no elements: strides mean nothing
     out->push_back(ChunkRecord{0, base, 0, Layout::Box(c.offsets, c.sizes)});
     return Status::Ok();

@@ -3,22 +3,24 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
-#include <map>
-#include <unordered_set>
+#include <string_view>
+#include <unordered_map>
 #include <utility>
+
+#include <xxhash.h>
 
 namespace shardckpt {
 namespace {
 
 // The storage element one past the last the view addresses, overflow-checked: offset +
-// sum((size - 1) * stride) + 1; 0 for a view of no elements.
-Result<int64_t> ViewEnd(const PickleTensor& t, int64_t numel, const std::string& where) {
+// sum((size - 1) * stride) + 1; 0 for a view of no elements. The error names no tensor.
+Result<int64_t> ViewEnd(const PickleTensor& t, int64_t numel) {
   if (numel == 0) return int64_t{0};
   int64_t last = t.storage_offset;
   for (size_t d = 0; d < t.sizes.size(); ++d) {
     int64_t reach = 0;
     if (__builtin_mul_overflow(t.sizes[d] - 1, t.strides[d], &reach) || __builtin_add_overflow(last, reach, &last)) {
-      return InvalidArgument(where + ": strides " + ShapeString(t.strides) + " with sizes " + ShapeString(t.sizes) +
+      return InvalidArgument("strides " + ShapeString(t.strides) + " with sizes " + ShapeString(t.sizes) +
                              " overflow 64 bits");
     }
   }
@@ -29,17 +31,56 @@ std::string RecordName(const PickleTensor& t) { return "data/" + t.storage_key; 
 
 }  // namespace
 
-std::string TensorViewKey(const PickleTensor& t) {
-  std::string key;
-  auto put = [&](int64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
-  put(static_cast<int64_t>(t.storage_key.size()));
-  key += t.storage_key;
-  put(static_cast<int64_t>(t.dtype));
-  put(t.storage_offset);
-  put(static_cast<int64_t>(t.sizes.size()));
-  for (int64_t v : t.sizes) put(v);
-  for (int64_t v : t.strides) put(v);
-  return key;
+std::vector<int64_t> FirstOfSameView(const std::vector<PickleTensor>& tensors) {
+  // An open-addressing table of indices, with each tensor's hash beside it: a node per tensor
+  // in a std::unordered_set was most of this function's time at 100,000 tensors.
+  auto hash_of = [&](const PickleTensor& t) {
+    uint64_t h = XXH3_64bits(t.storage_key.data(), t.storage_key.size());
+    const int64_t fixed[] = {static_cast<int64_t>(t.dtype), t.storage_offset, static_cast<int64_t>(t.sizes.size())};
+    h = XXH3_64bits_withSeed(fixed, sizeof(fixed), h);
+    h = XXH3_64bits_withSeed(t.sizes.data(), t.sizes.size() * sizeof(int64_t), h);
+    return XXH3_64bits_withSeed(t.strides.data(), t.strides.size() * sizeof(int64_t), h);
+  };
+  auto same = [](const PickleTensor& x, const PickleTensor& y) {
+    return x.storage_key == y.storage_key && x.dtype == y.dtype && x.storage_offset == y.storage_offset &&
+           x.sizes == y.sizes && x.strides == y.strides;
+  };
+  size_t capacity = 16;
+  while (capacity < 2 * tensors.size()) capacity *= 2;
+  std::vector<int64_t> slots(capacity, -1);
+  std::vector<uint64_t> hashes(tensors.size());
+  std::vector<int64_t> out(tensors.size(), -1);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const uint64_t h = hashes[i] = hash_of(tensors[i]);
+    for (size_t s = h & (capacity - 1);; s = (s + 1) & (capacity - 1)) {
+      const int64_t j = slots[s];
+      if (j < 0) {
+        slots[s] = static_cast<int64_t>(i);
+        break;
+      }
+      if (hashes[j] == h && same(tensors[j], tensors[i])) {
+        out[i] = j;
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+const ZipRecord* StorageRecord(const ZipReader& zip, const PickleTensor& t) {
+  constexpr std::string_view kData = "data/";
+  const size_t n = zip.prefix().size() + kData.size() + t.storage_key.size();
+  char stack[256];
+  std::string heap;
+  char* key = stack;
+  if (n > sizeof(stack)) {
+    heap.resize(n);
+    key = heap.data();
+  }
+  std::memcpy(key, zip.prefix().data(), zip.prefix().size());
+  std::memcpy(key + zip.prefix().size(), kData.data(), kData.size());
+  std::memcpy(key + zip.prefix().size() + kData.size(), t.storage_key.data(), t.storage_key.size());
+  return zip.Find(std::string_view(key, n));
 }
 
 namespace {
@@ -49,19 +90,21 @@ Status CheckTensorRecords(const std::string& path, const UnpickledStateDict& dic
                           const std::function<const ZipRecord*(const PickleTensor&)>& record_of) {
   // torch.load builds each storage once, from its first reference; a later one that disagrees
   // would be read differently here, so it is refused.
-  std::map<std::string, const PickleTensor*> first;
+  std::unordered_map<std::string_view, const PickleTensor*> first;
+  first.reserve(dict.tensors.size());
   // Import materializes every view: many views repeating one small storage (each within
   // kMaxExpandedTensorBytes) would turn a file of kilobytes into hundreds of gigabytes written.
   // Views that partition or overlap their storages a little (a tensor and a row of it) stay far
   // under this bound.
   uint64_t stored = 0, viewed = 0;
-  std::unordered_set<std::string> views;  // a tensor under a second name is written once (tied)
-  for (const PickleTensor& t : dict.tensors) {
+  const std::vector<int64_t> same_view = FirstOfSameView(dict.tensors);  // a tensor under a second name is written once (tied)
+  for (size_t i = 0; i < dict.tensors.size(); ++i) {
+    const PickleTensor& t = dict.tensors[i];
     const ZipRecord* record = record_of(t);
     if (!record) return DataLoss(path + ": tensor '" + t.name + "': storage record " + RecordName(t) + " is missing");
     Status valid = ValidateTorchTensor(t, record->size);
     if (!valid.ok()) return valid.WithContext(path);
-    if (views.insert(TensorViewKey(t)).second) {
+    if (same_view[i] < 0) {
       viewed += static_cast<uint64_t>(NumElements(t.sizes).value()) * DTypeSize(t.dtype);  // validated: <= 2^54
     }
     // A typed storage is its dtype; an untyped one (torch 2.x) may be viewed as several.
@@ -95,7 +138,7 @@ bool StoredContiguously(const PickleTensor& t) {
   const Result<int64_t> numel = NumElements(t.sizes);
   if (!numel.ok() || t.strides.size() != t.sizes.size()) return false;
   if (*numel == 0) return true;
-  const Result<int64_t> end = ViewEnd(t, *numel, t.name);
+  const Result<int64_t> end = ViewEnd(t, *numel);
   if (!end.ok() || *end - t.storage_offset != *numel) return false;
   bool contiguous = true;
   for (int64_t d = static_cast<int64_t>(t.sizes.size()) - 1, stride = 1; d >= 0 && contiguous; stride *= t.sizes[d], --d) {
@@ -119,7 +162,7 @@ Status ReadTensorFrom(const std::function<Status(uint64_t, void*, size_t)>& read
   }
   out->resize(static_cast<size_t>(count) * element);
   if (count == 0) return Status::Ok();
-  const int64_t end = ViewEnd(t, numel, t.name).value();
+  const int64_t end = ViewEnd(t, numel).value();
   const uint64_t first = record.data_offset + static_cast<uint64_t>(t.storage_offset) * element;
   // Row-major contiguous: the range read straight into `out`.
   if (StoredContiguously(t)) return read_at(first + static_cast<uint64_t>(from) * element, out->data(), out->size());
@@ -153,42 +196,45 @@ Status ReadTensorFrom(const std::function<Status(uint64_t, void*, size_t)>& read
 }  // namespace
 
 Status ValidateTorchTensor(const PickleTensor& t, uint64_t record_bytes) {
-  const std::string where = "tensor '" + t.name + "'";
+  // Built only for an error: this runs for every tensor of a file, twice on import.
+  auto where = [&] { return "tensor '" + t.name + "'"; };
   const uint64_t element = DTypeSize(t.dtype);
   Result<int64_t> numel = NumElements(t.sizes);
-  if (!numel.ok()) return InvalidArgument(where + ": sizes: " + numel.status().message());
+  if (!numel.ok()) return InvalidArgument(where() + ": sizes: " + numel.status().message());
   if (t.strides.size() != t.sizes.size()) {
-    return InvalidArgument(where + ": strides " + ShapeString(t.strides) + " and sizes " + ShapeString(t.sizes) +
+    return InvalidArgument(where() + ": strides " + ShapeString(t.strides) + " and sizes " + ShapeString(t.sizes) +
                            " differ in length");
   }
   for (size_t d = 0; d < t.strides.size(); ++d) {
-    if (t.strides[d] < 0) return InvalidArgument(where + ": strides " + ShapeString(t.strides) + " has a negative stride");
+    if (t.strides[d] < 0) return InvalidArgument(where() + ": strides " + ShapeString(t.strides) + " has a negative stride");
   }
-  if (t.storage_offset < 0) return InvalidArgument(where + ": storage_offset " + std::to_string(t.storage_offset) + " is negative");
+  if (t.storage_offset < 0) return InvalidArgument(where() + ": storage_offset " + std::to_string(t.storage_offset) + " is negative");
   const uint64_t storage_element = t.storage_element_size ? t.storage_element_size : element;
   const std::string storage_type = t.storage_element_size ? "untyped" : DTypeName(t.dtype);
   uint64_t storage_bytes = 0;
   if (t.storage_numel < 0 || __builtin_mul_overflow(static_cast<uint64_t>(t.storage_numel), storage_element, &storage_bytes)) {
-    return InvalidArgument(where + ": storage " + RecordName(t) + " element count " + std::to_string(t.storage_numel) +
+    return InvalidArgument(where() + ": storage " + RecordName(t) + " element count " + std::to_string(t.storage_numel) +
                            " is negative or overflows at " + std::to_string(storage_element) + " bytes per " + storage_type);
   }
   if (storage_bytes != record_bytes) {
-    return DataLoss(where + ": storage " + RecordName(t) + " holds " + std::to_string(record_bytes) + " bytes, not " +
+    return DataLoss(where() + ": storage " + RecordName(t) + " holds " + std::to_string(record_bytes) + " bytes, not " +
                     std::to_string(t.storage_numel) + " " + storage_type + " elements (" + std::to_string(storage_bytes) +
                     " bytes)");
   }
   // Elements of the tensor's dtype the storage holds (whole ones: a partial one cannot be addressed).
   const int64_t capacity = static_cast<int64_t>(storage_bytes / element);
-  SC_ASSIGN_OR_RETURN(int64_t end, ViewEnd(t, *numel, where));
+  Result<int64_t> view_end = ViewEnd(t, *numel);
+  if (!view_end.ok()) return InvalidArgument(where() + ": " + view_end.status().message());
+  const int64_t end = *view_end;
   if (end > capacity) {
-    return InvalidArgument(where + ": the view (storage_offset " + std::to_string(t.storage_offset) + ", sizes " +
+    return InvalidArgument(where() + ": the view (storage_offset " + std::to_string(t.storage_offset) + ", sizes " +
                            ShapeString(t.sizes) + ", strides " + ShapeString(t.strides) + ") reaches element " +
                            std::to_string(end - 1) + " of a storage of " + std::to_string(capacity) + " elements");
   }
   // numel <= 2^50 (NumElements) and element <= 16: the product cannot overflow.
   const uint64_t bytes = static_cast<uint64_t>(*numel) * element;
   if (bytes > storage_bytes && bytes > kMaxExpandedTensorBytes) {
-    return InvalidArgument(where + ": sizes " + ShapeString(t.sizes) + " with strides " + ShapeString(t.strides) +
+    return InvalidArgument(where() + ": sizes " + ShapeString(t.sizes) + " with strides " + ShapeString(t.strides) +
                            " repeat a storage of " + std::to_string(storage_bytes) + " bytes into " + std::to_string(bytes) +
                            " bytes, more than import materializes (" + std::to_string(kMaxExpandedTensorBytes) + ")");
   }
@@ -209,20 +255,18 @@ Result<UnpickledStateDict> ReadTorchStateDict(const ZipReader& zip) {
   SC_ASSIGN_OR_RETURN(std::string pickle, zip.ReadRecord(zip.prefix() + "data.pkl", 256u << 20));
   Result<UnpickledStateDict> dict = UnpickleStateDict(pickle);
   if (!dict.ok()) return dict.status().WithContext(zip.path());
-  SC_RETURN_IF_ERROR(CheckTensorRecords(zip.path(), dict.value(), [&](const PickleTensor& t) -> const ZipRecord* {
-    auto record = zip.records().find(zip.prefix() + RecordName(t));
-    return record == zip.records().end() ? nullptr : &record->second;
-  }));
+  SC_RETURN_IF_ERROR(CheckTensorRecords(zip.path(), dict.value(), [&](const PickleTensor& t) { return StorageRecord(zip, t); }));
   return dict;
 }
 
 
 Status ReadTorchTensor(const ZipReader& zip, const PickleTensor& t, std::vector<unsigned char>* out, int64_t first,
-                       int64_t count) {
-  auto record = zip.records().find(zip.prefix() + RecordName(t));
-  if (record == zip.records().end()) return DataLoss(zip.path() + ": storage record " + RecordName(t) + " is missing");
-  return ReadTensorFrom([&](uint64_t at, void* p, size_t n) { return zip.ReadAt(at, p, n); }, record->second, t, out,
-                        first, count);
+                       int64_t count, ReadAheadWindow* window) {
+  const ZipRecord* record = StorageRecord(zip, t);
+  if (!record) return DataLoss(zip.path() + ": storage record " + RecordName(t) + " is missing");
+  return ReadTensorFrom(
+      [&](uint64_t at, void* p, size_t n) { return window ? window->ReadAt(at, p, n) : zip.ReadAt(at, p, n); }, *record, t,
+      out, first, count);
 }
 
 bool IsLegacyTorchFile(const ByteSource& source) {
@@ -283,11 +327,12 @@ Result<LegacyTorchFile> ReadLegacyTorchFile(const ByteSource& source) {
 }
 
 Status ReadTorchTensor(const ByteSource& source, const LegacyTorchFile& file, const PickleTensor& t,
-                       std::vector<unsigned char>* out, int64_t first, int64_t count) {
+                       std::vector<unsigned char>* out, int64_t first, int64_t count, ReadAheadWindow* window) {
   auto record = file.storages.find(t.storage_key);
   if (record == file.storages.end()) return DataLoss(source.name() + ": storage '" + t.storage_key + "' is missing");
-  return ReadTensorFrom([&](uint64_t at, void* p, size_t n) { return source.ReadAt(at, p, n); }, record->second, t, out,
-                        first, count);
+  return ReadTensorFrom(
+      [&](uint64_t at, void* p, size_t n) { return window ? window->ReadAt(at, p, n) : source.ReadAt(at, p, n); },
+      record->second, t, out, first, count);
 }
 
 }  // namespace shardckpt

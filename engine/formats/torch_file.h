@@ -18,8 +18,13 @@ namespace shardckpt {
 inline constexpr uint64_t kMaxExpandedTensorBytes = uint64_t{256} << 20;
 
 // What makes two tensors of a .pt one tensor under two names: the same storage, dtype, offset,
-// sizes and strides, as bytes (the storage key length-prefixed, so no two descriptions collide).
-std::string TensorViewKey(const PickleTensor& t);
+// sizes and strides. For each tensor, the index of the first tensor before it that is the same
+// view, or -1. Compares the descriptions themselves (no key strings: a file of 100,000 tensors
+// made 200,000 of them).
+std::vector<int64_t> FirstOfSameView(const std::vector<PickleTensor>& tensors);
+
+// The zip record of a tensor's storage ("<prefix>data/<storage key>"), or null.
+const ZipRecord* StorageRecord(const ZipReader& zip, const PickleTensor& t);
 
 // Unpickles data.pkl and validates every tensor record (ValidateTorchTensor, plus: all tensors
 // naming one storage agree on its dtype and size). Reads no tensor data.
@@ -36,9 +41,10 @@ bool StoredContiguously(const PickleTensor& t);
 
 // A validated tensor's elements, row-major and contiguous, into `out`: `count` of them from
 // element `first` (count -1: to the end). A tensor stored contiguously is read for that range
-// only; a strided view is read whole and the range cut from it.
+// only; a strided view is read whole and the range cut from it. With `window` (over the zip's
+// source), through it: a loop reading the tensors in file order.
 Status ReadTorchTensor(const ZipReader& zip, const PickleTensor& t, std::vector<unsigned char>* out,
-                       int64_t first = 0, int64_t count = -1);
+                       int64_t first = 0, int64_t count = -1, ReadAheadWindow* window = nullptr);
 
 // The legacy (pre-1.6, non-zip) format: the state dict (UnpickleLegacyHead) and each storage's
 // bytes located as a record, every element count checked against the file's size and against
@@ -50,6 +56,7 @@ struct LegacyTorchFile {
 };
 Result<LegacyTorchFile> ReadLegacyTorchFile(const ByteSource& source);
 Status ReadTorchTensor(const ByteSource& source, const LegacyTorchFile& file, const PickleTensor& t,
-                       std::vector<unsigned char>* out, int64_t first = 0, int64_t count = -1);
+                       std::vector<unsigned char>* out, int64_t first = 0, int64_t count = -1,
+                       ReadAheadWindow* window = nullptr);
 
 }  // namespace shardckpt

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <memory>
 
@@ -55,6 +56,25 @@ Status ByteSource::ReadAt(uint64_t offset, void* buffer, size_t bytes) const {
     return Status::Ok();
   }
   return ReadFullyAt(fd_->fd, buffer, bytes, base_ + offset, name_);
+}
+
+Status ReadAheadWindow::ReadAt(uint64_t offset, void* buffer, size_t bytes) {
+  if (offset >= start_ && offset - start_ <= held_.size() && bytes <= held_.size() - (offset - start_)) {
+    if (bytes > 0) std::memcpy(buffer, held_.data() + (offset - start_), bytes);
+    return Status::Ok();
+  }
+  // Past the end: the source's own refusal names the read.
+  if (bytes > window_ / 2 || offset < start_ || offset >= source_.size() || bytes > source_.size() - offset) {
+    return source_.ReadAt(offset, buffer, bytes);
+  }
+  held_.resize(static_cast<size_t>(std::min<uint64_t>(window_, source_.size() - offset)));
+  if (Status read = source_.ReadAt(offset, held_.data(), held_.size()); !read.ok()) {
+    held_.clear();
+    return read;
+  }
+  start_ = offset;
+  if (bytes > 0) std::memcpy(buffer, held_.data(), bytes);
+  return Status::Ok();
 }
 
 Result<ByteSource> ByteSource::Slice(uint64_t offset, uint64_t size, const std::string& name) const {
