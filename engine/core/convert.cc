@@ -383,10 +383,15 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
   if (options.progress) SC_RETURN_IF_ERROR(options.progress(0, count));
   SC_ASSIGN_OR_RETURN(std::unique_ptr<OfflineCheckpointWriter> out, OfflineCheckpointWriter::Begin(root, 0, options.world_size));
   std::vector<unsigned char> full;
-  // A file's tensors are read in its order, so through a window of it rather than a pread each
-  // (one window at a time: the set's files follow one another in output order).
-  std::optional<ReadAheadWindow> window;
-  size_t window_file = SIZE_MAX;
+  // A file's tensors are read in its order, so through a window of it rather than a pread each.
+  // One window per file of a set, as a set's index (sorted by name) moves between its files, a
+  // fresh window at each move would read a window for every tensor; each freed after its file's
+  // last tensor.
+  std::vector<std::optional<ReadAheadWindow>> windows(torch_files.size());
+  std::vector<size_t> last_read_of(torch_files.size(), 0);
+  if (!safetensors) {
+    for (size_t i = 0; i < count; ++i) last_read_of[order[i].first] = i;
+  }
   for (size_t i = 0; i < count; ++i) {
     uint64_t bytes = 0;
     if (safetensors) {
@@ -415,10 +420,8 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
       const size_t element = DTypeSize(t.dtype);
       // A tensor stored contiguously is read part by part; a strided view is gathered whole, once.
       const bool by_parts = StoredContiguously(t);
-      if (window_file != order[i].first) {
-        window.emplace(in.zip ? in.zip->source() : *in.legacy_source);
-        window_file = order[i].first;
-      }
+      std::optional<ReadAheadWindow>& window = windows[order[i].first];
+      if (!window) window.emplace(in.zip ? in.zip->source() : *in.legacy_source);
       auto read_range = [&](int64_t first, int64_t count) -> Status {
         Status read = in.zip ? ReadTorchTensor(*in.zip, t, &full, first, count, &*window)
                              : ReadTorchTensor(*in.legacy_source, in.legacy, t, &full, first, count, &*window);
@@ -432,6 +435,7 @@ Result<ConvertReport> ImportInto(const std::string& input, const std::string& ro
       };
       SC_RETURN_IF_ERROR(WriteTensor(*out, policy, options.world_size, i, t.name, t.dtype, t.sizes, read));
       bytes = static_cast<uint64_t>(NumBytes(t.sizes, element).value());
+      if (i == last_read_of[order[i].first]) window.reset();
     }
     report.tensors++;
     report.bytes += bytes;

@@ -57,8 +57,9 @@ class PickleStack {
     SC_RETURN_IF_ERROR(Charge(sizeof(Value) + extra));
     if (arena_used_ == arena_block_) {
       // Small pickles (a DCP chunk's one tensor) get a small first block; large ones 1024 a block.
-      arena_block_ = arena_.size() < 6 ? size_t{16} << arena_.size() : kArenaBlock;
-      arena_.push_back(std::make_unique<Value[]>(arena_block_));
+      const size_t block = arena_.size() < 6 ? size_t{16} << arena_.size() : kArenaBlock;
+      arena_.push_back(std::make_unique<Value[]>(block));
+      arena_block_ = block;  // only once the block is there
       arena_used_ = 0;
     }
     Value* v = &arena_.back()[arena_used_++];
