@@ -4,7 +4,7 @@
 # torch.save, DCP, a plain copy) in the same run, on the same folder and bytes. Each step prints a
 # "### goal: ..." header before its benchmark's output, so a log of one run fills the table.
 #   bash benchmarks/goals.sh [DISK_DIR] [SHM_DIR] 2>&1 | tee goals.log
-# About 25 minutes on the project's 2-core VM; needs the build (launch/build.sh) and, for DCP and
+# About 8 minutes on the project's 2-core VM (2026-12-07); needs the build (launch/build.sh) and, for DCP and
 # the training loop, the torch 2.x venv (launch/torch2_venv.sh creates it on first use).
 set -euo pipefail
 cd "$(dirname "$0")/.."
