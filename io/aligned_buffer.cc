@@ -27,6 +27,7 @@ std::atomic<uint64_t> g_allocations{0};
 // madvise outlives free(), and heap memory that other allocations reuse would get huge pages
 // nobody asked for. Only a hint: where THP is off it changes nothing. SHARDCKPT_HUGE_PAGES=0 turns
 // it off, for hosts where compaction stalls on a huge-page fault would hurt more than the faults.
+// Memory used only a few times asks for small pages itself (AllocatorForReuse).
 constexpr size_t kUndecided = SIZE_MAX;
 std::atomic<size_t> g_huge_page_bytes{kUndecided};
 
@@ -117,6 +118,19 @@ size_t HugePageStagingBytes() {
 void SetHugePageStaging(bool on) { g_huge_page_bytes = on ? KernelHugePageBytes() : 0; }
 
 HostAllocator DefaultHostAllocator() { return HostAllocator{&DefaultAllocate, &DefaultRelease, "aligned"}; }
+
+HostAllocator SmallPageHostAllocator() {
+  return HostAllocator{[](size_t bytes) -> void* {
+                         void* ptr = nullptr;
+                         return posix_memalign(&ptr, kDirectIoAlignment, bytes) == 0 ? ptr : nullptr;
+                       },
+                       [](void* ptr) { std::free(ptr); }, "aligned"};
+}
+
+HostAllocator AllocatorForReuse(uint64_t bytes_through, uint64_t buffer_bytes) {
+  const bool long_use = bytes_through == 0 || buffer_bytes == 0 || bytes_through / buffer_bytes >= kHugePageReuse;
+  return long_use ? DefaultHostAllocator() : SmallPageHostAllocator();
+}
 
 Status EnsureAlignedBytes(AlignedBuffer* buffer, size_t bytes) {
   if (buffer->size() >= bytes) return Status::Ok();

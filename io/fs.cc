@@ -319,9 +319,18 @@ Status WriteAndSync(const std::string& path, const std::vector<std::string_view>
   FdCloser closer(fd);
   if (direct) {
     const size_t padded = AlignUp(size, kDirectIoAlignment);
+    // A caller that keeps its staging (a job's repeat saves) gets the default memory, on huge
+    // pages, faulted once; this call's own is used once, so on small pages (aligned_buffer.h).
     AlignedBuffer local;
-    if (staging == nullptr) staging = &local;
-    Status room = EnsureAlignedBytes(staging, padded);
+    Status room = Status::Ok();
+    if (staging == nullptr) {
+      Result<AlignedBuffer> made = AlignedBuffer::Allocate(padded, SmallPageHostAllocator());
+      if (made.ok()) local = std::move(*made);
+      room = made.status();
+      staging = &local;
+    } else {
+      room = EnsureAlignedBytes(staging, padded);
+    }
     if (!room.ok()) return room.WithContext("write " + path);
     unsigned char* at = staging->data();
     for (std::string_view piece : pieces) {

@@ -123,16 +123,19 @@ std::string VmFlagsOf(const void* address) {
 // Host buffers of a huge page and more get a mapping of their own, aligned to the huge page and
 // advised for transparent huge pages (VmFlags "hg"); smaller ones come from the heap, and so do
 // large ones once huge pages are turned off. Freeing a large one unmaps it.
+// A sandbox may refuse the advice: then the allocator only logs, and there is nothing to see.
+bool HugePageAdviceTaken(size_t page) {
+  void* probe = mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (probe == MAP_FAILED) return false;
+  const bool advised = madvise(probe, page, MADV_HUGEPAGE) == 0;
+  munmap(probe, page);
+  return advised;
+}
+
 TEST(AlignedBufferTest, LargeBuffersAskForHugePagesUnlessTurnedOff) {
   const size_t page = HugePageStagingBytes();
   if (page == 0) GTEST_SKIP() << "no transparent huge pages here (or SHARDCKPT_HUGE_PAGES=0)";
-  {  // a sandbox may refuse the advice: then the allocator only logs, and there is nothing to see
-    void* probe = mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    ASSERT_NE(probe, MAP_FAILED);
-    const bool advised = madvise(probe, page, MADV_HUGEPAGE) == 0;
-    munmap(probe, page);
-    if (!advised) GTEST_SKIP() << "madvise(MADV_HUGEPAGE) refused here";
-  }
+  if (!HugePageAdviceTaken(page)) GTEST_SKIP() << "madvise(MADV_HUGEPAGE) refused here";
   const size_t bytes = 4 * page;
   void* address = nullptr;
   {
@@ -154,6 +157,29 @@ TEST(AlignedBufferTest, LargeBuffersAskForHugePagesUnlessTurnedOff) {
   EXPECT_EQ(HugePageStagingBytes(), page);
   EXPECT_THAT(VmFlagsOf(plain.data()), Not(HasSubstr(" hg")));
   EXPECT_THAT(VmFlagsOf(plain.data()), HasSubstr("VmFlags:"));
+}
+
+// Memory used a few times is on small pages, memory used often on the default's huge pages: the
+// choice is by use (AllocatorForReuse), and a small-page buffer of any size is never advised.
+TEST(AlignedBufferTest, OnlyMemoryUsedOftenAsksForHugePages) {
+  const size_t page = HugePageStagingBytes();
+  if (page == 0) GTEST_SKIP() << "no transparent huge pages here (or SHARDCKPT_HUGE_PAGES=0)";
+  if (!HugePageAdviceTaken(page)) GTEST_SKIP() << "madvise(MADV_HUGEPAGE) refused here";
+  const size_t bytes = 4 * page;
+  struct Case {
+    uint64_t bytes_through;
+    bool huge;
+  };
+  for (const Case& c : {Case{0, true}, Case{bytes, false}, Case{kHugePageReuse * bytes - 1, false},
+                        Case{kHugePageReuse * bytes, true}, Case{uint64_t{1} << 40, true}}) {
+    AlignedBuffer buffer = AlignedBuffer::Allocate(bytes, AllocatorForReuse(c.bytes_through, bytes)).value();
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(buffer.data()) % kDirectIoAlignment, 0u) << c.bytes_through;
+    EXPECT_EQ(VmFlagsOf(buffer.data()).find(" hg") != std::string::npos, c.huge) << c.bytes_through;
+    std::memset(buffer.data(), 1, buffer.size());  // usable whole
+  }
+  AlignedBuffer small_pages = AlignedBuffer::Allocate(bytes, SmallPageHostAllocator()).value();
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(small_pages.data()) % kDirectIoAlignment, 0u);
+  EXPECT_THAT(VmFlagsOf(small_pages.data()), Not(HasSubstr(" hg")));
 }
 
 // The manifest's seal is hashed over pieces that stand apart: a head, a kept body, a closing brace.

@@ -175,11 +175,15 @@ bool CheckpointReader::InDamagedWindow(uint32_t file, uint64_t begin, uint64_t e
   return false;
 }
 
+HostAllocator CheckpointReader::WindowMemory(uint32_t file) const {
+  return AllocatorForReuse(manifest_.files[file].table_offset, window_bytes_);
+}
+
 Status CheckpointReader::ReadWindow(uint32_t file, uint64_t from, Window* into, IoEngine* io, BufferPool* pool,
                                     ReadStats* stats) {
   const uint64_t to = WindowEnd(file, from);
   if (into->bytes.data() == nullptr) {
-    SC_ASSIGN_OR_RETURN(into->bytes, AlignedBuffer::Allocate(window_bytes_));
+    SC_ASSIGN_OR_RETURN(into->bytes, AlignedBuffer::Allocate(window_bytes_, WindowMemory(file)));
   }
   into->offset = from;
   into->size = 0;  // never serve a window that failed
@@ -237,7 +241,7 @@ Status CheckpointReader::ReadFirstWindows() {
     const uint64_t to = WindowEnd(file, from);
     if (to <= from) continue;
     if (w.bytes.data() == nullptr) {
-      SC_ASSIGN_OR_RETURN(w.bytes, AlignedBuffer::Allocate(window_bytes_));
+      SC_ASSIGN_OR_RETURN(w.bytes, AlignedBuffer::Allocate(window_bytes_, WindowMemory(file)));
     }
     budget -= window_bytes_;
     copies.push_back(CopyRequest{file, from, to - from, static_cast<uint32_t>(bases.size()), 0});

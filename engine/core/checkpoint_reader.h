@@ -12,6 +12,7 @@
 #include "shardckpt/engine/core/extent_reader.h"
 #include "shardckpt/engine/model/manifest.h"
 #include "shardckpt/engine/model/read_plan.h"
+#include "shardckpt/io/aligned_buffer.h"
 
 namespace shardckpt {
 
@@ -154,6 +155,9 @@ class CheckpointReader {
   std::vector<CopyRequest> piece_copies_, piece_direct_;
   std::vector<uint8_t> file_checked_;  // by file: present at its recorded size (CheckFile)
   uint64_t window_bytes_ = kMaxWindow;
+  // Memory for a window of `file`: huge pages only when the file will refill it often enough
+  // (AllocatorForReuse).
+  HostAllocator WindowMemory(uint32_t file) const;
   // Background reads: one in flight at a time (its ring and staging are not shared), results
   // kept by file until taken. Last members: destroyed first, each waiting for its read.
   std::unique_ptr<IoEngine> ahead_io_;

@@ -44,7 +44,8 @@ Result<std::unique_ptr<OutputFile>> OutputFile::Create(const std::string& path, 
   IoOptions options;
   options.queue_depth = buffers;
   out->io_ = CreateIoEngine(options);
-  SC_ASSIGN_OR_RETURN(out->pool_, BufferPool::Create(buffers, kBufferBytes));
+  SC_ASSIGN_OR_RETURN(out->pool_, BufferPool::Create(buffers, kBufferBytes,
+                                                     AllocatorForReuse(expected_bytes, buffers * kBufferBytes)));
   out->sha_ = EVP_MD_CTX_new();
   EVP_DigestInit_ex(out->sha_, EVP_sha256(), nullptr);
   OutputFile* self = out.get();
