@@ -8,9 +8,11 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <unordered_map>
 
 #include "shardckpt/io/checksum.h"
@@ -27,7 +29,8 @@ std::atomic<uint64_t> g_allocations{0};
 // madvise outlives free(), and heap memory that other allocations reuse would get huge pages
 // nobody asked for. Only a hint: where THP is off it changes nothing. SHARDCKPT_HUGE_PAGES=0 turns
 // it off, for hosts where compaction stalls on a huge-page fault would hurt more than the faults.
-// Memory used only a few times asks for small pages itself (AllocatorForReuse).
+// Memory used only a few times asks for small pages itself where fresh huge pages are costly
+// (OneOffHostAllocator, AllocatorForReuse).
 constexpr size_t kUndecided = SIZE_MAX;
 std::atomic<size_t> g_huge_page_bytes{kUndecided};
 
@@ -127,9 +130,41 @@ HostAllocator SmallPageHostAllocator() {
                        [](void* ptr) { std::free(ptr); }, "aligned"};
 }
 
+namespace {
+// Whether a virtio-balloon device here offers free page reporting (VIRTIO_BALLOON_F_REPORTING,
+// feature bit 5; sysfs lists a device's features as '0'/'1' characters, bit 0 first).
+bool HostTakesBackFreeMemory() {
+  std::error_code error;
+  const std::filesystem::path drivers = "/sys/bus/virtio/drivers/virtio_balloon";
+  for (const auto& device : std::filesystem::directory_iterator(drivers, error)) {
+    std::ifstream features(device.path() / "features");
+    std::string bits;
+    if (features >> bits && bits.size() > 5 && bits[5] == '1') return true;
+  }
+  return false;
+}
+}  // namespace
+
+bool FreshHugePagesCostly() {
+  static const bool costly = [] {
+    const char* env = std::getenv("SHARDCKPT_HUGE_PAGES");
+    if (env != nullptr && std::strcmp(env, "all") == 0) return false;
+    if (HugePageStagingBytes() == 0 || !HostTakesBackFreeMemory()) return false;  // no huge pages, or cheap ones
+    SC_LOG(kInfo) << "this host takes back free memory (virtio-balloon free page reporting), so a fresh huge page "
+                     "is slow to fault in: memory used only a few times is on small pages (SHARDCKPT_HUGE_PAGES=all "
+                     "puts it on huge pages)";
+    return true;
+  }();
+  return costly;
+}
+
+HostAllocator OneOffHostAllocator() {
+  return FreshHugePagesCostly() ? SmallPageHostAllocator() : DefaultHostAllocator();
+}
+
 HostAllocator AllocatorForReuse(uint64_t bytes_through, uint64_t buffer_bytes) {
   const bool long_use = bytes_through == 0 || buffer_bytes == 0 || bytes_through / buffer_bytes >= kHugePageReuse;
-  return long_use ? DefaultHostAllocator() : SmallPageHostAllocator();
+  return long_use ? DefaultHostAllocator() : OneOffHostAllocator();
 }
 
 Status EnsureAlignedBytes(AlignedBuffer* buffer, size_t bytes) {

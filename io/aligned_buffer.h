@@ -26,21 +26,27 @@ struct HostAllocator {
 // says why), unless SHARDCKPT_HUGE_PAGES=0 or the kernel has no THP. Pinned CUDA staging is not
 // affected.
 HostAllocator DefaultHostAllocator();
-// Page-aligned heap memory on small pages whatever its size: for memory touched once and never
-// pinned for I/O again (a decoded manifest's records, a one-off file's staging). Why: where the
-// host takes back free guest memory (virtio-balloon free page reporting, as on this project's test
-// VMs), a fresh huge page waits for the host to back all of its 2 MiB: first touch ran at
-// 0.33 GB/s against 2 GB/s for small pages (benchmarks/README.md). Huge pages pay back only where
-// a buffer is pinned for O_DIRECT again and again (a save's staging ring, a reader's windows).
+// Page-aligned heap memory on small pages whatever its size.
 HostAllocator SmallPageHostAllocator();
+// Whether a fresh huge page costs more here than the small faults it saves. Where the host takes
+// back free guest memory (a virtio-balloon device with free page reporting, as on this project's
+// test VMs) a fresh huge page waits for the host to back all of its 2 MiB: first touch ran at
+// 0.33 GB/s against 2 GB/s for small pages (benchmarks/README.md, "Fresh huge pages on a host
+// that takes back free memory"); on other hosts it is faster than small pages. Decided once per
+// process from /sys (logged at info); SHARDCKPT_HUGE_PAGES=all answers no, =0 turns huge pages off
+// altogether (HugePageStagingBytes).
+bool FreshHugePagesCostly();
+// For memory touched once and never pinned for I/O again (a decoded manifest's records, a one-off
+// file's staging): small pages where FreshHugePagesCostly, else the default.
+HostAllocator OneOffHostAllocator();
 // The memory for buffers of `buffer_bytes` in all that about `bytes_through` bytes will pass
-// through in their life (a reader's windows, an output file's ring): the default, on huge pages,
-// where each byte of the buffers is used at least kHugePageReuse times, else small pages. Why:
-// each O_DIRECT request into huge pages pins fewer of them (consolidating 1 GiB of 64 KiB tensors
-// from 4 files, windows used 64 times: 1.6-1.8 s, against 2.1-2.3 s on small pages), while a
-// fresh huge page costs about 5 ms more than small ones where the host takes back free memory
-// (100,000 small tensors from 16 files of 18 MB, windows used 4 times: 1.5-1.9 s on huge pages,
-// 1.0-1.2 s on small). Unknown use (`bytes_through` 0) is taken as long.
+// through in their life (a reader's windows, an output file's ring): the default where each byte
+// of the buffers is used at least kHugePageReuse times, else OneOffHostAllocator. Why: each
+// O_DIRECT request into huge pages pins fewer of them (consolidating 1 GiB of 64 KiB tensors from
+// 4 files, windows used 64 times: 1.6-1.8 s, against 2.1-2.3 s on small pages), while a fresh
+// huge page costs about 5 ms more than small ones where FreshHugePagesCostly (100,000 small
+// tensors from 16 files of 18 MB, windows used 4 times: 1.5-1.9 s on huge pages, 1.0-1.2 s on
+// small). Unknown use (`bytes_through` 0) is taken as long.
 inline constexpr uint64_t kHugePageReuse = 8;
 HostAllocator AllocatorForReuse(uint64_t bytes_through, uint64_t buffer_bytes);
 // The huge page size the default allocator uses (the kernel's hpage_pmd_size), 0 when it uses

@@ -320,11 +320,11 @@ Status WriteAndSync(const std::string& path, const std::vector<std::string_view>
   if (direct) {
     const size_t padded = AlignUp(size, kDirectIoAlignment);
     // A caller that keeps its staging (a job's repeat saves) gets the default memory, on huge
-    // pages, faulted once; this call's own is used once, so on small pages (aligned_buffer.h).
+    // pages, faulted once; this call's own is used once (OneOffHostAllocator, aligned_buffer.h).
     AlignedBuffer local;
     Status room = Status::Ok();
     if (staging == nullptr) {
-      Result<AlignedBuffer> made = AlignedBuffer::Allocate(padded, SmallPageHostAllocator());
+      Result<AlignedBuffer> made = AlignedBuffer::Allocate(padded, OneOffHostAllocator());
       if (made.ok()) local = std::move(*made);
       room = made.status();
       staging = &local;

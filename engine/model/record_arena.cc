@@ -69,7 +69,7 @@ void* TakeBlock(size_t bytes) {
       }
     }
   }
-  return SmallPageHostAllocator().allocate(bytes);
+  return OneOffHostAllocator().allocate(bytes);
 }
 
 void GiveBack(void* block, size_t bytes) {
@@ -82,7 +82,7 @@ void GiveBack(void* block, size_t bytes) {
       return;
     }
   }
-  SmallPageHostAllocator().release(block);
+  OneOffHostAllocator().release(block);
 }
 }  // namespace
 
@@ -122,7 +122,7 @@ void ReleaseCachedArenaBlocks() {
     blocks.swap(cache.blocks);
     cache.bytes = 0;
   }
-  for (const auto& block : blocks) SmallPageHostAllocator().release(block.first);
+  for (const auto& block : blocks) OneOffHostAllocator().release(block.first);
 }
 
 size_t RecordArena::ReservedBytes() const {

@@ -3,11 +3,11 @@
 // Why: 20,000 tensors resharded to 64 ranks are 1.28 million chunk records, 164 MB of fresh memory
 // that a decode faults in one small page at a time: the allocation of the entries' chunk lists
 // was 18% of `shardckpt consolidate`'s samples, nearly all of it page faults (2026-12-04). An
-// arena takes its memory in blocks of 2 to 64 MiB and frees them all at once. The blocks are on
-// small pages (SmallPageHostAllocator, io/aligned_buffer.h): records are written once and never
-// pinned for I/O, and where the host takes back free memory (virtio-balloon free page reporting)
-// a fresh huge page costs more than the 512 small faults it saves (benchmarks/README.md, "Fresh
-// huge pages on a host that takes back free memory").
+// arena takes its memory in blocks of 2 to 64 MiB and frees them all at once, from
+// OneOffHostAllocator (io/aligned_buffer.h): records are written once and never pinned for I/O,
+// so the blocks are on huge pages (512 times fewer faults) except where a fresh huge page costs
+// more than those faults (a host that takes back free memory: benchmarks/README.md, "Fresh huge
+// pages on a host that takes back free memory").
 //
 // A finished arena's blocks (those of the doubling sizes) are kept for the next arena, up to 64 MiB
 // in the process: resident memory a process that decoded once keeps until it decodes again, or
