@@ -6,9 +6,15 @@
 #   bash benchmarks/ab_tools.sh OLD_BINARY NEW_BINARY DATA_DIR [ROUNDS] [PAUSE_S]
 # Prints one line per step and binary, sorted by step: "<old|new> <step> <seconds> s".
 set -euo pipefail
+if [[ $# -lt 3 ]]; then
+  echo "usage: bash benchmarks/ab_tools.sh OLD_BINARY NEW_BINARY DATA_DIR [ROUNDS] [PAUSE_S]" >&2
+  exit 2
+fi
 old=$(realpath "$1"); new=$(realpath "$2"); data=$3; rounds=${4:-3}; pause=${5:-3}
+[[ $old != "$new" ]] || { echo "OLD_BINARY and NEW_BINARY are the same file: copy one aside first" >&2; exit 2; }
 [[ -f "$data/state.pt" && -d "$data/r16" ]] || { echo "$data lacks state.pt or r16/ (run bench_small_tensors.sh first)" >&2; exit 2; }
-scratch=$(mktemp -d "${TMPDIR:-/tmp}/ab_tools.XXXXXX")
+# Outputs on the data's own file system: a /tmp on tmpfs would time other writes.
+scratch=$(mktemp -d "$data/ab_tools.XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
 cd "$data"
 step() {  # tag name command...

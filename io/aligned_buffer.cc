@@ -58,22 +58,27 @@ std::unordered_map<void*, size_t>& Mapped() {
   return *mapped;
 }
 
-void* MapHugePages(size_t bytes, size_t page) {
+// A mapping of its own for `bytes`, starting on a multiple of `align` (a huge page, or the 4 KiB
+// every mapping starts on), advised `advice` (MADV_HUGEPAGE or MADV_NOHUGEPAGE); released by
+// DefaultRelease, which unmaps what is in Mapped().
+void* MapPages(size_t bytes, size_t align, int advice) {
   bytes = AlignUp(bytes, kDirectIoAlignment);
-  const size_t length = bytes + page;  // room to start on a huge page
+  const size_t length = align > kDirectIoAlignment ? bytes + align : bytes;  // room to start on `align`
   void* raw = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED) return nullptr;
   const uintptr_t start = reinterpret_cast<uintptr_t>(raw);
-  const uintptr_t aligned = AlignUp(start, page);
+  const uintptr_t aligned = AlignUp(start, align);
   if (aligned > start) munmap(raw, aligned - start);
   const size_t tail = start + length - (aligned + bytes);
   if (tail > 0) munmap(reinterpret_cast<void*>(aligned + bytes), tail);
   void* ptr = reinterpret_cast<void*>(aligned);
-  if (madvise(ptr, bytes, MADV_HUGEPAGE) != 0) {
+  if (madvise(ptr, bytes, advice) != 0) {
     const int error = errno;
-    LogOnce(LogLevel::kInfo, "staging.madvise_hugepage",
-            std::string("transparent huge pages refused for staging buffers (madvise: ") + std::strerror(error) +
-                "); they use small pages");
+    const bool huge = advice == MADV_HUGEPAGE;
+    LogOnce(LogLevel::kInfo, huge ? "staging.madvise_hugepage" : "staging.madvise_nohugepage",
+            std::string(huge ? "transparent huge pages refused for staging buffers (madvise: "
+                             : "small pages refused for one-off buffers (madvise: ") +
+                std::strerror(error) + (huge ? "); they use small pages" : "); the kernel may give them huge pages"));
   }
   std::lock_guard<std::mutex> lock(g_mapped_mutex);
   Mapped()[ptr] = bytes;
@@ -82,7 +87,7 @@ void* MapHugePages(size_t bytes, size_t page) {
 
 void* DefaultAllocate(size_t bytes) {
   const size_t page = HugePageStagingBytes();
-  if (page != 0 && bytes >= page) return MapHugePages(bytes, page);
+  if (page != 0 && bytes >= page) return MapPages(bytes, page, MADV_HUGEPAGE);
   void* ptr = nullptr;
   if (posix_memalign(&ptr, kDirectIoAlignment, bytes) != 0) return nullptr;
   return ptr;
@@ -122,12 +127,19 @@ void SetHugePageStaging(bool on) { g_huge_page_bytes = on ? KernelHugePageBytes(
 
 HostAllocator DefaultHostAllocator() { return HostAllocator{&DefaultAllocate, &DefaultRelease, "aligned"}; }
 
+// A buffer of a huge page or more gets a mapping of its own advised MADV_NOHUGEPAGE: where THP is
+// "always", the heap's large chunks would get huge pages anyway; and unmapped on release, it is
+// given back (glibc keeps large freed chunks in its heap once its mmap threshold has grown).
 HostAllocator SmallPageHostAllocator() {
   return HostAllocator{[](size_t bytes) -> void* {
+                         static const size_t huge_page = KernelHugePageBytes();
+                         if (huge_page != 0 && bytes >= huge_page) {
+                           return MapPages(bytes, kDirectIoAlignment, MADV_NOHUGEPAGE);
+                         }
                          void* ptr = nullptr;
                          return posix_memalign(&ptr, kDirectIoAlignment, bytes) == 0 ? ptr : nullptr;
                        },
-                       [](void* ptr) { std::free(ptr); }, "aligned"};
+                       &DefaultRelease, "aligned"};
 }
 
 namespace {
@@ -146,10 +158,12 @@ bool HostTakesBackFreeMemory() {
 }  // namespace
 
 bool FreshHugePagesCostly() {
+  // Where huge pages are off (SetHugePageStaging may turn them on again later) there is nothing to decide.
+  if (HugePageStagingBytes() == 0) return false;
   static const bool costly = [] {
     const char* env = std::getenv("SHARDCKPT_HUGE_PAGES");
     if (env != nullptr && std::strcmp(env, "all") == 0) return false;
-    if (HugePageStagingBytes() == 0 || !HostTakesBackFreeMemory()) return false;  // no huge pages, or cheap ones
+    if (!HostTakesBackFreeMemory()) return false;
     SC_LOG(kInfo) << "this host takes back free memory (virtio-balloon free page reporting), so a fresh huge page "
                      "is slow to fault in: memory used only a few times is on small pages (SHARDCKPT_HUGE_PAGES=all "
                      "puts it on huge pages)";

@@ -26,7 +26,8 @@ struct HostAllocator {
 // says why), unless SHARDCKPT_HUGE_PAGES=0 or the kernel has no THP. Pinned CUDA staging is not
 // affected.
 HostAllocator DefaultHostAllocator();
-// Page-aligned heap memory on small pages whatever its size.
+// Page-aligned memory on small pages whatever its size: from a huge page up, a mapping of its own
+// advised MADV_NOHUGEPAGE (so also where THP is "always"), unmapped when released.
 HostAllocator SmallPageHostAllocator();
 // Whether a fresh huge page costs more here than the small faults it saves. Where the host takes
 // back free guest memory (a virtio-balloon device with free page reporting, as on this project's
@@ -43,10 +44,9 @@ HostAllocator OneOffHostAllocator();
 // through in their life (a reader's windows, an output file's ring): the default where each byte
 // of the buffers is used at least kHugePageReuse times, else OneOffHostAllocator. Why: each
 // O_DIRECT request into huge pages pins fewer of them (consolidating 1 GiB of 64 KiB tensors from
-// 4 files, windows used 64 times: 1.6-1.8 s, against 2.1-2.3 s on small pages), while a fresh
-// huge page costs about 5 ms more than small ones where FreshHugePagesCostly (100,000 small
-// tensors from 16 files of 18 MB, windows used 4 times: 1.5-1.9 s on huge pages, 1.0-1.2 s on
-// small). Unknown use (`bytes_through` 0) is taken as long.
+// 4 files, windows used 64 times: 1.6-1.8 s, against 2.1-2.3 s on small pages: about 0.8 ms saved
+// per 2 MiB read), while a fresh huge page costs about 5 ms more than small ones where
+// FreshHugePagesCostly: about 6 uses pay it back. Unknown use (`bytes_through` 0) is taken as long.
 inline constexpr uint64_t kHugePageReuse = 8;
 HostAllocator AllocatorForReuse(uint64_t bytes_through, uint64_t buffer_bytes);
 // The huge page size the default allocator uses (the kernel's hpage_pmd_size), 0 when it uses

@@ -181,9 +181,17 @@ TEST(AlignedBufferTest, OnlyMemoryUsedOftenAsksForHugePages) {
   }
   AlignedBuffer one_off = AlignedBuffer::Allocate(bytes, OneOffHostAllocator()).value();
   EXPECT_EQ(VmFlagsOf(one_off.data()).find(" hg") != std::string::npos, one_off_huge);
-  AlignedBuffer small_pages = AlignedBuffer::Allocate(bytes, SmallPageHostAllocator()).value();
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(small_pages.data()) % kDirectIoAlignment, 0u);
-  EXPECT_THAT(VmFlagsOf(small_pages.data()), Not(HasSubstr(" hg")));
+  void* address = nullptr;
+  {
+    AlignedBuffer small_pages = AlignedBuffer::Allocate(bytes, SmallPageHostAllocator()).value();
+    address = small_pages.data();
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(small_pages.data()) % kDirectIoAlignment, 0u);
+    // Advised against huge pages, so also where THP is "always".
+    EXPECT_THAT(VmFlagsOf(small_pages.data()), HasSubstr(" nh"));
+    EXPECT_THAT(VmFlagsOf(small_pages.data()), Not(HasSubstr(" hg")));
+    std::memset(small_pages.data(), 1, small_pages.size());
+  }
+  EXPECT_EQ(VmFlagsOf(address), "");  // unmapped: given back, not kept in the heap
 }
 
 // The manifest's seal is hashed over pieces that stand apart: a head, a kept body, a closing brace.

@@ -176,7 +176,8 @@ bool CheckpointReader::InDamagedWindow(uint32_t file, uint64_t begin, uint64_t e
 }
 
 HostAllocator CheckpointReader::WindowMemory(uint32_t file) const {
-  return AllocatorForReuse(manifest_.files[file].table_offset, window_bytes_);
+  // Two windows per file (the one served and the one read ahead), in turn.
+  return AllocatorForReuse(manifest_.files[file].table_offset, 2 * window_bytes_);
 }
 
 Status CheckpointReader::ReadWindow(uint32_t file, uint64_t from, Window* into, IoEngine* io, BufferPool* pool,
